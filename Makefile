@@ -1,0 +1,32 @@
+# Two entry points: `make run` (the main job) and `make test` (the whole suite).
+# Both create .venv on first use and are safe to repeat.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.elasticbench-installed
+
+.PHONY: run test lint lock clean
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	# torch is pinned to 2.13.0: on a CPU-only machine pip takes the CPU build; see README for CUDA.
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/elasticbench verify --quick
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+lock: $(STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu$$//' > requirements.lock
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Case matrices as TOML data files; installed as package data of `elasticbench.cases`."""

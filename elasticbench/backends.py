@@ -1,0 +1,120 @@
+"""Backends: how an input array reaches a kernel and how its output comes back.
+
+A backend owns the conversions between the NumPy arrays the core works with and the
+kernel's own array type. The core calls these and never branches on a backend's name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    summary: str
+    available: Callable[[], bool]
+    to_native: Callable[[np.ndarray], Any]  # a fresh copy in the kernel's array type
+    to_numpy: Callable[[Any], np.ndarray]  # TypeError when given something else
+    same_memory: Callable[[Any, Any], bool]
+    synchronize: Callable[[], None] = lambda: None
+
+
+def _numpy_to_numpy(a: Any) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"expected a numpy.ndarray, got {type(a).__name__}")
+    return a
+
+
+def _numpy_same_memory(a: Any, b: Any) -> bool:
+    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.shares_memory(a, b)
+
+
+def _torch_device() -> str:
+    """Where torch kernels run: $ELASTICBENCH_TORCH_DEVICE, default cpu."""
+    return os.environ.get("ELASTICBENCH_TORCH_DEVICE", "cpu")
+
+
+def _torch_to_native(a: np.ndarray) -> Any:
+    import ml_dtypes
+    import torch
+
+    if a.dtype == ml_dtypes.bfloat16:  # torch.from_numpy does not know ml_dtypes
+        t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a.copy())
+    return t.to(_torch_device())
+
+
+def _torch_to_numpy(t: Any) -> np.ndarray:
+    import ml_dtypes
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _torch_same_memory(a: Any, b: Any) -> bool:
+    import torch
+
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    return sa.data_ptr() == sb.data_ptr()
+
+
+def _torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _torch_synchronize() -> None:
+    import torch
+
+    if _torch_device().startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+BACKENDS: dict[str, Backend] = {
+    "numpy": Backend(
+        "numpy",
+        "NumPy arrays on the CPU (bf16 through ml_dtypes)",
+        lambda: True,
+        lambda a: a.copy(),
+        _numpy_to_numpy,
+        _numpy_same_memory,
+    ),
+    "torch": Backend(
+        "torch",
+        "torch tensors (CPU by default; $ELASTICBENCH_TORCH_DEVICE=cuda for a GPU)",
+        _torch_available,
+        _torch_to_native,
+        _torch_to_numpy,
+        _torch_same_memory,
+        _torch_synchronize,
+    ),
+}
+BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown backend {name!r} (choose from {', '.join(BACKEND_NAMES)})"
+        ) from None

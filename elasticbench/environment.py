@@ -1,0 +1,85 @@
+"""What a result was measured on: the machine and the versions of everything involved."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cache_sizes() -> dict[str, int]:
+    """Data and unified cache sizes in bytes by level name (L1d, L2, L3), from sysfs."""
+    sizes: dict[str, int] = {}
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for idx in sorted(base.glob("index*")):
+        try:
+            kind = (idx / "type").read_text().strip()
+            if kind == "Instruction":
+                continue
+            level = (idx / "level").read_text().strip()
+            text = (idx / "size").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1], 1)
+        size = int(text.rstrip("KMG")) * mult
+        sizes[f"L{level}{'d' if kind == 'Data' else ''}"] = size
+    return sizes
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    """The commit of the source tree elasticbench runs from, when it is a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=True,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def describe(include_gpu: bool = True) -> dict[str, Any]:
+    """Machine and software description for the header of a results file."""
+    machine: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "arch": platform.machine(),
+        "cores": os.cpu_count(),
+        "caches": cache_sizes(),
+        "os": platform.platform(),
+        "gpu": None,
+    }
+    versions = {
+        name: _version(name)
+        for name in ("elasticbench", "numpy", "torch", "triton", "mpmath", "gmpy2", "ml_dtypes")
+    }
+    versions["python"] = platform.python_version()
+    if include_gpu and versions["torch"]:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            machine["gpu"] = {"name": props.name, "memory": props.total_memory,
+                              "sms": props.multi_processor_count,
+                              "cuda": torch.version.cuda}
+    return {"machine": machine, "versions": versions, "commit": git_commit()}

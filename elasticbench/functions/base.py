@@ -1,0 +1,199 @@
+"""What a function of the family is: its parameters and its exact (mpmath) definition.
+
+A reference is evaluated one row at a time in mpmath at the working precision set by the
+caller. It returns a RowTruth: the exact outputs, which of them are zero by structure
+(masked), and the exponent arguments |z_i| and their output-weighted mean that the error
+budget is built from (numerics/budget.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import mpmath
+
+# Why a row's outputs are what they are; kept in the truth and in failure reports.
+ROW_FINITE = "finite"
+ROW_NAN = "nan"  # a NaN in the row: every output NaN
+ROW_INF = "inf"  # +inf logits: 1/k at each of the k, 0 elsewhere
+ROW_MASKED = "masked"  # nothing survives (or 0/0): every output exactly 0
+
+
+@dataclass
+class RowTruth:
+    """Exact outputs of one row. y[i] is an mpf, or None when the output must be NaN."""
+
+    y: list
+    zero: list[bool]  # exactly zero by structure: the kernel must return exactly 0 there
+    zabs: list[float]  # |z_i|, the exponent argument's size (0 where there is no exponential)
+    zbar: float  # output-weighted mean of |z| over the denominator's terms
+    kind: str = ROW_FINITE
+
+    @classmethod
+    def nan(cls, n: int) -> RowTruth:
+        return cls([None] * n, [False] * n, [0.0] * n, 0.0, ROW_NAN)
+
+    @classmethod
+    def masked(cls, n: int) -> RowTruth:
+        return cls([mpmath.mpf(0)] * n, [True] * n, [0.0] * n, 0.0, ROW_MASKED)
+
+    @classmethod
+    def infinite(cls, big: Sequence[bool]) -> RowTruth:
+        """The limit when some terms are infinite: equal shares among them, 0 elsewhere."""
+        share = mpmath.mpf(1) / sum(big)
+        return cls(
+            [share if b else mpmath.mpf(0) for b in big],
+            [not b for b in big],
+            [0.0] * len(big),
+            0.0,
+            ROW_INF,
+        )
+
+
+@dataclass(frozen=True)
+class Param:
+    """A scalar parameter: its default, its allowed range and the default verification grid."""
+
+    name: str
+    default: float
+    lower: float
+    strict: bool  # True: value > lower; False: value >= lower
+    grid: tuple[float, ...]
+    summary: str
+
+    def validate(self, value: object) -> float:
+        """Return value as a float, or raise ValueError saying what is wrong with it."""
+        try:
+            v = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.name} must be a number, got {value!r}") from None
+        op = ">" if self.strict else ">="
+        ok = math.isfinite(v) and (v > self.lower if self.strict else v >= self.lower)
+        if not ok:
+            raise ValueError(f"{self.name} must be finite and {op} {self.lower:g}, got {value!r}")
+        return v
+
+
+@dataclass(frozen=True)
+class Function:
+    """One member of the family, defined once: parameters, exact reference, cost model."""
+
+    name: str
+    summary: str
+    reference_row: Callable[..., RowTruth]  # (row of float64 values, **params) -> RowTruth
+    params: tuple[Param, ...] = ()
+    exps_per_element: int = 1  # exponentials per element in the forward pass
+    notes: str = field(default="", compare=False)
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    def defaults(self) -> dict[str, float]:
+        return {p.name: p.default for p in self.params}
+
+    def validate_params(self, params: Mapping[str, object]) -> dict[str, float]:
+        """Check names and ranges; fill in defaults. Raises ValueError with one clear line."""
+        unknown = sorted(set(params) - set(self.param_names))
+        if unknown:
+            allowed = ", ".join(self.param_names) or "none"
+            raise ValueError(
+                f"{self.name} has no parameter {unknown[0]!r} (parameters: {allowed})"
+            )
+        out = self.defaults()
+        for p in self.params:
+            if p.name in params:
+                out[p.name] = p.validate(params[p.name])
+        return out
+
+    def param_grid(self, overrides: Mapping[str, Sequence[float]] | None = None) -> list[dict]:
+        """The cross product of each parameter's grid (or the given lists), validated."""
+        grids = [list((overrides or {}).get(p.name, p.grid)) for p in self.params]
+        combos: list[dict] = [{}]
+        for p, values in zip(self.params, grids, strict=True):
+            combos = [{**c, p.name: p.validate(v)} for c in combos for v in values]
+        return combos
+
+
+# ---------------------------------------------------------------------------------------
+# Shared skeletons of the exact definitions. Both take float64 values (exact copies of the
+# inputs) and return exact mpf outputs at the caller's mpmath precision.
+
+
+def has_nan(row: Sequence[float]) -> bool:
+    return any(v != v for v in row)
+
+
+def exp_normalize(
+    row: Sequence[float],
+    keep: Sequence[bool],
+    *,
+    scale: float = 1.0,
+    shift_floor: float = -math.inf,
+    extra: Callable[[mpmath.mpf], mpmath.mpf] | None = None,
+) -> RowTruth:
+    """y_i = exp((x_i - m) * scale) / (sum_kept exp((x_j - m) * scale) + extra(m)) for kept i.
+
+    m = max(max of kept values, shift_floor); extra(m) is the already-rescaled constant term
+    of the denominator (beta * exp(-m/tau) for elastic, exp(-m) for softmax1). Positions not
+    kept are exactly 0. +inf among the kept gives the limit 1/k; nothing kept (or a zero
+    denominator) gives zeros.
+    """
+    n = len(row)
+    kept = [v for v, k in zip(row, keep, strict=True) if k]
+    if any(v == math.inf for v in kept):
+        return RowTruth.infinite([k and v == math.inf for v, k in zip(row, keep, strict=True)])
+    if not kept and extra is None:
+        return RowTruth.masked(n)
+    m = max([*kept, shift_floor])
+    if m == -math.inf:  # no kept logit and no floor: the constant term alone
+        return RowTruth.masked(n)
+    mm, sc = mpmath.mpf(m), mpmath.mpf(scale)
+    cache: dict[float, tuple[mpmath.mpf, mpmath.mpf]] = {}
+    e: list = []
+    zabs: list[float] = []
+    for v, k in zip(row, keep, strict=True):
+        if not k:
+            e.append(mpmath.mpf(0))
+            zabs.append(0.0)
+            continue
+        if v not in cache:
+            z = (mpmath.mpf(v) - mm) * sc
+            cache[v] = (mpmath.exp(z), abs(z))
+        ev, za = cache[v]
+        e.append(ev)
+        zabs.append(float(za))
+    total = mpmath.fsum(e)
+    weighted = mpmath.fsum(ev * za for ev, za in zip(e, zabs, strict=True))
+    if extra is not None:
+        c = extra(mm)
+        total += c
+        weighted += c * abs(mm * sc)
+    if total == 0:
+        return RowTruth.masked(n)
+    y = [ev / total for ev in e]
+    zero = [not k for k in keep]
+    return RowTruth(y, zero, zabs, float(weighted / total))
+
+
+def weight_normalize(
+    row: Sequence[float],
+    weight: Callable[[float], mpmath.mpf],
+    *,
+    constant: float = 0.0,
+) -> RowTruth:
+    """y_i = w(x_i) / (constant + sum_j w(x_j)) for nonnegative weights w.
+
+    Infinite weights give the limit 1/k among them; a zero denominator gives zeros;
+    weights that are exactly zero are structural zeros of the output.
+    """
+    n = len(row)
+    w = [weight(v) for v in row]
+    if any(mpmath.isinf(wi) for wi in w):
+        return RowTruth.infinite([bool(mpmath.isinf(wi)) for wi in w])
+    total = mpmath.fsum(w) + constant
+    if total == 0:
+        return RowTruth.masked(n)
+    return RowTruth([wi / total for wi in w], [wi == 0 for wi in w], [0.0] * n, 0.0)

@@ -1,0 +1,22 @@
+"""Symax: |x_i| / (eta + sum_j |x_j|). Symmetric in sign, not shift invariant."""
+
+from __future__ import annotations
+
+import mpmath
+
+from .base import Function, Param, RowTruth, has_nan, weight_normalize
+
+
+def reference(row: list[float], *, eta: float) -> RowTruth:
+    if has_nan(row):
+        return RowTruth.nan(len(row))
+    return weight_normalize(row, lambda v: abs(mpmath.mpf(v)), constant=eta)
+
+
+FUNCTION = Function(
+    name="symax",
+    summary="symax: |x| / (eta + sum |x|)",
+    reference_row=reference,
+    params=(Param("eta", 1.0, 0.0, False, (0.0, 1.0), "denominator offset, >= 0"),),
+    exps_per_element=0,
+)

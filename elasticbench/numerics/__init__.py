@@ -1,0 +1,1 @@
+"""Floating-point formats, ulp error, error budgets and the mpmath ground truth."""

@@ -1,0 +1,116 @@
+"""Results files: plain JSON with a versioned schema, written atomically as records arrive.
+
+Reports and gates read these files, never live objects. A file is always complete JSON:
+each flush writes a temporary file and renames it over the old one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+KINDS = ("verify", "run")
+
+
+class ResultsFileError(ValueError):
+    """A results file is unreadable, malformed or of another schema."""
+
+
+def schema_name(kind: str) -> str:
+    return f"elasticbench.{kind}/{SCHEMA_VERSION}"
+
+
+def _clean(obj: Any) -> Any:
+    """Make obj strict JSON: non-finite floats become the strings 'nan', 'inf', '-inf'."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_clean(obj), f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_writable(path: Path) -> None:
+    """Raise OSError now if a results file cannot be created at path later."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory")
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=".elasticbench-probe.")
+    os.close(fd)
+    os.unlink(tmp)
+
+
+class ResultsWriter:
+    """Collects records and keeps `path` a complete results file at most `every` s behind."""
+
+    def __init__(self, path: Path | None, kind: str, meta: dict[str, Any], every: float = 2.0):
+        if kind not in KINDS:
+            raise ValueError(f"unknown results kind {kind!r}")
+        self.path = None if path is None else Path(path)
+        self.doc: dict[str, Any] = {"schema": schema_name(kind), "kind": kind, **meta,
+                                    "complete": False, "records": []}
+        self.every = every
+        self._last = 0.0
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return self.doc["records"]
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if time.monotonic() - self._last >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.path is not None:
+            write_json_atomic(self.path, self.doc)
+        self._last = time.monotonic()
+
+    def close(self, complete: bool = True) -> None:
+        self.doc["complete"] = complete
+        self.flush()
+
+
+def read_results(path: Path, kind: str | None = None) -> dict[str, Any]:
+    """Load and check a results file; ResultsFileError says what is wrong in one line."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultsFileError(f"results file {path} does not exist") from None
+    except OSError as e:
+        raise ResultsFileError(f"results file {path} cannot be read: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ResultsFileError(f"results file {path} is not valid JSON: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
+        raise ResultsFileError(f"results file {path} has no records list")
+    expected = {schema_name(k) for k in ([kind] if kind else KINDS)}
+    if doc.get("schema") not in expected:
+        raise ResultsFileError(
+            f"results file {path} has schema {doc.get('schema')!r}, "
+            f"expected {' or '.join(sorted(expected))}"
+        )
+    return doc

@@ -1,0 +1,1 @@
+"""Verification: case matrix -> inputs -> kernel -> exact reference -> ulp error -> records."""

@@ -1,0 +1,111 @@
+"""Scoring one kernel output against the exact truth: ulps, budget, special values, contract.
+
+Accuracy and the special-value policy are judged separately: an output can be accurate
+where it is finite and still break the policy (a NaN swallowed, a masked position not
+exactly 0), and the record says which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..functions.base import ROW_FINITE
+from ..numerics.budget import Budget
+from ..numerics.dtypes import FloatFormat
+from ..numerics.truth import Truth
+from ..numerics.ulp import ulp_error
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    reason: str
+    max_ulp: float | None = None
+    max_budget_frac: float | None = None
+    special_ok: bool | None = None
+    worst: dict[str, Any] | None = None
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+def _value(v: float) -> float | str:
+    """A float for JSON: non-finite values as strings."""
+    v = float(v)
+    return v if np.isfinite(v) else str(v)
+
+
+def _where(x, got, truth, k, j, fmt, err=None, allowed=None) -> dict[str, Any]:
+    expected = truth.hi[k, j] + truth.lo[k, j]
+    return {
+        "row": int(truth.rows[k]),
+        "index": int(j),
+        "input": _value(x[truth.rows[k], j]),
+        "expected": _value(expected),
+        "got": _value(got[k, j]),
+        "ulp": None if err is None else _value(err),
+        "allowed_ulp": None if allowed is None else _value(allowed),
+        "row_kind": str(truth.kind[k]),
+    }
+
+
+def check_output(
+    x: np.ndarray, out: np.ndarray, truth: Truth, fmt: FloatFormat, budget: Budget
+) -> Verdict:
+    """Compare a kernel's output with the truth on the truth's rows."""
+    if out.shape != x.shape:
+        return Verdict(False, f"returned shape {out.shape}, expected {x.shape}")
+    if out.dtype != fmt.numpy:
+        return Verdict(False, f"returned dtype {out.dtype}, expected {fmt.numpy} ({fmt.name})")
+    x64 = x.astype(np.float64)
+    got = out[truth.rows].astype(np.float64)
+    n = x.shape[1]
+
+    want_nan = np.isnan(truth.hi)
+    got_nan = np.isnan(got)
+    special_row = (truth.kind != ROW_FINITE)[:, None]
+    missing_nan = want_nan & ~got_nan
+    zero_broken = truth.zero & (got != 0)
+    err = np.where(want_nan, 0.0, ulp_error(got, truth.hi, truth.lo, fmt))
+    err = np.where(~want_nan & got_nan, np.inf, err)
+    allowed = budget.allowance(truth.zabs, truth.zbar, n, fmt)
+    frac = err / allowed
+    over = frac > 1
+    special_fail = missing_nan | zero_broken | (over & special_row)
+    accuracy_fail = over & ~special_row & ~zero_broken
+
+    failures = {
+        "nan_not_propagated": int(missing_nan.sum()),
+        "masked_not_zero": int(zero_broken.sum()),
+        "special_row_wrong": int((over & special_row & ~zero_broken).sum()),
+        "over_budget": int(accuracy_fail.sum()),
+    }
+    failures = {k: v for k, v in failures.items() if v}
+    finite = ~want_nan
+    max_ulp = float(err[finite].max()) if finite.any() else 0.0
+    max_frac = float(frac[finite].max()) if finite.any() else 0.0
+
+    if special_fail.any():
+        k, j = np.argwhere(special_fail)[0]
+        worst = _where(x64, got, truth, k, j, fmt, err[k, j], allowed[k, j])
+        if missing_nan[k, j]:
+            reason = f"special: NaN in row {worst['row']} not propagated (got {worst['got']})"
+        elif zero_broken[k, j]:
+            reason = f"special: masked position not exactly 0 (got {worst['got']})"
+        else:
+            reason = (f"special: {truth.kind[k]} row wrong "
+                      f"(expected {worst['expected']}, got {worst['got']})")
+        return Verdict(False, reason, max_ulp, max_frac, False, worst, failures)
+
+    if finite.any():
+        k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
+        worst = _where(x64, got, truth, k, j, fmt, err[k, j], allowed[k, j])
+    else:
+        worst = None
+    if accuracy_fail.any():
+        reason = (f"accuracy: {worst['ulp']:.4g} ulp > budget {worst['allowed_ulp']:.4g}"
+                  if worst and isinstance(worst["ulp"], float)
+                  else f"accuracy: got {worst['got'] if worst else '?'}")
+        return Verdict(False, reason, max_ulp, max_frac, True, worst, failures)
+    return Verdict(True, "", max_ulp, max_frac, True, worst, failures)

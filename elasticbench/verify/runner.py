@@ -1,0 +1,110 @@
+"""Running a verification: inputs for every case, truths for them, every kernel checked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..execute import call_kernel
+from ..inputs import generate
+from ..numerics.budget import budget_for
+from ..numerics.dtypes import get_format
+from ..numerics.truth import DEFAULT_PRECISION
+from ..numerics.truth_cache import TruthJob, TruthStore, solve
+from ..registry import KernelSpec
+from .check import check_output
+from .matrix import VerifyCase
+
+
+def rows_to_check(shape: tuple[int, int], max_elements: int, seed: int) -> np.ndarray:
+    """All rows when the input is small enough; else a seeded sample of whole rows."""
+    rows, n = shape
+    if rows * n <= max_elements:
+        return np.arange(rows)
+    k = max(1, max_elements // n)
+    rng = np.random.default_rng([seed, rows, n])
+    return np.sort(rng.choice(rows, size=k, replace=False))
+
+
+@dataclass
+class Prepared:
+    case: VerifyCase
+    x: np.ndarray
+    job: TruthJob
+
+
+def prepare(cases: list[VerifyCase], max_elements: int, precision: int) -> list[Prepared]:
+    out = []
+    for case in cases:
+        x = generate(case.generator, case.dtype, case.shape, case.seed)
+        rows = rows_to_check(case.shape, max_elements, case.seed)
+        job = TruthJob(case.function, case.params, case.dtype, x.astype(np.float64), rows,
+                       precision)
+        out.append(Prepared(case, x, job))
+    return out
+
+
+def verify_one(spec: KernelSpec, prep: Prepared, truth) -> dict[str, Any]:
+    """Run one kernel on one case and return its record."""
+    case = prep.case
+    fmt = get_format(case.dtype)
+    budget = budget_for(fmt)
+    record: dict[str, Any] = {
+        "kernel": spec.name,
+        "function": spec.function,
+        "backend": spec.backend,
+        "source": spec.source,
+        "dtype": case.dtype,
+        "input": case.generator,
+        "seed": case.seed,
+        "shape": list(case.shape),
+        "params": case.param_dict,
+        "rows_checked": len(truth.rows),
+        "sampled_rows": truth.rows.tolist() if len(truth.rows) < case.shape[0] else None,
+        "budget": budget.to_dict(),
+    }
+    outcome = call_kernel(spec, prep.x, case.param_dict)
+    record["seconds"] = outcome.seconds
+    if outcome.output is None:
+        verdict_fields = {"passed": False, "reason": outcome.error, "max_ulp": None,
+                          "max_budget_frac": None, "special_ok": None, "worst": None,
+                          "failures": {}}
+    else:
+        v = check_output(prep.x, outcome.output, truth, fmt, budget)
+        verdict_fields = {"passed": v.passed, "reason": v.reason, "max_ulp": v.max_ulp,
+                          "max_budget_frac": v.max_budget_frac, "special_ok": v.special_ok,
+                          "worst": v.worst, "failures": v.failures}
+        contract = [msg for bad, msg in ((outcome.modified_input, "modified its input"),
+                                         (outcome.returned_input, "returned its input"))
+                    if bad]
+        if contract:
+            verdict_fields["passed"] = False
+            verdict_fields["reason"] = "; ".join(contract + ([v.reason] if v.reason else []))
+    record.update(verdict_fields)
+    return record
+
+
+def run_verification(
+    kernels: list[KernelSpec],
+    cases: list[VerifyCase],
+    *,
+    max_elements: int,
+    store: TruthStore,
+    precision: int = DEFAULT_PRECISION,
+    workers: int | None = None,
+    on_record: Callable[[dict[str, Any]], None] = lambda r: None,
+    on_truth: Callable[[int], None] | None = None,
+) -> None:
+    """Verify each kernel on every case of its function; each record goes to on_record."""
+    by_function: dict[str, list[KernelSpec]] = {}
+    for k in kernels:
+        by_function.setdefault(k.function, []).append(k)
+    cases = [c for c in cases if c.function in by_function]
+    prepared = prepare(cases, max_elements, precision)
+    truths = solve([p.job for p in prepared], store, workers, on_truth)
+    for prep, truth in zip(prepared, truths, strict=True):
+        for spec in by_function[prep.case.function]:
+            on_record(verify_one(spec, prep, truth))

@@ -1,0 +1,96 @@
+"""NumPy kernels for the whole family, in fp64/fp32/fp16/bf16.
+
+fp64 and fp32 compute in their own precision; fp16 and bf16 (ml_dtypes) compute and
+accumulate in fp32 and round once at the end. Every kernel applies the special-value
+policy of DESIGN.md section 2: a NaN anywhere makes the row NaN, +inf logits share the
+row equally, a row with nothing left gives zeros (0/0 is 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from elasticbench import register_kernel
+
+
+def _work_dtype(x: np.ndarray) -> type:
+    return np.float64 if x.dtype == np.float64 else np.float32
+
+
+def _finish(x: np.ndarray, num: np.ndarray, den: np.ndarray, nan_row: np.ndarray) -> np.ndarray:
+    """num / den with 0/0 -> 0, NaN rows restored, rounded once to the input's dtype."""
+    y = np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+    y[np.broadcast_to(nan_row, y.shape)] = np.nan
+    return y.astype(x.dtype)
+
+
+def _exp_normalize(
+    x: np.ndarray, keep: np.ndarray, *, tau: float = 1.0, floor: float = -np.inf, offset=None
+) -> np.ndarray:
+    """exp((x - m)/tau) over kept positions, divided by their sum plus offset(m).
+
+    m = max(max kept, floor); offset(m) is the constant denominator term already
+    rescaled by the shift (beta * exp(-m/tau), or exp(-m)).
+    """
+    xw = x.astype(_work_dtype(x))
+    nan_row = np.isnan(xw).any(axis=-1, keepdims=True)
+    s = np.where(keep, xw, -np.inf)
+    m = np.maximum(s.max(axis=-1, keepdims=True), floor)
+    inf_row = m == np.inf
+    m0 = np.where(np.isfinite(m), m, 0).astype(xw.dtype)  # rows with nothing kept: no shift
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp((s - m0) / xw.dtype.type(tau))
+        e = np.where(inf_row, (s == np.inf).astype(xw.dtype), e)
+        den = e.sum(axis=-1, keepdims=True)
+        if offset is not None:
+            den = den + np.where(inf_row, 0, offset(m0)).astype(xw.dtype)
+    return _finish(x, e, den, nan_row)
+
+
+def _weight_normalize(x: np.ndarray, w: np.ndarray, constant: float = 0.0) -> np.ndarray:
+    """w / (constant + sum w) for weights w >= 0. Rows whose largest weight exceeds 1 are
+    scaled by it first, so the sum cannot overflow (and constant/scale cannot either)."""
+    nan_row = np.isnan(w).any(axis=-1, keepdims=True)
+    w = np.where(np.isnan(w), 0, w)
+    top = w.max(axis=-1, keepdims=True)
+    inf_row = top == np.inf
+    scale = np.where((top > 1) & ~inf_row, top, 1).astype(w.dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ws = np.where(inf_row, (w == np.inf).astype(w.dtype), w / scale)
+        den = ws.sum(axis=-1, keepdims=True) + np.where(inf_row, 0, constant / scale)
+    return _finish(x, ws, den.astype(w.dtype), nan_row)
+
+
+@register_kernel(function="elastic", backend="numpy", name="numpy_elastic")
+def numpy_elastic(x: np.ndarray, *, tau: float, beta: float) -> np.ndarray:
+    """Elastic-Softmax in NumPy: mask, shift by the kept max, offset rescaled by exp(-m/tau)."""
+    with np.errstate(invalid="ignore"):
+        keep = x >= 0
+    return _exp_normalize(x, keep, tau=tau, offset=lambda m: beta * np.exp(-m / tau))
+
+
+@register_kernel(function="softmax", backend="numpy", name="numpy_softmax")
+def numpy_softmax(x: np.ndarray) -> np.ndarray:
+    """Safe softmax in NumPy: shifted by the max; an all -inf row gives zeros."""
+    return _exp_normalize(x, x > -np.inf)
+
+
+@register_kernel(function="softmax1", backend="numpy", name="numpy_softmax1")
+def numpy_softmax1(x: np.ndarray) -> np.ndarray:
+    """Softmax1 in NumPy: shift m = max(max x, 0), the 1 rescaled to exp(-m)."""
+    return _exp_normalize(x, x > -np.inf, floor=0.0, offset=lambda m: np.exp(-m))
+
+
+@register_kernel(function="stablemax", backend="numpy", name="numpy_stablemax")
+def numpy_stablemax(x: np.ndarray) -> np.ndarray:
+    """Stablemax in NumPy, weights scaled by the row maximum before summing."""
+    xw = x.astype(_work_dtype(x))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(xw >= 0, xw + 1, 1 / (1 - xw))
+    return _weight_normalize(x, w)
+
+
+@register_kernel(function="symax", backend="numpy", name="numpy_symax")
+def numpy_symax(x: np.ndarray, *, eta: float) -> np.ndarray:
+    """Symax in NumPy: |x| / (eta + sum |x|), scaled by max |x| before summing."""
+    return _weight_normalize(x, np.abs(x.astype(_work_dtype(x))), eta)

@@ -1,0 +1,85 @@
+"""torch kernels for the whole family. Device-agnostic: the same code runs on CUDA tensors.
+
+fp64 and fp32 compute in their own precision; fp16 and bf16 compute and accumulate in
+fp32 and round once at the end. Special values follow DESIGN.md section 2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from elasticbench import register_kernel
+
+
+def _work(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype in (torch.float64, torch.float32) else x.float()
+
+
+def _finish(x: torch.Tensor, num: torch.Tensor, den: torch.Tensor, nan_row: torch.Tensor):
+    """num / den with 0/0 -> 0, NaN rows restored, rounded once to the input's dtype."""
+    y = torch.where(den > 0, num / torch.where(den > 0, den, 1), 0)
+    y = y.masked_fill(nan_row, math.nan)
+    return y.to(x.dtype)
+
+
+def _exp_normalize(x, keep, *, tau: float = 1.0, floor: float = -math.inf, offset=None):
+    """exp((x - m)/tau) over kept positions, divided by their sum plus offset(m)."""
+    xw = _work(x)
+    nan_row = xw.isnan().any(dim=-1, keepdim=True)
+    s = xw.masked_fill(~keep, -math.inf)
+    m = s.amax(dim=-1, keepdim=True).clamp_min(floor)
+    inf_row = m == math.inf
+    m0 = torch.where(m.isfinite(), m, 0)  # rows with nothing kept: no shift
+    e = torch.exp((s - m0) / tau)
+    e = torch.where(inf_row, (s == math.inf).to(xw.dtype), e)
+    den = e.sum(dim=-1, keepdim=True)
+    if offset is not None:
+        den = den + torch.where(inf_row, 0, offset(m0))
+    return _finish(x, e, den, nan_row)
+
+
+def _weight_normalize(x, w, constant: float = 0.0):
+    """w / (constant + sum w) for weights w >= 0; rows whose largest weight exceeds 1 are
+    scaled by it first, so neither the sum nor constant/scale can overflow."""
+    nan_row = w.isnan().any(dim=-1, keepdim=True)
+    w = w.nan_to_num(nan=0.0, posinf=math.inf)
+    top = w.amax(dim=-1, keepdim=True)
+    inf_row = top == math.inf
+    scale = torch.where((top > 1) & ~inf_row, top, 1)
+    ws = torch.where(inf_row, (w == math.inf).to(w.dtype), w / scale)
+    den = ws.sum(dim=-1, keepdim=True) + torch.where(inf_row, 0, constant / scale)
+    return _finish(x, ws, den, nan_row)
+
+
+@register_kernel(function="elastic", backend="torch", name="torch_elastic")
+def torch_elastic(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
+    """Elastic-Softmax in torch: mask, shift by the kept max, offset rescaled by exp(-m/tau)."""
+    return _exp_normalize(x, x >= 0, tau=tau, offset=lambda m: beta * torch.exp(-m / tau))
+
+
+@register_kernel(function="softmax", backend="torch", name="torch_safe_softmax")
+def torch_safe_softmax(x: torch.Tensor) -> torch.Tensor:
+    """Safe softmax in torch: shifted by the max; an all -inf row gives zeros."""
+    return _exp_normalize(x, x > -math.inf)
+
+
+@register_kernel(function="softmax1", backend="torch", name="torch_softmax1")
+def torch_softmax1(x: torch.Tensor) -> torch.Tensor:
+    """Softmax1 in torch: shift m = max(max x, 0), the 1 rescaled to exp(-m)."""
+    return _exp_normalize(x, x > -math.inf, floor=0.0, offset=lambda m: torch.exp(-m))
+
+
+@register_kernel(function="stablemax", backend="torch", name="torch_stablemax")
+def torch_stablemax(x: torch.Tensor) -> torch.Tensor:
+    """Stablemax in torch, weights scaled by the row maximum before summing."""
+    xw = _work(x)
+    w = torch.where(xw >= 0, xw + 1, 1 / (1 - xw))
+    return _weight_normalize(x, w)
+
+
+@register_kernel(function="symax", backend="torch", name="torch_symax")
+def torch_symax(x: torch.Tensor, *, eta: float) -> torch.Tensor:
+    """Symax in torch: |x| / (eta + sum |x|), scaled by max |x| before summing."""
+    return _weight_normalize(x, _work(x).abs(), eta)
