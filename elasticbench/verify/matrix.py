@@ -6,11 +6,12 @@ checks every name and value, so a bad file fails before any work starts.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from ..functions import get_function
 from ..inputs import get_generator

@@ -1,0 +1,44 @@
+"""The `elasticbench` command. Each subcommand lives in its own module of this package.
+
+Errors of usage or input are one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import __version__
+from .common import fail
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="elasticbench")
+def cli() -> None:
+    """Verify softmax-family kernels against exact references, and time them against the
+    machine's rooflines."""
+
+
+def _register_commands() -> None:
+    from .verify_cmd import verify
+
+    cli.add_command(verify)
+
+
+_register_commands()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the group, turning usage errors into one line and exit code 2."""
+    try:
+        code = cli.main(args=argv, prog_name="elasticbench", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("elasticbench: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        fail(e.format_message())
+    except KeyboardInterrupt:
+        click.echo("elasticbench: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,64 @@
+"""Pieces every subcommand shares: one-line errors, name lists, kernel files."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import NoReturn
+
+import click
+from rich.console import Console
+
+from ..registry import KernelFileError, KernelSpec, load_kernel_file, select_kernels
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def fail(message: str) -> NoReturn:
+    """Print one line naming the problem and exit with the usage code."""
+    first = " ".join(str(message).split())
+    click.echo(f"elasticbench: error: {first}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+def split_names(values: Iterable[str]) -> list[str]:
+    """Names given as repeated options and/or comma-separated lists, in order, deduplicated."""
+    out: list[str] = []
+    for v in values:
+        for name in v.split(","):
+            name = name.strip()
+            if name and name not in out:
+                out.append(name)
+    return out
+
+
+def choose_kernels(
+    functions: list[str],
+    backends: list[str],
+    only: list[str],
+    kernel_files: Iterable[str],
+    mode: str = "fwd",
+) -> list[KernelSpec]:
+    """Load kernel files, then select kernels. With kernel files and no --only, the kernels
+    of those files alone are chosen. Bad names or files exit with one line."""
+    from_files: list[KernelSpec] = []
+    try:
+        for path in kernel_files:
+            from_files += load_kernel_file(path)
+        if kernel_files and not only:
+            only = [k.name for k in from_files if k.mode == mode]
+            if not only:
+                fail(f"no {mode} kernel registered by {', '.join(kernel_files)}")
+        chosen = select_kernels(functions, backends, only, mode)
+    except KernelFileError as e:
+        fail(str(e))
+    except ValueError as e:
+        fail(str(e))
+    if not chosen:
+        fail("no kernel matches the given --function/--backend/--only filters")
+    return chosen
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console; plain text when not a terminal or when NO_COLOR is set."""
+    return Console(stderr=stderr, highlight=False)

@@ -1,0 +1,1 @@
+"""Reports read records (plain dicts from results files), never live objects."""
