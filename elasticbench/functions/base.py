@@ -52,6 +52,47 @@ class RowTruth:
         )
 
 
+@dataclass
+class RowGrad:
+    """Exact gradients of one row for an upstream gradient g (DESIGN.md section 3).
+
+    dx[i] is an mpf, or None where it must be NaN; dparams holds this row's contribution to
+    the gradient of each parameter (None: NaN). Rows that are not finite (NaN aside) have
+    exactly zero gradients: fully masked rows have nothing to move, and a finite change of
+    an input never moves the output of a +inf row.
+    """
+
+    truth: RowTruth  # the forward truth of the row
+    dx: list
+    zero: list[bool]  # dx exactly zero by structure (masked positions, non-finite rows)
+    dparams: dict
+
+    @classmethod
+    def constant(cls, truth: RowTruth, param_names: Sequence[str]) -> RowGrad:
+        """Gradients of a row that is NaN (all NaN) or masked/infinite (all exactly 0)."""
+        n = len(truth.y)
+        if truth.kind == ROW_NAN:
+            return cls(truth, [None] * n, [False] * n, dict.fromkeys(param_names))
+        zero = mpmath.mpf(0)
+        return cls(truth, [zero] * n, [True] * n, dict.fromkeys(param_names, zero))
+
+
+def exp_normalize_grad(
+    truth: RowTruth, g: Sequence[float], keep: Sequence[bool], scale: float = 1.0
+) -> tuple[mpmath.mpf, list, list[bool]]:
+    """c = sum_i g_i y_i and dx_k = y_k (g_k - c) * scale on kept positions (0 elsewhere).
+
+    The gradient of every exp-normalize member: the constant term of the denominator
+    (beta, or softmax1's 1) only enters through y.
+    """
+    gm = [mpmath.mpf(v) for v in g]
+    c = mpmath.fsum(gi * yi for gi, yi in zip(gm, truth.y, strict=True))
+    sc = mpmath.mpf(scale)
+    dx = [yk * (gk - c) * sc if k else mpmath.mpf(0)
+          for yk, gk, k in zip(truth.y, gm, keep, strict=True)]
+    return c, dx, [not k for k in keep]
+
+
 @dataclass(frozen=True)
 class Param:
     """A scalar parameter: its default, its allowed range and the default verification grid."""
@@ -86,6 +127,8 @@ class Function:
     params: tuple[Param, ...] = ()
     exps_per_element: int = 1  # exponentials per element in the forward pass
     notes: str = field(default="", compare=False)
+    # (row, upstream g, **params) -> RowGrad; None where no gradient is defined
+    gradient_row: Callable[..., RowGrad] | None = None
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -130,11 +173,11 @@ def exp_normalize(
     row: Sequence[float],
     keep: Sequence[bool],
     *,
-    scale: float = 1.0,
+    tau: float = 1.0,
     shift_floor: float = -math.inf,
     extra: Callable[[mpmath.mpf], mpmath.mpf] | None = None,
 ) -> RowTruth:
-    """y_i = exp((x_i - m) * scale) / (sum_kept exp((x_j - m) * scale) + extra(m)) for kept i.
+    """y_i = exp((x_i - m) / tau) / (sum_kept exp((x_j - m) / tau) + extra(m)) for kept i.
 
     m = max(max of kept values, shift_floor); extra(m) is the already-rescaled constant term
     of the denominator (beta * exp(-m/tau) for elastic, exp(-m) for softmax1). Positions not
@@ -150,7 +193,7 @@ def exp_normalize(
     m = max([*kept, shift_floor])
     if m == -math.inf:  # no kept logit and no floor: the constant term alone
         return RowTruth.masked(n)
-    mm, sc = mpmath.mpf(m), mpmath.mpf(scale)
+    mm, t = mpmath.mpf(m), mpmath.mpf(tau)  # both exact: tau is never rounded as 1/tau
     cache: dict[float, tuple[mpmath.mpf, mpmath.mpf]] = {}
     e: list = []
     zabs: list[float] = []
@@ -160,7 +203,7 @@ def exp_normalize(
             zabs.append(0.0)
             continue
         if v not in cache:
-            z = (mpmath.mpf(v) - mm) * sc
+            z = (mpmath.mpf(v) - mm) / t
             cache[v] = (mpmath.exp(z), abs(z))
         ev, za = cache[v]
         e.append(ev)
@@ -170,7 +213,7 @@ def exp_normalize(
     if extra is not None:
         c = extra(mm)
         total += c
-        weighted += c * abs(mm * sc)
+        weighted += c * abs(mm / t)
     if total == 0:
         return RowTruth.masked(n)
     y = [ev / total for ev in e]

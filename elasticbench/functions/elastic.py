@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import mpmath
 
-from .base import Function, Param, RowTruth, exp_normalize, has_nan
+from .base import (
+    ROW_FINITE,
+    Function,
+    Param,
+    RowGrad,
+    RowTruth,
+    exp_normalize,
+    exp_normalize_grad,
+    has_nan,
+)
 
 
 def reference(row: list[float], *, tau: float, beta: float) -> RowTruth:
@@ -20,8 +29,33 @@ def reference(row: list[float], *, tau: float, beta: float) -> RowTruth:
     b = mpmath.mpf(beta)
     t = mpmath.mpf(tau)
     return exp_normalize(
-        row, keep, scale=1.0 / tau, extra=(lambda m: b * mpmath.exp(-m / t)) if beta else None
+        row, keep, tau=tau, extra=(lambda m: b * mpmath.exp(-m / t)) if beta else None
     )
+
+
+def gradient(row: list[float], g: list[float], *, tau: float, beta: float) -> RowGrad:
+    """dx, and this row's dtau and dbeta, for upstream g (DESIGN.md section 3), exactly.
+
+    Evaluated in the shifted form so that nothing cancels at huge logits: with
+    z'_i = (s_i - m)/tau, D' = sum_j exp(z'_j) + beta exp(-m/tau) and w = beta exp(-m/tau)/D'
+    (the offset's share, 1 - sum y),
+        sum_k y_k z_k - z_i = sum_k y_k z'_k - w m/tau - z'_i,   dbeta = -c exp(-m/tau)/D'.
+    """
+    truth = reference(row, tau=tau, beta=beta)
+    if truth.kind != ROW_FINITE:
+        return RowGrad.constant(truth, ("tau", "beta"))
+    keep = [v >= 0 for v in row]
+    t, b = mpmath.mpf(tau), mpmath.mpf(beta)
+    c, dx, zero = exp_normalize_grad(truth, g, keep, 1 / t)
+    m = mpmath.mpf(max(v for v, k in zip(row, keep, strict=True) if k))
+    zs = [(mpmath.mpf(v) - m) / t if k else mpmath.mpf(0) for v, k in zip(row, keep, strict=True)]
+    e_m = mpmath.exp(-m / t)
+    den = mpmath.fsum(mpmath.exp(z) for z, k in zip(zs, keep, strict=True) if k) + b * e_m
+    q = e_m / den  # exp(-m/tau) / D', i.e. 1/D
+    mean_z = mpmath.fsum(y * z for y, z in zip(truth.y, zs, strict=True)) - b * q * m / t
+    gm = [mpmath.mpf(v) for v in g]
+    dtau = mpmath.fsum(gi * yi * (mean_z - zi) for gi, yi, zi in zip(gm, truth.y, zs, strict=True)) / t
+    return RowGrad(truth, dx, zero, {"tau": dtau, "beta": -c * q})
 
 
 FUNCTION = Function(
@@ -33,4 +67,5 @@ FUNCTION = Function(
         Param("beta", 1.0, 0.0, False, (0.0, 1e-10, 1.0, 100.0), "denominator offset, >= 0"),
     ),
     notes="rows sum to S/(S+beta); masked positions are exactly 0",
+    gradient_row=gradient,
 )

@@ -86,7 +86,8 @@ def _huge(rng, fmt, rows, n):
 
 @_generator("near_exp_limit", "logits just below ln(max): exp overflows without the shift")
 def _near_exp_limit(rng, fmt, rows, n):
-    return fmt.ln_max - rng.uniform(0.0, 4.0, (rows, n))
+    # the top value is rounded down so that exp of every logit is still finite in the format
+    return fmt.round_down(fmt.ln_max) - rng.uniform(0.0, 4.0, (rows, n))
 
 
 @_generator("ties_equal", "every logit in a row equal (a positive value)")

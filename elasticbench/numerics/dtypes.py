@@ -44,6 +44,13 @@ class FloatFormat:
         """The largest argument whose exponential is still finite in this format."""
         return float(np.log(np.float64(self.max)))
 
+    def round_down(self, value: float) -> float:
+        """The largest value of this format that is <= value (finite, normal range)."""
+        r = float(self.cast(np.array([value]))[0])
+        if r > value:
+            r -= 2.0 ** (int(np.floor(np.log2(abs(r)))) - self.p + 1)
+        return r
+
     def cast(self, values: np.ndarray) -> np.ndarray:
         """Round float64 values to this format (round to nearest even)."""
         return np.asarray(values, dtype=np.float64).astype(self.numpy)

@@ -88,14 +88,14 @@ def check_output(
 
     if special_fail.any():
         k, j = np.argwhere(special_fail)[0]
-        worst = _where(x64, got, truth, k, j, fmt, err[k, j], allowed[k, j])
         if missing_nan[k, j]:
+            worst = _where(x64, got, truth, k, j, fmt)
             reason = f"special: NaN in row {worst['row']} not propagated (got {worst['got']})"
-        elif zero_broken[k, j]:
-            reason = f"special: masked position not exactly 0 (got {worst['got']})"
         else:
-            reason = (f"special: {truth.kind[k]} row wrong "
-                      f"(expected {worst['expected']}, got {worst['got']})")
+            worst = _where(x64, got, truth, k, j, fmt, err[k, j], allowed[k, j])
+            what = "masked position not exactly 0" if zero_broken[k, j] else "wrong value"
+            reason = (f"special ({truth.kind[k]} row): {what}: "
+                      f"expected {worst['expected']}, got {worst['got']}")
         return Verdict(False, reason, max_ulp, max_frac, False, worst, failures)
 
     if finite.any():

@@ -1,0 +1,60 @@
+"""Shared test fixtures: an isolated reference cache and a CLI runner with real exit codes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from elasticbench.cli import main
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Keep the truth cache of the tests out of the user's ~/.cache."""
+    old = os.environ.get("ELASTICBENCH_CACHE")
+    os.environ["ELASTICBENCH_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("ELASTICBENCH_CACHE", None)
+    else:
+        os.environ["ELASTICBENCH_CACHE"] = old
+
+
+@pytest.fixture(autouse=True)
+def _fresh_user_kernels() -> Iterator[None]:
+    """Kernels a test loads from its own files are forgotten after it (one process, many
+    'invocations'), so two tests may both define a kernel called `mine`."""
+    from elasticbench import registry
+
+    registry.list_kernels()
+    saved = dict(registry._KERNELS)
+    yield
+    registry._KERNELS.clear()
+    registry._KERNELS.update(saved)
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]):
+    """Run `elasticbench ARGS` in-process; return exit code, stdout and stderr."""
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return run
