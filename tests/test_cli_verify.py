@@ -184,3 +184,20 @@ def test_real_process_exit_codes_and_no_traceback(tmp_path):
                         capture_output=True, text=True, env={"NO_COLOR": "1", "PATH": ""})
     assert ok.returncode == 0, ok.stderr
     assert "\x1b[" not in ok.stdout  # not a terminal: no control codes
+
+
+@pytest.mark.parametrize(("topic", "expected"), [
+    ("functions", "elastic    Elastic-Softmax"),
+    ("backends", "numpy"),
+    ("inputs", "near_exp_limit"),
+    ("kernels", "numpy_elastic"),
+    ("cases", "verify.toml"),
+])
+def test_list(cli, topic, expected):
+    r = cli("list", topic)
+    assert r.code == 0 and expected in r.out
+
+
+def test_list_unknown_topic_is_usage_error(cli):
+    r = cli("list", "colours")
+    assert r.code == 2 and "Invalid value" in r.err

@@ -21,9 +21,11 @@ def cli() -> None:
 
 
 def _register_commands() -> None:
+    from .list_cmd import list_
     from .verify_cmd import verify
 
     cli.add_command(verify)
+    cli.add_command(list_)
 
 
 _register_commands()

@@ -1,0 +1,50 @@
+"""`elasticbench list`: what the suite knows about, one line each."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import click
+
+from ..backends import BACKENDS
+from ..functions import FUNCTIONS
+from ..inputs import GENERATORS
+from ..registry import list_kernels
+from .common import split_names
+
+TOPICS = ("functions", "backends", "inputs", "kernels", "cases")
+
+
+@click.command(name="list")
+@click.argument("topic", type=click.Choice(TOPICS))
+@click.option("--kernel-file", "kernel_files", multiple=True, type=click.Path(dir_okay=False),
+              metavar="PATH", help="Also list the kernels of this file.")
+def list_(topic: str, kernel_files: tuple[str, ...]) -> None:
+    """List functions, backends, inputs (generators), kernels or built-in cases.
+
+    Plain lines, never folded, so they can be read by grep and scripts.
+    """
+    from .common import choose_kernels
+
+    if topic == "functions":
+        for f in FUNCTIONS.values():
+            params = ", ".join(f"{p.name}={p.default:g}" for p in f.params)
+            click.echo(f"{f.name:10s} {f.summary}" + (f"  [{params}]" if params else ""))
+    elif topic == "backends":
+        for b in BACKENDS.values():
+            state = "" if b.available() else "  (not available here)"
+            click.echo(f"{b.name:10s} {b.summary}{state}")
+    elif topic == "inputs":
+        for g in GENERATORS.values():
+            click.echo(f"{g.name:16s} {g.summary}")
+    elif topic == "kernels":
+        if kernel_files:
+            choose_kernels([], [], [], split_names(kernel_files))
+        for k in list_kernels():
+            click.echo(f"{k.name:24s} {k.function:10s} {k.backend:7s} {k.mode:4s} {k.description}")
+    else:
+        for path in sorted(resources.files("elasticbench.cases").iterdir(), key=str):
+            if path.name.endswith(".toml"):
+                first = next((ln.lstrip("# ").strip() for ln in path.read_text().splitlines()
+                              if ln.startswith("#")), "")
+                click.echo(f"{path.name:22s} {first}")
