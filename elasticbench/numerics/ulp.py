@@ -40,4 +40,4 @@ def ulp_error(got: np.ndarray, hi: np.ndarray, lo: np.ndarray, fmt: FloatFormat)
         # g - hi is exact whenever g is within a factor of two of hi (Sterbenz);
         # otherwise the error is enormous and a relative rounding of it changes nothing.
         diff = np.abs((g - hi) - lo)
-    return diff / ulp_of(hi, lo, fmt)
+        return diff / ulp_of(hi, lo, fmt)  # may overflow to inf: an infinitely bad output

@@ -1,0 +1,49 @@
+"""`elasticbench selftest`: the verifier must catch every built-in mutant and pass every
+correct kernel."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.table import Table
+
+from ..numerics.truth_cache import TruthStore, default_cache_dir
+from ..registry import list_kernels
+from ..selftest.mutants import FORWARD_MUTANTS
+from ..selftest.runner import caught_by_text, run_selftest
+from ..verify.matrix import builtin_case, load_matrix
+from .common import EXIT_FAILED, EXIT_OK, console
+
+
+@click.command()
+@click.option("--no-cache", is_flag=True, help="Recompute references instead of reading the cache.")
+def selftest(no_cache: bool) -> None:
+    """Run deliberately wrong kernels through verify; exit 1 unless all are caught and every
+    built-in kernel passes (the quick matrix)."""
+    out = console()
+    matrix = load_matrix(builtin_case("verify-quick"))
+    store = TruthStore(None if no_cache else default_cache_dir())
+    correct = list_kernels(mode="fwd")
+    outcomes = run_selftest(FORWARD_MUTANTS, [k for k in correct if k.source == "builtin"],
+                            matrix, store)
+    table = Table(title="mutation self-test", title_justify="left")
+    table.add_column("mutant / kernel", no_wrap=True, style="bold")
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("first failing case")
+    for o in outcomes:
+        if o.expected_to_fail:
+            verdict = "[green]caught[/]" if o.ok else "[bold red]MISSED[/]"
+        else:
+            verdict = "[green]passes[/]" if o.ok else "[bold red]FAILS[/]"
+        table.add_row(o.name, verdict, caught_by_text(o) if o.caught_by else "")
+    out.print(table)
+    for o in outcomes:
+        if o.expected_to_fail:
+            out.print(f"  {o.name}: {o.bug}")
+    mutants = [o for o in outcomes if o.expected_to_fail]
+    caught = sum(o.ok for o in mutants)
+    good = [o for o in outcomes if not o.expected_to_fail]
+    out.print(f"mutation score {caught}/{len(mutants)}; correct kernels passing "
+              f"{sum(o.ok for o in good)}/{len(good)}")
+    sys.exit(EXIT_OK if all(o.ok for o in outcomes) else EXIT_FAILED)

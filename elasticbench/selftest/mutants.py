@@ -1,0 +1,137 @@
+"""Deliberately wrong kernels, one classic softmax bug each.
+
+Every mutant is the correct computation with one change, so catching it shows the suite
+sees that bug class, and nothing else. They are KernelSpecs that never enter the global
+registry (a user's `verify` never sees them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from ..registry import KernelSpec
+
+
+@dataclass(frozen=True)
+class Mutant:
+    spec: KernelSpec
+    bug: str  # the bug class, in words
+
+
+def _work(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+
+
+def _elastic(
+    x: np.ndarray,
+    tau: float,
+    beta: float,
+    *,
+    shift: bool = True,
+    rescale: bool = True,
+    strict: bool = False,
+    propagate_nan: bool = True,
+    safe_empty: bool = True,
+    acc_dtype: type | None = None,
+    tau_op: Callable[[np.ndarray, float], np.ndarray] = np.divide,
+    axis: int = -1,
+) -> np.ndarray:
+    """Correct Elastic-Softmax (working precision, policy included) unless a flag says not."""
+    xw = _work(x)
+    with np.errstate(invalid="ignore"):
+        keep = xw > 0 if strict else xw >= 0
+    s = np.where(keep, xw, -np.inf)
+    m = s.max(axis=axis, keepdims=True)
+    inf_row = m == np.inf
+    m0 = np.where(np.isfinite(m), m, 0).astype(xw.dtype) if shift else np.zeros_like(m)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        e = np.where(inf_row, s == np.inf, np.exp(tau_op(s - m0, xw.dtype.type(tau))))
+        e = e.astype(xw.dtype)
+        if acc_dtype is None:
+            den = e.sum(axis=axis, keepdims=True)
+        else:  # a running sum kept in the low format, as a naive kernel would
+            den = np.zeros_like(m, dtype=acc_dtype)
+            for j in range(0, e.shape[axis], 128):
+                den = (den + e[:, j:j + 128].sum(axis=-1, keepdims=True)).astype(acc_dtype)
+            den = den.astype(xw.dtype)
+        offset = beta * np.exp(-m0 / tau) if rescale else np.full_like(m0, beta)
+        den = den + np.where(inf_row, 0, offset)
+        y = np.divide(e, den, out=np.zeros_like(e), where=den > 0) if safe_empty else e / den
+    if propagate_nan:
+        y[np.broadcast_to(np.isnan(xw).any(axis=axis, keepdims=True), y.shape)] = np.nan
+    return y.astype(x.dtype)
+
+
+def _softmax1(x: np.ndarray, *, rescale_one: bool = True) -> np.ndarray:
+    xw = _work(x)
+    m = np.maximum(xw.max(axis=-1, keepdims=True), 0)
+    inf_row = m == np.inf
+    m0 = np.where(np.isfinite(m), m, 0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.where(inf_row, xw == np.inf, np.exp(xw - m0)).astype(xw.dtype)
+        one = np.exp(-m0) if rescale_one else np.ones_like(m0)
+        den = e.sum(axis=-1, keepdims=True) + np.where(inf_row, 0, one)
+    y = e / den
+    y[np.isnan(xw).any(axis=-1)] = np.nan
+    return y.astype(x.dtype)
+
+
+def _in_place(x, *, tau, beta):
+    y = _elastic(x, tau, beta)
+    x[...] = y  # the input used as the output buffer; a copy is returned
+    return y.copy()
+
+
+def _low_acc(x, *, tau, beta):
+    """fp16/bf16 inputs summed in their own format; other formats are left correct."""
+    acc = {np.dtype(np.float16): np.float16, np.dtype(ml_dtypes.bfloat16): ml_dtypes.bfloat16}
+    return _elastic(x, tau, beta, acc_dtype=acc.get(x.dtype))
+
+
+def _rel_error(x, *, tau, beta):
+    y = _elastic(x, tau, beta).astype(np.float64)
+    return (y * (1 + 1e-4)).astype(x.dtype)
+
+
+def _spec(name: str, function: str, fn: Callable) -> KernelSpec:
+    return KernelSpec(name, function, "numpy", fn, "fwd", "selftest")
+
+
+FORWARD_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(_spec("no_max_shift", "elastic",
+                 lambda x, *, tau, beta: _elastic(x, tau, beta, shift=False)),
+           "no max shift: exp overflows on large logits"),
+    Mutant(_spec("beta_not_rescaled", "elastic",
+                 lambda x, *, tau, beta: _elastic(x, tau, beta, rescale=False)),
+           "beta added after the shift without the exp(-m/tau) rescaling"),
+    Mutant(_spec("one_not_rescaled", "softmax1", lambda x: _softmax1(x, rescale_one=False)),
+           'softmax1: the "+1" added after the shift without rescaling'),
+    Mutant(_spec("strict_mask", "elastic",
+                 lambda x, *, tau, beta: _elastic(x, tau, beta, strict=True)),
+           "strict > 0 mask: exact zeros masked"),
+    Mutant(_spec("nan_masked", "elastic",
+                 lambda x, *, tau, beta: _elastic(x, tau, beta, propagate_nan=False)),
+           "NaN silently masked by where(x >= 0, x, -inf)"),
+    Mutant(_spec("zero_over_zero", "elastic",
+                 lambda x, *, tau, beta: _elastic(x, tau, beta, safe_empty=False)),
+           "0/0 on fully masked rows with beta = 0 gives NaN"),
+    Mutant(_spec("low_precision_sum", "elastic", _low_acc),
+           "row sums accumulated in fp16/bf16"),
+    Mutant(_spec("tau_multiplied", "elastic",
+                 lambda x, *, tau, beta: _elastic(x, tau, beta, tau_op=np.multiply)),
+           "tau applied wrongly (multiplied instead of divided)"),
+    Mutant(_spec("beta_ignored", "elastic",
+                 lambda x, *, tau, beta: _elastic(x, tau, 0.0)),
+           "beta ignored"),
+    Mutant(_spec("relative_error_1e-4", "elastic", _rel_error),
+           "a small relative error (1e-4)"),
+    Mutant(_spec("wrong_axis", "elastic",
+                 lambda x, *, tau, beta: _elastic(x, tau, beta, axis=0)),
+           "normalized along the wrong axis"),
+    Mutant(_spec("input_modified", "elastic", _in_place),
+           "input modified in place"),
+)
