@@ -5,6 +5,10 @@ Shared by verification and timing, so both see kernels the same way.
 
 from __future__ import annotations
 
+import faulthandler
+import multiprocessing
+import signal
+import sys
 import time
 from dataclasses import dataclass
 
@@ -45,3 +49,50 @@ def call_kernel(spec: KernelSpec, x: np.ndarray, params: dict[str, float]) -> Ou
     except TypeError as e:
         return Outcome(None, f"returned the wrong type: {e}", modified, returned_input, seconds)
     return Outcome(result, None, modified, returned_input, seconds)
+
+
+def _child(spec: KernelSpec, x: np.ndarray, params: dict[str, float], conn) -> None:
+    faulthandler.disable()  # a crash is reported by the parent, in one line
+    try:
+        conn.send(call_kernel(spec, x, params))
+    finally:
+        conn.close()
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        hint = " (out of memory?)" if -exitcode == signal.SIGKILL else ""
+        return f"crashed: killed by {name}{hint}"
+    return f"crashed: its process exited with code {exitcode}"
+
+
+def call_kernel_isolated(
+    spec: KernelSpec, x: np.ndarray, params: dict[str, float], timeout: float | None
+) -> Outcome:
+    """call_kernel in a child process: a segfault, an out-of-memory kill or a hang past
+    `timeout` seconds becomes a failed Outcome instead of taking the run down."""
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(spec, x, params, send), daemon=True)
+    start = time.perf_counter()
+    proc.start()
+    send.close()
+    try:
+        if not recv.poll(timeout):
+            proc.kill()
+            proc.join()
+            return Outcome(None, f"timed out after {timeout:g}s", False, False,
+                           time.perf_counter() - start)
+        try:
+            outcome = recv.recv()
+        except EOFError:  # died before it could answer
+            proc.join()
+            return Outcome(None, _death(proc.exitcode), False, False,
+                           time.perf_counter() - start)
+        proc.join()
+        return outcome
+    finally:
+        recv.close()
+        if proc.is_alive():
+            proc.kill()
