@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml requirements.lock
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/elasticbench verify --quick
+	$(BIN)/elasticbench run
 
 test: $(STAMP)
 	$(BIN)/ruff check .

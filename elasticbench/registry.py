@@ -20,7 +20,11 @@ from .backends import get_backend
 from .functions import get_function
 
 MODES = ("fwd", "bwd")
-BUILTIN_MODULES = ("elasticbench.kernels.numpy_kernels", "elasticbench.kernels.torch_kernels")
+BUILTIN_MODULES = (
+    "elasticbench.kernels.numpy_kernels",
+    "elasticbench.kernels.torch_kernels",
+    "elasticbench.kernels.torch_variants",
+)
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ def _load_builtins() -> None:
         return
     _builtins_loaded = True
     for module in BUILTIN_MODULES:
-        backend = module.rsplit(".", 1)[-1].removesuffix("_kernels")
+        backend = module.rsplit(".", 1)[-1].partition("_")[0]  # <backend>_<anything>
         if get_backend(backend).available():
             importlib.import_module(module)
 

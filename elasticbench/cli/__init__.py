@@ -22,10 +22,12 @@ def cli() -> None:
 
 def _register_commands() -> None:
     from .list_cmd import list_
+    from .run_cmd import run
     from .selftest_cmd import selftest
     from .verify_cmd import verify
 
     cli.add_command(verify)
+    cli.add_command(run)
     cli.add_command(list_)
     cli.add_command(selftest)
 

@@ -1,0 +1,282 @@
+"""Running a [run] case: rooflines, quick verification, then every kernel on every shape.
+
+Each timed (kernel, dtype, size) becomes one plain record handed to on_record as soon as it
+is measured; the ceilings go into the header first. Kernels are reached only through the
+registry and their backend, so the core has no backend-specific branches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..backends import get_backend
+from ..environment import cache_sizes
+from ..functions import get_function
+from ..inputs import generate
+from ..numerics.dtypes import get_format
+from ..numerics.truth_cache import TruthStore
+from ..registry import KernelSpec, get_kernel, list_kernels
+from ..verify.matrix import expand, load_matrix
+from ..verify.runner import run_verification
+from .cases import RunCase
+from .models import minimum_bytes, minimum_model, model_of
+from .roofline import compute_dtype, measure_copy, measure_exp, roof_for
+from .timing import Policy, Timing, time_cpu, time_cuda
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+
+
+def pin_heap() -> str:
+    """Keep freed memory in glibc's heap, so a kernel that allocates its output each call
+    does not pay fresh page faults each call (as a caching allocator would on a GPU)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        ok = libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):
+        return "default (mallopt unavailable)"
+    return "glibc heap, mmap off, trim 1 GiB" if ok else "default (mallopt refused)"
+
+
+def set_threads(threads: int) -> dict[str, Any]:
+    """Set torch's intra-op threads and the thread variables; return what is in force."""
+    n = threads or os.cpu_count() or 1
+    for var in THREAD_VARIABLES:
+        os.environ[var] = str(n)  # seen by libraries loaded from now on and by children
+    info: dict[str, Any] = {"requested": threads or None, "threads": n,
+                            "numpy": "elementwise ops single-threaded"}
+    try:
+        import torch
+
+        torch.set_num_threads(n)
+        info["torch"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    return info
+
+
+def _is_gpu(native: Any) -> bool:
+    return bool(getattr(native, "is_cuda", False))
+
+
+@dataclass
+class Ceilings:
+    """The machine's measured ceilings for this run."""
+
+    device: str
+    llc_bytes: int
+    copy_bps: float
+    exp_eps: dict[str, float]
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "llc_bytes": self.llc_bytes,
+                "copy_gbps": self.copy_bps / 1e9,
+                "exp_geps": {d: v / 1e9 for d, v in self.exp_eps.items()}, **self.detail}
+
+
+def llc_bytes(device: str) -> int:
+    """Size of the last-level cache of the device kernels run on."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
+    caches = cache_sizes()
+    return max(caches.values()) if caches else 32 << 20
+
+
+def measure_ceilings(device: str, dtypes: list[str], policy: Policy) -> Ceilings:
+    """Copy bandwidth and exp throughput for every dtype (and compute dtype) in play."""
+    llc = llc_bytes(device)
+    copy_bps, copy_t, size = measure_copy(device, llc, policy)
+    detail: dict[str, Any] = {"copy_buffer_bytes": size, "copy_timing": copy_t.to_dict(),
+                              "exp_timing": {}}
+    rates: dict[str, float] = {}
+    for d in dict.fromkeys([*dtypes, *(compute_dtype(d) for d in dtypes), "fp64"]):
+        rates[d], t = measure_exp(device, d, policy)
+        detail["exp_timing"][d] = t.to_dict()
+    return Ceilings(device, llc, copy_bps, rates, detail)
+
+
+def verify_quickly(kernels: list[KernelSpec], case: RunCase, dtypes: list[str],
+                   store: TruthStore, on_done: Callable[[], None] = lambda: None
+                   ) -> dict[tuple[str, str], dict[str, Any]]:
+    """(kernel, dtype) -> verdict on the case's quick matrix; backward kernels are 'unverified'."""
+    verdicts: dict[tuple[str, str], dict[str, Any]] = {}
+    fwd = [k for k in kernels if k.mode == "fwd"]
+    for k in kernels:
+        if k.mode != "fwd":
+            for d in dtypes:
+                verdicts[(k.name, d)] = {"status": "unverified", "cases": 0, "failed": 0,
+                                         "max_ulp": None, "reason": "no backward verifier"}
+    if not fwd:
+        return verdicts
+    matrix = load_matrix(case.verify_path())
+    cases = expand(matrix, sorted({k.function for k in fwd}), dtypes,
+                   list(case.verify_inputs) or None)
+
+    def add(r: dict[str, Any]) -> None:
+        v = verdicts.setdefault((r["kernel"], r["dtype"]), {
+            "status": "pass", "cases": 0, "failed": 0, "max_ulp": 0.0, "reason": None})
+        v["cases"] += 1
+        ulp = r.get("max_ulp")
+        if isinstance(ulp, int | float):
+            v["max_ulp"] = max(v["max_ulp"] or 0.0, float(ulp))
+        if not r["passed"]:
+            v["failed"] += 1
+            v["status"] = "FAIL"
+            v["reason"] = v["reason"] or f"{r['reason']} ({r['input']} {r['shape']} {r['params']})"
+        on_done()
+
+    run_verification(fwd, cases, max_elements=matrix.max_elements, store=store, on_record=add)
+    for k in fwd:
+        for d in dtypes:
+            verdicts.setdefault((k.name, d), {"status": "unverified", "cases": 0, "failed": 0,
+                                              "max_ulp": None, "reason": "no case in matrix"})
+    return verdicts
+
+
+@dataclass
+class Unit:
+    """One timed cell: a kernel on a dtype and a size."""
+
+    spec: KernelSpec
+    dtype: str
+    shape: tuple[int, int]
+    baseline: bool = False
+
+
+def plan_units(kernels: list[KernelSpec], baseline: KernelSpec | None, case: RunCase,
+               dtypes: list[str], sizes: list[tuple[int, int]]) -> list[Unit]:
+    """The baseline first at each (dtype, size), then every chosen kernel."""
+    units = []
+    for d in dtypes:
+        for shape in sizes:
+            if baseline is not None:
+                units.append(Unit(baseline, d, shape, True))
+            units += [Unit(k, d, shape) for k in kernels if k is not baseline]
+    return units
+
+
+def _inputs(spec: KernelSpec, dtype: str, shape: tuple[int, int], generator: str, seed: int,
+            params: dict[str, float]) -> tuple[np.ndarray, ...]:
+    """The NumPy arguments of one call: (x,) forward, (x, y, g) backward."""
+    x = generate(generator, dtype, shape, seed)
+    if spec.mode == "fwd":
+        return (x,)
+    fwd = list_kernels(spec.function, "numpy", "fwd")
+    if not fwd:
+        raise ValueError(f"no numpy forward kernel of {spec.function} to make y for backward")
+    y = fwd[0].fn(x, **params)
+    g = generate("normal", dtype, shape, seed + 1)
+    return (x, y, g)
+
+
+def time_unit(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy,
+              params: dict[str, float]) -> dict[str, Any]:
+    """Time one unit; return its record (without verdict or speedup)."""
+    spec, (rows, n) = unit.spec, unit.shape
+    backend = get_backend(spec.backend)
+    itemsize = get_format(unit.dtype).itemsize
+    args = _inputs(spec, unit.dtype, unit.shape, case.generator, case.seed, params)
+    min_bytes = minimum_bytes(rows, n, itemsize, spec.mode)
+    arg_bytes = sum(a.nbytes for a in args)
+    footprint = min_bytes
+    out_of_cache = footprint > ceilings.llc_bytes // 2
+    copies = max(2, math.ceil(2 * ceilings.llc_bytes / arg_bytes)) if out_of_cache else 1
+    natives = [tuple(backend.to_native(a) for a in args) for _ in range(copies)]
+    sync = backend.synchronize
+
+    def call(i: int) -> None:
+        spec.fn(*natives[i % copies], **params)
+        sync()
+
+    timer = time_cuda if _is_gpu(natives[0][0]) else time_cpu
+    timing: Timing = timer(call, policy)
+    natives.clear()  # free the rotated copies before the next unit
+    seconds = timing.stats.median_ns * 1e-9
+    model, minimum = model_of(spec), minimum_model(spec.function, spec.mode)
+    cdt = model.compute or compute_dtype(unit.dtype)
+    roof = roof_for(model, minimum, itemsize, ceilings.copy_bps, ceilings.exp_eps[cdt])
+    eps = rows * n / seconds
+    return {
+        "kernel": spec.name, "function": spec.function, "backend": spec.backend,
+        "source": spec.source, "mode": spec.mode, "baseline": unit.baseline,
+        "dtype": unit.dtype, "compute_dtype": cdt, "shape": [rows, n], "params": params,
+        "generator": case.generator, "seed": case.seed,
+        "cache": "out-of-cache" if out_of_cache else "in-cache",
+        "footprint_bytes": footprint, "rotated_buffers": copies,
+        "model": model.to_dict(), "min_bytes": min_bytes,
+        "model_bytes": (model.reads + model.writes) * rows * n * itemsize,
+        "timing": timing.to_dict(), "median_s": seconds,
+        "elements_per_s": eps, "gbps": min_bytes / seconds / 1e9,
+        "pct_copy": 100 * min_bytes / seconds / ceilings.copy_bps,
+        "roof": roof.to_dict(), "binding": roof.binding,
+        "pct_roof": 100 * eps / roof.roof_eps,
+    }
+
+
+def resolve_baseline(case: RunCase, mode: str) -> KernelSpec | None:
+    """The case's baseline kernel, or None when it names none or is not registered here."""
+    if not case.baseline or mode != "fwd":
+        return None
+    try:
+        return get_kernel(case.baseline, "fwd")
+    except ValueError:
+        return None
+
+
+def params_for(case: RunCase, function: str) -> dict[str, float]:
+    return case.params.get(function) or get_function(function).defaults()
+
+
+def run_case(
+    case: RunCase,
+    kernels: list[KernelSpec],
+    dtypes: list[str],
+    sizes: list[tuple[int, int]],
+    ceilings: Ceilings,
+    verdicts: dict[tuple[str, str], dict[str, Any]],
+    *,
+    policy: Policy | None = None,
+    on_start: Callable[[Unit], None] = lambda u: None,
+    on_record: Callable[[dict[str, Any]], None] = lambda r: None,
+) -> list[dict[str, Any]]:
+    """Time every unit; each record gets its verdict, and its speedup over the baseline."""
+    policy = policy or case.timing
+    baseline = resolve_baseline(case, case.mode)
+    records = []
+    base_time: dict[tuple[str, tuple[int, int]], float] = {}
+    for unit in plan_units(kernels, baseline, case, dtypes, sizes):
+        on_start(unit)
+        params = params_for(case, unit.spec.function)
+        try:
+            rec = time_unit(unit, case, ceilings, policy, params)
+        except Exception as e:  # a kernel that cannot run is a result, not a crash
+            rec = {"kernel": unit.spec.name, "function": unit.spec.function,
+                   "backend": unit.spec.backend, "source": unit.spec.source,
+                   "mode": unit.spec.mode, "baseline": unit.baseline, "dtype": unit.dtype,
+                   "shape": list(unit.shape), "params": params,
+                   "error": f"raised {type(e).__name__}: {e}".splitlines()[0]}
+        verdict = verdicts.get((unit.spec.name, unit.dtype),
+                               {"status": "unverified", "reason": "not verified"})
+        rec["verify"] = verdict
+        ok = "error" not in rec
+        rec["ranked"] = ok and verdict["status"] == "pass" and not unit.baseline
+        if unit.baseline and ok:
+            base_time[(unit.dtype, unit.shape)] = rec["median_s"]
+        bt = base_time.get((unit.dtype, unit.shape))
+        rec["speedup"] = (bt / rec["median_s"]) if ok and bt and (rec["ranked"] or unit.baseline) \
+            else None
+        records.append(rec)
+        on_record(rec)
+    return records

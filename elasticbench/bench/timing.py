@@ -1,0 +1,150 @@
+"""The timing engine: warm-up, adaptive repetitions, raw samples, median and IQR.
+
+One sample is the time of `inner` consecutive calls divided by `inner`; `inner` grows until a
+sample lasts at least `min_sample_s`, so the clock's resolution never dominates. Repetitions
+continue until the spread (IQR / median) is below `target_spread` or the budget is spent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How long and how often to measure one kernel on one input."""
+
+    warmup_s: float = 0.05
+    min_reps: int = 5
+    max_reps: int = 200
+    budget_s: float = 1.0
+    target_spread: float = 0.10
+    min_sample_s: float = 0.0005
+
+    def __post_init__(self) -> None:
+        if self.min_reps < 3 or self.max_reps < self.min_reps:
+            raise ValueError("repetitions: need 3 <= min_reps <= max_reps")
+        if self.budget_s <= 0 or self.warmup_s < 0 or not 0 < self.target_spread < 1:
+            raise ValueError("budget_s > 0, warmup_s >= 0 and 0 < target_spread < 1 required")
+
+
+@dataclass
+class Stats:
+    """Summary of raw per-call samples (nanoseconds)."""
+
+    median_ns: float
+    q1_ns: float
+    q3_ns: float
+    iqr_ns: float
+    min_ns: float
+    spread: float  # IQR / median
+
+
+def summarize(samples_ns: list[float] | np.ndarray) -> Stats:
+    """Median, quartiles and IQR/median of raw samples."""
+    a = np.asarray(samples_ns, dtype=np.float64)
+    if a.size == 0:
+        raise ValueError("no samples")
+    q1, med, q3 = np.percentile(a, [25, 50, 75])
+    iqr = float(stats.iqr(a))
+    return Stats(float(med), float(q1), float(q3), iqr, float(a.min()),
+                 iqr / float(med) if med > 0 else float("inf"))
+
+
+@dataclass
+class Timing:
+    """The outcome of timing one kernel on one input: raw samples and their summary."""
+
+    samples_ns: list[float]
+    inner: int
+    stats: Stats
+    converged: bool
+    clock: str
+    warning: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"samples_ns": self.samples_ns, "inner": self.inner, **asdict(self.stats),
+                "reps": len(self.samples_ns), "converged": self.converged,
+                "clock": self.clock, "warning": self.warning, **self.extra}
+
+
+def _finish(samples: list[float], inner: int, policy: Policy, clock: str) -> Timing:
+    st = summarize(samples)
+    converged = st.spread < policy.target_spread
+    warning = None if converged else (
+        f"spread stayed at {100 * st.spread:.0f}% of the median after {len(samples)} "
+        f"repetitions (target {100 * policy.target_spread:.0f}%): the machine is noisy")
+    return Timing(samples, inner, st, converged, clock, warning)
+
+
+def _adaptive(sample: Callable[[], float], policy: Policy, clock: str, inner: int) -> Timing:
+    """Collect samples until the spread target or the budget is reached."""
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < policy.max_reps:
+        samples.append(sample())
+        if len(samples) >= policy.min_reps:
+            if summarize(samples).spread < policy.target_spread:
+                break
+            if time.perf_counter() - start > policy.budget_s:
+                break
+    return _finish(samples, inner, policy, clock)
+
+
+def time_cpu(call: Callable[[int], object], policy: Policy) -> Timing:
+    """Time call(i) on the CPU; i counts calls, so the caller can rotate over input buffers."""
+    counter = 0
+
+    def run(k: int) -> int:
+        nonlocal counter
+        t0 = time.perf_counter_ns()
+        for _ in range(k):
+            call(counter)
+            counter += 1
+        return time.perf_counter_ns() - t0
+
+    # Warm-up: at least one call and warmup_s of calls; it also sizes `inner`.
+    t_first = run(1)
+    warm_end = time.perf_counter() + policy.warmup_s
+    while time.perf_counter() < warm_end:
+        t_first = min(t_first, run(1))
+    inner = max(1, int(policy.min_sample_s * 1e9 / max(t_first, 1)))
+    return _adaptive(lambda: run(inner) / inner, policy, "perf_counter_ns", inner)
+
+
+def time_cuda(call: Callable[[int], object], policy: Policy, flush_bytes: int = 256 << 20
+              ) -> Timing:
+    """Time call(i) on the current CUDA device with events; L2 is flushed before every call.
+
+    The flush (zeroing a buffer larger than L2) and the synchronization happen outside the
+    span between the two events, so only the kernel is timed. Untested on this project's CPU
+    machines; the same path serves Triton kernels.
+    """
+    import torch
+
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    counter = 0
+
+    def sample() -> float:
+        nonlocal counter
+        flush.zero_()
+        start.record()
+        call(counter)
+        end.record()
+        end.synchronize()
+        counter += 1
+        return start.elapsed_time(end) * 1e6  # ms -> ns
+
+    sample()
+    warm_end = time.perf_counter() + policy.warmup_s
+    while time.perf_counter() < warm_end:
+        sample()
+    return _adaptive(sample, policy, "cuda_event", 1)

@@ -1,0 +1,261 @@
+"""CPU Elastic-Softmax kernels whose pass structure is explicit, plus torch.softmax.
+
+Each pass below is one torch.compile'd function (inductor's C++ backend), called from
+Python, so inductor cannot merge passes: a pass is exactly one sweep over the (rows, n)
+array in memory. Inside a pass, rows are cut into blocks of B <= 2048 elements (B divides
+n); what a pass does to one block (its max, then its exponentials) stays in L1, so the
+block-level work costs no extra memory traffic. The declared models (bench/models.py):
+
+| kernel               | passes over memory                              | R | W | exps |
+|----------------------|-------------------------------------------------|---|---|------|
+| elastic_three_pass   | max | sum exp | exp, divide                     | 3 | 1 | 2    |
+| elastic_online       | block max+sum, rescaled (Milakov-Gimelshein) | exp, divide | 2 | 1 | 2 |
+| elastic_two_pass     | block (mantissa sum, 2^k exponent) pairs, no max pass (Dukhan-Ablavatski) | exp, divide | 2 | 1 | 2 |
+| elastic_exp_once     | block max, exp stored, sum | scale stored      | 2 | 2 | 1    |
+| compiled_elastic     | inductor's own fusion of the composite          | 3 | 2 | 1    |
+| elastic_accurate     | compiled_elastic computed in fp64               | 3 | 2 | 1 (fp64) |
+
+Rows whose kept maximum is not finite (NaN, +inf, nothing kept) or whose exponent is out
+of the exact-reduction range are redone by the eager torch kernel (DESIGN.md section 2),
+so every kernel follows the special-value policy; those rows are rare and cheap to find.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from elasticbench.kernels.torch_kernels import torch_elastic
+
+from elasticbench import register_kernel
+from elasticbench.bench.models import passes
+
+LOG2E = 1.0 / math.log(2.0)
+BLOCK = 2048
+_compiled: dict[str, Callable] = {}
+
+
+def _compile(fn: Callable) -> Callable:
+    """torch.compile on first use (dynamic shapes), so importing this module stays cheap."""
+
+    def call(*args: Any) -> Any:
+        c = _compiled.get(fn.__name__)
+        if c is None:
+            import torch._dynamo
+
+            cfg = torch._dynamo.config
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(cfg, name):
+                    setattr(cfg, name, max(getattr(cfg, name), 64))
+            c = _compiled[fn.__name__] = torch.compile(fn, dynamic=True)
+        return c(*args)
+
+    call.__name__ = fn.__name__
+    return call
+
+
+def _work_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _kept(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """NVM that keeps NaN: negatives (and -inf) become -inf; +-0, positives and NaN stay."""
+    xw = x.to(dtype)
+    return torch.where(xw < 0, -math.inf, xw)
+
+
+def _block(n: int) -> int:
+    """Largest power of two <= BLOCK dividing n; a whole row when that is small."""
+    b = BLOCK
+    while b >= 256 and n % b:
+        b //= 2
+    return b if b >= 256 else n
+
+
+def _blocks(x: torch.Tensor) -> torch.Tensor:
+    rows, n = x.shape
+    b = _block(n)
+    return x.reshape(rows, n // b, b)
+
+
+def _scalar(v: float, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(v, dtype=dtype)
+
+
+# ---- passes (each one compiled function = one sweep over memory) --------------------------
+
+
+@_compile
+def _pass_max(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return _kept(x, like.dtype).amax(-1, keepdim=True)
+
+
+@_compile
+def _pass_sum(x: torch.Tensor, m0: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    return torch.exp((_kept(x, tau.dtype) - m0) / tau).sum(-1, keepdim=True)
+
+
+@_compile
+def _pass_out(x: torch.Tensor, m0: torch.Tensor, tau: torch.Tensor, d: torch.Tensor
+              ) -> torch.Tensor:
+    return (torch.exp((_kept(x, tau.dtype) - m0) / tau) / d).to(x.dtype)
+
+
+@_compile
+def _pass_block_online(xb: torch.Tensor, tau: torch.Tensor):
+    s = _kept(xb, tau.dtype)
+    bm = s.amax(-1, keepdim=True)
+    bm0 = torch.where(bm == -math.inf, 0, bm)
+    return bm, torch.exp((s - bm0) / tau).sum(-1, keepdim=True)
+
+
+@_compile
+def _pass_block_pairs(xb: torch.Tensor, tau: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor):
+    # exponent k of the block (a power of two >= its largest term), mantissa sum below it;
+    # the reduction (s - k*hi - k*lo)/tau keeps the argument exact: k*hi is exact.
+    s = _kept(xb, tau.dtype)
+    bm = s.amax(-1, keepdim=True)
+    k = torch.ceil(torch.where(bm == -math.inf, 0, bm) / tau * LOG2E)  # inf: row redone
+    r = ((s - k * hi) - k * lo) / tau
+    return bm, k, torch.exp(r).sum(-1, keepdim=True)
+
+
+@_compile
+def _pass_pairs_out(x: torch.Tensor, k: torch.Tensor, tau: torch.Tensor, hi: torch.Tensor,
+                    lo: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    r = ((_kept(x, tau.dtype) - k * hi) - k * lo) / tau
+    return (torch.exp(r) / d).to(x.dtype)
+
+
+@_compile
+def _pass_block_store(xb: torch.Tensor, tau: torch.Tensor):
+    s = _kept(xb, tau.dtype)
+    bm = s.amax(-1, keepdim=True)
+    e = torch.exp((s - torch.where(bm == -math.inf, 0, bm)) / tau)
+    return e, bm, e.sum(-1, keepdim=True)
+
+
+@_compile
+def _pass_scale(e: torch.Tensor, scale: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return (e * scale).to(like.dtype)
+
+
+@_compile
+def _fused(x: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    s = _kept(x, tau.dtype)
+    m = s.amax(-1, keepdim=True)
+    m0 = torch.where(m.isfinite(), m, 0)
+    e = torch.exp((s - m0) / tau)
+    d = e.sum(-1, keepdim=True) + beta * torch.exp(-m0 / tau)
+    y = torch.where(d == 0, 0, e / d)
+    big = (s == math.inf).to(tau.dtype)
+    y = torch.where(m == math.inf, big / big.sum(-1, keepdim=True), y)
+    return y.to(x.dtype)
+
+
+# ---- glue ------------------------------------------------------------------------------
+
+
+def _redo_rows(x: torch.Tensor, y: torch.Tensor, bad: torch.Tensor, tau: float, beta: float
+               ) -> torch.Tensor:
+    """Rows the fast path does not cover, recomputed by the eager kernel."""
+    bad = bad.reshape(-1)
+    if bool(bad.any()):
+        y[bad] = torch_elastic(x[bad], tau=tau, beta=beta)
+    return y
+
+
+def _combine(bm: torch.Tensor, bs: torch.Tensor, tau: torch.Tensor):
+    """Row max and the block sums rescaled to it: (M, M0, sum) of shape (rows, 1)."""
+    m = bm.amax(1)
+    m0 = torch.where(m.isfinite(), m, 0)
+    w = torch.exp((torch.where(bm == -math.inf, 0, bm) - m0.unsqueeze(1)) / tau)
+    return m, m0, (bs * w).sum(1), w
+
+
+def _cody_waite(tau: float, dtype: torch.dtype) -> tuple[float, float, int]:
+    """tau*ln2 split as hi + lo, hi with few enough bits that k*hi is exact for |k| < limit."""
+    bits = 26 if dtype == torch.float64 else 12
+    c = tau * math.log(2.0)
+    mant, exp = math.frexp(c)
+    hi = math.ldexp(round(math.ldexp(mant, bits)), exp - bits)
+    return hi, c - hi, 1 << (52 - bits if dtype == torch.float64 else 23 - bits)
+
+
+@register_kernel(function="elastic", backend="torch", name="elastic_three_pass")
+@passes("three-pass", reads=3, writes=1, exps=2)
+def elastic_three_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
+    """Three passes: kept max; sum of exponentials; exponentials divided by the sum."""
+    wd = _work_dtype(x)
+    t = _scalar(tau, wd)
+    m = _pass_max(x, t)
+    m0 = torch.where(m.isfinite(), m, 0)
+    d = _pass_sum(x, m0, t) + beta * torch.exp(-m0 / t)
+    y = _pass_out(x, m0, t, d)
+    return _redo_rows(x, y, ~m.isfinite(), tau, beta)
+
+
+@register_kernel(function="elastic", backend="torch", name="elastic_online")
+@passes("online two-pass", reads=2, writes=1, exps=2)
+def elastic_online(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
+    """Online two-pass (Milakov & Gimelshein): max and rescaled sum in one sweep, then output."""
+    wd = _work_dtype(x)
+    t = _scalar(tau, wd)
+    bm, bs = _pass_block_online(_blocks(x), t)
+    m, m0, s, _ = _combine(bm, bs, t)
+    y = _pass_out(x, m0, t, s + beta * torch.exp(-m0 / t))
+    return _redo_rows(x, y, ~m.isfinite(), tau, beta)
+
+
+@register_kernel(function="elastic", backend="torch", name="elastic_two_pass")
+@passes("two-pass (Dukhan-Ablavatski)", reads=2, writes=1, exps=2)
+def elastic_two_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
+    """Two-Pass (Dukhan & Ablavatski): (mantissa, 2^k) sums with no max pass, then output."""
+    wd = _work_dtype(x)
+    t = _scalar(tau, wd)
+    hi_f, lo_f, limit = _cody_waite(tau, wd)
+    hi, lo = _scalar(hi_f, wd), _scalar(lo_f, wd)
+    bm, k, bs = _pass_block_pairs(_blocks(x), t, hi, lo)
+    big_k = k.amax(1)
+    s = torch.ldexp(bs, k - big_k.unsqueeze(1)).sum(1)  # exact power-of-two rescaling
+    d = s + torch.ldexp(_scalar(beta, wd), -big_k)
+    y = _pass_pairs_out(x, big_k, t, hi, lo, d)
+    m = bm.amax(1)
+    return _redo_rows(x, y, ~m.isfinite() | ~(big_k.abs() < limit), tau, beta)
+
+
+@register_kernel(function="elastic", backend="torch", name="elastic_exp_once")
+@passes("exp-once (stores exponentials)", reads=2, writes=2, exps=1)
+def elastic_exp_once(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
+    """Exp-once: block-shifted exponentials stored with their sums; then one scaling sweep."""
+    wd = _work_dtype(x)
+    t = _scalar(tau, wd)
+    e, bm, bs = _pass_block_store(_blocks(x), t)
+    m, m0, s, w = _combine(bm, bs, t)
+    scale = w / (s + beta * torch.exp(-m0 / t)).unsqueeze(1)
+    y = _pass_scale(e, scale, x).reshape(x.shape)
+    return _redo_rows(x, y, ~m.isfinite(), tau, beta)
+
+
+@register_kernel(function="elastic", backend="torch", name="compiled_elastic")
+@passes("inductor fused", reads=3, writes=2, exps=1)
+def compiled_elastic(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
+    """The Elastic-Softmax composite fused by torch.compile (inductor C++), special values kept."""
+    wd = _work_dtype(x)
+    return _fused(x, _scalar(tau, wd), _scalar(beta, wd))
+
+
+@register_kernel(function="elastic", backend="torch", name="elastic_accurate")
+@passes("inductor fused, fp64 argument", reads=3, writes=2, exps=1, compute="fp64")
+def elastic_accurate(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
+    """Fused Elastic-Softmax computed in fp64: the exponent argument is exact for fp32 inputs."""
+    d = torch.float64
+    return _fused(x, _scalar(tau, d), _scalar(beta, d))
+
+
+@register_kernel(function="softmax", backend="torch", name="torch_softmax")
+def torch_softmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.softmax itself, the vendor baseline (all -inf rows give NaN, not zeros)."""
+    return torch.softmax(x, dim=-1)

@@ -1,0 +1,117 @@
+"""Timing statistics, roofline arithmetic and [run] case validation (no timings asserted)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from elasticbench.bench.cases import parse_run_table, parse_size
+from elasticbench.bench.models import PassModel, minimum_bytes, minimum_model, model_of, passes
+from elasticbench.bench.roofline import roof_for
+from elasticbench.bench.timing import Policy, summarize, time_cpu
+from elasticbench.registry import KernelSpec
+from elasticbench.verify.matrix import CaseFileError
+
+
+def test_summarize_on_synthetic_samples():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s.median_ns == 3.0
+    assert s.q1_ns == 2.0 and s.q3_ns == 4.0
+    assert s.iqr_ns == pytest.approx(2.0)
+    assert s.spread == pytest.approx(2.0 / 3.0)
+    assert s.min_ns == 1.0
+
+
+def test_summarize_rejects_empty():
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_time_cpu_keeps_raw_samples_and_rotates():
+    seen: list[int] = []
+    t = time_cpu(lambda i: seen.append(i), Policy(warmup_s=0, min_reps=3, max_reps=5,
+                                                  budget_s=0.05))
+    assert 3 <= len(t.samples_ns) <= 5
+    assert seen == list(range(len(seen)))  # call index counts up: callers rotate buffers
+    d = t.to_dict()
+    assert d["reps"] == len(t.samples_ns) and d["clock"] == "perf_counter_ns"
+    assert (t.warning is None) == t.converged
+
+
+def test_policy_validation():
+    with pytest.raises(ValueError):
+        Policy(min_reps=2)
+    with pytest.raises(ValueError):
+        Policy(target_spread=0)
+
+
+def test_roof_arithmetic_exp_binds():
+    # 32 GB/s copy, fp32 three-pass: 16 B/element -> 2 G/s; exp 2 G/s / 2 exps -> 1 G/s.
+    r = roof_for(PassModel("three", 3, 1, 2), minimum_model("elastic", "fwd"), 4, 32e9, 2e9)
+    assert r.memory_eps == pytest.approx(2e9)
+    assert r.exp_eps == pytest.approx(1e9)
+    assert r.roof_eps == pytest.approx(1e9) and r.binding == "exp"
+    assert r.ideal_memory_eps == pytest.approx(4e9)
+
+
+def test_roof_arithmetic_memory_binds_and_no_exp():
+    r = roof_for(PassModel("copy", 1, 1, 0), minimum_model("symax", "fwd"), 4, 32e9, 2e9)
+    assert r.binding == "memory" and r.roof_eps == pytest.approx(4e9)
+
+
+def test_minimum_bytes():
+    assert minimum_bytes(64, 262144, 4, "fwd") == 2 * 64 * 262144 * 4
+    assert minimum_bytes(2, 10, 2, "bwd") == 3 * 2 * 10 * 2
+
+
+def test_declared_model_is_read_from_the_kernel():
+    @passes("exp-once", reads=2, writes=2, exps=1)
+    def k(x, *, tau, beta):
+        return x
+
+    spec = KernelSpec("k", "elastic", "numpy", k)
+    assert model_of(spec).structure == "exp-once" and model_of(spec).writes == 2
+    plain = KernelSpec("p", "elastic", "numpy", lambda x, **kw: x)
+    assert model_of(plain).declared is False and model_of(plain).exps == 1
+
+
+@pytest.mark.parametrize("text,shape", [("64x262144", (64, 262144)), (" 2 X 3 ", (2, 3)),
+                                        ([4, 5], (4, 5))])
+def test_parse_size(text, shape):
+    assert parse_size(text) == shape
+
+
+@pytest.mark.parametrize("bad", ["0x5", "4096", "axb", "5x0", [1], "-1x4"])
+def test_parse_size_rejects(bad):
+    with pytest.raises(ValueError):
+        parse_size(bad)
+
+
+@pytest.mark.parametrize("table,message", [
+    ({"sizes": ["0x5"]}, "run.sizes"),
+    ({"dtypes": ["fp8"]}, "unknown dtype"),
+    ({"functions": ["nope"]}, "unknown function"),
+    ({"mode": "sideways"}, "run.mode"),
+    ({"colour": 1}, "no key 'colour'"),
+    ({"timing": {"min_reps": 1}}, "run.timing"),
+    ({"timing": {"budget": 1}}, "no key 'budget'"),
+    ({"params": {"elastic": {"tau": 0}}}, "run.params.elastic"),
+    ({"threads": -1}, "run.threads"),
+    ({"generator": "nope"}, "nope"),
+])
+def test_run_table_errors(table, message):
+    with pytest.raises(CaseFileError, match=message):
+        parse_run_table(table, "f.toml", "f")
+
+
+def test_run_table_defaults_and_builtin_cases_load():
+    from elasticbench.bench.cases import load_run_case
+    from elasticbench.verify.matrix import builtin_case
+
+    c = parse_run_table({}, "f.toml", "f")
+    assert c.mode == "fwd" and c.baseline == "torch_softmax"
+    for name in ("default", "quick", "long-rows", "two-pass-paper", "gpu"):
+        case = load_run_case(builtin_case(name))
+        assert case.sizes and case.dtypes
+    assert max(n for _, n in load_run_case(builtin_case("long-rows")).sizes) == 1 << 22
+    assert np.prod(load_run_case(builtin_case("two-pass-paper")).sizes[0]) * 4 > 32 << 20
