@@ -94,6 +94,31 @@ class ResultsWriter:
         self.flush()
 
 
+IDENTITY_FIELDS = ("kernel", "mode", "dtype", "input", "shape", "params", "seed")
+
+
+def record_key(record: dict[str, Any]) -> tuple:
+    """What a record is a result for: equal keys mean the same kernel on the same case."""
+    return (
+        record.get("kernel"),
+        record.get("mode", "fwd"),
+        record.get("dtype"),
+        record.get("input"),
+        tuple(record.get("shape", ())),
+        tuple(sorted((record.get("params") or {}).items())),
+        record.get("seed"),
+    )
+
+
+def resume_writer(path: Path, kind: str, meta: dict[str, Any]) -> ResultsWriter:
+    """A writer that continues the results file at path, keeping the records it has."""
+    old = read_results(path, kind)
+    writer = ResultsWriter(path, kind, meta)
+    writer.records.extend(old["records"])
+    writer.doc["resumed"] = old.get("resumed", 0) + 1
+    return writer
+
+
 def read_results(path: Path, kind: str | None = None) -> dict[str, Any]:
     """Load and check a results file; ResultsFileError says what is wrong in one line."""
     path = Path(path)

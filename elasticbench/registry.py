@@ -38,6 +38,7 @@ class KernelSpec:
     mode: str = "fwd"
     source: str = "builtin"
     description: str = ""
+    baseline: bool = False  # a vendor reference point: timed by run, verified only by name
 
 
 class KernelFileError(Exception):
@@ -56,8 +57,13 @@ def register_kernel(
     name: str | None = None,
     mode: str = "fwd",
     description: str = "",
+    baseline: bool = False,
 ) -> Callable[[Callable], Callable]:
-    """Decorator: register fn as the kernel `name` (default: the function's __name__)."""
+    """Decorator: register fn as the kernel `name` (default: the function's __name__).
+
+    baseline=True marks a vendor reference point (torch.softmax, say): `run` compares
+    against it, and `verify` checks it only when it is named with --only.
+    """
     get_function(function)
     get_backend(backend)
     if mode not in MODES:
@@ -66,7 +72,7 @@ def register_kernel(
     def deco(fn: Callable) -> Callable:
         kname = name or fn.__name__
         summary = description or (fn.__doc__ or "").strip().partition("\n")[0]
-        spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary)
+        spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline)
         old = _KERNELS.get((kname, mode))
         if old is not None and old.source != spec.source:
             raise ValueError(
@@ -158,7 +164,8 @@ def select_kernels(
     only: Iterable[str] = (),
     mode: str = "fwd",
 ) -> list[KernelSpec]:
-    """Kernels matching every given filter (an empty filter matches all). Names are checked."""
+    """Kernels matching every given filter (an empty filter matches all but baselines,
+    which are chosen by name only). Names are checked."""
     functions, backends, only = list(functions), list(backends), list(only)
     for f in functions:
         get_function(f)
@@ -171,5 +178,5 @@ def select_kernels(
         for k in list_kernels(mode=mode)
         if (not functions or k.function in functions)
         and (not backends or k.backend in backends)
-        and (not only or k.name in only)
+        and (k.name in only if only else not k.baseline)
     ]

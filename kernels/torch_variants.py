@@ -255,7 +255,7 @@ def elastic_accurate(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
     return _fused(x, _scalar(tau, d), _scalar(beta, d))
 
 
-@register_kernel(function="softmax", backend="torch", name="torch_softmax")
+@register_kernel(function="softmax", backend="torch", name="torch_softmax", baseline=True)
 def torch_softmax(x: torch.Tensor) -> torch.Tensor:
     """torch.softmax itself, the vendor baseline (all -inf rows give NaN, not zeros)."""
     return torch.softmax(x, dim=-1)
