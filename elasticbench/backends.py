@@ -89,6 +89,30 @@ def _torch_synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def _triton_available() -> bool:
+    """Triton imports and can run: on a CUDA GPU, or on the CPU under TRITON_INTERPRET=1."""
+    try:
+        import torch
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _triton_to_native(a: np.ndarray) -> Any:
+    import torch
+
+    t = _torch_to_native(a)
+    return t.to("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _triton_synchronize() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 BACKENDS: dict[str, Backend] = {
     "numpy": Backend(
         "numpy",
@@ -106,6 +130,15 @@ BACKENDS: dict[str, Backend] = {
         _torch_to_numpy,
         _torch_same_memory,
         _torch_synchronize,
+    ),
+    "triton": Backend(
+        "triton",
+        "Triton kernels on a CUDA GPU (or the CPU under TRITON_INTERPRET=1); torch tensors",
+        _triton_available,
+        _triton_to_native,
+        _torch_to_numpy,
+        _torch_same_memory,
+        _triton_synchronize,
     ),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)

@@ -18,11 +18,13 @@ from pathlib import Path
 
 from .backends import get_backend
 from .functions import get_function
+from .numerics.dtypes import get_format
 
 MODES = ("fwd", "bwd")
 BUILTIN_MODULES = (
     "elasticbench.kernels.numpy_kernels",
     "elasticbench.kernels.torch_kernels",
+    "elasticbench.kernels.triton_kernels",
     "elasticbench.kernels.torch_variants",
 )
 
@@ -39,6 +41,11 @@ class KernelSpec:
     source: str = "builtin"
     description: str = ""
     baseline: bool = False  # a vendor reference point: timed by run, verified only by name
+    dtypes: tuple[str, ...] | None = None  # formats it accepts; None: all of them
+
+    def supports(self, dtype: str) -> bool:
+        """Whether the kernel takes inputs of this format (others are skipped, not failed)."""
+        return self.dtypes is None or dtype in self.dtypes
 
 
 class KernelFileError(Exception):
@@ -58,21 +65,25 @@ def register_kernel(
     mode: str = "fwd",
     description: str = "",
     baseline: bool = False,
+    dtypes: Iterable[str] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register fn as the kernel `name` (default: the function's __name__).
 
     baseline=True marks a vendor reference point (torch.softmax, say): `run` compares
-    against it, and `verify` checks it only when it is named with --only.
+    against it, and `verify` checks it only when it is named with --only. dtypes limits the
+    formats the kernel is given (fp64 for a GPU kernel, say); by default all four.
     """
     get_function(function)
     get_backend(backend)
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
+    formats = None if dtypes is None else tuple(get_format(d).name for d in dtypes)
 
     def deco(fn: Callable) -> Callable:
         kname = name or fn.__name__
         summary = description or (fn.__doc__ or "").strip().partition("\n")[0]
-        spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline)
+        spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline,
+                          formats)
         old = _KERNELS.get((kname, mode))
         if old is not None and old.source != spec.source:
             raise ValueError(

@@ -27,10 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from elasticbench.kernels.torch_kernels import torch_elastic
 
 from elasticbench import register_kernel
 from elasticbench.bench.models import passes
+from elasticbench.kernels.torch_kernels import torch_elastic
 
 LOG2E = 1.0 / math.log(2.0)
 BLOCK = 2048

@@ -157,13 +157,13 @@ class Unit:
 
 def plan_units(kernels: list[KernelSpec], baseline: KernelSpec | None, case: RunCase,
                dtypes: list[str], sizes: list[tuple[int, int]]) -> list[Unit]:
-    """The baseline first at each (dtype, size), then every chosen kernel."""
+    """The baseline first at each (dtype, size), then every chosen kernel that takes dtype."""
     units = []
     for d in dtypes:
         for shape in sizes:
-            if baseline is not None:
+            if baseline is not None and baseline.supports(d):
                 units.append(Unit(baseline, d, shape, True))
-            units += [Unit(k, d, shape) for k in kernels if k is not baseline]
+            units += [Unit(k, d, shape) for k in kernels if k is not baseline and k.supports(d)]
     return units
 
 

@@ -102,9 +102,11 @@ def run_verification(
     by_function: dict[str, list[KernelSpec]] = {}
     for k in kernels:
         by_function.setdefault(k.function, []).append(k)
-    cases = [c for c in cases if c.function in by_function]
+    cases = [c for c in cases
+             if any(k.supports(c.dtype) for k in by_function.get(c.function, ()))]
     prepared = prepare(cases, max_elements, precision)
     truths = solve([p.job for p in prepared], store, workers, on_truth)
     for prep, truth in zip(prepared, truths, strict=True):
         for spec in by_function[prep.case.function]:
-            on_record(verify_one(spec, prep, truth))
+            if spec.supports(prep.case.dtype):
+                on_record(verify_one(spec, prep, truth))

@@ -1,0 +1,257 @@
+"""Triton kernels under the Triton interpreter (or on a CUDA GPU when there is one).
+
+The interpreter must be switched on before `triton.jit` decorates a kernel and it makes the
+triton backend available, which would change what every other test sees in the registry.
+So in an ordinary run this module holds one test that re-runs the module in a subprocess
+with TRITON_INTERPRET=1; the real tests below run only inside that subprocess (or directly
+with `TRITON_INTERPRET=1 pytest tests/test_triton.py`, or on a machine with CUDA).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+RUN_HERE = INTERPRETED or torch.cuda.is_available()
+
+if not RUN_HERE:
+
+    def test_triton_kernels_under_the_interpreter() -> None:
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        cmd = [sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-p",
+               "no:cacheprovider", "-W", "ignore::RuntimeWarning"]
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        tail = (run.stdout + run.stderr)[-6000:]
+        assert run.returncode == 0, tail
+        assert " passed" in run.stdout and " failed" not in run.stdout, tail
+
+else:
+    from elasticbench.kernels import triton_kernels as tk
+    from elasticbench.numerics.truth_cache import TruthStore
+    from elasticbench.registry import list_kernels
+    from elasticbench.verify.matrix import builtin_case, expand, load_matrix
+    from elasticbench.verify.runner import run_verification
+
+    # The interpreter evaluates both sides of every tl.where in NumPy, which warns about the
+    # inf - inf and 0/0 it then throws away.
+    pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+    DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+    DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+    # fused: the defaults; online: every row longer than 16 streams in chunks of 16
+    PATHS = {"fused": (16384, 4096), "online": (16, 16)}
+    NAN, INF = math.nan, math.inf
+
+    @pytest.fixture(scope="module")
+    def store(tmp_path_factory) -> TruthStore:
+        """One truth cache for the module: both paths are checked against the same truths."""
+        return TruthStore(tmp_path_factory.mktemp("truth"))
+
+    @pytest.fixture(params=list(PATHS))
+    def path(request):
+        with tk.row_paths(*PATHS[request.param]):
+            yield request.param
+
+    def _records(kernels, generators, store, max_elements=4096) -> list[dict]:
+        matrix = load_matrix(builtin_case("verify-quick"))
+        cases = expand(matrix, sorted({k.function for k in kernels}),
+                       ["fp32", "fp16", "bf16"], generators)
+        assert cases
+        records: list[dict] = []
+        run_verification(kernels, cases, max_elements=max_elements, store=store,
+                         workers=1, on_record=records.append)
+        return records
+
+    def _failures(records: list[dict]) -> list[str]:
+        return [f"{r['kernel']} {r['dtype']} {r['input']} {r['shape']} {r['params']}: "
+                f"{r['reason']}" for r in records if not r["passed"]]
+
+    # ---- forward: the suite's own verification against mpmath, in ulps ----------------
+
+    # every generator of the quick matrix except the 8192-wide flat rows, which take the
+    # interpreter minutes on 16-wide chunks (test_long_rows covers long rows)
+    SHORT_GENERATORS = ["normal", "uniform", "all_negative", "all_zero", "relu_zeros",
+                        "single_nonneg", "huge", "near_exp_limit", "ties_equal", "ties_max",
+                        "dominant", "subnormal", "specials"]
+
+    @pytest.mark.parametrize("thresholds", [(16384, 4096), (32, 32)], ids=["fused", "online"])
+    def test_forward_passes_verification(thresholds, store) -> None:
+        kernels = list_kernels(backend="triton", mode="fwd")
+        assert {k.function for k in kernels} == {"elastic", "softmax", "softmax1",
+                                                 "stablemax", "symax"}
+        with tk.row_paths(*thresholds):  # online: rows of 33 and more, 32-wide chunks
+            records = _records(kernels, SHORT_GENERATORS, store)
+        assert not _failures(records), "\n".join(_failures(records)[:20])
+        assert all(r["special_ok"] for r in records)
+
+    def test_long_rows_online_path_verifies(store) -> None:
+        # 8192-wide rows (flat, 1.0 repeated: where a low-precision sum stalls), 1024 chunks
+        with tk.row_paths(1024, 1024):
+            records = _records(list_kernels(backend="triton", mode="fwd"), ["flat"], store,
+                               max_elements=1 << 14)
+        assert len(records) == 5 * 3
+        assert not _failures(records), "\n".join(_failures(records))
+
+    # ---- forward: the special-value policy, exactly ------------------------------------
+
+    def _run(fn, rows, dtype, **params) -> torch.Tensor:
+        x = torch.tensor(rows, dtype=torch.float32).to(dtype).to(DEVICE)
+        before = x.clone()
+        y = fn(x, **params)
+        assert y.dtype == dtype and y.shape == x.shape
+        assert torch.equal(x.view(torch.uint8), before.view(torch.uint8)), "modified its input"
+        return y.float().cpu()
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("beta", [0.0, 1.0])
+    def test_elastic_special_values(path, dtype, beta) -> None:
+        n = 20
+        rows = [
+            [1.0, NAN] + [-1.0] * (n - 2),  # NaN: the whole row NaN
+            [NAN] + [-2.0] * (n - 1),  # NaN among masked only: still NaN
+            [INF, 3.0] + [-1.0] * (n - 2),  # one +inf: 1 there, 0 elsewhere
+            [INF, 2.0, INF] + [-INF] * (n - 3),  # two +inf: 1/2 each
+            [-1.0] * (n - 1) + [-INF],  # nothing kept: zeros, beta = 0 or not
+            [-0.0, 0.0] * (n // 2),  # both zeros kept: 1 / (n + beta)
+            [5.0, 5.0, 5.0] + [-3.0] * (n - 3),  # ties at m = 5: beta rescaled by exp(-5)
+        ]
+        y = _run(tk.triton_elastic, rows, dtype, tau=1.0, beta=beta)
+        assert y[0].isnan().all() and y[1].isnan().all()
+        assert y[2, 0] == 1 and (y[2, 1:] == 0).all()
+        assert (y[3, [0, 2]] == 0.5).all() and (y[3, 1] == 0) and (y[3, 3:] == 0).all()
+        assert (y[4] == 0).all() and not y[4].signbit().any()
+        torch.testing.assert_close(y[5], torch.full((n,), 1 / (n + beta)), rtol=4e-3, atol=0)
+        share = 1 / (3 + beta * math.exp(-5.0))  # the unrescaled bug gives 1/(3 + beta)
+        torch.testing.assert_close(y[6, :3], torch.full((3,), share), rtol=4e-3, atol=0)
+        assert (y[6, 3:] == 0).all()
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    def test_family_special_values(path, dtype) -> None:
+        n = 18
+        rows = [
+            [NAN] + [1.0] * (n - 1),
+            [-INF] * n,
+            [INF, INF, 1.0] + [-INF] * (n - 3),
+            [0.0] * n,
+        ]
+        softmax = _run(tk.triton_softmax, rows, dtype)
+        softmax1 = _run(tk.triton_softmax1, rows, dtype)
+        stablemax = _run(tk.triton_stablemax, rows, dtype)
+        symax = _run(tk.triton_symax, rows, dtype, eta=0.0)
+        for y in (softmax, softmax1, stablemax, symax):
+            assert y[0].isnan().all()
+        for y in (softmax, softmax1, stablemax):
+            assert (y[2, :2] == 0.5).all() and (y[2, 2:] == 0).all()
+        # |-inf| is infinite too: symax shares among all n - 1 infinite logits
+        torch.testing.assert_close(symax[2, [0, 1, 3]], torch.full((3,), 1 / (n - 1)),
+                                   rtol=4e-3, atol=0)
+        assert symax[2, 2] == 0
+        assert (softmax[1] == 0).all() and (softmax1[1] == 0).all()  # no 0/0 NaN
+        assert (stablemax[1] == 0).all()  # s(-inf) = 0: 0/0 -> 0
+        assert (symax[3] == 0).all()  # eta = 0, all zero: 0/0 -> 0
+        torch.testing.assert_close(softmax[3], torch.full((n,), 1 / n), rtol=4e-3, atol=0)
+        torch.testing.assert_close(softmax1[3], torch.full((n,), 1 / (n + 1)), rtol=4e-3, atol=0)
+
+    def test_fp64_is_refused_clearly() -> None:
+        x = torch.zeros(2, 4, dtype=torch.float64, device=DEVICE)
+        with pytest.raises(TypeError, match="fp32, fp16 and bf16"):
+            tk.triton_elastic(x, tau=1.0, beta=0.0)
+        specs = list_kernels(backend="triton")
+        assert specs and all(k.dtypes == ("fp32", "fp16", "bf16") for k in specs)
+        assert not any(k.supports("fp64") for k in specs)  # skipped by verify and run
+
+    # ---- backward: against fp64 torch autograd of the reference composite --------------
+
+    def _reference_grads(x: torch.Tensor, g: torch.Tensor, tau: float, beta: float):
+        """dx, dtau, dbeta of sum(g * elastic(x)) in fp64 autograd (0/0 rows -> 0)."""
+        x = x.double().cpu().requires_grad_(True)
+        t = torch.tensor(tau, dtype=torch.float64, requires_grad=True)
+        b = torch.tensor(beta, dtype=torch.float64, requires_grad=True)
+        keep = x >= 0
+        m = torch.where(keep, x, -INF).amax(-1, keepdim=True).detach()
+        m = torch.where(m.isfinite(), m, 0)
+        e = torch.where(keep, torch.exp((torch.where(keep, x, m) - m) / t), 0)
+        den = e.sum(-1, keepdim=True) + b * torch.exp(-m / t)
+        y = e / torch.where(den > 0, den, 1)
+        (y * g.double().cpu()).sum().backward()
+        return x.grad, t.grad, b.grad
+
+    def _backward_input(dtype, rows=6, n=40, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(rows, n, generator=gen)
+        x[1] = -x[1].abs() - 0.5  # nothing kept
+        x[2, :6] = 1.5  # ties at the max
+        x[3, ::4] = -0.0  # -0.0 kept
+        x[4] = x[4] * 8  # wide spread
+        g = torch.randn(rows, n, generator=gen)
+        return x.to(dtype).to(DEVICE), g.to(dtype).to(DEVICE)
+
+    # tolerances relative to the largest reference value: y and g reach the kernel rounded
+    # to the dtype, so its gradient can only be that close
+    BWD_RTOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize(("tau", "beta"), [(1.0, 0.0), (0.5, 1.0), (4.0, 100.0),
+                                               (0.05, 1e-10)])
+    def test_elastic_backward_matches_fp64_autograd(path, dtype, tau, beta) -> None:
+        x, g = _backward_input(dtype)
+        y = tk.elastic_forward(x, tau, beta)
+        dx, dtau, dbeta = tk.elastic_backward(y, g, x, tau, beta)
+        assert dx.dtype == dtype and dx.shape == x.shape
+        assert dtau.dim() == 0 and dbeta.dim() == 0
+        rdx, rdtau, rdbeta = _reference_grads(x, g, tau, beta)
+        tol = BWD_RTOL[dtype]
+        scale = rdx.abs().max().item()
+        torch.testing.assert_close(dx.double().cpu(), rdx, rtol=tol, atol=tol * scale)
+        assert (dx.cpu()[x.cpu() < 0] == 0).all()
+        assert dtau.item() == pytest.approx(rdtau.item(), rel=tol, abs=tol * abs(rdtau.item()))
+        assert dbeta.item() == pytest.approx(rdbeta.item(), rel=tol, abs=1e-30)
+        # the registered bwd kernel is the same computation
+        (spec,) = list_kernels(backend="triton", mode="bwd")
+        dx2, dtau2, dbeta2 = spec.fn(x, y, g, tau=tau, beta=beta)
+        assert torch.equal(dx2, dx) and torch.equal(dtau2, dtau) and torch.equal(dbeta2, dbeta)
+
+    def test_elastic_backward_special_rows(path) -> None:
+        n = 24
+        x = torch.full((4, n), -1.0)
+        x[0, :3] = torch.tensor([1.0, NAN, 2.0])  # NaN row
+        x[1, :2] = INF  # +inf row: the limit, dtau and dbeta contributions 0
+        x[2, :5] = torch.linspace(0, 2, 5)  # an ordinary row
+        # row 3: nothing kept
+        g = torch.linspace(-1, 1, 4 * n).reshape(4, n)
+        y = tk.elastic_forward(x.to(DEVICE), 1.0, 1.0)
+        dx, dtau, dbeta = tk.elastic_backward(y, g.to(DEVICE), x.to(DEVICE), 1.0, 1.0)
+        dx = dx.cpu()
+        assert dx[0].isnan().any() and math.isnan(dtau.item()) and math.isnan(dbeta.item())
+        assert (dx[3] == 0).all()
+        c = (g[1] * y.cpu()[1]).sum()
+        torch.testing.assert_close(dx[1, :2], 0.5 * (g[1, :2] - c))
+        assert (dx[1, 2:] == 0).all()
+        # without the NaN row, dtau and dbeta come from the ordinary row alone
+        keep = [1, 2, 3]
+        _, dtau2, dbeta2 = tk.elastic_backward(y[keep], g[keep].to(DEVICE),
+                                               x[keep].to(DEVICE), 1.0, 1.0)
+        _, rdtau, rdbeta = _reference_grads(x[2:3], g[2:3], 1.0, 1.0)
+        assert dtau2.item() == pytest.approx(rdtau.item(), rel=2e-5)
+        assert dbeta2.item() == pytest.approx(rdbeta.item(), rel=2e-5)
+
+    def test_backward_reductions_are_deterministic(path) -> None:
+        x, g = _backward_input(torch.float32, rows=29, n=40, seed=3)
+        y = tk.elastic_forward(x, 0.7, 1.0)
+        first = tk.elastic_backward(y, g, x, 0.7, 1.0)
+        second = tk.elastic_backward(y, g, x, 0.7, 1.0)
+        for a, b in zip(first, second, strict=True):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+        # the totals are the sums of the per-row contributions
+        _, dtau8, dbeta8 = tk.elastic_backward(y[:8], g[:8], x[:8], 0.7, 1.0)
+        rows = [tk.elastic_backward(y[i:i + 1], g[i:i + 1], x[i:i + 1], 0.7, 1.0)
+                for i in range(8)]
+        assert dtau8.item() == pytest.approx(sum(r[1].item() for r in rows), rel=1e-6)
+        assert dbeta8.item() == pytest.approx(sum(r[2].item() for r in rows), rel=1e-6)
