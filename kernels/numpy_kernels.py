@@ -94,3 +94,64 @@ def numpy_stablemax(x: np.ndarray) -> np.ndarray:
 def numpy_symax(x: np.ndarray, *, eta: float) -> np.ndarray:
     """Symax in NumPy: |x| / (eta + sum |x|), scaled by max |x| before summing."""
     return _weight_normalize(x, np.abs(x.astype(_work_dtype(x))), eta)
+
+
+# ---------------------------------------------------------------------------------------
+# Backward kernels (mode="bwd"): fn(x, y, g, **params) -> dx, or (dx, dtau, dbeta) for
+# elastic. Formulas in docs/gradients.md; fp16/bf16 accumulate in fp32.
+
+
+def _exp_normalize_bwd(x, y, g, keep, *, tau=1.0, offset=None, floor=-np.inf, params=False):
+    """dx = y (g - c)/tau on kept positions of finite rows; with params, the summed dtau
+    and d(offset). 1/D' is read off the output as max y (the kept maximum has exp(0))."""
+    wd = _work_dtype(x)
+    xw = x.astype(wd)
+    nan_row = np.isnan(xw).any(axis=-1, keepdims=True)
+    s = np.where(keep, xw, -np.inf)
+    m = np.maximum(s.max(axis=-1, keepdims=True), floor)
+    finite_row = ~nan_row & (m != np.inf)
+    m0 = np.where(np.isfinite(m), m, 0).astype(wd)
+    kept = keep & finite_row
+    yk = np.where(kept, y.astype(wd), 0).astype(wd)
+    gy = g.astype(wd) * yk
+    c = gy.sum(axis=-1, keepdims=True)
+    t = wd(tau)
+    dx = np.where(kept, yk * ((g.astype(wd) - c) / t), 0).astype(wd)
+    dx[np.broadcast_to(nan_row, dx.shape)] = np.nan
+    dx = dx.astype(x.dtype)
+    if not params:
+        return dx
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = np.where(kept, (s - m0) / t, 0)
+        live = yk != 0
+        yz = np.where(live, yk * z, 0).sum(axis=-1, keepdims=True)
+        gyz = np.where(live, gy * z, 0).sum(axis=-1, keepdims=True)
+        mt = m0 / t
+        q = np.exp(-mt) * yk.max(axis=-1, keepdims=True)
+        w = wd(offset) * q
+        wmt = np.where(w != 0, w * mt, 0)
+        dtau = (c * (yz - wmt) - gyz) / t
+        doff = -c * q
+    any_nan = bool(nan_row.any())
+    return (dx, float("nan") if any_nan else float(dtau.sum(dtype=wd)),
+            float("nan") if any_nan else float(doff.sum(dtype=wd)))
+
+
+@register_kernel(function="elastic", backend="numpy", name="numpy_elastic_bwd", mode="bwd")
+def numpy_elastic_bwd(x: np.ndarray, y: np.ndarray, g: np.ndarray, *, tau: float, beta: float):
+    """Elastic-Softmax backward in NumPy: dx, dtau, dbeta from the saved output."""
+    with np.errstate(invalid="ignore"):
+        keep = x.astype(_work_dtype(x)) >= 0
+    return _exp_normalize_bwd(x, y, g, keep, tau=tau, offset=beta, params=True)
+
+
+@register_kernel(function="softmax", backend="numpy", name="numpy_softmax_bwd", mode="bwd")
+def numpy_softmax_bwd(x: np.ndarray, y: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Softmax backward in NumPy: y (g - sum g y)."""
+    return _exp_normalize_bwd(x, y, g, x.astype(_work_dtype(x)) > -np.inf)
+
+
+@register_kernel(function="softmax1", backend="numpy", name="numpy_softmax1_bwd", mode="bwd")
+def numpy_softmax1_bwd(x: np.ndarray, y: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Softmax1 backward in NumPy: y (g - sum g y)."""
+    return _exp_normalize_bwd(x, y, g, x.astype(_work_dtype(x)) > -np.inf, floor=0.0)

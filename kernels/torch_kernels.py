@@ -83,3 +83,31 @@ def torch_stablemax(x: torch.Tensor) -> torch.Tensor:
 def torch_symax(x: torch.Tensor, *, eta: float) -> torch.Tensor:
     """Symax in torch: |x| / (eta + sum |x|), scaled by max |x| before summing."""
     return _weight_normalize(x, _work(x).abs(), eta)
+
+
+# ---------------------------------------------------------------------------------------
+# Backward kernels (mode="bwd"): fn(x, y, g, **params) -> dx, or (dx, dtau, dbeta) for
+# elastic. They are the very code behind elasticbench.functional's autograd backward.
+
+from elasticbench.functional import exp_normalize_backward  # noqa: E402
+
+
+@register_kernel(function="elastic", backend="torch", name="torch_elastic_bwd", mode="bwd")
+def torch_elastic_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, *, tau: float,
+                      beta: float):
+    """Elastic-Softmax backward: dx, dtau, dbeta in one pass over y (1/D' read as max y)."""
+    dx, dtau, dbeta = exp_normalize_backward(x, y, g, x >= 0, tau, beta, params=True)
+    assert dtau is not None and dbeta is not None
+    return dx, dtau.sum(), dbeta.sum()
+
+
+@register_kernel(function="softmax", backend="torch", name="torch_safe_softmax_bwd", mode="bwd")
+def torch_safe_softmax_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Softmax backward: y (g - sum g y); zeros on all -inf rows and -inf positions."""
+    return exp_normalize_backward(x, y, g, x > -math.inf)[0]
+
+
+@register_kernel(function="softmax1", backend="torch", name="torch_softmax1_bwd", mode="bwd")
+def torch_softmax1_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Softmax1 backward: y (g - sum g y), the same form as softmax (the 1 is a constant)."""
+    return exp_normalize_backward(x, y, g, x > -math.inf, floor=0.0)[0]

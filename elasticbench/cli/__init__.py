@@ -15,13 +15,18 @@ from .common import fail
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="elasticbench")
-def cli() -> None:
+@click.option("-q", "--quiet", is_flag=True,
+              help="Print only each command's final summary line (and errors).")
+@click.pass_context
+def cli(ctx: click.Context, quiet: bool) -> None:
     """Verify softmax-family kernels against exact references, and time them against the
     machine's rooflines."""
+    ctx.ensure_object(dict)["quiet"] = quiet
 
 
 def _register_commands() -> None:
     from .list_cmd import list_
+    from .report_cmd import report
     from .run_cmd import run
     from .selftest_cmd import selftest
     from .verify_cmd import verify
@@ -30,6 +35,7 @@ def _register_commands() -> None:
     cli.add_command(run)
     cli.add_command(list_)
     cli.add_command(selftest)
+    cli.add_command(report)
 
 
 _register_commands()

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 
 from ..registry import KernelFileError, KernelSpec, load_kernel_file, select_kernels
+from ..report.terminal import Terminal
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -59,6 +60,13 @@ def choose_kernels(
     return chosen
 
 
+def quiet() -> bool:
+    """Whether the global --quiet was given: commands then print their summary line alone."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and (ctx.find_root().obj or {}).get("quiet"))
+
+
 def console(stderr: bool = False) -> Console:
-    """A rich console; plain text when not a terminal or when NO_COLOR is set."""
-    return Console(stderr=stderr, highlight=False)
+    """A rich console: plain text when not a terminal, no colour under NO_COLOR; under
+    --quiet, tables rendered to standard output print nothing (see report.terminal)."""
+    return Terminal(stderr=stderr, highlight=False, summary_only=quiet() and not stderr)

@@ -16,6 +16,7 @@ from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..records import ResultsWriter, check_writable
+from ..registry import KernelFileError, KernelSpec, list_kernels, load_kernel_file, select_kernels
 from ..report.verify_table import render
 from ..verify.matrix import CaseFileError, builtin_case, expand, load_matrix
 from ..verify.runner import run_verification
@@ -28,6 +29,39 @@ from .common import (
     fail,
     split_names,
 )
+
+MODE_CHOICES = ("fwd", "bwd", "both")
+
+
+def _choose_both(functions: list[str], backends: list[str], only: list[str],
+                 kernel_files: tuple[str, ...]) -> dict[str, list[KernelSpec]]:
+    """Kernels of both modes; a mode with nothing selected is left out (not both)."""
+    from_files: list[KernelSpec] = []
+    try:
+        for path in kernel_files:
+            from_files += load_kernel_file(path)
+    except KernelFileError as e:
+        fail(str(e))
+    known = {(k.name, k.mode) for k in list_kernels()}
+    for name in only:
+        if not any((name, m) in known for m in ("fwd", "bwd")):
+            fail(f"unknown kernel {name!r}")
+    chosen: dict[str, list[KernelSpec]] = {}
+    for mode in ("fwd", "bwd"):
+        names = [n for n in only if (n, mode) in known]
+        if kernel_files and not only:
+            names = [k.name for k in from_files if k.mode == mode]
+        if (only or kernel_files) and not names:
+            continue
+        try:
+            picked = select_kernels(functions, backends, names, mode)
+        except ValueError as e:
+            fail(str(e))
+        if picked:
+            chosen[mode] = picked
+    if not chosen:
+        fail("no kernel matches the given --function/--backend/--only filters")
+    return chosen
 
 
 @click.command()
@@ -52,8 +86,10 @@ from .common import (
               help="Bits of the mpmath reference.")
 @click.option("--jobs", type=int, default=None, help="Reference worker processes [cores].")
 @click.option("--no-cache", is_flag=True, help="Recompute references instead of reading the cache.")
+@click.option("--mode", "mode", default="fwd", show_default=True, metavar="fwd|bwd|both",
+              help="Verify forward kernels, backward (gradient) kernels, or both.")
 def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, quick, json_path,
-           precision, jobs, no_cache) -> None:
+           precision, jobs, no_cache, mode) -> None:
     """Check kernels against mpmath ground truth on adversarial inputs, in ulps.
 
     Exit code 0 when every case passes, 1 when any fails, 2 for bad usage or input.
@@ -74,6 +110,8 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
         fail(f"--precision must be at least {MIN_PRECISION} bits, got {precision}")
     if jobs is not None and jobs < 1:
         fail(f"--jobs must be at least 1, got {jobs}")
+    if mode not in MODE_CHOICES:
+        fail(f"unknown --mode {mode!r} (choose from {', '.join(MODE_CHOICES)})")
     if case_file and quick:
         fail("--case and --quick cannot be used together")
     path = Path(case_file) if case_file else builtin_case("verify-quick" if quick else "verify")
@@ -86,9 +124,19 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
             check_writable(Path(json_path))
         except OSError as e:
             fail(f"cannot write results file {json_path}: {e.strerror or e}")
-    kernels = choose_kernels(functions, backends, only, kernel_files)
-    cases = expand(matrix, sorted({k.function for k in kernels}), dtypes or None, inputs or None)
-    if not cases:
+    if mode == "both":
+        by_mode = _choose_both(functions, backends, only, kernel_files)
+    else:
+        by_mode = {mode: choose_kernels(functions, backends, only, kernel_files, mode)}
+    for k in by_mode.get("bwd", []):
+        if get_function(k.function).gradient_row is None:
+            fail(f"{k.function} has no gradient reference, so backward kernel {k.name!r} "
+                 "cannot be verified")
+    cases_by_mode = {
+        m: expand(matrix, sorted({k.function for k in ks}), dtypes or None, inputs or None)
+        for m, ks in by_mode.items()
+    }
+    if not any(cases_by_mode.values()):
         fail(f"the matrix {path} has no case for the chosen kernels, dtypes and inputs")
 
     out = console()
@@ -97,7 +145,8 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
             "precision": precision, **describe(include_gpu=False)}
     writer = ResultsWriter(Path(json_path) if json_path else None, "verify", meta)
     store = TruthStore(None if no_cache else default_cache_dir())
-    total_records = sum(len([k for k in kernels if k.function == c.function]) for c in cases)
+    total_records = sum(len([k for k in by_mode[m] if k.function == c.function])
+                        for m, cases in cases_by_mode.items() for c in cases)
     started = time.perf_counter()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeRemainingColumn(), console=err, transient=True,
@@ -105,14 +154,16 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     complete = False
     try:
         with progress:
-            ref_task = progress.add_task("reference (mpmath)", total=len(cases))
+            ref_task = progress.add_task(
+                "reference (mpmath)", total=sum(len(c) for c in cases_by_mode.values()))
             rec_task = progress.add_task("kernels", total=total_records)
-            run_verification(
-                kernels, cases, max_elements=matrix.max_elements, store=store,
-                precision=precision, workers=jobs,
-                on_truth=lambda k: progress.advance(ref_task, k),
-                on_record=lambda r: (writer.add(r), progress.advance(rec_task)),
-            )
+            for m, kernels in by_mode.items():
+                run_verification(
+                    kernels, cases_by_mode[m], max_elements=matrix.max_elements, store=store,
+                    precision=precision, workers=jobs, mode=m,
+                    on_truth=lambda k: progress.advance(ref_task, k),
+                    on_record=lambda r: (writer.add(r), progress.advance(rec_task)),
+                )
         complete = True
     except KeyboardInterrupt:
         pass

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import math
 
-from .base import Function, RowTruth, exp_normalize, has_nan
+from .base import (
+    ROW_FINITE,
+    Function,
+    RowGrad,
+    RowTruth,
+    exp_normalize,
+    exp_normalize_grad,
+    has_nan,
+)
 
 
 def reference(row: list[float]) -> RowTruth:
@@ -17,8 +25,18 @@ def reference(row: list[float]) -> RowTruth:
     return exp_normalize(row, [v > -math.inf for v in row])
 
 
+def gradient(row: list[float], g: list[float]) -> RowGrad:
+    """dx_k = y_k (g_k - sum_i g_i y_i), exactly; -inf positions get exactly 0."""
+    truth = reference(row)
+    if truth.kind != ROW_FINITE:
+        return RowGrad.constant(truth, ())
+    _, dx, zero = exp_normalize_grad(truth, g, [v > -math.inf for v in row])
+    return RowGrad(truth, dx, zero, {})
+
+
 FUNCTION = Function(
     name="softmax",
     summary="softmax: exp(x - max) / sum exp(x - max); all -inf rows give zeros",
     reference_row=reference,
+    gradient_row=gradient,
 )

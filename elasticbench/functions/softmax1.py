@@ -9,7 +9,15 @@ import math
 
 import mpmath
 
-from .base import Function, RowTruth, exp_normalize, has_nan
+from .base import (
+    ROW_FINITE,
+    Function,
+    RowGrad,
+    RowTruth,
+    exp_normalize,
+    exp_normalize_grad,
+    has_nan,
+)
 
 
 def reference(row: list[float]) -> RowTruth:
@@ -19,8 +27,18 @@ def reference(row: list[float]) -> RowTruth:
     return exp_normalize(row, keep, shift_floor=0.0, extra=lambda m: mpmath.exp(-m))
 
 
+def gradient(row: list[float], g: list[float]) -> RowGrad:
+    """dx_k = y_k (g_k - sum_i g_i y_i), exactly; -inf positions get exactly 0."""
+    truth = reference(row)
+    if truth.kind != ROW_FINITE:
+        return RowGrad.constant(truth, ())
+    _, dx, zero = exp_normalize_grad(truth, g, [v > -math.inf for v in row])
+    return RowGrad(truth, dx, zero, {})
+
+
 FUNCTION = Function(
     name="softmax1",
     summary="softmax1: exp(x) / (1 + sum exp(x)), the 1 rescaled by exp(-m) after the shift",
     reference_row=reference,
+    gradient_row=gradient,
 )

@@ -32,23 +32,44 @@ class Truth:
     zbar: np.ndarray  # float64 (r,)
     kind: np.ndarray  # str (r,): finite / nan / inf / masked
 
+    FIELDS = ("rows", "hi", "lo", "zero", "zabs", "zbar", "kind")
+
     def arrays(self) -> dict[str, np.ndarray]:
-        return {
-            "rows": self.rows,
-            "hi": self.hi,
-            "lo": self.lo,
-            "zero": self.zero,
-            "zabs": self.zabs,
-            "zbar": self.zbar,
-            "kind": self.kind.astype("U8"),
-        }
+        out = {f: getattr(self, f) for f in self.FIELDS}
+        out["kind"] = self.kind.astype("U8")
+        return out
 
     @classmethod
     def concat(cls, parts: list[Truth]) -> Truth:
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in _FIELDS))
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls.FIELDS))
 
 
-_FIELDS = ("rows", "hi", "lo", "zero", "zabs", "zbar", "kind")
+@dataclass
+class GradTruth(Truth):
+    """A forward truth plus the exact gradients for one upstream gradient g.
+
+    dx is a double-double like y; dp_hi/dp_lo (r, number of parameters) hold each row's
+    exact contribution to every parameter's gradient (summed over rows when scored).
+    NaN in the hi parts marks a gradient that must be NaN.
+    """
+
+    dx_hi: np.ndarray  # float64 (r, n)
+    dx_lo: np.ndarray  # float64 (r, n)
+    dzero: np.ndarray  # bool (r, n): dx exactly zero by structure
+    dp_hi: np.ndarray  # float64 (r, p)
+    dp_lo: np.ndarray  # float64 (r, p)
+
+    FIELDS = (*Truth.FIELDS, "dx_hi", "dx_lo", "dzero", "dp_hi", "dp_lo")
+
+
+def _split(v, hi: np.ndarray, lo: np.ndarray, idx) -> None:
+    """Store the mpf v (None: NaN) as the double-double hi[idx] + lo[idx]."""
+    if v is None:
+        hi[idx] = lo[idx] = np.nan
+        return
+    h = float(v)
+    hi[idx] = h
+    lo[idx] = float(v - h)
 
 
 def evaluate_rows(
@@ -57,11 +78,17 @@ def evaluate_rows(
     x64: np.ndarray,
     rows: np.ndarray,
     precision: int = DEFAULT_PRECISION,
+    g64: np.ndarray | None = None,
 ) -> Truth:
-    """Evaluate the exact definition on the given rows of x64 (float64, exact input values)."""
+    """Evaluate the exact definition on the given rows of x64 (float64, exact input values).
+
+    With an upstream gradient g64 (same shape as x64) the result is a GradTruth.
+    """
     if precision < MIN_PRECISION:
         raise ValueError(f"precision must be at least {MIN_PRECISION} bits, got {precision}")
     fn = get_function(function)
+    if g64 is not None and fn.gradient_row is None:
+        raise ValueError(f"{function} has no gradient reference")
     n = x64.shape[1]
     r = len(rows)
     hi = np.zeros((r, n))
@@ -70,9 +97,22 @@ def evaluate_rows(
     zabs = np.zeros((r, n))
     zbar = np.zeros(r)
     kind = np.empty(r, dtype="U8")
+    p = len(fn.params)
+    dx_hi, dx_lo = np.zeros((r, n)), np.zeros((r, n))
+    dzero = np.zeros((r, n), dtype=bool)
+    dp_hi, dp_lo = np.zeros((r, p)), np.zeros((r, p))
     with mpmath.workprec(precision):
         for k, i in enumerate(rows):
-            t = fn.reference_row(x64[i].tolist(), **params)
+            if g64 is None:
+                t = fn.reference_row(x64[i].tolist(), **params)
+            else:
+                grad = fn.gradient_row(x64[i].tolist(), g64[i].tolist(), **params)
+                t = grad.truth
+                dzero[k] = grad.zero
+                for j, d in enumerate(grad.dx):
+                    _split(d, dx_hi, dx_lo, (k, j))
+                for j, name in enumerate(fn.param_names):
+                    _split(grad.dparams[name], dp_hi, dp_lo, (k, j))
             kind[k] = t.kind
             zero[k] = t.zero
             zabs[k] = t.zabs
@@ -85,4 +125,7 @@ def evaluate_rows(
                 h = float(y)
                 hi[k, j] = h
                 lo[k, j] = float(y - h)
-    return Truth(np.asarray(rows, dtype=np.int64), hi, lo, zero, zabs, zbar, kind)
+    idx = np.asarray(rows, dtype=np.int64)
+    if g64 is None:
+        return Truth(idx, hi, lo, zero, zabs, zbar, kind)
+    return GradTruth(idx, hi, lo, zero, zabs, zbar, kind, dx_hi, dx_lo, dzero, dp_hi, dp_lo)

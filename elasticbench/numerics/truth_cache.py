@@ -20,12 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .truth import TRUTH_VERSION, Truth, evaluate_rows
+from .truth import TRUTH_VERSION, GradTruth, Truth, evaluate_rows
 
 # Below this many elements of uncached work, worker processes cost more than they save.
 PARALLEL_MIN_ELEMENTS = 40_000
 CHUNK_ELEMENTS = 16_384
 _START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
+# Bump when the meaning of a cached gradient truth changes.
+GRAD_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -38,14 +40,23 @@ class TruthJob:
     x64: np.ndarray  # exact float64 copy of the input
     rows: np.ndarray
     precision: int
+    g64: np.ndarray | None = None  # upstream gradient: ask for gradients too (GradTruth)
+
+    @property
+    def truth_class(self) -> type[Truth]:
+        return Truth if self.g64 is None else GradTruth
 
     def key(self) -> str:
         h = hashlib.sha256()
         meta = [TRUTH_VERSION, self.function, list(self.params), self.dtype,
                 list(self.x64.shape), self.precision]
+        if self.g64 is not None:
+            meta.append(["bwd", GRAD_VERSION])
         h.update(json.dumps(meta).encode())
         h.update(np.ascontiguousarray(self.x64).tobytes())
         h.update(np.asarray(self.rows, dtype=np.int64).tobytes())
+        if self.g64 is not None:
+            h.update(np.ascontiguousarray(self.g64).tobytes())
         return h.hexdigest()
 
 
@@ -67,13 +78,13 @@ class TruthStore:
         assert self.dir is not None
         return self.dir / key[:2] / f"{key}.npz"
 
-    def get(self, key: str) -> Truth | None:
+    def get(self, key: str, cls: type[Truth] = Truth) -> Truth | None:
         if self.dir is None:
             return None
         path = self._path(key)
         try:
             with np.load(path) as z:
-                return Truth(*(z[f] for f in ("rows", "hi", "lo", "zero", "zabs", "zbar", "kind")))
+                return cls(*(z[f] for f in cls.FIELDS))
         except (OSError, KeyError, ValueError):
             return None  # missing or damaged: recompute
 
@@ -92,8 +103,8 @@ class TruthStore:
 
 
 def _evaluate(job: tuple) -> Truth:
-    function, params, x64, rows, precision = job
-    return evaluate_rows(function, params, x64, rows, precision)
+    function, params, x64, rows, precision, g64 = job
+    return evaluate_rows(function, params, x64, rows, precision, g64)
 
 
 def _chunks(job: TruthJob) -> list[tuple]:
@@ -105,7 +116,7 @@ def _chunks(job: TruthJob) -> list[tuple]:
         sel = rows[start : start + per]
         # Ship only the rows a chunk needs, renumbered, so large inputs don't travel whole.
         out.append((job.function, dict(job.params), job.x64[sel], np.arange(len(sel)),
-                    job.precision))
+                    job.precision, None if job.g64 is None else job.g64[sel]))
     return out
 
 
@@ -120,7 +131,7 @@ def solve(
     todo: list[int] = []
     keys = [job.key() for job in jobs]
     for i, key in enumerate(keys):
-        cached = store.get(key)
+        cached = store.get(key, jobs[i].truth_class)
         results.append(cached)
         if cached is None:
             todo.append(i)
@@ -152,6 +163,6 @@ def solve(
 
 
 def _finish(job: TruthJob, parts: list[Truth]) -> Truth:
-    truth = Truth.concat(parts)
+    truth = job.truth_class.concat(parts)
     truth.rows = np.asarray(job.rows, dtype=np.int64)
     return truth

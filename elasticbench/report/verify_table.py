@@ -1,6 +1,7 @@
 """Verification tables: per function, kernel x dtype -> worst ulp error, share of budget.
 
 Works on records alone, so a saved results file renders exactly like a live run.
+`verify_sheets` is the tabulation every format shares; `render` prints it to a terminal.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from ..numerics.dtypes import DTYPE_NAMES
+from .sheet import EMPTY, Column, Entry, Note, Sheet, Span, entry, note
 
 
 @dataclass
@@ -26,9 +27,13 @@ class Cell:
     max_frac: float = 0.0
     worst: dict[str, Any] | None = None  # the record with the largest budget fraction
     first_failure: dict[str, Any] | None = None
+    param_rel: dict[str, float] = field(default_factory=dict)  # backward: worst d<param>
 
     def add(self, r: dict[str, Any]) -> None:
         self.cases += 1
+        for name, p in (r.get("dparams") or {}).items():
+            if p.get("expected") != "nan":
+                self.param_rel[name] = max(self.param_rel.get(name, 0.0), _num(p.get("rel_err")))
         frac = _num(r.get("max_budget_frac"))
         self.max_ulp = max(self.max_ulp, _num(r.get("max_ulp")))
         if self.worst is None or frac > self.max_frac:
@@ -64,12 +69,21 @@ class Summary:
     def cases(self) -> int:
         return sum(c.cases for f in self.cells.values() for k in f.values() for c in k.values())
 
+    def line(self) -> str:
+        """The one-line verdict: cases, passed, failed."""
+        return f"{self.cases} cases, {self.cases - self.failed} passed, {self.failed} failed"
+
+
+def group_of(r: dict[str, Any]) -> str:
+    """The table a record belongs to: its function, "<function> (bwd)" for backward."""
+    return r["function"] if r.get("mode", "fwd") == "fwd" else f"{r['function']} (bwd)"
+
 
 def summarize(records: Iterable[dict[str, Any]]) -> Summary:
     s = Summary()
     for r in records:
         cell = (
-            s.cells.setdefault(r["function"], {})
+            s.cells.setdefault(group_of(r), {})
             .setdefault(r["kernel"], {})
             .setdefault(r["dtype"], Cell())
         )
@@ -85,61 +99,86 @@ def describe_case(r: dict[str, Any]) -> str:
 
 def reproduce_command(r: dict[str, Any]) -> str:
     cmd = f"elasticbench verify --only {r['kernel']} --dtype {r['dtype']} --input {r['input']}"
+    if r.get("mode", "fwd") != "fwd":
+        cmd += f" --mode {r['mode']}"
     if r.get("source", "builtin") != "builtin":
         cmd += f" --kernel-file {r['source']}"
     return cmd
 
 
-def _cell_text(c: Cell) -> str:
+def _cell_entry(c: Cell) -> Entry:
+    values = (c.max_ulp, c.max_frac, c.failed, c.cases)
     if c.failed:
-        return f"[bold red]{c.failed}/{c.cases} FAIL[/] {c.max_ulp:.3g}"
-    return f"{c.max_ulp:.3g} [dim]({100 * c.max_frac:.0f}%)[/]"
+        return entry(f"{c.failed}/{c.cases} FAIL", "fail", values=values,
+                     more=[Span(f" {c.max_ulp:.3g}")])
+    return entry(f"{c.max_ulp:.3g}", values=values, more=[Span(f" ({100 * c.max_frac:.0f}%)", "dim")])
 
 
-def render(records: list[dict[str, Any]], console: Console) -> Summary:
-    """Print one table per function and the worst failing input of each failing cell."""
-    summary = summarize(records)
+def verify_sheets(summary: Summary) -> list[Sheet]:
+    """One sheet per function (and per function backward): kernel x dtype."""
+    sheets = []
     for function, kernels in summary.cells.items():
         dtypes = [d for d in DTYPE_NAMES if any(d in k for k in kernels.values())]
-        table = Table(
-            title=f"{function}: worst error in ulps (share of budget)", title_justify="left"
-        )
-        table.add_column("kernel", style="bold", no_wrap=True)
-        for d in dtypes:
-            table.add_column(d, justify="right")
-        table.add_column("special", justify="center", no_wrap=True)
-        table.add_column("verdict", justify="center", no_wrap=True)
+        what = "worst dx error" if function.endswith("(bwd)") else "worst error"
+        columns = [Column("kernel", wrap=False)]
+        columns += [Column(d, (f"{d} max ulp", f"{d} budget share", f"{d} failed", f"{d} cases"),
+                           align="right") for d in dtypes]
+        param_names = sorted({n for k in kernels.values() for c in k.values()
+                              for n in c.param_rel})
+        if param_names:
+            columns.append(Column("worst rel. " + ", ".join(f"d{n}" for n in param_names),
+                                  tuple(f"worst rel d{n}" for n in param_names), align="right"))
+        columns += [Column("special", align="center", wrap=False),
+                    Column("verdict", align="center", wrap=False)]
+        sheet = Sheet(function, f"{function}: {what} in ulps (share of budget)", columns)
         for kernel, by_dtype in kernels.items():
             cells = [by_dtype.get(d) for d in dtypes]
             special_bad = sum(c.special_failed for c in by_dtype.values())
             failed = sum(c.failed for c in by_dtype.values())
-            table.add_row(
-                kernel,
-                *[_cell_text(c) if c else "-" for c in cells],
-                "[red]FAIL[/]" if special_bad else "[green]ok[/]",
-                "[bold red]FAIL[/]" if failed else "[bold green]pass[/]",
+            params = []
+            if param_names:
+                worst = [max(c.param_rel.get(n, 0.0) for c in by_dtype.values())
+                         for n in param_names]
+                params = [entry(" ".join(f"{w:.2g}" for w in worst), values=worst)]
+            sheet.add(
+                entry(kernel),
+                *[_cell_entry(c) if c else EMPTY for c in cells],
+                *params,
+                entry("FAIL", "bad") if special_bad else entry("ok", "ok"),
+                entry("FAIL", "fail") if failed else entry("pass", "pass"),
             )
-        console.print(table)
-    failures = [
-        (k, d, c)
-        for kernels in summary.cells.values()
-        for k, by in kernels.items()
-        for d, c in by.items()
-        if c.failed
-    ]
-    for kernel, dtype, cell in failures:
-        r = cell.first_failure
-        assert r is not None
-        console.print(f"[bold red]FAIL[/] {kernel} {dtype}: {r['reason']}")
-        console.print(f"  case: {describe_case(r)}")
-        w = r.get("worst")
-        if w:
-            console.print(
-                f"  at row {w['row']} index {w['index']}: input {w['input']!r}, "
-                f"expected {w['expected']!r}, got {w['got']!r}"
-                + (f" ({w['ulp']:.4g} ulp, allowed {w['allowed_ulp']:.4g})"
-                   if isinstance(w.get("ulp"), float) and isinstance(w.get("allowed_ulp"), float)
-                   else "")
-            )
-        console.print(f"  reproduce: {reproduce_command(r)}")
+        sheets.append(sheet)
+    return sheets
+
+
+def failure_notes(summary: Summary) -> list[Note]:
+    """For each failing (kernel, dtype): the reason, the worst input and how to reproduce it."""
+    notes = []
+    for kernels in summary.cells.values():
+        for kernel, by_dtype in kernels.items():
+            for dtype, cell in by_dtype.items():
+                r = cell.first_failure
+                if not cell.failed or r is None:
+                    continue
+                details: list[list[Span | str]] = [[f"case: {describe_case(r)}"]]
+                w = r.get("worst")
+                if w:
+                    ulps = (f" ({w['ulp']:.4g} ulp, allowed {w['allowed_ulp']:.4g})"
+                            if isinstance(w.get("ulp"), float)
+                            and isinstance(w.get("allowed_ulp"), float) else "")
+                    details.append([f"at row {w['row']} index {w['index']}: input "
+                                    f"{w['input']!r}, expected {w['expected']!r}, "
+                                    f"got {w['got']!r}{ulps}"])
+                details.append(["reproduce: ", Span(reproduce_command(r), "code")])
+                notes.append(note(Span("FAIL", "fail"), f" {kernel} {dtype}: {r['reason']}",
+                                  details=details))
+    return notes
+
+
+def render(records: list[dict[str, Any]], console: Console) -> Summary:
+    """Print one table per function and the worst failing input of each failing cell."""
+    from .terminal import print_tables
+
+    summary = summarize(records)
+    print_tables(verify_sheets(summary), failure_notes(summary), console)
     return summary

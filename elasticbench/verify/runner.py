@@ -12,9 +12,10 @@ from ..execute import call_kernel
 from ..inputs import generate
 from ..numerics.budget import budget_for
 from ..numerics.dtypes import get_format
-from ..numerics.truth import DEFAULT_PRECISION
+from ..numerics.truth import DEFAULT_PRECISION, GradTruth
 from ..numerics.truth_cache import TruthJob, TruthStore, solve
 from ..registry import KernelSpec
+from .backward import GRAD_BUDGET, call_backward, check_backward, saved_output, upstream
 from .check import check_output
 from .matrix import VerifyCase
 
@@ -34,25 +35,26 @@ class Prepared:
     case: VerifyCase
     x: np.ndarray
     job: TruthJob
+    g: np.ndarray | None = None  # upstream gradient (backward verification)
 
 
-def prepare(cases: list[VerifyCase], max_elements: int, precision: int) -> list[Prepared]:
+def prepare(cases: list[VerifyCase], max_elements: int, precision: int,
+            mode: str = "fwd") -> list[Prepared]:
     out = []
     for case in cases:
         x = generate(case.generator, case.dtype, case.shape, case.seed)
         rows = rows_to_check(case.shape, max_elements, case.seed)
+        g = None
+        if mode == "bwd":
+            g = upstream(case.seed, case.generator, get_format(case.dtype), case.shape, rows)
         job = TruthJob(case.function, case.params, case.dtype, x.astype(np.float64), rows,
-                       precision)
-        out.append(Prepared(case, x, job))
+                       precision, None if g is None else g.astype(np.float64))
+        out.append(Prepared(case, x, job, g))
     return out
 
 
-def verify_one(spec: KernelSpec, prep: Prepared, truth) -> dict[str, Any]:
-    """Run one kernel on one case and return its record."""
-    case = prep.case
-    fmt = get_format(case.dtype)
-    budget = budget_for(fmt)
-    record: dict[str, Any] = {
+def _record_head(spec: KernelSpec, case: VerifyCase, truth, budget: dict) -> dict[str, Any]:
+    return {
         "kernel": spec.name,
         "function": spec.function,
         "backend": spec.backend,
@@ -64,8 +66,17 @@ def verify_one(spec: KernelSpec, prep: Prepared, truth) -> dict[str, Any]:
         "params": case.param_dict,
         "rows_checked": len(truth.rows),
         "sampled_rows": truth.rows.tolist() if len(truth.rows) < case.shape[0] else None,
-        "budget": budget.to_dict(),
+        "budget": budget,
+        "mode": spec.mode,
     }
+
+
+def verify_one(spec: KernelSpec, prep: Prepared, truth) -> dict[str, Any]:
+    """Run one kernel on one case and return its record."""
+    case = prep.case
+    fmt = get_format(case.dtype)
+    budget = budget_for(fmt)
+    record = _record_head(spec, case, truth, budget.to_dict())
     outcome = call_kernel(spec, prep.x, case.param_dict)
     record["seconds"] = outcome.seconds
     if outcome.output is None:
@@ -87,6 +98,36 @@ def verify_one(spec: KernelSpec, prep: Prepared, truth) -> dict[str, Any]:
     return record
 
 
+def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth) -> dict[str, Any]:
+    """Run one backward kernel on one case: dx in ulps, parameter gradients relatively."""
+    case = prep.case
+    fmt = get_format(case.dtype)
+    assert prep.g is not None
+    record = _record_head(spec, case, truth, GRAD_BUDGET.to_dict())
+    y = saved_output(truth, fmt, case.shape)
+    outcome = call_backward(spec, prep.x, y, prep.g, case.param_dict)
+    record["seconds"] = outcome.seconds
+    record["dparams"] = {}
+    record["max_param_rel"] = None
+    if outcome.dx is None:
+        record.update({"passed": False, "reason": outcome.error, "max_ulp": None,
+                       "max_budget_frac": None, "special_ok": None, "worst": None,
+                       "failures": {}})
+        return record
+    v, checks = check_backward(prep.x, prep.g, outcome.dx, outcome.dparams, truth, fmt,
+                               case.function, case.param_dict)
+    record.update({"passed": v.passed, "reason": v.reason, "max_ulp": v.max_ulp,
+                   "max_budget_frac": v.max_budget_frac, "special_ok": v.special_ok,
+                   "worst": v.worst, "failures": v.failures})
+    record["dparams"] = {k: c.to_dict() for k, c in checks.items()}
+    rels = [c.rel_err for c in checks.values()]
+    record["max_param_rel"] = max(rels) if rels else None
+    if outcome.modified_input:
+        record["passed"] = False
+        record["reason"] = "; ".join(["modified its input"] + ([v.reason] if v.reason else []))
+    return record
+
+
 def run_verification(
     kernels: list[KernelSpec],
     cases: list[VerifyCase],
@@ -97,16 +138,19 @@ def run_verification(
     workers: int | None = None,
     on_record: Callable[[dict[str, Any]], None] = lambda r: None,
     on_truth: Callable[[int], None] | None = None,
+    mode: str = "fwd",
 ) -> None:
-    """Verify each kernel on every case of its function; each record goes to on_record."""
+    """Verify each kernel (all of `mode`) on every case of its function; each record goes
+    to on_record."""
     by_function: dict[str, list[KernelSpec]] = {}
     for k in kernels:
         by_function.setdefault(k.function, []).append(k)
     cases = [c for c in cases
              if any(k.supports(c.dtype) for k in by_function.get(c.function, ()))]
-    prepared = prepare(cases, max_elements, precision)
+    prepared = prepare(cases, max_elements, precision, mode)
     truths = solve([p.job for p in prepared], store, workers, on_truth)
+    one = verify_backward_one if mode == "bwd" else verify_one
     for prep, truth in zip(prepared, truths, strict=True):
         for spec in by_function[prep.case.function]:
             if spec.supports(prep.case.dtype):
-                on_record(verify_one(spec, prep, truth))
+                on_record(one(spec, prep, truth))

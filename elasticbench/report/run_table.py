@@ -1,0 +1,120 @@
+"""Run tables: per function, kernel x size -> median, GB/s, % of copy bandwidth, % of roof,
+speedup over the baseline, verdict. Works on records alone (a saved file renders the same).
+`run_sheets` is the tabulation every format shares; `render_run` prints it to a terminal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from .sheet import EMPTY, Column, Entry, Note, Sheet, Span, entry, note
+
+CAPTION = ("size* in cache; GB/s: minimum traffic; roof e/m: exp/memory binds; "
+           "base*: baseline failed verification")
+
+COLUMNS = [
+    Column("kernel", wrap=False),
+    Column("size", ("rows", "n", "dtype", "cache")),
+    Column("median", ("median_s",), align="right", wrap=False),
+    Column("GB/s", ("gbps",), align="right", wrap=False),
+    Column("%copy", ("pct_copy",), align="right", wrap=False),
+    Column("%roof", ("pct_roof", "binding"), align="right", wrap=False),
+    Column("x base", ("speedup",), align="right", wrap=False),
+    Column("verify", ("verify",), wrap=False),
+]
+
+
+def format_time(s: float) -> str:
+    """Seconds in the unit that keeps three or four significant digits."""
+    if s >= 1:
+        return f"{s:.2f}s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f}ms"
+    return f"{s * 1e6:.1f}µs"
+
+
+def _size(r: dict[str, Any], dtypes: int) -> Entry:
+    rows, n = r["shape"]
+    text = f"{rows}x{n}" + (f" {r['dtype']}" if dtypes > 1 else "")
+    text += "*" if r.get("cache") == "in-cache" else ""
+    return entry(text, values=(rows, n, r["dtype"], r.get("cache")))
+
+
+def _verdict(r: dict[str, Any]) -> Entry:
+    status = r.get("verify", {}).get("status", "unverified")
+    if "error" in r:
+        return entry("ERROR", "fail")
+    if r.get("baseline"):
+        return entry("base", values=(status,)) if status == "pass" else \
+            entry("base*", "warn", values=(status,))
+    tag = {"pass": "ok", "FAIL": "fail"}.get(status, "dim")
+    return entry(status, tag)
+
+
+def group_records(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Records by table: "<function> (<mode>)", in first-seen order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(f"{r['function']} ({r.get('mode', 'fwd')})", []).append(r)
+    return groups
+
+
+def run_sheets(records: list[dict[str, Any]]) -> list[Sheet]:
+    """One sheet per function and mode: a row per timed (kernel, size)."""
+    sheets = []
+    for name, recs in group_records(records).items():
+        ndt = len({r["dtype"] for r in recs})
+        sheet = Sheet(name, name, list(COLUMNS), caption=CAPTION, compact=True)
+        for r in recs:
+            if "error" in r:
+                sheet.add(entry(r["kernel"]), _size(r, ndt), *[EMPTY] * 5, _verdict(r))
+                continue
+            sp = r.get("speedup")
+            sheet.add(
+                entry(r["kernel"]), _size(r, ndt),
+                entry(format_time(r["median_s"]), values=(r["median_s"],)),
+                entry(f"{r['gbps']:.2f}", values=(r["gbps"],)),
+                entry(f"{r['pct_copy']:.0f}%", values=(r["pct_copy"],)),
+                entry(f"{r['pct_roof']:.0f}% {r['binding'][0]}",
+                      values=(r["pct_roof"], r["binding"])),
+                entry(f"{sp:.2f}", values=(sp,)) if sp else EMPTY,
+                _verdict(r),
+            )
+        sheets.append(sheet)
+    return sheets
+
+
+def run_notes(records: list[dict[str, Any]], ceilings: dict[str, Any] | None) -> list[Note]:
+    """The ceilings, then errors, unranked failures and noisy timings."""
+    notes = []
+    if ceilings:
+        exp = ", ".join(f"{d} {v:.2f}" for d, v in ceilings["exp_geps"].items())
+        notes.append(note(f"ceilings: copy {ceilings['copy_gbps']:.1f} GB/s; "
+                          f"exp G elements/s: {exp}"))
+    for r in records:
+        if "error" in r:
+            notes.append(note(Span("ERROR", "fail"), f" {r['kernel']} {r['shape']}: {r['error']}"))
+        elif r.get("verify", {}).get("status") == "FAIL" and not r.get("baseline"):
+            notes.append(note(Span("FAIL", "fail"), f" {r['kernel']} {r['dtype']} (not ranked): "
+                                                    f"{r['verify'].get('reason')}"))
+        warning = r.get("timing", {}).get("warning") if "timing" in r else None
+        if warning:
+            notes.append(note(Span("noisy", "warn"), f" {r['kernel']} {r['shape']}: {warning}"))
+    seen: set[str] = set()  # a kernel failing verification fails it at every size: say it once
+    return [n for n in notes if not (n.text in seen or seen.add(n.text))]
+
+
+def run_failures(records: list[dict[str, Any]]) -> int:
+    """Timed kernels (not the baseline) that raised or failed verification."""
+    return sum(1 for r in records if not r.get("baseline")
+               and ("error" in r or r.get("verify", {}).get("status") == "FAIL"))
+
+
+def render_run(records: list[dict[str, Any]], ceilings: dict[str, Any] | None,
+               console: Console) -> None:
+    """Print one table per function, then the ceilings and what went wrong."""
+    from .terminal import print_tables
+
+    print_tables(run_sheets(records), run_notes(records, ceilings), console)

@@ -1,0 +1,303 @@
+"""Verifying backward kernels: upstream gradients, the call, and scoring against exact truth.
+
+A backward kernel gets the input x, the saved output y (the exact output rounded to the
+format, so the backward is judged apart from any forward kernel) and a seeded upstream
+gradient g in the same format, and returns dx (and, for elastic, dtau and dbeta summed
+over the whole tensor). dx is scored in ulps of its format against a budget derived from
+the first-order error of the computation (docs/gradients.md); dtau and dbeta by relative
+error against their own budgets. Rows not checked (sampled large inputs) get g = 0 and
+y = 0, so they contribute exactly nothing to dtau and dbeta.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ..backends import get_backend
+from ..functions import get_function
+from ..functions.base import ROW_FINITE, ROW_NAN
+from ..inputs.generators import stream_seed
+from ..numerics.dtypes import FloatFormat
+from ..numerics.truth import GradTruth
+from ..numerics.ulp import ulp_error, ulp_of
+from ..registry import KernelSpec
+from .check import Verdict, _value
+
+
+@dataclass(frozen=True)
+class GradBudget:
+    """Allowance for dx: a + b * E_k / ulp(dx_k) ulps, E_k the first-order error bound of
+    y_k (g_k - c)/tau given y rounded to the format and sums in the working precision;
+    for dtau, dbeta: b * (their first-order bound) + a summation term (docs/gradients.md)."""
+
+    a: float = 1.0
+    b: float = 2.0
+
+    def describe(self) -> str:
+        return f"{self.a:g} + {self.b:g}·E/ulp(dx) ulp; params {self.b:g}·E relative"
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+GRAD_BUDGET = GradBudget()
+
+
+def work_format(fmt: FloatFormat) -> tuple[float, float, float]:
+    """(unit roundoff, smallest normal, smallest subnormal) of the precision kernels
+    accumulate in: fp64 for fp64, fp32 for the rest."""
+    if fmt.name == "fp64":
+        return 2.0**-53, 2.0**-1022, 2.0**-1074
+    return 2.0**-24, 2.0**-126, 2.0**-149
+
+
+def upstream(case_seed: int, generator: str, fmt: FloatFormat, shape: tuple[int, int],
+             rows: np.ndarray) -> np.ndarray:
+    """The seeded upstream gradient of a case: N(0, 1) in the format, 0 on unchecked rows."""
+    seed = [*stream_seed(case_seed, generator, fmt.name, shape), zlib.crc32(b"upstream")]
+    g = np.random.default_rng(seed).standard_normal(shape)
+    mask = np.zeros(shape[0], dtype=bool)
+    mask[rows] = True
+    return fmt.cast(np.where(mask[:, None], g, 0.0))
+
+
+def saved_output(truth: GradTruth, fmt: FloatFormat, shape: tuple[int, int]) -> np.ndarray:
+    """The exact forward output rounded to the format (0 on rows the truth does not cover)."""
+    y = np.zeros(shape)
+    y[truth.rows] = truth.hi + truth.lo
+    return fmt.cast(y)
+
+
+@dataclass
+class BackwardOutcome:
+    dx: np.ndarray | None
+    dparams: dict[str, float]
+    error: str | None
+    modified_input: bool
+    seconds: float
+
+
+def call_backward(spec: KernelSpec, x: np.ndarray, y: np.ndarray, g: np.ndarray,
+                  params: dict[str, float]) -> BackwardOutcome:
+    """Run a bwd kernel on fresh native copies of x, y, g; bring dx and the scalars back."""
+    backend = get_backend(spec.backend)
+    names = get_function(spec.function).param_names
+    nx, ny, ng = backend.to_native(x), backend.to_native(y), backend.to_native(g)
+    start = time.perf_counter()
+    try:
+        out = spec.fn(nx, ny, ng, **params)
+        backend.synchronize()
+    except Exception as e:  # a kernel's failure is a result, not a crash of the run
+        return BackwardOutcome(None, {}, f"raised {type(e).__name__}: {e}".splitlines()[0],
+                               False, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    modified = any(
+        not np.array_equal(backend.to_numpy(n).view(np.uint8), a.view(np.uint8))
+        for n, a in ((nx, x), (ny, y), (ng, g))
+    )
+    want = 1 + len(names)
+    parts = out if names else (out,)
+    if not isinstance(parts, tuple | list) or len(parts) != want:
+        what = f"(dx, {', '.join('d' + n for n in names)})" if names else "dx alone"
+        return BackwardOutcome(None, {}, f"must return {what}", modified, seconds)
+    try:
+        dx = np.array(backend.to_numpy(parts[0]), copy=True)
+        dparams = {n: float(v) for n, v in zip(names, parts[1:], strict=True)}
+    except (TypeError, ValueError, RuntimeError) as e:
+        return BackwardOutcome(None, {}, f"returned the wrong type: {e}".splitlines()[0],
+                               modified, seconds)
+    return BackwardOutcome(dx, dparams, None, modified, seconds)
+
+
+@dataclass
+class ParamCheck:
+    got: float
+    expected: float
+    rel_err: float
+    allowed_rel: float
+    passed: bool
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"got": _value(self.got), "expected": _value(self.expected),
+                "rel_err": _value(self.rel_err), "allowed_rel": _value(self.allowed_rel),
+                "passed": bool(self.passed), "reason": self.reason}
+
+
+class _Rows:
+    """Per-row quantities of the truth that every budget below is built from (float64)."""
+
+    def __init__(self, x: np.ndarray, g: np.ndarray, truth: GradTruth, fmt: FloatFormat,
+                 tau: float, beta: float, keep_nonneg: bool):
+        self.uw, self.tiny, self.sub = work_format(fmt)
+        self.finite = truth.kind == ROW_FINITE
+        f = self.finite[:, None]
+        self.y = np.where(f, truth.hi, 0.0)
+        self.g = np.where(f, g[truth.rows].astype(np.float64), 0.0)
+        self.tau = tau
+        # Rounding y to the format costs half an ulp (subnormal spacing included); a whole
+        # ulp is used, as half the fp64 subnormal spacing is not a float64, and the exact y
+        # reaches the format through its float64 hi part (a second rounding).
+        self.ey = np.where(f & ~truth.dzero, ulp_of(truth.hi, truth.lo, fmt), 0.0)
+        n = x.shape[1]
+        self.gamma = (math.log2(max(n, 1)) + 2) * self.uw
+        ag = np.abs(self.g)
+        self.c = (self.g * self.y).sum(axis=1)
+        self.dc = (ag * self.ey).sum(axis=1) + self.gamma * (ag * self.y).sum(axis=1)
+        xr = x[truth.rows].astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            kept = (xr >= 0) if keep_nonneg else (xr > -np.inf)
+        m = np.where(kept & f, xr, -np.inf).max(axis=1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.mt = np.where(self.finite, m, 0.0) / tau
+            self.ymax = self.y.max(axis=1)
+            self.q = np.exp(-self.mt) * self.ymax
+            w = beta * self.q
+            self.wmt = np.where(w > 0, w * self.mt, 0.0)
+        # Beyond zcap exp(-|z|) is below the format's subnormals: y rounds to 0 and any
+        # y-rounding error there is multiplied by at most zcap, not by |z|.
+        zcap = np.log(2.0) * (fmt.p - fmt.emin) + 1.0
+        self.z = -np.where(f & (self.y > 0), truth.zabs, 0.0)
+        self.zc = np.minimum(np.where(f, truth.zabs, 0.0), zcap)
+
+    def dx_allowed(self, truth: GradTruth, fmt: FloatFormat, budget: GradBudget) -> np.ndarray:
+        ag, c = np.abs(self.g), self.c[:, None]
+        dx = np.abs(np.nan_to_num(truth.dx_hi))
+        e = ((self.ey * np.abs(self.g - c) + self.y * (self.dc[:, None] + self.uw * (ag + np.abs(c))))
+             / self.tau + 3 * self.uw * dx + self.sub / self.tau)
+        with np.errstate(over="ignore"):  # a bound beyond float64 allows anything there
+            return budget.a + budget.b * e / ulp_of(np.nan_to_num(truth.dx_hi),
+                                                    np.nan_to_num(truth.dx_lo), fmt)
+
+    def dtau_bound(self) -> np.ndarray:
+        ag, ac = np.abs(self.g), np.abs(self.c)
+        z, az = self.z, np.abs(self.z)
+        a_mean = (self.y * z).sum(axis=1) - self.wmt
+        spread = np.abs(a_mean)[:, None] + az
+        spread_c = np.abs(a_mean)[:, None] + self.zc
+        eymax = np.where(self.ymax > 0, self.ey.max(axis=1) / np.where(self.ymax > 0, self.ymax, 1), 0)
+        size = ((ag * self.y * spread).sum(axis=1) + ac * ((self.y * az).sum(axis=1) + self.wmt))
+        from_y = (ag * self.ey * spread_c).sum(axis=1) + ac * ((self.ey * self.zc).sum(axis=1)
+                                                                + self.wmt * eymax)
+        with np.errstate(invalid="ignore"):
+            from_w = np.where(self.wmt > 0, ac * self.wmt * (np.abs(self.mt) + 3) * self.uw, 0)
+        return (from_y + from_w + (self.gamma + 4 * self.uw) * size) / self.tau
+
+    def dbeta_bound(self) -> np.ndarray:
+        eymax = np.where(self.ymax > 0, self.ey.max(axis=1) / np.where(self.ymax > 0, self.ymax, 1), 0)
+        with np.errstate(invalid="ignore"):
+            return np.where(self.q > 0, np.abs(self.q) * (
+                self.dc + np.abs(self.c) * (eymax + (np.abs(self.mt) + 3) * self.uw)), 0.0)
+
+
+def _check_param(name: str, got: float, truth: GradTruth, j: int, bound: np.ndarray,
+                 rows_total: int, uw: float, tiny: float, budget: GradBudget) -> ParamCheck:
+    if (truth.kind == ROW_NAN).any():
+        ok = math.isnan(got)
+        return ParamCheck(got, math.nan, 0.0 if ok else math.inf, 0.0, ok,
+                          "" if ok else f"special: d{name} is {got!r}, NaN expected (NaN row)")
+    expected = math.fsum([*truth.dp_hi[:, j].tolist(), *truth.dp_lo[:, j].tolist()])
+    contrib = np.abs(truth.dp_hi[:, j]).sum()
+    # Contributions below the working precision's normal range may underflow: tiny covers it.
+    allowed_abs = (budget.b * float(bound.sum())
+                   + (math.log2(max(rows_total, 1)) + 2) * uw * contrib + tiny)
+    scale = max(abs(expected), tiny)
+    allowed_rel = float(allowed_abs / scale)
+    if not math.isfinite(got):
+        return ParamCheck(got, expected, math.inf, allowed_rel, False,
+                          f"special: d{name} is {got!r}, a finite value expected")
+    rel = abs(got - expected) / scale
+    ok = bool(rel <= allowed_rel)
+    reason = "" if ok else (f"accuracy: d{name} relative error {rel:.3g} > budget "
+                            f"{allowed_rel:.3g} (expected {expected:.9g}, got {got:.9g})")
+    return ParamCheck(got, expected, rel, allowed_rel, ok, reason)
+
+
+def check_backward(
+    x: np.ndarray, g: np.ndarray, dx: np.ndarray, dparams: dict[str, float], truth: GradTruth,
+    fmt: FloatFormat, function: str, params: dict[str, float],
+    budget: GradBudget = GRAD_BUDGET,
+) -> tuple[Verdict, dict[str, ParamCheck]]:
+    """Score dx in ulps (and dtau, dbeta relatively) against the exact gradients."""
+    if dx.shape != x.shape:
+        return Verdict(False, f"returned dx of shape {dx.shape}, expected {x.shape}"), {}
+    if dx.dtype != fmt.numpy:
+        return Verdict(False, f"returned dx of dtype {dx.dtype}, expected {fmt.numpy}"), {}
+    rows = _Rows(x, g, truth, fmt, params.get("tau", 1.0), params.get("beta", 0.0),
+                 keep_nonneg=function == "elastic")
+    got = dx[truth.rows].astype(np.float64)
+    want_nan = np.isnan(truth.dx_hi)
+    got_nan = np.isnan(got)
+    missing_nan = want_nan & ~got_nan
+    zero_broken = truth.dzero & (got != 0)
+    err = np.where(want_nan, 0.0, ulp_error(got, truth.dx_hi, truth.dx_lo, fmt))
+    err = np.where(~want_nan & got_nan, np.inf, err)
+    allowed = rows.dx_allowed(truth, fmt, budget)
+    with np.errstate(invalid="ignore"):
+        frac = err / allowed
+    frac = np.where(np.isnan(frac), np.inf, frac)  # inf / inf: an infinite dx is never fine
+    over = (frac > 1) & ~want_nan & ~zero_broken
+    failures = {"nan_not_propagated": int(missing_nan.sum()),
+                "masked_not_zero": int(zero_broken.sum()), "over_budget": int(over.sum())}
+
+    checks: dict[str, ParamCheck] = {}
+    names = get_function(function).param_names
+    bounds = {"tau": rows.dtau_bound, "beta": rows.dbeta_bound}
+    for j, name in enumerate(names):
+        checks[name] = _check_param(name, dparams[name], truth, j, bounds[name](),
+                                    x.shape[0], rows.uw, rows.tiny, budget)
+    bad_params = [c for c in checks.values() if not c.passed]
+    for name, c in checks.items():
+        if not c.passed:
+            failures[f"d{name}"] = 1
+    failures = {k: v for k, v in failures.items() if v}
+
+    finite = ~want_nan
+    max_ulp = float(err[finite].max()) if finite.any() else 0.0
+    max_frac = float(frac[finite].max()) if finite.any() else 0.0
+    x64 = x.astype(np.float64)
+    special = missing_nan | zero_broken
+    special_params = [c for c in bad_params if c.reason.startswith("special")]
+    if special.any() or special_params:
+        if special.any():
+            k, j = np.argwhere(special)[0]
+            worst = _where(x64, got, truth, k, j, err[k, j], allowed[k, j])
+            reason = (f"special: NaN in row {worst['row']} not propagated to dx"
+                      if missing_nan[k, j] else
+                      f"special: dx not exactly 0 at a masked position (got {worst['got']})")
+        else:
+            worst, reason = None, special_params[0].reason
+        return Verdict(False, reason, max_ulp, max_frac, False, worst, failures), checks
+    worst = None
+    if finite.any():
+        k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
+        worst = _where(x64, got, truth, k, j, err[k, j], allowed[k, j])
+    if over.any():
+        assert worst is not None
+        k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
+        return Verdict(False, f"accuracy: dx {float(err[k, j]):.4g} ulp > budget "
+                       f"{float(allowed[k, j]):.4g}", max_ulp, max_frac, True, worst,
+                       failures), checks
+    if bad_params:
+        return Verdict(False, bad_params[0].reason, max_ulp, max_frac, True, worst,
+                       failures), checks
+    return Verdict(True, "", max_ulp, max_frac, True, worst, failures), checks
+
+
+def _where(x, got, truth: GradTruth, k, j, err, allowed) -> dict[str, Any]:
+    return {
+        "row": int(truth.rows[k]),
+        "index": int(j),
+        "input": _value(x[truth.rows[k], j]),
+        "expected": _value(truth.dx_hi[k, j] + truth.dx_lo[k, j]),
+        "got": _value(got[k, j]),
+        "ulp": _value(err),
+        "allowed_ulp": _value(allowed),
+        "row_kind": str(truth.kind[k]),
+    }

@@ -1,0 +1,75 @@
+"""ElasticSoftmax: exact at init, parameters stay in range, and it trains in attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from elasticbench.functional import elastic_softmax
+from elasticbench.nn import ElasticSoftmax
+
+
+def test_exact_at_init():
+    m = ElasticSoftmax(tau=0.7, beta=0.3)
+    assert m.tau.item() == torch.tensor(0.7).item() and m.beta.item() == torch.tensor(0.3).item()
+    x = torch.randn(3, 8)
+    assert torch.equal(m(x), elastic_softmax(x, 0.7, 0.3))
+
+
+def test_parameters_stay_in_range_under_violent_steps():
+    m = ElasticSoftmax(tau=1.0, beta=1.0)
+    opt = torch.optim.SGD(m.parameters(), lr=50.0)
+    for _ in range(5):
+        opt.zero_grad()
+        (m(torch.randn(4, 16) * 3) ** 2).sum().neg().backward()
+        opt.step()
+    assert m.tau.item() > 0 and m.beta.item() >= 0
+
+
+def test_learnable_beta_zero_is_refused_and_fixed_is_fixed():
+    with pytest.raises(ValueError, match="learnable beta needs beta > 0"):
+        ElasticSoftmax(beta=0.0)
+    m = ElasticSoftmax(beta=0.0, learnable=False)
+    assert list(m.parameters()) == [] and m.beta.item() == 0.0
+
+
+def test_per_head_parameters_get_per_head_gradients():
+    m = ElasticSoftmax(tau=1.0, beta=0.5, param_shape=(3, 1, 1))
+    x = torch.randn(2, 3, 4, 4)
+    m(x).pow(2).sum().backward()
+    assert m.log_tau_scale.grad.shape == (3, 1, 1)
+    assert (m.log_tau_scale.grad != 0).all() and (m.log_beta_scale.grad != 0).all()
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.attn = ElasticSoftmax(tau=1.0, beta=1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.q(x) @ self.k(x).transpose(-1, -2) / x.shape[-1] ** 0.5
+        return self.attn(scores) @ self.v(x)
+
+
+def test_tiny_attention_trains_and_learns_tau_and_beta():
+    torch.manual_seed(0)
+    d, length = 8, 6
+    teacher = TinyAttention(d)
+    teacher.attn = ElasticSoftmax(tau=0.3, beta=0.05, learnable=False)
+    x = torch.randn(64, length, d)
+    with torch.no_grad():
+        target = teacher(x)
+    student = TinyAttention(d)
+    opt = torch.optim.Adam(student.parameters(), lr=2e-2)
+    losses = []
+    for _ in range(40):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(student(x), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    assert abs(student.attn.tau.item() - 1.0) > 1e-3
+    assert abs(student.attn.beta.item() - 1.0) > 1e-3
