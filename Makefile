@@ -18,9 +18,19 @@ $(STAMP): pyproject.toml requirements.lock
 run: $(STAMP)
 	$(BIN)/elasticbench run
 
+CI_OUT := .cache/ci
+
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+	# CI gate (docs/gates.md): the quick case against the committed baseline. Numerics are
+	# strict (exit 1); timing is reported but advisory, since separate runs on a shared
+	# 2-core machine are not comparable at 10%; `elasticbench ab` judges timing changes.
+	mkdir -p $(CI_OUT)
+	$(BIN)/elasticbench run --quick --json $(CI_OUT)/quick.json > $(CI_OUT)/run.log 2>&1 \
+		|| { cat $(CI_OUT)/run.log; exit 1; }
+	$(BIN)/elasticbench gate results/baselines/quick.json $(CI_OUT)/quick.json \
+		--metric bandwidth-fraction --timing advisory --markdown $(CI_OUT)/gate.md
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -9,6 +9,9 @@ exp(0) is exactly 1, so the module computes with exactly tau0 and beta0 at init;
 > 0 and beta >= 0 whatever the optimizer does, and both learn on a log scale, which suits
 scale parameters spanning orders of magnitude. A learnable beta therefore needs beta0 > 0
 (beta0 = 0 could never move); use learnable=False, or a small beta0 such as 1e-3.
+The log-scales are clamped to [-40, 40] (a factor of about 2e17 either way), so that no
+optimizer step, however violent, can round tau to 0 or to inf; at the clamp the gradient
+stops pushing further out.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from torch import nn
 
 from .functional import elastic_softmax
 from .functions import get_function
+
+LOG_SCALE_LIMIT = 40.0
 
 
 class ElasticSoftmax(nn.Module):
@@ -45,11 +50,12 @@ class ElasticSoftmax(nn.Module):
 
     @property
     def tau(self) -> torch.Tensor:
-        return self.tau0 * torch.exp(self.log_tau_scale)
+        return self.tau0 * torch.exp(self.log_tau_scale.clamp(-LOG_SCALE_LIMIT, LOG_SCALE_LIMIT))
 
     @property
     def beta(self) -> torch.Tensor:
-        return self.beta0 * torch.exp(self.log_beta_scale)
+        return self.beta0 * torch.exp(
+            self.log_beta_scale.clamp(-LOG_SCALE_LIMIT, LOG_SCALE_LIMIT))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return elastic_softmax(x, self.tau, self.beta, dim=self.dim)

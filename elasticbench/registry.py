@@ -77,6 +77,8 @@ def register_kernel(
     get_backend(backend)
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
+    if mode == "bwd" and get_function(function).gradient_row is None:
+        raise ValueError(f"{function} has no gradient, so it takes no backward kernel")
     formats = None if dtypes is None else tuple(get_format(d).name for d in dtypes)
 
     def deco(fn: Callable) -> Callable:

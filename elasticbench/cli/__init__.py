@@ -25,7 +25,12 @@ def cli(ctx: click.Context, quiet: bool) -> None:
 
 
 def _register_commands() -> None:
+    from .ab_cmd import ab
+    from .baseline_cmd import baseline
+    from .compare_cmd import compare_
+    from .gate_cmd import gate
     from .list_cmd import list_
+    from .merge_cmd import merge
     from .report_cmd import report
     from .run_cmd import run
     from .selftest_cmd import selftest
@@ -35,6 +40,8 @@ def _register_commands() -> None:
     cli.add_command(run)
     cli.add_command(list_)
     cli.add_command(selftest)
+    for command in (compare_, gate, ab, baseline, merge):
+        cli.add_command(command)
     cli.add_command(report)
 
 

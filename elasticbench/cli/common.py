@@ -9,7 +9,13 @@ from typing import NoReturn
 import click
 from rich.console import Console
 
-from ..registry import KernelFileError, KernelSpec, load_kernel_file, select_kernels
+from ..registry import (
+    KernelFileError,
+    KernelSpec,
+    list_kernels,
+    load_kernel_file,
+    select_kernels,
+)
 from ..report.terminal import Terminal
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -33,6 +39,43 @@ def split_names(values: Iterable[str]) -> list[str]:
     return out
 
 
+def choose_kernels_by_mode(
+    functions: list[str],
+    backends: list[str],
+    only: list[str],
+    kernel_files: Iterable[str],
+    modes: Iterable[str] = ("fwd",),
+) -> dict[str, list[KernelSpec]]:
+    """Load kernel files, then select kernels for each mode. With kernel files and no
+    --only, the kernels of those files alone are chosen; a mode with nothing chosen is
+    left out. Bad names or files, or nothing chosen at all, exit with one line."""
+    kernel_files, modes = list(kernel_files), list(modes)
+    from_files: list[KernelSpec] = []
+    chosen: dict[str, list[KernelSpec]] = {}
+    try:
+        for path in kernel_files:
+            from_files += load_kernel_file(path)
+        known = {(k.name, k.mode) for k in list_kernels()}
+        for name in only:
+            if not any((name, m) in known for m in modes):
+                select_kernels(only=[name], mode=modes[0])  # raises the "unknown kernel" error
+        for mode in modes:
+            names = only or [k.name for k in from_files if k.mode == mode]
+            names = [n for n in names if (n, mode) in known]
+            if (only or kernel_files) and not names:
+                continue
+            picked = select_kernels(functions, backends, names, mode)
+            if picked:
+                chosen[mode] = picked
+    except (KernelFileError, ValueError) as e:
+        fail(str(e))
+    if not chosen:
+        if kernel_files and not only:
+            fail(f"no {'/'.join(modes)} kernel registered by {', '.join(kernel_files)}")
+        fail("no kernel matches the given --function/--backend/--only filters")
+    return chosen
+
+
 def choose_kernels(
     functions: list[str],
     backends: list[str],
@@ -40,24 +83,8 @@ def choose_kernels(
     kernel_files: Iterable[str],
     mode: str = "fwd",
 ) -> list[KernelSpec]:
-    """Load kernel files, then select kernels. With kernel files and no --only, the kernels
-    of those files alone are chosen. Bad names or files exit with one line."""
-    from_files: list[KernelSpec] = []
-    try:
-        for path in kernel_files:
-            from_files += load_kernel_file(path)
-        if kernel_files and not only:
-            only = [k.name for k in from_files if k.mode == mode]
-            if not only:
-                fail(f"no {mode} kernel registered by {', '.join(kernel_files)}")
-        chosen = select_kernels(functions, backends, only, mode)
-    except KernelFileError as e:
-        fail(str(e))
-    except ValueError as e:
-        fail(str(e))
-    if not chosen:
-        fail("no kernel matches the given --function/--backend/--only filters")
-    return chosen
+    """choose_kernels_by_mode for a single mode."""
+    return choose_kernels_by_mode(functions, backends, only, kernel_files, (mode,))[mode]
 
 
 def quiet() -> bool:

@@ -22,6 +22,7 @@ from ..bench.runner import (
 from ..bench.table import render_run
 from ..environment import describe
 from ..functions import get_function
+from ..gate.shard import parse_shard, run_units, select_shard, shard_header, unit_key
 from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..records import ResultsWriter, check_writable
@@ -70,8 +71,10 @@ def _device_of(kernels) -> str:
               metavar="PATH", help="Load kernels from a Python file; without --only, time those.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Results file [results/runs/<timestamp>.json].")
+@click.option("--shard", "shard", metavar="K/N",
+              help="Time only shard K of N of the matrix (deterministic; see elasticbench merge).")
 def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel_files,
-        json_path) -> None:
+        json_path, shard) -> None:
     """Time kernels and compare them with the copy-bandwidth and exp-throughput roofs.
 
     Every kernel is verified quickly first; a failing kernel is marked and never ranked.
@@ -86,6 +89,7 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
             if d not in DTYPE_NAMES:
                 raise ValueError(f"unknown dtype {d!r} (choose from {', '.join(DTYPE_NAMES)})")
         shapes = [parse_size(s) for s in split_names(sizes)]
+        shard_kn = parse_shard(shard) if shard else None
     except ValueError as e:
         fail(str(e))
     if case_file and quick:
@@ -129,6 +133,11 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
     started = time.perf_counter()
     timed = kernels + ([baseline] if baseline else [])
     units = plan_units(kernels, baseline, case, dtypes, shapes)
+    if shard_kn:
+        mine = select_shard(list(enumerate(units)), *shard_kn, key=lambda pu: unit_key(pu[1]))
+        writer.doc["shard"] = shard_header(*shard_kn, [unit_key(u) for u in units], len(mine))
+        units = [u for _, u in mine]
+        timed = [k for k in timed if any(u.spec is k for u in units)]
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeRemainingColumn(), console=err, transient=True,
                         disable=not err.is_terminal)
@@ -142,13 +151,16 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
             verdicts = verify_quickly(timed, case, dtypes, TruthStore(default_cache_dir()))
             writer.doc["verification"] = {f"{k}/{d}": v for (k, d), v in verdicts.items()}
             progress.advance(task)
-            run_case(
-                case, kernels, dtypes, shapes, ceilings, verdicts,
-                on_start=lambda u: progress.update(
-                    task, description=f"{case.name} · {u.spec.name} · "
-                                      f"{u.shape[0]}x{u.shape[1]} {u.dtype}"),
-                on_record=lambda r: (writer.add(r), progress.advance(task)),
-            )
+            on_start = lambda u: progress.update(  # noqa: E731
+                task, description=f"{case.name} · {u.spec.name} · "
+                                  f"{u.shape[0]}x{u.shape[1]} {u.dtype}")
+            on_record = lambda r: (writer.add(r), progress.advance(task))  # noqa: E731
+            if shard_kn:
+                run_units(case, mine, ceilings, verdicts, on_start=on_start,
+                          on_record=on_record)
+            else:
+                run_case(case, kernels, dtypes, shapes, ceilings, verdicts,
+                         on_start=on_start, on_record=on_record)
         complete = True
     except KeyboardInterrupt:
         pass

@@ -16,7 +16,6 @@ from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..records import ResultsWriter, check_writable
-from ..registry import KernelFileError, KernelSpec, list_kernels, load_kernel_file, select_kernels
 from ..report.verify_table import render
 from ..verify.matrix import CaseFileError, builtin_case, expand, load_matrix
 from ..verify.runner import run_verification
@@ -24,44 +23,13 @@ from .common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    choose_kernels,
+    choose_kernels_by_mode,
     console,
     fail,
     split_names,
 )
 
 MODE_CHOICES = ("fwd", "bwd", "both")
-
-
-def _choose_both(functions: list[str], backends: list[str], only: list[str],
-                 kernel_files: tuple[str, ...]) -> dict[str, list[KernelSpec]]:
-    """Kernels of both modes; a mode with nothing selected is left out (not both)."""
-    from_files: list[KernelSpec] = []
-    try:
-        for path in kernel_files:
-            from_files += load_kernel_file(path)
-    except KernelFileError as e:
-        fail(str(e))
-    known = {(k.name, k.mode) for k in list_kernels()}
-    for name in only:
-        if not any((name, m) in known for m in ("fwd", "bwd")):
-            fail(f"unknown kernel {name!r}")
-    chosen: dict[str, list[KernelSpec]] = {}
-    for mode in ("fwd", "bwd"):
-        names = [n for n in only if (n, mode) in known]
-        if kernel_files and not only:
-            names = [k.name for k in from_files if k.mode == mode]
-        if (only or kernel_files) and not names:
-            continue
-        try:
-            picked = select_kernels(functions, backends, names, mode)
-        except ValueError as e:
-            fail(str(e))
-        if picked:
-            chosen[mode] = picked
-    if not chosen:
-        fail("no kernel matches the given --function/--backend/--only filters")
-    return chosen
 
 
 @click.command()
@@ -124,14 +92,8 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
             check_writable(Path(json_path))
         except OSError as e:
             fail(f"cannot write results file {json_path}: {e.strerror or e}")
-    if mode == "both":
-        by_mode = _choose_both(functions, backends, only, kernel_files)
-    else:
-        by_mode = {mode: choose_kernels(functions, backends, only, kernel_files, mode)}
-    for k in by_mode.get("bwd", []):
-        if get_function(k.function).gradient_row is None:
-            fail(f"{k.function} has no gradient reference, so backward kernel {k.name!r} "
-                 "cannot be verified")
+    modes = ("fwd", "bwd") if mode == "both" else (mode,)
+    by_mode = choose_kernels_by_mode(functions, backends, only, kernel_files, modes)
     cases_by_mode = {
         m: expand(matrix, sorted({k.function for k in ks}), dtypes or None, inputs or None)
         for m, ks in by_mode.items()

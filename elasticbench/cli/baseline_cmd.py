@@ -1,0 +1,35 @@
+"""`elasticbench baseline save RESULTS`: keep a results file as a committed baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..gate.baseline import DEFAULT_DIR, save_baseline
+from ..records import ResultsFileError
+from .common import console, fail
+
+
+@click.group("baseline")
+def baseline() -> None:
+    """Committed baselines under results/baselines/, read by `elasticbench gate`."""
+
+
+@baseline.command("save")
+@click.argument("results", type=click.Path(dir_okay=False))
+@click.option("--name", metavar="NAME", help="Baseline name [the run's case name].")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=str(DEFAULT_DIR),
+              show_default=True, help="Where baselines live.")
+@click.option("--force", is_flag=True, help="Replace an existing baseline of that name.")
+def save(results, name, directory, force) -> None:
+    """Copy a complete, clean results file to <dir>/<name>.json."""
+    try:
+        out, doc = save_baseline(Path(results), name, Path(directory), force)
+    except ResultsFileError as e:
+        fail(str(e))
+    except ValueError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot write the baseline: {e.strerror or e}")
+    console().print(f"saved {len(doc['records'])} records of {results} as baseline {out}")

@@ -1,0 +1,29 @@
+"""`elasticbench gate BASE CURRENT`: exit 1 on a significant slowdown or a numerics regression."""
+
+from __future__ import annotations
+
+import click
+
+from ..gate.render import render_text
+from .common import EXIT_FAILED, EXIT_OK, console
+from .compare_cmd import build, comparison_options, write_outputs
+
+
+@click.command("gate")
+@comparison_options
+@click.option("--timing", "timing", type=click.Choice(["gate", "advisory"]), default="gate",
+              show_default=True,
+              help="advisory: report timing regressions but fail only on numerics.")
+def gate(base, current, metric, alpha, max_slowdown, method, markdown, json_path,
+         timing) -> None:
+    """Fail (exit 1) when CURRENT regressed against BASE; exit 0 otherwise.
+
+    A timing regression is a case slower with p < alpha whose whole 95% interval of the ratio
+    lies above 1 + max-slowdown. A numerics regression is a verification that passed and now
+    fails, or a worst error that grew past its budget. Unusable input exits 2.
+    """
+    cmp = build(base, current, metric, alpha, max_slowdown, method,
+                advisory=timing == "advisory")
+    render_text(cmp, console(), gate=True)
+    write_outputs(cmp, markdown, json_path)
+    raise SystemExit(EXIT_FAILED if cmp.failed else EXIT_OK)

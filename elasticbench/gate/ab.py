@@ -1,0 +1,280 @@
+"""Same-run A/B: two versions of a kernel timed in interleaved rounds of one process.
+
+Two versions of a kernel usually share a name, and the registry refuses a second kernel of the
+same name from another file. So each version is loaded into a private copy of the registry and
+renamed with a suffix (`name@base`, `name@current`); the real registry is left as it was.
+
+Each round times one sample of A and one of B, in a seeded random order, on the same input
+buffers. Load that comes and goes hits both samples of a round alike, so the per-round ratio
+B/A is far steadier than either time, and the paired statistics (stats.ratio_paired) use it.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..backends import get_backend
+from ..bench.cases import RunCase
+from ..bench.models import minimum_bytes
+from ..bench.runner import llc_bytes, params_for, set_threads, verify_quickly
+from ..inputs import generate
+from ..numerics.dtypes import get_format
+from ..records import record_key
+from ..registry import KernelFileError, KernelSpec, load_kernel_file
+from .load import Dataset, Series, Verdict, case_label
+
+SIDES = ("base", "current")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The two versions of one kernel; `name` is what records and reports call it."""
+
+    name: str
+    base: KernelSpec
+    current: KernelSpec
+
+
+@contextmanager
+def private_registry() -> Iterator[None]:
+    """Kernels registered inside the block vanish after it; built-ins stay untouched."""
+    from .. import registry
+
+    registry.list_kernels()  # built-ins loaded before we hide them
+    saved = dict(registry._KERNELS)
+    registry._KERNELS.clear()
+    try:
+        yield
+    finally:
+        registry._KERNELS.clear()
+        registry._KERNELS.update(saved)
+
+
+def load_version(path: str | Path, suffix: str, mode: str = "fwd") -> list[KernelSpec]:
+    """The kernels a file registers, loaded privately and renamed name + suffix."""
+    with private_registry():
+        specs = load_kernel_file(path)
+    return [replace(s, name=s.name + suffix) for s in specs if s.mode == mode]
+
+
+def pair_versions(base: list[KernelSpec], current: list[KernelSpec]) -> list[Pair]:
+    """Match kernels by name across versions; a lone kernel on each side pairs with the other."""
+    strip = {s.name: s.name.rsplit("@", 1)[0] for s in [*base, *current]}
+    by_base = {strip[s.name]: s for s in base}
+    pairs = [Pair(strip[c.name], by_base[strip[c.name]], c) for c in current
+             if strip[c.name] in by_base]
+    if not pairs and len(base) == 1 and len(current) == 1:
+        pairs = [Pair(strip[current[0].name], base[0], current[0])]
+    if not pairs:
+        raise ValueError("the two versions have no kernel name in common "
+                         f"(base: {', '.join(strip[s.name] for s in base) or 'none'}; "
+                         f"current: {', '.join(strip[s.name] for s in current) or 'none'})")
+    for p in pairs:
+        if p.base.function != p.current.function or p.base.backend != p.current.backend:
+            raise ValueError(f"{p.name}: the versions differ in function or backend")
+    return pairs
+
+
+def repo_root(start: Path) -> Path:
+    out = subprocess.run(["git", "-C", str(start), "rev-parse", "--show-toplevel"],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise ValueError(f"{start} is not inside a git repository")
+    return Path(out.stdout.strip())
+
+
+@contextmanager
+def revision_checkout(rev: str, start: Path) -> Iterator[tuple[Path, Path]]:
+    """(repository root, a detached worktree of rev in a temp dir), removed afterwards."""
+    root = repo_root(start)
+    tmp = Path(tempfile.mkdtemp(prefix="elasticbench-ab-"))
+    tree = tmp / "tree"
+    proc = subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "--quiet",
+                           str(tree), rev], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        msg = (proc.stderr.strip().splitlines() or ["git worktree add failed"])[-1]
+        raise ValueError(f"cannot check out {rev!r}: {msg}")
+    try:
+        yield root, tree
+    finally:
+        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True, check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def module_file(spec: KernelSpec) -> Path:
+    """The source file that registered a kernel (a built-in module or a kernel file)."""
+    if spec.source != "builtin":
+        return Path(spec.source)
+    mod = sys.modules.get(spec.fn.__module__)
+    if mod is None or not getattr(mod, "__file__", None):
+        raise ValueError(f"cannot find the source file of {spec.name}")
+    return Path(mod.__file__)
+
+
+@dataclass
+class Policy:
+    """How an A/B comparison is timed."""
+
+    rounds: int = 30
+    warmup_s: float = 0.05
+    min_sample_s: float = 0.002
+    seed: int = 0
+    threads: int | None = None  # None: the case's setting (0: every core)
+
+
+def _natives(spec: KernelSpec, x: np.ndarray, copies: int) -> list[Any]:
+    backend = get_backend(spec.backend)
+    return [backend.to_native(x) for _ in range(copies)]
+
+
+def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Policy,
+              rng: np.random.Generator, llc: int) -> dict[str, list[float]]:
+    """Interleaved samples (ns per call) of both versions on the same input."""
+    rows, n = x.shape
+    out_of_cache = minimum_bytes(rows, n, x.itemsize, "fwd") > llc // 2
+    copies = max(2, math.ceil(2 * llc / x.nbytes)) if out_of_cache else 1
+    sides = {"base": pair.base, "current": pair.current}
+    bufs = {s: _natives(spec, x, copies) for s, spec in sides.items()}
+    sync = get_backend(pair.current.backend).synchronize
+    counter = {s: 0 for s in SIDES}
+
+    def run(side: str, k: int) -> int:
+        fn, b = sides[side].fn, bufs[side]
+        t0 = time.perf_counter_ns()
+        for _ in range(k):
+            fn(b[counter[side] % copies], **params)
+            counter[side] += 1
+        sync()
+        return time.perf_counter_ns() - t0
+
+    first = {s: run(s, 1) for s in SIDES}
+    end = time.perf_counter() + policy.warmup_s
+    while time.perf_counter() < end:
+        for s in SIDES:
+            first[s] = min(first[s], run(s, 1))
+    # The same inner count for both sides, so a sample spans about the same wall time.
+    inner = max(1, int(policy.min_sample_s * 1e9 / max(1, min(first.values()))))
+    samples: dict[str, list[float]] = {s: [] for s in SIDES}
+    for _ in range(policy.rounds):
+        order = SIDES if rng.random() < 0.5 else SIDES[::-1]
+        for s in order:
+            samples[s].append(run(s, inner) / inner)
+    return samples
+
+
+@dataclass
+class ABResult:
+    """Both sides as datasets (paired, same keys), and the records to save."""
+
+    base: Dataset
+    current: Dataset
+    records: list[dict[str, Any]]
+    threads: int = 0
+
+
+def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tuple[int, int]],
+           policy: Policy, *, verify: bool = True, store: Any = None,
+           on_cell: Callable[[str], None] = lambda s: None) -> ABResult:
+    """Verify both versions (unless told not to), then time every pair on every cell."""
+    from ..environment import describe
+
+    machine = describe(include_gpu=False)["machine"]
+    base = Dataset("A (base)", "run", machine, "time")
+    current = Dataset("B (current)", "run", machine, "time")
+    if verify:
+        from ..numerics.truth_cache import TruthStore, default_cache_dir
+
+        specs = [s for p in pairs for s in (p.base, p.current)]
+        verdicts = verify_quickly(specs, case, dtypes, store or TruthStore(default_cache_dir()))
+        for p in pairs:
+            for d in dtypes:
+                for spec, ds in ((p.base, base), (p.current, current)):
+                    v = verdicts.get((spec.name, d), {})
+                    status = v.get("status")
+                    key = ("numerics", p.name, d)
+                    ds.numerics[key] = Verdict(
+                        key, p.name, d, True if status == "pass" else
+                        False if status == "FAIL" else None, v.get("max_ulp"), None,
+                        v.get("reason"))
+    threads = set_threads(case.threads if policy.threads is None else policy.threads)
+    llc = llc_bytes("cpu")
+    rng = np.random.default_rng(policy.seed)
+    records: list[dict[str, Any]] = []
+    for p in pairs:
+        params = params_for(case, p.current.function)
+        for d in dtypes:
+            for shape in shapes:
+                on_cell(f"{p.name} {d} {shape[0]}x{shape[1]}")
+                x = generate(case.generator, d, shape, case.seed)
+                if x.dtype.itemsize != get_format(d).itemsize:
+                    raise ValueError(f"generator gave {x.dtype} for {d}")
+                samples = time_pair(p, x, params, policy, rng, llc)
+                for side, ds in (("base", base), ("current", current)):
+                    rec = {"kernel": p.name, "version": side,
+                           "source": (p.base if side == "base" else p.current).source,
+                           "function": p.current.function, "backend": p.current.backend,
+                           "mode": "fwd", "dtype": d, "shape": list(shape), "params": params,
+                           "generator": case.generator, "seed": case.seed,
+                           "timing": {"samples_ns": samples[side], "paired": True},
+                           "median_s": float(np.median(samples[side])) * 1e-9}
+                    records.append(rec)
+                    key = ("run", *record_key(rec))
+                    costs = np.asarray(samples[side]) * 1e-9
+                    ds.series[key] = Series(key, p.name, case_label(rec), costs,
+                                            float(np.median(costs)))
+    return ABResult(base, current, records, threads["threads"])
+
+
+def versions_from_files(base_file: str, current_file: str) -> list[Pair]:
+    """Two kernel files, base then current."""
+    return pair_versions(load_version(base_file, "@base"), load_version(current_file, "@current"))
+
+
+def versions_from_revision(rev: str, files: list[str], only: list[str]) -> list[Pair]:
+    """Each file (and each named built-in kernel's module) as of rev, against the working tree."""
+    from ..registry import get_kernel
+
+    sources = [Path(f).resolve() for f in files]
+    for name in only:
+        sources.append(module_file(get_kernel(name)).resolve())
+    if not sources:
+        raise ValueError("--rev needs --kernel-file or --only to say what to compare")
+    pairs: list[Pair] = []
+    with revision_checkout(rev, sources[0].parent) as (root, tree):
+        for src in dict.fromkeys(sources):
+            try:
+                rel = src.relative_to(root)
+            except ValueError:
+                raise ValueError(f"{src} is not inside the repository {root}") from None
+            old = tree / rel
+            if not old.is_file():
+                raise ValueError(f"{rel} does not exist at {rev}")
+            base = load_version(old, "@base")
+            current = load_version(src, "@current")
+            if only:
+                wanted = set(only)
+                base = [s for s in base if s.name.rsplit("@", 1)[0] in wanted]
+                current = [s for s in current if s.name.rsplit("@", 1)[0] in wanted]
+            if base and current:
+                pairs += pair_versions(base, current)
+    if not pairs:
+        raise ValueError(f"nothing to compare between {rev} and the working tree")
+    return pairs
+
+
+__all__ = ["ABResult", "KernelFileError", "Pair", "Policy", "pair_versions", "run_ab",
+           "versions_from_files", "versions_from_revision"]

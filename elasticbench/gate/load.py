@@ -1,0 +1,215 @@
+"""Read what a comparison needs from results files: timing samples and numerics verdicts.
+
+Three inputs are understood: elasticbench run files (`elasticbench.run/1`, raw samples under
+each record's `timing`), elasticbench verify files (`elasticbench.verify/1`, numerics only) and
+pytest-benchmark JSON (`benchmarks[].stats`, raw `data` when saved with --benchmark-save-data).
+Every timing becomes a cost, lower is better, in the unit of the chosen metric:
+
+* `time`: seconds per call;
+* `bandwidth-fraction`: seconds per call times the run's own copy bandwidth over the bytes the
+  call must move, i.e. 1 / (fraction of copy bandwidth reached). The machine's speed cancels,
+  so a baseline from another machine of the same class stays usable.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..records import ResultsFileError, read_results, record_key
+
+METRICS = ("time", "bandwidth-fraction")
+MACHINE_FIELDS = ("cpu", "arch", "cores", "gpu")
+
+
+@dataclass
+class Series:
+    """The timing of one kernel on one case, as costs in the metric's unit."""
+
+    key: tuple
+    kernel: str
+    case: str
+    costs: np.ndarray | None  # raw per-call costs; None when the file kept only statistics
+    median: float | None
+    error: str | None = None
+
+
+@dataclass
+class Verdict:
+    """The numerics verdict of one kernel on one case (or on one dtype, from a run file)."""
+
+    key: tuple
+    kernel: str
+    case: str
+    passed: bool | None  # None: not verified
+    max_ulp: float | None = None
+    budget_frac: float | None = None
+    reason: str | None = None
+
+
+@dataclass
+class Dataset:
+    """One side of a comparison."""
+
+    path: str
+    kind: str  # run | verify | pytest-benchmark
+    machine: dict[str, Any]
+    metric: str
+    series: dict[tuple, Series] = field(default_factory=dict)
+    numerics: dict[tuple, Verdict] = field(default_factory=dict)
+    commit: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def case_label(record: dict[str, Any]) -> str:
+    """A short human name of a record's case: dtype, shape, non-default bits."""
+    shape = record.get("shape") or []
+    parts = [str(record.get("dtype", "?"))]
+    if len(shape) == 2:
+        parts.append(f"{shape[0]}x{shape[1]}")
+    if record.get("mode", "fwd") != "fwd":
+        parts.append(record["mode"])
+    gen = record.get("input") or record.get("generator")
+    if gen and gen != "normal":
+        parts.append(gen)
+    params = record.get("params") or {}
+    if params:
+        parts.append(",".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}"
+                              for k, v in sorted(params.items())))
+    return " ".join(parts)
+
+
+def _float(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v)
+
+
+def _run_series(doc: dict[str, Any], metric: str, path: str) -> dict[tuple, Series]:
+    copy_gbps = _float((doc.get("ceilings") or {}).get("copy_gbps"))
+    out: dict[tuple, Series] = {}
+    for r in doc["records"]:
+        if not isinstance(r, dict) or "kernel" not in r:
+            raise ResultsFileError(f"results file {path} has a record without a kernel")
+        key = ("run", *record_key(r))
+        s = Series(key, r["kernel"], case_label(r), None, None)
+        out[key] = s
+        if "error" in r:
+            s.error = str(r["error"])
+            continue
+        samples = (r.get("timing") or {}).get("samples_ns")
+        if not isinstance(samples, list) or not samples:
+            s.error = "no raw samples"
+            continue
+        scale = 1e-9
+        if metric == "bandwidth-fraction":
+            min_bytes = _float(r.get("min_bytes"))
+            gbps = _float(r.get("copy_gbps")) or copy_gbps  # merged shards carry their own
+            if not gbps or not min_bytes:
+                s.error = "no copy bandwidth or byte count for bandwidth-fraction"
+                continue
+            scale = 1e-9 * gbps * 1e9 / min_bytes
+        s.costs = np.asarray(samples, dtype=np.float64) * scale
+        s.median = float(np.median(s.costs))
+    return out
+
+
+def _run_numerics(doc: dict[str, Any]) -> dict[tuple, Verdict]:
+    """(kernel, dtype) -> the quick verification verdict a run file carries."""
+    found: dict[str, dict[str, Any]] = dict(doc.get("verification") or {})
+    for r in doc["records"]:
+        if isinstance(r.get("verify"), dict) and r.get("kernel") and r.get("dtype"):
+            found.setdefault(f"{r['kernel']}/{r['dtype']}", r["verify"])
+    out: dict[tuple, Verdict] = {}
+    for name, v in found.items():
+        kernel, _, dtype = name.rpartition("/")
+        status = v.get("status")
+        passed = True if status == "pass" else False if status == "FAIL" else None
+        key = ("numerics", kernel, dtype)
+        out[key] = Verdict(key, kernel, dtype, passed, _float(v.get("max_ulp")), None,
+                           v.get("reason"))
+    return out
+
+
+def _verify_numerics(doc: dict[str, Any]) -> dict[tuple, Verdict]:
+    out: dict[tuple, Verdict] = {}
+    for r in doc["records"]:
+        key = ("verify", *record_key(r))
+        out[key] = Verdict(key, str(r.get("kernel")), case_label(r), bool(r.get("passed")),
+                           _float(r.get("max_ulp")), _float(r.get("max_budget_frac")),
+                           r.get("reason"))
+    return out
+
+
+def _pytest_benchmark(doc: dict[str, Any], metric: str, path: str) -> Dataset:
+    if metric != "time":
+        raise ResultsFileError(f"{path} is a pytest-benchmark file: only --metric time applies")
+    info = doc.get("machine_info") or {}
+    machine = {"cpu": (info.get("cpu") or {}).get("brand_raw") or info.get("processor"),
+               "arch": info.get("machine"), "cores": (info.get("cpu") or {}).get("count"),
+               "gpu": None}
+    ds = Dataset(path, "pytest-benchmark", machine, metric,
+                 commit=(doc.get("commit_info") or {}).get("id"))
+    missing = 0
+    for b in doc["benchmarks"]:
+        if not isinstance(b, dict) or "stats" not in b:
+            raise ResultsFileError(f"{path}: a benchmark entry has no stats")
+        extra = b.get("extra_info") or {}
+        name = str(b.get("fullname") or b.get("name"))
+        kernel = str(extra.get("kernel") or str(b.get("name", name)).split("[")[0])
+        case = str(extra.get("case") or b.get("param") or "")
+        key = ("pytest-benchmark", name)
+        st = b["stats"]
+        data = st.get("data")
+        costs = np.asarray(data, dtype=np.float64) if isinstance(data, list) and data else None
+        missing += costs is None
+        ds.series[key] = Series(key, kernel, case, costs,
+                                float(np.median(costs)) if costs is not None
+                                else _float(st.get("median")))
+    if missing:
+        ds.notes.append(f"{path}: {missing} benchmark(s) without raw data; save with "
+                        "--benchmark-save-data to test them for significance")
+    return ds
+
+
+def load(path: str | Path, metric: str = "time") -> Dataset:
+    """Read a run, verify or pytest-benchmark file; ResultsFileError says why it is unusable."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r} (choose from {', '.join(METRICS)})")
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ResultsFileError(f"results file {p} does not exist") from None
+    except OSError as e:
+        raise ResultsFileError(f"results file {p} cannot be read: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ResultsFileError(f"results file {p} is not valid JSON: {e}") from None
+    if isinstance(raw, dict) and isinstance(raw.get("benchmarks"), list) and "schema" not in raw:
+        return _pytest_benchmark(raw, metric, str(p))
+    doc = read_results(p)  # checks the schema; one-line error otherwise
+    kind = str(doc["schema"]).split(".", 1)[1].split("/")[0]  # schema checked: run | verify
+    ds = Dataset(str(p), kind,
+                 dict(doc.get("machine") or {}), metric, commit=doc.get("commit"))
+    if ds.kind == "run":
+        ds.series = _run_series(doc, metric, str(p))
+        ds.numerics = _run_numerics(doc)
+        if doc.get("complete") is False:
+            ds.notes.append(f"{p}: the run was interrupted; only its finished records count")
+    else:
+        ds.numerics = _verify_numerics(doc)
+    return ds
+
+
+def machine_differences(a: Dataset, b: Dataset) -> list[str]:
+    """Human lines naming the machine fields that differ between two datasets."""
+    out = []
+    for f in MACHINE_FIELDS:
+        va, vb = a.machine.get(f), b.machine.get(f)
+        if va is not None and vb is not None and va != vb:
+            out.append(f"{f}: {va} vs {vb}")
+    return out

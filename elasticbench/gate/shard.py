@@ -1,0 +1,193 @@
+"""Sharding a matrix over machines, and merging the shard files back into one.
+
+The split is a pure function of the items' keys: every shard computes the whole matrix, sorts
+it by a canonical string of each key (never Python's salted hash()), and keeps positions
+i with i % N == K - 1. Shards are therefore disjoint and together complete, whatever order
+the matrix was built in, and balanced to within one item. Each shard file records the
+fingerprint of the whole matrix, so a merge can refuse shards of different matrices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..records import ResultsFileError, read_results, record_key
+
+T = TypeVar("T")
+_SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+class MergeError(ValueError):
+    """Shard files that cannot be merged; the message says which and why."""
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N) with 1 <= K <= N; ValueError says what is wrong."""
+    m = _SHARD.match(str(text))
+    if not m:
+        raise ValueError(f"a shard is K/N, like 2/4; got {text!r}")
+    k, n = int(m.group(1)), int(m.group(2))
+    if not 1 <= k <= n:
+        raise ValueError(f"a shard K/N needs 1 <= K <= N; got {k}/{n}")
+    return k, n
+
+
+def canonical(key: Any) -> str:
+    """A stable text form of a key, equal across processes and machines."""
+    return json.dumps(key, sort_keys=True, default=str, separators=(",", ":"))
+
+
+def fingerprint(keys: Iterable[Any]) -> str:
+    """Identity of a whole matrix: a hash of its sorted canonical keys."""
+    h = hashlib.sha256()
+    for text in sorted(canonical(k) for k in keys):
+        h.update(text.encode())
+        h.update(b"\n")
+    return h.hexdigest()[:16]
+
+
+def select_shard(items: list[T], k: int, n: int, key: Callable[[T], Any]) -> list[T]:
+    """The items of shard k of n, in their original order."""
+    if not 1 <= k <= n:
+        raise ValueError(f"a shard K/N needs 1 <= K <= N; got {k}/{n}")
+    order = sorted(range(len(items)), key=lambda i: canonical(key(items[i])))
+    mine = {i for pos, i in enumerate(order) if pos % n == k - 1}
+    return [it for i, it in enumerate(items) if i in mine]
+
+
+def unit_key(unit: Any) -> tuple:
+    """The key of a run unit (bench.runner.Unit): kernel, mode, dtype, shape."""
+    return (unit.spec.name, unit.spec.mode, unit.dtype, list(unit.shape))
+
+
+def shard_header(k: int, n: int, all_keys: list[Any], mine: int) -> dict[str, Any]:
+    """What a shard file says about itself, for merge to check."""
+    return {"index": k, "count": n, "matrix": fingerprint(all_keys), "items": len(all_keys),
+            "items_here": mine}
+
+
+def apply_speedups(records: list[dict[str, Any]]) -> None:
+    """Set each ranked record's speedup over the baseline kernel's record of its cell."""
+    base = {(r.get("dtype"), tuple(r.get("shape", ())), r.get("mode", "fwd")): r["median_s"]
+            for r in records if r.get("baseline") and "median_s" in r}
+    for r in records:
+        bt = base.get((r.get("dtype"), tuple(r.get("shape", ())), r.get("mode", "fwd")))
+        ok = "median_s" in r and (r.get("ranked") or r.get("baseline"))
+        r["speedup"] = bt / r["median_s"] if ok and bt else None
+
+
+_SAME = ("kind", "case", "mode", "seed", "dtypes", "sizes", "baseline", "policy")
+
+
+def merge_docs(docs: list[tuple[str, dict[str, Any]]], allow_partial: bool = False
+               ) -> dict[str, Any]:
+    """One results document from shard documents; MergeError on overlap or mismatch."""
+    if not docs:
+        raise MergeError("no shard files given")
+    shards = []
+    for path, d in docs:
+        s = d.get("shard")
+        if not isinstance(s, dict):
+            raise MergeError(f"{path} is not a shard file (run it with --shard K/N)")
+        shards.append((path, s))
+    first_path, first = shards[0]
+    for path, s in shards[1:]:
+        for f in ("count", "matrix"):
+            if s.get(f) != first.get(f):
+                raise MergeError(f"{path} and {first_path} are shards of different matrices "
+                                 f"({f}: {s.get(f)} vs {first.get(f)})")
+    for path, d in docs[1:]:
+        for f in _SAME:
+            if d.get(f) != docs[0][1].get(f):
+                raise MergeError(f"{path} and {first_path} differ in {f!r}; "
+                                 "they were not run with the same settings")
+    seen: dict[int, str] = {}
+    for path, s in shards:
+        if s["index"] in seen:
+            raise MergeError(f"{path} and {seen[s['index']]} are both shard "
+                             f"{s['index']}/{s['count']}")
+        seen[s["index"]] = path
+    missing = sorted(set(range(1, first["count"] + 1)) - set(seen))
+    if missing and not allow_partial:
+        names = ", ".join(f"{i}/{first['count']}" for i in missing)
+        raise MergeError(f"shard(s) {names} missing (pass --allow-partial to merge anyway)")
+    owner: dict[tuple, str] = {}
+    records: list[dict[str, Any]] = []
+    for path, d in docs:
+        copy_gbps = (d.get("ceilings") or {}).get("copy_gbps")
+        for r in d["records"]:
+            if copy_gbps is not None:
+                r.setdefault("copy_gbps", copy_gbps)  # each shard measured its own ceilings
+            key = record_key(r)
+            if key in owner:
+                raise MergeError(f"{path} and {owner[key]} both hold {key[0]} "
+                                 f"{key[2]} {list(key[4])}: overlapping shards")
+            owner[key] = path
+            records.append(r)
+    records.sort(key=lambda r: r.get("shard_position", 0))
+    head = {k: v for k, v in docs[0][1].items() if k not in ("records", "shard")}
+    head["merged_from"] = [{"path": p, "index": s["index"], "machine": d.get("machine"),
+                            "ceilings": d.get("ceilings"), "commit": d.get("commit")}
+                           for (p, d), (_, s) in zip(docs, shards, strict=True)]
+    head["complete"] = all(d.get("complete") for _, d in docs) and not missing
+    head["shards"] = {"count": first["count"], "matrix": first["matrix"],
+                      "merged": sorted(seen), "missing": missing}
+    verification: dict[str, Any] = {}
+    for _, d in docs:
+        verification.update(d.get("verification") or {})
+    if verification:
+        head["verification"] = verification
+    if head.get("kind") == "run":
+        apply_speedups(records)
+    head["records"] = records
+    return head
+
+
+def merge_files(paths: list[str | Path], allow_partial: bool = False) -> dict[str, Any]:
+    """Read shard files (run or verify) and merge them; errors are one line."""
+    docs = []
+    for p in paths:
+        try:
+            docs.append((str(p), read_results(Path(p))))
+        except ResultsFileError as e:
+            raise MergeError(str(e)) from None
+    return merge_docs(docs, allow_partial)
+
+
+def run_units(case: Any, units: list[tuple[int, Any]], ceilings: Any,
+              verdicts: dict[tuple[str, str], dict[str, Any]], *,
+              on_start: Callable[[Any], None] = lambda u: None,
+              on_record: Callable[[dict[str, Any]], None] = lambda r: None
+              ) -> list[dict[str, Any]]:
+    """Time exactly the given (position in the whole plan, unit) pairs, each unit as its own
+    one-cell run.
+
+    The baseline kernel is timed like any unit, flagged as the baseline afterwards, and
+    speedups are set among the records of this shard (merge sets them across shards).
+    """
+    from dataclasses import replace
+
+    from ..bench.runner import run_case
+
+    bare = replace(case, baseline=None)
+    records: list[dict[str, Any]] = []
+
+    def fix(pos: int, unit: Any, rec: dict[str, Any]) -> None:
+        rec["baseline"] = unit.baseline
+        rec["ranked"] = bool(rec.get("ranked")) and not unit.baseline
+        rec["shard_position"] = pos
+        rec["copy_gbps"] = ceilings.copy_bps / 1e9
+        records.append(rec)
+        on_record(rec)
+
+    for pos, unit in units:
+        run_case(bare, [unit.spec], [unit.dtype], [unit.shape], ceilings, verdicts,
+                 policy=case.timing, on_start=on_start,
+                 on_record=lambda r, p=pos, u=unit: fix(p, u, r))
+    apply_speedups(records)
+    return records

@@ -1,0 +1,31 @@
+"""pytest-benchmark suite: runs only when asked for, never inside the normal test run.
+
+    pytest tests/bench --benchmark-only [--benchmark-save=NAME --benchmark-save-data]
+
+The project's pytest configuration passes --benchmark-disable; asking for --benchmark-only
+(or --benchmark-enable) here turns benchmarking back on. Without either, these tests are
+skipped, so `make test` spends no time on them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-benchmark refuses --benchmark-only together with the --benchmark-disable of the
+    # project's addopts; --benchmark-only clearly means "run them", so it implies enable.
+    if config.getoption("benchmark_only", False):
+        config.option.benchmark_enable = True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    enabled = config.getoption("benchmark_enable", False) or not config.getoption(
+        "benchmark_disable", False)
+    if enabled:
+        return
+    skip = pytest.mark.skip(reason="benchmarks run only with --benchmark-only")
+    for item in items:
+        if "tests/bench/" in item.nodeid or item.nodeid.startswith("bench/"):
+            item.add_marker(skip)

@@ -1,0 +1,195 @@
+"""`elasticbench compare`, `gate`, `baseline save` and `ab` on synthetic files: verdicts and
+exit codes. Samples are seeded draws, never timings, so nothing here depends on noise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from elasticbench.gate.load import load
+
+MACHINE = {"cpu": "Test CPU", "arch": "x86_64", "cores": 2, "gpu": None}
+
+
+def rec(kernel: str, seed: int, scale: float = 1.0, *, shape=(64, 4096), status="pass",
+        max_ulp=3.0, n=30, error=None) -> dict:
+    samples = (1e6 * scale * np.random.default_rng(seed).lognormal(0, 0.05, n)).tolist()
+    r = {"kernel": kernel, "function": "elastic", "backend": "torch", "mode": "fwd",
+         "dtype": "fp32", "shape": list(shape), "params": {"tau": 1.0, "beta": 1.0},
+         "generator": "normal", "seed": 0, "baseline": False,
+         "min_bytes": 2 * shape[0] * shape[1] * 4,
+         "timing": {"samples_ns": samples}, "median_s": float(np.median(samples)) * 1e-9,
+         "verify": {"status": status, "cases": 4, "failed": int(status == "FAIL"),
+                    "max_ulp": max_ulp,
+                    "reason": None if status == "pass" else "accuracy: 840 ulp > budget 4"}}
+    if error:
+        r = {k: v for k, v in r.items() if k not in ("timing", "median_s")} | {"error": error}
+    return r
+
+
+def write_run(path: Path, records: list[dict], machine=None, copy_gbps=20.0) -> Path:
+    path.write_text(json.dumps({"schema": "elasticbench.run/1", "kind": "run",
+                                "machine": machine or MACHINE, "commit": "abc",
+                                "ceilings": {"copy_gbps": copy_gbps}, "complete": True,
+                                "records": records}))
+    return path
+
+
+def two_kernels(seed: int, scale_a=1.0, scale_b=1.0, **kw) -> list[dict]:
+    return [rec("k_a", seed, scale_a, **kw), rec("k_a", seed + 1, scale_a, shape=(16, 524288)),
+            rec("k_b", seed + 2, scale_b)]
+
+
+def test_same_code_passes(cli, tmp_path):
+    base = write_run(tmp_path / "b.json", two_kernels(1))
+    cur = write_run(tmp_path / "c.json", two_kernels(11))
+    r = cli("gate", str(base), str(cur))
+    assert r.code == 0, r.out + r.err
+    assert "PASS" in r.out
+
+
+def test_25_percent_slower_fails_and_5_percent_passes(cli, tmp_path):
+    base = write_run(tmp_path / "b.json", two_kernels(1))
+    slow = write_run(tmp_path / "s.json", two_kernels(11, scale_b=1.25))
+    r = cli("gate", str(base), str(slow), "--markdown", str(tmp_path / "pr.md"))
+    assert r.code == 1 and "1 timing regression" in r.out
+    md = (tmp_path / "pr.md").read_text()
+    assert md.startswith("### elasticbench gate: ❌ FAIL") and "k_b" in md and "regression" in md
+    slight = write_run(tmp_path / "t.json", two_kernels(11, scale_b=1.05))
+    assert cli("gate", str(base), str(slight)).code == 0
+    # the same 25% passes with a 30% threshold, and with timing advisory
+    assert cli("gate", str(base), str(slow), "--max-slowdown", "30%").code == 0
+    r = cli("gate", str(base), str(slow), "--timing", "advisory")
+    assert r.code == 0 and "(advisory)" in r.out
+
+
+def test_numerics_regression_fails_even_when_faster(cli, tmp_path):
+    base = write_run(tmp_path / "b.json", two_kernels(1))
+    worse = two_kernels(11, scale_b=0.7)
+    worse[2]["verify"] = rec("k_b", 0, status="FAIL", max_ulp=840.0)["verify"]
+    cur = write_run(tmp_path / "c.json", worse)
+    r = cli("gate", str(base), str(cur), "--json", str(tmp_path / "cmp.json"))
+    assert r.code == 1 and "numerics regression" in r.out
+    doc = json.loads((tmp_path / "cmp.json").read_text())
+    assert doc["failed"] is True
+    assert {x["kernel"]: x["verdict"] for x in doc["rows"]}["k_b"] == "faster"
+    assert [n["kernel"] for n in doc["numerics"] if n["regression"]] == ["k_b"]
+
+
+def test_verify_files_budget_crossing_and_pass_to_fail(cli, tmp_path):
+    def vdoc(passed, frac):
+        return {"schema": "elasticbench.verify/1", "kind": "verify", "machine": MACHINE,
+                "records": [{"kernel": "k", "dtype": "fp32", "input": "normal", "seed": 1,
+                             "shape": [4, 8], "params": {}, "passed": passed,
+                             "max_ulp": 4 * frac, "max_budget_frac": frac,
+                             "reason": None if passed else "accuracy"}]}
+    (tmp_path / "v1.json").write_text(json.dumps(vdoc(True, 0.5)))
+    (tmp_path / "v2.json").write_text(json.dumps(vdoc(False, 3.0)))
+    (tmp_path / "v3.json").write_text(json.dumps(vdoc(True, 0.9)))
+    assert cli("gate", str(tmp_path / "v1.json"), str(tmp_path / "v2.json")).code == 1
+    assert cli("gate", str(tmp_path / "v1.json"), str(tmp_path / "v3.json")).code == 0
+    # a failure that was already there is no regression
+    assert cli("gate", str(tmp_path / "v2.json"), str(tmp_path / "v2.json")).code == 0
+
+
+def test_unusable_input_exits_2_with_one_line(cli, tmp_path):
+    base = write_run(tmp_path / "b.json", two_kernels(1))
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps({"schema": "elasticbench.run/9", "records": []}))
+    for bad in (str(other), str(tmp_path / "missing.json")):
+        r = cli("gate", str(base), bad)
+        assert r.code == 2 and r.err.count("\n") == 1 and "error" in r.err
+    (tmp_path / "junk.json").write_text("{not json")
+    assert cli("compare", str(base), str(tmp_path / "junk.json")).code == 2
+    assert cli("gate", str(base), str(base), "--max-slowdown", "10").code == 2
+    assert cli("gate", str(base), str(base), "--alpha", "2").code == 2
+
+
+def test_compare_reports_rollup_and_not_comparable(cli, tmp_path):
+    base = write_run(tmp_path / "b.json", [*two_kernels(1), rec("gone", 5)])
+    cur_recs = two_kernels(11, scale_a=1.3)
+    cur_recs[2] = rec("k_b", 13, error="raised RuntimeError: boom")
+    cur = write_run(tmp_path / "c.json", cur_recs)
+    r = cli("compare", str(base), str(cur), "--json", str(tmp_path / "cmp.json"))
+    assert r.code == 0
+    doc = json.loads((tmp_path / "cmp.json").read_text())
+    verdicts = {(x["kernel"], x["case"].split()[1]): x["verdict"] for x in doc["rows"]}
+    assert verdicts[("k_a", "64x4096")] == "slower" and verdicts[("k_a", "16x524288")] == "slower"
+    assert verdicts[("k_b", "64x4096")] == "not comparable"
+    assert verdicts[("gone", "64x4096")] == "not comparable"
+    roll = {x["kernel"]: x for x in doc["rollups"]}
+    assert 1.2 < roll["k_a"]["geomean_ratio"] < 1.4 and roll["k_a"]["counts"]["slower"] == 2
+
+
+def test_machines_differ_warning_and_bandwidth_fraction(cli, tmp_path):
+    base = write_run(tmp_path / "b.json", two_kernels(1), copy_gbps=20.0)
+    # another machine: copy twice as fast and every kernel twice as fast
+    faster = [rec(r["kernel"], 11 + i, 0.5, shape=tuple(r["shape"]))
+              for i, r in enumerate(two_kernels(1))]
+    cur = write_run(tmp_path / "c.json", faster, machine=MACHINE | {"cpu": "Other CPU"},
+                    copy_gbps=40.0)
+    r = cli("compare", str(base), str(cur), "--json", str(tmp_path / "t.json"))
+    assert "machines differ" in r.out and "bandwidth-fraction" in r.out
+    assert all(x["verdict"] == "faster" for x in json.loads((tmp_path / "t.json").read_text())
+               ["rows"])
+    r = cli("gate", str(base), str(cur), "--metric", "bandwidth-fraction",
+            "--json", str(tmp_path / "f.json"))
+    assert r.code == 0
+    rows = json.loads((tmp_path / "f.json").read_text())["rows"]
+    assert all(0.9 < x["estimate"]["ratio"] < 1.1 for x in rows)
+
+
+def pytest_benchmark_doc(seed: int, scale: float, with_data: bool) -> dict:
+    data = (1e-3 * scale * np.random.default_rng(seed).lognormal(0, 0.05, 40)).tolist()
+    stats = {"min": min(data), "max": max(data), "median": float(np.median(data)),
+             "rounds": 40}
+    if with_data:
+        stats["data"] = data
+    return {"machine_info": {"machine": "x86_64", "processor": "x86_64",
+                             "cpu": {"brand_raw": "Test CPU", "count": 2}},
+            "commit_info": {"id": "abc"}, "version": "5.1.0",
+            "benchmarks": [{"group": None, "name": "test_kernel[torch_elastic-64x4096]",
+                            "fullname": "tests/bench/x.py::test_kernel[torch_elastic-64x4096]",
+                            "param": "torch_elastic-64x4096",
+                            "extra_info": {"kernel": "torch_elastic", "case": "fp32 64x4096"},
+                            "stats": stats}]}
+
+
+def test_pytest_benchmark_files(cli, tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(pytest_benchmark_doc(1, 1.0, True)))
+    (tmp_path / "b.json").write_text(json.dumps(pytest_benchmark_doc(2, 1.3, True)))
+    (tmp_path / "c.json").write_text(json.dumps(pytest_benchmark_doc(2, 1.3, False)))
+    ds = load(tmp_path / "a.json")
+    assert ds.kind == "pytest-benchmark" and ds.machine["cpu"] == "Test CPU"
+    [s] = ds.series.values()
+    assert s.kernel == "torch_elastic" and s.costs is not None and len(s.costs) == 40
+    r = cli("gate", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert r.code == 1
+    r = cli("gate", str(tmp_path / "a.json"), str(tmp_path / "c.json"),
+            "--json", str(tmp_path / "cmp.json"))
+    doc = json.loads((tmp_path / "cmp.json").read_text())
+    assert r.code == 0 and "--benchmark-save-data" in doc["warnings"][0]
+    assert doc["rows"][0]["verdict"] == "not comparable"
+    assert cli("gate", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+               "--metric", "bandwidth-fraction").code == 2
+
+
+def test_baseline_save(cli, tmp_path):
+    run = write_run(tmp_path / "r.json", two_kernels(1))
+    doc = json.loads(run.read_text())
+    doc["case_name"] = "quick"
+    run.write_text(json.dumps(doc))
+    d = tmp_path / "baselines"
+    r = cli("baseline", "save", str(run), "--dir", str(d))
+    assert r.code == 0 and (d / "quick.json").is_file()
+    saved = json.loads((d / "quick.json").read_text())
+    assert saved["saved_baseline"]["name"] == "quick" and len(saved["records"]) == 3
+    assert cli("baseline", "save", str(run), "--dir", str(d)).code == 2  # exists
+    assert cli("baseline", "save", str(run), "--dir", str(d), "--force").code == 0
+    assert cli("baseline", "save", str(run), "--dir", str(d), "--name", "../x").code == 2
+    assert cli("gate", str(d / "quick.json"), str(run)).code == 0
+    doc["complete"] = False
+    run.write_text(json.dumps(doc))
+    assert cli("baseline", "save", str(run), "--dir", str(d), "--name", "n").code == 2
