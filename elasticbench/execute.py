@@ -5,17 +5,25 @@ Shared by verification and timing, so both see kernels the same way.
 
 from __future__ import annotations
 
-import faulthandler
-import multiprocessing
+import atexit
+import pickle
+import select
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 
 from .backends import get_backend
 from .registry import KernelSpec
+from .worker import read_message, write_message
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -51,48 +59,95 @@ def call_kernel(spec: KernelSpec, x: np.ndarray, params: dict[str, float]) -> Ou
     return Outcome(result, None, modified, returned_input, seconds)
 
 
-def _child(spec: KernelSpec, x: np.ndarray, params: dict[str, float], conn) -> None:
-    faulthandler.disable()  # a crash is reported by the parent, in one line
-    try:
-        conn.send(call_kernel(spec, x, params))
-    finally:
-        conn.close()
-
-
-def _death(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
-        name = signal.Signals(-exitcode).name
-        hint = " (out of memory?)" if -exitcode == signal.SIGKILL else ""
+def _death(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        name = signal.Signals(-returncode).name
+        hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
         return f"crashed: killed by {name}{hint}"
-    return f"crashed: its process exited with code {exitcode}"
+    return f"crashed: its process exited with code {returncode}"
+
+
+class Worker:
+    """A child interpreter that runs calls for us; restarted whenever one kills it."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def _start(self) -> subprocess.Popen:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "elasticbench.worker"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+            )
+        return self.proc
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def call(self, call: Callable[[], T], timeout: float | None,
+             failed: Callable[[str, float], T]) -> T:
+        """call() in the worker; a crash, a kill or a hang past timeout gives failed()."""
+        proc = self._start()
+        assert proc.stdin is not None and proc.stdout is not None
+        start = time.perf_counter()
+        try:
+            write_message(proc.stdin, pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))
+        except BrokenPipeError:
+            return failed(_death(proc.wait()), time.perf_counter() - start)
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        if not ready:
+            self.stop()
+            return failed(f"timed out after {timeout:g}s", time.perf_counter() - start)
+        data = read_message(proc.stdout)
+        if data is None:  # died before it could answer
+            code = proc.wait()
+            self.proc = None
+            return failed(_death(code), time.perf_counter() - start)
+        return pickle.loads(data)
+
+
+_WORKER = Worker()
+atexit.register(_WORKER.stop)
+
+
+def in_child(call: Callable[[], T], timeout: float | None, failed: Callable[[str, float], T]) -> T:
+    """call() in the worker process. call must pickle (functools.partial of module-level
+    functions; registered kernels travel by name, their kernel files loaded there).
+
+    A segfault, an out-of-memory kill or a hang past `timeout` seconds becomes
+    failed(reason, seconds) instead of taking the caller down.
+    """
+    return _WORKER.call(call, timeout, failed)
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How kernels are called: in-process (default, fast) or each call in a child process,
+    optionally with a time limit (a limit implies a child: a hang cannot be cut otherwise)."""
+
+    enabled: bool = False
+    timeout: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.enabled or self.timeout is not None
+
+    def run(self, call: Callable[[], T], failed: Callable[[str, float], T]) -> T:
+        return in_child(call, self.timeout, failed) if self.active else call()
+
+
+IN_PROCESS = Isolation()
+
+
+def failed_outcome(reason: str, seconds: float) -> Outcome:
+    return Outcome(None, reason, False, False, seconds)
 
 
 def call_kernel_isolated(
     spec: KernelSpec, x: np.ndarray, params: dict[str, float], timeout: float | None
 ) -> Outcome:
-    """call_kernel in a child process: a segfault, an out-of-memory kill or a hang past
-    `timeout` seconds becomes a failed Outcome instead of taking the run down."""
-    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(spec, x, params, send), daemon=True)
-    start = time.perf_counter()
-    proc.start()
-    send.close()
-    try:
-        if not recv.poll(timeout):
-            proc.kill()
-            proc.join()
-            return Outcome(None, f"timed out after {timeout:g}s", False, False,
-                           time.perf_counter() - start)
-        try:
-            outcome = recv.recv()
-        except EOFError:  # died before it could answer
-            proc.join()
-            return Outcome(None, _death(proc.exitcode), False, False,
-                           time.perf_counter() - start)
-        proc.join()
-        return outcome
-    finally:
-        recv.close()
-        if proc.is_alive():
-            proc.kill()
+    """call_kernel in a child process (see in_child)."""
+    return in_child(partial(call_kernel, spec, x, params), timeout, failed_outcome)

@@ -47,6 +47,13 @@ class KernelSpec:
         """Whether the kernel takes inputs of this format (others are skipped, not failed)."""
         return self.dtypes is None or dtype in self.dtypes
 
+    def __reduce__(self):  # type: ignore[override]
+        # A registered kernel travels to another process by name and is looked up (its
+        # kernel file loaded) there: functions of a user's file do not pickle by reference.
+        if _KERNELS.get((self.name, self.mode)) is self:
+            return (_resolve, (self.name, self.mode, self.source))
+        return super().__reduce__()
+
 
 class KernelFileError(Exception):
     """A kernel file could not be loaded; the message names the file and line."""
@@ -108,6 +115,14 @@ def _load_builtins() -> None:
             importlib.import_module(module)
 
 
+def _resolve(name: str, mode: str, source: str) -> KernelSpec:
+    """The registered kernel (name, mode), loading its kernel file first if need be."""
+    _load_builtins()
+    if (name, mode) not in _KERNELS and source != "builtin":
+        load_kernel_file(source)
+    return get_kernel(name, mode)
+
+
 def list_kernels(
     function: str | None = None, backend: str | None = None, mode: str | None = None
 ) -> list[KernelSpec]:
@@ -141,7 +156,6 @@ def load_kernel_file(path: str | Path) -> list[KernelSpec]:
     p = Path(path)
     if not p.is_file():
         raise KernelFileError(f"kernel file {p} does not exist")
-    before = set(_KERNELS)
     module_name = f"elasticbench_user_{abs(hash(str(p.resolve())))}"
     _loading_source = str(p)
     try:
@@ -159,7 +173,7 @@ def load_kernel_file(path: str | Path) -> list[KernelSpec]:
         raise KernelFileError(f"{_where(e, p)}: {type(e).__name__}: {e}") from None
     finally:
         _loading_source = "builtin"
-    return [_KERNELS[k] for k in _KERNELS if k not in before]
+    return [k for k in _KERNELS.values() if k.source == str(p)]
 
 
 def _where(exc: BaseException, path: Path) -> str:

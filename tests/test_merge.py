@@ -54,7 +54,7 @@ def shard_doc(k: int, n: int, items=ITEMS, **head) -> dict:
     mine = select_shard(list(enumerate(items)), k, n, key=lambda t: t[1])
     recs = [{"kernel": it[0], "mode": "fwd", "dtype": it[1], "shape": it[2], "params": {},
              "seed": 0, "baseline": it[0] == "a", "ranked": it[0] != "a",
-             "median_s": 1.0 if it[0] == "a" else 0.5, "shard_position": pos}
+             "median_s": 1.0 if it[0] == "a" else 0.5, "plan_position": pos}
             for pos, it in mine]
     return {"schema": "elasticbench.run/1", "kind": "run", "case": "c.toml", "seed": 0,
             "complete": True, "ceilings": {"copy_gbps": 10.0 + k},
@@ -63,7 +63,7 @@ def shard_doc(k: int, n: int, items=ITEMS, **head) -> dict:
 
 def test_merge_combines_in_plan_order_and_recomputes_speedups():
     doc = merge_docs([(f"s{k}", shard_doc(k, 3)) for k in (3, 1, 2)])
-    assert [r["shard_position"] for r in doc["records"]] == list(range(len(ITEMS)))
+    assert [r["plan_position"] for r in doc["records"]] == list(range(len(ITEMS)))
     assert doc["complete"] and doc["shards"]["missing"] == []
     assert all(r["speedup"] == 2.0 for r in doc["records"] if r["kernel"] != "a")
     assert {r["copy_gbps"] for r in doc["records"]} == {11.0, 12.0, 13.0}

@@ -13,12 +13,14 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ..backends import get_backend
 from ..environment import cache_sizes
+from ..execute import IN_PROCESS, Isolation
 from ..functions import get_function
 from ..inputs import generate
 from ..numerics.dtypes import get_format
@@ -108,7 +110,8 @@ def measure_ceilings(device: str, dtypes: list[str], policy: Policy) -> Ceilings
 
 
 def verify_quickly(kernels: list[KernelSpec], case: RunCase, dtypes: list[str],
-                   store: TruthStore, on_done: Callable[[], None] = lambda: None
+                   store: TruthStore, on_done: Callable[[], None] = lambda: None,
+                   isolation: Isolation = IN_PROCESS
                    ) -> dict[tuple[str, str], dict[str, Any]]:
     """(kernel, dtype) -> verdict on the case's quick matrix; backward kernels are 'unverified'."""
     verdicts: dict[tuple[str, str], dict[str, Any]] = {}
@@ -137,7 +140,8 @@ def verify_quickly(kernels: list[KernelSpec], case: RunCase, dtypes: list[str],
             v["reason"] = v["reason"] or f"{r['reason']} ({r['input']} {r['shape']} {r['params']})"
         on_done()
 
-    run_verification(fwd, cases, max_elements=matrix.max_elements, store=store, on_record=add)
+    run_verification(fwd, cases, max_elements=matrix.max_elements, store=store, on_record=add,
+                     isolation=isolation)
     for k in fwd:
         for d in dtypes:
             verdicts.setdefault((k.name, d), {"status": "unverified", "cases": 0, "failed": 0,
@@ -153,6 +157,17 @@ class Unit:
     dtype: str
     shape: tuple[int, int]
     baseline: bool = False
+    position: int = 0  # place in the whole plan: shards and resumed runs keep the order
+
+    @property
+    def key(self) -> tuple:
+        """What a record of this unit is a result for (see record_unit_key)."""
+        return (self.spec.name, self.spec.mode, self.dtype, list(self.shape))
+
+
+def record_unit_key(record: dict[str, Any]) -> tuple:
+    """The Unit.key of the unit a run record came from."""
+    return (record["kernel"], record.get("mode", "fwd"), record["dtype"], list(record["shape"]))
 
 
 def plan_units(kernels: list[KernelSpec], baseline: KernelSpec | None, case: RunCase,
@@ -164,6 +179,8 @@ def plan_units(kernels: list[KernelSpec], baseline: KernelSpec | None, case: Run
             if baseline is not None and baseline.supports(d):
                 units.append(Unit(baseline, d, shape, True))
             units += [Unit(k, d, shape) for k in kernels if k is not baseline and k.supports(d)]
+    for i, u in enumerate(units):
+        u.position = i
     return units
 
 
@@ -239,44 +256,58 @@ def params_for(case: RunCase, function: str) -> dict[str, float]:
     return case.params.get(function) or get_function(function).defaults()
 
 
-def run_case(
+def run_units(
     case: RunCase,
-    kernels: list[KernelSpec],
-    dtypes: list[str],
-    sizes: list[tuple[int, int]],
+    units: list[Unit],
     ceilings: Ceilings,
     verdicts: dict[tuple[str, str], dict[str, Any]],
     *,
     policy: Policy | None = None,
+    isolation: Isolation = IN_PROCESS,
     on_start: Callable[[Unit], None] = lambda u: None,
     on_record: Callable[[dict[str, Any]], None] = lambda r: None,
 ) -> list[dict[str, Any]]:
-    """Time every unit; each record gets its verdict, and its speedup over the baseline."""
+    """Time the given units in order (a whole plan, a shard of it, or what a resumed run
+    has left); each record gets its verdict, its plan position and the copy bandwidth it
+    was measured against. Speedups come after, from the records (apply_speedups)."""
     policy = policy or case.timing
-    baseline = resolve_baseline(case, case.mode)
     records = []
-    base_time: dict[tuple[str, tuple[int, int]], float] = {}
-    for unit in plan_units(kernels, baseline, case, dtypes, sizes):
+    for unit in units:
         on_start(unit)
         params = params_for(case, unit.spec.function)
-        try:
-            rec = time_unit(unit, case, ceilings, policy, params)
-        except Exception as e:  # a kernel that cannot run is a result, not a crash
-            rec = {"kernel": unit.spec.name, "function": unit.spec.function,
-                   "backend": unit.spec.backend, "source": unit.spec.source,
-                   "mode": unit.spec.mode, "baseline": unit.baseline, "dtype": unit.dtype,
-                   "shape": list(unit.shape), "params": params,
-                   "error": f"raised {type(e).__name__}: {e}".splitlines()[0]}
+
+        rec = isolation.run(partial(_time_or_error, unit, case, ceilings, policy, params),
+                            partial(_error_record, unit, params))
         verdict = verdicts.get((unit.spec.name, unit.dtype),
                                {"status": "unverified", "reason": "not verified"})
-        rec["verify"] = verdict
-        ok = "error" not in rec
-        rec["ranked"] = ok and verdict["status"] == "pass" and not unit.baseline
-        if unit.baseline and ok:
-            base_time[(unit.dtype, unit.shape)] = rec["median_s"]
-        bt = base_time.get((unit.dtype, unit.shape))
-        rec["speedup"] = (bt / rec["median_s"]) if ok and bt and (rec["ranked"] or unit.baseline) \
-            else None
+        rec.update(verify=verdict, baseline=unit.baseline, plan_position=unit.position,
+                   copy_gbps=ceilings.copy_bps / 1e9)
+        rec["ranked"] = "error" not in rec and verdict["status"] == "pass" and not unit.baseline
         records.append(rec)
         on_record(rec)
     return records
+
+
+def _error_record(unit: Unit, params: dict, why: str, seconds: float = 0.0) -> dict[str, Any]:
+    return {"kernel": unit.spec.name, "function": unit.spec.function,
+            "backend": unit.spec.backend, "source": unit.spec.source, "mode": unit.spec.mode,
+            "dtype": unit.dtype, "shape": list(unit.shape), "params": params, "error": why}
+
+
+def _time_or_error(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy,
+                   params: dict[str, float]) -> dict[str, Any]:
+    """time_unit, with a kernel that cannot run turned into an error record."""
+    try:
+        return time_unit(unit, case, ceilings, policy, params)
+    except Exception as e:  # a kernel that cannot run is a result, not a crash
+        return _error_record(unit, params, f"raised {type(e).__name__}: {e}".splitlines()[0])
+
+
+def apply_speedups(records: list[dict[str, Any]]) -> None:
+    """Set each ranked record's speedup over the baseline's record of the same cell."""
+    base = {(r.get("dtype"), tuple(r.get("shape", ())), r.get("mode", "fwd")): r["median_s"]
+            for r in records if r.get("baseline") and "median_s" in r}
+    for r in records:
+        bt = base.get((r.get("dtype"), tuple(r.get("shape", ())), r.get("mode", "fwd")))
+        ok = "median_s" in r and (r.get("ranked") or r.get("baseline"))
+        r["speedup"] = bt / r["median_s"] if ok and bt else None

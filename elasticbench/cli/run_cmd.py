@@ -11,21 +11,25 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..bench.cases import load_run_case, parse_size
 from ..bench.runner import (
+    apply_speedups,
     measure_ceilings,
     pin_heap,
     plan_units,
+    record_unit_key,
     resolve_baseline,
-    run_case,
+    run_units,
     set_threads,
     verify_quickly,
 )
 from ..bench.table import render_run
 from ..environment import describe
+from ..execute import Isolation
 from ..functions import get_function
-from ..gate.shard import parse_shard, run_units, select_shard, shard_header, unit_key
+from ..gate.shard import parse_shard, select_shard, shard_header
+from ..interrupt import sigterm_as_interrupt
 from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth_cache import TruthStore, default_cache_dir
-from ..records import ResultsWriter, check_writable
+from ..records import ResultsFileError, ResultsWriter, check_writable, resume_writer
 from ..registry import list_kernels
 from ..verify.matrix import CaseFileError, builtin_case
 from .common import (
@@ -73,8 +77,14 @@ def _device_of(kernels) -> str:
               help="Results file [results/runs/<timestamp>.json].")
 @click.option("--shard", "shard", metavar="K/N",
               help="Time only shard K of N of the matrix (deterministic; see elasticbench merge).")
+@click.option("--isolate", is_flag=True,
+              help="Time each kernel in a child process: a crash or OOM kill fails its cell.")
+@click.option("--timeout", type=float, default=None, metavar="SECONDS",
+              help="Fail a cell whose timing runs longer than this (implies --isolate).")
+@click.option("--resume", "resume_path", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Continue an interrupted run saved in PATH, skipping the cells it has.")
 def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel_files,
-        json_path, shard) -> None:
+        json_path, shard, isolate, timeout, resume_path) -> None:
     """Time kernels and compare them with the copy-bandwidth and exp-throughput roofs.
 
     Every kernel is verified quickly first; a failing kernel is marked and never ranked.
@@ -94,6 +104,10 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
         fail(str(e))
     if case_file and quick:
         fail("--case and --quick cannot be used together")
+    if timeout is not None and not timeout > 0:
+        fail(f"--timeout must be a positive number of seconds, got {timeout:g}")
+    if resume_path and json_path:
+        fail("--resume continues writing its own file; leave out --json")
     path = Path(case_file) if case_file else builtin_case("quick" if quick else "default")
     try:
         case = load_run_case(path)
@@ -103,7 +117,7 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
     if mode == "bwd" and not kernel_files and not list_kernels(mode="bwd"):
         fail("no backward kernels are registered yet (register one with mode=\"bwd\": "
              "fn(x, y, g, *, params) -> (dx, dparams...)), or pass --kernel-file")
-    out_path = Path(json_path) if json_path else (
+    out_path = Path(resume_path or json_path) if (resume_path or json_path) else (
         Path("results") / "runs" / f"{time.strftime('%Y%m%dT%H%M%S')}.json")
     try:
         check_writable(out_path)
@@ -129,42 +143,49 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
             "allocator": allocator, "dtypes": dtypes, "sizes": [list(s) for s in shapes],
             "baseline": baseline.name if baseline else None,
             "policy": case.timing.__dict__, **describe()}
-    writer = ResultsWriter(out_path, "run", meta)
-    started = time.perf_counter()
-    timed = kernels + ([baseline] if baseline else [])
     units = plan_units(kernels, baseline, case, dtypes, shapes)
     if shard_kn:
-        mine = select_shard(list(enumerate(units)), *shard_kn, key=lambda pu: unit_key(pu[1]))
-        writer.doc["shard"] = shard_header(*shard_kn, [unit_key(u) for u in units], len(mine))
-        units = [u for _, u in mine]
-        timed = [k for k in timed if any(u.spec is k for u in units)]
+        mine = select_shard(units, *shard_kn, key=lambda u: u.key)
+        meta["shard"] = shard_header(*shard_kn, [u.key for u in units], len(mine))
+        units = mine
+    if resume_path:
+        try:
+            writer = resume_writer(out_path, "run", meta)
+        except ResultsFileError as e:
+            fail(str(e))
+        done = {record_unit_key(r) for r in writer.records}
+        units = [u for u in units if u.key not in done]
+    else:
+        writer = ResultsWriter(out_path, "run", meta)
+    started = time.perf_counter()
+    timed = [k for k in kernels + ([baseline] if baseline else [])
+             if any(u.spec is k for u in units)]
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeRemainingColumn(), console=err, transient=True,
                         disable=not err.is_terminal)
+    isolation = Isolation(isolate, timeout)
     complete = False
     try:
-        with progress:
+        with sigterm_as_interrupt(), progress:
             task = progress.add_task(f"{case.name} · ceilings", total=len(units) + 2)
             ceilings = measure_ceilings(device, dtypes, case.timing)
             writer.doc["ceilings"] = ceilings.to_dict()
             progress.update(task, advance=1, description=f"{case.name} · quick verification")
-            verdicts = verify_quickly(timed, case, dtypes, TruthStore(default_cache_dir()))
+            verdicts = verify_quickly(timed, case, dtypes, TruthStore(default_cache_dir()),
+                                      isolation=isolation)
             writer.doc["verification"] = {f"{k}/{d}": v for (k, d), v in verdicts.items()}
             progress.advance(task)
             on_start = lambda u: progress.update(  # noqa: E731
                 task, description=f"{case.name} · {u.spec.name} · "
                                   f"{u.shape[0]}x{u.shape[1]} {u.dtype}")
             on_record = lambda r: (writer.add(r), progress.advance(task))  # noqa: E731
-            if shard_kn:
-                run_units(case, mine, ceilings, verdicts, on_start=on_start,
-                          on_record=on_record)
-            else:
-                run_case(case, kernels, dtypes, shapes, ceilings, verdicts,
-                         on_start=on_start, on_record=on_record)
+            run_units(case, units, ceilings, verdicts, isolation=isolation,
+                      on_start=on_start, on_record=on_record)
         complete = True
     except KeyboardInterrupt:
         pass
     finally:
+        apply_speedups(writer.records)
         writer.doc["elapsed_s"] = time.perf_counter() - started
         writer.close(complete=complete)
     render_run(writer.records, writer.doc.get("ceilings"), out)
@@ -172,8 +193,10 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
            and ("error" in r or r["verify"].get("status") == "FAIL")]
     line = (f"{len(writer.records)} timings of {len(timed)} kernels in "
             f"{time.perf_counter() - started:.1f}s; records in {out_path}")
+    # plain echo: a summary line is never folded, whatever the terminal's width
     if not complete:
-        err.print(f"interrupted: {line}")
+        click.echo(f"interrupted: {line}", err=True)
+        click.echo(f"continue with the same options and --resume {out_path}", err=True)
         sys.exit(EXIT_INTERRUPTED)
-    out.print(line + (f"; {len(bad)} failed verification or raised" if bad else ""))
+    click.echo(line + (f"; {len(bad)} failed verification or raised" if bad else ""))
     sys.exit(EXIT_FAILED if bad else EXIT_OK)

@@ -10,14 +10,17 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..environment import describe
+from ..execute import Isolation
 from ..functions import get_function
+from ..gate.shard import parse_shard, select_shard, shard_header
 from ..inputs import get_generator
+from ..interrupt import sigterm_as_interrupt
 from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..numerics.truth_cache import TruthStore, default_cache_dir
-from ..records import ResultsWriter, check_writable
+from ..records import ResultsFileError, ResultsWriter, check_writable, record_key, resume_writer
 from ..report.verify_table import render
-from ..verify.matrix import CaseFileError, builtin_case, expand, load_matrix
+from ..verify.matrix import CaseFileError, VerifyCase, builtin_case, expand, load_matrix
 from ..verify.runner import run_verification
 from .common import (
     EXIT_FAILED,
@@ -30,6 +33,11 @@ from .common import (
 )
 
 MODE_CHOICES = ("fwd", "bwd", "both")
+
+
+def _shard_key(mode_case: tuple[str, VerifyCase]) -> tuple:
+    m, c = mode_case
+    return (m, c.function, c.dtype, c.generator, list(c.shape), c.param_dict, c.seed)
 
 
 @click.command()
@@ -56,11 +64,22 @@ MODE_CHOICES = ("fwd", "bwd", "both")
 @click.option("--no-cache", is_flag=True, help="Recompute references instead of reading the cache.")
 @click.option("--mode", "mode", default="fwd", show_default=True, metavar="fwd|bwd|both",
               help="Verify forward kernels, backward (gradient) kernels, or both.")
+@click.option("--isolate", is_flag=True,
+              help="Call each kernel in a child process: a crash or OOM kill fails its case.")
+@click.option("--timeout", type=float, default=None, metavar="SECONDS",
+              help="Fail a kernel call that runs longer than this (implies --isolate).")
+@click.option("--resume", "resume_path", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Continue an interrupted verification saved in PATH, skipping what it has.")
+@click.option("--shard", "shard", metavar="K/N",
+              help="Verify only shard K of N of the matrix (deterministic; see merge).")
 def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, quick, json_path,
-           precision, jobs, no_cache, mode) -> None:
+           precision, jobs, no_cache, mode, isolate, timeout, resume_path, shard) -> None:
     """Check kernels against mpmath ground truth on adversarial inputs, in ulps.
 
-    Exit code 0 when every case passes, 1 when any fails, 2 for bad usage or input.
+    Exit code 0 when every case passes, 1 when any fails, 2 for bad usage or input, 130 when
+    interrupted (Ctrl-C or SIGTERM: the finished records are kept; see --resume).
+    Kernels run in-process by default (fastest); --isolate or --timeout runs each call in a
+    child process so that a kernel that crashes or hangs becomes a failed case.
     """
     functions, backends, dtypes = split_names(functions), split_names(backends), split_names(dtypes)
     only, inputs = split_names(only), split_names(inputs)
@@ -80,6 +99,14 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
         fail(f"--jobs must be at least 1, got {jobs}")
     if mode not in MODE_CHOICES:
         fail(f"unknown --mode {mode!r} (choose from {', '.join(MODE_CHOICES)})")
+    if timeout is not None and not timeout > 0:
+        fail(f"--timeout must be a positive number of seconds, got {timeout:g}")
+    if resume_path and json_path:
+        fail("--resume continues writing its own file; leave out --json")
+    try:
+        shard_kn = parse_shard(shard) if shard else None
+    except ValueError as e:
+        fail(str(e))
     if case_file and quick:
         fail("--case and --quick cannot be used together")
     path = Path(case_file) if case_file else builtin_case("verify-quick" if quick else "verify")
@@ -87,11 +114,12 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
         matrix = load_matrix(path)
     except CaseFileError as e:
         fail(str(e))
-    if json_path:
+    out_path = Path(resume_path or json_path) if (resume_path or json_path) else None
+    if out_path:
         try:
-            check_writable(Path(json_path))
+            check_writable(out_path)
         except OSError as e:
-            fail(f"cannot write results file {json_path}: {e.strerror or e}")
+            fail(f"cannot write results file {out_path}: {e.strerror or e}")
     modes = ("fwd", "bwd") if mode == "both" else (mode,)
     by_mode = choose_kernels_by_mode(functions, backends, only, kernel_files, modes)
     cases_by_mode = {
@@ -100,12 +128,28 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     }
     if not any(cases_by_mode.values()):
         fail(f"the matrix {path} has no case for the chosen kernels, dtypes and inputs")
+    shard_doc = None
+    if shard_kn:
+        everything = [(m, c) for m, cases in cases_by_mode.items() for c in cases]
+        mine = select_shard(everything, *shard_kn, key=_shard_key)
+        shard_doc = shard_header(*shard_kn, [_shard_key(mc) for mc in everything], len(mine))
+        cases_by_mode = {m: [c for mm, c in mine if mm == m] for m in cases_by_mode}
 
     out = console()
     err = console(stderr=True)
     meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "matrix": str(path),
             "precision": precision, **describe(include_gpu=False)}
-    writer = ResultsWriter(Path(json_path) if json_path else None, "verify", meta)
+    if shard_doc:
+        meta["shard"] = shard_doc
+    if resume_path:
+        try:
+            writer = resume_writer(Path(resume_path), "verify", meta)
+        except ResultsFileError as e:
+            fail(str(e))
+    else:
+        writer = ResultsWriter(out_path, "verify", meta)
+    done = {record_key(r) for r in writer.records}
+    isolation = Isolation(isolate, timeout)
     store = TruthStore(None if no_cache else default_cache_dir())
     total_records = sum(len([k for k in by_mode[m] if k.function == c.function])
                         for m, cases in cases_by_mode.items() for c in cases)
@@ -115,14 +159,14 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
                         disable=not err.is_terminal)
     complete = False
     try:
-        with progress:
+        with sigterm_as_interrupt(), progress:
             ref_task = progress.add_task(
                 "reference (mpmath)", total=sum(len(c) for c in cases_by_mode.values()))
             rec_task = progress.add_task("kernels", total=total_records)
             for m, kernels in by_mode.items():
                 run_verification(
                     kernels, cases_by_mode[m], max_elements=matrix.max_elements, store=store,
-                    precision=precision, workers=jobs, mode=m,
+                    precision=precision, workers=jobs, mode=m, isolation=isolation, done=done,
                     on_truth=lambda k: progress.advance(ref_task, k),
                     on_record=lambda r: (writer.add(r), progress.advance(rec_task)),
                 )
@@ -134,11 +178,14 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
         writer.close(complete=complete)
     summary = render(writer.records, out)
     elapsed = time.perf_counter() - started
-    where = f"; records in {json_path}" if json_path else ""
+    where = f"; records in {out_path}" if out_path else ""
     line = (f"{summary.cases} cases, {summary.cases - summary.failed} passed, "
             f"{summary.failed} failed in {elapsed:.1f}s{where}")
+    # plain echo: a summary line is never folded, whatever the terminal's width
     if not complete:
-        err.print(f"interrupted: {line}")
+        click.echo(f"interrupted: {line}", err=True)
+        if out_path:
+            click.echo(f"continue with the same options and --resume {out_path}", err=True)
         sys.exit(EXIT_INTERRUPTED)
-    out.print(line)
+    click.echo(line)
     sys.exit(EXIT_FAILED if summary.failed else EXIT_OK)

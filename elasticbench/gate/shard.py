@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..bench.runner import apply_speedups
 from ..records import ResultsFileError, read_results, record_key
 
 T = TypeVar("T")
@@ -60,25 +61,10 @@ def select_shard(items: list[T], k: int, n: int, key: Callable[[T], Any]) -> lis
     return [it for i, it in enumerate(items) if i in mine]
 
 
-def unit_key(unit: Any) -> tuple:
-    """The key of a run unit (bench.runner.Unit): kernel, mode, dtype, shape."""
-    return (unit.spec.name, unit.spec.mode, unit.dtype, list(unit.shape))
-
-
 def shard_header(k: int, n: int, all_keys: list[Any], mine: int) -> dict[str, Any]:
     """What a shard file says about itself, for merge to check."""
     return {"index": k, "count": n, "matrix": fingerprint(all_keys), "items": len(all_keys),
             "items_here": mine}
-
-
-def apply_speedups(records: list[dict[str, Any]]) -> None:
-    """Set each ranked record's speedup over the baseline kernel's record of its cell."""
-    base = {(r.get("dtype"), tuple(r.get("shape", ())), r.get("mode", "fwd")): r["median_s"]
-            for r in records if r.get("baseline") and "median_s" in r}
-    for r in records:
-        bt = base.get((r.get("dtype"), tuple(r.get("shape", ())), r.get("mode", "fwd")))
-        ok = "median_s" in r and (r.get("ranked") or r.get("baseline"))
-        r["speedup"] = bt / r["median_s"] if ok and bt else None
 
 
 _SAME = ("kind", "case", "mode", "seed", "dtypes", "sizes", "baseline", "policy")
@@ -129,7 +115,7 @@ def merge_docs(docs: list[tuple[str, dict[str, Any]]], allow_partial: bool = Fal
                                  f"{key[2]} {list(key[4])}: overlapping shards")
             owner[key] = path
             records.append(r)
-    records.sort(key=lambda r: r.get("shard_position", 0))
+    records.sort(key=lambda r: r.get("plan_position", 0))
     head = {k: v for k, v in docs[0][1].items() if k not in ("records", "shard")}
     head["merged_from"] = [{"path": p, "index": s["index"], "machine": d.get("machine"),
                             "ceilings": d.get("ceilings"), "commit": d.get("commit")}
@@ -157,37 +143,3 @@ def merge_files(paths: list[str | Path], allow_partial: bool = False) -> dict[st
         except ResultsFileError as e:
             raise MergeError(str(e)) from None
     return merge_docs(docs, allow_partial)
-
-
-def run_units(case: Any, units: list[tuple[int, Any]], ceilings: Any,
-              verdicts: dict[tuple[str, str], dict[str, Any]], *,
-              on_start: Callable[[Any], None] = lambda u: None,
-              on_record: Callable[[dict[str, Any]], None] = lambda r: None
-              ) -> list[dict[str, Any]]:
-    """Time exactly the given (position in the whole plan, unit) pairs, each unit as its own
-    one-cell run.
-
-    The baseline kernel is timed like any unit, flagged as the baseline afterwards, and
-    speedups are set among the records of this shard (merge sets them across shards).
-    """
-    from dataclasses import replace
-
-    from ..bench.runner import run_case
-
-    bare = replace(case, baseline=None)
-    records: list[dict[str, Any]] = []
-
-    def fix(pos: int, unit: Any, rec: dict[str, Any]) -> None:
-        rec["baseline"] = unit.baseline
-        rec["ranked"] = bool(rec.get("ranked")) and not unit.baseline
-        rec["shard_position"] = pos
-        rec["copy_gbps"] = ceilings.copy_bps / 1e9
-        records.append(rec)
-        on_record(rec)
-
-    for pos, unit in units:
-        run_case(bare, [unit.spec], [unit.dtype], [unit.shape], ceilings, verdicts,
-                 policy=case.timing, on_start=on_start,
-                 on_record=lambda r, p=pos, u=unit: fix(p, u, r))
-    apply_speedups(records)
-    return records

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from ..execute import call_kernel
+from ..execute import IN_PROCESS, Isolation, call_kernel, failed_outcome
 from ..inputs import generate
 from ..numerics.budget import budget_for
 from ..numerics.dtypes import get_format
 from ..numerics.truth import DEFAULT_PRECISION, GradTruth
 from ..numerics.truth_cache import TruthJob, TruthStore, solve
+from ..records import record_key
 from ..registry import KernelSpec
-from .backward import GRAD_BUDGET, call_backward, check_backward, saved_output, upstream
+from .backward import (
+    GRAD_BUDGET,
+    BackwardOutcome,
+    call_backward,
+    check_backward,
+    saved_output,
+    upstream,
+)
 from .check import check_output
 from .matrix import VerifyCase
 
@@ -71,13 +80,15 @@ def _record_head(spec: KernelSpec, case: VerifyCase, truth, budget: dict) -> dic
     }
 
 
-def verify_one(spec: KernelSpec, prep: Prepared, truth) -> dict[str, Any]:
+def verify_one(spec: KernelSpec, prep: Prepared, truth,
+               isolation: Isolation = IN_PROCESS) -> dict[str, Any]:
     """Run one kernel on one case and return its record."""
     case = prep.case
     fmt = get_format(case.dtype)
     budget = budget_for(fmt)
     record = _record_head(spec, case, truth, budget.to_dict())
-    outcome = call_kernel(spec, prep.x, case.param_dict)
+    outcome = isolation.run(partial(call_kernel, spec, prep.x, case.param_dict),
+                            failed_outcome)
     record["seconds"] = outcome.seconds
     if outcome.output is None:
         verdict_fields = {"passed": False, "reason": outcome.error, "max_ulp": None,
@@ -98,14 +109,16 @@ def verify_one(spec: KernelSpec, prep: Prepared, truth) -> dict[str, Any]:
     return record
 
 
-def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth) -> dict[str, Any]:
+def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
+                        isolation: Isolation = IN_PROCESS) -> dict[str, Any]:
     """Run one backward kernel on one case: dx in ulps, parameter gradients relatively."""
     case = prep.case
     fmt = get_format(case.dtype)
     assert prep.g is not None
     record = _record_head(spec, case, truth, GRAD_BUDGET.to_dict())
     y = saved_output(truth, fmt, case.shape)
-    outcome = call_backward(spec, prep.x, y, prep.g, case.param_dict)
+    outcome = isolation.run(partial(call_backward, spec, prep.x, y, prep.g, case.param_dict),
+                            lambda why, s: BackwardOutcome(None, {}, why, False, s))
     record["seconds"] = outcome.seconds
     record["dparams"] = {}
     record["max_param_rel"] = None
@@ -139,18 +152,31 @@ def run_verification(
     on_record: Callable[[dict[str, Any]], None] = lambda r: None,
     on_truth: Callable[[int], None] | None = None,
     mode: str = "fwd",
+    isolation: Isolation = IN_PROCESS,
+    done: frozenset[tuple] | set[tuple] = frozenset(),
 ) -> None:
-    """Verify each kernel (all of `mode`) on every case of its function; each record goes
-    to on_record."""
+    """Verify each kernel (all of `mode`) on every case of its function that it takes;
+    pairs whose record_key is in `done` (a resumed run) are skipped, and a case left
+    with nothing to do costs no reference. Each record goes to on_record."""
     by_function: dict[str, list[KernelSpec]] = {}
     for k in kernels:
         by_function.setdefault(k.function, []).append(k)
-    cases = [c for c in cases
-             if any(k.supports(c.dtype) for k in by_function.get(c.function, ()))]
+
+    def todo(case: VerifyCase) -> list[KernelSpec]:
+        return [k for k in by_function.get(case.function, ())
+                if k.supports(case.dtype) and case_key(k, case) not in done]
+
+    cases = [c for c in cases if todo(c)]
     prepared = prepare(cases, max_elements, precision, mode)
     truths = solve([p.job for p in prepared], store, workers, on_truth)
     one = verify_backward_one if mode == "bwd" else verify_one
     for prep, truth in zip(prepared, truths, strict=True):
-        for spec in by_function[prep.case.function]:
-            if spec.supports(prep.case.dtype):
-                on_record(one(spec, prep, truth))
+        for spec in todo(prep.case):
+            on_record(one(spec, prep, truth, isolation))
+
+
+def case_key(spec: KernelSpec, case: VerifyCase) -> tuple:
+    """The record_key that the record of spec on case will have."""
+    return record_key({"kernel": spec.name, "mode": spec.mode, "dtype": case.dtype,
+                       "input": case.generator, "shape": list(case.shape),
+                       "params": case.param_dict, "seed": case.seed})
