@@ -45,15 +45,39 @@ def measure_copy(device: str, llc_bytes: int, policy: Policy) -> tuple[float, Ti
     return 2 * size / (t.stats.median_ns * 1e-9), t, size
 
 
-def measure_exp(device: str, dtype: str, policy: Policy, elements: int = 1 << 17
+def _exp_sum(t: Any) -> Any:
+    import torch
+
+    return torch.exp(t).sum(-1)
+
+
+def measure_exp(device: str, dtype: str, policy: Policy, elements: int = 1 << 21
                 ) -> tuple[float, Timing]:
-    """Elements/s of torch.exp on an in-cache buffer of this dtype (output preallocated)."""
+    """Elements/s of the fastest exponential this backend offers, on an in-cache buffer.
+
+    Two probes: eager torch.exp into a preallocated output, and an inductor-fused exp and
+    sum (vectorized, nothing written back), which is how a fused kernel meets exp. The
+    eager probe alone understates the ceiling: torch.softmax itself outruns it (measured
+    2.8 G/s against 2.4 on the 2-core CPU machine, while the fused probe reaches 5.5).
+    """
     import torch
 
     x = torch.linspace(-10, 0, elements, device=device).to(_torch_dtype(dtype))
     y = torch.empty_like(x)
-    t = _timer(device)(lambda i: torch.exp(x, out=y), policy)
-    return elements / (t.stats.median_ns * 1e-9), t
+    timer = _timer(device)
+    best = timer(lambda i: torch.exp(x, out=y), policy)
+    best.extra["probe"] = "torch.exp"
+    try:
+        fused = torch.compile(_exp_sum, dynamic=False)
+        rows = x.view(16, -1)
+        fused(rows)  # compile outside the timed span
+        t = timer(lambda i: fused(rows), policy)
+        t.extra["probe"] = "inductor exp+sum"
+        if t.stats.median_ns < best.stats.median_ns:
+            best = t
+    except Exception as e:  # no compiler here: the eager probe stands, and says so
+        best.extra["fused_probe_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    return elements / (best.stats.median_ns * 1e-9), best
 
 
 @dataclass(frozen=True)
