@@ -119,17 +119,23 @@ def resume_writer(path: Path, kind: str, meta: dict[str, Any]) -> ResultsWriter:
     return writer
 
 
-def read_results(path: Path, kind: str | None = None) -> dict[str, Any]:
-    """Load and check a results file; ResultsFileError says what is wrong in one line."""
+def read_json(path: Path) -> Any:
+    """The JSON in path; ResultsFileError says in one line why it cannot be had."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         raise ResultsFileError(f"results file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ResultsFileError(f"results file {path} is a directory") from None
     except OSError as e:
         raise ResultsFileError(f"results file {path} cannot be read: {e.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ResultsFileError(f"results file {path} is not valid JSON: {e}") from None
+
+
+def check_results(doc: Any, path: Path, kind: str | None = None) -> dict[str, Any]:
+    """doc if it is a results document (of `kind`, if given); else ResultsFileError."""
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
         raise ResultsFileError(f"results file {path} has no records list")
     expected = {schema_name(k) for k in ([kind] if kind else KINDS)}
@@ -139,3 +145,8 @@ def read_results(path: Path, kind: str | None = None) -> dict[str, Any]:
             f"expected {' or '.join(sorted(expected))}"
         )
     return doc
+
+
+def read_results(path: Path, kind: str | None = None) -> dict[str, Any]:
+    """Load and check a results file; ResultsFileError says what is wrong in one line."""
+    return check_results(read_json(path), Path(path), kind)

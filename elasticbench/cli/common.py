@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 import click
 from rich.console import Console
 
+from ..numerics.dtypes import DTYPE_NAMES
 from ..registry import (
     KernelFileError,
     KernelSpec,
@@ -97,3 +98,47 @@ def console(stderr: bool = False) -> Console:
     """A rich console: plain text when not a terminal, no colour under NO_COLOR; under
     --quiet, tables rendered to standard output print nothing (see report.terminal)."""
     return Terminal(stderr=stderr, highlight=False, summary_only=quiet() and not stderr)
+
+
+def kernel_options(verb: str) -> Callable[[Callable], Callable]:
+    """The kernel-selection options every timing or checking command takes."""
+    options = [
+        click.option("-f", "--function", "functions", multiple=True, metavar="F",
+                     help="Only kernels of this function (repeat or comma-separate)."),
+        click.option("-b", "--backend", "backends", multiple=True, metavar="B",
+                     help="Only kernels of this backend: numpy, torch, triton."),
+        click.option("-d", "--dtype", "dtypes", multiple=True, metavar="D",
+                     help=f"Only these dtypes: {', '.join(DTYPE_NAMES)}."),
+        click.option("--only", "only", multiple=True, metavar="NAME,...",
+                     help="Only these kernels (baselines too, by name)."),
+        click.option("--kernel-file", "kernel_files", multiple=True,
+                     type=click.Path(dir_okay=False), metavar="PATH",
+                     help=f"Load kernels from a Python file; without --only, {verb} just those."),
+    ]
+    return _compose(options)
+
+
+def survival_options(unit: str) -> Callable[[Callable], Callable]:
+    """Isolation, time limits, resuming and sharding, the same for run and verify."""
+    options = [
+        click.option("--isolate", is_flag=True,
+                     help=f"Call kernels in a worker process: a crash or OOM kill fails its "
+                          f"{unit}."),
+        click.option("--timeout", type=float, default=None, metavar="SECONDS",
+                     help=f"Fail a {unit} that runs longer than this (implies --isolate)."),
+        click.option("--resume", "resume_path", type=click.Path(dir_okay=False),
+                     metavar="PATH",
+                     help=f"Continue an interrupted results file, skipping each {unit} it has."),
+        click.option("--shard", "shard", metavar="K/N",
+                     help="Only shard K of N of the matrix (deterministic; see merge)."),
+    ]
+    return _compose(options)
+
+
+def _compose(options: list[Callable[[Callable], Callable]]) -> Callable[[Callable], Callable]:
+    def deco(fn: Callable) -> Callable:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return deco

@@ -39,7 +39,9 @@ from .common import (
     choose_kernels,
     console,
     fail,
+    kernel_options,
     split_names,
+    survival_options,
 )
 
 
@@ -60,29 +62,14 @@ def _device_of(kernels) -> str:
 @click.option("--case", "case_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="Case file with a [run] table [cases/default.toml].")
 @click.option("--quick", is_flag=True, help="The CI case (cases/quick.toml, about 20 s).")
-@click.option("-f", "--function", "functions", multiple=True, metavar="F",
-              help="Only kernels of this function (repeat or comma-separate).")
-@click.option("-b", "--backend", "backends", multiple=True, metavar="B",
-              help="Only kernels of this backend.")
-@click.option("-d", "--dtype", "dtypes", multiple=True, metavar="D",
-              help=f"Only these dtypes: {', '.join(DTYPE_NAMES)}.")
+@kernel_options("time")
 @click.option("-s", "--size", "sizes", multiple=True, metavar="ROWSxN",
               help="Shapes to time instead of the case's, e.g. 64x262144.")
 @click.option("--mode", type=click.Choice(["fwd", "bwd"]), default=None,
               help="Forward or backward kernels [the case's, else fwd].")
-@click.option("--only", "only", multiple=True, metavar="NAME,...", help="Only these kernels.")
-@click.option("--kernel-file", "kernel_files", multiple=True, type=click.Path(dir_okay=False),
-              metavar="PATH", help="Load kernels from a Python file; without --only, time those.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Results file [results/runs/<timestamp>.json].")
-@click.option("--shard", "shard", metavar="K/N",
-              help="Time only shard K of N of the matrix (deterministic; see elasticbench merge).")
-@click.option("--isolate", is_flag=True,
-              help="Time each kernel in a child process: a crash or OOM kill fails its cell.")
-@click.option("--timeout", type=float, default=None, metavar="SECONDS",
-              help="Fail a cell whose timing runs longer than this (implies --isolate).")
-@click.option("--resume", "resume_path", type=click.Path(dir_okay=False), metavar="PATH",
-              help="Continue an interrupted run saved in PATH, skipping the cells it has.")
+@survival_options("cell")
 def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel_files,
         json_path, shard, isolate, timeout, resume_path) -> None:
     """Time kernels and compare them with the copy-bandwidth and exp-throughput roofs.

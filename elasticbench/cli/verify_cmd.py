@@ -29,7 +29,9 @@ from .common import (
     choose_kernels_by_mode,
     console,
     fail,
+    kernel_options,
     split_names,
+    survival_options,
 )
 
 MODE_CHOICES = ("fwd", "bwd", "both")
@@ -41,18 +43,9 @@ def _shard_key(mode_case: tuple[str, VerifyCase]) -> tuple:
 
 
 @click.command()
-@click.option("-f", "--function", "functions", multiple=True, metavar="F",
-              help="Only kernels of this function (repeat or comma-separate).")
-@click.option("-b", "--backend", "backends", multiple=True, metavar="B",
-              help="Only kernels of this backend: numpy, torch.")
-@click.option("-d", "--dtype", "dtypes", multiple=True, metavar="D",
-              help=f"Only these dtypes: {', '.join(DTYPE_NAMES)}.")
-@click.option("--only", "only", multiple=True, metavar="NAME,...", help="Only these kernels.")
+@kernel_options("verify")
 @click.option("--input", "inputs", multiple=True, metavar="GEN",
               help="Only these input generators (see `elasticbench list inputs`).")
-@click.option("--kernel-file", "kernel_files", multiple=True,
-              type=click.Path(dir_okay=False), metavar="PATH",
-              help="Load kernels from a Python file; without --only, verify just those.")
 @click.option("--case", "case_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="Verification matrix ([verify] table of a TOML case file).")
 @click.option("--quick", is_flag=True, help="The small matrix (cases/verify-quick.toml).")
@@ -64,14 +57,7 @@ def _shard_key(mode_case: tuple[str, VerifyCase]) -> tuple:
 @click.option("--no-cache", is_flag=True, help="Recompute references instead of reading the cache.")
 @click.option("--mode", "mode", default="fwd", show_default=True, metavar="fwd|bwd|both",
               help="Verify forward kernels, backward (gradient) kernels, or both.")
-@click.option("--isolate", is_flag=True,
-              help="Call each kernel in a child process: a crash or OOM kill fails its case.")
-@click.option("--timeout", type=float, default=None, metavar="SECONDS",
-              help="Fail a kernel call that runs longer than this (implies --isolate).")
-@click.option("--resume", "resume_path", type=click.Path(dir_okay=False), metavar="PATH",
-              help="Continue an interrupted verification saved in PATH, skipping what it has.")
-@click.option("--shard", "shard", metavar="K/N",
-              help="Verify only shard K of N of the matrix (deterministic; see merge).")
+@survival_options("case")
 def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, quick, json_path,
            precision, jobs, no_cache, mode, isolate, timeout, resume_path, shard) -> None:
     """Check kernels against mpmath ground truth on adversarial inputs, in ulps.

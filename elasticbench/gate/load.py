@@ -13,14 +13,13 @@ Every timing becomes a cost, lower is better, in the unit of the chosen metric:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..records import ResultsFileError, read_results, record_key
+from ..records import ResultsFileError, check_results, read_json, record_key
 
 METRICS = ("time", "bandwidth-fraction")
 MACHINE_FIELDS = ("cpu", "arch", "cores", "gpu")
@@ -181,17 +180,10 @@ def load(path: str | Path, metric: str = "time") -> Dataset:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r} (choose from {', '.join(METRICS)})")
     p = Path(path)
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ResultsFileError(f"results file {p} does not exist") from None
-    except OSError as e:
-        raise ResultsFileError(f"results file {p} cannot be read: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ResultsFileError(f"results file {p} is not valid JSON: {e}") from None
+    raw = read_json(p)
     if isinstance(raw, dict) and isinstance(raw.get("benchmarks"), list) and "schema" not in raw:
         return _pytest_benchmark(raw, metric, str(p))
-    doc = read_results(p)  # checks the schema; one-line error otherwise
+    doc = check_results(raw, p)  # checks the schema; one-line error otherwise
     kind = str(doc["schema"]).split(".", 1)[1].split("/")[0]  # schema checked: run | verify
     ds = Dataset(str(p), kind,
                  dict(doc.get("machine") or {}), metric, commit=doc.get("commit"))
