@@ -2,7 +2,7 @@
 
 from elasticbench.numerics.truth_cache import TruthStore, default_cache_dir
 from elasticbench.registry import get_kernel
-from elasticbench.selftest.mutants import FORWARD_MUTANTS, Mutant
+from elasticbench.selftest.mutants import MUTANTS, Mutant
 from elasticbench.selftest.runner import run_selftest
 from elasticbench.verify.matrix import builtin_case, load_matrix
 
@@ -10,13 +10,13 @@ from elasticbench.verify.matrix import builtin_case, load_matrix
 def test_selftest_command_catches_every_mutant(cli):
     r = cli("selftest")
     assert r.code == 0, r.out
-    assert f"mutation score {len(FORWARD_MUTANTS)}/{len(FORWARD_MUTANTS)}" in r.out
+    assert f"mutation score {len(MUTANTS)}/{len(MUTANTS)}" in r.out
     assert "MISSED" not in r.out and "FAILS" not in r.out
 
 
 def test_each_mutant_is_caught_where_its_bug_lives():
     matrix = load_matrix(builtin_case("verify-quick"))
-    outcomes = {o.name: o for o in run_selftest(FORWARD_MUTANTS, [], matrix, TruthStore(default_cache_dir()))}
+    outcomes = {o.name: o for o in run_selftest(MUTANTS, [], matrix, TruthStore(default_cache_dir()))}
     assert all(o.ok for o in outcomes.values())
     assert outcomes["nan_masked"].caught_by["input"] == "specials"
     assert outcomes["strict_mask"].caught_by["input"] in {"all_zero", "relu_zeros"}
@@ -24,6 +24,8 @@ def test_each_mutant_is_caught_where_its_bug_lives():
     assert outcomes["input_modified"].caught_by["reason"].startswith("modified its input")
     assert outcomes["zero_over_zero"].caught_by["special_ok"] is False
     assert outcomes["beta_not_rescaled"].caught_by["params"]["beta"] > 1e-10
+    assert outcomes["bwd_forgets_mask"].caught_by["mode"] == "bwd"
+    assert outcomes["bwd_offset_not_rescaled"].caught_by["mode"] == "bwd"
 
 
 def test_a_mutant_that_is_not_wrong_is_reported_missed():

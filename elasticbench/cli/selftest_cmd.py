@@ -10,10 +10,10 @@ from rich.table import Table
 
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..registry import list_kernels
-from ..selftest.mutants import FORWARD_MUTANTS
+from ..selftest.mutants import MUTANTS
 from ..selftest.runner import caught_by_text, run_selftest
 from ..verify.matrix import builtin_case, load_matrix
-from .common import EXIT_FAILED, EXIT_OK, console
+from .common import EXIT_FAILED, EXIT_OK, console, quiet
 
 
 @click.command()
@@ -24,9 +24,8 @@ def selftest(no_cache: bool) -> None:
     out = console()
     matrix = load_matrix(builtin_case("verify-quick"))
     store = TruthStore(None if no_cache else default_cache_dir())
-    correct = list_kernels(mode="fwd")
-    ours = [k for k in correct if k.source == "builtin" and not k.baseline]
-    outcomes = run_selftest(FORWARD_MUTANTS, ours, matrix, store)
+    ours = [k for k in list_kernels() if k.source == "builtin" and not k.baseline]
+    outcomes = run_selftest(MUTANTS, ours, matrix, store)
     table = Table(title="mutation self-test", title_justify="left")
     table.add_column("mutant / kernel", no_wrap=True, style="bold")
     table.add_column("verdict", no_wrap=True)
@@ -39,11 +38,11 @@ def selftest(no_cache: bool) -> None:
         table.add_row(o.name, verdict, caught_by_text(o) if o.caught_by else "")
     out.print(table)
     for o in outcomes:
-        if o.expected_to_fail:
-            out.print(f"  {o.name}: {o.bug}")
+        if o.expected_to_fail and not quiet():
+            click.echo(f"  {o.name}: {o.bug}")
     mutants = [o for o in outcomes if o.expected_to_fail]
     caught = sum(o.ok for o in mutants)
     good = [o for o in outcomes if not o.expected_to_fail]
-    out.print(f"mutation score {caught}/{len(mutants)}; correct kernels passing "
-              f"{sum(o.ok for o in good)}/{len(good)}")
+    click.echo(f"mutation score {caught}/{len(mutants)}; correct kernels passing "
+               f"{sum(o.ok for o in good)}/{len(good)}")
     sys.exit(EXIT_OK if all(o.ok for o in outcomes) else EXIT_FAILED)

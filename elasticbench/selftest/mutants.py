@@ -135,3 +135,39 @@ FORWARD_MUTANTS: tuple[Mutant, ...] = (
     Mutant(_spec("input_modified", "elastic", _in_place),
            "input modified in place"),
 )
+
+
+def _bwd_recomputed_without_mask(x, y, g, *, tau, beta):
+    """A recomputing backward (y rebuilt from x to save memory) that forgot the mask."""
+    from ..kernels.numpy_kernels import numpy_elastic_bwd
+
+    _, dtau, dbeta = numpy_elastic_bwd(x, y, g, tau=tau, beta=beta)
+    xf, gf = x.astype(np.float64), g.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        m = np.where(np.isfinite(xf), xf, -np.inf).max(axis=-1, keepdims=True)
+        m0 = np.where(np.isfinite(m), m, 0)
+        e = np.where(np.isfinite(xf), np.exp((xf - m0) / tau), 0)
+        yr = e / (e.sum(axis=-1, keepdims=True) + beta * np.exp(-m0 / tau))
+        dx = yr * (gf - (gf * yr).sum(axis=-1, keepdims=True)) / tau
+    return dx.astype(x.dtype), dtau, dbeta
+
+
+def _bwd_offset_not_rescaled(x, y, g, *, tau, beta):
+    """dbeta = -c / D' with the shifted denominator: the exp(-m/tau) factor forgotten."""
+    from ..kernels.numpy_kernels import numpy_elastic_bwd
+
+    dx, dtau, _ = numpy_elastic_bwd(x, y, g, tau=tau, beta=beta)
+    yf, gf = y.astype(np.float64), g.astype(np.float64)
+    c = (gf * yf).sum(axis=-1)
+    return dx, dtau, float(-(c * yf.max(axis=-1)).sum())
+
+
+BACKWARD_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(KernelSpec("bwd_forgets_mask", "elastic", "numpy", _bwd_recomputed_without_mask,
+                      "bwd", "selftest"),
+           "a backward that forgets the mask (masked logits get a gradient)"),
+    Mutant(KernelSpec("bwd_offset_not_rescaled", "elastic", "numpy", _bwd_offset_not_rescaled,
+                      "bwd", "selftest"),
+           "dbeta from the shifted denominator without exp(-m/tau)"),
+)
+MUTANTS = FORWARD_MUTANTS + BACKWARD_MUTANTS
