@@ -1,5 +1,8 @@
 """torch kernels for the whole family. Device-agnostic: the same code runs on CUDA tensors.
 
+The exp-normalize members share their forward and backward with elasticbench.functional
+(the autograd path), so the kernel verified here is the code a model runs.
+
 fp64 and fp32 compute in their own precision; fp16 and bf16 compute and accumulate in
 fp32 and round once at the end. Special values follow DESIGN.md section 2.
 """
@@ -11,6 +14,7 @@ import math
 import torch
 
 from elasticbench import register_kernel
+from elasticbench.functional import exp_normalize_backward, exp_normalize_forward
 
 
 def _work(x: torch.Tensor) -> torch.Tensor:
@@ -22,22 +26,6 @@ def _finish(x: torch.Tensor, num: torch.Tensor, den: torch.Tensor, nan_row: torc
     y = torch.where(den > 0, num / torch.where(den > 0, den, 1), 0)
     y = y.masked_fill(nan_row, math.nan)
     return y.to(x.dtype)
-
-
-def _exp_normalize(x, keep, *, tau: float = 1.0, floor: float = -math.inf, offset=None):
-    """exp((x - m)/tau) over kept positions, divided by their sum plus offset(m)."""
-    xw = _work(x)
-    nan_row = xw.isnan().any(dim=-1, keepdim=True)
-    s = xw.masked_fill(~keep, -math.inf)
-    m = s.amax(dim=-1, keepdim=True).clamp_min(floor)
-    inf_row = m == math.inf
-    m0 = torch.where(m.isfinite(), m, 0)  # rows with nothing kept: no shift
-    e = torch.exp((s - m0) / tau)
-    e = torch.where(inf_row, (s == math.inf).to(xw.dtype), e)
-    den = e.sum(dim=-1, keepdim=True)
-    if offset is not None:
-        den = den + torch.where(inf_row, 0, offset(m0))
-    return _finish(x, e, den, nan_row)
 
 
 def _weight_normalize(x, w, constant: float = 0.0):
@@ -56,19 +44,19 @@ def _weight_normalize(x, w, constant: float = 0.0):
 @register_kernel(function="elastic", backend="torch", name="torch_elastic")
 def torch_elastic(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Elastic-Softmax in torch: mask, shift by the kept max, offset rescaled by exp(-m/tau)."""
-    return _exp_normalize(x, x >= 0, tau=tau, offset=lambda m: beta * torch.exp(-m / tau))
+    return exp_normalize_forward(x, x >= 0, tau, offset=beta)
 
 
 @register_kernel(function="softmax", backend="torch", name="torch_safe_softmax")
 def torch_safe_softmax(x: torch.Tensor) -> torch.Tensor:
     """Safe softmax in torch: shifted by the max; an all -inf row gives zeros."""
-    return _exp_normalize(x, x > -math.inf)
+    return exp_normalize_forward(x, x > -math.inf)
 
 
 @register_kernel(function="softmax1", backend="torch", name="torch_softmax1")
 def torch_softmax1(x: torch.Tensor) -> torch.Tensor:
     """Softmax1 in torch: shift m = max(max x, 0), the 1 rescaled to exp(-m)."""
-    return _exp_normalize(x, x > -math.inf, floor=0.0, offset=lambda m: torch.exp(-m))
+    return exp_normalize_forward(x, x > -math.inf, offset=1.0, floor=0.0)
 
 
 @register_kernel(function="stablemax", backend="torch", name="torch_stablemax")
@@ -88,8 +76,6 @@ def torch_symax(x: torch.Tensor, *, eta: float) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------
 # Backward kernels (mode="bwd"): fn(x, y, g, **params) -> dx, or (dx, dtau, dbeta) for
 # elastic. They are the very code behind elasticbench.functional's autograd backward.
-
-from elasticbench.functional import exp_normalize_backward  # noqa: E402
 
 
 @register_kernel(function="elastic", backend="torch", name="torch_elastic_bwd", mode="bwd")
