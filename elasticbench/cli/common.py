@@ -135,6 +135,21 @@ def survival_options(unit: str) -> Callable[[Callable], Callable]:
     return _compose(options)
 
 
+def check_survival(timeout: float | None, resume_path: str | None, json_path: str | None,
+                   shard: str | None) -> tuple[int, int] | None:
+    """Validate the survival options together (one-line exit 2); return the parsed shard."""
+    from ..gate.shard import parse_shard
+
+    if timeout is not None and not timeout > 0:
+        fail(f"--timeout must be a positive number of seconds, got {timeout:g}")
+    if resume_path and json_path:
+        fail("--resume continues writing its own file; leave out --json")
+    try:
+        return parse_shard(shard) if shard else None
+    except ValueError as e:
+        fail(str(e))
+
+
 def _compose(options: list[Callable[[Callable], Callable]]) -> Callable[[Callable], Callable]:
     def deco(fn: Callable) -> Callable:
         for option in reversed(options):

@@ -25,7 +25,7 @@ from ..bench.table import render_run
 from ..environment import describe
 from ..execute import Isolation
 from ..functions import get_function
-from ..gate.shard import parse_shard, select_shard, shard_header
+from ..gate.shard import select_shard, shard_header
 from ..interrupt import sigterm_as_interrupt
 from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth_cache import TruthStore, default_cache_dir
@@ -36,6 +36,7 @@ from .common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    check_survival,
     choose_kernels,
     console,
     fail,
@@ -86,15 +87,11 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
             if d not in DTYPE_NAMES:
                 raise ValueError(f"unknown dtype {d!r} (choose from {', '.join(DTYPE_NAMES)})")
         shapes = [parse_size(s) for s in split_names(sizes)]
-        shard_kn = parse_shard(shard) if shard else None
     except ValueError as e:
         fail(str(e))
+    shard_kn = check_survival(timeout, resume_path, json_path, shard)
     if case_file and quick:
         fail("--case and --quick cannot be used together")
-    if timeout is not None and not timeout > 0:
-        fail(f"--timeout must be a positive number of seconds, got {timeout:g}")
-    if resume_path and json_path:
-        fail("--resume continues writing its own file; leave out --json")
     path = Path(case_file) if case_file else builtin_case("quick" if quick else "default")
     try:
         case = load_run_case(path)

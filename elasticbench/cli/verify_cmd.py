@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..environment import describe
 from ..execute import Isolation
 from ..functions import get_function
-from ..gate.shard import parse_shard, select_shard, shard_header
+from ..gate.shard import select_shard, shard_header
 from ..inputs import get_generator
 from ..interrupt import sigterm_as_interrupt
 from ..numerics.dtypes import DTYPE_NAMES
@@ -26,6 +26,7 @@ from .common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    check_survival,
     choose_kernels_by_mode,
     console,
     fail,
@@ -85,14 +86,7 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
         fail(f"--jobs must be at least 1, got {jobs}")
     if mode not in MODE_CHOICES:
         fail(f"unknown --mode {mode!r} (choose from {', '.join(MODE_CHOICES)})")
-    if timeout is not None and not timeout > 0:
-        fail(f"--timeout must be a positive number of seconds, got {timeout:g}")
-    if resume_path and json_path:
-        fail("--resume continues writing its own file; leave out --json")
-    try:
-        shard_kn = parse_shard(shard) if shard else None
-    except ValueError as e:
-        fail(str(e))
+    shard_kn = check_survival(timeout, resume_path, json_path, shard)
     if case_file and quick:
         fail("--case and --quick cannot be used together")
     path = Path(case_file) if case_file else builtin_case("verify-quick" if quick else "verify")
