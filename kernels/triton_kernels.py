@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -261,20 +262,27 @@ def _exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, tau, beta,
             _st(y_ptr + r * sy + idx, y, inside, BITS)
 
 
-def _exp_normalize(x: torch.Tensor, *, tau: float, beta: float, nonneg: bool, floor0: bool,
-                   offset: bool) -> torch.Tensor:
+def _normalize_rows(x: torch.Tensor, fused_kernel: Any, online_kernel: Any,
+                    scalars: tuple[float, ...], **constexprs: Any) -> torch.Tensor:
+    """A new y = f(x) row by row: the register-resident kernel when a row fits, else the
+    online one; scalars follow (x, y, rows, n, strides) in the kernel's arguments."""
     rows, n = _check(x)
     x = x.contiguous()
     y = torch.empty_like(x)
     if rows == 0 or n == 0:
         return y
     fused, block = _plan(n)
-    kernel = _exp_fused_kernel if fused else _exp_online_kernel
     (xk, yk), bits = _native(x, y)
-    args = (xk, yk, rows, n, x.stride(0), y.stride(0), float(tau), float(beta))
-    _launch(kernel, rows, args, block, NONNEG=nonneg, FLOOR0=floor0, OFFSET=offset, BLOCK=block,
-            BITS=bits)
+    args = (xk, yk, rows, n, x.stride(0), y.stride(0), *scalars)
+    _launch(fused_kernel if fused else online_kernel, rows, args, block, BLOCK=block, BITS=bits,
+            **constexprs)
     return y
+
+
+def _exp_normalize(x: torch.Tensor, *, tau: float, beta: float, nonneg: bool, floor0: bool,
+                   offset: bool) -> torch.Tensor:
+    return _normalize_rows(x, _exp_fused_kernel, _exp_online_kernel, (float(tau), float(beta)),
+                           NONNEG=nonneg, FLOOR0=floor0, OFFSET=offset)
 
 
 def _check_tau_beta(tau: float, beta: float) -> None:
@@ -388,17 +396,8 @@ def _weight_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, const,
 
 
 def _weight_normalize(x: torch.Tensor, *, const: float, symax: bool) -> torch.Tensor:
-    rows, n = _check(x)
-    x = x.contiguous()
-    y = torch.empty_like(x)
-    if rows == 0 or n == 0:
-        return y
-    fused, block = _plan(n)
-    kernel = _weight_fused_kernel if fused else _weight_online_kernel
-    (xk, yk), bits = _native(x, y)
-    args = (xk, yk, rows, n, x.stride(0), y.stride(0), float(const))
-    _launch(kernel, rows, args, block, SYMAX=symax, BLOCK=block, BITS=bits)
-    return y
+    return _normalize_rows(x, _weight_fused_kernel, _weight_online_kernel, (float(const),),
+                           SYMAX=symax)
 
 
 @register_kernel(function="stablemax", backend="triton", dtypes=DTYPES, name="triton_stablemax")
