@@ -1,0 +1,286 @@
+"""Static audit of the Triton kernels for an NVIDIA GPU this machine need not have.
+
+The wrappers in `triton_kernels` are called on CPU tensors with their launches captured; each
+launch is specialized the way Triton's JIT would specialize it on a GPU (argument alignment
+and divisibility), compiled for the target architecture with the ptxas bundled in Triton, and
+read back: registers, spills, shared memory, resident programs per SM, global load/store
+widths, the exponential and division instructions in the PTX, and SASS instructions per
+element. From those and a GPU's datasheet figures it estimates which of issue slots, the
+special-function unit or DRAM bounds the kernel. The estimate is a model, not a measurement:
+only `elasticbench run` on a GPU measures.
+
+    python -m elasticbench.kernels.triton_audit --gpu h100-sxm --json audit.json
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import torch
+
+from elasticbench.functions import get_function
+from elasticbench.registry import KernelSpec, list_kernels
+
+from . import triton_kernels as tk
+
+
+@dataclass(frozen=True)
+class GPUModel:
+    """Datasheet figures of a GPU (not measurements) and its SM limits."""
+
+    name: str
+    arch: int
+    sms: int
+    clock_ghz: float  # boost clock
+    bandwidth_gbs: float  # DRAM, datasheet
+    sm: tk.SMLimits
+
+
+GPUS: dict[str, GPUModel] = {
+    "h100-sxm": GPUModel("H100 SXM5 80GB", 90, 132, 1.98, 3350.0, tk.SMLimits()),
+    "h200": GPUModel("H200 SXM 141GB", 90, 132, 1.98, 4800.0, tk.SMLimits()),
+    "a100-sxm": GPUModel("A100 SXM4 80GB", 80, 108, 1.41, 2039.0, tk.SMLimits(shared=167936)),
+}
+
+# Per SM and clock: 4 schedulers issue one warp instruction each (128 thread instructions);
+# the special-function unit (MUFU: ex2, rcp) completes 16 (sm_80, sm_90).
+ISSUE_PER_CLOCK = 128
+MUFU_PER_CLOCK = 16
+
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Audit:
+    """What the compiler made of one kernel launch, and the model's bounds in G elements/s."""
+
+    kernel: str
+    mode: str
+    dtype: str
+    n: int
+    path: str  # fused or online
+    block: int
+    num_warps: int
+    regs: int
+    local_bytes: int  # stack and local memory per thread
+    local_stores: int  # STL instructions: register spills
+    shared: int
+    programs_per_sm: int
+    ldg_bits: list[int]
+    stg_bits: list[int]
+    ptx_ex2_approx: int
+    ptx_ex2_ftz: bool  # every ex2 flushes subnormal results (ex2.approx.ftz.f32)
+    ptx_div_rn: int
+    sass_instructions: int
+    sass_per_element: float
+    mufu_per_element: float
+    bytes_per_element: int
+    issue_bound: float
+    mufu_bound: float
+    memory_bound: float
+    limiter: str
+
+
+def _compile(launch: tk.Launch, arch: int) -> Any:
+    """Compile a captured launch as the JIT would for `arch` (no GPU needed)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import compile as triton_compile
+    from triton.runtime.jit import create_function_from_signature
+
+    kernel = launch.kernel
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    bind = create_function_from_signature(kernel.signature, kernel.params, backend)
+    kwargs = {"num_warps": launch.num_warps, "enable_fp_fusion": True, **launch.constexprs}
+    bound, specialization, options = bind(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound,
+                                                              specialization, options)
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton_compile(source, target=target, options=options.__dict__)
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        tool = knobs.nvidia.cuobjdump.path
+        return subprocess.run([tool, flag, str(path)], capture_output=True, text=True,
+                              check=True).stdout
+
+
+_SASS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")
+_RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+
+
+def _width(opcode: str) -> int:
+    """Bits per thread of an LDG/STG opcode (LDG.E.128 -> 128, LDG.E.U16 -> 16, LDG.E -> 32)."""
+    for part in opcode.split(".")[1:]:
+        digits = part.lstrip("US")
+        if digits.isdigit():
+            return int(digits)
+    return 32
+
+
+def sass_opcodes(cubin: bytes) -> list[str]:
+    """The kernel's SASS opcodes in order (NOPs dropped)."""
+    ops = _SASS.findall(_cuobjdump(cubin, "-sass"))
+    return [op for op in ops if op != "NOP"]
+
+
+def _limits(compiled: Any) -> tuple[int, int]:
+    """(registers, stack + local bytes) per thread from the cubin's resource usage."""
+    found = _RES.search(_cuobjdump(compiled.asm["cubin"], "-res-usage"))
+    if not found:
+        raise RuntimeError("cuobjdump printed no resource usage")
+    regs, stack, _shared, local = (int(v) for v in found.groups())
+    return regs, stack + local
+
+
+def _default_params(spec: KernelSpec) -> dict[str, float]:
+    return {p.name: p.default for p in get_function(spec.function).params}
+
+
+def _capture(spec: KernelSpec, dtype: str, rows: int, n: int) -> list[tk.Launch]:
+    x = torch.empty(rows, n, dtype=TORCH_DTYPES[dtype])
+    with tk.capture_launches() as launches:
+        if spec.mode == "bwd":
+            spec.fn(x, torch.empty_like(x), torch.empty_like(x), **_default_params(spec))
+        else:
+            spec.fn(x, **_default_params(spec))
+    return launches
+
+
+def audit_kernel(spec: KernelSpec, dtype: str, n: int, gpu: GPUModel,
+                 rows: int = 1024) -> Audit:
+    """Compile spec's row kernel for (rows, n) in dtype and model it on gpu."""
+    launch = _capture(spec, dtype, rows, n)[0]  # the row kernel; a reduction may follow
+    compiled = _compile(launch, gpu.arch)
+    regs, local_bytes = _limits(compiled)
+    ops = sass_opcodes(compiled.asm["cubin"])
+    ex2 = re.findall(r"\bex2\.approx[.a-z0-9]*", compiled.asm["ptx"])
+    block = int(launch.constexprs["BLOCK"])
+    fused = block >= n
+    per_thread = block / (32 * launch.num_warps)  # elements a thread holds per row or chunk
+    counts = Counter(op.split(".")[0] for op in ops)
+    itemsize = TORCH_DTYPES[dtype].itemsize
+    arrays = 4 if spec.mode == "bwd" else 2  # x (y, g) read and the result written
+    rereads = 0 if fused else (3 if spec.mode == "bwd" else 1)  # the online pass reads again
+    bytes_per_element = (arrays + rereads) * itemsize
+    sass_pe = len(ops) / per_thread
+    mufu_pe = counts["MUFU"] / per_thread
+    clock = gpu.sms * gpu.clock_ghz
+    bounds = {
+        "issue": clock * ISSUE_PER_CLOCK / sass_pe,
+        "mufu": clock * MUFU_PER_CLOCK / mufu_pe if mufu_pe else float("inf"),
+        "memory": gpu.bandwidth_gbs / bytes_per_element,
+    }
+    return Audit(
+        kernel=spec.name, mode=spec.mode, dtype=dtype, n=n, path="fused" if fused else "online",
+        block=block, num_warps=launch.num_warps, regs=regs, local_bytes=local_bytes,
+        local_stores=counts["STL"],
+        shared=int(compiled.metadata.shared),
+        programs_per_sm=tk.resident_programs(regs, compiled.metadata.shared, launch.num_warps,
+                                             gpu.sm),
+        ldg_bits=sorted({_width(op) for op in ops if op.startswith("LDG")}),
+        stg_bits=sorted({_width(op) for op in ops if op.startswith("STG")}),
+        ptx_ex2_approx=len(ex2),
+        ptx_ex2_ftz=bool(ex2) and all(".ftz" in op for op in ex2),
+        ptx_div_rn=len(re.findall(r"\bdiv\.rn\.f32", compiled.asm["ptx"])),
+        sass_instructions=len(ops), sass_per_element=round(sass_pe, 2),
+        mufu_per_element=round(mufu_pe, 3), bytes_per_element=bytes_per_element,
+        issue_bound=round(bounds["issue"], 1), mufu_bound=round(bounds["mufu"], 1),
+        memory_bound=round(bounds["memory"], 1), limiter=min(bounds, key=bounds.__getitem__),
+    )
+
+
+def triton_specs(names: Iterable[str] = ()) -> list[KernelSpec]:
+    """The registered triton kernels (forward and backward), optionally only those named."""
+    wanted = set(names)
+    specs = [s for mode in ("fwd", "bwd") for s in list_kernels(mode=mode)
+             if s.backend == "triton" and (not wanted or s.name in wanted)]
+    if wanted - {s.name for s in specs}:
+        unknown = ", ".join(sorted(wanted - {s.name for s in specs}))
+        raise click.BadParameter(f"not triton kernels: {unknown}")
+    return specs
+
+
+def run_audit(specs: list[KernelSpec], dtypes: list[str], sizes: list[int], gpu: GPUModel,
+              progress: Callable[[str], None] = lambda _: None) -> list[Audit]:
+    audits = []
+    for spec in specs:
+        for dtype in dtypes:
+            for n in sizes:
+                progress(f"{spec.name} {spec.mode} {dtype} n={n}")
+                audits.append(audit_kernel(spec, dtype, n, gpu))
+    return audits
+
+
+def _table(audits: list[Audit], gpu: GPUModel) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"Triton kernels compiled for sm_{gpu.arch}; bounds from {gpu.name} "
+                        f"datasheet figures (G elements/s, a model, not a measurement)")
+    for col in ("kernel", "mode", "dtype", "n", "path", "warps", "regs", "STL",
+                "prog/SM", "LDG bits", "SASS/el", "MUFU/el", "issue", "mufu", "memory",
+                "limiter"):
+        table.add_column(col, justify="left" if col in ("kernel", "mode", "dtype", "path",
+                                                         "limiter") else "right")
+    for a in audits:
+        table.add_row(a.kernel, a.mode, a.dtype, str(a.n), a.path, str(a.num_warps), str(a.regs),
+                      str(a.local_stores), str(a.programs_per_sm),
+                      ",".join(map(str, a.ldg_bits)), f"{a.sass_per_element:.1f}",
+                      f"{a.mufu_per_element:.2f}", f"{a.issue_bound:.0f}",
+                      f"{a.mufu_bound:.0f}", f"{a.memory_bound:.0f}", a.limiter)
+    return table
+
+
+@click.command()
+@click.option("--gpu", "gpu_name", type=click.Choice(sorted(GPUS)), default="h100-sxm",
+              show_default=True, help="Architecture to compile for and datasheet to model.")
+@click.option("--kernel", "kernels", multiple=True, help="Only these triton kernels.")
+@click.option("-d", "--dtype", "dtypes", default="fp32,fp16,bf16", show_default=True)
+@click.option("--sizes", default="1024,4096,16384,65536", show_default=True,
+              help="Row lengths n (comma-separated).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the audit records here.")
+def main(gpu_name: str, kernels: tuple[str, ...], dtypes: str, sizes: str,
+         json_path: str | None) -> None:
+    """Compile every triton kernel for a GPU and report what the compiler made of it."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    gpu = GPUS[gpu_name]
+    try:
+        ns = [int(s) for s in sizes.split(",") if s.strip()]
+        dts = [d.strip() for d in dtypes.split(",") if d.strip()]
+        bad = [d for d in dts if d not in tk.DTYPES]
+        if bad or not ns or min(ns) < 1:
+            raise ValueError(f"dtypes must be among {', '.join(tk.DTYPES)} and sizes >= 1")
+    except ValueError as e:
+        console.print(f"error: {e}")
+        sys.exit(2)
+    with console.status("compiling") as status:
+        audits = run_audit(triton_specs(kernels), dts, ns, gpu,
+                           lambda what: status.update(f"compiling {what}"))
+    Console(width=max(160, Console().width)).print(_table(audits, gpu))
+    if json_path:
+        records = {"gpu": asdict(gpu), "audits": [asdict(a) for a in audits]}
+        Path(json_path).write_text(json.dumps(records, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
