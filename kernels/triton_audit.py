@@ -111,17 +111,6 @@ def _compile(launch: tk.Launch, arch: int) -> Any:
     return triton_compile(source, target=target, options=options.__dict__)
 
 
-def _cuobjdump(cubin: bytes, flag: str) -> str:
-    from triton import knobs
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernel.cubin"
-        path.write_bytes(cubin)
-        tool = knobs.nvidia.cuobjdump.path
-        return subprocess.run([tool, flag, str(path)], capture_output=True, text=True,
-                              check=True).stdout
-
-
 _SASS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")
 _RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 
@@ -135,19 +124,21 @@ def _width(opcode: str) -> int:
     return 32
 
 
-def sass_opcodes(cubin: bytes) -> list[str]:
-    """The kernel's SASS opcodes in order (NOPs dropped)."""
-    ops = _SASS.findall(_cuobjdump(cubin, "-sass"))
-    return [op for op in ops if op != "NOP"]
+def read_cubin(cubin: bytes) -> tuple[int, int, list[str]]:
+    """(registers, stack + local bytes per thread, SASS opcodes in order without NOPs), from
+    one cuobjdump of the cubin."""
+    from triton import knobs
 
-
-def _limits(compiled: Any) -> tuple[int, int]:
-    """(registers, stack + local bytes) per thread from the cubin's resource usage."""
-    found = _RES.search(_cuobjdump(compiled.asm["cubin"], "-res-usage"))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", "-sass", str(path)],
+                              capture_output=True, text=True, check=True).stdout
+    found = _RES.search(text)
     if not found:
         raise RuntimeError("cuobjdump printed no resource usage")
     regs, stack, _shared, local = (int(v) for v in found.groups())
-    return regs, stack + local
+    return regs, stack + local, [op for op in _SASS.findall(text) if op != "NOP"]
 
 
 def _default_params(spec: KernelSpec) -> dict[str, float]:
@@ -169,8 +160,7 @@ def audit_kernel(spec: KernelSpec, dtype: str, n: int, gpu: GPUModel,
     """Compile spec's row kernel for (rows, n) in dtype and model it on gpu."""
     launch = _capture(spec, dtype, rows, n)[0]  # the row kernel; a reduction may follow
     compiled = _compile(launch, gpu.arch)
-    regs, local_bytes = _limits(compiled)
-    ops = sass_opcodes(compiled.asm["cubin"])
+    regs, local_bytes, ops = read_cubin(compiled.asm["cubin"])
     ex2 = re.findall(r"\bex2\.approx[.a-z0-9]*", compiled.asm["ptx"])
     block = int(launch.constexprs["BLOCK"])
     fused = block >= n

@@ -400,6 +400,16 @@ def _exp_den(den, shift, k, beta, OFFSET: tl.constexpr, PRE: tl.constexpr):
 
 
 @triton.jit
+def _online_step(top, den, s, k, PRE: tl.constexpr):
+    """One chunk of an online pass: the running NaN-propagating max and den = sum
+    exp((s - max)/tau), rescaled by exp((old - new)/tau) when the max grows."""
+    new = tl.maximum(top, _max_nan(s), propagate_nan=tl.PropagateNan.ALL)
+    m = tl.where(new > float("-inf"), new, 0.0)
+    e = _exp2_scaled(s - m, k, PRE, False)
+    return new, den * _exp2_scaled(top - m, k, PRE, False) + tl.sum(e, axis=0)
+
+
+@triton.jit
 def _exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
                       NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
                       PRE: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
@@ -439,11 +449,7 @@ def _exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
         for start in tl.range(0, n, BLOCK):
             idx = start + offs
             s = _keep(_ld(xrow + idx, idx < n, float("-inf"), BITS, EVEN), NONNEG)
-            new = tl.maximum(top, _max_nan(s), propagate_nan=tl.PropagateNan.ALL)
-            m = tl.where(new > float("-inf"), new, 0.0)
-            e = _exp2_scaled(s - m, k, PRE, False)
-            den = den * _exp2_scaled(top - m, k, PRE, False) + tl.sum(e, axis=0)
-            top = new
+            top, den = _online_step(top, den, s, k, PRE)
         if _ordinary(top):
             shift = _exp_shift(top, FLOOR0)
             if FLOOR0:  # pass 1 shifted by the max alone
@@ -665,18 +671,35 @@ def _bwd_t(s, m, y, k, PRE: tl.constexpr):
 
 
 @triton.jit
-def _bwd_row_partials(c, a2, b2, den, top, k, tau, beta, PRE: tl.constexpr):
-    """(dtau, dbeta) of one row from c, A/ln2, B/ln2, D' and its NaN-propagating max."""
-    shift = tl.where(_ordinary(top) & (top > float("-inf")), top, 0.0)
-    beta_s = beta * _exp2_scaled(-shift, k, PRE, False)
+def _regular(top):
+    """Something kept and no NaN or +inf (top: the row's NaN-propagating kept max)."""
+    return _ordinary(top) & (top > float("-inf"))
+
+
+@triton.jit
+def _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, BITS: tl.constexpr,
+            EVEN: tl.constexpr):
+    """x, y, g of row r at idx; lanes past the row read x = -inf (masked), y = g = 0."""
+    x = _ld(x_ptr + r * sx + idx, inside, float("-inf"), BITS, EVEN)
+    y = _ld(y_ptr + r * sy + idx, inside, 0.0, BITS, EVEN)
+    g = _ld(g_ptr + r * sg + idx, inside, 0.0, BITS, EVEN)
+    return x, y, g
+
+
+@triton.jit
+def _bwd_row_partials(c, a2, b2, den, top, shift, k, tau, beta, PRE: tl.constexpr):
+    """(dtau, dbeta) of one row from c, A/ln2, B/ln2, D', its NaN-propagating max and the
+    shift its sums were taken with."""
+    decay = _exp2_scaled(-shift, k, PRE, False)  # exp(-m/tau)
+    beta_s = beta * decay
     den_s = den + beta_s
     den_s = tl.where(den_s > 0.0, den_s, 1.0)
     # beta' = 0 (beta = 0, or exp(-m/tau) underflowed while m/tau may be inf): no offset term
     offset = tl.where(beta_s > 0.0,
                       tl.math.div_rn(shift, tau) * c * tl.math.div_rn(beta_s, den_s), 0.0)
     dtau = tl.math.div_rn((c * a2 - b2) * LN2 - offset, tau)
-    dbeta = -tl.math.div_rn(c * _exp2_scaled(-shift, k, PRE, False), den_s)
-    regular = _ordinary(top) & (top > float("-inf"))  # nothing kept or +inf: 0 (the limit)
+    dbeta = -tl.math.div_rn(c * decay, den_s)
+    regular = _regular(top)  # nothing kept or +inf: 0 (the limit)
     dtau = tl.where(top != top, float("nan"), tl.where(regular, dtau, 0.0))
     dbeta = tl.where(top != top, float("nan"), tl.where(regular, dbeta, 0.0))
     return dtau, dbeta
@@ -690,12 +713,10 @@ def _elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx
     inside = offs < n
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
         r = tl.cast(row, tl.int64)
-        x = _ld(x_ptr + r * sx + offs, inside, float("-inf"), BITS, EVEN)
-        y = _ld(y_ptr + r * sy + offs, inside, 0.0, BITS, EVEN)
-        g = _ld(g_ptr + r * sg + offs, inside, 0.0, BITS, EVEN)
+        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, offs, inside, BITS, EVEN)
         s = _keep(x, True)
         top = _max_nan(s)
-        m = tl.where(_ordinary(top) & (top > float("-inf")), top, 0.0)
+        m = tl.where(_regular(top), top, 0.0)
         # den >= 1: terms an ftz exp2 flushes are lost in its rounding anyway
         den = tl.sum(_exp2_scaled(s - m, k, PRE, False), axis=0)
         gy = tl.where(x < 0.0, 0.0, g * y)
@@ -704,7 +725,7 @@ def _elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx
         _st(dx_ptr + r * sdx + offs, dx, inside, BITS, EVEN)
         t = _bwd_t(s, m, y, k, PRE)
         dtau, dbeta = _bwd_row_partials(c, tl.sum(y * t, axis=0), tl.sum(gy * t, axis=0), den,
-                                        top, k, tau, beta, PRE)
+                                        top, m, k, tau, beta, PRE)
         tl.store(part_ptr + row, dtau)
         tl.store(part_ptr + rows + row, dbeta)
 
@@ -723,34 +744,26 @@ def _elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, s
         for start in tl.range(0, n, BLOCK):
             idx = start + offs
             inside = idx < n
-            x = _ld(x_ptr + r * sx + idx, inside, float("-inf"), BITS, EVEN)
-            y = _ld(y_ptr + r * sy + idx, inside, 0.0, BITS, EVEN)
-            g = _ld(g_ptr + r * sg + idx, inside, 0.0, BITS, EVEN)
+            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, BITS, EVEN)
             s = _keep(x, True)
-            new = tl.maximum(top, _max_nan(s), propagate_nan=tl.PropagateNan.ALL)
-            m = tl.where(new > float("-inf"), new, 0.0)
-            e = _exp2_scaled(s - m, k, PRE, False)
-            den = den * _exp2_scaled(top - m, k, PRE, False) + tl.sum(e, axis=0)
-            top = new
+            top, den = _online_step(top, den, s, k, PRE)
             c_lanes += tl.where(x < 0.0, 0.0, g * y)
         c = tl.sum(c_lanes, axis=0)
-        m = tl.where(_ordinary(top) & (top > float("-inf")), top, 0.0)
+        m = tl.where(_regular(top), top, 0.0)
         # pass 2: dx, and A, B with the final shift
         a_lanes = tl.zeros([BLOCK], dtype=tl.float32)
         b_lanes = tl.zeros([BLOCK], dtype=tl.float32)
         for start in tl.range(0, n, BLOCK):
             idx = start + offs
             inside = idx < n
-            x = _ld(x_ptr + r * sx + idx, inside, float("-inf"), BITS, EVEN)
-            y = _ld(y_ptr + r * sy + idx, inside, 0.0, BITS, EVEN)
-            g = _ld(g_ptr + r * sg + idx, inside, 0.0, BITS, EVEN)
+            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, BITS, EVEN)
             dx = _bwd_dx(x, y, g, c, tau, inv_tau, top == float("inf"), EXACT)
             _st(dx_ptr + r * sdx + idx, dx, inside, BITS, EVEN)
             t = _bwd_t(_keep(x, True), m, y, k, PRE)
             a_lanes += y * t
             b_lanes += tl.where(x < 0.0, 0.0, g * y) * t
         dtau, dbeta = _bwd_row_partials(c, tl.sum(a_lanes, axis=0), tl.sum(b_lanes, axis=0), den,
-                                        top, k, tau, beta, PRE)
+                                        top, m, k, tau, beta, PRE)
         tl.store(part_ptr + row, dtau)
         tl.store(part_ptr + rows + row, dbeta)
 
