@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import NoReturn
 
 import click
@@ -18,6 +19,7 @@ from ..registry import (
     select_kernels,
 )
 from ..report.terminal import Terminal
+from ..verify.matrix import builtin_case
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -27,6 +29,13 @@ def fail(message: str) -> NoReturn:
     first = " ".join(str(message).split())
     click.echo(f"elasticbench: error: {first}", err=True)
     sys.exit(EXIT_USAGE)
+
+
+def case_path(case_file: str | None, quick: bool, quick_case: str, default_case: str) -> Path:
+    """The --case file, else the built-in quick or default case (--case with --quick: exit 2)."""
+    if case_file and quick:
+        fail("--case and --quick cannot be used together")
+    return Path(case_file) if case_file else builtin_case(quick_case if quick else default_case)
 
 
 def split_names(values: Iterable[str]) -> list[str]:

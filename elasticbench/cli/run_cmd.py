@@ -31,11 +31,12 @@ from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..records import ResultsFileError, ResultsWriter, check_writable, resume_writer
 from ..registry import list_kernels
-from ..verify.matrix import CaseFileError, builtin_case
+from ..verify.matrix import CaseFileError
 from .common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    case_path,
     check_survival,
     choose_kernels,
     console,
@@ -90,9 +91,7 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
     except ValueError as e:
         fail(str(e))
     shard_kn = check_survival(timeout, resume_path, json_path, shard)
-    if case_file and quick:
-        fail("--case and --quick cannot be used together")
-    path = Path(case_file) if case_file else builtin_case("quick" if quick else "default")
+    path = case_path(case_file, quick, "quick", "default")
     try:
         case = load_run_case(path)
     except CaseFileError as e:

@@ -20,12 +20,13 @@ from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..records import ResultsFileError, ResultsWriter, check_writable, record_key, resume_writer
 from ..report.verify_table import render
-from ..verify.matrix import CaseFileError, VerifyCase, builtin_case, expand, load_matrix
+from ..verify.matrix import CaseFileError, VerifyCase, expand, load_matrix
 from ..verify.runner import run_verification
 from .common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    case_path,
     check_survival,
     choose_kernels_by_mode,
     console,
@@ -87,9 +88,7 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     if mode not in MODE_CHOICES:
         fail(f"unknown --mode {mode!r} (choose from {', '.join(MODE_CHOICES)})")
     shard_kn = check_survival(timeout, resume_path, json_path, shard)
-    if case_file and quick:
-        fail("--case and --quick cannot be used together")
-    path = Path(case_file) if case_file else builtin_case("verify-quick" if quick else "verify")
+    path = case_path(case_file, quick, "verify-quick", "verify")
     try:
         matrix = load_matrix(path)
     except CaseFileError as e:
