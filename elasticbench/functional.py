@@ -26,14 +26,15 @@ exactly 0, fully masked rows and rows with +inf (whose output no finite change o
 input moves) give exactly zero gradients, and a NaN row gives a NaN row in dx and NaN
 dtau and dbeta. fp16/bf16 compute and accumulate in fp32; fp64 and fp32 in their own
 precision. The same torch code runs on CPU and CUDA; on CUDA with scalar tau and beta the
-Triton kernels of elasticbench.kernels.triton_kernels are used when they import.
+Triton kernels of elasticbench.kernels.triton are used when they import.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from types import ModuleType
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -152,18 +153,23 @@ def elastic_backward_rows(
 # Dispatch to the Triton kernels (CUDA, scalar parameters) when they exist.
 
 
+class TritonElastic(NamedTuple):
+    forward: Callable[..., torch.Tensor]
+    backward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
 @functools.lru_cache(maxsize=1)
-def _triton() -> ModuleType | None:
+def _triton() -> TritonElastic | None:
+    """The Triton kernels' (elastic_forward, elastic_backward); importing registers nothing."""
     try:
-        from .kernels import triton_kernels as tk  # type: ignore[attr-defined]
+        from .kernels.triton.elastic_backward import elastic_backward
+        from .kernels.triton.exp_family import elastic_forward
     except Exception:  # absent, or Triton unusable here: the torch code serves
         return None
-    if not (hasattr(tk, "elastic_forward") and hasattr(tk, "elastic_backward")):
-        return None
-    return tk
+    return TritonElastic(elastic_forward, elastic_backward)
 
 
-def _use_triton(x: torch.Tensor, tau: Scalar, beta: Scalar) -> ModuleType | None:
+def _use_triton(x: torch.Tensor, tau: Scalar, beta: Scalar) -> TritonElastic | None:
     scalar = all(not isinstance(v, torch.Tensor) or v.ndim == 0 for v in (tau, beta))
     return _triton() if x.is_cuda and scalar else None
 
@@ -186,7 +192,7 @@ class _ElasticSoftmax(torch.autograd.Function):
         tk = _use_triton(x, tau, beta)
         if tk is not None:
             shape = xr.shape
-            y = tk.elastic_forward(xr.reshape(-1, shape[-1]).contiguous(), float(t), float(b))
+            y = tk.forward(xr.reshape(-1, shape[-1]).contiguous(), float(t), float(b))
             y = y.reshape(shape)
         else:
             y = elastic_forward_rows(xr, t, b)
@@ -205,7 +211,7 @@ class _ElasticSoftmax(torch.autograd.Function):
             tk = _triton()
             assert tk is not None
             n = xr.shape[-1]
-            dx, dtau, dbeta = tk.elastic_backward(
+            dx, dtau, dbeta = tk.backward(
                 y.reshape(-1, n), gr.reshape(-1, n).contiguous(),
                 xr.reshape(-1, n).contiguous(), float(ctx.t), float(ctx.b))
             dx = dx.reshape(xr.shape)

@@ -1,5 +1,7 @@
-"""Built-in kernels, one module per backend. Installed as `elasticbench.kernels`.
+"""Built-in kernels. Installed as `elasticbench.kernels`.
 
-Each module registers its kernels with `elasticbench.register_kernel` on import; the
-registry imports them the first time kernels are listed.
+Each module `<backend>_<anything>.py` registers kernels of that backend with
+`elasticbench.register_kernel` on import; the registry imports those whose backend is
+available the first time kernels are listed. Kernel code too large for one module lives in a
+package beside them (`triton/`), which registers nothing itself.
 """

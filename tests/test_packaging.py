@@ -54,6 +54,7 @@ def test_wheel_installs_and_imports_without_the_source_tree(tmp_path):
     (wheel,) = wheels.glob("elasticbench-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "elasticbench/kernels/numpy_kernels.py" in names
+    assert "elasticbench/kernels/triton/launch.py" in names  # subpackages of kernels/ too
     assert "elasticbench/cases/verify.toml" in names
     assert not any(n.startswith("kernels/") for n in names)  # nothing pollutes site-packages
     target = tmp_path / "site"

@@ -33,7 +33,17 @@ if not RUN_HERE:
         assert " passed" in run.stdout and " failed" not in run.stdout, tail
 
 else:
-    from elasticbench.kernels import triton_kernels as tk
+    from elasticbench.kernels import triton_kernels as registered
+    from elasticbench.kernels.triton.elastic_backward import elastic_backward
+    from elasticbench.kernels.triton.exp_family import (
+        FP32_MAX,
+        FP32_MIN_NORMAL,
+        LOG2E,
+        elastic_forward,
+        exp2_scale,
+        exp_normalize,
+    )
+    from elasticbench.kernels.triton.launch import LaunchOptions, launch_options
     from elasticbench.numerics.truth_cache import TruthStore
     from elasticbench.registry import list_kernels
     from elasticbench.verify.matrix import builtin_case, expand, load_matrix
@@ -56,7 +66,8 @@ else:
 
     @pytest.fixture(params=list(PATHS))
     def path(request):
-        with tk.row_paths(*PATHS[request.param]):
+        max_fused, chunk = PATHS[request.param]
+        with launch_options(max_fused=max_fused, chunk=chunk):
             yield request.param
 
     def _records(kernels, generators, store, max_elements=4096) -> list[dict]:
@@ -86,14 +97,15 @@ else:
         kernels = list_kernels(backend="triton", mode="fwd")
         assert {k.function for k in kernels} == {"elastic", "softmax", "softmax1",
                                                  "stablemax", "symax"}
-        with tk.row_paths(*thresholds):  # online: rows of 33 and more, 32-wide chunks
+        # online: rows of 33 and more, 32-wide chunks
+        with launch_options(max_fused=thresholds[0], chunk=thresholds[1]):
             records = _records(kernels, SHORT_GENERATORS, store)
         assert not _failures(records), "\n".join(_failures(records)[:20])
         assert all(r["special_ok"] for r in records)
 
     def test_long_rows_online_path_verifies(store) -> None:
         # 8192-wide rows (flat, 1.0 repeated: where a low-precision sum stalls), 1024 chunks
-        with tk.row_paths(1024, 1024):
+        with launch_options(max_fused=1024, chunk=1024):
             records = _records(list_kernels(backend="triton", mode="fwd"), ["flat"], store,
                                max_elements=1 << 14)
         assert len(records) == 5 * 3
@@ -122,7 +134,7 @@ else:
             [-0.0, 0.0] * (n // 2),  # both zeros kept: 1 / (n + beta)
             [5.0, 5.0, 5.0] + [-3.0] * (n - 3),  # ties at m = 5: beta rescaled by exp(-5)
         ]
-        y = _run(tk.triton_elastic, rows, dtype, tau=1.0, beta=beta)
+        y = _run(registered.triton_elastic, rows, dtype, tau=1.0, beta=beta)
         assert y[0].isnan().all() and y[1].isnan().all()
         assert y[2, 0] == 1 and (y[2, 1:] == 0).all()
         assert (y[3, [0, 2]] == 0.5).all() and (y[3, 1] == 0) and (y[3, 3:] == 0).all()
@@ -141,10 +153,10 @@ else:
             [INF, INF, 1.0] + [-INF] * (n - 3),
             [0.0] * n,
         ]
-        softmax = _run(tk.triton_softmax, rows, dtype)
-        softmax1 = _run(tk.triton_softmax1, rows, dtype)
-        stablemax = _run(tk.triton_stablemax, rows, dtype)
-        symax = _run(tk.triton_symax, rows, dtype, eta=0.0)
+        softmax = _run(registered.triton_softmax, rows, dtype)
+        softmax1 = _run(registered.triton_softmax1, rows, dtype)
+        stablemax = _run(registered.triton_stablemax, rows, dtype)
+        symax = _run(registered.triton_symax, rows, dtype, eta=0.0)
         for y in (softmax, softmax1, stablemax, symax):
             assert y[0].isnan().all()
         for y in (softmax, softmax1, stablemax):
@@ -162,7 +174,7 @@ else:
     def test_fp64_is_refused_clearly() -> None:
         x = torch.zeros(2, 4, dtype=torch.float64, device=DEVICE)
         with pytest.raises(TypeError, match="fp32, fp16 and bf16"):
-            tk.triton_elastic(x, tau=1.0, beta=0.0)
+            registered.triton_elastic(x, tau=1.0, beta=0.0)
         specs = list_kernels(backend="triton")
         assert specs and all(k.dtypes == ("fp32", "fp16", "bf16") for k in specs)
         assert not any(k.supports("fp64") for k in specs)  # skipped by verify and run
@@ -202,8 +214,8 @@ else:
                                                (0.05, 1e-10)])
     def test_elastic_backward_matches_fp64_autograd(path, dtype, tau, beta) -> None:
         x, g = _backward_input(dtype)
-        y = tk.elastic_forward(x, tau, beta)
-        dx, dtau, dbeta = tk.elastic_backward(y, g, x, tau, beta)
+        y = elastic_forward(x, tau, beta)
+        dx, dtau, dbeta = elastic_backward(y, g, x, tau, beta)
         assert dx.dtype == dtype and dx.shape == x.shape
         assert dtau.dim() == 0 and dbeta.dim() == 0
         rdx, rdtau, rdbeta = _reference_grads(x, g, tau, beta)
@@ -226,15 +238,15 @@ else:
         x[2, :5] = torch.linspace(0, 2, 5)  # an ordinary row
         # row 3: nothing kept
         g = torch.linspace(-1, 1, 4 * n).reshape(4, n)
-        y = tk.elastic_forward(x.to(DEVICE), 1.0, 1.0)
-        dx, dtau, dbeta = tk.elastic_backward(y, g.to(DEVICE), x.to(DEVICE), 1.0, 1.0)
+        y = elastic_forward(x.to(DEVICE), 1.0, 1.0)
+        dx, dtau, dbeta = elastic_backward(y, g.to(DEVICE), x.to(DEVICE), 1.0, 1.0)
         dx = dx.cpu()
         assert dx[0].isnan().any() and math.isnan(dtau.item()) and math.isnan(dbeta.item())
         assert (dx[3] == 0).all()
         assert (dx[1] == 0).all()  # +inf row: its output is constant, so is sum(g y)
         # without the NaN row, dtau and dbeta come from the ordinary row alone
         keep = [1, 2, 3]
-        _, dtau2, dbeta2 = tk.elastic_backward(y[keep], g[keep].to(DEVICE),
+        _, dtau2, dbeta2 = elastic_backward(y[keep], g[keep].to(DEVICE),
                                                x[keep].to(DEVICE), 1.0, 1.0)
         _, rdtau, rdbeta = _reference_grads(x[2:3], g[2:3], 1.0, 1.0)
         assert dtau2.item() == pytest.approx(rdtau.item(), rel=2e-5)
@@ -242,14 +254,14 @@ else:
 
     def test_backward_reductions_are_deterministic(path) -> None:
         x, g = _backward_input(torch.float32, rows=29, n=40, seed=3)
-        y = tk.elastic_forward(x, 0.7, 1.0)
-        first = tk.elastic_backward(y, g, x, 0.7, 1.0)
-        second = tk.elastic_backward(y, g, x, 0.7, 1.0)
+        y = elastic_forward(x, 0.7, 1.0)
+        first = elastic_backward(y, g, x, 0.7, 1.0)
+        second = elastic_backward(y, g, x, 0.7, 1.0)
         for a, b in zip(first, second, strict=True):
             assert torch.equal(a.view(torch.int32), b.view(torch.int32))
         # the totals are the sums of the per-row contributions
-        _, dtau8, dbeta8 = tk.elastic_backward(y[:8], g[:8], x[:8], 0.7, 1.0)
-        rows = [tk.elastic_backward(y[i:i + 1], g[i:i + 1], x[i:i + 1], 0.7, 1.0)
+        _, dtau8, dbeta8 = elastic_backward(y[:8], g[:8], x[:8], 0.7, 1.0)
+        rows = [elastic_backward(y[i:i + 1], g[i:i + 1], x[i:i + 1], 0.7, 1.0)
                 for i in range(8)]
         assert dtau8.item() == pytest.approx(sum(r[1].item() for r in rows), rel=1e-6)
         assert dbeta8.item() == pytest.approx(sum(r[2].item() for r in rows), rel=1e-6)
@@ -263,8 +275,8 @@ else:
 
         n = (1 << 22) + 3
         x = torch.randn(1, n, generator=torch.Generator().manual_seed(5)) * 3
-        with tk.row_paths(16384, 1 << 16):
-            y = tk.elastic_forward(x.to(DEVICE), 1.0, 1.0).cpu().double()
+        with launch_options(max_fused=16384, chunk=1 << 16):
+            y = elastic_forward(x.to(DEVICE), 1.0, 1.0).cpu().double()
         xd = x.double()
         keep = xd >= 0
         m = xd[keep].max()
@@ -283,60 +295,43 @@ else:
 
     @pytest.mark.parametrize("tau", [1e-300, 1e-40, 1e-3, 7.0, 1e30, 1e300])
     def test_exp2_scale(tau) -> None:
-        k, pre = tk.exp2_scale(tau)
+        k, pre = exp2_scale(tau)
         assert math.frexp(pre)[0] == 0.5  # a power of two
-        assert tk.FP32_MIN_NORMAL <= k <= tk.FP32_MAX
+        assert FP32_MIN_NORMAL <= k <= FP32_MAX
         if 1e-37 < tau < 1e37:  # k * pre represents log2(e)/tau: no clamp
-            assert k * pre == pytest.approx(tk.LOG2E / tau, rel=1e-15)
+            assert k * pre == pytest.approx(LOG2E / tau, rel=1e-15)
 
     @pytest.mark.parametrize("tau", [1e-300, 1e-40, 1e30, 1e300])
     def test_extreme_temperatures_reach_their_limits(tau) -> None:
         # tiny tau: one-hot on the kept max (ties share it); huge tau: uniform over the kept,
         # beta*exp(-m/tau) -> beta
         x = torch.tensor([[0.5, 2.0, -1.0, 2.0, 0.0, 1.0], [-3.0, 1e-30, 2e-30, -1.0, 0.0, 0.0]])
-        y = tk.elastic_forward(x.to(DEVICE), tau, 1.0).cpu()
+        y = elastic_forward(x.to(DEVICE), tau, 1.0).cpu()
         if tau < 1:
             want = torch.tensor([[0, 0.5, 0, 0.5, 0, 0], [0, 0, 1.0, 0, 0, 0]])
         else:
             want = torch.tensor([[1 / 6, 1 / 6, 0, 1 / 6, 1 / 6, 1 / 6], [0, 0.2, 0.2, 0, 0.2, 0.2]])
         torch.testing.assert_close(y, want, rtol=1e-6, atol=0)
 
-    def test_resident_programs() -> None:
-        sm = tk.SMLimits()
-        assert tk.resident_programs(32, 0, 4, sm) == 16  # warp slots: 64 / 4
-        assert tk.resident_programs(128, 0, 8, sm) == 2  # 65536 / (128 * 256)
-        assert tk.resident_programs(57, 0, 8, sm) == 4  # 57 rounds up to 64 registers
-        assert tk.resident_programs(32, 100_000, 4, sm) == 2  # shared memory, 1 KiB reserved
-        assert tk.resident_programs(255, 0, 16, sm) == 1  # never below one
-
-    # ---- the model of the GPU's ex2 (ELASTICBENCH_TRITON_EXP2_ULPS, read at import) --------
-
-    def _with_exp2_model(args: list[str]) -> subprocess.CompletedProcess:
-        env = {**os.environ, "TRITON_INTERPRET": "1", "ELASTICBENCH_TRITON_EXP2_ULPS": "2"}
-        return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
-                              timeout=600)
+    # ---- the model of the GPU's ex2 (LaunchOptions.exp2_ulps) ------------------------------
 
     def test_budgets_hold_with_a_flushing_two_ulp_exp2() -> None:
-        run = _with_exp2_model(["-W", "ignore", "-m", "elasticbench", "verify", "--backend",
-                                "triton", "--quick", "-d", "fp32,bf16", "--mode", "both"])
+        # the CLI's way in: $ELASTICBENCH_TRITON_EXP2_ULPS
+        env = {**os.environ, "TRITON_INTERPRET": "1", "ELASTICBENCH_TRITON_EXP2_ULPS": "2"}
+        cmd = [sys.executable, "-W", "ignore", "-m", "elasticbench", "verify", "--backend",
+               "triton", "--quick", "-d", "fp32,bf16", "--mode", "both"]
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert " 0 failed" in run.stdout
 
     def test_subnormal_outputs_survive_a_flushing_exp2() -> None:
         # exp(-100) = 3.7e-44 is an fp32 subnormal: a flushing ex2 loses it unless SUBNORMAL
-        probe = (
-            "import torch\n"
-            "from elasticbench.kernels import triton_kernels as tk\n"
-            "x = torch.tensor([[0.0, -100.0]])\n"
-            "for sub in (False, True):\n"
-            "    y = tk._normalize_rows(x, tk._exp_fused_kernel, tk._exp_online_kernel,\n"
-            "        (tk.LOG2E, 0.0), NONNEG=False, FLOOR0=False, OFFSET=False, PRE=1.0,\n"
-            "        SUBNORMAL=sub)\n"
-            "    print(repr(y[0, 1].item()))\n"
-        )
-        run = _with_exp2_model(["-W", "ignore", "-c", probe])
-        assert run.returncode == 0, run.stderr[-3000:]
-        flushed, kept = (float(v) for v in run.stdout.split())
+        # (under the interpreter the model flushes; on a GPU the ex2 itself does)
+        x = torch.tensor([[0.0, -100.0]], device=DEVICE)
+        flushed, kept = (
+            exp_normalize(x, tau=1.0, beta=0.0, nonneg=False, floor0=False, offset=False,
+                          subnormal=sub, options=LaunchOptions(exp2_ulps=2))[0, 1].item()
+            for sub in (False, True))
         assert flushed == 0.0
         # within one subnormal spacing (2^-149) of exp(-100)/(1 + exp(-100)) = 26.5 * 2^-149
         assert abs(kept - math.exp(-100)) <= 2.0 ** -149 and kept > 0

@@ -25,7 +25,7 @@ def audits(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("audit") / "audit.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    cmd = [sys.executable, "-m", "elasticbench.kernels.triton_audit", "--gpu", "h100-sxm",
+    cmd = [sys.executable, "-m", "elasticbench.audit", "--gpu", "h100-sxm",
            "-d", "fp32,bf16", "--sizes", "4096,65536", "--json", str(out)]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -52,7 +52,7 @@ def test_no_spills_and_full_width_memory_access(audits) -> None:
 
 
 def test_exponentials_run_on_the_flushing_approximate_ex2(audits) -> None:
-    # the SUBNORMAL path of triton_kernels._exp2 exists because this ex2 flushes; if a
+    # the SUBNORMAL path of the kernels' exp2 (kernels/triton/exp_family.py) exists because this ex2 flushes; if a
     # Triton upgrade changes the lowering, this says to look again
     for a in audits:
         if a["kernel"] in ("triton_stablemax", "triton_symax"):

@@ -1,24 +1,21 @@
-"""Static audit of the Triton kernels for an NVIDIA GPU this machine need not have.
+"""The static audit of the registered Triton kernels, and a model of them on a GPU's datasheet.
 
-The wrappers in `triton_kernels` are called on CPU tensors with their launches captured; each
-launch is specialized the way Triton's JIT would specialize it on a GPU (argument alignment
-and divisibility), compiled for the target architecture with the ptxas bundled in Triton, and
-read back: registers, spills, shared memory, resident programs per SM, global load/store
-widths, the exponential and division instructions in the PTX, and SASS instructions per
-element. From those and a GPU's datasheet figures it estimates which of issue slots, the
-special-function unit or DRAM bounds the kernel. The estimate is a model, not a measurement:
-only `elasticbench run` on a GPU measures.
+The kernels are called on CPU tensors with their launches captured; each launch is compiled for
+the target architecture (`compile`) and read back: registers, spills, shared memory, resident
+programs per SM, global load/store widths, the exponential and division instructions in the
+PTX, and SASS instructions per element. From those and a GPU's datasheet figures it estimates
+which of issue slots, the special-function unit or DRAM bounds the kernel. The estimate is a
+model, not a measurement: only `elasticbench run` on a GPU measures.
 
-    python -m elasticbench.kernels.triton_audit --gpu h100-sxm --json audit.json
+    python -m elasticbench.audit --gpu h100-sxm --json audit.json
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -29,9 +26,16 @@ import click
 import torch
 
 from elasticbench.functions import get_function
+from elasticbench.kernels.triton.launch import (
+    DTYPES,
+    Launch,
+    SMLimits,
+    capture_launches,
+    resident_programs,
+)
 from elasticbench.registry import KernelSpec, list_kernels
 
-from . import triton_kernels as tk
+from .compile import compile_launch, opcode_width, read_cubin
 
 
 @dataclass(frozen=True)
@@ -43,13 +47,13 @@ class GPUModel:
     sms: int
     clock_ghz: float  # boost clock
     bandwidth_gbs: float  # DRAM, datasheet
-    sm: tk.SMLimits
+    sm: SMLimits
 
 
 GPUS: dict[str, GPUModel] = {
-    "h100-sxm": GPUModel("H100 SXM5 80GB", 90, 132, 1.98, 3350.0, tk.SMLimits()),
-    "h200": GPUModel("H200 SXM 141GB", 90, 132, 1.98, 4800.0, tk.SMLimits()),
-    "a100-sxm": GPUModel("A100 SXM4 80GB", 80, 108, 1.41, 2039.0, tk.SMLimits(shared=167936)),
+    "h100-sxm": GPUModel("H100 SXM5 80GB", 90, 132, 1.98, 3350.0, SMLimits()),
+    "h200": GPUModel("H200 SXM 141GB", 90, 132, 1.98, 4800.0, SMLimits()),
+    "a100-sxm": GPUModel("A100 SXM4 80GB", 80, 108, 1.41, 2039.0, SMLimits(shared=167936)),
 }
 
 # Per SM and clock: 4 schedulers issue one warp instruction each (128 thread instructions);
@@ -92,62 +96,13 @@ class Audit:
     limiter: str
 
 
-def _compile(launch: tk.Launch, arch: int) -> Any:
-    """Compile a captured launch as the JIT would for `arch` (no GPU needed)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.compiler import compile as triton_compile
-    from triton.runtime.jit import create_function_from_signature
-
-    kernel = launch.kernel
-    target = GPUTarget("cuda", arch, 32)
-    backend = make_backend(target)
-    bind = create_function_from_signature(kernel.signature, kernel.params, backend)
-    kwargs = {"num_warps": launch.num_warps, "enable_fp_fusion": True, **launch.constexprs}
-    bound, specialization, options = bind(*launch.args, **kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound,
-                                                              specialization, options)
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton_compile(source, target=target, options=options.__dict__)
-
-
-_SASS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")
-_RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
-
-
-def _width(opcode: str) -> int:
-    """Bits per thread of an LDG/STG opcode (LDG.E.128 -> 128, LDG.E.U16 -> 16, LDG.E -> 32)."""
-    for part in opcode.split(".")[1:]:
-        digits = part.lstrip("US")
-        if digits.isdigit():
-            return int(digits)
-    return 32
-
-
-def read_cubin(cubin: bytes) -> tuple[int, int, list[str]]:
-    """(registers, stack + local bytes per thread, SASS opcodes in order without NOPs), from
-    one cuobjdump of the cubin."""
-    from triton import knobs
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernel.cubin"
-        path.write_bytes(cubin)
-        text = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", "-sass", str(path)],
-                              capture_output=True, text=True, check=True).stdout
-    found = _RES.search(text)
-    if not found:
-        raise RuntimeError("cuobjdump printed no resource usage")
-    regs, stack, _shared, local = (int(v) for v in found.groups())
-    return regs, stack + local, [op for op in _SASS.findall(text) if op != "NOP"]
-
-
 def _default_params(spec: KernelSpec) -> dict[str, float]:
     return {p.name: p.default for p in get_function(spec.function).params}
 
 
-def _capture(spec: KernelSpec, dtype: str, rows: int, n: int) -> list[tk.Launch]:
+def _capture(spec: KernelSpec, dtype: str, rows: int, n: int) -> list[Launch]:
     x = torch.empty(rows, n, dtype=TORCH_DTYPES[dtype])
-    with tk.capture_launches() as launches:
+    with capture_launches() as launches:
         if spec.mode == "bwd":
             spec.fn(x, torch.empty_like(x), torch.empty_like(x), **_default_params(spec))
         else:
@@ -159,7 +114,7 @@ def audit_kernel(spec: KernelSpec, dtype: str, n: int, gpu: GPUModel,
                  rows: int = 1024) -> Audit:
     """Compile spec's row kernel for (rows, n) in dtype and model it on gpu."""
     launch = _capture(spec, dtype, rows, n)[0]  # the row kernel; a reduction may follow
-    compiled = _compile(launch, gpu.arch)
+    compiled = compile_launch(launch, gpu.arch)
     regs, local_bytes, ops = read_cubin(compiled.asm["cubin"])
     ex2 = re.findall(r"\bex2\.approx[.a-z0-9]*", compiled.asm["ptx"])
     block = int(launch.constexprs["BLOCK"])
@@ -183,10 +138,10 @@ def audit_kernel(spec: KernelSpec, dtype: str, n: int, gpu: GPUModel,
         block=block, num_warps=launch.num_warps, regs=regs, local_bytes=local_bytes,
         local_stores=counts["STL"],
         shared=int(compiled.metadata.shared),
-        programs_per_sm=tk.resident_programs(regs, compiled.metadata.shared, launch.num_warps,
+        programs_per_sm=resident_programs(regs, compiled.metadata.shared, launch.num_warps,
                                              gpu.sm),
-        ldg_bits=sorted({_width(op) for op in ops if op.startswith("LDG")}),
-        stg_bits=sorted({_width(op) for op in ops if op.startswith("STG")}),
+        ldg_bits=sorted({opcode_width(op) for op in ops if op.startswith("LDG")}),
+        stg_bits=sorted({opcode_width(op) for op in ops if op.startswith("STG")}),
         ptx_ex2_approx=len(ex2),
         ptx_ex2_ftz=bool(ex2) and all(".ftz" in op for op in ex2),
         ptx_div_rn=len(re.findall(r"\bdiv\.rn\.f32", compiled.asm["ptx"])),
@@ -198,7 +153,9 @@ def audit_kernel(spec: KernelSpec, dtype: str, n: int, gpu: GPUModel,
 
 
 def triton_specs(names: Iterable[str] = ()) -> list[KernelSpec]:
-    """The registered triton kernels (forward and backward), optionally only those named."""
+    """The built-in triton kernels (forward and backward), optionally only those named."""
+    # registered here even where the backend cannot run them: compiling needs no GPU
+    importlib.import_module("elasticbench.kernels.triton_kernels")
     wanted = set(names)
     specs = [s for mode in ("fwd", "bwd") for s in list_kernels(mode=mode)
              if s.backend == "triton" and (not wanted or s.name in wanted)]
@@ -257,9 +214,9 @@ def main(gpu_name: str, kernels: tuple[str, ...], dtypes: str, sizes: str,
     try:
         ns = [int(s) for s in sizes.split(",") if s.strip()]
         dts = [d.strip() for d in dtypes.split(",") if d.strip()]
-        bad = [d for d in dts if d not in tk.DTYPES]
+        bad = [d for d in dts if d not in DTYPES]
         if bad or not ns or min(ns) < 1:
-            raise ValueError(f"dtypes must be among {', '.join(tk.DTYPES)} and sizes >= 1")
+            raise ValueError(f"dtypes must be among {', '.join(DTYPES)} and sizes >= 1")
     except ValueError as e:
         console.print(f"error: {e}")
         sys.exit(2)
@@ -270,7 +227,3 @@ def main(gpu_name: str, kernels: tuple[str, ...], dtypes: str, sizes: str,
     if json_path:
         records = {"gpu": asdict(gpu), "audits": [asdict(a) for a in audits]}
         Path(json_path).write_text(json.dumps(records, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,65 @@
+"""Compile a Triton kernel launch for an NVIDIA GPU this machine need not have, and read it back.
+
+Triton compiles for a CUDA target without a GPU: the launch is specialized as the JIT would
+specialize it on the device (argument alignment and divisibility) and compiled with the
+bundled ptxas; the bundled cuobjdump reads registers, spills and SASS back from the cubin.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from elasticbench.kernels.triton.launch import Launch
+
+
+def compile_launch(launch: Launch, arch: int) -> Any:
+    """Compile a captured launch as the JIT would for sm_`arch` (no GPU needed)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import compile as triton_compile
+    from triton.runtime.jit import create_function_from_signature
+
+    kernel = launch.kernel
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    bind = create_function_from_signature(kernel.signature, kernel.params, backend)
+    kwargs = {"num_warps": launch.num_warps, "enable_fp_fusion": True, **launch.constexprs}
+    bound, specialization, options = bind(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound,
+                                                              specialization, options)
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton_compile(source, target=target, options=options.__dict__)
+
+
+_SASS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")
+_RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+
+
+def opcode_width(opcode: str) -> int:
+    """Bits per thread of an LDG/STG opcode (LDG.E.128 -> 128, LDG.E.U16 -> 16, LDG.E -> 32)."""
+    for part in opcode.split(".")[1:]:
+        digits = part.lstrip("US")
+        if digits.isdigit():
+            return int(digits)
+    return 32
+
+
+def read_cubin(cubin: bytes) -> tuple[int, int, list[str]]:
+    """(registers, stack + local bytes per thread, SASS opcodes in order without NOPs), from
+    one cuobjdump of the cubin."""
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", "-sass", str(path)],
+                              capture_output=True, text=True, check=True).stdout
+    found = _RES.search(text)
+    if not found:
+        raise RuntimeError("cuobjdump printed no resource usage")
+    regs, stack, _shared, local = (int(v) for v in found.groups())
+    return regs, stack + local, [op for op in _SASS.findall(text) if op != "NOP"]

@@ -1,0 +1,15 @@
+"""The Triton kernels' code, one module per concern; registering them is `triton_kernels`'s job.
+
+- `launch`: LaunchOptions (the launcher's arguments), row paths, grid and occupancy, and
+  `capture_launches` for compiling without a GPU;
+- `memory`: fp32 loads and stores, and the interpreter's emulation (bf16 as bits, the
+  NaN-propagating maximum);
+- `rows`: pieces every row kernel shares (special rows, the quotient's rounding);
+- `exp_family`: elastic, softmax and softmax1 forward, and the exponential they share;
+- `weight_family`: stablemax and symax forward;
+- `elastic_backward`: the Elastic-Softmax backward.
+
+Importing these registers nothing; docs/triton.md describes the design. A new kernel (or
+family) goes into a module of its own here, and its registration into a module of the
+kernels package named `triton_<anything>`.
+"""

@@ -1,0 +1,199 @@
+"""The Elastic-Softmax backward in Triton (DESIGN.md section 3).
+
+Per row, with t = (s - m) log2(e)/tau (shifted, in base-2 units), e = exp2(t),
+D' = sum e + beta' and beta' = beta exp(-m/tau):
+
+    c     = sum g y
+    dx    = y (g - c) / tau                     (0 where x < 0)
+    dtau  = (c A - B + (m/tau) c (S - 1)) / tau with A = ln2 sum y t, B = ln2 sum g y t and
+            S - 1 = -beta'/D'; the shift m/tau is taken out analytically, so no large z is
+            ever formed and subtracted
+    dbeta = -c exp(-m/tau) / D'
+
+Rows with nothing kept give 0 for both; rows with +inf give 0 (the limit); NaN propagates.
+Per-row partials go to a buffer that one program then sums in a fixed order.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .exp_family import check_tau_beta, exp2_scale, exp2_scaled, keep, log2_arg, online_step
+from .launch import (
+    LaunchOptions,
+    check_rows,
+    current_options,
+    exp2_model_ulps,
+    launch_rows,
+    plan,
+    pow2_at_least,
+    run,
+)
+from .memory import ld, max_nan, native, st
+from .rows import ordinary
+
+LN2 = tl.constexpr(0.6931471805599453)  # jit code reads only constexpr globals
+
+
+@triton.jit
+def _bwd_dx(x, y, g, c, tau, inv_tau, inf_row, EXACT: tl.constexpr):
+    """dx = y (g - c) / tau; 0 where x < 0 and on rows with +inf (their output is constant);
+    NaN is not masked: it must reach dx."""
+    v = y * (g - c)
+    v = tl.math.div_rn(v, tau) if EXACT else v * inv_tau
+    return tl.where(inf_row, 0.0, tl.where(x < 0.0, 0.0, v))
+
+
+@triton.jit
+def _bwd_t(s, m, y, k, PRE: tl.constexpr):
+    """t = (s - m) log2(e)/tau where y != 0, else 0: y t -> 0 there (masked, or exp underflowed
+    while t may have overflowed to -inf) and 0 * -inf must not make A or B NaN."""
+    return tl.where(y != 0.0, log2_arg(s - m, k, PRE), 0.0)
+
+
+@triton.jit
+def _regular(top):
+    """Something kept and no NaN or +inf (top: the row's NaN-propagating kept max)."""
+    return ordinary(top) & (top > float("-inf"))
+
+
+@triton.jit
+def _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, BITS: tl.constexpr,
+            EVEN: tl.constexpr):
+    """x, y, g of row r at idx; lanes past the row read x = -inf (masked), y = g = 0."""
+    x = ld(x_ptr + r * sx + idx, inside, float("-inf"), BITS, EVEN)
+    y = ld(y_ptr + r * sy + idx, inside, 0.0, BITS, EVEN)
+    g = ld(g_ptr + r * sg + idx, inside, 0.0, BITS, EVEN)
+    return x, y, g
+
+
+@triton.jit
+def _bwd_row_partials(c, a2, b2, den, top, shift, k, tau, beta, PRE: tl.constexpr,
+                      EXP2_ULPS: tl.constexpr):
+    """(dtau, dbeta) of one row from c, A/ln2, B/ln2, D', its NaN-propagating max and the
+    shift its sums were taken with."""
+    decay = exp2_scaled(-shift, k, PRE, False, EXP2_ULPS)  # exp(-m/tau)
+    beta_s = beta * decay
+    den_s = den + beta_s
+    den_s = tl.where(den_s > 0.0, den_s, 1.0)
+    # beta' = 0 (beta = 0, or exp(-m/tau) underflowed while m/tau may be inf): no offset term
+    offset = tl.where(beta_s > 0.0,
+                      tl.math.div_rn(shift, tau) * c * tl.math.div_rn(beta_s, den_s), 0.0)
+    dtau = tl.math.div_rn((c * a2 - b2) * LN2 - offset, tau)
+    dbeta = -tl.math.div_rn(c * decay, den_s)
+    regular = _regular(top)  # nothing kept or +inf: 0 (the limit)
+    dtau = tl.where(top != top, float("nan"), tl.where(regular, dtau, 0.0))
+    dbeta = tl.where(top != top, float("nan"), tl.where(regular, dbeta, 0.0))
+    return dtau, dbeta
+
+
+@triton.jit
+def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
+                             k, tau, inv_tau, beta, PRE: tl.constexpr, EXACT: tl.constexpr,
+                             EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
+                             EVEN: tl.constexpr):
+    """x, y, g read once into registers; dx written once."""
+    offs = tl.arange(0, BLOCK)
+    inside = offs < n
+    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+        r = tl.cast(row, tl.int64)
+        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, offs, inside, BITS, EVEN)
+        s = keep(x, True)
+        top = max_nan(s)
+        m = tl.where(_regular(top), top, 0.0)
+        # den >= 1: terms an ftz exp2 flushes are lost in its rounding anyway
+        den = tl.sum(exp2_scaled(s - m, k, PRE, False, EXP2_ULPS), axis=0)
+        gy = tl.where(x < 0.0, 0.0, g * y)
+        c = tl.sum(gy, axis=0)
+        dx = _bwd_dx(x, y, g, c, tau, inv_tau, top == float("inf"), EXACT)
+        st(dx_ptr + r * sdx + offs, dx, inside, BITS, EVEN)
+        t = _bwd_t(s, m, y, k, PRE)
+        dtau, dbeta = _bwd_row_partials(c, tl.sum(y * t, axis=0), tl.sum(gy * t, axis=0), den,
+                                        top, m, k, tau, beta, PRE, EXP2_ULPS)
+        tl.store(part_ptr + row, dtau)
+        tl.store(part_ptr + rows + row, dbeta)
+
+
+@triton.jit
+def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
+                              k, tau, inv_tau, beta, PRE: tl.constexpr, EXACT: tl.constexpr,
+                              EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
+                              EVEN: tl.constexpr):
+    """Rows streamed in BLOCK-wide chunks: x, y, g read twice, dx written once."""
+    offs = tl.arange(0, BLOCK)
+    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+        r = tl.cast(row, tl.int64)
+        # pass 1: max and D' online (as the forward) and c = sum g y
+        top = float("-inf")
+        den = 0.0
+        c_lanes = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in tl.range(0, n, BLOCK):
+            idx = start + offs
+            inside = idx < n
+            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, BITS, EVEN)
+            s = keep(x, True)
+            top, den = online_step(top, den, s, k, PRE, EXP2_ULPS)
+            c_lanes += tl.where(x < 0.0, 0.0, g * y)
+        c = tl.sum(c_lanes, axis=0)
+        m = tl.where(_regular(top), top, 0.0)
+        # pass 2: dx, and A, B with the final shift
+        a_lanes = tl.zeros([BLOCK], dtype=tl.float32)
+        b_lanes = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in tl.range(0, n, BLOCK):
+            idx = start + offs
+            inside = idx < n
+            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, BITS, EVEN)
+            dx = _bwd_dx(x, y, g, c, tau, inv_tau, top == float("inf"), EXACT)
+            st(dx_ptr + r * sdx + idx, dx, inside, BITS, EVEN)
+            t = _bwd_t(keep(x, True), m, y, k, PRE)
+            a_lanes += y * t
+            b_lanes += tl.where(x < 0.0, 0.0, g * y) * t
+        dtau, dbeta = _bwd_row_partials(c, tl.sum(a_lanes, axis=0), tl.sum(b_lanes, axis=0), den,
+                                        top, m, k, tau, beta, PRE, EXP2_ULPS)
+        tl.store(part_ptr + row, dtau)
+        tl.store(part_ptr + rows + row, dbeta)
+
+
+@triton.jit
+def sum_rows_kernel(part_ptr, out_ptr, rows, BLOCK: tl.constexpr):
+    """out[k] = sum of part[k*rows : (k+1)*rows], in one fixed order (one program per k)."""
+    k = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float64)
+    for start in tl.range(0, rows, BLOCK):
+        idx = start + offs
+        acc += tl.load(part_ptr + k * rows + idx, mask=idx < rows, other=0.0).to(tl.float64)
+    tl.store(out_ptr + k, tl.sum(acc, axis=0).to(tl.float32))
+
+
+def elastic_backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, tau: float,
+                     beta: float, options: LaunchOptions | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dtau, dbeta) of sum(g * elastic(x)); dtau, dbeta 0-d fp32 tensors, deterministic."""
+    options = options or current_options()
+    check_tau_beta(tau, beta)
+    rows, n = check_rows(x2d)
+    if y.shape != x2d.shape or g.shape != x2d.shape:
+        raise ValueError(f"x, y and g must have one shape, got {tuple(x2d.shape)}, "
+                         f"{tuple(y.shape)}, {tuple(g.shape)}")
+    if y.dtype != x2d.dtype or g.dtype != x2d.dtype:
+        raise TypeError(f"x, y and g must have one dtype, got {x2d.dtype}, {y.dtype}, {g.dtype}")
+    x2d, y, g = x2d.contiguous(), y.contiguous(), g.contiguous()
+    dx = torch.empty_like(x2d)
+    out = torch.zeros(2, dtype=torch.float32, device=x2d.device)
+    if rows and n:
+        part = torch.empty(2 * rows, dtype=torch.float32, device=x2d.device)
+        # three arrays live in registers: half the forward's fused rows, or it spills
+        fused, block = plan(n, options.max_fused // 2, options.chunk)
+        kernel = elastic_bwd_fused_kernel if fused else elastic_bwd_online_kernel
+        (xk, yk, gk, dxk), bits = native(x2d, y, g, dx)
+        k, pre = exp2_scale(tau)
+        args = (xk, yk, gk, dxk, part, rows, n, x2d.stride(0), y.stride(0), g.stride(0),
+                dx.stride(0), k, float(tau), 1.0 / tau, float(beta))
+        launch_rows(kernel, rows, args, block, BLOCK=block, BITS=bits, EVEN=n % block == 0,
+                    PRE=pre, EXACT=x2d.dtype == torch.float32, EXP2_ULPS=exp2_model_ulps(options))
+        rblock = min(pow2_at_least(rows), 1024)
+        run(sum_rows_kernel, (2,), (part, out, rows), 4, {"BLOCK": rblock})
+    return dx, out[0], out[1]

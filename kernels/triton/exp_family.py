@@ -1,0 +1,228 @@
+"""The exp family in Triton: elastic, softmax and softmax1 forward, and their exponential.
+
+    y_i = exp((s_i - m)/tau) / (sum_j exp((s_j - m)/tau) + beta exp(-m/tau))
+
+NONNEG: negatives masked to -inf (elastic) rather than only -inf; FLOOR0: m = max(m, 0)
+(softmax1); OFFSET: add the rescaled constant beta exp(-m/tau) to the denominator. Every kernel
+computes and accumulates in fp32, rounds once on the store and follows the special-value policy
+of DESIGN.md section 2. Divisions that set the result use `tl.math.div_rn` (IEEE
+round-to-nearest); a plain `/` is approximate on NVIDIA GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import LaunchOptions, current_options, exp2_model_ulps, normalize_rows
+from .memory import ld, max_nan, st
+from .rows import ordinary, quotient, reciprocal, special_y
+
+LOG2E = 1.4426950408889634
+FP32_MAX = 3.4028234663852886e38
+FP32_MIN_NORMAL = 2.0 ** -126
+
+
+def exp2_scale(tau: float) -> tuple[float, float]:
+    """(k, pre) with exp(d / tau) = exp2((d * pre) * k) for the kernels' fp32 arithmetic.
+
+    k = log2(e)/tau is formed in fp64 and rounded once, so the kernels multiply instead of
+    dividing per element. pre is 1 unless tau is so small or large that k would leave fp32's
+    normal range; then pre is a power of two (exact to apply) and k is clamped into that
+    range, which keeps the limits right: one-hot on the maximum, or uniform.
+    """
+    k = LOG2E / tau
+    exponent = math.frexp(k)[1]
+    if -100 < exponent < 100:
+        return k, 1.0
+    pre = 2.0 ** max(-127, min(127, exponent))
+    return min(max(k / pre, FP32_MIN_NORMAL), FP32_MAX), pre
+
+
+@triton.jit
+def log2_arg(d, k, PRE: tl.constexpr):
+    """d log2(e) / tau, as (d * PRE) * k with k and PRE from exp2_scale."""
+    if PRE != 1.0:
+        d = d * PRE
+    return d * k
+
+
+# Under the interpreter tl.exp2 is NumPy's (nearly correctly rounded, with subnormals); on an
+# NVIDIA GPU it is ex2.approx.ftz. With EXP2_ULPS >= 0 (LaunchOptions.exp2_ulps, interpreter
+# only) it models the GPU's: results below 2^-126 flush to 0 and every other normal result moves
+# EXP2_ULPS ulps up or down (by the argument's low bit), so the budgets can be checked against
+# an approximate ex2 without a GPU.
+
+
+@triton.jit
+def exp2(v, SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr):
+    """2^v. On NVIDIA GPUs tl.exp2 is ex2.approx.ftz: results below 2^-126 flush to 0. Outputs
+    with subnormals (fp32, bf16) need them: SUBNORMAL forms those as 2^(v + 64) * 2^-64, where
+    v + 64 is exact for v in [-152, -126) and the power-of-two product rounds once."""
+    tiny = v < -126.0
+    if SUBNORMAL:
+        v = tl.where(tiny, v + 64.0, v)
+    e = tl.exp2(v)
+    if EXP2_ULPS >= 0:
+        normal = (e >= 1.1754943508222875e-38) & (e < float("inf"))
+        step = tl.where((v.to(tl.int32, bitcast=True) & 1) == 1, EXP2_ULPS, -EXP2_ULPS)
+        moved = (e.to(tl.int32, bitcast=True) + step).to(tl.float32, bitcast=True)
+        e = tl.where(normal & (v != 0.0), moved, tl.where(normal | (e == float("inf")), e, 0.0))
+    if SUBNORMAL:
+        e = tl.where(tiny, e * 5.421010862427522e-20, e)  # 2^-64
+    return e
+
+
+@triton.jit
+def exp2_scaled(d, k, PRE: tl.constexpr, SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr):
+    """exp(d / tau)."""
+    return exp2(log2_arg(d, k, PRE), SUBNORMAL, EXP2_ULPS)
+
+
+@triton.jit
+def keep(x, NONNEG: tl.constexpr):
+    """NVM: x < 0 becomes -inf; NaN and -0.0 stay (NaN flags the row, -0.0 is kept)."""
+    s = tl.where(x < 0.0, float("-inf"), x) if NONNEG else x
+    return s
+
+
+@triton.jit
+def _exp_shift(top, FLOOR0: tl.constexpr):
+    """The shift m of an ordinary row from its kept max (0 when nothing is kept)."""
+    shift = tl.where(top > float("-inf"), top, 0.0)
+    if FLOOR0:
+        shift = tl.maximum(shift, 0.0)
+    return shift
+
+
+@triton.jit
+def _exp_den(den, shift, k, beta, OFFSET: tl.constexpr, PRE: tl.constexpr,
+             EXP2_ULPS: tl.constexpr):
+    """The denominator sum exp((s - m)/tau) + beta exp(-m/tau), 1 when it is 0 (0/0 -> 0)."""
+    if OFFSET:
+        den += beta * exp2_scaled(-shift, k, PRE, False, EXP2_ULPS)
+    return tl.where(den > 0.0, den, 1.0)
+
+
+@triton.jit
+def online_step(top, den, s, k, PRE: tl.constexpr, EXP2_ULPS: tl.constexpr):
+    """One chunk of an online pass: the running NaN-propagating max and den = sum
+    exp((s - max)/tau), rescaled by exp((old - new)/tau) when the max grows."""
+    new = tl.maximum(top, max_nan(s), propagate_nan=tl.PropagateNan.ALL)
+    m = tl.where(new > float("-inf"), new, 0.0)
+    e = exp2_scaled(s - m, k, PRE, False, EXP2_ULPS)
+    return new, den * exp2_scaled(top - m, k, PRE, False, EXP2_ULPS) + tl.sum(e, axis=0)
+
+
+@triton.jit
+def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
+                     NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
+                     PRE: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
+                     EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
+                     EVEN: tl.constexpr):
+    """The whole row in registers: one read and one write per element."""
+    offs = tl.arange(0, BLOCK)
+    inside = offs < n
+    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+        r = tl.cast(row, tl.int64)
+        x = ld(x_ptr + r * sx + offs, inside, float("-inf"), BITS, EVEN)
+        s = keep(x, NONNEG)
+        top = max_nan(s)
+        if ordinary(top):
+            shift = _exp_shift(top, FLOOR0)
+            e = exp2_scaled(s - shift, k, PRE, SUBNORMAL, EXP2_ULPS)
+            den = _exp_den(tl.sum(e, axis=0), shift, k, beta, OFFSET, PRE, EXP2_ULPS)
+            y = quotient(e, reciprocal(den, EXACT), EXACT)
+        else:
+            is_inf = x == float("inf")
+            y = special_y(is_inf, tl.sum(is_inf.to(tl.float32), axis=0), top)
+        st(y_ptr + r * sy + offs, y, inside, BITS, EVEN)
+
+
+@triton.jit
+def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
+                      NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
+                      PRE: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
+                      EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
+                      EVEN: tl.constexpr):
+    """Rows streamed in BLOCK-wide chunks: two reads and one write per element."""
+    offs = tl.arange(0, BLOCK)
+    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+        r = tl.cast(row, tl.int64)
+        xrow = x_ptr + r * sx
+        yrow = y_ptr + r * sy
+        # pass 1: running NaN-propagating max and den = sum exp((s - max)/tau), rescaled by
+        # exp((old - new)/tau) whenever the max grows
+        top = float("-inf")
+        den = 0.0
+        for start in tl.range(0, n, BLOCK):
+            idx = start + offs
+            s = keep(ld(xrow + idx, idx < n, float("-inf"), BITS, EVEN), NONNEG)
+            top, den = online_step(top, den, s, k, PRE, EXP2_ULPS)
+        if ordinary(top):
+            shift = _exp_shift(top, FLOOR0)
+            if FLOOR0:  # pass 1 shifted by the max alone
+                den = den * exp2_scaled(_exp_shift(top, False) - shift, k, PRE, False, EXP2_ULPS)
+            rden = reciprocal(_exp_den(den, shift, k, beta, OFFSET, PRE, EXP2_ULPS), EXACT)
+            for start in tl.range(0, n, BLOCK):  # pass 2: normalize and write
+                idx = start + offs
+                inside = idx < n
+                s = keep(ld(xrow + idx, inside, float("-inf"), BITS, EVEN), NONNEG)
+                e = exp2_scaled(s - shift, k, PRE, SUBNORMAL, EXP2_ULPS)
+                st(yrow + idx, quotient(e, rden, EXACT), inside, BITS, EVEN)
+        else:
+            n_inf = 0.0
+            for start in tl.range(0, n, BLOCK):
+                idx = start + offs
+                x = ld(xrow + idx, idx < n, float("-inf"), BITS, EVEN)
+                n_inf += tl.sum((x == float("inf")).to(tl.float32), axis=0)
+            for start in tl.range(0, n, BLOCK):
+                idx = start + offs
+                inside = idx < n
+                x = ld(xrow + idx, inside, float("-inf"), BITS, EVEN)
+                st(yrow + idx, special_y(x == float("inf"), n_inf, top), inside, BITS, EVEN)
+
+
+def exp_normalize(x: torch.Tensor, *, tau: float, beta: float, nonneg: bool, floor0: bool,
+                  offset: bool, options: LaunchOptions | None = None,
+                  subnormal: bool | None = None) -> torch.Tensor:
+    """The exp family's forward on the rows of x. subnormal: form exp2 results below 2^-126
+    (default: for fp32 and bf16 outputs; fp16's subnormals end at 2^-24, where a flushed exp2
+    is exact)."""
+    options = options or current_options()
+    k, pre = exp2_scale(tau)
+    return normalize_rows(x, exp_fused_kernel, exp_online_kernel, (k, float(beta)), options,
+                          NONNEG=nonneg, FLOOR0=floor0, OFFSET=offset, PRE=pre,
+                          SUBNORMAL=x.dtype != torch.float16 if subnormal is None else subnormal,
+                          EXP2_ULPS=exp2_model_ulps(options))
+
+
+def check_tau_beta(tau: float, beta: float) -> None:
+    """ValueError unless tau is finite and > 0 and beta finite and >= 0."""
+    if not (tau > 0 and tau < float("inf")):
+        raise ValueError(f"tau must be finite and > 0, got {tau!r}")
+    if not (beta >= 0 and beta < float("inf")):
+        raise ValueError(f"beta must be finite and >= 0, got {beta!r}")
+
+
+def elastic_forward(x2d: torch.Tensor, tau: float, beta: float,
+                    options: LaunchOptions | None = None) -> torch.Tensor:
+    """Elastic-Softmax of a 2-D tensor along its rows: a new tensor of the same shape/dtype."""
+    check_tau_beta(tau, beta)
+    return exp_normalize(x2d, tau=tau, beta=beta, nonneg=True, floor0=False, offset=beta > 0,
+                         options=options)
+
+
+def softmax_forward(x2d: torch.Tensor, options: LaunchOptions | None = None) -> torch.Tensor:
+    """Safe softmax along the rows: shifted by the max; an all -inf row gives zeros."""
+    return exp_normalize(x2d, tau=1.0, beta=0.0, nonneg=False, floor0=False, offset=False,
+                         options=options)
+
+
+def softmax1_forward(x2d: torch.Tensor, options: LaunchOptions | None = None) -> torch.Tensor:
+    """Softmax1 along the rows: shift m = max(max x, 0), the 1 rescaled to exp(-m)."""
+    return exp_normalize(x2d, tau=1.0, beta=1.0, nonneg=False, floor0=True, offset=True,
+                         options=options)

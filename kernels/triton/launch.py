@@ -1,0 +1,250 @@
+"""How the Triton row kernels are launched: options, row paths, launch geometry and occupancy.
+
+Everything here runs on the host. `LaunchOptions` are the launcher's arguments: every wrapper
+takes `options=`; without it the options of the innermost `launch_options(...)` block apply,
+else the defaults, which `$ELASTICBENCH_TRITON_*` can move (read in `options_from_env` only).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+
+from .memory import interpreted, native
+
+DTYPES = ("fp32", "fp16", "bf16")  # fp64 is not a GPU softmax format; the suite skips it
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _pow2(value: int) -> bool:
+    return value >= 1 and not value & (value - 1)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The launcher's arguments.
+
+    max_fused: the longest block (a power of two) held in registers; longer rows stream in
+    chunks of `chunk` (a power of two) on the online path. exp2_ulps >= 0: under the
+    interpreter, model the GPU's approximate ex2 (flush below 2^-126, every other normal result
+    moved that many ulps; docs/triton.md); -1: no model. Ignored on a GPU.
+    """
+
+    max_fused: int = 16384
+    chunk: int = 4096
+    exp2_ulps: int = -1
+
+    def __post_init__(self) -> None:
+        for name in ("max_fused", "chunk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not _pow2(value):
+                raise ValueError(f"{name} must be a power of two, got {value!r}")
+        if not isinstance(self.exp2_ulps, int) or self.exp2_ulps < -1:
+            raise ValueError(f"exp2_ulps must be an integer >= -1, got {self.exp2_ulps!r}")
+
+
+ENV_VARS = {"max_fused": "ELASTICBENCH_TRITON_MAX_FUSED", "chunk": "ELASTICBENCH_TRITON_CHUNK",
+            "exp2_ulps": "ELASTICBENCH_TRITON_EXP2_ULPS"}
+
+
+def options_from_env(environ: Mapping[str, str] = os.environ) -> LaunchOptions:
+    """The defaults moved by $ELASTICBENCH_TRITON_MAX_FUSED, _CHUNK and _EXP2_ULPS (so a CLI
+    run can verify the online path on short rows, or against the ex2 model)."""
+    changes: dict[str, int] = {}
+    for field in fields(LaunchOptions):
+        raw = environ.get(ENV_VARS[field.name], "").strip()
+        if not raw:
+            continue
+        try:
+            changes[field.name] = int(raw)
+        except ValueError:
+            raise ValueError(f"${ENV_VARS[field.name]} must be an integer, got {raw!r}") from None
+    try:
+        return LaunchOptions(**changes)
+    except ValueError as e:
+        name = str(e).split()[0]
+        raise ValueError(f"${ENV_VARS[name]}: {e}") from None
+
+
+_OPTIONS: ContextVar[LaunchOptions | None] = ContextVar("triton_launch_options", default=None)
+
+
+def current_options() -> LaunchOptions:
+    """The options of the innermost `launch_options` block, else those of the environment."""
+    return _OPTIONS.get() or options_from_env()
+
+
+@contextmanager
+def launch_options(**changes: int) -> Iterator[LaunchOptions]:
+    """Within the block, wrappers called without `options=` use these (tests force the online
+    path with small thresholds)."""
+    token = _OPTIONS.set(replace(current_options(), **changes))
+    try:
+        yield _OPTIONS.get()  # type: ignore[misc]
+    finally:
+        _OPTIONS.reset(token)
+
+
+# ---------------------------------------------------------------------------------------
+# Launch geometry and occupancy
+
+
+def num_warps(block: int) -> int:
+    """Warps per program for a block of `block` elements."""
+    if block <= 1024:
+        return 4
+    if block <= 4096:
+        return 8
+    return 16
+
+
+@dataclass(frozen=True)
+class SMLimits:
+    """What one streaming multiprocessor holds (defaults: sm_80 and sm_90)."""
+
+    regs: int = 65536
+    warps: int = 64
+    shared: int = 233472  # bytes; 228 KiB on sm_90, 164 KiB on sm_80
+    programs: int = 32
+    shared_reserved: int = 1024  # the runtime's own shared memory per program (sm_80+)
+
+
+def resident_programs(n_regs: int, shared: int, num_warps: int, sm: SMLimits) -> int:
+    """Programs of a compiled kernel that fit on one SM at once (at least 1).
+
+    Registers are granted per warp in blocks of 256 (8 per thread), so n_regs rounds up to 8.
+    """
+    regs_per_program = -(-max(1, n_regs) // 8) * 8 * 32 * num_warps
+    fits = [sm.regs // regs_per_program, sm.warps // num_warps, sm.programs]
+    if shared:
+        fits.append(sm.shared // (shared + sm.shared_reserved))
+    return max(1, min(fits))
+
+
+_OCCUPANCY: dict[tuple, int] = {}
+
+
+def _programs(kernel: Any, rows: int, args: tuple, warps: int, consts: dict) -> int:
+    """Persistent grid size: rows capped by SMs x resident programs per SM.
+
+    Resident programs per SM come from the compiled kernel's registers and shared memory;
+    under the interpreter a handful of programs is enough to exercise the row loop.
+    """
+    if interpreted() or not args[0].is_cuda:
+        return max(1, min(rows, 4))
+    dev = args[0].device
+    key = (kernel, dev.index, warps, args[0].dtype, tuple(sorted(consts.items())))
+    if key not in _OCCUPANCY:
+        props = torch.cuda.get_device_properties(dev)
+        sm = SMLimits(regs=getattr(props, "regs_per_multiprocessor", SMLimits.regs),
+                      warps=getattr(props, "max_threads_per_multi_processor", 2048) // 32,
+                      shared=getattr(props, "shared_memory_per_multiprocessor", SMLimits.shared))
+        try:
+            compiled = kernel.warmup(*args, grid=(1,), num_warps=warps, enable_fp_fusion=True,
+                                     **consts)
+            compiled._init_handles()
+            per_sm = resident_programs(compiled.n_regs, compiled.metadata.shared, warps, sm)
+        except Exception:  # occupancy is a tuning hint; a failed query must not fail the call
+            per_sm = max(1, sm.warps // warps)
+        _OCCUPANCY[key] = props.multi_processor_count * per_sm
+    return max(1, min(rows, _OCCUPANCY[key]))
+
+
+# ---------------------------------------------------------------------------------------
+# Launching, or capturing the launches for the static audit
+
+
+@dataclass
+class Launch:
+    """One kernel launch as the wrappers plan it: what `capture_launches` records."""
+
+    kernel: Any
+    args: tuple
+    num_warps: int
+    constexprs: dict[str, Any]
+
+
+_CAPTURED: list[list[Launch]] = []
+
+
+@contextmanager
+def capture_launches() -> Iterator[list[Launch]]:
+    """Record the launches the wrappers would make instead of running them (outputs stay
+    uninitialized); the audit compiles what is recorded for a GPU this machine need not have."""
+    launches: list[Launch] = []
+    _CAPTURED.append(launches)
+    try:
+        yield launches
+    finally:
+        _CAPTURED.pop()
+
+
+def run(kernel: Any, grid: tuple[int], args: tuple, warps: int, consts: dict) -> None:
+    """Launch kernel[grid](*args) (or record it inside `capture_launches`)."""
+    if _CAPTURED:
+        _CAPTURED[-1].append(Launch(kernel, args, warps, consts))
+        return
+    kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **consts)
+
+
+def launch_rows(kernel: Any, rows: int, args: tuple, block: int, **consts: Any) -> None:
+    """Launch a row kernel on a persistent grid sized for `rows` rows of `block`-wide blocks."""
+    warps = num_warps(block)
+    grid = (1,) if _CAPTURED else (_programs(kernel, rows, args, warps, consts),)
+    run(kernel, grid, args, warps, consts)
+
+
+# ---------------------------------------------------------------------------------------
+# Rows: what the wrappers accept and which path a row length takes
+
+
+def check_rows(x: torch.Tensor) -> tuple[int, int]:
+    """(rows, n) of a 2-D fp32/fp16/bf16 tensor; TypeError for anything else."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise TypeError("triton kernels take a 2-D torch tensor (rows, n)")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"triton kernels support fp32, fp16 and bf16, not {x.dtype} "
+                        "(verify with -d fp32,fp16,bf16)")
+    return x.shape[0], x.shape[1]
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def plan(n: int, max_fused: int, chunk: int) -> tuple[bool, int]:
+    """(fused?, block): the fused path covers the row in one block, else stream chunks."""
+    block = pow2_at_least(n)
+    if block <= max_fused:
+        return True, block
+    return False, min(chunk, block)
+
+
+def exp2_model_ulps(options: LaunchOptions) -> int:
+    """The ex2 model's ulps for a kernel launch: only under the interpreter, else -1."""
+    return options.exp2_ulps if interpreted() else -1
+
+
+def normalize_rows(x: torch.Tensor, fused_kernel: Any, online_kernel: Any,
+                   scalars: tuple[float, ...], options: LaunchOptions | None,
+                   **constexprs: Any) -> torch.Tensor:
+    """A new y = f(x) row by row: the register-resident kernel when a row fits, else the
+    online one; scalars follow (x, y, rows, n, strides) in the kernel's arguments."""
+    options = options or current_options()
+    rows, n = check_rows(x)
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    if rows == 0 or n == 0:
+        return y
+    fused, block = plan(n, options.max_fused, options.chunk)
+    (xk, yk), bits = native(x, y)
+    args = (xk, yk, rows, n, x.stride(0), y.stride(0), *scalars)
+    launch_rows(fused_kernel if fused else online_kernel, rows, args, block, BLOCK=block,
+                BITS=bits, EVEN=n % block == 0, EXACT=x.dtype == torch.float32, **constexprs)
+    return y

@@ -1,0 +1,121 @@
+"""The weight family in Triton: stablemax and symax forward.
+
+    y_i = w_i / (const + sum_j w_j)   for weights w >= 0
+
+The weights are multiplied by the reciprocal of a power of two near the row's largest weight
+(when it exceeds 1), so neither the fp32 sum nor const can overflow and the scaling is exact.
+Lanes past the row load as -inf for stablemax and 0 for symax: both weigh 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import LaunchOptions, normalize_rows
+from .memory import ld, max_nan, st
+from .rows import ordinary, quotient, reciprocal, special_y
+
+
+@triton.jit
+def _weight(x, SYMAX: tl.constexpr, EXACT: tl.constexpr):
+    if SYMAX:
+        w = tl.abs(x)
+    elif EXACT:
+        w = tl.where(x >= 0.0, x + 1.0, tl.math.div_rn(1.0, 1.0 - x))
+    else:  # 16-bit outputs: an approximate reciprocal (2 ulp of fp32) is ample
+        w = tl.where(x >= 0.0, x + 1.0, 1.0 / (1.0 - x))
+    return w
+
+
+@triton.jit
+def _inv_pow2_scale(top):
+    """1/p for the power of two p at or below top when 1 < top < inf (exponent bits only),
+    else 1: an exact scale."""
+    p2 = (top.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    return tl.math.div_rn(1.0, tl.where((top > 1.0) & (top < float("inf")), p2, 1.0))
+
+
+@triton.jit
+def weight_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr,
+                        SYMAX: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr,
+                        BITS: tl.constexpr, EVEN: tl.constexpr):
+    """The whole row in registers: one read and one write per element."""
+    offs = tl.arange(0, BLOCK)
+    inside = offs < n
+    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+        r = tl.cast(row, tl.int64)
+        w = _weight(ld(x_ptr + r * sx + offs, inside, OTHER, BITS, EVEN), SYMAX, EXACT)
+        top = max_nan(w)
+        if ordinary(top):
+            inv = _inv_pow2_scale(top)
+            ws = w * inv
+            den = tl.sum(ws, axis=0) + const * inv
+            y = quotient(ws, reciprocal(tl.where(den > 0.0, den, 1.0), EXACT), EXACT)
+        else:
+            is_inf = w == float("inf")
+            y = special_y(is_inf, tl.sum(is_inf.to(tl.float32), axis=0), top)
+        st(y_ptr + r * sy + offs, y, inside, BITS, EVEN)
+
+
+@triton.jit
+def weight_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr,
+                         SYMAX: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr,
+                         BITS: tl.constexpr, EVEN: tl.constexpr):
+    """Rows streamed in BLOCK-wide chunks: two reads and one write per element."""
+    offs = tl.arange(0, BLOCK)
+    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+        r = tl.cast(row, tl.int64)
+        xrow = x_ptr + r * sx
+        yrow = y_ptr + r * sy
+        # pass 1: running max and power-of-two scale; rescaling the sum by a ratio of powers
+        # of two is exact
+        top = 0.0
+        inv = 1.0
+        den = 0.0
+        for start in tl.range(0, n, BLOCK):
+            idx = start + offs
+            w = _weight(ld(xrow + idx, idx < n, OTHER, BITS, EVEN), SYMAX, EXACT)
+            top = tl.maximum(top, max_nan(w), propagate_nan=tl.PropagateNan.ALL)
+            new_inv = tl.minimum(inv, _inv_pow2_scale(top))
+            den = den * tl.math.div_rn(new_inv, inv) + tl.sum(w * new_inv, axis=0)
+            inv = new_inv
+        if ordinary(top):
+            den += const * inv
+            rden = reciprocal(tl.where(den > 0.0, den, 1.0), EXACT)
+            for start in tl.range(0, n, BLOCK):  # pass 2
+                idx = start + offs
+                inside = idx < n
+                w = _weight(ld(xrow + idx, inside, OTHER, BITS, EVEN), SYMAX, EXACT)
+                st(yrow + idx, quotient(w * inv, rden, EXACT), inside, BITS, EVEN)
+        else:
+            n_inf = 0.0
+            for start in tl.range(0, n, BLOCK):
+                idx = start + offs
+                w = _weight(ld(xrow + idx, idx < n, OTHER, BITS, EVEN), SYMAX, EXACT)
+                n_inf += tl.sum((w == float("inf")).to(tl.float32), axis=0)
+            for start in tl.range(0, n, BLOCK):
+                idx = start + offs
+                inside = idx < n
+                w = _weight(ld(xrow + idx, inside, OTHER, BITS, EVEN), SYMAX, EXACT)
+                st(yrow + idx, special_y(w == float("inf"), n_inf, top), inside, BITS, EVEN)
+
+
+def _weight_normalize(x: torch.Tensor, const: float, symax: bool,
+                      options: LaunchOptions | None) -> torch.Tensor:
+    return normalize_rows(x, weight_fused_kernel, weight_online_kernel, (float(const),),
+                          options, OTHER=0.0 if symax else float("-inf"), SYMAX=symax)
+
+
+def stablemax_forward(x2d: torch.Tensor, options: LaunchOptions | None = None) -> torch.Tensor:
+    """Stablemax along the rows, weights scaled by a power of two near the row maximum."""
+    return _weight_normalize(x2d, 0.0, False, options)
+
+
+def symax_forward(x2d: torch.Tensor, eta: float,
+                  options: LaunchOptions | None = None) -> torch.Tensor:
+    """Symax along the rows: |x| / (eta + sum |x|), scaled by a power of two near max |x|."""
+    if not (eta >= 0 and eta < float("inf")):
+        raise ValueError(f"eta must be finite and >= 0, got {eta!r}")
+    return _weight_normalize(x2d, eta, True, options)
