@@ -2,7 +2,7 @@
 
     y = elastic_softmax(x, tau, beta, dim=-1)
 
-The backward pass is DESIGN.md section 3 evaluated in one pass over the saved output y
+The backward pass is docs/gradients.md section 2 evaluated in one pass over the saved output y
 (and the input x, for the mask and the exponent arguments), never autograd through the
 composite:
 
@@ -21,7 +21,7 @@ row at most), e.g. shape (H, 1, 1) for one value per head of scores (B, H, L, L)
 gradients are summed over the rows they were broadcast to. Tensors are trusted to hold
 tau > 0 and beta >= 0 (ElasticSoftmax guarantees it); floats are checked.
 
-Special values: the forward follows DESIGN.md section 2. Backward: masked positions get
+Special values: the forward follows docs/definitions.md section 3. Backward: masked positions get
 exactly 0, fully masked rows and rows with +inf (whose output no finite change of the
 input moves) give exactly zero gradients, and a NaN row gives a NaN row in dx and NaN
 dtau and dbeta. fp16/bf16 compute and accumulate in fp32; fp64 and fp32 in their own

@@ -1,6 +1,6 @@
 """The published variants of the seed proposal, written from their descriptions.
 
-Each is the definition of DESIGN.md section 1 with exactly one change, so
+Each is the definition of docs/definitions.md section 1 with exactly one change, so
 `elasticbench verify --kernel-file examples/seed_variants.py` shows that change alone:
 
 - seed_eps_unscaled: subtracts the max for stability, then adds the offset unscaled

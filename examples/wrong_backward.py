@@ -3,7 +3,7 @@
     elasticbench verify --mode bwd --kernel-file examples/wrong_backward.py    # exit 1
 
 Both share one correct NumPy backward (float64 inside) and break it in one place:
-- `elastic_bwd_no_rescale` forgets to rescale beta by exp(-m/tau) (DESIGN.md section 1):
+- `elastic_bwd_no_rescale` forgets to rescale beta by exp(-m/tau) (docs/gradients.md section 2):
   it takes 1/D = max y instead of exp(-m/tau) * max y, so dbeta (and the offset's share in
   dtau) are off by exp(m/tau): right only when the kept row maximum m is 0.
 - `elastic_bwd_no_mask` recomputes the output from x but forgets Negative Value Masking,

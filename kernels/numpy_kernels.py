@@ -2,7 +2,7 @@
 
 fp64 and fp32 compute in their own precision; fp16 and bf16 (ml_dtypes) compute and
 accumulate in fp32 and round once at the end. Every kernel applies the special-value
-policy of DESIGN.md section 2: a NaN anywhere makes the row NaN, +inf logits share the
+policy of docs/definitions.md section 3: a NaN anywhere makes the row NaN, +inf logits share the
 row equally, a row with nothing left gives zeros (0/0 is 0).
 """
 

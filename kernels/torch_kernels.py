@@ -4,7 +4,7 @@ The exp-normalize members share their forward and backward with elasticbench.fun
 (the autograd path), so the kernel verified here is the code a model runs.
 
 fp64 and fp32 compute in their own precision; fp16 and bf16 compute and accumulate in
-fp32 and round once at the end. Special values follow DESIGN.md section 2.
+fp32 and round once at the end. Special values follow docs/definitions.md section 3.
 """
 
 from __future__ import annotations

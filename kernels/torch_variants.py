@@ -16,7 +16,7 @@ block-level work costs no extra memory traffic. The declared models (bench/model
 | elastic_accurate     | compiled_elastic computed in fp64               | 3 | 2 | 1 (fp64) |
 
 Rows whose kept maximum is not finite (NaN, +inf, nothing kept) or whose exponent is out
-of the exact-reduction range are redone by the eager torch kernel (DESIGN.md section 2),
+of the exact-reduction range are redone by the eager torch kernel (docs/definitions.md section 3),
 so every kernel follows the special-value policy; those rows are rare and cheap to find.
 """
 

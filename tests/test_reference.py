@@ -1,5 +1,5 @@
 """The exact reference against closed forms, the unshifted definition, and itself at two
-precisions; the special-value policy of DESIGN.md section 2."""
+precisions; the special-value policy of docs/definitions.md section 3."""
 
 import math
 
@@ -42,7 +42,7 @@ def test_closed_forms(function, row, params, expected):
 @pytest.mark.parametrize("tau", [0.01, 1.0, 10.0])
 @pytest.mark.parametrize("beta", [0.0, 1e-10, 1.0, 100.0])
 def test_elastic_equals_the_unshifted_definition(tau, beta):
-    """The shifted form with the exp(-m/tau) rescaling IS the definition (DESIGN.md 1)."""
+    """The shifted form with the exp(-m/tau) rescaling IS the definition (docs/definitions.md section 1)."""
     rng = np.random.default_rng(7)
     row = np.round(rng.normal(1.0, 2.0, 12), 3).tolist()
     y, _ = exact("elastic", row, tau=tau, beta=beta)

@@ -66,7 +66,7 @@ def model_of(spec: KernelSpec) -> PassModel:
 
 
 def minimum_bytes(rows: int, n: int, itemsize: int, mode: str) -> int:
-    """2 * n * itemsize a row forward, 3 * n * itemsize backward (DESIGN.md section 6)."""
+    """2 * n * itemsize a row forward, 3 * n * itemsize backward (docs/benchmarking.md section 1)."""
     per = 3 if mode == "bwd" else 2
     return per * rows * n * itemsize
 

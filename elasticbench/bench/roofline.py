@@ -1,4 +1,4 @@
-"""The two ceilings of DESIGN.md section 6, measured on this machine in this run.
+"""The two ceilings of docs/benchmarking.md section 1, measured on this machine in this run.
 
 memory: a STREAM-style copy (bytes read + bytes written per second) on buffers at least
 4x the last-level cache (CPU) or a device-to-device copy (GPU);

@@ -1,4 +1,4 @@
-"""The function family, each member defined once (see DESIGN.md section 1)."""
+"""The function family, each member defined once (see docs/definitions.md)."""
 
 from __future__ import annotations
 

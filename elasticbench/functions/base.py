@@ -54,7 +54,7 @@ class RowTruth:
 
 @dataclass
 class RowGrad:
-    """Exact gradients of one row for an upstream gradient g (DESIGN.md section 3).
+    """Exact gradients of one row for an upstream gradient g (docs/gradients.md section 1).
 
     dx[i] is an mpf, or None where it must be NaN; dparams holds this row's contribution to
     the gradient of each parameter (None: NaN). Rows that are not finite (NaN aside) have

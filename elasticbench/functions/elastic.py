@@ -34,7 +34,7 @@ def reference(row: list[float], *, tau: float, beta: float) -> RowTruth:
 
 
 def gradient(row: list[float], g: list[float], *, tau: float, beta: float) -> RowGrad:
-    """dx, and this row's dtau and dbeta, for upstream g (DESIGN.md section 3), exactly.
+    """dx, and this row's dtau and dbeta, for upstream g (docs/gradients.md section 1), exactly.
 
     Evaluated in the shifted form so that nothing cancels at huge logits: with
     z'_i = (s_i - m)/tau, D' = sum_j exp(z'_j) + beta exp(-m/tau) and w = beta exp(-m/tau)/D'

@@ -1,4 +1,4 @@
-"""Named, seeded input generators: the adversarial inputs of DESIGN.md section 5."""
+"""Named, seeded input generators: the adversarial inputs of docs/inputs.md."""
 
 from .generators import GENERATORS, Generator, generate, get_generator
 

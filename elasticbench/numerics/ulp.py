@@ -2,7 +2,7 @@
 
 The reference value y is carried as hi + lo (two float64s, about 106 bits), which is
 exact enough to score an fp64 kernel to a small fraction of an ulp.
-ulp(y) = 2^(max(floor(log2|y|), emin) - p + 1), as in DESIGN.md section 4.
+ulp(y) = 2^(max(floor(log2|y|), emin) - p + 1), as in docs/numerics.md section 2.
 """
 
 from __future__ import annotations

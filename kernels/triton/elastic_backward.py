@@ -1,4 +1,4 @@
-"""The Elastic-Softmax backward in Triton (DESIGN.md section 3).
+"""The Elastic-Softmax backward in Triton (docs/gradients.md sections 1-2).
 
 Per row, with t = (s - m) log2(e)/tau (shifted, in base-2 units), e = exp2(t),
 D' = sum e + beta' and beta' = beta exp(-m/tau):

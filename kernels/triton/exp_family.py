@@ -5,7 +5,7 @@
 NONNEG: negatives masked to -inf (elastic) rather than only -inf; FLOOR0: m = max(m, 0)
 (softmax1); OFFSET: add the rescaled constant beta exp(-m/tau) to the denominator. Every kernel
 computes and accumulates in fp32, rounds once on the store and follows the special-value policy
-of DESIGN.md section 2. Divisions that set the result use `tl.math.div_rn` (IEEE
+of docs/definitions.md section 3. Divisions that set the result use `tl.math.div_rn` (IEEE
 round-to-nearest); a plain `/` is approximate on NVIDIA GPUs.
 """
 
