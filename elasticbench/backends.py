@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ class Backend:
     to_numpy: Callable[[Any], np.ndarray]  # TypeError when given something else
     same_memory: Callable[[Any, Any], bool]
     synchronize: Callable[[], None] = lambda: None
+    calling: Callable[[], AbstractContextManager[Any]] = nullcontext  # what verified calls run in
 
 
 def _numpy_to_numpy(a: Any) -> np.ndarray:
@@ -113,6 +115,15 @@ def _triton_synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def _triton_calling() -> AbstractContextManager[Any]:
+    """Under Triton's interpreter, exact bf16 for the kernel (elasticbench.triton_interpreter)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from .triton_interpreter import exact_bf16
+
+        return exact_bf16()
+    return nullcontext()
+
+
 BACKENDS: dict[str, Backend] = {
     "numpy": Backend(
         "numpy",
@@ -139,6 +150,7 @@ BACKENDS: dict[str, Backend] = {
         _torch_to_numpy,
         _torch_same_memory,
         _triton_synchronize,
+        _triton_calling,
     ),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)

@@ -43,7 +43,8 @@ def call_kernel(spec: KernelSpec, x: np.ndarray, params: dict[str, float]) -> Ou
     native = backend.to_native(x)
     start = time.perf_counter()
     try:
-        out = spec.fn(native, **params)
+        with backend.calling():
+            out = spec.fn(native, **params)
         backend.synchronize()
     except Exception as e:  # a kernel's failure is a result, not a crash of the run
         return Outcome(None, f"raised {type(e).__name__}: {e}".splitlines()[0], False, False,

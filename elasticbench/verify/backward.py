@@ -91,7 +91,8 @@ def call_backward(spec: KernelSpec, x: np.ndarray, y: np.ndarray, g: np.ndarray,
     nx, ny, ng = backend.to_native(x), backend.to_native(y), backend.to_native(g)
     start = time.perf_counter()
     try:
-        out = spec.fn(nx, ny, ng, **params)
+        with backend.calling():
+            out = spec.fn(nx, ny, ng, **params)
         backend.synchronize()
     except Exception as e:  # a kernel's failure is a result, not a crash of the run
         return BackwardOutcome(None, {}, f"raised {type(e).__name__}: {e}".splitlines()[0],

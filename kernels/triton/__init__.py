@@ -2,8 +2,8 @@
 
 - `launch`: LaunchOptions (the launcher's arguments), row paths, grid and occupancy, and
   `capture_launches` for compiling without a GPU;
-- `memory`: fp32 loads and stores, and the interpreter's emulation (bf16 as bits, the
-  NaN-propagating maximum);
+- `memory`: fp32 loads and stores, and the NaN-propagating maximum (vectorized for the
+  interpreter);
 - `rows`: pieces every row kernel shares (special rows, the quotient's rounding);
 - `exp_family`: elastic, softmax and softmax1 forward, and the exponential they share;
 - `weight_family`: stablemax and symax forward;

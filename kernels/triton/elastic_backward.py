@@ -31,7 +31,7 @@ from .launch import (
     pow2_at_least,
     run,
 )
-from .memory import ld, max_nan, native, st
+from .memory import ld, max_nan, st
 from .rows import ordinary
 
 LN2 = tl.constexpr(0.6931471805599453)  # jit code reads only constexpr globals
@@ -60,12 +60,11 @@ def _regular(top):
 
 
 @triton.jit
-def _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, BITS: tl.constexpr,
-            EVEN: tl.constexpr):
+def _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN: tl.constexpr):
     """x, y, g of row r at idx; lanes past the row read x = -inf (masked), y = g = 0."""
-    x = ld(x_ptr + r * sx + idx, inside, float("-inf"), BITS, EVEN)
-    y = ld(y_ptr + r * sy + idx, inside, 0.0, BITS, EVEN)
-    g = ld(g_ptr + r * sg + idx, inside, 0.0, BITS, EVEN)
+    x = ld(x_ptr + r * sx + idx, inside, float("-inf"), EVEN)
+    y = ld(y_ptr + r * sy + idx, inside, 0.0, EVEN)
+    g = ld(g_ptr + r * sg + idx, inside, 0.0, EVEN)
     return x, y, g
 
 
@@ -92,14 +91,13 @@ def _bwd_row_partials(c, a2, b2, den, top, shift, k, tau, beta, PRE: tl.constexp
 @triton.jit
 def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
                              k, tau, inv_tau, beta, PRE: tl.constexpr, EXACT: tl.constexpr,
-                             EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
-                             EVEN: tl.constexpr):
+                             EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
     """x, y, g read once into registers; dx written once."""
     offs = tl.arange(0, BLOCK)
     inside = offs < n
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
         r = tl.cast(row, tl.int64)
-        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, offs, inside, BITS, EVEN)
+        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, offs, inside, EVEN)
         s = keep(x, True)
         top = max_nan(s)
         m = tl.where(_regular(top), top, 0.0)
@@ -108,7 +106,7 @@ def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx,
         gy = tl.where(x < 0.0, 0.0, g * y)
         c = tl.sum(gy, axis=0)
         dx = _bwd_dx(x, y, g, c, tau, inv_tau, top == float("inf"), EXACT)
-        st(dx_ptr + r * sdx + offs, dx, inside, BITS, EVEN)
+        st(dx_ptr + r * sdx + offs, dx, inside, EVEN)
         t = _bwd_t(s, m, y, k, PRE)
         dtau, dbeta = _bwd_row_partials(c, tl.sum(y * t, axis=0), tl.sum(gy * t, axis=0), den,
                                         top, m, k, tau, beta, PRE, EXP2_ULPS)
@@ -119,8 +117,7 @@ def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx,
 @triton.jit
 def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
                               k, tau, inv_tau, beta, PRE: tl.constexpr, EXACT: tl.constexpr,
-                              EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
-                              EVEN: tl.constexpr):
+                              EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
     """Rows streamed in BLOCK-wide chunks: x, y, g read twice, dx written once."""
     offs = tl.arange(0, BLOCK)
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
@@ -132,7 +129,7 @@ def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx
         for start in tl.range(0, n, BLOCK):
             idx = start + offs
             inside = idx < n
-            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, BITS, EVEN)
+            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
             s = keep(x, True)
             top, den = online_step(top, den, s, k, PRE, EXP2_ULPS)
             c_lanes += tl.where(x < 0.0, 0.0, g * y)
@@ -144,9 +141,9 @@ def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx
         for start in tl.range(0, n, BLOCK):
             idx = start + offs
             inside = idx < n
-            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, BITS, EVEN)
+            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
             dx = _bwd_dx(x, y, g, c, tau, inv_tau, top == float("inf"), EXACT)
-            st(dx_ptr + r * sdx + idx, dx, inside, BITS, EVEN)
+            st(dx_ptr + r * sdx + idx, dx, inside, EVEN)
             t = _bwd_t(keep(x, True), m, y, k, PRE)
             a_lanes += y * t
             b_lanes += tl.where(x < 0.0, 0.0, g * y) * t
@@ -188,11 +185,10 @@ def elastic_backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, tau: f
         # three arrays live in registers: half the forward's fused rows, or it spills
         fused, block = plan(n, options.max_fused // 2, options.chunk)
         kernel = elastic_bwd_fused_kernel if fused else elastic_bwd_online_kernel
-        (xk, yk, gk, dxk), bits = native(x2d, y, g, dx)
         k, pre = exp2_scale(tau)
-        args = (xk, yk, gk, dxk, part, rows, n, x2d.stride(0), y.stride(0), g.stride(0),
+        args = (x2d, y, g, dx, part, rows, n, x2d.stride(0), y.stride(0), g.stride(0),
                 dx.stride(0), k, float(tau), 1.0 / tau, float(beta))
-        launch_rows(kernel, rows, args, block, BLOCK=block, BITS=bits, EVEN=n % block == 0,
+        launch_rows(kernel, rows, args, block, BLOCK=block, EVEN=n % block == 0,
                     PRE=pre, EXACT=x2d.dtype == torch.float32, EXP2_ULPS=exp2_model_ulps(options))
         rblock = min(pow2_at_least(rows), 1024)
         run(sum_rows_kernel, (2,), (part, out, rows), 4, {"BLOCK": rblock})

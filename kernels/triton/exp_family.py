@@ -121,14 +121,13 @@ def online_step(top, den, s, k, PRE: tl.constexpr, EXP2_ULPS: tl.constexpr):
 def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
                      NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
                      PRE: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
-                     EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
-                     EVEN: tl.constexpr):
+                     EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
     """The whole row in registers: one read and one write per element."""
     offs = tl.arange(0, BLOCK)
     inside = offs < n
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
         r = tl.cast(row, tl.int64)
-        x = ld(x_ptr + r * sx + offs, inside, float("-inf"), BITS, EVEN)
+        x = ld(x_ptr + r * sx + offs, inside, float("-inf"), EVEN)
         s = keep(x, NONNEG)
         top = max_nan(s)
         if ordinary(top):
@@ -139,15 +138,14 @@ def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
         else:
             is_inf = x == float("inf")
             y = special_y(is_inf, tl.sum(is_inf.to(tl.float32), axis=0), top)
-        st(y_ptr + r * sy + offs, y, inside, BITS, EVEN)
+        st(y_ptr + r * sy + offs, y, inside, EVEN)
 
 
 @triton.jit
 def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
                       NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
                       PRE: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
-                      EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
-                      EVEN: tl.constexpr):
+                      EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
     """Rows streamed in BLOCK-wide chunks: two reads and one write per element."""
     offs = tl.arange(0, BLOCK)
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
@@ -160,7 +158,7 @@ def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
         den = 0.0
         for start in tl.range(0, n, BLOCK):
             idx = start + offs
-            s = keep(ld(xrow + idx, idx < n, float("-inf"), BITS, EVEN), NONNEG)
+            s = keep(ld(xrow + idx, idx < n, float("-inf"), EVEN), NONNEG)
             top, den = online_step(top, den, s, k, PRE, EXP2_ULPS)
         if ordinary(top):
             shift = _exp_shift(top, FLOOR0)
@@ -170,20 +168,20 @@ def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
             for start in tl.range(0, n, BLOCK):  # pass 2: normalize and write
                 idx = start + offs
                 inside = idx < n
-                s = keep(ld(xrow + idx, inside, float("-inf"), BITS, EVEN), NONNEG)
+                s = keep(ld(xrow + idx, inside, float("-inf"), EVEN), NONNEG)
                 e = exp2_scaled(s - shift, k, PRE, SUBNORMAL, EXP2_ULPS)
-                st(yrow + idx, quotient(e, rden, EXACT), inside, BITS, EVEN)
+                st(yrow + idx, quotient(e, rden, EXACT), inside, EVEN)
         else:
             n_inf = 0.0
             for start in tl.range(0, n, BLOCK):
                 idx = start + offs
-                x = ld(xrow + idx, idx < n, float("-inf"), BITS, EVEN)
+                x = ld(xrow + idx, idx < n, float("-inf"), EVEN)
                 n_inf += tl.sum((x == float("inf")).to(tl.float32), axis=0)
             for start in tl.range(0, n, BLOCK):
                 idx = start + offs
                 inside = idx < n
-                x = ld(xrow + idx, inside, float("-inf"), BITS, EVEN)
-                st(yrow + idx, special_y(x == float("inf"), n_inf, top), inside, BITS, EVEN)
+                x = ld(xrow + idx, inside, float("-inf"), EVEN)
+                st(yrow + idx, special_y(x == float("inf"), n_inf, top), inside, EVEN)
 
 
 def exp_normalize(x: torch.Tensor, *, tau: float, beta: float, nonneg: bool, floor0: bool,

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 
-from .memory import interpreted, native
+from elasticbench.triton_interpreter import exact_bf16
+
+from .memory import interpreted
 
 DTYPES = ("fp32", "fp16", "bf16")  # fp64 is not a GPU softmax format; the suite skips it
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -190,7 +192,8 @@ def run(kernel: Any, grid: tuple[int], args: tuple, warps: int, consts: dict) ->
     if _CAPTURED:
         _CAPTURED[-1].append(Launch(kernel, args, warps, consts))
         return
-    kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **consts)
+    with exact_bf16() if interpreted() else nullcontext():
+        kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **consts)
 
 
 def launch_rows(kernel: Any, rows: int, args: tuple, block: int, **consts: Any) -> None:
@@ -243,8 +246,7 @@ def normalize_rows(x: torch.Tensor, fused_kernel: Any, online_kernel: Any,
     if rows == 0 or n == 0:
         return y
     fused, block = plan(n, options.max_fused, options.chunk)
-    (xk, yk), bits = native(x, y)
-    args = (xk, yk, rows, n, x.stride(0), y.stride(0), *scalars)
+    args = (x, y, rows, n, x.stride(0), y.stride(0), *scalars)
     launch_rows(fused_kernel if fused else online_kernel, rows, args, block, BLOCK=block,
-                BITS=bits, EVEN=n % block == 0, EXACT=x.dtype == torch.float32, **constexprs)
+                EVEN=n % block == 0, EXACT=x.dtype == torch.float32, **constexprs)
     return y

@@ -1,17 +1,16 @@
-"""Loads and stores in fp32, and where the Triton interpreter needs emulating.
+"""Loads and stores in fp32, and where the Triton interpreter is slow.
 
-On a GPU bf16 converts natively (exact widening, round-to-nearest-even narrowing). The
-interpreter's own bf16 <-> fp32 conversion is not exact (no sticky bit, subnormals mangled),
-so under it bf16 tensors are passed as int16 and converted here with integer operations that
-do what the hardware does (BITS=True). The interpreter also runs a reduce with a custom combine
-element by element in Python, so the NaN-propagating maximum takes a vectorized form there.
+Every kernel loads its dtype, computes in fp32 and rounds once on the store. bf16 needs nothing
+special here: on a GPU it converts natively, and under the interpreter `launch.run` calls every
+kernel inside `elasticbench.triton_interpreter.exact_bf16`, which gives the interpreter the
+GPU's bf16. The interpreter does run a reduce with a custom combine element by element in
+Python, so the NaN-propagating maximum takes a vectorized form there.
 """
 
 from __future__ import annotations
 
 import os
 
-import torch
 import triton
 import triton.language as tl
 
@@ -25,26 +24,11 @@ def interpreted() -> bool:
 INTERPRETED = tl.constexpr(interpreted())
 
 
-def native(*tensors: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], bool]:
-    """The tensors as the kernels see them, and BITS (bf16 as int16 under the interpreter)."""
-    if interpreted() and tensors[0].dtype == torch.bfloat16:
-        return tuple(t.view(torch.int16) for t in tensors), True
-    return tensors, False
-
-
 @triton.jit
-def ld(ptrs, mask, other, BITS: tl.constexpr, EVEN: tl.constexpr):
+def ld(ptrs, mask, other, EVEN: tl.constexpr):
     """Load as fp32; lanes outside mask read as other. EVEN: the block tiles the row exactly,
     so no lane is outside and the load needs no mask (nor the selects a mask costs)."""
-    if BITS:
-        if EVEN:
-            u = tl.load(ptrs).to(tl.int32) & 0xFFFF
-        else:
-            u = tl.load(ptrs, mask=mask, other=0).to(tl.int32) & 0xFFFF
-        v = (u << 16).to(tl.float32, bitcast=True)
-        if not EVEN:
-            v = tl.where(mask, v, other)
-    elif EVEN:
+    if EVEN:
         v = tl.load(ptrs).to(tl.float32)
     else:
         v = tl.load(ptrs, mask=mask, other=other).to(tl.float32)
@@ -52,16 +36,9 @@ def ld(ptrs, mask, other, BITS: tl.constexpr, EVEN: tl.constexpr):
 
 
 @triton.jit
-def st(ptrs, v, mask, BITS: tl.constexpr, EVEN: tl.constexpr):
-    """Store fp32 v rounded once to the pointer's type (bf16 bits when BITS)."""
-    if BITS:
-        u = v.to(tl.uint32, bitcast=True)
-        rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
-        quiet_nan = (u >> 16) | 0x40
-        is_nan = (u & 0x7FFFFFFF) > 0x7F800000
-        v = tl.where(is_nan, quiet_nan, rounded).to(tl.int16)
-    else:
-        v = v.to(ptrs.dtype.element_ty)
+def st(ptrs, v, mask, EVEN: tl.constexpr):
+    """Store fp32 v rounded once (to nearest even) to the pointer's type."""
+    v = v.to(ptrs.dtype.element_ty)
     if EVEN:
         tl.store(ptrs, v)
     else:

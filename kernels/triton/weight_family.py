@@ -40,13 +40,13 @@ def _inv_pow2_scale(top):
 @triton.jit
 def weight_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr,
                         SYMAX: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr,
-                        BITS: tl.constexpr, EVEN: tl.constexpr):
+                        EVEN: tl.constexpr):
     """The whole row in registers: one read and one write per element."""
     offs = tl.arange(0, BLOCK)
     inside = offs < n
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
         r = tl.cast(row, tl.int64)
-        w = _weight(ld(x_ptr + r * sx + offs, inside, OTHER, BITS, EVEN), SYMAX, EXACT)
+        w = _weight(ld(x_ptr + r * sx + offs, inside, OTHER, EVEN), SYMAX, EXACT)
         top = max_nan(w)
         if ordinary(top):
             inv = _inv_pow2_scale(top)
@@ -56,13 +56,13 @@ def weight_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexp
         else:
             is_inf = w == float("inf")
             y = special_y(is_inf, tl.sum(is_inf.to(tl.float32), axis=0), top)
-        st(y_ptr + r * sy + offs, y, inside, BITS, EVEN)
+        st(y_ptr + r * sy + offs, y, inside, EVEN)
 
 
 @triton.jit
 def weight_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr,
                          SYMAX: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr,
-                         BITS: tl.constexpr, EVEN: tl.constexpr):
+                         EVEN: tl.constexpr):
     """Rows streamed in BLOCK-wide chunks: two reads and one write per element."""
     offs = tl.arange(0, BLOCK)
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
@@ -76,7 +76,7 @@ def weight_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constex
         den = 0.0
         for start in tl.range(0, n, BLOCK):
             idx = start + offs
-            w = _weight(ld(xrow + idx, idx < n, OTHER, BITS, EVEN), SYMAX, EXACT)
+            w = _weight(ld(xrow + idx, idx < n, OTHER, EVEN), SYMAX, EXACT)
             top = tl.maximum(top, max_nan(w), propagate_nan=tl.PropagateNan.ALL)
             new_inv = tl.minimum(inv, _inv_pow2_scale(top))
             den = den * tl.math.div_rn(new_inv, inv) + tl.sum(w * new_inv, axis=0)
@@ -87,19 +87,19 @@ def weight_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constex
             for start in tl.range(0, n, BLOCK):  # pass 2
                 idx = start + offs
                 inside = idx < n
-                w = _weight(ld(xrow + idx, inside, OTHER, BITS, EVEN), SYMAX, EXACT)
-                st(yrow + idx, quotient(w * inv, rden, EXACT), inside, BITS, EVEN)
+                w = _weight(ld(xrow + idx, inside, OTHER, EVEN), SYMAX, EXACT)
+                st(yrow + idx, quotient(w * inv, rden, EXACT), inside, EVEN)
         else:
             n_inf = 0.0
             for start in tl.range(0, n, BLOCK):
                 idx = start + offs
-                w = _weight(ld(xrow + idx, idx < n, OTHER, BITS, EVEN), SYMAX, EXACT)
+                w = _weight(ld(xrow + idx, idx < n, OTHER, EVEN), SYMAX, EXACT)
                 n_inf += tl.sum((w == float("inf")).to(tl.float32), axis=0)
             for start in tl.range(0, n, BLOCK):
                 idx = start + offs
                 inside = idx < n
-                w = _weight(ld(xrow + idx, inside, OTHER, BITS, EVEN), SYMAX, EXACT)
-                st(yrow + idx, special_y(w == float("inf"), n_inf, top), inside, BITS, EVEN)
+                w = _weight(ld(xrow + idx, inside, OTHER, EVEN), SYMAX, EXACT)
+                st(yrow + idx, special_y(w == float("inf"), n_inf, top), inside, EVEN)
 
 
 def _weight_normalize(x: torch.Tensor, const: float, symax: bool,

@@ -1,0 +1,289 @@
+"""Exact bf16 for any Triton kernel run by Triton's CPU interpreter (TRITON_INTERPRET=1).
+
+NumPy has no bf16, so the interpreter (triton/runtime/interpreter.py) keeps bf16 tensors as
+their uint16 bit patterns and then treats those bits as numbers: `a + b` adds the bit
+patterns as integers, `tl.sum` and `tl.max` reduce them as integers (every negative value
+is larger than every positive one), `abs` and bitcasts are fine, and its bf16 <-> fp32
+conversion truncates (an explicit `.to(tl.bfloat16)` rounds toward zero; with a rounding mode
+it rounds half away from zero without a sticky bit, and mangles subnormals). A bf16 kernel that
+is right on a GPU is garbage there.
+
+`exact_bf16()` makes the interpreter hold bf16 tensors as float32 arrays whose values are bf16
+numbers, converting only where memory is touched (loads, stores, atomics, bitcasts), and rounds
+every bf16 result once to nearest-even, as the GPU does:
+
+- elementwise arithmetic, comparisons, min/max, math functions: computed in fp32 and rounded
+  to bf16 (for +, -, *, / and sqrt fp32 carries more than 2 x 8 + 2 bits, so rounding twice
+  gives the correctly rounded bf16 result);
+- conversions: bf16 -> wider is exact; fp32 -> bf16 rounds to nearest even (or toward zero when
+  asked); fp64 -> bf16 rounds once (via round-to-odd fp32); NaN stays NaN, overflow goes to inf;
+- fma: exact product and sum in fp64, rounded to bf16 once;
+- `tl.sum` / `tl.cumsum` / `tl.cumprod` of bf16: every addition (multiplication) rounded to bf16,
+  in a pairwise order for sums and left to right for scans. A GPU also rounds every step, in an
+  order set by the layout, so the error is of the same kind but not bit-identical;
+- atomics on bf16 memory are done as load, operate, round, store (the interpreter runs programs
+  one at a time, so nothing interleaves).
+
+The patch is applied for the duration of the block and then undone; it changes nothing for
+other dtypes, nor on a GPU (where the interpreter is not used).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+U16, U32 = np.uint16, np.uint32
+
+
+def bf16_values(bits: np.ndarray) -> np.ndarray:
+    """float32 array of the bf16 numbers whose bit patterns are given (16-bit integers)."""
+    return (np.asarray(bits).view(U16).astype(U32) << U32(16)).view(np.float32)
+
+
+def _f64_to_f32_odd(x: np.ndarray) -> np.ndarray:
+    """fp64 -> fp32 rounding to odd: truncate, and set the last bit when inexact. Rounding that
+    to bf16 (16 bits shorter) gives the correctly rounded bf16 of x."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = x.astype(np.float32)
+        inexact = (y.astype(np.float64) != x) & ~np.isnan(x)
+        away = np.abs(y.astype(np.float64)) > np.abs(x)  # RNE went up in magnitude
+    bits = y.view(U32).copy()
+    bits[inexact & away] -= U32(1)  # one step toward zero (inf becomes the largest finite)
+    bits[inexact] |= U32(1)
+    return bits.view(np.float32)
+
+
+def bf16_bits(values: np.ndarray, toward_zero: bool = False) -> np.ndarray:
+    """uint16 bit patterns of float values rounded to bf16 (nearest even, or toward zero)."""
+    v = np.asarray(values)
+    v = _f64_to_f32_odd(v) if v.dtype == np.float64 else v.astype(np.float32)
+    u = v.view(U32)
+    nan = (u & U32(0x7FFFFFFF)) > U32(0x7F800000)
+    # nearest even: add 0x7FFF plus the lowest kept bit, then drop 16 bits
+    bias = U32(0) if toward_zero else U32(0x7FFF) + ((u >> U32(16)) & U32(1))
+    rounded = (u + bias) >> U32(16)
+    quiet = (u >> U32(16)) | U32(0x40)
+    return np.where(nan, quiet, rounded).astype(U16)
+
+
+def round_bf16(values: np.ndarray, toward_zero: bool = False) -> np.ndarray:
+    """float32 array of values rounded to bf16."""
+    return bf16_values(bf16_bits(values, toward_zero))
+
+
+def _pairwise_sum(x: np.ndarray, axis: int | None, keepdims: bool) -> np.ndarray:
+    """Sum along axis with every addition rounded to bf16, pairwise."""
+    a = np.moveaxis(x.reshape(-1) if axis is None else x, -1 if axis is None else axis, -1)
+    while a.shape[-1] > 1:
+        if a.shape[-1] % 2:
+            pad = np.full((*a.shape[:-1], 1), -0.0, dtype=np.float32)  # x + -0.0 == x
+            a = np.concatenate([a, pad], axis=-1)
+        a = round_bf16(a[..., 0::2] + a[..., 1::2])
+    total = a[..., 0] if a.shape[-1] else np.zeros(a.shape[:-1], dtype=np.float32)
+    if keepdims:
+        total = np.expand_dims(total, tuple(range(x.ndim)) if axis is None else axis)
+    return total
+
+
+def _scan(x: np.ndarray, axis: int, op: Callable[[np.ndarray, np.ndarray], np.ndarray]):
+    """Inclusive scan along axis, each step rounded to bf16, left to right."""
+    a = np.moveaxis(x, axis, -1).copy()
+    for i in range(1, a.shape[-1]):
+        a[..., i] = round_bf16(op(a[..., i - 1], a[..., i]))
+    return np.moveaxis(a, -1, axis)
+
+
+class _Patches:
+    """Attributes of the interpreter replaced inside `exact_bf16` and restored after."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def set(self, owner: Any, name: str, value: Any) -> None:
+        self._saved.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, value)
+
+    def undo(self) -> None:
+        for owner, name, value in reversed(self._saved):
+            setattr(owner, name, value)
+        self._saved.clear()
+
+
+def _install(patches: _Patches) -> None:
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+
+    bf16 = tl.bfloat16
+    Handle, Builder = it.TensorHandle, it.InterpreterBuilder
+    orig_np_dtype = it._get_np_dtype
+    orig_post_init = Handle.__post_init__
+    orig = {name: Builder.__dict__[name] for name in (
+        "create_masked_load", "create_masked_store", "cast_impl", "create_fp_to_fp",
+        "create_bitcast", "create_fabs", "create_fma", "create_atomic_rmw", "create_atomic_cas")}
+
+    def is_bf16(t: Any) -> bool:
+        while isinstance(t, (tl.block_type, tl.pointer_type)):
+            t = t.element_ty
+        return t == bf16
+
+    def np_dtype(tt_dtype: Any) -> np.dtype:
+        if not isinstance(tt_dtype, tl.pointer_type) and is_bf16(tt_dtype):
+            return np.dtype(np.float32)
+        return orig_np_dtype(tt_dtype)
+
+    def post_init(self: Any) -> None:
+        # every bf16 handle holds float32 bf16 numbers: bits are decoded, values rounded; a
+        # comparison's bool result also arrives typed bf16 (the operands' type) and stays
+        if self.dtype != bf16:
+            return orig_post_init(self)
+        data = np.asarray(self.data)
+        if data.dtype.kind == "f":
+            self.data = round_bf16(data)
+        elif data.dtype.kind in "iu" and data.dtype.itemsize == 2:
+            self.data = bf16_values(data)
+
+    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        if not is_bf16(ptrs.get_element_ty()):
+            return orig["create_masked_load"](self, ptrs, mask, other, cache_policy, is_volatile)
+        other_bits = (np.zeros_like(ptrs.data, dtype=U16) if other is None
+                      else np.broadcast_to(bf16_bits(other.data), ptrs.data.shape))
+        bits = it._interpreter.load(ptrs.data, mask.data, np.ascontiguousarray(other_bits),
+                                    np.dtype(U16))
+        return Handle(bits, bf16)
+
+    def masked_store(self, ptrs, value, mask, cache_policy):
+        if not is_bf16(ptrs.get_element_ty()):
+            return orig["create_masked_store"](self, ptrs, value, mask, cache_policy)
+        bits = np.ascontiguousarray(np.broadcast_to(bf16_bits(value.data), ptrs.data.shape))
+        return it._interpreter.store(ptrs.data, bits, mask.data)
+
+    def cast_impl(self, src, dst_type):
+        if is_bf16(dst_type):  # from fp64 exactly, so that integers and fp32 round once
+            return Handle(bf16_bits(np.asarray(src.data).astype(np.float64)), bf16)
+        if is_bf16(src.dtype):
+            with np.errstate(invalid="ignore", over="ignore"):
+                return Handle(np.asarray(src.data).astype(np_dtype(dst_type)), dst_type.scalar)
+        return orig["cast_impl"](self, src, dst_type)
+
+    def fp_to_fp(self, src, dst_type, rounding_mode):
+        if not (is_bf16(src.dtype) or is_bf16(dst_type)):
+            return orig["create_fp_to_fp"](self, src, dst_type, rounding_mode)
+        values = src.data
+        if src.dtype.scalar.primitive_bitwidth == 8:  # fp8: its own decoder, to fp32
+            values = orig["create_fp_to_fp"](self, src, tl.float32, rounding_mode).data
+        if is_bf16(dst_type):
+            toward_zero = rounding_mode == it._ir.ROUNDING_MODE.RTZ
+            return Handle(bf16_bits(np.asarray(values), toward_zero), bf16)
+        as_fp32 = Handle(np.asarray(values, dtype=np.float32), tl.float32)
+        return orig["create_fp_to_fp"](self, as_fp32, dst_type, rounding_mode)
+
+    def bitcast(self, src, dst_type):
+        if is_bf16(src.dtype) and not isinstance(src.dtype, tl.pointer_type):
+            src = Handle(bf16_bits(src.data), tl.uint16)
+        if is_bf16(dst_type) and not isinstance(dst_type, tl.pointer_type):
+            return Handle(np.asarray(src.data).view(U16), bf16)
+        return orig["create_bitcast"](self, src, dst_type)
+
+    def fabs(self, arg):
+        if arg.dtype == bf16:
+            return Handle(np.abs(arg.data), bf16)
+        return orig["create_fabs"](self, arg)
+
+    def fma(self, x, y, z):
+        if z.dtype == bf16:  # x * y is exact in fp64; the sum rounds once more, harmlessly
+            product = np.multiply(x.data, y.data, dtype=np.float64)
+            return Handle(np.add(product, z.data, dtype=np.float64), bf16)
+        return orig["create_fma"](self, x, y, z)
+
+    rmw_ops = {it._interpreter.RMW_OP.FADD: np.add, it._interpreter.RMW_OP.MAX: np.maximum,
+               it._interpreter.RMW_OP.MIN: np.minimum,
+               it._interpreter.RMW_OP.XCHG: lambda old, new: new}
+
+    def atomic_rmw(self, rmw_op, ptr, val, mask, sem, scope):
+        if not is_bf16(ptr.get_element_ty()):
+            return orig["create_atomic_rmw"](self, rmw_op, ptr, val, mask, sem, scope)
+        op = rmw_ops.get(self.ir_rmw_op_to_interpreter_rmw_op.get(rmw_op))
+        if op is None:
+            raise ValueError(f"atomic {rmw_op} is not defined on bf16")
+        # element by element: several lanes may hit the same address
+        flat_ptr, flat_val = ptr.data.reshape(-1), np.broadcast_to(val.data, ptr.data.shape)
+        flat_val, flat_mask = flat_val.reshape(-1), np.broadcast_to(mask.data, ptr.data.shape)
+        old = np.zeros(flat_ptr.shape, dtype=np.float32)
+        for i, (p, v, m) in enumerate(zip(flat_ptr, flat_val, flat_mask.reshape(-1),
+                                          strict=True)):
+            if not m:
+                continue
+            one = Handle(np.array([p], dtype=np.uint64), ptr.dtype)
+            on = Handle(np.array([True]), tl.int1)
+            old[i] = masked_load(self, one, on, None, None, True).data[0]
+            new = Handle(np.asarray([op(old[i], v)], dtype=np.float32), bf16)
+            masked_store(self, one, new, on, None)
+        return Handle(old.reshape(ptr.data.shape), bf16)
+
+    def atomic_cas(self, ptr, cmp, val, sem, scope):
+        if not is_bf16(ptr.get_element_ty()):
+            return orig["create_atomic_cas"](self, ptr, cmp, val, sem, scope)
+        cmp_bits = Handle(bf16_bits(cmp.data), tl.uint16)
+        val_bits = Handle(bf16_bits(val.data), tl.uint16)
+        u16_ptr = Handle(ptr.data, tl.pointer_type(tl.uint16))
+        old = orig["create_atomic_cas"](self, u16_ptr, cmp_bits, val_bits, sem, scope)
+        return Handle(old.data, bf16)
+
+    def reduce_sum(self, input):
+        if input.dtype.scalar == bf16:
+            total = _pairwise_sum(input.handle.data, self.axis, self.keep_dims)
+            return self.to_tensor(total, input.dtype.scalar)
+        return orig_sum(self, input)
+
+    def cumsum(self, input):
+        if input.dtype.scalar == bf16:
+            return [self.to_tensor(_scan(input.handle.data, self.axis, np.add), bf16)]
+        return orig_cumsum(self, input)
+
+    def cumprod(self, input):
+        if input.dtype.scalar == bf16:
+            return [self.to_tensor(_scan(input.handle.data, self.axis, np.multiply), bf16)]
+        return orig_cumprod(self, input)
+
+    orig_sum = it.ReduceOps.__dict__["sum"]
+    orig_cumsum, orig_cumprod = it.ScanOps.__dict__["cumsum"], it.ScanOps.__dict__["cumprod"]
+
+    patches.set(it, "_get_np_dtype", np_dtype)
+    patches.set(Handle, "__post_init__", post_init)
+    for name, fn in (("create_masked_load", masked_load), ("create_masked_store", masked_store),
+                     ("cast_impl", cast_impl), ("create_fp_to_fp", fp_to_fp),
+                     ("create_bitcast", bitcast), ("create_fabs", fabs), ("create_fma", fma),
+                     ("create_atomic_rmw", atomic_rmw), ("create_atomic_cas", atomic_cas)):
+        patches.set(Builder, name, fn)
+    patches.set(it.ReduceOps, "sum", reduce_sum)
+    patches.set(it.ScanOps, "cumsum", cumsum)
+    patches.set(it.ScanOps, "cumprod", cumprod)
+
+
+_ACTIVE = _Patches()
+_depth = 0
+
+
+@contextmanager
+def exact_bf16() -> Iterator[None]:
+    """Within the block, Triton's interpreter computes bf16 as a GPU does (see module doc).
+    Nestable; a no-op where Triton is not installed."""
+    global _depth
+    try:
+        import triton.runtime.interpreter  # noqa: F401
+    except ImportError:
+        yield
+        return
+    if _depth == 0:
+        _install(_ACTIVE)
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if _depth == 0:
+            _ACTIVE.undo()
