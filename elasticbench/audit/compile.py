@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from elasticbench.kernels.triton.launch import Launch
+from .capture import Launch
 
 
 def compile_launch(launch: Launch, arch: int) -> Any:
@@ -27,9 +27,8 @@ def compile_launch(launch: Launch, arch: int) -> Any:
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     bind = create_function_from_signature(kernel.signature, kernel.params, backend)
-    kwargs = {"num_warps": launch.num_warps, "enable_fp_fusion": True, **launch.constexprs}
-    bound, specialization, options = bind(*launch.args, **kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound,
+    bound, specialization, options = bind(*launch.args, **launch.kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, launch.kwargs, bound,
                                                               specialization, options)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton_compile(source, target=target, options=options.__dict__)

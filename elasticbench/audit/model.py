@@ -26,15 +26,10 @@ import click
 import torch
 
 from elasticbench.functions import get_function
-from elasticbench.kernels.triton.launch import (
-    DTYPES,
-    Launch,
-    SMLimits,
-    capture_launches,
-    resident_programs,
-)
+from elasticbench.kernels.triton.launch import DTYPES, SMLimits, resident_programs
 from elasticbench.registry import KernelSpec, list_kernels
 
+from .capture import Launch, capture_launches
 from .compile import compile_launch, opcode_width, read_cubin
 
 
@@ -117,7 +112,7 @@ def audit_kernel(spec: KernelSpec, dtype: str, n: int, gpu: GPUModel,
     compiled = compile_launch(launch, gpu.arch)
     regs, local_bytes, ops = read_cubin(compiled.asm["cubin"])
     ex2 = re.findall(r"\bex2\.approx[.a-z0-9]*", compiled.asm["ptx"])
-    block = int(launch.constexprs["BLOCK"])
+    block = int(launch.kwargs["BLOCK"])
     fused = block >= n
     per_thread = block / (32 * launch.num_warps)  # elements a thread holds per row or chunk
     counts = Counter(op.split(".")[0] for op in ops)

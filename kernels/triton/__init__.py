@@ -1,7 +1,6 @@
 """The Triton kernels' code, one module per concern; registering them is `triton_kernels`'s job.
 
-- `launch`: LaunchOptions (the launcher's arguments), row paths, grid and occupancy, and
-  `capture_launches` for compiling without a GPU;
+- `launch`: LaunchOptions (the launcher's arguments), row paths, grid and occupancy;
 - `memory`: fp32 loads and stores, and the NaN-propagating maximum (vectorized for the
   interpreter);
 - `rows`: pieces every row kernel shares (special rows, the quotient's rounding);

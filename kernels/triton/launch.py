@@ -159,39 +159,12 @@ def _programs(kernel: Any, rows: int, args: tuple, warps: int, consts: dict) -> 
 
 
 # ---------------------------------------------------------------------------------------
-# Launching, or capturing the launches for the static audit
-
-
-@dataclass
-class Launch:
-    """One kernel launch as the wrappers plan it: what `capture_launches` records."""
-
-    kernel: Any
-    args: tuple
-    num_warps: int
-    constexprs: dict[str, Any]
-
-
-_CAPTURED: list[list[Launch]] = []
-
-
-@contextmanager
-def capture_launches() -> Iterator[list[Launch]]:
-    """Record the launches the wrappers would make instead of running them (outputs stay
-    uninitialized); the audit compiles what is recorded for a GPU this machine need not have."""
-    launches: list[Launch] = []
-    _CAPTURED.append(launches)
-    try:
-        yield launches
-    finally:
-        _CAPTURED.pop()
+# Launching
 
 
 def run(kernel: Any, grid: tuple[int], args: tuple, warps: int, consts: dict) -> None:
-    """Launch kernel[grid](*args) (or record it inside `capture_launches`)."""
-    if _CAPTURED:
-        _CAPTURED[-1].append(Launch(kernel, args, warps, consts))
-        return
+    """Launch kernel[grid](*args); under the interpreter with the GPU's bf16 (the audit records
+    these launches instead, elasticbench.audit.capture)."""
     with exact_bf16() if interpreted() else nullcontext():
         kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **consts)
 
@@ -199,8 +172,7 @@ def run(kernel: Any, grid: tuple[int], args: tuple, warps: int, consts: dict) ->
 def launch_rows(kernel: Any, rows: int, args: tuple, block: int, **consts: Any) -> None:
     """Launch a row kernel on a persistent grid sized for `rows` rows of `block`-wide blocks."""
     warps = num_warps(block)
-    grid = (1,) if _CAPTURED else (_programs(kernel, rows, args, warps, consts),)
-    run(kernel, grid, args, warps, consts)
+    run(kernel, (_programs(kernel, rows, args, warps, consts),), args, warps, consts)
 
 
 # ---------------------------------------------------------------------------------------
