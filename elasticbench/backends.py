@@ -19,12 +19,16 @@ import numpy as np
 class Backend:
     name: str
     summary: str
-    available: Callable[[], bool]
+    unavailable: Callable[[], str | None]  # why it cannot run here, in one line; None: it can
     to_native: Callable[[np.ndarray], Any]  # a fresh copy in the kernel's array type
     to_numpy: Callable[[Any], np.ndarray]  # TypeError when given something else
     same_memory: Callable[[Any, Any], bool]
     synchronize: Callable[[], None] = lambda: None
     calling: Callable[[], AbstractContextManager[Any]] = nullcontext  # what verified calls run in
+
+    def available(self) -> bool:
+        """Whether kernels of this backend can run here (see `unavailable` for why not)."""
+        return self.unavailable() is None
 
 
 def _numpy_to_numpy(a: Any) -> np.ndarray:
@@ -76,12 +80,12 @@ def _torch_same_memory(a: Any, b: Any) -> bool:
     return sa.data_ptr() == sb.data_ptr()
 
 
-def _torch_available() -> bool:
+def _torch_unavailable() -> str | None:
     try:
         import torch  # noqa: F401
     except ImportError:
-        return False
-    return True
+        return "torch is not installed"
+    return None
 
 
 def _torch_synchronize() -> None:
@@ -91,14 +95,17 @@ def _torch_synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def _triton_available() -> bool:
-    """Triton imports and can run: on a CUDA GPU, or on the CPU under TRITON_INTERPRET=1."""
+def _triton_unavailable() -> str | None:
+    """Triton runs on a CUDA GPU, or on the CPU in its interpreter (TRITON_INTERPRET=1)."""
     try:
         import torch
         import triton  # noqa: F401
     except ImportError:
-        return False
-    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+        return "Triton (or torch) is not installed"
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return ("Triton needs a CUDA GPU, or TRITON_INTERPRET=1 to run its kernels on the CPU "
+            "in Triton's interpreter")
 
 
 def _triton_to_native(a: np.ndarray) -> Any:
@@ -128,7 +135,7 @@ BACKENDS: dict[str, Backend] = {
     "numpy": Backend(
         "numpy",
         "NumPy arrays on the CPU (bf16 through ml_dtypes)",
-        lambda: True,
+        lambda: None,
         lambda a: a.copy(),
         _numpy_to_numpy,
         _numpy_same_memory,
@@ -136,7 +143,7 @@ BACKENDS: dict[str, Backend] = {
     "torch": Backend(
         "torch",
         "torch tensors (CPU by default; $ELASTICBENCH_TORCH_DEVICE=cuda for a GPU)",
-        _torch_available,
+        _torch_unavailable,
         _torch_to_native,
         _torch_to_numpy,
         _torch_same_memory,
@@ -145,7 +152,7 @@ BACKENDS: dict[str, Backend] = {
     "triton": Backend(
         "triton",
         "Triton kernels on a CUDA GPU (or the CPU under TRITON_INTERPRET=1); torch tensors",
-        _triton_available,
+        _triton_unavailable,
         _triton_to_native,
         _torch_to_numpy,
         _torch_same_memory,

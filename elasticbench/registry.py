@@ -104,14 +104,21 @@ def register_kernel(
     return deco
 
 
+def _backend_of(module: str) -> str:
+    return module.rsplit(".", 1)[-1].partition("_")[0]  # <backend>_<anything>
+
+
+def _builtin_backends() -> list[str]:
+    return list(dict.fromkeys(_backend_of(m) for m in BUILTIN_MODULES))
+
+
 def _load_builtins() -> None:
     global _builtins_loaded
     if _builtins_loaded:
         return
     _builtins_loaded = True
     for module in BUILTIN_MODULES:
-        backend = module.rsplit(".", 1)[-1].partition("_")[0]  # <backend>_<anything>
-        if get_backend(backend).available():
+        if get_backend(_backend_of(module)).available():
             importlib.import_module(module)
 
 
@@ -143,7 +150,10 @@ def get_kernel(name: str, mode: str = "fwd") -> KernelSpec:
         return _KERNELS[(name, mode)]
     except KeyError:
         known = ", ".join(sorted(k for k, m in _KERNELS if m == mode))
-        raise ValueError(f"unknown kernel {name!r} (registered: {known})") from None
+        skipped = [f"the {b} built-ins ({why})" for b in _builtin_backends()
+                   if (why := get_backend(b).unavailable())]
+        note = f"; not loaded: {'; '.join(skipped)}" if skipped else ""
+        raise ValueError(f"unknown kernel {name!r} (registered: {known}){note}") from None
 
 
 def load_kernel_file(path: str | Path) -> list[KernelSpec]:

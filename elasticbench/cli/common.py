@@ -10,6 +10,7 @@ from typing import NoReturn
 import click
 from rich.console import Console
 
+from ..backends import get_backend
 from ..numerics.dtypes import DTYPE_NAMES
 from ..registry import (
     KernelFileError,
@@ -63,6 +64,7 @@ def choose_kernels_by_mode(
     from_files: list[KernelSpec] = []
     chosen: dict[str, list[KernelSpec]] = {}
     try:
+        backends = _runnable_backends(list(backends))
         for path in kernel_files:
             from_files += load_kernel_file(path)
         known = {(k.name, k.mode) for k in list_kernels()}
@@ -79,11 +81,52 @@ def choose_kernels_by_mode(
                 chosen[mode] = picked
     except (KernelFileError, ValueError) as e:
         fail(str(e))
+    chosen = _runnable(chosen, only)
     if not chosen:
         if kernel_files and not only:
             fail(f"no {'/'.join(modes)} kernel registered by {', '.join(kernel_files)}")
         fail("no kernel matches the given --function/--backend/--only filters")
     return chosen
+
+
+def _note(message: str) -> None:
+    click.echo(f"elasticbench: note: {message}", err=True)
+
+
+def _runnable_backends(backends: list[str]) -> list[str]:
+    """The named backends that can run here; the others are left out with a note, or are
+    an error when none of the named ones can run."""
+    why = {b: get_backend(b).unavailable() for b in backends}
+    runnable = [b for b in backends if not why[b]]
+    for b in backends:
+        if why[b] and not runnable:
+            fail(f"backend {b} cannot run here: {why[b]}")
+        if why[b]:
+            _note(f"left out backend {b}: {why[b]}")
+    return runnable
+
+
+def _runnable(chosen: dict[str, list[KernelSpec]], only: list[str]
+              ) -> dict[str, list[KernelSpec]]:
+    """The chosen kernels whose backend can run here. A kernel named with --only that cannot
+    is an error; others (a kernel file's, say) are left out with a note on stderr."""
+    kept: dict[str, list[KernelSpec]] = {}
+    dropped: dict[str, list[str]] = {}
+    for mode, specs in chosen.items():
+        for spec in specs:
+            why = get_backend(spec.backend).unavailable()
+            if why and spec.name in only:
+                fail(f"kernel {spec.name} ({spec.backend}) cannot run here: {why}")
+            if why:
+                dropped.setdefault(spec.backend, []).append(spec.name)
+            else:
+                kept.setdefault(mode, []).append(spec)
+    for backend, names in dropped.items():
+        why = get_backend(backend).unavailable()
+        if not kept:
+            fail(f"{', '.join(sorted(set(names)))} ({backend}) cannot run here: {why}")
+        _note(f"left out {', '.join(sorted(set(names)))} ({backend}): {why}")
+    return kept
 
 
 def choose_kernels(

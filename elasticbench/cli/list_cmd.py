@@ -32,7 +32,8 @@ def list_(topic: str, kernel_files: tuple[str, ...]) -> None:
             click.echo(f"{f.name:10s} {f.summary}" + (f"  [{params}]" if params else ""))
     elif topic == "backends":
         for b in BACKENDS.values():
-            state = "" if b.available() else "  (not available here)"
+            why = b.unavailable()
+            state = f"  (not available here: {why})" if why else ""
             click.echo(f"{b.name:10s} {b.summary}{state}")
     elif topic == "inputs":
         for g in GENERATORS.values():
