@@ -35,7 +35,7 @@ def test_options_default_and_from_the_environment() -> None:
 @pytest.mark.parametrize(("var", "value", "message"), [
     ("ELASTICBENCH_TRITON_MAX_FUSED", "48", r"\$ELASTICBENCH_TRITON_MAX_FUSED: max_fused must be a power of two, got 48"),
     ("ELASTICBENCH_TRITON_CHUNK", "0", r"\$ELASTICBENCH_TRITON_CHUNK: chunk must be a power of two, got 0"),
-    ("ELASTICBENCH_TRITON_CHUNK", "big", r"\$ELASTICBENCH_TRITON_CHUNK must be an integer, got 'big'"),
+    ("ELASTICBENCH_TRITON_CHUNK", "big", r"\$ELASTICBENCH_TRITON_CHUNK: must be an integer, got 'big'"),
     ("ELASTICBENCH_TRITON_EXP2_ULPS", "-3", r"\$ELASTICBENCH_TRITON_EXP2_ULPS: exp2_ulps must be an integer >= -1, got -3"),
 ])
 def test_bad_environment_values_name_the_variable(var, value, message) -> None:

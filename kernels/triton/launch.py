@@ -43,12 +43,17 @@ class LaunchOptions:
     exp2_ulps: int = -1
 
     def __post_init__(self) -> None:
-        for name in ("max_fused", "chunk"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or not _pow2(value):
-                raise ValueError(f"{name} must be a power of two, got {value!r}")
-        if not isinstance(self.exp2_ulps, int) or self.exp2_ulps < -1:
-            raise ValueError(f"exp2_ulps must be an integer >= -1, got {self.exp2_ulps!r}")
+        for field in fields(self):
+            _check(field.name, getattr(self, field.name))
+
+
+def _check(name: str, value: object) -> None:
+    """ValueError unless value is allowed for the LaunchOptions field `name`."""
+    if name == "exp2_ulps":
+        if not isinstance(value, int) or value < -1:
+            raise ValueError(f"exp2_ulps must be an integer >= -1, got {value!r}")
+    elif not isinstance(value, int) or not _pow2(value):
+        raise ValueError(f"{name} must be a power of two, got {value!r}")
 
 
 ENV_VARS = {"max_fused": "ELASTICBENCH_TRITON_MAX_FUSED", "chunk": "ELASTICBENCH_TRITON_CHUNK",
@@ -59,19 +64,17 @@ def options_from_env(environ: Mapping[str, str] = os.environ) -> LaunchOptions:
     """The defaults moved by $ELASTICBENCH_TRITON_MAX_FUSED, _CHUNK and _EXP2_ULPS (so a CLI
     run can verify the online path on short rows, or against the ex2 model)."""
     changes: dict[str, int] = {}
-    for field in fields(LaunchOptions):
-        raw = environ.get(ENV_VARS[field.name], "").strip()
+    for name, var in ENV_VARS.items():
+        raw = environ.get(var, "").strip()
         if not raw:
             continue
         try:
-            changes[field.name] = int(raw)
-        except ValueError:
-            raise ValueError(f"${ENV_VARS[field.name]} must be an integer, got {raw!r}") from None
-    try:
-        return LaunchOptions(**changes)
-    except ValueError as e:
-        name = str(e).split()[0]
-        raise ValueError(f"${ENV_VARS[name]}: {e}") from None
+            changes[name] = int(raw)
+            _check(name, changes[name])
+        except ValueError as e:
+            why = e if name in changes else f"must be an integer, got {raw!r}"
+            raise ValueError(f"${var}: {why}") from None
+    return LaunchOptions(**changes)
 
 
 _OPTIONS: ContextVar[LaunchOptions | None] = ContextVar("triton_launch_options", default=None)
