@@ -7,6 +7,7 @@ kernel's own array type. The core calls these and never branches on a backend's 
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ class Backend:
     same_memory: Callable[[Any, Any], bool]
     synchronize: Callable[[], None] = lambda: None
     calling: Callable[[], AbstractContextManager[Any]] = nullcontext  # what verified calls run in
+    # (spec, CallRequest) pairs -> a CallCheck or None each: whether the kernels compile for
+    # the devices they are written for, where verification cannot show it (audit/kernel_files)
+    compile_check: Callable[[list[tuple[Any, Any]]], list[Any]] | None = None
 
     def available(self) -> bool:
         """Whether kernels of this backend can run here (see `unavailable` for why not)."""
@@ -131,6 +135,26 @@ def _triton_calling() -> AbstractContextManager[Any]:
     return nullcontext()
 
 
+def _triton_compile_check(pairs: list[tuple[Any, Any]]) -> list[Any]:
+    """Under the interpreter, compile the kernel files' Triton kernels for sm_90/sm_80 (the
+    interpreter runs code the compiler rejects); built-ins are audited in the test suite, and
+    on a GPU the runs themselves compile."""
+    from .audit.kernel_files import CallCheck, check_calls
+
+    out: list[Any] = [None] * len(pairs)
+    mine = [i for i, (spec, _) in enumerate(pairs) if spec.source != "builtin"]
+    if os.environ.get("TRITON_INTERPRET") != "1" or not mine:
+        return out
+    files = sorted({pairs[i][0].source for i in mine})
+    try:
+        checks = check_calls(files, [pairs[i][1] for i in mine])
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        checks = [CallCheck([], f"the compile check could not run: {e}")] * len(mine)
+    for i, check in zip(mine, checks, strict=True):
+        out[i] = check
+    return out
+
+
 BACKENDS: dict[str, Backend] = {
     "numpy": Backend(
         "numpy",
@@ -158,6 +182,7 @@ BACKENDS: dict[str, Backend] = {
         _torch_same_memory,
         _triton_synchronize,
         _triton_calling,
+        _triton_compile_check,
     ),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)

@@ -7,6 +7,10 @@ compiler's message. Compiling needs no interpreter, so these run in the ordinary
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,7 +47,9 @@ def test_a_kernel_only_the_interpreter_accepts_does_not_compile(tmp_path) -> Non
     assert [(c.launch, c.arch) for c in check.launches] == [("softmax_exp2_kernel", 90),
                                                            ("softmax_exp2_kernel", 80)]
     failure = check.failure()
-    assert failure.startswith(f"does not compile for sm_90: {INTERPRETER_ONLY}:23: NameError")
+    where = INTERPRETER_ONLY.relative_to(Path.cwd()) if INTERPRETER_ONLY.is_relative_to(
+        Path.cwd()) else INTERPRETER_ONLY
+    assert failure.startswith(f"does not compile for sm_90: {where}:23: NameError")
     assert "global variable LOG2E" in failure
     # the same specialization again: from the cache, in memory and on disk
     again = check_call(fn, CallRequest("interpreter_only_softmax", "fwd", "fp32", (4, 100)),
@@ -64,7 +70,7 @@ def test_third_party_kernels_compile_with_registers_and_no_spills(tmp_path) -> N
         assert check.compiles is True and check.failure() is None
         assert {c.arch for c in check.launches} == {90, 80}
         for c in check.launches:
-            assert 8 <= c.regs <= 255 and c.spill_stores == 0 and c.local_bytes == 0
+            assert 8 <= c.regs <= 255 and c.spill_bytes == 0
     # shapes that specialize alike compile once: BLOCK 64 and n % 16 != 0 both times
     before = cache.compiled
     check_call(get_kernel("thirdparty_softmax").fn,
@@ -106,3 +112,31 @@ def test_the_check_runs_without_the_interpreter_even_when_called_under_it(monkey
     bad, good = check_calls([str(INTERPRETER_ONLY), str(BF16)], requests)
     assert bad.compiles is False and "global variable LOG2E" in bad.failure()
     assert good.compiles is True and all(c.regs > 0 for c in good.launches)
+
+
+def test_verify_under_the_interpreter_fails_a_kernel_that_does_not_compile(tmp_path) -> None:
+    out = tmp_path / "verify.json"
+    cmd = [sys.executable, "-W", "ignore", "-m", "elasticbench", "verify", "--kernel-file",
+           str(INTERPRETER_ONLY), "--kernel-file", str(BF16), "--quick", "-d", "fp32,bf16",
+           "--input", "normal", "--json", str(out)]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "COLUMNS": "300"}
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    records = json.loads(out.read_text())["records"]
+    bad = [r for r in records if r["kernel"] == "interpreter_only_softmax"]
+    good = [r for r in records if r["kernel"] == "thirdparty_softmax"]
+    assert bad and good
+    for r in bad:  # accurate under the interpreter, and still a failed case
+        assert not r["passed"] and r["max_budget_frac"] < 1 and r["compile"]["compiles"] is False
+        assert r["reason"].startswith("does not compile for sm_90: ")
+        assert "triton_interpreter_only.py:23: NameError" in r["reason"]
+    for r in good:
+        assert r["passed"] and r["compile"]["compiles"] is True
+        assert {c["arch"] for c in r["compile"]["launches"]} == {90, 80}
+    lines = run.stdout.splitlines()
+    for dtype in ("fp32", "bf16"):
+        assert any(ln.startswith(f"DOES NOT COMPILE interpreter_only_softmax {dtype} for sm_90")
+                   for ln in lines)
+        assert any(ln.startswith(f"compiles thirdparty_softmax {dtype} for sm_90, sm_80: "
+                                 "softmax_fwd_kernel ") and ln.endswith("no spills")
+                   for ln in lines), run.stdout

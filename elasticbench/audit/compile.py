@@ -47,18 +47,32 @@ def opcode_width(opcode: str) -> int:
     return 32
 
 
-def read_cubin(cubin: bytes) -> tuple[int, int, list[str]]:
-    """(registers, stack + local bytes per thread, SASS opcodes in order without NOPs), from
-    one cuobjdump of the cubin."""
+def _cuobjdump(cubin: bytes, *flags: str) -> str:
     from triton import knobs
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        text = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", "-sass", str(path)],
+        return subprocess.run([knobs.nvidia.cuobjdump.path, *flags, str(path)],
                               capture_output=True, text=True, check=True).stdout
+
+
+def _resources(text: str) -> tuple[int, int]:
     found = _RES.search(text)
     if not found:
         raise RuntimeError("cuobjdump printed no resource usage")
     regs, stack, _shared, local = (int(v) for v in found.groups())
-    return regs, stack + local, [op for op in _SASS.findall(text) if op != "NOP"]
+    return regs, stack + local
+
+
+def resource_usage(cubin: bytes) -> tuple[int, int]:
+    """(registers, stack + local bytes per thread) of the cubin's kernel; Triton inlines every
+    call, so local bytes are register spills (milliseconds: no disassembly)."""
+    return _resources(_cuobjdump(cubin, "-res-usage"))
+
+
+def read_cubin(cubin: bytes) -> tuple[int, int, list[str]]:
+    """(registers, stack + local bytes per thread, SASS opcodes in order without NOPs), from
+    one cuobjdump of the cubin (a disassembly: a few tenths of a second)."""
+    text = _cuobjdump(cubin, "-res-usage", "-sass")
+    return (*_resources(text), [op for op in _SASS.findall(text) if op != "NOP"])

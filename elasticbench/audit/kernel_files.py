@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 ARCHS = (90, 80)
-VERSION = 1  # of the cached results' meaning
+VERSION = 2  # of the cached results' meaning
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,7 @@ class Compiled:
     launch: str  # the jit function's name
     arch: int
     regs: int | None = None
-    spill_stores: int | None = None  # local-memory store instructions (STL) in the SASS
-    local_bytes: int | None = None  # stack and local memory per thread
+    spill_bytes: int | None = None  # stack and local memory per thread: register spills
     error: str | None = None  # the compiler's message
 
     @property
@@ -66,6 +65,11 @@ class CallCheck:
     def compiles(self) -> bool | None:
         return None if self.error else all(c.ok for c in self.launches)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The record's `compile` field."""
+        return {"compiles": self.compiles, "error": self.error,
+                "launches": [asdict(c) for c in self.launches]}
+
     def failure(self) -> str | None:
         """One line naming the first launch that does not compile and why, or None."""
         bad = next((c for c in self.launches if not c.ok), None)
@@ -83,7 +87,10 @@ def compiler_message(exc: BaseException, kernel: Any) -> str:
         return f"{type(exc).__name__}: {text[-1] if text else ''}".rstrip(": ")
     lines, first = inspect.getsourcelines(kernel.fn)
     def_line = first + next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("def "))
-    return f"{kernel.fn.__code__.co_filename}:{def_line + node.lineno - 1}: {message}"
+    path = Path(kernel.fn.__code__.co_filename)
+    if path.is_relative_to(Path.cwd()):
+        path = path.relative_to(Path.cwd())
+    return f"{path}:{def_line + node.lineno - 1}: {message}"
 
 
 def _torch_dtype(name: str) -> Any:
@@ -151,7 +158,7 @@ def _specialization_key(launch: Any, arch: int) -> str:
 
 def compile_one(launch: Any, arch: int, cache: CompileCache) -> Compiled:
     """Compile launch for sm_arch (from the cache when this specialization was compiled)."""
-    from .compile import compile_launch, read_cubin
+    from .compile import compile_launch, resource_usage
 
     key = _specialization_key(launch, arch)
     hit = cache.get(key)
@@ -163,9 +170,7 @@ def compile_one(launch: Any, arch: int, cache: CompileCache) -> Compiled:
     except Exception as e:  # the compiler rejected the kernel: that is the result
         result = Compiled(launch.name, arch, error=compiler_message(e, launch.kernel))
     else:
-        regs, local_bytes, ops = read_cubin(compiled.asm["cubin"])
-        result = Compiled(launch.name, arch, regs, sum(op.startswith("STL") for op in ops),
-                          local_bytes)
+        result = Compiled(launch.name, arch, *resource_usage(compiled.asm["cubin"]))
     cache.put(key, asdict(result))
     return result
 

@@ -12,7 +12,7 @@ from typing import Any
 from ..records import ResultsFileError, read_results
 from .run_table import run_failures, run_notes, run_sheets
 from .sheet import Section
-from .verify_table import failure_notes, summarize, verify_sheets
+from .verify_table import compile_notes, failure_notes, summarize, verify_sheets
 
 # What each kind of record must carry for the tables and plots to be drawn from it.
 REQUIRED = {
@@ -70,7 +70,8 @@ def section(results: Results) -> Section:
     if results.kind == "verify":
         summary = summarize(results.records)
         return Section(results.source, "verify", about, verify_sheets(summary),
-                       failure_notes(summary), summary.line(), summary.failed)
+                       failure_notes(summary) + compile_notes(summary), summary.line(),
+                       summary.failed)
     records = results.records
     failed = run_failures(records)
     kernels = len({r["kernel"] for r in records})

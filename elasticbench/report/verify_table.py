@@ -28,9 +28,12 @@ class Cell:
     worst: dict[str, Any] | None = None  # the record with the largest budget fraction
     first_failure: dict[str, Any] | None = None
     param_rel: dict[str, float] = field(default_factory=dict)  # backward: worst d<param>
+    compile: list[dict[str, Any]] = field(default_factory=list)  # what compiling said, per case
 
     def add(self, r: dict[str, Any]) -> None:
         self.cases += 1
+        if r.get("compile"):
+            self.compile.append(r["compile"])
         for name, p in (r.get("dparams") or {}).items():
             if p.get("expected") != "nan":
                 self.param_rel[name] = max(self.param_rel.get(name, 0.0), _num(p.get("rel_err")))
@@ -175,10 +178,45 @@ def failure_notes(summary: Summary) -> list[Note]:
     return notes
 
 
+def _compile_line(checks: list[dict[str, Any]]) -> tuple[Span, str]:
+    """Whether a (kernel, dtype) compiles for the GPUs, folded over its cases: registers and
+    spills of each launched kernel, or the first compiler message, or why it was not checked."""
+    launches = [c for check in checks for c in check["launches"]]
+    archs = ", ".join(f"sm_{a}" for a in dict.fromkeys(c["arch"] for c in launches))
+    bad = next((c for c in launches if c["error"]), None)
+    if bad is not None:  # the failure note says why
+        return Span("DOES NOT COMPILE", "fail"), f" for sm_{bad['arch']} (see its failure)"
+    if not launches:
+        return Span("compile not checked", "dim"), f": {checks[0]['error']}"
+    parts = []
+    for name in dict.fromkeys(c["launch"] for c in launches):
+        mine = [c for c in launches if c["launch"] == name]
+        lo, hi = min(c["regs"] for c in mine), max(c["regs"] for c in mine)
+        spills = max(c["spill_bytes"] for c in mine)
+        parts.append(f"{name} {lo if lo == hi else f'{lo}-{hi}'} registers, "
+                     + (f"{spills} bytes of spills per thread" if spills else "no spills"))
+    return Span("compiles", "ok"), f" for {archs}: " + "; ".join(parts)
+
+
+def compile_notes(summary: Summary) -> list[Note]:
+    """For each (kernel, dtype) whose backend compiled it for a GPU: what the compiler said."""
+    notes = []
+    for group, kernels in summary.cells.items():
+        mode = " bwd" if group.endswith("(bwd)") else ""
+        for kernel, by_dtype in kernels.items():
+            for dtype, cell in by_dtype.items():
+                if cell.compile:
+                    head, text = _compile_line(cell.compile)
+                    notes.append(note(head, f" {kernel}{mode} {dtype}{text}"))
+    return notes
+
+
 def render(records: list[dict[str, Any]], console: Console) -> Summary:
-    """Print one table per function and the worst failing input of each failing cell."""
+    """Print one table per function, the worst failing input of each failing cell and what
+    compiling said."""
     from .terminal import print_tables
 
     summary = summarize(records)
-    print_tables(verify_sheets(summary), failure_notes(summary), console)
+    print_tables(verify_sheets(summary), failure_notes(summary) + compile_notes(summary),
+                 console)
     return summary

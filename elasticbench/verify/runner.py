@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends import get_backend
 from ..execute import IN_PROCESS, Isolation, call_kernel, failed_outcome
 from ..inputs import generate
 from ..numerics.budget import budget_for
@@ -167,12 +168,46 @@ def run_verification(
                 if k.supports(case.dtype) and case_key(k, case) not in done]
 
     cases = [c for c in cases if todo(c)]
+    compiled = compile_checks([(spec, case) for case in cases for spec in todo(case)])
     prepared = prepare(cases, max_elements, precision, mode)
     truths = solve([p.job for p in prepared], store, workers, on_truth)
     one = verify_backward_one if mode == "bwd" else verify_one
     for prep, truth in zip(prepared, truths, strict=True):
         for spec in todo(prep.case):
-            on_record(one(spec, prep, truth, isolation))
+            record = one(spec, prep, truth, isolation)
+            with_compile_check(record, compiled.get(call_key(spec, prep.case)))
+            on_record(record)
+
+
+def compile_checks(pairs: list[tuple[KernelSpec, VerifyCase]]) -> dict[tuple, Any]:
+    """call_key -> what compiling that call said, for kernels whose backend checks compilation
+    (it depends on the call's kernel, dtype, shape and parameters, not on the input's values,
+    so each distinct call is asked once)."""
+    from ..audit.kernel_files import CallRequest
+
+    calls = {call_key(spec, case): (spec, CallRequest(spec.name, spec.mode, case.dtype,
+                                                      case.shape, case.param_dict))
+             for spec, case in pairs if get_backend(spec.backend).compile_check is not None}
+    out: dict[tuple, Any] = {}
+    for backend in {spec.backend for spec, _ in calls.values()}:
+        keys = [k for k, (spec, _) in calls.items() if spec.backend == backend]
+        check = get_backend(backend).compile_check
+        assert check is not None
+        out.update(zip(keys, check([calls[k] for k in keys]), strict=True))
+    return out
+
+
+def call_key(spec: KernelSpec, case: VerifyCase) -> tuple:
+    return (spec.name, spec.mode, case.dtype, case.shape, tuple(sorted(case.param_dict.items())))
+
+
+def with_compile_check(record: dict[str, Any], check: Any) -> None:
+    """Add what compiling said to a record; a kernel that does not compile fails the case."""
+    record["compile"] = None if check is None else check.to_dict()
+    failure = None if check is None else check.failure()
+    if failure:
+        record["passed"] = False
+        record["reason"] = "; ".join([failure] + ([record["reason"]] if record["reason"] else []))
 
 
 def case_key(spec: KernelSpec, case: VerifyCase) -> tuple:
