@@ -10,15 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from elasticbench.gate.shard import (
-    MergeError,
-    fingerprint,
-    merge_docs,
-    parse_shard,
-    select_shard,
-    shard_header,
-)
+from elasticbench.gate.merge import MergeError, merge_docs
 from elasticbench.records import read_results
+from elasticbench.shards import fingerprint, parse_shard, select_shard, shard_header
 
 ITEMS = [(k, d, [r, n]) for k in ("a", "b", "c") for d in ("fp32", "bf16")
          for r, n in ((64, 4096), (16, 524288), (1, 7))]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,21 @@ def test_tiny_run_exit_and_schema(tiny_run):
     ranked = [r for r in doc["records"] if r["ranked"]]
     assert all(r["speedup"] is not None for r in ranked)
     assert "elastic (fwd)" in proc.stdout and "records in" in proc.stdout
+
+
+def test_resume_times_only_what_the_file_lacks(tiny_run):
+    proc, out = tiny_run
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    kept = doc["records"][:2]
+    cut = out.parent / "cut.json"
+    cut.write_text(json.dumps({**doc, "records": kept, "complete": False}))
+    again = _run("run", "--case", "tiny.toml", "--resume", str(cut), cwd=out.parent)
+    assert again.returncode == 0, again.stderr
+    done = json.loads(cut.read_text())
+    assert done["complete"] is True and done["resumed"] == 1
+    assert done["records"][:2] == kept
+    assert [r["kernel"] for r in done["records"]] == [r["kernel"] for r in doc["records"]]
 
 
 @pytest.mark.parametrize("args,message", [

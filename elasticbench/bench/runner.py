@@ -162,12 +162,12 @@ class Unit:
     @property
     def key(self) -> tuple:
         """What a record of this unit is a result for (see record_unit_key)."""
-        return (self.spec.name, self.spec.mode, self.dtype, list(self.shape))
+        return (self.spec.name, self.spec.mode, self.dtype, tuple(self.shape))
 
 
 def record_unit_key(record: dict[str, Any]) -> tuple:
     """The Unit.key of the unit a run record came from."""
-    return (record["kernel"], record.get("mode", "fwd"), record["dtype"], list(record["shape"]))
+    return (record["kernel"], record.get("mode", "fwd"), record["dtype"], tuple(record["shape"]))
 
 
 def plan_units(kernels: list[KernelSpec], baseline: KernelSpec | None, case: RunCase,

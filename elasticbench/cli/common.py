@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -19,7 +19,10 @@ from ..registry import (
     load_kernel_file,
     select_kernels,
 )
-from ..report.terminal import Terminal
+from ..report.build import Results, section
+from ..report.terminal import Terminal, print_tables
+from ..session import Job, Session, SessionError
+from ..shards import parse_shard
 from ..verify.matrix import builtin_case
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -190,8 +193,6 @@ def survival_options(unit: str) -> Callable[[Callable], Callable]:
 def check_survival(timeout: float | None, resume_path: str | None, json_path: str | None,
                    shard: str | None) -> tuple[int, int] | None:
     """Validate the survival options together (one-line exit 2); return the parsed shard."""
-    from ..gate.shard import parse_shard
-
     if timeout is not None and not timeout > 0:
         fail(f"--timeout must be a positive number of seconds, got {timeout:g}")
     if resume_path and json_path:
@@ -200,6 +201,30 @@ def check_survival(timeout: float | None, resume_path: str | None, json_path: st
         return parse_shard(shard) if shard else None
     except ValueError as e:
         fail(str(e))
+
+
+def run_session(job: Job, path: Path | None, meta: dict[str, Any], *,
+                shard: tuple[int, int] | None, resume: bool) -> NoReturn:
+    """Run a job in a session writing path, print its tables and summary line, and exit:
+    0 when nothing failed, 1 when a record failed, 2 when the session cannot start, 130 when
+    interrupted (the finished records are kept; the line says how to --resume)."""
+    try:
+        session = Session(job.kind, path, meta, resume=resume, console=console(stderr=True))
+    except SessionError as e:
+        fail(str(e))
+    complete = session.run(job, shard)
+    summary = section(Results(str(path or ""), job.kind, session.header))
+    print_tables(summary.sheets, summary.notes, console())
+    line = f"{summary.summary} ({session.elapsed_s:.1f}s)"
+    line += f"; records in {path}" if path else ""
+    # plain echo: a summary line is never folded, whatever the terminal's width
+    if not complete:
+        click.echo(f"interrupted: {line}", err=True)
+        if path:
+            click.echo(f"continue with the same options and --resume {path}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    click.echo(line)
+    sys.exit(EXIT_FAILED if summary.failed else EXIT_OK)
 
 
 def _compose(options: list[Callable[[Callable], Callable]]) -> Callable[[Callable], Callable]:

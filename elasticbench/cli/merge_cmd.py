@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..gate.shard import MergeError, merge_files
+from ..gate.merge import MergeError, merge_files
 from ..records import write_json_atomic
 from .common import console, fail
 

@@ -2,46 +2,27 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..bench.cases import load_run_case, parse_size
-from ..bench.runner import (
-    apply_speedups,
-    measure_ceilings,
-    pin_heap,
-    plan_units,
-    record_unit_key,
-    resolve_baseline,
-    run_units,
-    set_threads,
-    verify_quickly,
-)
-from ..bench.table import render_run
+from ..bench.job import RunJob
+from ..bench.runner import pin_heap, plan_units, resolve_baseline, set_threads
 from ..environment import describe
 from ..execute import Isolation
 from ..functions import get_function
-from ..gate.shard import select_shard, shard_header
-from ..interrupt import sigterm_as_interrupt
 from ..numerics.dtypes import DTYPE_NAMES
-from ..numerics.truth_cache import TruthStore, default_cache_dir
-from ..records import ResultsFileError, ResultsWriter, check_writable, resume_writer
 from ..registry import list_kernels
 from ..verify.matrix import CaseFileError
 from .common import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
     case_path,
     check_survival,
     choose_kernels,
-    console,
     fail,
     kernel_options,
+    run_session,
     split_names,
     survival_options,
 )
@@ -102,10 +83,6 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
              "fn(x, y, g, *, params) -> (dx, dparams...)), or pass --kernel-file")
     out_path = Path(resume_path or json_path) if (resume_path or json_path) else (
         Path("results") / "runs" / f"{time.strftime('%Y%m%dT%H%M%S')}.json")
-    try:
-        check_writable(out_path)
-    except OSError as e:
-        fail(f"cannot write results file {out_path}: {e.strerror or e}")
     kernels = choose_kernels(functions or list(case.functions), backends or list(case.backends),
                              only or list(case.kernels), kernel_files, mode)
     if not only and not kernel_files:
@@ -117,7 +94,6 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
     dtypes = dtypes or list(case.dtypes)
     shapes = shapes or list(case.sizes)
 
-    out, err = console(), console(stderr=True)
     threads = set_threads(case.threads)
     allocator = pin_heap()
     device = _device_of(kernels + ([baseline] if baseline else []))
@@ -126,60 +102,6 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
             "allocator": allocator, "dtypes": dtypes, "sizes": [list(s) for s in shapes],
             "baseline": baseline.name if baseline else None,
             "policy": case.timing.__dict__, **describe()}
-    units = plan_units(kernels, baseline, case, dtypes, shapes)
-    if shard_kn:
-        mine = select_shard(units, *shard_kn, key=lambda u: u.key)
-        meta["shard"] = shard_header(*shard_kn, [u.key for u in units], len(mine))
-        units = mine
-    if resume_path:
-        try:
-            writer = resume_writer(out_path, "run", meta)
-        except ResultsFileError as e:
-            fail(str(e))
-        done = {record_unit_key(r) for r in writer.records}
-        units = [u for u in units if u.key not in done]
-    else:
-        writer = ResultsWriter(out_path, "run", meta)
-    started = time.perf_counter()
-    timed = [k for k in kernels + ([baseline] if baseline else [])
-             if any(u.spec is k for u in units)]
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeRemainingColumn(), console=err, transient=True,
-                        disable=not err.is_terminal)
-    isolation = Isolation(isolate, timeout)
-    complete = False
-    try:
-        with sigterm_as_interrupt(), progress:
-            task = progress.add_task(f"{case.name} · ceilings", total=len(units) + 2)
-            ceilings = measure_ceilings(device, dtypes, case.timing)
-            writer.doc["ceilings"] = ceilings.to_dict()
-            progress.update(task, advance=1, description=f"{case.name} · quick verification")
-            verdicts = verify_quickly(timed, case, dtypes, TruthStore(default_cache_dir()),
-                                      isolation=isolation)
-            writer.doc["verification"] = {f"{k}/{d}": v for (k, d), v in verdicts.items()}
-            progress.advance(task)
-            on_start = lambda u: progress.update(  # noqa: E731
-                task, description=f"{case.name} · {u.spec.name} · "
-                                  f"{u.shape[0]}x{u.shape[1]} {u.dtype}")
-            on_record = lambda r: (writer.add(r), progress.advance(task))  # noqa: E731
-            run_units(case, units, ceilings, verdicts, isolation=isolation,
-                      on_start=on_start, on_record=on_record)
-        complete = True
-    except KeyboardInterrupt:
-        pass
-    finally:
-        apply_speedups(writer.records)
-        writer.doc["elapsed_s"] = time.perf_counter() - started
-        writer.close(complete=complete)
-    render_run(writer.records, writer.doc.get("ceilings"), out)
-    bad = [r for r in writer.records if not r.get("baseline")
-           and ("error" in r or r["verify"].get("status") == "FAIL")]
-    line = (f"{len(writer.records)} timings of {len(timed)} kernels in "
-            f"{time.perf_counter() - started:.1f}s; records in {out_path}")
-    # plain echo: a summary line is never folded, whatever the terminal's width
-    if not complete:
-        click.echo(f"interrupted: {line}", err=True)
-        click.echo(f"continue with the same options and --resume {out_path}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    click.echo(line + (f"; {len(bad)} failed verification or raised" if bad else ""))
-    sys.exit(EXIT_FAILED if bad else EXIT_OK)
+    job = RunJob(case, plan_units(kernels, baseline, case, dtypes, shapes), dtypes, device,
+                 Isolation(isolate, timeout))
+    run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path))

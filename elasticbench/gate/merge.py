@@ -1,70 +1,20 @@
-"""Sharding a matrix over machines, and merging the shard files back into one.
+"""Merging the shard files of one plan (see elasticbench/shards.py) back into one results file.
 
-The split is a pure function of the items' keys: every shard computes the whole matrix, sorts
-it by a canonical string of each key (never Python's salted hash()), and keeps positions
-i with i % N == K - 1. Shards are therefore disjoint and together complete, whatever order
-the matrix was built in, and balanced to within one item. Each shard file records the
-fingerprint of the whole matrix, so a merge can refuse shards of different matrices.
+Each shard file records the fingerprint of the whole plan; a merge refuses shards of
+different plans or settings, the same shard twice, overlapping records and missing shards.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
-from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from ..bench.runner import apply_speedups
 from ..records import ResultsFileError, read_results, record_key
 
-T = TypeVar("T")
-_SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
-
 
 class MergeError(ValueError):
     """Shard files that cannot be merged; the message says which and why."""
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """'K/N' -> (K, N) with 1 <= K <= N; ValueError says what is wrong."""
-    m = _SHARD.match(str(text))
-    if not m:
-        raise ValueError(f"a shard is K/N, like 2/4; got {text!r}")
-    k, n = int(m.group(1)), int(m.group(2))
-    if not 1 <= k <= n:
-        raise ValueError(f"a shard K/N needs 1 <= K <= N; got {k}/{n}")
-    return k, n
-
-
-def canonical(key: Any) -> str:
-    """A stable text form of a key, equal across processes and machines."""
-    return json.dumps(key, sort_keys=True, default=str, separators=(",", ":"))
-
-
-def fingerprint(keys: Iterable[Any]) -> str:
-    """Identity of a whole matrix: a hash of its sorted canonical keys."""
-    h = hashlib.sha256()
-    for text in sorted(canonical(k) for k in keys):
-        h.update(text.encode())
-        h.update(b"\n")
-    return h.hexdigest()[:16]
-
-
-def select_shard(items: list[T], k: int, n: int, key: Callable[[T], Any]) -> list[T]:
-    """The items of shard k of n, in their original order."""
-    if not 1 <= k <= n:
-        raise ValueError(f"a shard K/N needs 1 <= K <= N; got {k}/{n}")
-    order = sorted(range(len(items)), key=lambda i: canonical(key(items[i])))
-    mine = {i for pos, i in enumerate(order) if pos % n == k - 1}
-    return [it for i, it in enumerate(items) if i in mine]
-
-
-def shard_header(k: int, n: int, all_keys: list[Any], mine: int) -> dict[str, Any]:
-    """What a shard file says about itself, for merge to check."""
-    return {"index": k, "count": n, "matrix": fingerprint(all_keys), "items": len(all_keys),
-            "items_here": mine}
 
 
 _SAME = ("kind", "case", "mode", "seed", "dtypes", "sizes", "baseline", "policy")

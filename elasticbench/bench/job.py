@@ -1,0 +1,57 @@
+"""The run command's job: ceilings, quick verification, then every planned unit timed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..execute import Isolation
+from ..numerics.truth_cache import TruthStore, default_cache_dir
+from ..session import Job, Session
+from .cases import RunCase
+from .runner import (
+    Unit,
+    apply_speedups,
+    measure_ceilings,
+    record_unit_key,
+    run_units,
+    verify_quickly,
+)
+
+
+class RunJob(Job[Unit]):
+    """Time planned units (see plan_units) on a device against its measured ceilings."""
+
+    kind = "run"
+
+    def __init__(self, case: RunCase, units: list[Unit], dtypes: list[str], device: str,
+                 isolation: Isolation):
+        self.case, self.units, self.dtypes = case, units, dtypes
+        self.device, self.isolation = device, isolation
+
+    def plan(self) -> list[Unit]:
+        return self.units
+
+    def shard_key(self, unit: Unit) -> Any:
+        return unit.key
+
+    def work(self, units: list[Unit], session: Session) -> None:
+        done = {record_unit_key(r) for r in session.records}
+        units = [u for u in units if u.key not in done]
+        case = self.case
+        timed = list({id(u.spec): u.spec for u in units}.values())
+        task = session.task(f"{case.name} · ceilings", len(units) + 2)
+        try:
+            ceilings = measure_ceilings(self.device, self.dtypes, case.timing)
+            session.header["ceilings"] = ceilings.to_dict()
+            task.advance()
+            task.describe(f"{case.name} · quick verification")
+            verdicts = verify_quickly(timed, case, self.dtypes, TruthStore(default_cache_dir()),
+                                      isolation=self.isolation)
+            session.header["verification"] = {f"{k}/{d}": v for (k, d), v in verdicts.items()}
+            task.advance()
+            run_units(case, units, ceilings, verdicts, isolation=self.isolation,
+                      on_start=lambda u: task.describe(
+                          f"{case.name} · {u.spec.name} · {u.shape[0]}x{u.shape[1]} {u.dtype}"),
+                      on_record=lambda r: (session.add(r), task.advance()))
+        finally:
+            apply_speedups(session.records)

@@ -1,0 +1,45 @@
+"""The verify command's job: every chosen kernel on every case of the matrix, per mode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..execute import Isolation
+from ..numerics.truth_cache import TruthStore
+from ..records import record_key
+from ..registry import KernelSpec
+from ..session import Job, Session
+from .matrix import VerifyCase
+from .runner import run_verification
+
+
+class VerifyJob(Job[tuple[str, VerifyCase]]):
+    """Items are (mode, case): each case's reference is computed once for all its kernels."""
+
+    kind = "verify"
+
+    def __init__(self, kernels: dict[str, list[KernelSpec]],
+                 cases: dict[str, list[VerifyCase]], *, max_elements: int, store: TruthStore,
+                 precision: int, workers: int | None, isolation: Isolation):
+        self.kernels, self.cases = kernels, cases
+        self.max_elements, self.store, self.precision = max_elements, store, precision
+        self.workers, self.isolation = workers, isolation
+
+    def plan(self) -> list[tuple[str, VerifyCase]]:
+        return [(m, c) for m, cases in self.cases.items() for c in cases]
+
+    def shard_key(self, item: tuple[str, VerifyCase]) -> Any:
+        m, c = item
+        return (m, c.function, c.dtype, c.generator, list(c.shape), c.param_dict, c.seed)
+
+    def work(self, items: list[tuple[str, VerifyCase]], session: Session) -> None:
+        done = {record_key(r) for r in session.records}
+        references = session.task("reference (mpmath)", len(items))
+        checks = session.task("kernels", sum(
+            1 for m, c in items for k in self.kernels[m] if k.function == c.function))
+        for m, kernels in self.kernels.items():
+            run_verification(
+                kernels, [c for mode, c in items if mode == m], max_elements=self.max_elements,
+                store=self.store, precision=self.precision, workers=self.workers, mode=m,
+                isolation=self.isolation, done=done, on_truth=references.advance,
+                on_record=lambda r: (session.add(r), checks.advance()))
