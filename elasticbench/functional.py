@@ -264,6 +264,29 @@ class _NormalizedExp(torch.autograd.Function):
         return dx.movedim(-1, ctx.dim), None, None
 
 
+def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau: Scalar,
+                      beta: Scalar, scale: float | None = None, causal: bool = False
+                      ) -> torch.Tensor:
+    """Elastic-Softmax attention, as scaled_dot_product_attention with Elastic weights.
+
+    q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv) -> (B, H, Lq, Dv); scale defaults to
+    1/sqrt(D); causal hides key j from query i when j > i (top-left, as SDPA). tau and beta
+    are floats, 0-d tensors or per-head tensors ((H,) or broadcasting against (B, H, 1, 1)).
+    Differentiable in q, k, v, tau and beta with a tiled backward that recomputes the
+    weights from two saved statistics per query (docs/attention.md).
+    """
+    from .attention.autograd import ElasticAttentionFunction
+    from .attention.layout import check_operands, default_scale
+
+    check_operands(q, k, v)
+    tau, beta = _check_float("tau", tau), _check_float("beta", beta)
+    if scale is None:
+        scale = default_scale(q.shape[-1])
+    elif not (isinstance(scale, int | float) and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    return ElasticAttentionFunction.apply(q, k, v, tau, beta, float(scale), bool(causal))
+
+
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Safe softmax along dim (all -inf rows give zeros) with a hand-written backward."""
     return _NormalizedExp.apply(x, dim % max(x.ndim, 1), False)
@@ -274,4 +297,4 @@ def softmax1(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return _NormalizedExp.apply(x, dim % max(x.ndim, 1), True)
 
 
-__all__ = ["elastic_softmax", "softmax", "softmax1"]
+__all__ = ["elastic_attention", "elastic_softmax", "softmax", "softmax1"]

@@ -1,4 +1,4 @@
-"""torch modules: ElasticSoftmax with learnable temperature and offset.
+"""torch modules: ElasticSoftmax and ElasticAttention with learnable temperature and offset.
 
 Parametrization (documented contract): with tau0, beta0 the values given at construction,
 
@@ -19,25 +19,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .functional import elastic_softmax
+from .functional import elastic_attention, elastic_softmax
 from .functions import get_function
 
 LOG_SCALE_LIMIT = 40.0
 
 
-class ElasticSoftmax(nn.Module):
-    """Elastic-Softmax along `dim` with learnable tau > 0 and beta >= 0 (see module doc)."""
+class _LearnableTauBeta(nn.Module):
+    """tau = tau0 exp(log_tau_scale), beta = beta0 exp(log_beta_scale) (see module doc)."""
 
-    def __init__(self, dim: int = -1, tau: float = 1.0, beta: float = 1.0,
-                 learnable: bool = True, param_shape: tuple[int, ...] = ()):
+    def __init__(self, tau: float, beta: float, learnable: bool, param_shape: tuple[int, ...]):
         super().__init__()
         checked = get_function("elastic").validate_params({"tau": tau, "beta": beta})
         if learnable and checked["beta"] == 0:
             raise ValueError("a learnable beta needs beta > 0 (it is learned on a log scale); "
                              "pass learnable=False or a small beta such as 1e-3")
-        self.dim = dim
         self.learnable = learnable
-        # param_shape: () for one tau/beta, e.g. (H, 1, 1) for one per head of (B, H, L, L).
         self.register_buffer("tau0", torch.full(param_shape, checked["tau"]))
         self.register_buffer("beta0", torch.full(param_shape, checked["beta"]))
         scale = torch.zeros(param_shape)
@@ -57,13 +54,49 @@ class ElasticSoftmax(nn.Module):
         return self.beta0 * torch.exp(
             self.log_beta_scale.clamp(-LOG_SCALE_LIMIT, LOG_SCALE_LIMIT))
 
+    def _params_repr(self) -> str:
+        t, b = self.tau.detach(), self.beta.detach()
+        show = (lambda v: f"{v.item():.4g}") if t.ndim == 0 else (lambda v: f"shape {tuple(v.shape)}")
+        return f"tau={show(t)}, beta={show(b)}, learnable={self.learnable}"
+
+
+class ElasticSoftmax(_LearnableTauBeta):
+    """Elastic-Softmax along `dim` with learnable tau > 0 and beta >= 0 (see module doc).
+
+    param_shape: () for one tau/beta, e.g. (H, 1, 1) for one per head of scores (B, H, L, L).
+    """
+
+    def __init__(self, dim: int = -1, tau: float = 1.0, beta: float = 1.0,
+                 learnable: bool = True, param_shape: tuple[int, ...] = ()):
+        super().__init__(tau, beta, learnable, param_shape)
+        self.dim = dim
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return elastic_softmax(x, self.tau, self.beta, dim=self.dim)
 
     def extra_repr(self) -> str:
-        t, b = self.tau.detach(), self.beta.detach()
-        show = (lambda v: f"{v.item():.4g}") if t.ndim == 0 else (lambda v: f"shape {tuple(v.shape)}")
-        return f"dim={self.dim}, tau={show(t)}, beta={show(b)}, learnable={self.learnable}"
+        return f"dim={self.dim}, {self._params_repr()}"
 
 
-__all__ = ["ElasticSoftmax"]
+class ElasticAttention(_LearnableTauBeta):
+    """Elastic attention of (q, k, v), each (B, H, L, D), with learnable tau and beta.
+
+    Parameterised like ElasticSoftmax; param_shape () for one tau/beta, (H,) for one per
+    head. scale defaults to 1/sqrt(D); causal as in scaled_dot_product_attention.
+    """
+
+    def __init__(self, tau: float = 1.0, beta: float = 1.0, learnable: bool = True,
+                 param_shape: tuple[int, ...] = (), scale: float | None = None,
+                 causal: bool = False):
+        super().__init__(tau, beta, learnable, param_shape)
+        self.scale, self.causal = scale, causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return elastic_attention(q, k, v, tau=self.tau, beta=self.beta, scale=self.scale,
+                                 causal=self.causal)
+
+    def extra_repr(self) -> str:
+        return f"{self._params_repr()}, scale={self.scale}, causal={self.causal}"
+
+
+__all__ = ["ElasticAttention", "ElasticSoftmax"]

@@ -1,0 +1,10 @@
+"""Elastic attention: Elastic-Softmax weights over scaled dot-product scores (docs/attention.md).
+
+- `layout`: how q, k, v, tau and beta are shaped, and the causal alignment;
+- `composite`: the eager composite (scores, Elastic-Softmax, weights @ v), the readable
+  reference implementation;
+- `flash`: the tiled torch implementation (online max and sum over kept scores, O(length)
+  extra memory) with its hand-written backward;
+- `special`: queries with a +inf score, off every kernel's hot path;
+- `autograd`: the autograd function behind `elasticbench.functional.elastic_attention`.
+"""

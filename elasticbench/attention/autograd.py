@@ -1,0 +1,75 @@
+"""The autograd function of Elastic attention, and the choice of implementation.
+
+Every implementation has the contract of `flash` (forward -> (out, m, den), backward from
+those row statistics); the first whose `accepts` says yes runs: the fused native kernel
+on CPU tensors when it is built, the Triton kernel on CUDA tensors, else the tiled torch
+code. The forward saves q, k, v, out, m and den: O(length) beyond the inputs and output.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from . import flash
+from .layout import Scalar, head_params, reduce_to, work_dtype
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation of the flash contract; accepts(q) says whether it takes q."""
+
+    name: str
+    accepts: Callable[[torch.Tensor], bool]
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    backward: Callable[..., tuple[torch.Tensor, ...]]
+
+
+TORCH = Implementation("torch", lambda q: True, flash.forward, flash.backward)
+
+
+@functools.lru_cache(maxsize=1)
+def implementations() -> tuple[Implementation, ...]:
+    """The implementations in order of preference; the torch one always comes last."""
+    return (TORCH,)
+
+
+def choose(q: torch.Tensor) -> Implementation:
+    return next(i for i in implementations() if i.accepts(q))
+
+
+def bh_params(value: Scalar, q: torch.Tensor) -> torch.Tensor:
+    """tau or beta as a contiguous (batch, heads) tensor in q's working precision."""
+    b, h = q.shape[:2]
+    p = head_params(value, b, h, work_dtype(q.dtype), q.device)
+    if isinstance(p, float):
+        return torch.full((b, h), p, dtype=work_dtype(q.dtype), device=q.device)
+    return p[:, :, 0, 0].expand(b, h).contiguous()
+
+
+class ElasticAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, tau, beta, scale: float, causal: bool):  # type: ignore[override]
+        impl = choose(q)
+        t, b = bh_params(tau, q), bh_params(beta, q)
+        out, m, den = impl.forward(q, k, v, t, b, scale, causal)
+        ctx.save_for_backward(q, k, v, out, m, den, t, b)
+        ctx.impl, ctx.scale, ctx.causal = impl, scale, causal
+        ctx.tau_like = tau if isinstance(tau, torch.Tensor) else None
+        ctx.beta_like = beta if isinstance(beta, torch.Tensor) else None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        q, k, v, out, m, den, t, b = ctx.saved_tensors
+        dq, dk, dv, dtau_bh, dbeta_bh = ctx.impl.backward(
+            q, k, v, out, grad.contiguous(), m, den, t, b, ctx.scale, ctx.causal)
+        dtau = dbeta = None
+        if ctx.needs_input_grad[3] and ctx.tau_like is not None:
+            dtau = reduce_to(dtau_bh, ctx.tau_like)
+        if ctx.needs_input_grad[4] and ctx.beta_like is not None:
+            dbeta = reduce_to(dbeta_bh, ctx.beta_like)
+        return dq, dk, dv, dtau, dbeta, None, None

@@ -1,0 +1,52 @@
+"""The eager composite: the readable reference implementation of Elastic attention.
+
+    scores = scale * q @ k^T                 (causally hidden keys set to -inf)
+    w      = elastic_softmax(scores, tau, beta)
+    out    = w @ v                           (exactly 0 for a query that keeps no key)
+
+It materializes the (length_q, length_k) score matrix of every head, so it needs
+O(length^2) memory; the tiled implementation (`flash`) computes the same function in
+O(length). Gradients flow through Elastic-Softmax's hand-written backward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..functional import elastic_softmax
+from .layout import Scalar, default_scale, head_params, visible, work_dtype
+
+
+def scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    """scale * q @ k^T in the working precision, causally hidden keys at -inf."""
+    wd = work_dtype(q.dtype)
+    s = (q.to(wd) @ k.to(wd).transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(~visible(q.shape[2], k.shape[2], q.device), -math.inf)
+    return s
+
+
+def elastic_attention_composite(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                                tau: Scalar, beta: Scalar, scale: float | None = None,
+                                causal: bool = False) -> torch.Tensor:
+    """Elastic attention by materializing the scores (differentiable through autograd)."""
+    scale = default_scale(q.shape[-1]) if scale is None else scale
+    s = scores(q, k, scale, causal)
+    b, h = q.shape[:2]
+    t = tau if not isinstance(tau, torch.Tensor) else _as_4d(tau, b, h)
+    bt = beta if not isinstance(beta, torch.Tensor) else _as_4d(beta, b, h)
+    w = elastic_softmax(s, t, bt)
+    out = w @ v.to(s.dtype)
+    # a query with no kept key gives 0 even where v holds NaN or inf (0 @ NaN is NaN)
+    live = (s >= 0).any(-1, keepdim=True) | s.isnan().any(-1, keepdim=True)
+    return torch.where(live, out, 0).to(q.dtype)
+
+
+def _as_4d(value: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+    """A per-head parameter reshaped (not detached) to broadcast against (B, H, Lq, Lk)."""
+    head_params(value, batch, heads, value.dtype, value.device)  # checks the shape
+    if value.ndim == 1:
+        return value.reshape(-1, 1, 1)
+    return value

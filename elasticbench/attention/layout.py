@@ -1,0 +1,92 @@
+"""Shapes of attention's operands and parameters, checked once (docs/attention.md section 1).
+
+q is (batch, heads, length_q, head_dim), k is (batch, heads, length_k, head_dim) and v is
+(batch, heads, length_k, value_dim), as torch.nn.functional.scaled_dot_product_attention
+takes them. tau and beta are each a float, a 0-d tensor, a 1-d tensor of one value per head,
+or a tensor that broadcasts against (batch, heads, 1, 1) (such as (heads, 1, 1)).
+
+Causal masking is aligned top-left, as SDPA's is_causal: query i sees keys j <= i.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+Scalar = float | torch.Tensor
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp64 computes in fp64; fp32, fp16 and bf16 in fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """ValueError (or TypeError) in one line when q, k, v cannot be attended together."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor")
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be (batch, heads, length, dim), got shape "
+                             f"{tuple(t.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError("q, k, v must be on the same device")
+    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"q, k, v must share (batch, heads): {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"q and k must share head_dim: {q.shape[3]} != {k.shape[3]}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must share length: {k.shape[2]} != {v.shape[2]}")
+
+
+def default_scale(head_dim: int) -> float:
+    """1/sqrt(head_dim), SDPA's default."""
+    return 1.0 / math.sqrt(head_dim)
+
+
+def head_params(value: Scalar, batch: int, heads: int, dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor | float:
+    """tau or beta laid out against (batch, heads, 1, 1): a float stays a float, a tensor
+    becomes a detached 4-d tensor in `dtype` that broadcasts against it."""
+    if not isinstance(value, torch.Tensor):
+        return float(value)
+    t = value.detach().to(device=device, dtype=dtype)
+    if t.ndim == 0:
+        return t.reshape(1, 1, 1, 1)
+    if t.ndim == 1:
+        t = t.reshape(-1, 1, 1)  # one value per head
+    if t.ndim > 4:
+        raise ValueError(f"a parameter of shape {tuple(value.shape)} has more than 4 dims")
+    t = t.reshape((1,) * (4 - t.ndim) + tuple(t.shape))
+    if t.shape[2:] != (1, 1):
+        raise ValueError(f"a parameter of shape {tuple(value.shape)} must have size 1 along "
+                         "both lengths (one value per batch and head at most)")
+    try:
+        torch.broadcast_shapes(t.shape, (batch, heads, 1, 1))
+    except RuntimeError:
+        raise ValueError(f"a parameter of shape {tuple(value.shape)} does not broadcast "
+                         f"against (batch={batch}, heads={heads})") from None
+    return t
+
+
+def reduce_to(grad_bh: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Sum per-(batch, head) contributions (batch, heads) onto a parameter of like's shape."""
+    if like.ndim == 0:
+        return grad_bh.sum().to(like.dtype)
+    g = grad_bh[:, :, None, None]
+    if like.ndim == 1:
+        return g.sum(dim=(0, 2, 3)).sum_to_size(like.shape).to(like.dtype)
+    padded = (1,) * (4 - like.ndim) + tuple(like.shape)
+    return g.sum_to_size(padded).reshape(like.shape).to(like.dtype)
+
+
+def visible(length_q: int, length_k: int, device: torch.device, q0: int = 0,
+            k0: int = 0) -> torch.Tensor:
+    """(length_q, length_k) bool: key k0 + j is visible to query q0 + i (causal, top-left)."""
+    i = torch.arange(q0, q0 + length_q, device=device)[:, None]
+    j = torch.arange(k0, k0 + length_k, device=device)[None, :]
+    return j <= i

@@ -1,0 +1,57 @@
+"""Queries with a +inf score, off every kernel's hot path (docs/attention.md section 3).
+
+A +inf score wins outright: the query's weights are the limit, 1/k on each of its k
+visible +inf scores and 0 elsewhere, so its output is the mean of those keys' values and
+its gradients are zero except dv, which gets dO/k at each of them. A flash kernel marks
+such a query by its statistics (m = +inf; NaN wins over +inf) and leaves the rest to these
+two functions, which every built-in kernel shares.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _infinite_scores(q: torch.Tensor, k: torch.Tensor, m: torch.Tensor, scale: float,
+                     causal: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(indices (n, 3) of the +inf queries, their (n, length_k) float hit matrix / count)."""
+    idx = (m == math.inf).nonzero()
+    if idx.numel() == 0:
+        return None
+    b, h, i = idx.unbind(1)
+    wd = m.dtype
+    s = torch.einsum("nd,njd->nj", q[b, h, i].to(wd), k[b, h].to(wd)) * scale
+    if causal:
+        s = s.masked_fill(~(torch.arange(k.shape[2], device=q.device)[None, :] <= i[:, None]),
+                          -math.inf)
+    hits = (s == math.inf).to(wd)
+    return idx, hits / hits.sum(-1, keepdim=True)
+
+
+def fix_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                m: torch.Tensor, den: torch.Tensor, scale: float, causal: bool) -> None:
+    """Overwrite out and den (in place) at the queries whose m is +inf."""
+    found = _infinite_scores(q, k, m, scale, causal)
+    if found is None:
+        return
+    idx, share = found
+    b, h, i = idx.unbind(1)
+    out[b, h, i] = torch.einsum("nj,njd->nd", share, v[b, h].to(share.dtype)).to(out.dtype)
+    den[b, h, i] = 1 / share.amax(-1)  # the number of +inf keys
+
+
+def fix_backward(q: torch.Tensor, k: torch.Tensor, do: torch.Tensor, dv: torch.Tensor,
+                 m: torch.Tensor, scale: float, causal: bool) -> None:
+    """Add the +inf queries' dO / k to dv of their +inf keys (in place, dv in work dtype)."""
+    found = _infinite_scores(q, k, m, scale, causal)
+    if found is None:
+        return
+    idx, share = found
+    b, h, i = idx.unbind(1)
+    contrib = share[:, :, None] * do[b, h, i].to(share.dtype)[:, None, :]
+    dv.index_put_((b, h), contrib, accumulate=True)
+
+
+__all__ = ["fix_backward", "fix_forward"]
