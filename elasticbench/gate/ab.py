@@ -32,7 +32,7 @@ from ..bench.runner import llc_bytes, params_for, set_threads, verify_quickly
 from ..inputs import generate
 from ..numerics.dtypes import get_format
 from ..records import record_key
-from ..registry import KernelFileError, KernelSpec, load_kernel_file
+from ..registry import KernelFileError, KernelSpec, load_kernel_file, scoped_kernels
 from .load import Dataset, Series, Verdict, case_label
 
 SIDES = ("base", "current")
@@ -47,24 +47,9 @@ class Pair:
     current: KernelSpec
 
 
-@contextmanager
-def private_registry() -> Iterator[None]:
-    """Kernels registered inside the block vanish after it; built-ins stay untouched."""
-    from .. import registry
-
-    registry.list_kernels()  # built-ins loaded before we hide them
-    saved = dict(registry._KERNELS)
-    registry._KERNELS.clear()
-    try:
-        yield
-    finally:
-        registry._KERNELS.clear()
-        registry._KERNELS.update(saved)
-
-
 def load_version(path: str | Path, suffix: str, mode: str = "fwd") -> list[KernelSpec]:
     """The kernels a file registers, loaded privately and renamed name + suffix."""
-    with private_registry():
+    with scoped_kernels(alone=True):  # the real registry is left as it was
         specs = load_kernel_file(path)
     return [replace(s, name=s.name + suffix) for s in specs if s.mode == mode]
 
