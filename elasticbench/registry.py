@@ -20,6 +20,7 @@ from pathlib import Path
 from .backends import get_backend
 from .functions import get_function
 from .numerics.dtypes import get_format
+from .passes import PassModel
 
 MODES = ("fwd", "bwd")
 BUILTIN_MODULES = (
@@ -43,6 +44,7 @@ class KernelSpec:
     description: str = ""
     baseline: bool = False  # a vendor reference point: timed by run, verified only by name
     dtypes: tuple[str, ...] | None = None  # formats it accepts; None: all of them
+    model: PassModel | None = None  # its declared passes; None: its function's minimum
 
     def supports(self, dtype: str) -> bool:
         """Whether the kernel takes inputs of this format (others are skipped, not failed)."""
@@ -104,12 +106,15 @@ def register_kernel(
     description: str = "",
     baseline: bool = False,
     dtypes: Iterable[str] | None = None,
+    model: PassModel | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register fn as the kernel `name` (default: the function's __name__).
 
     baseline=True marks a vendor reference point (torch.softmax, say): `run` compares
     against it, and `verify` checks it only when it is named with --only. dtypes limits the
-    formats the kernel is given (fp64 for a GPU kernel, say); by default all four.
+    formats the kernel is given (fp64 for a GPU kernel, say); by default all four. model
+    declares its passes over memory and its exponentials (elasticbench.passes), which give
+    it its own roof in `run`.
     """
     get_function(function)
     get_backend(backend)
@@ -123,7 +128,7 @@ def register_kernel(
         kname = name or fn.__name__
         summary = description or (fn.__doc__ or "").strip().partition("\n")[0]
         spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline,
-                          formats)
+                          formats, model)
         old = _REGISTRY.get(kname, mode)
         if _loaded_keys is not None:
             _loaded_keys.append((kname, mode))

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from elasticbench.bench.cases import parse_run_table, parse_size
-from elasticbench.bench.models import PassModel, minimum_bytes, minimum_model, model_of, passes
+from elasticbench.bench.models import minimum_bytes, minimum_model, model_of
 from elasticbench.bench.roofline import roof_for
 from elasticbench.bench.timing import Policy, summarize, time_cpu
+from elasticbench.passes import PassModel
 from elasticbench.registry import KernelSpec
 from elasticbench.verify.matrix import CaseFileError
 
@@ -65,11 +66,10 @@ def test_minimum_bytes():
 
 
 def test_declared_model_is_read_from_the_kernel():
-    @passes("exp-once", reads=2, writes=2, exps=1)
     def k(x, *, tau, beta):
         return x
 
-    spec = KernelSpec("k", "elastic", "numpy", k)
+    spec = KernelSpec("k", "elastic", "numpy", k, model=PassModel("exp-once", 2, 2, 1))
     assert model_of(spec).structure == "exp-once" and model_of(spec).writes == 2
     plain = KernelSpec("p", "elastic", "numpy", lambda x, **kw: x)
     assert model_of(plain).declared is False and model_of(plain).exps == 1
