@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .models import PassModel
-from .timing import Policy, Timing, time_cpu, time_cuda
+from .. import devices
+from ..passes import PassModel
+from .timing import Policy, Timing, time_calls
 
 TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 MIB = 1 << 20
@@ -30,10 +31,6 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, TORCH_DTYPES[name])
 
 
-def _timer(device: str):
-    return time_cuda if device.startswith("cuda") else time_cpu
-
-
 def measure_copy(device: str, llc_bytes: int, policy: Policy) -> tuple[float, Timing, int]:
     """Copy bandwidth in bytes/s (read + write) on buffers of max(4 x LLC, 64 MiB) each."""
     import torch
@@ -41,7 +38,7 @@ def measure_copy(device: str, llc_bytes: int, policy: Policy) -> tuple[float, Ti
     size = max(4 * llc_bytes, 64 * MIB)
     src = torch.ones(size // 4, dtype=torch.float32, device=device)
     dst = torch.zeros_like(src)
-    t = _timer(device)(lambda i: dst.copy_(src), policy)
+    t = time_calls(lambda i: dst.copy_(src), policy, devices.clock(device), cold=True)
     return 2 * size / (t.stats.median_ns * 1e-9), t, size
 
 
@@ -64,14 +61,14 @@ def measure_exp(device: str, dtype: str, policy: Policy, elements: int = 1 << 21
 
     x = torch.linspace(-10, 0, elements, device=device).to(_torch_dtype(dtype))
     y = torch.empty_like(x)
-    timer = _timer(device)
-    best = timer(lambda i: torch.exp(x, out=y), policy)
+    clock = devices.clock(device)
+    best = time_calls(lambda i: torch.exp(x, out=y), policy, clock)
     best.extra["probe"] = "torch.exp"
     try:
         fused = torch.compile(_exp_sum, dynamic=False)
         rows = x.view(16, -1)
         fused(rows)  # compile outside the timed span
-        t = timer(lambda i: fused(rows), policy)
+        t = time_calls(lambda i: fused(rows), policy, clock)
         t.extra["probe"] = "inductor exp+sum"
         if t.stats.median_ns < best.stats.median_ns:
             best = t
