@@ -1,10 +1,11 @@
-"""CPU Elastic-Softmax kernels whose pass structure is explicit, plus torch.softmax.
+"""CPU Elastic-Softmax kernels whose pass structure is explicit, plus the two softmax
+reference points: torch.softmax and torch.compile's fusion of the safe softmax.
 
 Each pass below is one torch.compile'd function (inductor's C++ backend), called from
 Python, so inductor cannot merge passes: a pass is exactly one sweep over the (rows, n)
 array in memory. Inside a pass, rows are cut into blocks of B <= 2048 elements (B divides
 n); what a pass does to one block (its max, then its exponentials) stays in L1, so the
-block-level work costs no extra memory traffic. The declared models (bench/models.py):
+block-level work costs no extra memory traffic. The declared models (elasticbench.passes):
 
 | kernel               | passes over memory                              | R | W | exps |
 |----------------------|-------------------------------------------------|---|---|------|
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from elasticbench import PassModel, register_kernel
+from elasticbench.functional import exp_normalize_forward
 from elasticbench.kernels.torch_kernels import torch_elastic
 
 LOG2E = 1.0 / math.log(2.0)
@@ -154,6 +156,11 @@ def _fused(x: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor) -> torch.Tens
     return y.to(x.dtype)
 
 
+@_compile
+def _fused_softmax(x: torch.Tensor) -> torch.Tensor:
+    return exp_normalize_forward(x, x > -math.inf)
+
+
 # ---- glue ------------------------------------------------------------------------------
 
 
@@ -253,6 +260,13 @@ def elastic_accurate(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
     """Fused Elastic-Softmax computed in fp64: the exponent argument is exact for fp32 inputs."""
     d = torch.float64
     return _fused(x, _scalar(tau, d), _scalar(beta, d))
+
+
+@register_kernel(function="softmax", backend="torch", name="compiled_softmax", baseline=True)
+def compiled_softmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.compile's reference point for softmax: torch_safe_softmax's composite fused by
+    inductor (dynamic shapes, as compiled_elastic), special values kept."""
+    return _fused_softmax(x)
 
 
 @register_kernel(function="softmax", backend="torch", name="torch_softmax", baseline=True)
