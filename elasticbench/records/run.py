@@ -33,10 +33,14 @@ class TimingRecord(JSONRecord):
     clock: str | None = None
     warning: str | None = None
     paired: bool | None = None  # A/B: samples interleaved with the other version's
+    processes: list[int] | None = entry(None, check=positive)  # samples of each process, in order
 
     def __post_init__(self) -> None:
         if not self.samples_ns:
             raise RecordError("samples_ns", "must hold at least one sample")
+        if self.processes is not None and sum(self.processes) != len(self.samples_ns):
+            raise RecordError("processes", f"counts {sum(self.processes)} samples, "
+                              f"samples_ns holds {len(self.samples_ns)}")
 
 
 @dataclass(kw_only=True)
