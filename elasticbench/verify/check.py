@@ -30,22 +30,25 @@ class Verdict:
     failures: dict[str, int] = field(default_factory=dict)
 
 
-def _value(v: float) -> float | str:
+def json_float(v: float) -> float | str:
     """A float for JSON: non-finite values as strings."""
     v = float(v)
     return v if np.isfinite(v) else str(v)
 
 
-def _where(x, got, truth, k, j, fmt, err=None, allowed=None) -> dict[str, Any]:
-    expected = truth.hi[k, j] + truth.lo[k, j]
+def position(x: np.ndarray, got: np.ndarray, truth: Truth, k: int, j: int, hi: np.ndarray,
+             lo: np.ndarray, err: float | None = None, allowed: float | None = None
+             ) -> dict[str, Any]:
+    """A record's `worst`: where (checked row k, column j) an output is judged, with the
+    input, the exact value hi + lo, what the kernel gave, its error and allowance in ulps."""
     return {
         "row": int(truth.rows[k]),
         "index": int(j),
-        "input": _value(x[truth.rows[k], j]),
-        "expected": _value(expected),
-        "got": _value(got[k, j]),
-        "ulp": None if err is None else _value(err),
-        "allowed_ulp": None if allowed is None else _value(allowed),
+        "input": json_float(x[truth.rows[k], j]),
+        "expected": json_float(hi[k, j] + lo[k, j]),
+        "got": json_float(got[k, j]),
+        "ulp": None if err is None else json_float(err),
+        "allowed_ulp": None if allowed is None else json_float(allowed),
         "row_kind": str(truth.kind[k]),
     }
 
@@ -89,10 +92,11 @@ def check_output(
     if special_fail.any():
         k, j = np.argwhere(special_fail)[0]
         if missing_nan[k, j]:
-            worst = _where(x64, got, truth, k, j, fmt)
+            worst = position(x64, got, truth, k, j, truth.hi, truth.lo)
             reason = f"special: NaN in row {worst['row']} not propagated (got {worst['got']})"
         else:
-            worst = _where(x64, got, truth, k, j, fmt, err[k, j], allowed[k, j])
+            worst = position(x64, got, truth, k, j, truth.hi, truth.lo, err[k, j],
+                             allowed[k, j])
             what = "masked position not exactly 0" if zero_broken[k, j] else "wrong value"
             reason = (f"special ({truth.kind[k]} row): {what}: "
                       f"expected {worst['expected']}, got {worst['got']}")
@@ -100,7 +104,7 @@ def check_output(
 
     if finite.any():
         k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
-        worst = _where(x64, got, truth, k, j, fmt, err[k, j], allowed[k, j])
+        worst = position(x64, got, truth, k, j, truth.hi, truth.lo, err[k, j], allowed[k, j])
     else:
         worst = None
     if accuracy_fail.any():
