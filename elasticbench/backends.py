@@ -29,10 +29,16 @@ class Backend:
     # (spec, CallRequest) pairs -> a CallCheck or None each: whether the kernels compile for
     # the devices they are written for, where verification cannot show it (audit/kernel_files)
     compile_check: Callable[[list[tuple[Any, Any]]], list[Any]] | None = None
+    # environment variables that change how its kernels run: a reproduce command sets them
+    env_vars: tuple[str, ...] = ()
 
     def available(self) -> bool:
         """Whether kernels of this backend can run here (see `unavailable` for why not)."""
         return self.unavailable() is None
+
+    def environment(self) -> dict[str, str]:
+        """The env_vars that are set here, with their values."""
+        return {k: os.environ[k] for k in self.env_vars if k in os.environ}
 
 
 def _numpy_to_numpy(a: Any) -> np.ndarray:
@@ -172,6 +178,7 @@ BACKENDS: dict[str, Backend] = {
         _torch_to_numpy,
         _torch_same_memory,
         _torch_synchronize,
+        env_vars=("ELASTICBENCH_TORCH_DEVICE",),
     ),
     "triton": Backend(
         "triton",
@@ -183,6 +190,7 @@ BACKENDS: dict[str, Backend] = {
         _triton_synchronize,
         _triton_calling,
         _triton_compile_check,
+        env_vars=("TRITON_INTERPRET",),
     ),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)

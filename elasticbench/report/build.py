@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from ..records import ResultsFileError, read_results
+from .failures import EVERY_FAILURE, NoteOptions
 from .run_table import run_failures, run_notes, run_sheets
 from .sheet import Section
-from .verify_table import compile_notes, failure_notes, summarize, verify_sheets
+from .verify_table import summarize, verify_notes, verify_sheets
 
 # What each kind of record must carry for the tables and plots to be drawn from it.
 REQUIRED = {
@@ -61,8 +62,9 @@ def _machine(doc: dict[str, Any]) -> str:
     return text
 
 
-def section(results: Results) -> Section:
-    """The tables, notes and summary line of one results file."""
+def section(results: Results, options: NoteOptions = EVERY_FAILURE) -> Section:
+    """The tables, notes and summary line of one results file (options: how much of each
+    failure the notes show)."""
     doc = results.doc
     about = {"created": doc.get("created"), "commit": doc.get("commit"),
              "machine": _machine(doc), "complete": doc.get("complete"),
@@ -70,7 +72,7 @@ def section(results: Results) -> Section:
     if results.kind == "verify":
         summary = summarize(results.records)
         return Section(results.source, "verify", about, verify_sheets(summary),
-                       failure_notes(summary) + compile_notes(summary), summary.line(),
+                       verify_notes(results.records, summary, doc, options), summary.line(),
                        summary.failed)
     records = results.records
     failed = run_failures(records)

@@ -78,6 +78,7 @@ def _record_head(spec: KernelSpec, case: VerifyCase, truth, budget: dict) -> dic
         "sampled_rows": truth.rows.tolist() if len(truth.rows) < case.shape[0] else None,
         "budget": budget,
         "mode": spec.mode,
+        "env": get_backend(spec.backend).environment(),  # what a reproduce command sets
     }
 
 
@@ -90,7 +91,7 @@ def verify_one(spec: KernelSpec, prep: Prepared, truth,
     record = _record_head(spec, case, truth, budget.to_dict())
     outcome = isolation.run(partial(call_kernel, spec, prep.x, case.param_dict),
                             failed_outcome)
-    record["seconds"] = outcome.seconds
+    record.update(seconds=outcome.seconds, raised=outcome.raised, warnings=outcome.warnings)
     if outcome.output is None:
         verdict_fields = {"passed": False, "reason": outcome.error, "max_ulp": None,
                           "max_budget_frac": None, "special_ok": None, "worst": None,
@@ -120,7 +121,7 @@ def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
     y = saved_output(truth, fmt, case.shape)
     outcome = isolation.run(partial(call_backward, spec, prep.x, y, prep.g, case.param_dict),
                             lambda why, s: BackwardOutcome(None, {}, why, False, s))
-    record["seconds"] = outcome.seconds
+    record.update(seconds=outcome.seconds, raised=outcome.raised, warnings=outcome.warnings)
     record["dparams"] = {}
     record["max_param_rel"] = None
     if outcome.dx is None:
