@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import devices
 from ..backends import get_backend
-from ..environment import cache_sizes
 from ..execute import IN_PROCESS, Isolation
 from ..functions import get_function
 from ..inputs import generate
@@ -31,7 +31,7 @@ from ..verify.runner import run_verification
 from .cases import RunCase
 from .models import minimum_bytes, minimum_model, model_of
 from .roofline import compute_dtype, measure_copy, measure_exp, roof_for
-from .timing import Policy, Timing, time_cpu, time_cuda
+from .timing import Policy, Timing, time_calls
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
@@ -66,10 +66,6 @@ def set_threads(threads: int) -> dict[str, Any]:
     return info
 
 
-def _is_gpu(native: Any) -> bool:
-    return bool(getattr(native, "is_cuda", False))
-
-
 @dataclass
 class Ceilings:
     """The machine's measured ceilings for this run."""
@@ -86,22 +82,12 @@ class Ceilings:
                 "exp_geps": {d: v / 1e9 for d, v in self.exp_eps.items()}, **self.detail}
 
 
-def llc_bytes(device: str) -> int:
-    """Size of the last-level cache of the device kernels run on."""
-    if device.startswith("cuda"):
-        import torch
-
-        return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
-    caches = cache_sizes()
-    return max(caches.values()) if caches else 32 << 20
-
-
 def measure_ceilings(device: str, dtypes: list[str], policy: Policy) -> Ceilings:
     """Copy bandwidth and exp throughput for every dtype (and compute dtype) in play."""
-    llc = llc_bytes(device)
+    llc = devices.llc_bytes(device)
     copy_bps, copy_t, size = measure_copy(device, llc, policy)
-    detail: dict[str, Any] = {"copy_buffer_bytes": size, "copy_timing": copy_t.to_dict(),
-                              "exp_timing": {}}
+    detail: dict[str, Any] = {"caches": devices.caches(device), "copy_buffer_bytes": size,
+                              "copy_timing": copy_t.to_dict(), "exp_timing": {}}
     rates: dict[str, float] = {}
     for d in dict.fromkeys([*dtypes, *(compute_dtype(d) for d in dtypes), "fp64"]):
         rates[d], t = measure_exp(device, d, policy)
@@ -208,17 +194,15 @@ def time_unit(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy,
     min_bytes = minimum_bytes(rows, n, itemsize, spec.mode)
     arg_bytes = sum(a.nbytes for a in args)
     footprint = min_bytes
-    out_of_cache = footprint > ceilings.llc_bytes // 2
-    copies = max(2, math.ceil(2 * ceilings.llc_bytes / arg_bytes)) if out_of_cache else 1
+    llc = backend.llc_bytes()
+    out_of_cache = footprint > llc // 2
+    copies = max(2, math.ceil(2 * llc / arg_bytes)) if out_of_cache else 1
     natives = [tuple(backend.to_native(a) for a in args) for _ in range(copies)]
-    sync = backend.synchronize
 
     def call(i: int) -> None:
         spec.fn(*natives[i % copies], **params)
-        sync()
 
-    timer = time_cuda if _is_gpu(natives[0][0]) else time_cpu
-    timing: Timing = timer(call, policy)
+    timing: Timing = time_calls(call, policy, backend.clock(), cold=out_of_cache)
     natives.clear()  # free the rotated copies before the next unit
     seconds = timing.stats.median_ns * 1e-9
     model, minimum = model_of(spec), minimum_model(spec.function, spec.mode)

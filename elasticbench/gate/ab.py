@@ -28,11 +28,11 @@ import numpy as np
 from ..backends import get_backend
 from ..bench.cases import RunCase
 from ..bench.models import minimum_bytes
-from ..bench.runner import llc_bytes, params_for, set_threads, verify_quickly
+from ..bench.runner import params_for, set_threads, verify_quickly
 from ..inputs import generate
 from ..numerics.dtypes import get_format
 from ..records import record_key
-from ..registry import KernelFileError, KernelSpec, load_kernel_file
+from ..registry import KernelFileError, KernelSpec, load_kernel_file, scoped_kernels
 from .load import Dataset, Series, Verdict, case_label
 
 SIDES = ("base", "current")
@@ -47,24 +47,9 @@ class Pair:
     current: KernelSpec
 
 
-@contextmanager
-def private_registry() -> Iterator[None]:
-    """Kernels registered inside the block vanish after it; built-ins stay untouched."""
-    from .. import registry
-
-    registry.list_kernels()  # built-ins loaded before we hide them
-    saved = dict(registry._KERNELS)
-    registry._KERNELS.clear()
-    try:
-        yield
-    finally:
-        registry._KERNELS.clear()
-        registry._KERNELS.update(saved)
-
-
 def load_version(path: str | Path, suffix: str, mode: str = "fwd") -> list[KernelSpec]:
     """The kernels a file registers, loaded privately and renamed name + suffix."""
-    with private_registry():
+    with scoped_kernels(alone=True):  # the real registry is left as it was
         specs = load_kernel_file(path)
     return [replace(s, name=s.name + suffix) for s in specs if s.mode == mode]
 
@@ -142,24 +127,28 @@ def _natives(spec: KernelSpec, x: np.ndarray, copies: int) -> list[Any]:
 
 
 def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Policy,
-              rng: np.random.Generator, llc: int) -> dict[str, list[float]]:
-    """Interleaved samples (ns per call) of both versions on the same input."""
+              rng: np.random.Generator) -> dict[str, list[float]]:
+    """Interleaved samples (ns per call) of both versions on the same input, with the clock
+    of the current version's backend (a cold sample on a GPU is one call after a flush)."""
     rows, n = x.shape
+    backend = get_backend(pair.current.backend)
+    llc, clock = backend.llc_bytes(), backend.clock()
     out_of_cache = minimum_bytes(rows, n, x.itemsize, "fwd") > llc // 2
     copies = max(2, math.ceil(2 * llc / x.nbytes)) if out_of_cache else 1
+    flush = out_of_cache and clock.flushes
     sides = {"base": pair.base, "current": pair.current}
     bufs = {s: _natives(spec, x, copies) for s, spec in sides.items()}
-    sync = get_backend(pair.current.backend).synchronize
     counter = {s: 0 for s in SIDES}
 
-    def run(side: str, k: int) -> int:
+    def run(side: str, k: int) -> float:
         fn, b = sides[side].fn, bufs[side]
-        t0 = time.perf_counter_ns()
+        if flush:
+            clock.flush()
+        clock.start()
         for _ in range(k):
             fn(b[counter[side] % copies], **params)
             counter[side] += 1
-        sync()
-        return time.perf_counter_ns() - t0
+        return clock.stop()
 
     first = {s: run(s, 1) for s in SIDES}
     end = time.perf_counter() + policy.warmup_s
@@ -167,7 +156,7 @@ def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Polic
         for s in SIDES:
             first[s] = min(first[s], run(s, 1))
     # The same inner count for both sides, so a sample spans about the same wall time.
-    inner = max(1, int(policy.min_sample_s * 1e9 / max(1, min(first.values()))))
+    inner = 1 if flush else max(1, int(policy.min_sample_s * 1e9 / max(1, min(first.values()))))
     samples: dict[str, list[float]] = {s: [] for s in SIDES}
     for _ in range(policy.rounds):
         order = SIDES if rng.random() < 0.5 else SIDES[::-1]
@@ -211,7 +200,6 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
                         False if status == "FAIL" else None, v.get("max_ulp"), None,
                         v.get("reason"))
     threads = set_threads(case.threads if policy.threads is None else policy.threads)
-    llc = llc_bytes("cpu")
     rng = np.random.default_rng(policy.seed)
     records: list[dict[str, Any]] = []
     for p in pairs:
@@ -222,7 +210,7 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
                 x = generate(case.generator, d, shape, case.seed)
                 if x.dtype.itemsize != get_format(d).itemsize:
                     raise ValueError(f"generator gave {x.dtype} for {d}")
-                samples = time_pair(p, x, params, policy, rng, llc)
+                samples = time_pair(p, x, params, policy, rng)
                 for side, ds in (("base", base), ("current", current)):
                     rec = {"kernel": p.name, "version": side,
                            "source": (p.base if side == "base" else p.current).source,
