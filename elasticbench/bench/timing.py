@@ -19,6 +19,7 @@ import numpy as np
 from scipy import stats
 
 from ..devices import Clock
+from ..records import TimingRecord
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,12 @@ class Timing:
         return {"samples_ns": self.samples_ns, "inner": self.inner, **asdict(self.stats),
                 "reps": len(self.samples_ns), "converged": self.converged,
                 "clock": self.clock, "warning": self.warning, **self.extra}
+
+    def to_record(self) -> TimingRecord:
+        """The `timing` field of a run record (extra probe notes are the ceilings' own)."""
+        return TimingRecord(samples_ns=list(self.samples_ns), inner=self.inner,
+                            **asdict(self.stats), reps=len(self.samples_ns),
+                            converged=self.converged, clock=self.clock, warning=self.warning)
 
 
 def _finish(samples: list[float], inner: int, policy: Policy, clock: str) -> Timing:

@@ -31,7 +31,7 @@ from ..bench.models import minimum_bytes
 from ..bench.runner import params_for, set_threads, verify_quickly
 from ..inputs import generate
 from ..numerics.dtypes import get_format
-from ..records import record_key
+from ..records import QuickVerdict, record_key
 from ..registry import KernelFileError, KernelSpec, load_kernel_file, scoped_kernels
 from .load import Dataset, Series, Verdict, case_label
 
@@ -193,13 +193,10 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
         for p in pairs:
             for d in dtypes:
                 for spec, ds in ((p.base, base), (p.current, current)):
-                    v = verdicts.get((spec.name, d), {})
-                    status = v.get("status")
+                    v = verdicts.get((spec.name, d)) or QuickVerdict(status="unverified")
                     key = ("numerics", p.name, d)
-                    ds.numerics[key] = Verdict(
-                        key, p.name, d, True if status == "pass" else
-                        False if status == "FAIL" else None, v.get("max_ulp"), None,
-                        v.get("reason"))
+                    ds.numerics[key] = Verdict(key, p.name, d, v.passed, v.max_ulp, None,
+                                               v.reason)
     threads = set_threads(case.threads if policy.threads is None else policy.threads)
     rng = np.random.default_rng(policy.seed)
     records: list[dict[str, Any]] = []
