@@ -1,8 +1,9 @@
 """The timing engine: warm-up, adaptive repetitions, raw samples, median and IQR.
 
 One sample is the time of `inner` consecutive calls divided by `inner`; `inner` grows until a
-sample lasts at least `min_sample_s`, so the clock's resolution never dominates. A cold
-sample on a device whose cache can be flushed (a GPU's L2) is one call after a flush.
+sample lasts at least `min_sample_s`, so the clock's resolution never dominates. On a GPU
+a sample is one call (CUDA events resolve it, and the clock hides the host's launch); a
+cold one follows a flush of the L2.
 Repetitions continue until the spread (IQR / median) is below `target_spread` or the budget
 is spent. The clock is the device's (elasticbench.devices), given by the kernel's backend.
 """
@@ -114,7 +115,8 @@ def time_calls(call: Callable[[int], object], policy: Policy, clock: Clock, *,
     """Time call(i) with the device's clock; i counts calls, so the caller can rotate over
     input buffers. cold: evict the device's cache before every sample, outside the timed
     span (a clock that cannot flush relies on that rotation); warm samples repeat the call
-    `inner` times on what the cache already holds."""
+    `inner` times on what the cache already holds, or call it once where the clock times a
+    single call exactly (a GPU's)."""
     counter = 0
     flush = cold and clock.flushes
 
@@ -133,5 +135,6 @@ def time_calls(call: Callable[[int], object], policy: Policy, clock: Clock, *,
     warm_end = time.perf_counter() + policy.warmup_s
     while time.perf_counter() < warm_end:
         t_first = min(t_first, run(1))
-    inner = 1 if flush else max(1, int(policy.min_sample_s * 1e9 / max(t_first, 1)))
+    single = flush or clock.single_call
+    inner = 1 if single else max(1, int(policy.min_sample_s * 1e9 / max(t_first, 1)))
     return _adaptive(lambda: run(inner) / inner, policy, clock.name, inner)

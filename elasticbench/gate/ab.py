@@ -156,7 +156,8 @@ def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Polic
         for s in SIDES:
             first[s] = min(first[s], run(s, 1))
     # The same inner count for both sides, so a sample spans about the same wall time.
-    inner = 1 if flush else max(1, int(policy.min_sample_s * 1e9 / max(1, min(first.values()))))
+    single = flush or clock.single_call
+    inner = 1 if single else max(1, int(policy.min_sample_s * 1e9 / max(1, min(first.values()))))
     samples: dict[str, list[float]] = {s: [] for s in SIDES}
     for _ in range(policy.rounds):
         order = SIDES if rng.random() < 0.5 else SIDES[::-1]
