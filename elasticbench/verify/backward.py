@@ -29,7 +29,7 @@ from ..numerics.dtypes import FloatFormat
 from ..numerics.truth import GradTruth
 from ..numerics.ulp import ulp_error, ulp_of
 from ..registry import KernelSpec
-from .check import Verdict, json_float, position, zero_place
+from .check import CheckResult, json_float, position, zero_place
 
 
 @dataclass(frozen=True)
@@ -237,12 +237,12 @@ def check_backward(
     x: np.ndarray, g: np.ndarray, dx: np.ndarray, dparams: dict[str, float], truth: GradTruth,
     fmt: FloatFormat, function: str, params: dict[str, float],
     budget: GradBudget = GRAD_BUDGET,
-) -> tuple[Verdict, dict[str, ParamCheck]]:
+) -> tuple[CheckResult, dict[str, ParamCheck]]:
     """Score dx in ulps (and dtau, dbeta relatively) against the exact gradients."""
     if dx.shape != x.shape:
-        return Verdict(False, f"returned dx of shape {dx.shape}, expected {x.shape}"), {}
+        return CheckResult(False, f"returned dx of shape {dx.shape}, expected {x.shape}"), {}
     if dx.dtype != fmt.numpy:
-        return Verdict(False, f"returned dx of dtype {dx.dtype}, expected {fmt.numpy}"), {}
+        return CheckResult(False, f"returned dx of dtype {dx.dtype}, expected {fmt.numpy}"), {}
     fn = get_function(function)
     rows = _Rows(x, g, truth, fmt, fn, params)
     got = dx[truth.rows].astype(np.float64)
@@ -291,7 +291,7 @@ def check_backward(
                       f"special: dx not exactly 0 {place} (got {worst['got']})")
         else:
             worst, reason = None, special_params[0].reason
-        return Verdict(False, reason, max_ulp, max_frac, False, worst, failures), checks
+        return CheckResult(False, reason, max_ulp, max_frac, False, worst, failures), checks
     worst = None
     if finite.any():
         k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
@@ -300,11 +300,11 @@ def check_backward(
     if over.any():
         assert worst is not None
         k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
-        return Verdict(False, f"accuracy: dx {float(err[k, j]):.4g} ulp > budget "
+        return CheckResult(False, f"accuracy: dx {float(err[k, j]):.4g} ulp > budget "
                        f"{float(allowed[k, j]):.4g}", max_ulp, max_frac, True, worst,
                        failures), checks
     if bad_params:
-        return Verdict(False, bad_params[0].reason, max_ulp, max_frac, True, worst,
+        return CheckResult(False, bad_params[0].reason, max_ulp, max_frac, True, worst,
                        failures), checks
-    return Verdict(True, "", max_ulp, max_frac, True, worst, failures), checks
+    return CheckResult(True, "", max_ulp, max_frac, True, worst, failures), checks
 

@@ -20,7 +20,9 @@ from ..numerics.ulp import ulp_error
 
 
 @dataclass
-class Verdict:
+class CheckResult:
+    """What scoring one output (or one dx) against the truth found; a record's verdict fields."""
+
     passed: bool
     reason: str
     max_ulp: float | None = None
@@ -70,12 +72,12 @@ def position(x: np.ndarray, got: np.ndarray, truth: Truth, k: int, j: int, hi: n
 
 def check_output(
     x: np.ndarray, out: np.ndarray, truth: Truth, fmt: FloatFormat, budget: Budget
-) -> Verdict:
+) -> CheckResult:
     """Compare a kernel's output with the truth on the truth's rows."""
     if out.shape != x.shape:
-        return Verdict(False, f"returned shape {out.shape}, expected {x.shape}")
+        return CheckResult(False, f"returned shape {out.shape}, expected {x.shape}")
     if out.dtype != fmt.numpy:
-        return Verdict(False, f"returned dtype {out.dtype}, expected {fmt.numpy} ({fmt.name})")
+        return CheckResult(False, f"returned dtype {out.dtype}, expected {fmt.numpy} ({fmt.name})")
     x64 = x.astype(np.float64)
     got = out[truth.rows].astype(np.float64)
     n = x.shape[1]
@@ -120,7 +122,7 @@ def check_output(
             else:
                 reason = (f"special: expected {worst['expected']} at an infinite weight (the "
                           f"limit: an equal share each), got {worst['got']}")
-        return Verdict(False, reason, max_ulp, max_frac, False, worst, failures)
+        return CheckResult(False, reason, max_ulp, max_frac, False, worst, failures)
 
     if finite.any():
         k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
@@ -131,5 +133,5 @@ def check_output(
         reason = (f"accuracy: {worst['ulp']:.4g} ulp > budget {worst['allowed_ulp']:.4g}"
                   if worst and isinstance(worst["ulp"], float)
                   else f"accuracy: got {worst['got'] if worst else '?'}")
-        return Verdict(False, reason, max_ulp, max_frac, True, worst, failures)
-    return Verdict(True, "", max_ulp, max_frac, True, worst, failures)
+        return CheckResult(False, reason, max_ulp, max_frac, True, worst, failures)
+    return CheckResult(True, "", max_ulp, max_frac, True, worst, failures)
