@@ -50,15 +50,18 @@ def _torch_device() -> str:
     return os.environ.get("ELASTICBENCH_TORCH_DEVICE", "cpu")
 
 
-def _torch_to_native(a: np.ndarray) -> Any:
+def _cpu_tensor(a: np.ndarray) -> Any:
+    """A fresh CPU tensor holding a copy of a (bf16 included)."""
     import ml_dtypes
     import torch
 
     if a.dtype == ml_dtypes.bfloat16:  # torch.from_numpy does not know ml_dtypes
-        t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(a.copy())
-    return t.to(_torch_device())
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def _torch_to_native(a: np.ndarray) -> Any:
+    return _cpu_tensor(a).to(_torch_device())
 
 
 def _torch_to_numpy(t: Any) -> np.ndarray:
@@ -97,6 +100,15 @@ def _torch_synchronize() -> None:
 
     if _torch_device().startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def _cpp_unavailable() -> str | None:
+    """The native kernels run where torch is installed and they build (elasticbench.native)."""
+    if why := _torch_unavailable():
+        return why
+    from .native import unavailable
+
+    return unavailable()
 
 
 def _triton_unavailable() -> str | None:
@@ -172,6 +184,14 @@ BACKENDS: dict[str, Backend] = {
         _torch_to_numpy,
         _torch_same_memory,
         _torch_synchronize,
+    ),
+    "cpp": Backend(
+        "cpp",
+        "native C++ kernels on CPU torch tensors, built through torch's extension API",
+        _cpp_unavailable,
+        _cpu_tensor,
+        _torch_to_numpy,
+        _torch_same_memory,
     ),
     "triton": Backend(
         "triton",
