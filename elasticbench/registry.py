@@ -63,6 +63,7 @@ class KernelFileError(Exception):
 _KERNELS: dict[tuple[str, str], KernelSpec] = {}
 _builtins_loaded = False
 _loading_source = "builtin"
+_loaded_keys: list[tuple[str, str]] | None = None  # what the file being loaded registers
 
 
 def register_kernel(
@@ -95,7 +96,11 @@ def register_kernel(
         spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline,
                           formats)
         old = _KERNELS.get((kname, mode))
+        if _loaded_keys is not None:
+            _loaded_keys.append((kname, mode))
         if old is not None and old.source != spec.source:
+            if _same_definition(old.fn, fn):  # a module imported by two kernel files
+                return fn
             raise ValueError(
                 f"kernel {kname!r} ({mode}) is already registered by {old.source}"
             )
@@ -103,6 +108,14 @@ def register_kernel(
         return fn
 
     return deco
+
+
+def _same_definition(a: Callable, b: Callable) -> bool:
+    """Whether two functions come from the same lines of the same file (one module executed
+    twice, under two names)."""
+    ca, cb = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return (ca is not None and cb is not None and ca.co_filename == cb.co_filename
+            and ca.co_firstlineno == cb.co_firstlineno)
 
 
 def _backend_of(module: str) -> str:
@@ -160,22 +173,35 @@ def get_kernel(name: str, mode: str = "fwd") -> KernelSpec:
 def load_kernel_file(path: str | Path) -> list[KernelSpec]:
     """Import a user's kernel file; return the kernels it registered.
 
-    Any failure becomes a KernelFileError naming the file and the line at fault.
+    As pytest does for test files, the file's directory goes first on the import path, so
+    the file can import modules beside it; a sibling that imports the file by name gets
+    this same module. Any failure becomes a KernelFileError naming the file and the line.
     """
-    global _loading_source
+    global _loading_source, _loaded_keys
     _load_builtins()
     p = Path(path)
     if not p.is_file():
         raise KernelFileError(f"kernel file {p} does not exist")
+    directory = str(p.resolve().parent)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
     module_name = f"elasticbench_user_{abs(hash(str(p.resolve())))}"
     _loading_source = str(p)
+    keys: list[tuple[str, str]] = []
+    _loaded_keys = keys
+    aliases = [module_name] + ([p.stem] if _importable_as(p.stem, p) else [])
     try:
         spec = importlib.util.spec_from_file_location(module_name, p)
         if spec is None or spec.loader is None:
             raise KernelFileError(f"kernel file {p} cannot be imported")
         module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        sys.modules.update(dict.fromkeys(aliases, module))
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            for name in aliases:  # as a failed import does: no half-made module stays
+                sys.modules.pop(name, None)
+            raise
     except KernelFileError:
         raise
     except SyntaxError as e:
@@ -183,8 +209,20 @@ def load_kernel_file(path: str | Path) -> list[KernelSpec]:
     except Exception as e:  # any error raised while importing the user's file
         raise KernelFileError(f"{_where(e, p)}: {type(e).__name__}: {e}") from None
     finally:
-        _loading_source = "builtin"
-    return [k for k in _KERNELS.values() if k.source == str(p)]
+        _loading_source, _loaded_keys = "builtin", None
+    return [_KERNELS[k] for k in dict.fromkeys(keys)]
+
+
+def _importable_as(name: str, path: Path) -> bool:
+    """Whether `import name` would find the file at path and nothing of that name is loaded."""
+    if not name.isidentifier() or name in sys.modules:
+        return False
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return (found is not None and found.origin is not None
+            and Path(found.origin).resolve() == path.resolve())
 
 
 def _where(exc: BaseException, path: Path) -> str:

@@ -7,18 +7,16 @@ import os
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from ..records import ResultsFileError, check_writable
 from ..report.build import Results, load, section
 from ..report.formats import to_csv, to_html, to_json, to_markdown
 from ..report.plots import INSTALL_HINT, Plot, PlotsUnavailable, plots_for, require_matplotlib
 from ..report.sheet import Section
-from ..report.terminal import print_sections, wants_detail
+from ..report.terminal import NO_WRAP, Terminal, print_sections, wants_detail
 from .common import console, fail
 
 FORMATS = ("table", "markdown", "csv", "json", "html")
-FILE_WIDTH = 120  # a table written to a file is not folded to a terminal's width
 
 
 def _stem(results: Results, taken: set[str]) -> str:
@@ -32,10 +30,10 @@ def _stem(results: Results, taken: set[str]) -> str:
 
 
 def _plain_table(sections: list[Section]) -> str:
-    """The terminal tables as plain text for a file: no control codes, a fixed width."""
+    """The terminal tables as plain text for a file: no control codes, nothing wrapped."""
     buf = io.StringIO()
-    print_sections(sections, Console(file=buf, width=FILE_WIDTH, color_system=None,
-                                     force_terminal=False, highlight=False))
+    print_sections(sections, Terminal(file=buf, width=NO_WRAP, color_system=None,
+                                      force_terminal=False, highlight=False))
     return buf.getvalue()
 
 
