@@ -76,9 +76,13 @@ template <typename T, typename C> struct ExpRows {
     for (int k = 0; k < W; ++k) ninf += vinf[k];
   }
 
+  // fp64 exponentials that only feed a 16- or 32-bit output need 2^-32, not 2^-53
+  static constexpr int DEGREE = sizeof(C) == 8 && sizeof(T) < 8 ? 8 : ExpConst<C>::DEGREE;
+
+  // exp((x - m)/tau) * 2^PRESCALE on kept lanes, 0 elsewhere (simd.h)
   static vec<C> expv(vec<C> v, C m, C inv_tau, int mask_negative) {
     ivec<C> kept = kept_mask<C>(v, mask_negative);
-    vec<C> e = vexp<C>((v - m) * inv_tau);
+    vec<C> e = vexp_scaled<C, DEGREE>((v - m) * inv_tau);
     return select<C>(kept, e, splat<C>(0));
   }
 
@@ -111,7 +115,7 @@ template <typename T, typename C> struct ExpRows {
     Wide acc;
     if (!nan && m > -__builtin_inf() && m < __builtin_inf())
       sum_exp(x, 0, n, m, C(1.0 / p.tau), p.mask_negative, acc, nullptr);
-    return {double(m), acc.total(), ninf, nan};
+    return {double(m), acc.total() * exp_unscale<C>(), ninf, nan};
   }
 
   // online: one sweep in blocks of BLOCK elements (each read twice from L1: its max, then
@@ -144,7 +148,7 @@ template <typename T, typename C> struct ExpRows {
       if (m > old && old > -__builtin_inf()) acc.scale(__builtin_exp((double(old) - double(m)) / p.tau));
       sum_exp(x, b0, b1, m, inv_tau, p.mask_negative, acc, fused ? y : nullptr);
     }
-    return {double(m), acc.total(), ninf, nan};
+    return {double(m), acc.total() * exp_unscale<C>(), ninf, nan};
   }
 
   // Fill y for a row of a special class; true when the row was one.
@@ -169,7 +173,7 @@ template <typename T, typename C> struct ExpRows {
     const T* x = static_cast<const T*>(xv);
     T* y = static_cast<T*>(yv);
     if (write_special(x, y, n, r)) return;
-    const C m = C(r.m), inv_tau = C(1.0 / p.tau), inv_den = C(1.0 / r.den);
+    const C m = C(r.m), inv_tau = C(1.0 / p.tau), inv_den = C(exp_unscale<C>() / r.den);
     int64_t i = 0;
     for (; i + 2 * W <= n; i += 2 * W) {
       vec<C> e0 = expv(Io<T, C>::load(x + i), m, inv_tau, p.mask_negative);
@@ -181,8 +185,9 @@ template <typename T, typename C> struct ExpRows {
       st<T, C>(y, i, n, expv(ld<T, C>(x, i, n, neg_inf<T>()), m, inv_tau, p.mask_negative) * inv_den);
   }
 
-  // The fused kernel's write sweep: y (holding each block's exps) times the block's factor
-  // exp((m_block - m)/tau) / D.
+  // The fused kernel's write sweep: y (holding each block's scaled exps) times the block's
+  // factor exp((m_block - m)/tau) / D, then the unscale (a power of two: exact, except that
+  // it rounds subnormal outputs once).
   static void rescale(const void* xv, void* yv, int64_t n, const eb::ExpSpec& p,
                       const eb::ExpRow& r, const double* scratch) {
     const T* x = static_cast<const T*>(xv);
@@ -192,7 +197,8 @@ template <typename T, typename C> struct ExpRows {
       int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
       double mb = scratch[blk];
       C f = mb == -__builtin_inf() ? C(0) : C(__builtin_exp((mb - r.m) / p.tau) / r.den);
-      for (int64_t i = b0; i < b1; i += W) st<T, C>(y, i, b1, ld<T, C>(y, i, b1, zero<T>()) * f);
+      const C u = C(exp_unscale<C>());
+      for (int64_t i = b0; i < b1; i += W) st<T, C>(y, i, b1, (ld<T, C>(y, i, b1, zero<T>()) * f) * u);
     }
   }
 };

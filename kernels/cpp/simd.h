@@ -116,44 +116,52 @@ template <typename T, typename C> inline void store_tail(T* p, int64_t count, ve
 }
 
 // ---- exp(z) for z <= 0, by Cody-Waite reduction z = k ln2 + r and a Taylor polynomial ----
-// float: degree 7 (truncation < 0.15 ulp on |r| <= ln2/2); double: degree 13. ln2 is split so
-// that k * LN2_HI is exact without an FMA. 2^k is applied in two halves, so results that
-// fall into the subnormal range are rounded once, correctly scaled. Arguments below `lowest`
-// (and -inf) give 0; callers blend masked lanes themselves.
+// ln2 is split so that k * LN2_HI is exact without an FMA. The result comes back scaled by
+// 2^PRESCALE (ExpConst), so that every value the kernels need is a normal number: arguments
+// are clamped at LOWEST, where exp(z) is below half the least subnormal of the output
+// format, and the scale is undone by the final multiply, which rounds subnormal outputs once.
+// DEGREE 7 (fp32) truncates under 0.15 ulp on |r| <= ln2/2; 13 for fp64 results; 8 where an
+// fp64 exponential only feeds an fp32 output (2^-32 relative).
 
 template <typename C> struct ExpConst;
 template <> struct ExpConst<float> {
   static constexpr float LOG2E = 1.44269504088896341f, SHIFT = 12582912.0f;  // 1.5 * 2^23
   static constexpr float LN2_HI = 0.693145751953125f, LN2_LO = 1.42860676533018704e-06f;
-  static constexpr float LOWEST = -104.0f;  // exp below this is under half the least subnormal
-  static constexpr int BIAS = 127, MANT = 23, DEGREE = 7;
+  static constexpr float LOWEST = -104.0f;
+  static constexpr int BIAS = 127, MANT = 23, DEGREE = 7, PRESCALE = 64;
 };
 template <> struct ExpConst<double> {
   static constexpr double LOG2E = 1.44269504088896338700, SHIFT = 6755399441055744.0;  // 1.5*2^52
   static constexpr double LN2_HI = 6.93147180369123816490e-01, LN2_LO = 1.90821492927058770002e-10;
   static constexpr double LOWEST = -746.0;
-  static constexpr int BIAS = 1023, MANT = 52, DEGREE = 13;
+  static constexpr int BIAS = 1023, MANT = 52, DEGREE = 13, PRESCALE = 600;
 };
 
-template <typename C> inline vec<C> vexp(vec<C> z) {
+template <typename C, int DEGREE = ExpConst<C>::DEGREE>
+inline vec<C> vexp_scaled(vec<C> z) {
   using K = ExpConst<C>;
-  ivec<C> under = z < K::LOWEST;
-  z = under ? splat<C>(K::LOWEST) : z;
+  z = vmax<C>(z, splat<C>(K::LOWEST));
   vec<C> t = z * K::LOG2E + K::SHIFT;
   vec<C> k = t - K::SHIFT;
   vec<C> r = z - k * K::LN2_HI;
   r = r - k * K::LN2_LO;
-  // Horner on 1 + r + r^2/2! + ... + r^DEGREE/DEGREE!
-  C coef[K::DEGREE + 1];
+  C coef[DEGREE + 1];  // 1/i!, folded at compile time
   coef[0] = 1;
-  for (int i = 1; i <= K::DEGREE; ++i) coef[i] = coef[i - 1] / i;
-  vec<C> p = splat<C>(coef[K::DEGREE]);
-  for (int i = K::DEGREE - 1; i >= 0; --i) p = p * r + coef[i];
+  for (int i = 1; i <= DEGREE; ++i) coef[i] = coef[i - 1] / i;
+  vec<C> p = splat<C>(coef[DEGREE]);
+  for (int i = DEGREE - 1; i >= 0; --i) p = p * r + coef[i];
   ivec<C> ki = bits<C>(t) - bits<C>(splat<C>(K::SHIFT));
-  ivec<C> k1 = ki >> 1, k2 = ki - k1;
-  vec<C> s1 = from_bits<C>((k1 + K::BIAS) << K::MANT), s2 = from_bits<C>((k2 + K::BIAS) << K::MANT);
-  vec<C> e = (p * s1) * s2;
-  return under ? splat<C>(0) : e;
+  return p * from_bits<C>((ki + (K::BIAS + K::PRESCALE)) << K::MANT);
+}
+
+// 2^-PRESCALE: multiply a sum of scaled exponentials by it to get the true sum.
+template <typename C> inline double exp_unscale() {
+  return __builtin_ldexp(1.0, -ExpConst<C>::PRESCALE);
+}
+
+// exp(z) itself (tests and scalar use): the scaled value times 2^-PRESCALE.
+template <typename C> inline vec<C> vexp(vec<C> z) {
+  return vexp_scaled<C>(z) * C(1.0 / (double)(1ull << 32) / (double)(1ull << 32)) ;
 }
 
 }  // namespace EB_NS
