@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from ..backends import get_backend
 from ..environment import cache_sizes
-from ..execute import IN_PROCESS, Isolation
+from ..execute import IN_PROCESS, Isolation, Worker
 from ..functions import get_function
 from ..inputs import generate
 from ..numerics.dtypes import get_format
@@ -31,7 +29,8 @@ from ..verify.runner import run_verification
 from .cases import RunCase
 from .models import minimum_bytes, minimum_model, model_of
 from .roofline import compute_dtype, measure_copy, measure_exp, roof_for
-from .timing import Policy, Timing, time_cpu, time_cuda
+from .rotation import rotating_call
+from .timing import Policy, Timing, pooled, time_cpu, time_cuda
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
@@ -198,29 +197,36 @@ def _inputs(spec: KernelSpec, dtype: str, shape: tuple[int, int], generator: str
     return (x, y, g)
 
 
-def time_unit(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy,
-              params: dict[str, float]) -> dict[str, Any]:
-    """Time one unit; return its record (without verdict or speedup)."""
-    spec, (rows, n) = unit.spec, unit.shape
-    backend = get_backend(spec.backend)
-    itemsize = get_format(unit.dtype).itemsize
+@dataclass
+class Measurement:
+    """What timing one unit in one process gave: the timing and how its inputs were laid."""
+
+    timing: Timing
+    copies: int
+    out_of_cache: bool
+    footprint: int
+
+
+def measure_unit(unit: Unit, case: RunCase, llc: int, policy: Policy,
+                 params: dict[str, float]) -> Measurement:
+    """Time one unit in this process, out of cache when its data exceed half the LLC."""
+    spec = unit.spec
     args = _inputs(spec, unit.dtype, unit.shape, case.generator, case.seed, params)
-    min_bytes = minimum_bytes(rows, n, itemsize, spec.mode)
-    arg_bytes = sum(a.nbytes for a in args)
-    footprint = min_bytes
-    out_of_cache = footprint > ceilings.llc_bytes // 2
-    copies = max(2, math.ceil(2 * ceilings.llc_bytes / arg_bytes)) if out_of_cache else 1
-    natives = [tuple(backend.to_native(a) for a in args) for _ in range(copies)]
-    sync = backend.synchronize
-
-    def call(i: int) -> None:
-        spec.fn(*natives[i % copies], **params)
-        sync()
-
-    timer = time_cuda if _is_gpu(natives[0][0]) else time_cpu
+    footprint = minimum_bytes(*unit.shape, get_format(unit.dtype).itemsize, spec.mode)
+    call = rotating_call(spec, args, params, footprint, llc)
+    timer = time_cuda if _is_gpu(call.natives[0][0]) else time_cpu
     timing: Timing = timer(call, policy)
-    natives.clear()  # free the rotated copies before the next unit
-    seconds = timing.stats.median_ns * 1e-9
+    call.release()  # free the rotated copies before the next unit
+    return Measurement(timing, call.copies, call.copies > 1, footprint)
+
+
+def unit_record(unit: Unit, case: RunCase, ceilings: Ceilings, params: dict[str, float],
+                m: Measurement) -> dict[str, Any]:
+    """The record of a measured unit (without verdict or speedup)."""
+    spec, (rows, n) = unit.spec, unit.shape
+    itemsize = get_format(unit.dtype).itemsize
+    min_bytes = minimum_bytes(rows, n, itemsize, spec.mode)
+    seconds = m.timing.stats.median_ns * 1e-9
     model, minimum = model_of(spec), minimum_model(spec.function, spec.mode)
     cdt = model.compute or compute_dtype(unit.dtype)
     roof = roof_for(model, minimum, itemsize, ceilings.copy_bps, ceilings.exp_eps[cdt])
@@ -230,11 +236,11 @@ def time_unit(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy,
         "source": spec.source, "mode": spec.mode, "baseline": unit.baseline,
         "dtype": unit.dtype, "compute_dtype": cdt, "shape": [rows, n], "params": params,
         "generator": case.generator, "seed": case.seed,
-        "cache": "out-of-cache" if out_of_cache else "in-cache",
-        "footprint_bytes": footprint, "rotated_buffers": copies,
+        "cache": "out-of-cache" if m.out_of_cache else "in-cache",
+        "footprint_bytes": m.footprint, "rotated_buffers": m.copies,
         "model": model.to_dict(), "min_bytes": min_bytes,
         "model_bytes": (model.reads + model.writes) * rows * n * itemsize,
-        "timing": timing.to_dict(), "median_s": seconds,
+        "timing": m.timing.to_dict(), "median_s": seconds,
         "elements_per_s": eps, "gbps": min_bytes / seconds / 1e9,
         "pct_copy": 100 * min_bytes / seconds / ceilings.copy_bps,
         "roof": roof.to_dict(), "binding": roof.binding,
@@ -265,19 +271,31 @@ def run_units(
     policy: Policy | None = None,
     isolation: Isolation = IN_PROCESS,
     on_start: Callable[[Unit], None] = lambda u: None,
+    on_measured: Callable[[], None] = lambda: None,
     on_record: Callable[[dict[str, Any]], None] = lambda r: None,
 ) -> list[dict[str, Any]]:
     """Time the given units in order (a whole plan, a shard of it, or what a resumed run
     has left); each record gets its verdict, its plan position and the copy bandwidth it
-    was measured against. Speedups come after, from the records (apply_speedups)."""
-    policy = policy or case.timing
-    records = []
-    for unit in units:
-        on_start(unit)
-        params = params_for(case, unit.spec.function)
+    was measured against. Speedups come after, from the records (apply_speedups).
 
-        rec = isolation.run(partial(_time_or_error, unit, case, ceilings, policy, params),
-                            partial(_error_record, unit, params))
+    With policy.processes = P > 1, the units are timed in P passes, each in a fresh worker
+    process, so the P processes of one unit are minutes apart, not back to back; a unit's
+    record is made in the last pass, its samples kept per process. On an interrupt, the
+    units measured by at least one process get their record before the interrupt goes on."""
+    policy = policy or case.timing
+    passes, per_process = policy.processes, policy.per_process()
+    measured: dict[int, list[Measurement]] = {}
+    failed: dict[int, str] = {}
+    records: list[dict[str, Any]] = []
+
+    def finish(i: int) -> None:
+        unit, params = units[i], params_for(case, units[i].spec.function)
+        if i in failed:
+            rec = _error_record(unit, params, failed[i])
+        else:
+            ms = measured[i]
+            rec = unit_record(unit, case, ceilings, params,
+                              replace(ms[-1], timing=pooled([m.timing for m in ms])))
         verdict = verdicts.get((unit.spec.name, unit.dtype),
                                {"status": "unverified", "reason": "not verified"})
         rec.update(verify=verdict, baseline=unit.baseline, plan_position=unit.position,
@@ -285,22 +303,59 @@ def run_units(
         rec["ranked"] = "error" not in rec and verdict["status"] == "pass" and not unit.baseline
         records.append(rec)
         on_record(rec)
+
+    try:
+        for p in range(passes):
+            worker = Worker() if passes > 1 else None
+            try:
+                for i, unit in enumerate(units):
+                    on_start(unit)
+                    if i not in failed:
+                        params = params_for(case, unit.spec.function)
+                        call = partial(_measure_or_error, unit, case, ceilings.llc_bytes,
+                                       per_process, params, case.threads if worker else None)
+                        got = (worker.call(call, isolation.timeout, _failure) if worker
+                               else isolation.run(call, _failure))
+                        if isinstance(got, str):
+                            failed[i] = got
+                        else:
+                            measured.setdefault(i, []).append(got)
+                    on_measured()
+                    if p == passes - 1:
+                        finish(i)
+            finally:
+                if worker is not None:
+                    worker.stop()
+    except KeyboardInterrupt:
+        done = {r["plan_position"] for r in records}
+        for i, unit in enumerate(units):
+            if unit.position not in done and (i in measured or i in failed):
+                finish(i)
+        raise
     return records
 
 
-def _error_record(unit: Unit, params: dict, why: str, seconds: float = 0.0) -> dict[str, Any]:
+def _failure(why: str, seconds: float = 0.0) -> str:
+    return why
+
+
+def _error_record(unit: Unit, params: dict, why: str) -> dict[str, Any]:
     return {"kernel": unit.spec.name, "function": unit.spec.function,
             "backend": unit.spec.backend, "source": unit.spec.source, "mode": unit.spec.mode,
             "dtype": unit.dtype, "shape": list(unit.shape), "params": params, "error": why}
 
 
-def _time_or_error(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy,
-                   params: dict[str, float]) -> dict[str, Any]:
-    """time_unit, with a kernel that cannot run turned into an error record."""
+def _measure_or_error(unit: Unit, case: RunCase, llc: int, policy: Policy,
+                      params: dict[str, float], threads: int | None) -> Measurement | str:
+    """measure_unit, or why the kernel could not run. In a fresh worker (threads given) the
+    process is first set up as the run's own: its threads and its heap."""
+    if threads is not None:
+        set_threads(threads)
+        pin_heap()
     try:
-        return time_unit(unit, case, ceilings, policy, params)
+        return measure_unit(unit, case, llc, policy, params)
     except Exception as e:  # a kernel that cannot run is a result, not a crash
-        return _error_record(unit, params, f"raised {type(e).__name__}: {e}".splitlines()[0])
+        return f"raised {type(e).__name__}: {e}".splitlines()[0]
 
 
 def apply_speedups(records: list[dict[str, Any]]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -26,12 +26,24 @@ class Policy:
     budget_s: float = 1.0
     target_spread: float = 0.10
     min_sample_s: float = 0.0005
+    processes: int = 1  # fresh worker processes per kernel and case (1: the run's own)
 
     def __post_init__(self) -> None:
         if self.min_reps < 3 or self.max_reps < self.min_reps:
             raise ValueError("repetitions: need 3 <= min_reps <= max_reps")
         if self.budget_s <= 0 or self.warmup_s < 0 or not 0 < self.target_spread < 1:
             raise ValueError("budget_s > 0, warmup_s >= 0 and 0 < target_spread < 1 required")
+        if isinstance(self.processes, bool) or not isinstance(self.processes, int) \
+                or self.processes < 1:
+            raise ValueError("processes must be a whole number >= 1")
+
+    def per_process(self) -> Policy:
+        """What each of `processes` processes spends: a share of the budget and of the
+        repetitions (never under min_reps), a full warm-up each."""
+        if self.processes == 1:
+            return self
+        return replace(self, budget_s=self.budget_s / self.processes,
+                       max_reps=max(self.min_reps, self.max_reps // self.processes))
 
 
 @dataclass
@@ -75,6 +87,19 @@ class Timing:
                 "clock": self.clock, "warning": self.warning, **self.extra}
 
 
+def pooled(timings: list[Timing]) -> Timing:
+    """The timings of one kernel and case from several processes as one: samples one process
+    after another, `processes` counting each one's, the summary over all of them."""
+    if len(timings) == 1:
+        return timings[0]
+    samples = [s for t in timings for s in t.samples_ns]
+    warnings = [t.warning for t in timings if t.warning]
+    return Timing(samples, timings[0].inner, summarize(samples),
+                  all(t.converged for t in timings), timings[0].clock,
+                  warnings[0] if warnings else None,
+                  {"processes": [len(t.samples_ns) for t in timings]})
+
+
 def _finish(samples: list[float], inner: int, policy: Policy, clock: str) -> Timing:
     st = summarize(samples)
     converged = st.spread < policy.target_spread
@@ -98,24 +123,45 @@ def _adaptive(sample: Callable[[], float], policy: Policy, clock: str, inner: in
     return _finish(samples, inner, policy, clock)
 
 
-def time_cpu(call: Callable[[int], object], policy: Policy) -> Timing:
-    """Time call(i) on the CPU; i counts calls, so the caller can rotate over input buffers."""
-    counter = 0
+def counted(call: Callable[[int], object]) -> Callable[[], None]:
+    """call(0), call(1), ... as a callable without arguments (call(i) may rotate buffers)."""
+    n = 0
 
-    def run(k: int) -> int:
-        nonlocal counter
+    def step() -> None:
+        nonlocal n
+        call(n)
+        n += 1
+
+    return step
+
+
+def warm_up(step: Callable[[], None], policy: Policy) -> int:
+    """Call step at least once and for warmup_s; return the calls per sample (`inner`) that
+    make a sample last min_sample_s, from the fastest warm call."""
+
+    def once() -> int:
         t0 = time.perf_counter_ns()
-        for _ in range(k):
-            call(counter)
-            counter += 1
+        step()
         return time.perf_counter_ns() - t0
 
-    # Warm-up: at least one call and warmup_s of calls; it also sizes `inner`.
-    t_first = run(1)
+    fastest = once()
     warm_end = time.perf_counter() + policy.warmup_s
     while time.perf_counter() < warm_end:
-        t_first = min(t_first, run(1))
-    inner = max(1, int(policy.min_sample_s * 1e9 / max(t_first, 1)))
+        fastest = min(fastest, once())
+    return max(1, int(policy.min_sample_s * 1e9 / max(fastest, 1)))
+
+
+def time_cpu(call: Callable[[int], object], policy: Policy) -> Timing:
+    """Time call(i) on the CPU; i counts calls, so the caller can rotate over input buffers."""
+    step = counted(call)
+
+    def run(k: int) -> int:
+        t0 = time.perf_counter_ns()
+        for _ in range(k):
+            step()
+        return time.perf_counter_ns() - t0
+
+    inner = warm_up(step, policy)
     return _adaptive(lambda: run(inner) / inner, policy, "perf_counter_ns", inner)
 
 

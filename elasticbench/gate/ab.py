@@ -11,7 +11,6 @@ B/A is far steadier than either time, and the paired statistics (stats.ratio_pai
 
 from __future__ import annotations
 
-import math
 import shutil
 import subprocess
 import sys
@@ -25,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import get_backend
 from ..bench.cases import RunCase
 from ..bench.models import minimum_bytes
+from ..bench.rotation import rotating_call
 from ..bench.runner import llc_bytes, params_for, set_threads, verify_quickly
 from ..inputs import generate
 from ..numerics.dtypes import get_format
@@ -136,29 +135,21 @@ class Policy:
     threads: int | None = None  # None: the case's setting (0: every core)
 
 
-def _natives(spec: KernelSpec, x: np.ndarray, copies: int) -> list[Any]:
-    backend = get_backend(spec.backend)
-    return [backend.to_native(x) for _ in range(copies)]
-
-
 def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Policy,
               rng: np.random.Generator, llc: int) -> dict[str, list[float]]:
     """Interleaved samples (ns per call) of both versions on the same input."""
     rows, n = x.shape
-    out_of_cache = minimum_bytes(rows, n, x.itemsize, "fwd") > llc // 2
-    copies = max(2, math.ceil(2 * llc / x.nbytes)) if out_of_cache else 1
-    sides = {"base": pair.base, "current": pair.current}
-    bufs = {s: _natives(spec, x, copies) for s, spec in sides.items()}
-    sync = get_backend(pair.current.backend).synchronize
+    footprint = minimum_bytes(rows, n, x.itemsize, "fwd")
+    calls = {"base": rotating_call(pair.base, [x], params, footprint, llc),
+             "current": rotating_call(pair.current, [x], params, footprint, llc)}
     counter = {s: 0 for s in SIDES}
 
     def run(side: str, k: int) -> int:
-        fn, b = sides[side].fn, bufs[side]
+        call = calls[side]
         t0 = time.perf_counter_ns()
         for _ in range(k):
-            fn(b[counter[side] % copies], **params)
+            call(counter[side])
             counter[side] += 1
-        sync()
         return time.perf_counter_ns() - t0
 
     first = {s: run(s, 1) for s in SIDES}
@@ -173,6 +164,8 @@ def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Polic
         order = SIDES if rng.random() < 0.5 else SIDES[::-1]
         for s in order:
             samples[s].append(run(s, inner) / inner)
+    for call in calls.values():
+        call.release()
     return samples
 
 
