@@ -6,9 +6,9 @@
     .venv/bin/python scripts/gate_power.py simulate
 
 `ab`: the same-process A/B gate. Scenarios, each gated `trials` times with a fresh seed
-(kernel files in examples/ab/): A/A (base against itself), 25% slower, 5% slower, and a faster
+(kernel files in examples/ab/): A/A (base against itself), 25%, 10% and 5% slower, and a faster
 kernel with a 1e-4 relative error. Each gate runs exactly what `elasticbench ab` runs
-(interleaved rounds, paired statistics, the default 10% threshold and alpha 0.01); the numerics
+(interleaved rounds, paired statistics, alpha 0.01, --max-slowdown, 10% unless given); the numerics
 of each pair are verified once per scenario and reused for its trials.
 
 `runs`: the gate on two separate runs, as a CI job against a committed baseline. Each pair is
@@ -42,14 +42,14 @@ import numpy as np
 
 from elasticbench.bench.cases import load_run_case, parse_size
 from elasticbench.gate.ab import Policy, run_ab, versions_from_files
-from elasticbench.gate.compare import compare, judge
+from elasticbench.gate.compare import compare, judge, parse_fraction
 from elasticbench.gate.stats import ratio_hierarchical_bootstrap, ratio_processes
 from elasticbench.verify.matrix import builtin_case
 
 ROOT = Path(__file__).resolve().parent.parent
 AB = ROOT / "examples" / "ab"
-AB_SCENARIOS = {"A/A": "base.py", "25% slower": "slow25.py", "5% slower": "slow5.py",
-                "1e-4 error, faster": "inaccurate.py"}
+AB_SCENARIOS = {"A/A": "base.py", "25% slower": "slow25.py", "10% slower": "slow10.py",
+                "5% slower": "slow5.py", "1e-4 error, faster": "inaccurate.py"}
 RUN_SCENARIOS = ("A/A", "25% slower")
 
 
@@ -57,6 +57,7 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
     case = load_run_case(builtin_case("quick"))
     shapes = [parse_size(s) for s in (args.size or ["64x4096", "64x16384"])]
     summary: dict[str, Any] = {"mode": "ab", "rounds": args.rounds, "threads": args.threads,
+                               "max_slowdown": args.max_slowdown,
                                "shapes": [list(s) for s in shapes], "scenarios": {}}
     for name in args.scenario or list(AB_SCENARIOS):
         trials = args.accuracy_trials if "error" in name else args.trials
@@ -71,7 +72,8 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
             if numerics is None:
                 numerics = (res.base.numerics, res.current.numerics)
             res.base.numerics, res.current.numerics = numerics
-            cmp = compare(res.base, res.current, paired=True)
+            cmp = compare(res.base, res.current, paired=True,
+                          max_slowdown=parse_fraction(args.max_slowdown))
             outcomes.append(_outcome(cmp))
             _print(name, trial, outcomes[-1])
         summary["scenarios"][name] = _tally(name, outcomes, t0)
@@ -235,6 +237,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--size", action="append", default=None, help="ROWSxN (repeatable)")
     p.add_argument("--scenario", action="append", choices=list(AB_SCENARIOS), default=None)
+    p.add_argument("--max-slowdown", default="10%", help="the gate's threshold, e.g. 5%%")
     p = sub.add_parser("runs", help="gate on separate runs")
     p.add_argument("--pairs", type=int, default=20)
     p.add_argument("--processes", type=int, default=3)
