@@ -6,10 +6,13 @@ import numpy as np
 import pytest
 
 from elasticbench.bench.cases import RunCase, parse_run_table, parse_size
-from elasticbench.bench.models import PassModel, minimum_bytes, minimum_model, model_of, passes
+from elasticbench.bench.models import minimum_bytes, minimum_model, model_of
 from elasticbench.bench.roofline import roof_for
 from elasticbench.bench.runner import Ceilings, plan_units, run_units
-from elasticbench.bench.timing import Policy, pooled, summarize, time_cpu
+from elasticbench.bench.timing import Policy, pooled, summarize, time_calls
+from elasticbench.devices import HostClock
+from elasticbench.passes import PassModel
+from elasticbench.records import RunRecord
 from elasticbench.registry import KernelSpec, get_kernel
 from elasticbench.verify.matrix import CaseFileError
 
@@ -30,13 +33,77 @@ def test_summarize_rejects_empty():
 
 def test_time_cpu_keeps_raw_samples_and_rotates():
     seen: list[int] = []
-    t = time_cpu(lambda i: seen.append(i), Policy(warmup_s=0, min_reps=3, max_reps=5,
-                                                  budget_s=0.05))
+    t = time_calls(lambda i: seen.append(i), Policy(warmup_s=0, min_reps=3, max_reps=5,
+                                                    budget_s=0.05), HostClock())
     assert 3 <= len(t.samples_ns) <= 5
     assert seen == list(range(len(seen)))  # call index counts up: callers rotate buffers
     d = t.to_dict()
     assert d["reps"] == len(t.samples_ns) and d["clock"] == "perf_counter_ns"
     assert (t.warning is None) == t.converged
+
+
+class RecordingClock:
+    """A fake device clock: what happened, in order; each span lasts 1000 ns per call."""
+
+    name = "fake"
+
+    def __init__(self, flushes: bool):
+        self.flushes, self.events, self.calls = flushes, [], 0
+
+    def start(self):
+        self.events.append("start")
+        self.calls = 0
+
+    def stop(self):
+        self.events.append("stop")
+        return 1000.0 * self.calls
+
+    def flush(self):
+        self.events.append("flush")
+
+    def call(self, i):
+        self.events.append("call")
+        self.calls += 1
+
+
+def _spans(events: list[str]) -> list[list[str]]:
+    """The events between each start and its stop."""
+    out, span = [], None
+    for e in events:
+        if e == "start":
+            span = []
+        elif e == "stop":
+            out.append(span)
+            span = None
+        elif span is not None:
+            span.append(e)
+    return out
+
+
+POLICY = Policy(warmup_s=0, min_reps=3, max_reps=4, budget_s=0.05, min_sample_s=5e-6)
+
+
+def test_cold_samples_flush_outside_the_span_one_call_each():
+    clock = RecordingClock(flushes=True)
+    t = time_calls(clock.call, POLICY, clock, cold=True)
+    assert t.inner == 1 and t.clock == "fake"
+    assert all(span == ["call"] for span in _spans(clock.events))
+    starts = [i for i, e in enumerate(clock.events) if e == "start"]
+    assert all(clock.events[i - 1] == "flush" for i in starts)  # each span follows a flush
+
+
+def test_warm_samples_never_flush():
+    # in-cache means warm: nothing evicts the cache between samples (a GPU's L2 included)
+    clock = RecordingClock(flushes=True)
+    t = time_calls(clock.call, POLICY, clock)
+    assert "flush" not in clock.events
+    assert t.inner == 5 and _spans(clock.events)[-1] == ["call"] * 5
+
+
+def test_a_clock_that_cannot_flush_relies_on_rotation_when_cold():
+    clock = RecordingClock(flushes=False)
+    t = time_calls(clock.call, POLICY, clock, cold=True)
+    assert "flush" not in clock.events and t.inner == 5
 
 
 def test_policy_validation():
@@ -53,7 +120,8 @@ def test_processes_share_the_budget_and_pool_their_samples():
     assert p.budget_s == pytest.approx(0.2) and p.max_reps == 13 and p.min_reps == 5
     assert Policy(min_reps=5, max_reps=8, processes=4).per_process().max_reps == 5
     one = Policy(warmup_s=0, min_reps=3, max_reps=4, budget_s=0.01)
-    a, b = time_cpu(lambda i: None, one), time_cpu(lambda i: None, one)
+    a, b = time_calls(lambda i: None, one, HostClock()), time_calls(lambda i: None, one,
+                                                                   HostClock())
     both = pooled([a, b])
     assert both.samples_ns == a.samples_ns + b.samples_ns
     assert both.to_dict()["processes"] == [len(a.samples_ns), len(b.samples_ns)]
@@ -72,13 +140,13 @@ def test_units_are_timed_in_fresh_processes_and_an_interrupt_keeps_what_was_meas
         if len(steps) == 3:  # the second pass has measured the first unit
             raise KeyboardInterrupt
 
-    records: list[dict] = []
+    records: list[RunRecord] = []
     with pytest.raises(KeyboardInterrupt):
         run_units(case, units, ceilings, {}, on_measured=step, on_record=records.append)
-    assert [r["shape"] for r in records] == [[2, 64], [2, 96]]
-    first, second = (r["timing"] for r in records)
-    assert len(first["processes"]) == 2 and sum(first["processes"]) == first["reps"]
-    assert "processes" not in second and second["reps"] >= 3  # measured by one process
+    assert [r.shape for r in records] == [(2, 64), (2, 96)]
+    first, second = (r.timing for r in records)
+    assert len(first.processes) == 2 and sum(first.processes) == first.reps
+    assert second.processes is None and second.reps >= 3  # measured by one process
 
 
 def test_roof_arithmetic_exp_binds():
@@ -101,11 +169,10 @@ def test_minimum_bytes():
 
 
 def test_declared_model_is_read_from_the_kernel():
-    @passes("exp-once", reads=2, writes=2, exps=1)
     def k(x, *, tau, beta):
         return x
 
-    spec = KernelSpec("k", "elastic", "numpy", k)
+    spec = KernelSpec("k", "elastic", "numpy", k, model=PassModel("exp-once", 2, 2, 1))
     assert model_of(spec).structure == "exp-once" and model_of(spec).writes == 2
     plain = KernelSpec("p", "elastic", "numpy", lambda x, **kw: x)
     assert model_of(plain).declared is False and model_of(plain).exps == 1
@@ -151,3 +218,29 @@ def test_run_table_defaults_and_builtin_cases_load():
         assert case.sizes and case.dtypes
     assert max(n for _, n in load_run_case(builtin_case("long-rows")).sizes) == 1 << 22
     assert np.prod(load_run_case(builtin_case("two-pass-paper")).sizes[0]) * 4 > 32 << 20
+
+
+@pytest.mark.parametrize("llc,cold", [(1 << 30, False), (1024, True)])
+def test_a_unit_is_timed_with_its_backends_clock_and_waits_outside_the_span(monkeypatch, llc,
+                                                                             cold):
+    # a kernel may return before its work is done (a GPU's); the wait belongs to the clock's
+    # stop, never inside the timed calls, and only an out-of-cache unit is flushed
+    from elasticbench import devices
+    from elasticbench.backends import Backend
+    from elasticbench.bench.cases import RunCase
+    from elasticbench.bench.runner import Unit, measure_unit
+
+    clock = RecordingClock(flushes=True)
+    monkeypatch.setattr(Backend, "clock", lambda self: clock)
+    monkeypatch.setattr(Backend, "llc_bytes", lambda self: llc)
+    monkeypatch.setattr(devices, "synchronize", lambda device: clock.events.append("sync"))
+
+    def kernel(x):
+        clock.call(0)
+        return x
+
+    spec = KernelSpec("k", "softmax", "numpy", kernel)
+    measure_unit(Unit(spec, "fp32", (4, 256)), RunCase("t"), POLICY, {})
+    spans = _spans(clock.events)
+    assert spans and all(set(span) == {"call"} for span in spans)
+    assert ("flush" in clock.events) == cold

@@ -35,10 +35,10 @@ def kernel_file(path: Path, factor: str = "1", doc: str = "v") -> Path:
 
 
 def test_two_versions_of_one_name_load_without_touching_the_registry(tmp_path):
-    before = dict(registry._KERNELS)
+    before = registry.list_kernels()
     pairs = versions_from_files(str(kernel_file(tmp_path / "a.py", doc="A")),
                                 str(kernel_file(tmp_path / "b.py", doc="B")))
-    assert before == registry._KERNELS
+    assert before == registry.list_kernels()
     [p] = pairs
     assert p.name == "mine" and p.base.name == "mine@base" and p.current.name == "mine@current"
     assert p.base.description == "A" and p.current.description == "B"

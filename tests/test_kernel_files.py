@@ -55,3 +55,25 @@ def test_a_file_imported_first_by_another_can_still_be_given(tmp_path):
         """)
     assert [k.name for k in load_kernel_file(b)] == ["kf_sib_c"]
     assert [k.name for k in load_kernel_file(a)] == ["kf_sib_c"]  # not "already registered"
+
+
+def test_scoped_kernels_forget_what_the_block_registers(tmp_path):
+    from elasticbench.registry import get_kernel, list_kernels, scoped_kernels
+
+    path = _write(tmp_path / "kf_scoped.py", """
+        from elasticbench import register_kernel
+
+        @register_kernel(function="softmax", backend="numpy", name="kf_scoped")
+        def kf_scoped(x):
+            return x.copy()
+        """)
+    before = list_kernels()
+    with scoped_kernels(alone=True):
+        assert list_kernels() == []  # the built-ins are hidden inside an `alone` block
+        [spec] = load_kernel_file(path)
+        assert list_kernels() == [spec]
+    assert list_kernels() == before
+    with scoped_kernels():
+        load_kernel_file(path)
+        assert get_kernel("kf_scoped").source == path and len(list_kernels()) == len(before) + 1
+    assert "kf_scoped" not in {k.name for k in list_kernels()}

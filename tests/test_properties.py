@@ -55,7 +55,9 @@ def test_builtin_kernels_match_the_reference(function, dtype, data):
     truth = evaluate_rows(function, params, x.astype(np.float64), np.arange(x.shape[0]))
     kernels = list_kernels(function=function, mode="fwd")
     assert kernels
-    for spec in (k for k in kernels if k.source == "builtin" and not k.baseline):
+    # (a kernel that declares the formats it takes is given only those: Triton's, on a GPU)
+    for spec in (k for k in kernels if k.source == "builtin" and not k.baseline
+                 and k.supports(dtype)):
         out = call_kernel(spec, x, params)
         assert out.error is None and not out.modified_input and not out.returned_input
         verdict = check_output(x, out.output, truth, fmt, budget_for(fmt))

@@ -29,7 +29,8 @@ def rotation_count(footprint_bytes: int, arg_bytes: int, llc_bytes: int) -> int:
 
 @dataclass
 class RotatingCall:
-    """call(i) runs the kernel on copy i % copies of its inputs and waits for it."""
+    """call(i) runs the kernel on copy i % copies of its inputs (the device's clock waits for
+    it at the end of a timed span, so nothing here synchronizes)."""
 
     spec: KernelSpec
     natives: list[tuple[Any, ...]]
@@ -39,9 +40,12 @@ class RotatingCall:
     def copies(self) -> int:
         return len(self.natives)
 
+    @property
+    def out_of_cache(self) -> bool:
+        return len(self.natives) > 1
+
     def __call__(self, i: int) -> None:
         self.spec.fn(*self.natives[i % len(self.natives)], **self.params)
-        get_backend(self.spec.backend).synchronize()
 
     def release(self) -> None:
         """Drop the copies (before the next kernel allocates its own)."""
@@ -49,10 +53,11 @@ class RotatingCall:
 
 
 def rotating_call(spec: KernelSpec, args: Sequence[np.ndarray], params: dict[str, float],
-                  footprint_bytes: int, llc_bytes: int) -> RotatingCall:
-    """The kernel's calls on enough copies of args, in its backend's array type."""
+                  footprint_bytes: int) -> RotatingCall:
+    """The kernel's calls on enough copies of args, in its backend's array type, for the
+    last-level cache of its backend's device."""
     backend = get_backend(spec.backend)
-    copies = rotation_count(footprint_bytes, sum(a.nbytes for a in args), llc_bytes)
+    copies = rotation_count(footprint_bytes, sum(a.nbytes for a in args), backend.llc_bytes())
     return RotatingCall(spec, [tuple(backend.to_native(a) for a in args)
                                for _ in range(copies)], params)
 

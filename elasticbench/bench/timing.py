@@ -1,8 +1,10 @@
 """The timing engine: warm-up, adaptive repetitions, raw samples, median and IQR.
 
 One sample is the time of `inner` consecutive calls divided by `inner`; `inner` grows until a
-sample lasts at least `min_sample_s`, so the clock's resolution never dominates. Repetitions
-continue until the spread (IQR / median) is below `target_spread` or the budget is spent.
+sample lasts at least `min_sample_s`, so the clock's resolution never dominates. A cold
+sample on a device whose cache can be flushed (a GPU's L2) is one call after a flush.
+Repetitions continue until the spread (IQR / median) is below `target_spread` or the budget
+is spent. The clock is the device's (elasticbench.devices), given by the kernel's backend.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from typing import Any
 
 import numpy as np
 from scipy import stats
+
+from ..devices import Clock
+from ..records import TimingRecord
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,13 @@ class Timing:
                 "reps": len(self.samples_ns), "converged": self.converged,
                 "clock": self.clock, "warning": self.warning, **self.extra}
 
+    def to_record(self) -> TimingRecord:
+        """The `timing` field of a run record (extra probe notes are the ceilings' own)."""
+        return TimingRecord(samples_ns=list(self.samples_ns), inner=self.inner,
+                            **asdict(self.stats), reps=len(self.samples_ns),
+                            converged=self.converged, clock=self.clock, warning=self.warning,
+                            processes=self.extra.get("processes"))
+
 
 def pooled(timings: list[Timing]) -> Timing:
     """The timings of one kernel and case from several processes as one: samples one process
@@ -135,62 +147,34 @@ def counted(call: Callable[[int], object]) -> Callable[[], None]:
     return step
 
 
-def warm_up(step: Callable[[], None], policy: Policy) -> int:
-    """Call step at least once and for warmup_s; return the calls per sample (`inner`) that
-    make a sample last min_sample_s, from the fastest warm call."""
-
-    def once() -> int:
-        t0 = time.perf_counter_ns()
-        step()
-        return time.perf_counter_ns() - t0
-
-    fastest = once()
+def warm_up(run: Callable[[int], float], policy: Policy) -> int:
+    """run(1) at least once and for warmup_s; return the calls per sample (`inner`) that make
+    a sample last min_sample_s, from the fastest warm call (run(k) times k calls, in ns)."""
+    fastest = run(1)
     warm_end = time.perf_counter() + policy.warmup_s
     while time.perf_counter() < warm_end:
-        fastest = min(fastest, once())
+        fastest = min(fastest, run(1))
     return max(1, int(policy.min_sample_s * 1e9 / max(fastest, 1)))
 
 
-def time_cpu(call: Callable[[int], object], policy: Policy) -> Timing:
-    """Time call(i) on the CPU; i counts calls, so the caller can rotate over input buffers."""
+def time_calls(call: Callable[[int], object], policy: Policy, clock: Clock, *,
+               cold: bool = False) -> Timing:
+    """Time call(i) with the device's clock; i counts calls, so the caller can rotate over
+    input buffers. cold: evict the device's cache before every sample, outside the timed
+    span (a clock that cannot flush relies on that rotation); warm samples repeat the call
+    `inner` times on what the cache already holds."""
     step = counted(call)
+    flush = cold and clock.flushes
 
-    def run(k: int) -> int:
-        t0 = time.perf_counter_ns()
+    def run(k: int) -> float:
+        if flush:
+            clock.flush()
+        clock.start()
         for _ in range(k):
             step()
-        return time.perf_counter_ns() - t0
+        return clock.stop()
 
-    inner = warm_up(step, policy)
-    return _adaptive(lambda: run(inner) / inner, policy, "perf_counter_ns", inner)
-
-
-def time_cuda(call: Callable[[int], object], policy: Policy, flush_bytes: int = 256 << 20
-              ) -> Timing:
-    """Time call(i) on the current CUDA device with events; L2 is flushed before every call.
-
-    The flush (zeroing a buffer larger than L2) and the synchronization happen outside the
-    span between the two events, so only the kernel is timed. Untested on this project's CPU
-    machines; the same path serves Triton kernels.
-    """
-    import torch
-
-    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    counter = 0
-
-    def sample() -> float:
-        nonlocal counter
-        flush.zero_()
-        start.record()
-        call(counter)
-        end.record()
-        end.synchronize()
-        counter += 1
-        return start.elapsed_time(end) * 1e6  # ms -> ns
-
-    sample()
-    warm_end = time.perf_counter() + policy.warmup_s
-    while time.perf_counter() < warm_end:
-        sample()
-    return _adaptive(sample, policy, "cuda_event", 1)
+    inner = warm_up(run, policy)
+    if flush:
+        inner = 1
+    return _adaptive(lambda: run(inner) / inner, policy, clock.name, inner)

@@ -24,14 +24,15 @@ from typing import Any
 
 import numpy as np
 
+from ..backends import get_backend
 from ..bench.cases import RunCase
 from ..bench.models import minimum_bytes
 from ..bench.rotation import rotating_call
-from ..bench.runner import llc_bytes, params_for, set_threads, verify_quickly
+from ..bench.runner import params_for, set_threads, verify_quickly
 from ..inputs import generate
 from ..numerics.dtypes import get_format
-from ..records import record_key
-from ..registry import KernelFileError, KernelSpec, load_kernel_file
+from ..records import QuickVerdict, record_key
+from ..registry import KernelFileError, KernelSpec, load_kernel_file, scoped_kernels
 from .load import Dataset, Series, Verdict, case_label
 
 SIDES = ("base", "current")
@@ -46,24 +47,9 @@ class Pair:
     current: KernelSpec
 
 
-@contextmanager
-def private_registry() -> Iterator[None]:
-    """Kernels registered inside the block vanish after it; built-ins stay untouched."""
-    from .. import registry
-
-    registry.list_kernels()  # built-ins loaded before we hide them
-    saved = dict(registry._KERNELS)
-    registry._KERNELS.clear()
-    try:
-        yield
-    finally:
-        registry._KERNELS.clear()
-        registry._KERNELS.update(saved)
-
-
 def load_version(path: str | Path, suffix: str, mode: str = "fwd") -> list[KernelSpec]:
     """The kernels a file registers, loaded privately and renamed name + suffix."""
-    with private_registry():
+    with scoped_kernels(alone=True):  # the real registry is left as it was
         specs = load_kernel_file(path)
     return [replace(s, name=s.name + suffix) for s in specs if s.mode == mode]
 
@@ -136,21 +122,26 @@ class Policy:
 
 
 def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Policy,
-              rng: np.random.Generator, llc: int) -> dict[str, list[float]]:
-    """Interleaved samples (ns per call) of both versions on the same input."""
+              rng: np.random.Generator) -> dict[str, list[float]]:
+    """Interleaved samples (ns per call) of both versions on the same input, with the clock
+    of the current version's backend (a cold sample on a GPU is one call after a flush)."""
     rows, n = x.shape
     footprint = minimum_bytes(rows, n, x.itemsize, "fwd")
-    calls = {"base": rotating_call(pair.base, [x], params, footprint, llc),
-             "current": rotating_call(pair.current, [x], params, footprint, llc)}
+    calls = {"base": rotating_call(pair.base, [x], params, footprint),
+             "current": rotating_call(pair.current, [x], params, footprint)}
+    clock = get_backend(pair.current.backend).clock()
+    flush = calls["current"].out_of_cache and clock.flushes
     counter = {s: 0 for s in SIDES}
 
-    def run(side: str, k: int) -> int:
+    def run(side: str, k: int) -> float:
         call = calls[side]
-        t0 = time.perf_counter_ns()
+        if flush:
+            clock.flush()
+        clock.start()
         for _ in range(k):
             call(counter[side])
             counter[side] += 1
-        return time.perf_counter_ns() - t0
+        return clock.stop()
 
     first = {s: run(s, 1) for s in SIDES}
     end = time.perf_counter() + policy.warmup_s
@@ -158,7 +149,7 @@ def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Polic
         for s in SIDES:
             first[s] = min(first[s], run(s, 1))
     # The same inner count for both sides, so a sample spans about the same wall time.
-    inner = max(1, int(policy.min_sample_s * 1e9 / max(1, min(first.values()))))
+    inner = 1 if flush else max(1, int(policy.min_sample_s * 1e9 / max(1, min(first.values()))))
     samples: dict[str, list[float]] = {s: [] for s in SIDES}
     for _ in range(policy.rounds):
         order = SIDES if rng.random() < 0.5 else SIDES[::-1]
@@ -196,15 +187,11 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
         for p in pairs:
             for d in dtypes:
                 for spec, ds in ((p.base, base), (p.current, current)):
-                    v = verdicts.get((spec.name, d), {})
-                    status = v.get("status")
+                    v = verdicts.get((spec.name, d)) or QuickVerdict(status="unverified")
                     key = ("numerics", p.name, d)
-                    ds.numerics[key] = Verdict(
-                        key, p.name, d, True if status == "pass" else
-                        False if status == "FAIL" else None, v.get("max_ulp"), None,
-                        v.get("reason"))
+                    ds.numerics[key] = Verdict(key, p.name, d, v.passed, v.max_ulp, None,
+                                               v.reason)
     threads = set_threads(case.threads if policy.threads is None else policy.threads)
-    llc = llc_bytes("cpu")
     rng = np.random.default_rng(policy.seed)
     records: list[dict[str, Any]] = []
     for p in pairs:
@@ -215,7 +202,7 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
                 x = generate(case.generator, d, shape, case.seed)
                 if x.dtype.itemsize != get_format(d).itemsize:
                     raise ValueError(f"generator gave {x.dtype} for {d}")
-                samples = time_pair(p, x, params, policy, rng, llc)
+                samples = time_pair(p, x, params, policy, rng)
                 for side, ds in (("base", base), ("current", current)):
                     rec = {"kernel": p.name, "version": side,
                            "source": (p.base if side == "base" else p.current).source,

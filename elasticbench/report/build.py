@@ -9,17 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..records import ResultsFileError, read_results
+from ..records import RECORD_TYPES, ResultsFileError, check_record, read_results
+from ..records.fields import timed_names
 from .run_table import run_failures, run_notes, run_sheets
 from .sheet import Section
 from .verify_table import compile_notes, failure_notes, summarize, verify_sheets
 
-# What each kind of record must carry for the tables and plots to be drawn from it.
-REQUIRED = {
-    "verify": ("kernel", "function", "dtype", "input", "shape", "seed", "passed"),
-    "run": ("kernel", "function", "dtype", "shape"),
-}
-TIMED = ("median_s", "gbps", "pct_copy", "pct_roof", "binding")
+# The measured fields the run tables and plots are drawn from (a kernel that raised has none).
+TIMED = timed_names(RECORD_TYPES["run"])
 
 
 @dataclass
@@ -40,10 +37,8 @@ def load(path: str) -> Results:
     doc = read_results(Path(path))
     kind = doc.get("kind") or doc["schema"].split(".")[1].split("/")[0]
     for i, r in enumerate(doc["records"]):
-        if not isinstance(r, dict):
-            raise ResultsFileError(f"results file {path}: record {i} is not an object")
-        need = REQUIRED[kind] + (TIMED if kind == "run" and "error" not in r else ())
-        missing = [k for k in need if k not in r]
+        check_record(r, kind, path, i)
+        missing = [k for k in TIMED if kind == "run" and "error" not in r and k not in r]
         if missing:
             raise ResultsFileError(f"results file {path}: record {i} ({r.get('kernel', '?')}) "
                                    f"lacks {', '.join(missing)}")

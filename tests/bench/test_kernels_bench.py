@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import pytest
 
+from elasticbench.backends import get_backend
 from elasticbench.bench.cases import RunCase
 from elasticbench.bench.models import minimum_bytes
 from elasticbench.bench.rotation import rotating_call
-from elasticbench.bench.runner import llc_bytes, params_for
+from elasticbench.bench.runner import params_for
 from elasticbench.bench.timing import Policy, counted, warm_up
 from elasticbench.inputs import generate
 from elasticbench.registry import list_kernels
@@ -34,13 +35,19 @@ def _kernels():
 def test_kernel(benchmark, spec, shape):
     params = params_for(RunCase(name="bench"), spec.function)
     x = generate("normal", "fp32", shape, 0)
-    call = rotating_call(spec, [x], params, minimum_bytes(*shape, x.itemsize, "fwd"),
-                         llc_bytes("cpu"))
+    call = rotating_call(spec, [x], params, minimum_bytes(*shape, x.itemsize, "fwd"))
     benchmark.extra_info.update({"kernel": spec.name, "function": spec.function,
                                  "backend": spec.backend, "dtype": "fp32",
                                  "case": f"fp32 {shape[0]}x{shape[1]}", "params": params,
                                  "rotated_buffers": call.copies})
-    step = counted(call)
-    inner = warm_up(step, Policy())
+    step, clock = counted(call), get_backend(spec.backend).clock()
+
+    def run(k: int) -> float:
+        clock.start()
+        for _ in range(k):
+            step()
+        return clock.stop()
+
+    inner = warm_up(run, Policy())
     benchmark.pedantic(step, rounds=ROUNDS, iterations=inner, warmup_rounds=0)
     call.release()
