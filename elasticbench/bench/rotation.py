@@ -48,7 +48,7 @@ class RotatingCall:
         self.spec.fn(*self.natives[i % len(self.natives)], **self.params)
 
     def release(self) -> None:
-        """Drop the copies (before the next kernel allocates its own)."""
+        """Drop the copies (before the next kernel allocates its own); no call after this."""
         self.natives.clear()
 
 

@@ -206,9 +206,10 @@ def measure_unit(unit: Unit, case: RunCase, policy: Policy,
     args = _inputs(spec, unit.dtype, unit.shape, case.generator, case.seed, params)
     footprint = minimum_bytes(*unit.shape, get_format(unit.dtype).itemsize, spec.mode)
     call = rotating_call(spec, args, params, footprint)
+    copies = call.copies
     timing = time_calls(call, policy, get_backend(spec.backend).clock(), cold=call.out_of_cache)
     call.release()  # free the rotated copies before the next unit
-    return Measurement(timing, call.copies, footprint)
+    return Measurement(timing, copies, footprint)
 
 
 def unit_record(unit: Unit, case: RunCase, ceilings: Ceilings, params: dict[str, float],
