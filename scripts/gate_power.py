@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from elasticbench.bench.cases import load_run_case, parse_size
-from elasticbench.gate.ab import Policy, run_ab, versions_from_files
+from elasticbench.gate.ab import ABPolicy, run_ab, versions_from_files
 from elasticbench.gate.compare import compare, judge, parse_fraction
 from elasticbench.gate.stats import ratio_hierarchical_bootstrap, ratio_processes
 from elasticbench.verify.matrix import builtin_case
@@ -67,7 +67,7 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         for trial in range(trials):
             res = run_ab(pairs, case, ["fp32"], shapes,
-                         Policy(rounds=args.rounds, seed=trial, threads=args.threads),
+                         ABPolicy(rounds=args.rounds, seed=trial, threads=args.threads),
                          verify=numerics is None)
             if numerics is None:
                 numerics = (res.base.numerics, res.current.numerics)

@@ -47,8 +47,8 @@ class RecordingClock:
 
     name = "fake"
 
-    def __init__(self, flushes: bool):
-        self.flushes, self.events, self.calls = flushes, [], 0
+    def __init__(self, flushes: bool, single_call: bool = False):
+        self.flushes, self.single_call, self.events, self.calls = flushes, single_call, [], 0
 
     def start(self):
         self.events.append("start")
@@ -98,6 +98,13 @@ def test_warm_samples_never_flush():
     t = time_calls(clock.call, POLICY, clock)
     assert "flush" not in clock.events
     assert t.inner == 5 and _spans(clock.events)[-1] == ["call"] * 5
+
+
+def test_a_clock_that_times_one_call_exactly_takes_warm_samples_of_one_call():
+    clock = RecordingClock(flushes=True, single_call=True)
+    t = time_calls(clock.call, POLICY, clock)
+    assert "flush" not in clock.events and t.inner == 1
+    assert all(span == ["call"] for span in _spans(clock.events))
 
 
 def test_a_clock_that_cannot_flush_relies_on_rotation_when_cold():

@@ -86,8 +86,9 @@ def test_numerics_regression_fails_even_when_faster(cli, tmp_path):
 def test_verify_files_budget_crossing_and_pass_to_fail(cli, tmp_path):
     def vdoc(passed, frac):
         return {"schema": "elasticbench.verify/1", "kind": "verify", "machine": MACHINE,
-                "records": [{"kernel": "k", "dtype": "fp32", "input": "normal", "seed": 1,
-                             "shape": [4, 8], "params": {}, "passed": passed,
+                "records": [{"kernel": "k", "function": "softmax", "dtype": "fp32",
+                             "input": "normal", "seed": 1, "shape": [4, 8], "params": {},
+                             "passed": passed,
                              "max_ulp": 4 * frac, "max_budget_frac": frac,
                              "reason": None if passed else "accuracy"}]}
     (tmp_path / "v1.json").write_text(json.dumps(vdoc(True, 0.5)))

@@ -46,7 +46,7 @@ def _params(function: str):
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("function", list(FUNCTIONS))
 @settings(max_examples=30, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
 def test_builtin_kernels_match_the_reference(function, dtype, data):
     x = data.draw(rows(dtype), label="x")

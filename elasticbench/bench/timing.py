@@ -1,8 +1,9 @@
 """The timing engine: warm-up, adaptive repetitions, raw samples, median and IQR.
 
 One sample is the time of `inner` consecutive calls divided by `inner`; `inner` grows until a
-sample lasts at least `min_sample_s`, so the clock's resolution never dominates. A cold
-sample on a device whose cache can be flushed (a GPU's L2) is one call after a flush.
+sample lasts at least `min_sample_s`, so the clock's resolution never dominates. On a GPU
+a sample is one call (CUDA events resolve it, and the clock hides the host's launch); a
+cold one follows a flush of the L2.
 Repetitions continue until the spread (IQR / median) is below `target_spread` or the budget
 is spent. The clock is the device's (elasticbench.devices), given by the kernel's backend.
 """
@@ -162,7 +163,8 @@ def time_calls(call: Callable[[int], object], policy: Policy, clock: Clock, *,
     """Time call(i) with the device's clock; i counts calls, so the caller can rotate over
     input buffers. cold: evict the device's cache before every sample, outside the timed
     span (a clock that cannot flush relies on that rotation); warm samples repeat the call
-    `inner` times on what the cache already holds."""
+    `inner` times on what the cache already holds, or call it once where the clock times a
+    single call exactly (a GPU's)."""
     step = counted(call)
     flush = cold and clock.flushes
 
@@ -174,7 +176,6 @@ def time_calls(call: Callable[[int], object], policy: Policy, clock: Clock, *,
             step()
         return clock.stop()
 
-    inner = warm_up(run, policy)
-    if flush:
-        inner = 1
+    sized = warm_up(run, policy)
+    inner = 1 if flush or clock.single_call else sized
     return _adaptive(lambda: run(inner) / inner, policy, clock.name, inner)

@@ -111,7 +111,7 @@ def module_file(spec: KernelSpec) -> Path:
 
 
 @dataclass
-class Policy:
+class ABPolicy:
     """How an A/B comparison is timed."""
 
     rounds: int = 30
@@ -121,7 +121,7 @@ class Policy:
     threads: int | None = None  # None: the case's setting (0: every core)
 
 
-def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Policy,
+def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: ABPolicy,
               rng: np.random.Generator) -> dict[str, list[float]]:
     """Interleaved samples (ns per call) of both versions on the same input, with the clock
     of the current version's backend (a cold sample on a GPU is one call after a flush)."""
@@ -149,7 +149,8 @@ def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Polic
         for s in SIDES:
             first[s] = min(first[s], run(s, 1))
     # The same inner count for both sides, so a sample spans about the same wall time.
-    inner = 1 if flush else max(1, int(policy.min_sample_s * 1e9 / max(1, min(first.values()))))
+    single = flush or clock.single_call
+    inner = 1 if single else max(1, int(policy.min_sample_s * 1e9 / max(1, min(first.values()))))
     samples: dict[str, list[float]] = {s: [] for s in SIDES}
     for _ in range(policy.rounds):
         order = SIDES if rng.random() < 0.5 else SIDES[::-1]
@@ -171,7 +172,7 @@ class ABResult:
 
 
 def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tuple[int, int]],
-           policy: Policy, *, verify: bool = True, store: Any = None,
+           policy: ABPolicy, *, verify: bool = True, store: Any = None,
            on_cell: Callable[[str], None] = lambda s: None) -> ABResult:
     """Verify both versions (unless told not to), then time every pair on every cell."""
     from ..environment import describe
@@ -256,5 +257,13 @@ def versions_from_revision(rev: str, files: list[str], only: list[str]) -> list[
     return pairs
 
 
-__all__ = ["ABResult", "KernelFileError", "Pair", "Policy", "pair_versions", "run_ab",
-           "versions_from_files", "versions_from_revision"]
+__all__ = [
+    "ABPolicy",
+    "ABResult",
+    "KernelFileError",
+    "Pair",
+    "pair_versions",
+    "run_ab",
+    "versions_from_files",
+    "versions_from_revision",
+]

@@ -1,7 +1,9 @@
 """Results files: plain JSON with a versioned schema, written atomically as records arrive.
 
 Reports and gates read these files, never live objects. A file is always complete JSON:
-each flush writes a temporary file and renames it over the old one.
+each flush writes a temporary file and renames it over the old one. Reading a file checks
+every record against its record type: a file that does not fit is refused with one line
+naming the file, the record and the field, never half-read.
 """
 
 from __future__ import annotations
@@ -133,6 +135,9 @@ def check_results(doc: Any, path: Path, kind: str | None = None) -> dict[str, An
             f"results file {path} has schema {doc.get('schema')!r}, "
             f"expected {' or '.join(sorted(expected))}"
         )
+    kind_of = str(doc["schema"]).split(".", 1)[1].split("/")[0]
+    for i, record in enumerate(doc["records"]):
+        check_record(record, kind_of, path, i)
     return doc
 
 
