@@ -33,10 +33,16 @@ class Backend:
     # the devices they are written for, where verification cannot show it (audit/kernel_files)
     compile_check: Callable[[list[tuple[Any, Any]]], list[Any]] | None = None
     device: Callable[[], str] = lambda: devices.HOST  # where its arrays live and kernels run
+    # environment variables that change how its kernels run: a reproduce command sets them
+    env_vars: tuple[str, ...] = ()
 
     def available(self) -> bool:
         """Whether kernels of this backend can run here (see `unavailable` for why not)."""
         return self.unavailable() is None
+
+    def environment(self) -> dict[str, str]:
+        """The env_vars that are set here, with their values."""
+        return {k: os.environ[k] for k in self.env_vars if k in os.environ}
 
     def synchronize(self) -> None:
         """Wait until its kernels' work is done (they may return before, on a GPU)."""
@@ -183,6 +189,7 @@ BACKENDS: dict[str, Backend] = {
         _torch_to_numpy,
         _torch_same_memory,
         device=_torch_device,
+        env_vars=("ELASTICBENCH_TORCH_DEVICE",),
     ),
     "triton": Backend(
         "triton",
@@ -194,6 +201,7 @@ BACKENDS: dict[str, Backend] = {
         calling=_triton_calling,
         compile_check=_triton_compile_check,
         device=_triton_device,
+        env_vars=("TRITON_INTERPRET",),
     ),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)

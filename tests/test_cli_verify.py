@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -82,7 +83,7 @@ def test_failure_names_the_worst_input(cli, tmp_path):
     r = cli("verify", *QUICK, "--kernel-file", kernel_file(tmp_path, body), "-d", "fp32",
             "--input", "normal")
     assert r.code == 1
-    assert "FAIL off_softmax fp32: accuracy" in r.out
+    assert re.search(r"FAIL off_softmax normal \d+x\d+ fp32: accuracy", r.out)
     assert "at row" in r.out and "expected" in r.out and "got" in r.out
 
 

@@ -14,7 +14,7 @@ from ..report.formats import to_csv, to_html, to_json, to_markdown
 from ..report.plots import INSTALL_HINT, Plot, PlotsUnavailable, plots_for, require_matplotlib
 from ..report.sheet import Section
 from ..report.terminal import NO_WRAP, Terminal, print_sections, wants_detail
-from .common import console, fail
+from .common import console, fail, failures_shown, note_options
 
 FORMATS = ("table", "markdown", "csv", "json", "html")
 
@@ -45,8 +45,9 @@ def _plain_table(sections: list[Section]) -> str:
               help="Write the report here instead of standard output.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Also write the plots as PNG files into DIR (needs matplotlib).")
-def report(results: tuple[str, ...], fmt: str, output: str | None, plot_dir: str | None
-           ) -> None:
+@note_options
+def report(results: tuple[str, ...], fmt: str, output: str | None, plot_dir: str | None,
+           failures: str, traceback: bool) -> None:
     """Render saved results files (verify or run, several at once) without re-running anything.
 
     The tables of `verify` and `run`, as terminal tables, markdown for pull requests, CSV for
@@ -67,7 +68,8 @@ def report(results: tuple[str, ...], fmt: str, output: str | None, plot_dir: str
             check_writable(Path(output))
         except OSError as e:
             fail(f"cannot write report {output}: {e.strerror or e}")
-    sections = [section(r) for r in loaded]
+    notes = failures_shown(failures, traceback)
+    sections = [section(r, notes) for r in loaded]
 
     plots: list[Plot] = []
     plot_note = ""

@@ -38,6 +38,9 @@ class VerifyRecord(JSONRecord):
     dparams: dict[str, dict[str, Any]] | None = None  # backward: per-parameter checks
     max_param_rel: float | None = entry(None, nonfinite=True)
     compile: dict[str, Any] | None = None  # what compiling the call said, where checked
+    raised: dict[str, Any] | None = None  # the exception the kernel raised (execute.py)
+    warnings: list[dict[str, Any]] | None = None  # what the kernel warned, counted
+    env: dict[str, str] | None = None  # environment its backend read (reproduce sets it)
 
     @property
     def key(self) -> tuple:

@@ -11,9 +11,10 @@ from typing import Any
 
 from ..records import RECORD_TYPES, ResultsFileError, read_results
 from ..records.fields import timed_names
+from .failures import EVERY_FAILURE, NoteOptions
 from .run_table import run_failures, run_notes, run_sheets
 from .sheet import Section
-from .verify_table import compile_notes, failure_notes, summarize, verify_sheets
+from .verify_table import summarize, verify_notes, verify_sheets
 
 # The measured fields the run tables and plots are drawn from (a kernel that raised has none).
 TIMED = timed_names(RECORD_TYPES["run"])
@@ -55,8 +56,9 @@ def _machine(doc: dict[str, Any]) -> str:
     return text
 
 
-def section(results: Results) -> Section:
-    """The tables, notes and summary line of one results file."""
+def section(results: Results, options: NoteOptions = EVERY_FAILURE) -> Section:
+    """The tables, notes and summary line of one results file (options: how much of each
+    failure the notes show)."""
     doc = results.doc
     about = {"created": doc.get("created"), "commit": doc.get("commit"),
              "machine": _machine(doc), "complete": doc.get("complete"),
@@ -64,7 +66,7 @@ def section(results: Results) -> Section:
     if results.kind == "verify":
         summary = summarize(results.records)
         return Section(results.source, "verify", about, verify_sheets(summary),
-                       failure_notes(summary) + compile_notes(summary), summary.line(),
+                       verify_notes(results.records, summary, doc, options), summary.line(),
                        summary.failed)
     records = results.records
     failed = run_failures(records)

@@ -55,13 +55,12 @@ def _cell(e: Entry) -> Text:
 
 
 def rich_table(sheet: Sheet, columns: list[int] | None = None, *, part: str = "",
-               caption: bool = True, fold_all: bool = False) -> Table:
-    """A sheet (or some of its columns) as a rich Table. Long cells wrap; with fold_all even
-    names and verdicts may fold, for terminals too narrow for anything else."""
+               fold_all: bool = False) -> Table:
+    """A sheet (or some of its columns) as a rich Table, without its caption (print_tables
+    prints that as a line of its own). Long cells wrap; with fold_all even names and
+    verdicts may fold, for terminals too narrow for anything else."""
     cols = list(range(len(sheet.columns))) if columns is None else columns
-    options: dict[str, Any] = {"title": sheet.title + part, "title_justify": "left",
-                               "caption": (sheet.caption or None) if caption else None,
-                               "caption_justify": "left"}
+    options: dict[str, Any] = {"title": sheet.title + part, "title_justify": "left"}
     if sheet.compact:
         options.update(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table = Table(**options)
@@ -98,10 +97,9 @@ def fit_tables(sheet: Sheet, console: Console) -> list[Table]:
     tables = []
     for k, cols in enumerate(groups):
         part = f" ({k + 1}/{len(groups)})"
-        last = k == len(groups) - 1
-        t = rich_table(sheet, cols, part=part, caption=last)
+        t = rich_table(sheet, cols, part=part)
         if _min_width(console, t) > width:
-            t = rich_table(sheet, cols, part=part, caption=last, fold_all=True)
+            t = rich_table(sheet, cols, part=part, fold_all=True)
         tables.append(t)
     return tables
 
@@ -113,6 +111,8 @@ def print_tables(sheets: list[Sheet], notes: list[Note], console: Console) -> No
     for sheet in sheets:
         for table in fit_tables(sheet, console):
             console.print(table)
+        if sheet.caption:
+            console.print(Text(sheet.caption, style="dim"))
     for n in notes:
         console.print(text(n.head))
         for d in n.details:

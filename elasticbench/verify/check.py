@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..functions.base import ROW_FINITE
+from ..functions.base import ROW_FINITE, ROW_INF, ROW_MASKED
 from ..numerics.budget import Budget
 from ..numerics.dtypes import FloatFormat
 from ..numerics.truth import Truth
@@ -34,6 +34,21 @@ def _value(v: float) -> float | str:
     """A float for JSON: non-finite values as strings."""
     v = float(v)
     return v if np.isfinite(v) else str(v)
+
+
+def zero_place(kind: str, x: float, *, gradient: bool = False) -> str:
+    """Why an output (or a gradient) must be exactly 0 at a place, in words of what its row
+    holds (docs/definitions.md section 3): the words fit every function of the family."""
+    if kind == ROW_INF:
+        return ("in a row with infinite weights (its output does not move)" if gradient
+                else "beside the infinite weights of its row (the limit)")
+    if kind == ROW_MASKED:
+        return "in a row where nothing has weight"
+    if x == -np.inf:
+        return "at a -inf logit (weight 0)"
+    if x < 0:
+        return "at a masked position (negative logit)"
+    return "at a logit of weight 0"
 
 
 def _where(x, got, truth, k, j, fmt, err=None, allowed=None) -> dict[str, Any]:
@@ -82,7 +97,9 @@ def check_output(
         "over_budget": int(accuracy_fail.sum()),
     }
     failures = {k: v for k, v in failures.items() if v}
-    finite = ~want_nan
+    # The worst error where the special-value policy held: a policy failure (a NaN where 0
+    # is due, say) is reported apart and does not hide how accurate the rest is.
+    finite = ~want_nan & ~special_fail
     max_ulp = float(err[finite].max()) if finite.any() else 0.0
     max_frac = float(frac[finite].max()) if finite.any() else 0.0
 
@@ -93,9 +110,12 @@ def check_output(
             reason = f"special: NaN in row {worst['row']} not propagated (got {worst['got']})"
         else:
             worst = _where(x64, got, truth, k, j, fmt, err[k, j], allowed[k, j])
-            what = "masked position not exactly 0" if zero_broken[k, j] else "wrong value"
-            reason = (f"special ({truth.kind[k]} row): {what}: "
-                      f"expected {worst['expected']}, got {worst['got']}")
+            if zero_broken[k, j]:
+                place = zero_place(str(truth.kind[k]), float(x64[truth.rows[k], j]))
+                reason = f"special: expected exactly 0 {place}, got {worst['got']}"
+            else:
+                reason = (f"special: expected {worst['expected']} at an infinite weight (the "
+                          f"limit: an equal share each), got {worst['got']}")
         return Verdict(False, reason, max_ulp, max_frac, False, worst, failures)
 
     if finite.any():

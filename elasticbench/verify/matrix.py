@@ -155,22 +155,28 @@ def expand(
     functions: list[str],
     dtypes: list[str] | None = None,
     generators: list[str] | None = None,
+    sizes: list[tuple[int, int]] | None = None,
+    params: dict[str, float] | None = None,
 ) -> list[VerifyCase]:
-    """Every case of the matrix for these functions, restricted to dtypes and generators."""
+    """Every case of the matrix for these functions, restricted to dtypes and generators;
+    `sizes` replace the matrix's shapes and `params` fix a parameter at one value instead of
+    its grid (for the functions that have it)."""
     cases = []
     for fname in functions:
         fn = get_function(fname)
+        fixed = {k: [v] for k, v in (params or {}).items() if k in fn.param_names}
         for spec in matrix.inputs:
             if generators and spec.generator not in generators:
                 continue
-            grid = fn.param_grid(spec.params.get(fname, matrix.params.get(fname)))
-            for shape in spec.shapes:
+            grid = fn.param_grid({**(spec.params.get(fname, matrix.params.get(fname)) or {}),
+                                  **fixed})
+            for shape in sizes or spec.shapes:
                 for dtype in matrix.dtypes:
                     if dtypes and dtype not in dtypes:
                         continue
-                    for params in grid:
+                    for combo in grid:
                         cases.append(
                             VerifyCase(fname, spec.generator, shape, dtype,
-                                       tuple(params.items()), matrix.seed)
+                                       tuple(combo.items()), matrix.seed)
                         )
     return cases

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import get_backend
-from ..execute import IN_PROCESS, Isolation, call_kernel, failed_outcome
+from ..execute import IN_PROCESS, Isolation, Outcome, call_kernel, failed_outcome
 from ..inputs import generate
 from ..numerics.budget import budget_for
 from ..numerics.dtypes import get_format
@@ -63,11 +63,13 @@ def prepare(cases: list[VerifyCase], max_elements: int, precision: int,
     return out
 
 
-def _record(spec: KernelSpec, case: VerifyCase, truth, budget: dict, seconds: float,
-            verdict: Verdict | None, error: str | None = None,
+def _record(spec: KernelSpec, case: VerifyCase, truth, budget: dict,
+            outcome: Outcome | BackwardOutcome, verdict: Verdict | None,
             broken: list[str] | None = None) -> VerifyRecord:
-    """The record of spec on case: verdict None when the kernel gave nothing to judge (error
-    says why); `broken` names contract breaches, which fail the case whatever the verdict."""
+    """The record of spec on case: verdict None when the kernel gave nothing to judge (the
+    outcome's error says why); `broken` names contract breaches, which fail the case
+    whatever the verdict. What the call raised and warned goes in as it was recorded."""
+    error = outcome.error
     if verdict is None:
         verdict = Verdict(False, error or "no output")
     reason = verdict.reason
@@ -78,10 +80,12 @@ def _record(spec: KernelSpec, case: VerifyCase, truth, budget: dict, seconds: fl
         dtype=case.dtype, input=case.generator, seed=case.seed, shape=case.shape,
         params=case.param_dict, rows_checked=len(truth.rows),
         sampled_rows=truth.rows.tolist() if len(truth.rows) < case.shape[0] else None,
-        budget=budget, mode=spec.mode, seconds=seconds,
+        budget=budget, mode=spec.mode, seconds=outcome.seconds,
         passed=verdict.passed and not broken, reason=reason, max_ulp=verdict.max_ulp,
         max_budget_frac=verdict.max_budget_frac, special_ok=verdict.special_ok,
-        worst=verdict.worst, failures=verdict.failures)
+        worst=verdict.worst, failures=verdict.failures, raised=outcome.raised,
+        warnings=outcome.warnings or None,
+        env=get_backend(spec.backend).environment() or None)
 
 
 def verify_one(spec: KernelSpec, prep: Prepared, truth,
@@ -93,12 +97,11 @@ def verify_one(spec: KernelSpec, prep: Prepared, truth,
     outcome = isolation.run(partial(call_kernel, spec, prep.x, case.param_dict),
                             failed_outcome)
     if outcome.output is None:
-        return _record(spec, case, truth, budget.to_dict(), outcome.seconds, None,
-                       outcome.error)
+        return _record(spec, case, truth, budget.to_dict(), outcome, None)
     v = check_output(prep.x, outcome.output, truth, fmt, budget)
     broken = [msg for bad, msg in ((outcome.modified_input, "modified its input"),
                                    (outcome.returned_input, "returned its input")) if bad]
-    return _record(spec, case, truth, budget.to_dict(), outcome.seconds, v, broken=broken)
+    return _record(spec, case, truth, budget.to_dict(), outcome, v, broken=broken)
 
 
 def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
@@ -112,12 +115,12 @@ def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
                             lambda why, s: BackwardOutcome(None, {}, why, False, s))
     budget = GRAD_BUDGET.to_dict()
     if outcome.dx is None:
-        record = _record(spec, case, truth, budget, outcome.seconds, None, outcome.error)
+        record = _record(spec, case, truth, budget, outcome, None)
         record.dparams = {}
         return record
     v, checks = check_backward(prep.x, prep.g, outcome.dx, outcome.dparams, truth, fmt,
                                case.function, case.param_dict)
-    record = _record(spec, case, truth, budget, outcome.seconds, v,
+    record = _record(spec, case, truth, budget, outcome, v,
                      broken=["modified its input"] if outcome.modified_input else None)
     record.dparams = {k: c.to_dict() for k, c in checks.items()}
     rels = [c.rel_err for c in checks.values()]
