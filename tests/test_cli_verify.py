@@ -136,6 +136,11 @@ def bad(x):
     (("--kernel-file", "nope.py"), "does not exist"),
     (("--quick", "--case", "cases/verify.toml"), "cannot be used together"),
     (("--frobnicate",), "No such option"),
+    (("--failures", "abc"), "--failures takes a number or 'all'"),
+    (("--param", "foo=1"), "no chosen function has a parameter 'foo'"),
+    (("-f", "elastic", "--param", "tau=-1"), "tau must be finite and > 0"),
+    (("--param", "tau"), "--param takes NAME=VALUE"),
+    (("--size", "0x3"), "a size needs rows >= 1"),
 ])
 def test_bad_usage_is_one_line_and_exit_2(cli, args, message):
     r = cli("verify", *args)

@@ -291,3 +291,12 @@ def test_kernel_warnings_go_to_the_record_and_the_tool_warns_nothing(cli, tmp_pa
                                                          ("RuntimeWarning", 10)}
     assert all(w["file"] == str(warns) for w in mine)
     assert f"warned vr_warns: UserWarning: vr_warns was called ({warns}:9; in 4 cases)" in r.out
+
+
+def test_size_and_param_replace_the_matrix_shapes_and_grid(cli, tmp_path):
+    out = tmp_path / "one.json"
+    r = cli("verify", "--quick", "--only", "numpy_elastic", "-d", "fp32", "--input", "normal",
+            "--size", "2x5", "--param", "tau=0.5", "--param", "beta=2", "--json", str(out))
+    assert r.code == 0, r.err
+    (rec,) = json.loads(out.read_text())["records"]  # one case, though neither is in the matrix
+    assert rec["shape"] == [2, 5] and rec["params"] == {"tau": 0.5, "beta": 2.0}
