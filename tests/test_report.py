@@ -102,7 +102,7 @@ def test_quiet_prints_only_the_summary_line(capsys):
 
 
 def test_quiet_terminal_silences_the_verify_and_run_tables():
-    from elasticbench.bench.table import render_run  # still importable for run_cmd.py
+    from elasticbench.report.run_table import render_run
     from elasticbench.report.terminal import Terminal
     from elasticbench.report.verify_table import render
 

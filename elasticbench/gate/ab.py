@@ -111,7 +111,7 @@ def module_file(spec: KernelSpec) -> Path:
 
 
 @dataclass
-class Policy:
+class ABPolicy:
     """How an A/B comparison is timed."""
 
     rounds: int = 30
@@ -126,7 +126,7 @@ def _natives(spec: KernelSpec, x: np.ndarray, copies: int) -> list[Any]:
     return [backend.to_native(x) for _ in range(copies)]
 
 
-def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Policy,
+def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: ABPolicy,
               rng: np.random.Generator) -> dict[str, list[float]]:
     """Interleaved samples (ns per call) of both versions on the same input, with the clock
     of the current version's backend (a cold sample on a GPU is one call after a flush)."""
@@ -177,7 +177,7 @@ class ABResult:
 
 
 def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tuple[int, int]],
-           policy: Policy, *, verify: bool = True, store: Any = None,
+           policy: ABPolicy, *, verify: bool = True, store: Any = None,
            on_cell: Callable[[str], None] = lambda s: None) -> ABResult:
     """Verify both versions (unless told not to), then time every pair on every cell."""
     from ..environment import describe
@@ -262,5 +262,13 @@ def versions_from_revision(rev: str, files: list[str], only: list[str]) -> list[
     return pairs
 
 
-__all__ = ["ABResult", "KernelFileError", "Pair", "Policy", "pair_versions", "run_ab",
-           "versions_from_files", "versions_from_revision"]
+__all__ = [
+    "ABPolicy",
+    "ABResult",
+    "KernelFileError",
+    "Pair",
+    "pair_versions",
+    "run_ab",
+    "versions_from_files",
+    "versions_from_revision",
+]

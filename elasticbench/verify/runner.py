@@ -26,7 +26,7 @@ from .backward import (
     saved_output,
     upstream,
 )
-from .check import Verdict, check_output
+from .check import CheckResult, check_output
 from .matrix import VerifyCase
 
 
@@ -64,14 +64,14 @@ def prepare(cases: list[VerifyCase], max_elements: int, precision: int,
 
 
 def _record(spec: KernelSpec, case: VerifyCase, truth, budget: dict,
-            outcome: Outcome | BackwardOutcome, verdict: Verdict | None,
+            outcome: Outcome | BackwardOutcome, verdict: CheckResult | None,
             broken: list[str] | None = None) -> VerifyRecord:
     """The record of spec on case: verdict None when the kernel gave nothing to judge (the
     outcome's error says why); `broken` names contract breaches, which fail the case
     whatever the verdict. What the call raised and warned goes in as it was recorded."""
     error = outcome.error
     if verdict is None:
-        verdict = Verdict(False, error or "no output")
+        verdict = CheckResult(False, error or "no output")
     reason = verdict.reason
     if broken:
         reason = "; ".join(broken + ([reason] if reason else []))
