@@ -12,7 +12,7 @@ builds them through torch's extension API. docs/native.md describes the pass str
 | cpp_elastic_accurate    | online in fp64 (<= 1 ulp in fp32)                    | 2 | 1 | 2 (fp64) |
 
 The fused kernel keeps its exps in y for fp64/fp32; a 16-bit y would round them, so for
-fp16/bf16 it runs the online structure. Special values follow docs/definitions.md section 3.
+fp16/bf16 they go to a per-thread fp32 row buffer. Special values follow docs/definitions.md section 3.
 """
 
 from __future__ import annotations

@@ -107,25 +107,27 @@ int64_t segments(int64_t rows, int64_t n) {
   return s;
 }
 
-// Run partial(row, i0, i1, item) over every segment, finish(row, first, count) per row
-// (serially: a few flops a row), then write(row, i0, i1, item) over every segment.
-template <class Partial, class FinishF, class WriteF>
-void drive(int64_t rows, int64_t n, const std::function<Partial(int64_t, int64_t, int64_t, int64_t)>& partial,
-           FinishF finish, WriteF write) {
+// Run partial(row, i0, i1, item, scratch) over every segment, finish(row, first, count) per
+// row (serially: a few flops a row), then write(row, i0, i1, item, scratch) over every
+// segment. Each segment gets `per` doubles of scratch that its write sees again.
+template <class Partial, class PartialF, class FinishF, class WriteF>
+void drive(int64_t rows, int64_t n, int64_t per, PartialF partial, FinishF finish, WriteF write) {
   const int64_t s = segments(rows, n);
   if (s == 1) {  // whole rows: each thread finishes its row while it is still in cache
     const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(n, 1));
     at::parallel_for(0, rows, grain, [&](int64_t b, int64_t e) {
+      std::vector<double> scratch(per);  // one row's worth, reused along the chunk
       for (int64_t r = b; r < e; ++r) {
-        Partial p = partial(r, 0, n, r);
+        Partial p = partial(r, 0, n, r, scratch.data());
         finish(r, &p, 1);
-        write(r, 0, n, r);
+        write(r, 0, n, r, scratch.data());
       }
     });
     return;
   }
   const int64_t seg = ((n + s - 1) / s + 63) / 64 * 64;
   std::vector<Partial> parts(rows * s);
+  std::vector<double> scratch(per * rows * s);
   auto bounds = [&](int64_t item, int64_t& i0, int64_t& i1) {
     i0 = std::min(n, (item % s) * seg);
     i1 = std::min(n, i0 + seg);
@@ -134,7 +136,7 @@ void drive(int64_t rows, int64_t n, const std::function<Partial(int64_t, int64_t
     for (int64_t it = b; it < e; ++it) {
       int64_t i0, i1;
       bounds(it, i0, i1);
-      parts[it] = partial(it / s, i0, i1, it);
+      parts[it] = partial(it / s, i0, i1, it, scratch.data() + it * per);
     }
   });
   for (int64_t r = 0; r < rows; ++r) finish(r, &parts[r * s], s);
@@ -142,10 +144,13 @@ void drive(int64_t rows, int64_t n, const std::function<Partial(int64_t, int64_t
     for (int64_t it = b; it < e; ++it) {
       int64_t i0, i1;
       bounds(it, i0, i1);
-      write(it / s, i0, i1, it);
+      write(it / s, i0, i1, it, scratch.data() + it * per);
     }
   });
 }
+
+// Segment length for n split s ways (drive's), for sizing scratch.
+int64_t segment_length(int64_t n, int64_t s) { return s == 1 ? n : ((n + s - 1) / s + 63) / 64 * 64; }
 
 // Merge segment reductions into the row's class, shift and denominator.
 eb::ExpRow finish_exp(const eb::ExpPartial* p, int64_t count, const eb::ExpSpec& spec) {
@@ -182,22 +187,18 @@ at::Tensor exp_forward(const at::Tensor& x_in, int64_t structure, bool mask_nega
   at::Tensor y = at::empty_like(in.x);
   if (in.x.numel() == 0) return y;
   const eb::ExpSpec spec{mask_negative ? 1 : 0, floor, tau, offset};
-  const int64_t s = segments(in.rows, in.n);
-  const int64_t per = eb::fused_scratch(s == 1 ? in.n : (in.n + s - 1) / s + 64);
-  const bool fused = structure == eb::FUSED;
-  std::vector<double> scratch(fused ? per * in.rows * s : 0);
-  std::vector<eb::ExpRow> verdict(in.rows);
   const int64_t n = in.n;
+  const int64_t per = structure == eb::FUSED
+      ? eb::fused_scratch(segment_length(n, segments(in.rows, n)), in.dt) : 0;
+  std::vector<eb::ExpRow> verdict(in.rows);
   drive<eb::ExpPartial>(
-      in.rows, n,
-      [&](int64_t r, int64_t i0, int64_t i1, int64_t item) {
-        return partial_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, spec,
-                          fused ? scratch.data() + item * per : nullptr);
+      in.rows, n, per,
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t, double* scratch) {
+        return partial_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, spec, scratch);
       },
       [&](int64_t r, const eb::ExpPartial* p, int64_t count) { verdict[r] = finish_exp(p, count, spec); },
-      [&](int64_t r, int64_t i0, int64_t i1, int64_t item) {
-        write_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, spec, verdict[r],
-                 fused ? scratch.data() + item * per : nullptr);
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t, double* scratch) {
+        write_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, spec, verdict[r], scratch);
       });
   return y;
 }
@@ -213,8 +214,8 @@ at::Tensor weight_forward(const at::Tensor& x_in, bool symax, double constant) {
   std::vector<Verdict> verdict(in.rows);
   const int64_t n = in.n;
   drive<eb::WeightPartial>(
-      in.rows, n,
-      [&](int64_t r, int64_t i0, int64_t i1, int64_t) {
+      in.rows, n, 0,
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
         return partial_fn(ptr(in.x, r, n, i0), i1 - i0, symax ? 1 : 0);
       },
       [&](int64_t r, const eb::WeightPartial* p, int64_t count) {
@@ -234,7 +235,7 @@ at::Tensor weight_forward(const at::Tensor& x_in, bool symax, double constant) {
         }
         verdict[r] = v;
       },
-      [&](int64_t r, int64_t i0, int64_t i1, int64_t) {
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
         const Verdict& v = verdict[r];
         write_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, symax ? 1 : 0, v.top, v.den, v.cls,
                  v.ninf);
@@ -267,8 +268,8 @@ std::vector<at::Tensor> exp_backward(const at::Tensor& x_in, const at::Tensor& y
   const int mneg = mask_negative ? 1 : 0;
   const double inf = std::numeric_limits<double>::infinity();
   drive<eb::BwdPartial>(
-      in.rows, n,
-      [&](int64_t r, int64_t i0, int64_t i1, int64_t) {
+      in.rows, n, 0,
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
         return partial_fn(ptr(in.x, r, n, i0), ptr(y, r, n, i0), ptr(g, r, n, i0), i1 - i0, mneg);
       },
       [&](int64_t r, const eb::BwdPartial* p, int64_t count) {
@@ -284,7 +285,7 @@ std::vector<at::Tensor> exp_backward(const at::Tensor& x_in, const at::Tensor& y
         else if (v.m == inf) v.cls = eb::ROW_INF;
         verdict[r] = v;
       },
-      [&](int64_t r, int64_t i0, int64_t i1, int64_t item) {
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t item, double*) {
         const Verdict& v = verdict[r];
         sums[item] = write_fn(ptr(in.x, r, n, i0), ptr(y, r, n, i0), ptr(g, r, n, i0),
                               mptr(dx, r, n, i0), i1 - i0, mneg, v.cls, v.m, v.c, tau, params ? 1 : 0);

@@ -33,12 +33,18 @@ struct Wide {
   vec<double> a{}, b{};
   void add(vec<double> v) { a += v; }
   void add(vec<float> v) {
-    typedef float h __attribute__((vector_size(EB_VEC_BYTES / 2)));
-    h lo, hi;
-    __builtin_memcpy(&lo, &v, sizeof lo);
-    __builtin_memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
-    a += __builtin_convertvector(lo, vec<double>);
-    b += __builtin_convertvector(hi, vec<double>);
+#if EB_VEC_BYTES == 64
+    __m512 f = (__m512)v;  // GCC lowers a widening convertvector to 4-lane pieces: say it
+    a += (vec<double>)_mm512_cvtps_pd(_mm512_castps512_ps256(f));
+    b += (vec<double>)_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+#elif EB_VEC_BYTES == 32
+    __m256 f = (__m256)v;
+    a += (vec<double>)_mm256_cvtps_pd(_mm256_castps256_ps128(f));
+    b += (vec<double>)_mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+#else
+    a += __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1), vec<double>);
+    b += __builtin_convertvector(__builtin_shufflevector(v, v, 2, 3), vec<double>);
+#endif
   }
   double total() const {
     vec<double> t = a + b;
@@ -88,19 +94,19 @@ template <typename T, typename C> struct ExpRows {
 
   // Sum of exp((x - m)/tau) over x[i0, i1), added to acc; with `out`, the exps are stored.
   static void sum_exp(const T* x, int64_t i0, int64_t i1, C m, C inv_tau, int mask_negative,
-                      Wide& acc, T* out) {
+                      Wide& acc, C* out) {
     int64_t i = i0;
     for (; i + 2 * W <= i1; i += 2 * W) {  // two independent chains per iteration
       vec<C> e0 = expv(Io<T, C>::load(x + i), m, inv_tau, mask_negative);
       vec<C> e1 = expv(Io<T, C>::load(x + i + W), m, inv_tau, mask_negative);
       acc.add(e0);
       acc.add(e1);
-      if (out) { Io<T, C>::store(out + i, e0); Io<T, C>::store(out + i + W, e1); }
+      if (out) { Io<C, C>::store(out + i, e0); Io<C, C>::store(out + i + W, e1); }
     }
     for (; i < i1; i += W) {
       vec<C> e = expv(ld<T, C>(x, i, i1, neg_inf<T>()), m, inv_tau, mask_negative);
       acc.add(e);
-      if (out) st<T, C>(out, i, i1, e);
+      if (out) st<C, C>(out, i, i1, e);
     }
   }
 
@@ -120,13 +126,19 @@ template <typename T, typename C> struct ExpRows {
 
   // online: one sweep in blocks of BLOCK elements (each read twice from L1: its max, then
   // its exps); the running sum is rescaled when the max grows. With `fused`, the exps are
-  // stored into y and each block's shift is kept in scratch, so the write sweep only
-  // rescales y and computes no exponential.
+  // stored and each block's shift is kept in scratch, so the write sweep only rescales
+  // and computes no exponential. The exps go into y when y holds the compute type, else
+  // into scratch after the shifts (a 16-bit y would round them): eb::fused_scratch.
+  static C* exps_buffer(void* y, double* scratch, int64_t n) {
+    if (sizeof(T) == sizeof(C)) return static_cast<C*>(y);
+    return reinterpret_cast<C*>(scratch + eb::fused_blocks(n));
+  }
+
   template <bool fused>
   static eb::ExpPartial online(const void* xv, void* yv, int64_t n, const eb::ExpSpec& p,
                                double* scratch) {
     const T* x = static_cast<const T*>(xv);
-    T* y = static_cast<T*>(yv);
+    C* buf = fused ? exps_buffer(yv, scratch, n) : nullptr;
     const C inv_tau = C(1.0 / p.tau);
     C m = -__builtin_inf();
     int nan = 0;
@@ -142,11 +154,11 @@ template <typename T, typename C> struct ExpRows {
       }
       if (fused) scratch[blk] = double(m);
       if (m == -__builtin_inf()) {  // nothing kept yet
-        if (fused) for (int64_t i = b0; i < b1; ++i) y[i] = zero<T>();
+        if (fused) for (int64_t i = b0; i < b1; ++i) buf[i] = C(0);
         continue;
       }
       if (m > old && old > -__builtin_inf()) acc.scale(__builtin_exp((double(old) - double(m)) / p.tau));
-      sum_exp(x, b0, b1, m, inv_tau, p.mask_negative, acc, fused ? y : nullptr);
+      sum_exp(x, b0, b1, m, inv_tau, p.mask_negative, acc, buf);
     }
     return {double(m), acc.total() * exp_unscale<C>(), ninf, nan};
   }
@@ -193,12 +205,13 @@ template <typename T, typename C> struct ExpRows {
     const T* x = static_cast<const T*>(xv);
     T* y = static_cast<T*>(yv);
     if (write_special(x, y, n, r)) return;
+    const C* buf = exps_buffer(yv, const_cast<double*>(scratch), n);
     for (int64_t b0 = 0, blk = 0; b0 < n; b0 += BLOCK, ++blk) {
       int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
       double mb = scratch[blk];
       C f = mb == -__builtin_inf() ? C(0) : C(__builtin_exp((mb - r.m) / p.tau) / r.den);
       const C u = C(exp_unscale<C>());
-      for (int64_t i = b0; i < b1; i += W) st<T, C>(y, i, b1, (ld<T, C>(y, i, b1, zero<T>()) * f) * u);
+      for (int64_t i = b0; i < b1; i += W) st<T, C>(y, i, b1, (ld<C, C>(buf, i, b1, C(0)) * f) * u);
     }
   }
 };
@@ -338,12 +351,10 @@ inline const eb::Table* make_table(const char* isa) {
     t.exp_partial[ONLINE][F32] = ExpRows<float, float>::online<false>;
     t.exp_partial[ONLINE][F16] = ExpRows<f16, float>::online<false>;
     t.exp_partial[ONLINE][BF16] = ExpRows<bf16, float>::online<false>;
-    // fused keeps the exps in y: in place for fp64/fp32; 16-bit y would round them, so the
-    // 16-bit fused kernel is the online one
     t.exp_partial[FUSED][F64] = ExpRows<double, double>::online<true>;
     t.exp_partial[FUSED][F32] = ExpRows<float, float>::online<true>;
-    t.exp_partial[FUSED][F16] = t.exp_partial[ONLINE][F16];
-    t.exp_partial[FUSED][BF16] = t.exp_partial[ONLINE][BF16];
+    t.exp_partial[FUSED][F16] = ExpRows<f16, float>::online<true>;
+    t.exp_partial[FUSED][BF16] = ExpRows<bf16, float>::online<true>;
     t.exp_partial[ACCURATE][F64] = ExpRows<double, double>::online<false>;
     t.exp_partial[ACCURATE][F32] = ExpRows<float, double>::online<false>;
     for (int d = 0; d < NUM_DTYPES; ++d) {
@@ -355,8 +366,8 @@ inline const eb::Table* make_table(const char* isa) {
     t.exp_write[THREE_PASS][BF16] = t.exp_write[ONLINE][BF16] = ExpRows<bf16, float>::write;
     t.exp_write[FUSED][F64] = ExpRows<double, double>::rescale;
     t.exp_write[FUSED][F32] = ExpRows<float, float>::rescale;
-    t.exp_write[FUSED][F16] = ExpRows<f16, float>::write;
-    t.exp_write[FUSED][BF16] = ExpRows<bf16, float>::write;
+    t.exp_write[FUSED][F16] = ExpRows<f16, float>::rescale;
+    t.exp_write[FUSED][BF16] = ExpRows<bf16, float>::rescale;
     t.exp_write[ACCURATE][F64] = ExpRows<double, double>::write;
     t.exp_write[ACCURATE][F32] = ExpRows<float, double>::write;
     t.weight_partial[F64] = WeightRows<double, double>::partial;

@@ -5,6 +5,9 @@
 // an instruction-set-specific translation unit.
 #pragma once
 #include <cstdint>
+#if EB_VEC_BYTES > 16
+#include <immintrin.h>  // intrinsics are always-inline: nothing shared is emitted
+#endif
 
 namespace EB_NS {
 
@@ -64,6 +67,33 @@ template <typename C> struct Io<C, C> {
   static vec<C> load(const C* p) { vec<C> v; __builtin_memcpy(&v, p, sizeof v); return v; }
   static void store(C* p, vec<C> v) { __builtin_memcpy(p, &v, sizeof v); }
 };
+// Widening and narrowing conversions: GCC lowers a widening __builtin_convertvector into
+// 128-bit pieces, so the x86 builds name the full-width instructions.
+#if EB_VEC_BYTES == 64
+template <> struct Io<float, double> {
+  static vec<double> load(const float* p) { return (vec<double>)_mm512_cvtps_pd(_mm256_loadu_ps(p)); }
+  static void store(float* p, vec<double> v) { _mm256_storeu_ps(p, _mm512_cvtpd_ps((__m512d)v)); }
+};
+template <> struct Io<f16, float> {
+  static vec<float> load(const f16* p) {
+    return (vec<float>)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+  }
+  static void store(f16* p, vec<float> v) {
+    _mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+};
+#elif EB_VEC_BYTES == 32
+template <> struct Io<float, double> {
+  static vec<double> load(const float* p) { return (vec<double>)_mm256_cvtps_pd(_mm_loadu_ps(p)); }
+  static void store(float* p, vec<double> v) { _mm_storeu_ps(p, _mm256_cvtpd_ps((__m256d)v)); }
+};
+template <> struct Io<f16, float> {
+  static vec<float> load(const f16* p) { return (vec<float>)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+  static void store(f16* p, vec<float> v) {
+    _mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+};
+#else
 template <> struct Io<float, double> {
   typedef float h __attribute__((vector_size(EB_VEC_BYTES / 2)));
   static vec<double> load(const float* p) {
@@ -82,18 +112,32 @@ template <> struct Io<f16, float> {
     h r = __builtin_convertvector(v, h); __builtin_memcpy(p, &r, sizeof r);
   }
 };
+#endif
 template <> struct Io<bf16, float> {
   typedef uint16_t h __attribute__((vector_size(EB_VEC_BYTES / 2)));
   typedef uint32_t u __attribute__((vector_size(EB_VEC_BYTES)));
   static vec<float> load(const bf16* p) {
+#if EB_VEC_BYTES == 64
+    return (vec<float>)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
+#elif EB_VEC_BYTES == 32
+    return (vec<float>)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16);
+#else
     h v; __builtin_memcpy(&v, p, sizeof v);
     return (vec<float>)(__builtin_convertvector(v, u) << 16);
+#endif
   }
   static void store(bf16* p, vec<float> v) {  // round to nearest even; NaN stays a quiet NaN
     u b = (u)v;
     u r = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
     r = (v != v) ? ((b >> 16) | 0x40u) : r;
+#if EB_VEC_BYTES == 64
+    _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16((__m512i)r));
+#elif EB_VEC_BYTES == 32
+    __m256i packed = _mm256_packus_epi32((__m256i)r, (__m256i)r);  // values < 2^16: exact
+    _mm_storeu_si128((__m128i*)p, _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08)));
+#else
     h o = __builtin_convertvector(r, h); __builtin_memcpy(p, &o, sizeof o);
+#endif
   }
 };
 template <> struct Io<f16, double> {  // through fp32: exact, since fp16 -> fp32 is exact

@@ -52,7 +52,8 @@ struct BwdSums {
   double yz, gyz;
 };
 
-// scratch: per-block shifts of the fused kernel, at least fused_scratch(n) doubles.
+// scratch: the fused kernel's per-block shifts (and, for a 16-bit y, its fp32 exps), at
+// least fused_scratch(n, dtype) doubles.
 using ExpPartialFn = ExpPartial (*)(const void* x, void* y, int64_t n, const ExpSpec& p,
                                     double* scratch);
 using ExpWriteFn = void (*)(const void* x, void* y, int64_t n, const ExpSpec& p,
@@ -80,7 +81,10 @@ struct Table {
 };
 
 constexpr int64_t FUSED_BLOCK = 1024;
-inline int64_t fused_scratch(int64_t n) { return (n + FUSED_BLOCK - 1) / FUSED_BLOCK + 1; }
+inline int64_t fused_blocks(int64_t n) { return (n + FUSED_BLOCK - 1) / FUSED_BLOCK + 1; }
+inline int64_t fused_scratch(int64_t n, int dtype) {
+  return fused_blocks(n) + (dtype == F16 || dtype == BF16 ? (n + 1) / 2 : 0);
+}
 
 }  // namespace eb
 
