@@ -19,8 +19,11 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-FLAGS = ("-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math")
-X86_SOURCES = ("isa_avx2.cpp", "isa_avx512.cpp")
+# -fopenmp: at::parallel_for is a header template whose OpenMP pragma is compiled into the
+# extension; without the flag it runs every range on the calling thread.
+FLAGS = ("-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fopenmp")
+X86_SOURCES = ("isa_avx2.cpp", "isa_avx512.cpp", "attention_isa_avx2.cpp",
+               "attention_isa_avx512.cpp")
 
 
 class NativeBuildError(RuntimeError):
@@ -34,7 +37,7 @@ def source_dir() -> Path:
 
 
 def sources() -> list[Path]:
-    names = ["ops.cpp", "isa_generic.cpp"]
+    names = ["ops.cpp", "isa_generic.cpp", "attention.cpp", "attention_isa_generic.cpp"]
     if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
         names += X86_SOURCES
     return [source_dir() / n for n in names]
@@ -97,6 +100,7 @@ def load() -> ModuleType:
             name=f"elasticbench_cpp_{key}",
             sources=[str(s) for s in sources()],
             extra_cflags=list(FLAGS),
+            extra_ldflags=["-fopenmp"],
             extra_include_paths=[str(source_dir())],
             build_directory=str(directory),
             verbose=False,
