@@ -237,11 +237,12 @@ def unit_record(unit: Unit, case: RunCase, ceilings: Ceilings, params: dict[str,
 
 
 def resolve_baseline(case: RunCase, mode: str) -> KernelSpec | None:
-    """The case's baseline kernel, or None when it names none or is not registered here."""
-    if not case.baseline or mode != "fwd":
+    """The case's baseline kernel for this mode (torch_softmax is both torch.softmax and its
+    backward), or None when it names none or none is registered here."""
+    if not case.baseline:
         return None
     try:
-        return get_kernel(case.baseline, "fwd")
+        return get_kernel(case.baseline, mode)
     except ValueError:
         return None
 
