@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-FLAGS = ("-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math")
+# -fopenmp: at::parallel_for is a header template whose OpenMP pragma is compiled into the
+# extension; without the flag it runs every range on the calling thread.
+FLAGS = ("-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fopenmp")
 X86_SOURCES = ("isa_avx2.cpp", "isa_avx512.cpp")
 
 
@@ -97,6 +99,7 @@ def load() -> ModuleType:
             name=f"elasticbench_cpp_{key}",
             sources=[str(s) for s in sources()],
             extra_cflags=list(FLAGS),
+            extra_ldflags=["-fopenmp"],
             extra_include_paths=[str(source_dir())],
             build_directory=str(directory),
             verbose=False,
