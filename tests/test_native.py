@@ -101,10 +101,11 @@ def test_every_instruction_set_matches_the_reference(ext, dtype):
 @needs_build
 def test_long_rows_split_across_threads_agree_with_whole_rows(ext):
     """One row of 2^18 on two threads takes the two-phase path; one thread the plain one."""
-    x = torch.randn(3, 1 << 18, generator=torch.Generator().manual_seed(3)) * 3
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 1 << 18, generator=gen) * 3
     x[1, -5] = math.inf
     x[2, -7] = math.nan
-    g = torch.randn(x.shape)
+    g = torch.randn(x.shape, generator=gen)
     threads = torch.get_num_threads()
     try:
         out = {}
@@ -117,7 +118,11 @@ def test_long_rows_split_across_threads_agree_with_whole_rows(ext):
     finally:
         torch.set_num_threads(threads)
     for one, two in zip(out[1], out[2], strict=True):
-        assert torch.allclose(one.double(), two.double(), rtol=1e-5, atol=1e-12, equal_nan=True)
+        # dx = y (g - <y, g>) / tau cancels where g is near <y, g>: a sum taken in another
+        # order moves small dx by a share of the largest, not of themselves
+        scale = two.double().nan_to_num(0.0, 0.0, 0.0).abs().max().item()
+        assert torch.allclose(one.double(), two.double(), rtol=1e-5, atol=max(1e-12, 1e-6 * scale),
+                              equal_nan=True)
     assert out[2][0][2].isnan().all()
     assert out[2][0][1][-5] == 1.0 and out[2][0][1].sum() == 1.0
 

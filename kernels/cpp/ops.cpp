@@ -188,8 +188,7 @@ at::Tensor exp_forward(const at::Tensor& x_in, int64_t structure, bool mask_nega
   if (in.x.numel() == 0) return y;
   const eb::ExpSpec spec{mask_negative ? 1 : 0, floor, tau, offset};
   const int64_t n = in.n;
-  const int64_t per = structure == eb::FUSED
-      ? eb::fused_scratch(segment_length(n, segments(in.rows, n)), in.dt) : 0;
+  const int64_t per = eb::fused_scratch(segment_length(n, segments(in.rows, n)), in.dt, structure);
   std::vector<eb::ExpRow> verdict(in.rows);
   drive<eb::ExpPartial>(
       in.rows, n, per,

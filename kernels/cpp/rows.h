@@ -65,9 +65,10 @@ template <typename T, typename C> struct ExpRows {
   static constexpr int W = width<C>();
   static constexpr int64_t BLOCK = eb::FUSED_BLOCK;  // elements per online block
 
-  // Max over kept values, NaN and +inf count, over x[i0, i1).
-  static void scan(const T* x, int64_t i0, int64_t i1, int mask_negative, C& m, int& nan,
-                   int64_t& ninf) {
+  // The census of a row that is not plainly finite (rare): max over kept values, NaN flag
+  // and +inf count over x[i0, i1).
+  static void census(const T* x, int64_t i0, int64_t i1, int mask_negative, C& m, int& nan,
+                     int64_t& ninf) {
     vec<C> vm = splat<C>(-__builtin_inf());
     ivec<C> vnan{}, vinf{};
     for (int64_t i = i0; i < i1; i += W) {
@@ -82,32 +83,74 @@ template <typename T, typename C> struct ExpRows {
     for (int k = 0; k < W; ++k) ninf += vinf[k];
   }
 
+  // The largest kept value of x[i0, i1), merged into m. The sweep is a plain max (NaN
+  // ignored): with masking, the kept max is the max when that is >= 0, else nothing is
+  // kept. NaN is caught later, in the sum it turns to NaN (expv lets it through).
+  static void kept_max(const T* x, int64_t i0, int64_t i1, int mask_negative, C& m) {
+    vec<C> a = splat<C>(-__builtin_inf()), b = a;
+    int64_t i = i0;
+    for (; i + 2 * W <= i1; i += 2 * W) {
+      a = vmax<C>(Io<T, C>::load(x + i), a);  // vmax(v, acc): a NaN v leaves acc
+      b = vmax<C>(Io<T, C>::load(x + i + W), b);
+    }
+    for (; i < i1; i += W) a = vmax<C>(ld<T, C>(x, i, i1, neg_inf<T>()), a);
+    C bm = hmax<C>(vmax<C>(a, b));
+    if (mask_negative && bm < C(0)) bm = -__builtin_inf();
+    m = bm > m ? bm : m;
+  }
+
   // fp64 exponentials that only feed a 16- or 32-bit output need 2^-32, not 2^-53
   static constexpr int DEGREE = sizeof(C) == 8 && sizeof(T) < 8 ? 8 : ExpConst<C>::DEGREE;
 
-  // exp((x - m)/tau) * 2^PRESCALE on kept lanes, 0 elsewhere (simd.h)
-  static vec<C> expv(vec<C> v, C m, C inv_tau, int mask_negative) {
-    ivec<C> kept = kept_mask<C>(v, mask_negative);
+  // exp((x - m)/tau) * 2^PRESCALE, 0 on masked (negative) lanes; NaN stays NaN (simd.h).
+  // Unmasked -inf lanes give exp(LOWEST), which every output rounds to 0.
+  template <bool MASK> static vec<C> expv(vec<C> v, C m, C inv_tau) {
     vec<C> e = vexp_scaled<C, DEGREE>((v - m) * inv_tau);
-    return select<C>(kept, e, splat<C>(0));
+    return MASK ? select<C>(v < C(0), splat<C>(0), e) : e;
   }
 
-  // Sum of exp((x - m)/tau) over x[i0, i1), added to acc; with `out`, the exps are stored.
-  static void sum_exp(const T* x, int64_t i0, int64_t i1, C m, C inv_tau, int mask_negative,
-                      Wide& acc, C* out) {
+  // Sum of the exps of one block (at most BLOCK elements) into acc, in four chains of the
+  // compute type (16 terms per fp32 lane: a few ulps at most); `out` stores the exps.
+  template <bool MASK>
+  static void sum_block(const T* x, int64_t i0, int64_t i1, C m, C inv_tau, Wide& acc, C* out) {
+    vec<C> s0{}, s1{}, s2{}, s3{};
     int64_t i = i0;
-    for (; i + 2 * W <= i1; i += 2 * W) {  // two independent chains per iteration
-      vec<C> e0 = expv(Io<T, C>::load(x + i), m, inv_tau, mask_negative);
-      vec<C> e1 = expv(Io<T, C>::load(x + i + W), m, inv_tau, mask_negative);
-      acc.add(e0);
-      acc.add(e1);
-      if (out) { Io<C, C>::store(out + i, e0); Io<C, C>::store(out + i + W, e1); }
+    for (; i + 4 * W <= i1; i += 4 * W) {
+      vec<C> e0 = expv<MASK>(Io<T, C>::load(x + i), m, inv_tau);
+      vec<C> e1 = expv<MASK>(Io<T, C>::load(x + i + W), m, inv_tau);
+      vec<C> e2 = expv<MASK>(Io<T, C>::load(x + i + 2 * W), m, inv_tau);
+      vec<C> e3 = expv<MASK>(Io<T, C>::load(x + i + 3 * W), m, inv_tau);
+      s0 += e0; s1 += e1; s2 += e2; s3 += e3;
+      if (out) {
+        Io<C, C>::store(out + i, e0); Io<C, C>::store(out + i + W, e1);
+        Io<C, C>::store(out + i + 2 * W, e2); Io<C, C>::store(out + i + 3 * W, e3);
+      }
     }
     for (; i < i1; i += W) {
-      vec<C> e = expv(ld<T, C>(x, i, i1, neg_inf<T>()), m, inv_tau, mask_negative);
-      acc.add(e);
+      vec<C> e = expv<MASK>(ld<T, C>(x, i, i1, neg_inf<T>()), m, inv_tau);
+      if (i1 - i < W) e = select<C>(lanes_below<C>(i1 - i), e, splat<C>(0));
+      s0 += e;
       if (out) st<C, C>(out, i, i1, e);
     }
+    acc.add((s0 + s1) + (s2 + s3));
+  }
+
+  static void sum_exp(const T* x, int64_t i0, int64_t i1, C m, C inv_tau, int mask_negative,
+                      Wide& acc, C* out) {
+    for (int64_t b0 = i0; b0 < i1; b0 += BLOCK) {
+      int64_t b1 = b0 + BLOCK < i1 ? b0 + BLOCK : i1;
+      if (mask_negative) sum_block<true>(x, b0, b1, m, inv_tau, acc, out);
+      else sum_block<false>(x, b0, b1, m, inv_tau, acc, out);
+    }
+  }
+
+  // The partial of a row whose max is not finite, or whose sum came out NaN: by census.
+  static eb::ExpPartial by_census(const T* x, int64_t n, int mask_negative) {
+    C m = -__builtin_inf();
+    int nan = 0;
+    int64_t ninf = 0;
+    census(x, 0, n, mask_negative, m, nan, ninf);
+    return {double(m), 0.0, ninf, nan};
   }
 
   // three-pass: a max sweep, then a sum sweep (the write sweep is `write`).
@@ -115,13 +158,13 @@ template <typename T, typename C> struct ExpRows {
                                    double*) {
     const T* x = static_cast<const T*>(xv);
     C m = -__builtin_inf();
-    int nan = 0;
-    int64_t ninf = 0;
-    scan(x, 0, n, p.mask_negative, m, nan, ninf);
+    kept_max(x, 0, n, p.mask_negative, m);
+    if (!(m > -__builtin_inf() && m < __builtin_inf())) return by_census(x, n, p.mask_negative);
     Wide acc;
-    if (!nan && m > -__builtin_inf() && m < __builtin_inf())
-      sum_exp(x, 0, n, m, C(1.0 / p.tau), p.mask_negative, acc, nullptr);
-    return {double(m), acc.total() * exp_unscale<C>(), ninf, nan};
+    sum_exp(x, 0, n, m, C(1.0 / p.tau), p.mask_negative, acc, nullptr);
+    double s = acc.total();
+    if (s != s) return by_census(x, n, p.mask_negative);
+    return {double(m), s * exp_unscale<C>(), 0, 0};
   }
 
   // online: one sweep in blocks of BLOCK elements (each read twice from L1: its max, then
@@ -141,17 +184,12 @@ template <typename T, typename C> struct ExpRows {
     C* buf = fused ? exps_buffer(yv, scratch, n) : nullptr;
     const C inv_tau = C(1.0 / p.tau);
     C m = -__builtin_inf();
-    int nan = 0;
-    int64_t ninf = 0;
     Wide acc;
     for (int64_t b0 = 0, blk = 0; b0 < n; b0 += BLOCK, ++blk) {
       int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
       C old = m;
-      scan(x, b0, b1, p.mask_negative, m, nan, ninf);
-      if (nan || m == __builtin_inf()) {  // the row's class is settled; finish the counts
-        if (!nan) scan(x, b1, n, p.mask_negative, m, nan, ninf);
-        return {double(m), 0.0, ninf, nan};
-      }
+      kept_max(x, b0, b1, p.mask_negative, m);
+      if (m == __builtin_inf()) return by_census(x, n, p.mask_negative);
       if (fused) scratch[blk] = double(m);
       if (m == -__builtin_inf()) {  // nothing kept yet
         if (fused) for (int64_t i = b0; i < b1; ++i) buf[i] = C(0);
@@ -160,7 +198,9 @@ template <typename T, typename C> struct ExpRows {
       if (m > old && old > -__builtin_inf()) acc.scale(__builtin_exp((double(old) - double(m)) / p.tau));
       sum_exp(x, b0, b1, m, inv_tau, p.mask_negative, acc, buf);
     }
-    return {double(m), acc.total() * exp_unscale<C>(), ninf, nan};
+    double s = acc.total();
+    if (m == -__builtin_inf() || s != s) return by_census(x, n, p.mask_negative);
+    return {double(m), s * exp_unscale<C>(), 0, 0};
   }
 
   // Fill y for a row of a special class; true when the row was one.
@@ -180,21 +220,27 @@ template <typename T, typename C> struct ExpRows {
   }
 
   // y = exp((x - m)/tau) / D on kept positions, 0 elsewhere.
+  template <bool MASK>
+  static void write_exps(const T* x, T* y, int64_t n, C m, C inv_tau, C inv_den) {
+    int64_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+      vec<C> e0 = expv<MASK>(Io<T, C>::load(x + i), m, inv_tau);
+      vec<C> e1 = expv<MASK>(Io<T, C>::load(x + i + W), m, inv_tau);
+      Io<T, C>::store(y + i, e0 * inv_den);
+      Io<T, C>::store(y + i + W, e1 * inv_den);
+    }
+    for (; i < n; i += W)
+      st<T, C>(y, i, n, expv<MASK>(ld<T, C>(x, i, n, neg_inf<T>()), m, inv_tau) * inv_den);
+  }
+
   static void write(const void* xv, void* yv, int64_t n, const eb::ExpSpec& p, const eb::ExpRow& r,
                     const double*) {
     const T* x = static_cast<const T*>(xv);
     T* y = static_cast<T*>(yv);
     if (write_special(x, y, n, r)) return;
     const C m = C(r.m), inv_tau = C(1.0 / p.tau), inv_den = C(exp_unscale<C>() / r.den);
-    int64_t i = 0;
-    for (; i + 2 * W <= n; i += 2 * W) {
-      vec<C> e0 = expv(Io<T, C>::load(x + i), m, inv_tau, p.mask_negative);
-      vec<C> e1 = expv(Io<T, C>::load(x + i + W), m, inv_tau, p.mask_negative);
-      Io<T, C>::store(y + i, e0 * inv_den);
-      Io<T, C>::store(y + i + W, e1 * inv_den);
-    }
-    for (; i < n; i += W)
-      st<T, C>(y, i, n, expv(ld<T, C>(x, i, n, neg_inf<T>()), m, inv_tau, p.mask_negative) * inv_den);
+    if (p.mask_negative) write_exps<true>(x, y, n, m, inv_tau, inv_den);
+    else write_exps<false>(x, y, n, m, inv_tau, inv_den);
   }
 
   // The fused kernel's write sweep: y (holding each block's scaled exps) times the block's
@@ -355,8 +401,9 @@ inline const eb::Table* make_table(const char* isa) {
     t.exp_partial[FUSED][F32] = ExpRows<float, float>::online<true>;
     t.exp_partial[FUSED][F16] = ExpRows<f16, float>::online<true>;
     t.exp_partial[FUSED][BF16] = ExpRows<bf16, float>::online<true>;
-    t.exp_partial[ACCURATE][F64] = ExpRows<double, double>::online<false>;
-    t.exp_partial[ACCURATE][F32] = ExpRows<float, double>::online<false>;
+    // accurate: the fused structure in fp64 (its exps kept in fp64 scratch for an fp32 y)
+    t.exp_partial[ACCURATE][F64] = ExpRows<double, double>::online<true>;
+    t.exp_partial[ACCURATE][F32] = ExpRows<float, double>::online<true>;
     for (int d = 0; d < NUM_DTYPES; ++d) {
       t.exp_write[THREE_PASS][d] = t.exp_write[ONLINE][d] = nullptr;
     }
@@ -368,8 +415,8 @@ inline const eb::Table* make_table(const char* isa) {
     t.exp_write[FUSED][F32] = ExpRows<float, float>::rescale;
     t.exp_write[FUSED][F16] = ExpRows<f16, float>::rescale;
     t.exp_write[FUSED][BF16] = ExpRows<bf16, float>::rescale;
-    t.exp_write[ACCURATE][F64] = ExpRows<double, double>::write;
-    t.exp_write[ACCURATE][F32] = ExpRows<float, double>::write;
+    t.exp_write[ACCURATE][F64] = ExpRows<double, double>::rescale;
+    t.exp_write[ACCURATE][F32] = ExpRows<float, double>::rescale;
     t.weight_partial[F64] = WeightRows<double, double>::partial;
     t.weight_partial[F32] = WeightRows<float, float>::partial;
     t.weight_partial[F16] = WeightRows<f16, float>::partial;

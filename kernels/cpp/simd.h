@@ -184,7 +184,7 @@ template <> struct ExpConst<double> {
 template <typename C, int DEGREE = ExpConst<C>::DEGREE>
 inline vec<C> vexp_scaled(vec<C> z) {
   using K = ExpConst<C>;
-  z = vmax<C>(z, splat<C>(K::LOWEST));
+  z = z < K::LOWEST ? splat<C>(K::LOWEST) : z;  // a NaN z stays NaN
   vec<C> t = z * K::LOG2E + K::SHIFT;
   vec<C> k = t - K::SHIFT;
   vec<C> r = z - k * K::LN2_HI;

@@ -53,7 +53,7 @@ struct BwdSums {
 };
 
 // scratch: the fused kernel's per-block shifts (and, for a 16-bit y, its fp32 exps), at
-// least fused_scratch(n, dtype) doubles.
+// least fused_scratch(n, dtype, structure) doubles.
 using ExpPartialFn = ExpPartial (*)(const void* x, void* y, int64_t n, const ExpSpec& p,
                                     double* scratch);
 using ExpWriteFn = void (*)(const void* x, void* y, int64_t n, const ExpSpec& p,
@@ -82,7 +82,11 @@ struct Table {
 
 constexpr int64_t FUSED_BLOCK = 1024;
 inline int64_t fused_blocks(int64_t n) { return (n + FUSED_BLOCK - 1) / FUSED_BLOCK + 1; }
-inline int64_t fused_scratch(int64_t n, int dtype) {
+// Doubles of scratch a segment of n needs: the block shifts, plus the stored exps when y
+// cannot hold them (fp32 exps of a 16-bit y; fp64 exps of the accurate kernel's fp32 y).
+inline int64_t fused_scratch(int64_t n, int dtype, int structure) {
+  if (structure != FUSED && structure != ACCURATE) return 0;
+  if (structure == ACCURATE) return fused_blocks(n) + (dtype == F32 ? n : 0);
   return fused_blocks(n) + (dtype == F16 || dtype == BF16 ? (n + 1) / 2 : 0);
 }
 
