@@ -8,6 +8,8 @@
 
 namespace EB_NS {
 
+template <bool B> struct Flag { static constexpr bool value = B; };
+
 template <typename T> inline T neg_inf();
 template <> inline double neg_inf<double>() { return -__builtin_inf(); }
 template <> inline float neg_inf<float>() { return -__builtin_inff(); }
@@ -100,27 +102,39 @@ template <typename T, typename C> struct ExpRows {
     m = bm > m ? bm : m;
   }
 
+  // f(Flag<mask>, Flag<tau == 1>): the exp loops are instantiated per combination.
+  template <class F> static void with_flags(int mask_negative, C inv_tau, F&& f) {
+    if (mask_negative) {
+      if (inv_tau == C(1)) f(Flag<true>{}, Flag<true>{});
+      else f(Flag<true>{}, Flag<false>{});
+    } else {
+      if (inv_tau == C(1)) f(Flag<false>{}, Flag<true>{});
+      else f(Flag<false>{}, Flag<false>{});
+    }
+  }
+
   // fp64 exponentials that only feed a 16- or 32-bit output need 2^-27 (0.09 fp32 ulp), not 2^-53
   static constexpr int DEGREE = sizeof(C) == 8 && sizeof(T) < 8 ? 7 : ExpConst<C>::DEGREE;
 
   // exp((x - m)/tau) * 2^PRESCALE, 0 on masked (negative) lanes; NaN stays NaN (simd.h).
   // Unmasked -inf lanes give exp(LOWEST), which every output rounds to 0.
-  template <bool MASK> static vec<C> expv(vec<C> v, C m, C inv_tau) {
-    vec<C> e = vexp_scaled<C, DEGREE>((v - m) * inv_tau);
+  // UNIT: tau = 1 (softmax and softmax1 always), no multiply.
+  template <bool MASK, bool UNIT> static vec<C> expv(vec<C> v, C m, C inv_tau) {
+    vec<C> e = vexp_scaled<C, DEGREE>(UNIT ? v - m : (v - m) * inv_tau);
     return MASK ? select<C>(v < C(0), splat<C>(0), e) : e;
   }
 
   // Sum of the exps of one block (at most BLOCK elements) into acc, in four chains of the
   // compute type (16 terms per fp32 lane: a few ulps at most); `out` stores the exps.
-  template <bool MASK>
+  template <bool MASK, bool UNIT>
   static void sum_block(const T* x, int64_t i0, int64_t i1, C m, C inv_tau, Wide& acc, C* out) {
     vec<C> s0{}, s1{}, s2{}, s3{};
     int64_t i = i0;
     for (; i + 4 * W <= i1; i += 4 * W) {
-      vec<C> e0 = expv<MASK>(Io<T, C>::load(x + i), m, inv_tau);
-      vec<C> e1 = expv<MASK>(Io<T, C>::load(x + i + W), m, inv_tau);
-      vec<C> e2 = expv<MASK>(Io<T, C>::load(x + i + 2 * W), m, inv_tau);
-      vec<C> e3 = expv<MASK>(Io<T, C>::load(x + i + 3 * W), m, inv_tau);
+      vec<C> e0 = expv<MASK, UNIT>(Io<T, C>::load(x + i), m, inv_tau);
+      vec<C> e1 = expv<MASK, UNIT>(Io<T, C>::load(x + i + W), m, inv_tau);
+      vec<C> e2 = expv<MASK, UNIT>(Io<T, C>::load(x + i + 2 * W), m, inv_tau);
+      vec<C> e3 = expv<MASK, UNIT>(Io<T, C>::load(x + i + 3 * W), m, inv_tau);
       s0 += e0; s1 += e1; s2 += e2; s3 += e3;
       if (out) {
         Io<C, C>::store(out + i, e0); Io<C, C>::store(out + i + W, e1);
@@ -128,7 +142,7 @@ template <typename T, typename C> struct ExpRows {
       }
     }
     for (; i < i1; i += W) {
-      vec<C> e = expv<MASK>(ld<T, C>(x, i, i1, neg_inf<T>()), m, inv_tau);
+      vec<C> e = expv<MASK, UNIT>(ld<T, C>(x, i, i1, neg_inf<T>()), m, inv_tau);
       if (i1 - i < W) e = select<C>(lanes_below<C>(i1 - i), e, splat<C>(0));
       s0 += e;
       if (out) st<C, C>(out, i, i1, e);
@@ -140,8 +154,9 @@ template <typename T, typename C> struct ExpRows {
                       Wide& acc, C* out) {
     for (int64_t b0 = i0; b0 < i1; b0 += BLOCK) {
       int64_t b1 = b0 + BLOCK < i1 ? b0 + BLOCK : i1;
-      if (mask_negative) sum_block<true>(x, b0, b1, m, inv_tau, acc, out);
-      else sum_block<false>(x, b0, b1, m, inv_tau, acc, out);
+      with_flags(mask_negative, inv_tau, [&](auto mask, auto unit) {
+        sum_block<decltype(mask)::value, decltype(unit)::value>(x, b0, b1, m, inv_tau, acc, out);
+      });
     }
   }
 
@@ -221,7 +236,7 @@ template <typename T, typename C> struct ExpRows {
   }
 
   // y = exp((x - m)/tau) / D on kept positions, 0 elsewhere.
-  template <bool MASK>
+  template <bool MASK, bool UNIT>
   static void write_exps(const T* x, T* y, int64_t n, C m, C inv_tau, C inv_den) {
     int64_t i = 0;
     if (sizeof(T) == sizeof(C) && n * int64_t(sizeof(T)) >= STREAM_BYTES &&
@@ -229,19 +244,19 @@ template <typename T, typename C> struct ExpRows {
       // a row this long leaves the cache before it is read again: write around it (no
       // read for ownership of y's lines)
       for (; i + W <= n; i += W) {
-        vec<C> e = expv<MASK>(Io<T, C>::load(x + i), m, inv_tau) * inv_den;
+        vec<C> e = expv<MASK, UNIT>(Io<T, C>::load(x + i), m, inv_tau) * inv_den;
         stream_store(reinterpret_cast<C*>(y + i), e);
       }
       stream_fence();
     }
     for (; i + 2 * W <= n; i += 2 * W) {
-      vec<C> e0 = expv<MASK>(Io<T, C>::load(x + i), m, inv_tau);
-      vec<C> e1 = expv<MASK>(Io<T, C>::load(x + i + W), m, inv_tau);
+      vec<C> e0 = expv<MASK, UNIT>(Io<T, C>::load(x + i), m, inv_tau);
+      vec<C> e1 = expv<MASK, UNIT>(Io<T, C>::load(x + i + W), m, inv_tau);
       Io<T, C>::store(y + i, e0 * inv_den);
       Io<T, C>::store(y + i + W, e1 * inv_den);
     }
     for (; i < n; i += W)
-      st<T, C>(y, i, n, expv<MASK>(ld<T, C>(x, i, n, neg_inf<T>()), m, inv_tau) * inv_den);
+      st<T, C>(y, i, n, expv<MASK, UNIT>(ld<T, C>(x, i, n, neg_inf<T>()), m, inv_tau) * inv_den);
   }
 
   static void write(const void* xv, void* yv, int64_t n, const eb::ExpSpec& p, const eb::ExpRow& r,
@@ -250,8 +265,9 @@ template <typename T, typename C> struct ExpRows {
     T* y = static_cast<T*>(yv);
     if (write_special(x, y, n, r)) return;
     const C m = C(r.m), inv_tau = C(1.0 / p.tau), inv_den = C(exp_unscale<C>() / r.den);
-    if (p.mask_negative) write_exps<true>(x, y, n, m, inv_tau, inv_den);
-    else write_exps<false>(x, y, n, m, inv_tau, inv_den);
+    with_flags(p.mask_negative, inv_tau, [&](auto mask, auto unit) {
+      write_exps<decltype(mask)::value, decltype(unit)::value>(x, y, n, m, inv_tau, inv_den);
+    });
   }
 
   // The fused kernel's write sweep: y (holding each block's scaled exps) times the block's
