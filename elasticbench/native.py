@@ -111,10 +111,11 @@ def load() -> ModuleType:
 
 def _first_error(log: str) -> str:
     """The compiler's first error line, else the message's first line."""
-    for line in log.splitlines():
-        if "error" in line.lower() and ("error:" in line or "Error" in line):
+    lines = log.splitlines()
+    for line in lines:
+        if ": error:" in line or ": fatal error:" in line:
             return line.strip()
-    return log.strip().splitlines()[0] if log.strip() else "the build failed"
+    return lines[0].strip() if log.strip() else "the build failed"
 
 
 @functools.lru_cache(maxsize=1)
