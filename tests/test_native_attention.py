@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from elasticbench import native
 from elasticbench.attention import autograd, cpp
 from elasticbench.attention.composite import elastic_attention_composite
+from elasticbench.attention.contract import backward_step, forward_output, kernel_arguments
 from elasticbench.functional import elastic_attention
+from elasticbench.registry import get_kernel
 
 TOOLS = native.missing_tools()
 pytestmark = pytest.mark.skipif(TOOLS is not None, reason=f"cannot build here: {TOOLS}")
@@ -211,3 +214,22 @@ def test_the_aten_gemm_path_matches_the_blas_one(ext):
         ext.attention_use_blas(True)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("causal", [0.0, 1.0])
+def test_the_registered_kernel_follows_the_attention_contract(causal):
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, n, 4)) for n in (5, 6, 6))
+    dout = torch.from_numpy(rng.standard_normal((1, 2, 5, 4)))
+    params = {"tau": 0.7, "beta": 0.4, "causal": causal}
+    results = []
+    for name in ("cpp_attention", "torch_attention_composite"):
+        fwd, bwd = get_kernel(name), get_kernel(name, "bwd")
+        assert fwd.backend == name.partition("_")[0]
+        args, kw = kernel_arguments(fwd, q, k, v, params, "fp64", 0.5)
+        out = forward_output(fwd.fn(*args, **kw))
+        args, kw = kernel_arguments(bwd, q, k, v, params, "fp64", 0.5)
+        results.append((out, *backward_step(bwd.fn(*args, **kw))(dout)))
+    assert results[0][4].shape == (1, 2)
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
