@@ -14,10 +14,10 @@ import torch
 from .. import native
 from . import special
 
-# Queries and keys per tile: a 256 x 256 fp32 score tile (256 KiB) and the q, k and v
-# blocks it needs stay in a 2 MiB L2 (docs/native.md section 5 has the measurements).
+# Queries and keys per tile: a 256 x 512 fp32 score tile (512 KiB; the backward keeps two)
+# and the q, k and v blocks it needs stay in a 2 MiB L2 (docs/native.md section 5).
 BLOCK_Q = 256
-BLOCK_K = 256
+BLOCK_K = 512
 
 
 def accepts(q: torch.Tensor) -> bool:

@@ -326,11 +326,11 @@ void bind_attention(pybind11::module_& m, const char* (*isa)()) {
   m.def("attention_forward", &attention_forward,
         "fused Elastic attention forward: (out, m, den) in the working dtype",
         "q"_a, "k"_a, "v"_a, "tau"_a, "beta"_a, "scale"_a, "causal"_a, "block_q"_a = 256,
-        "block_k"_a = 256);
+        "block_k"_a = 512);
   m.def("attention_backward", &attention_backward,
         "fused Elastic attention backward: (dq, dk, dv, dtau, dbeta) in the working dtype",
         "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "m"_a, "den"_a, "tau"_a, "beta"_a, "scale"_a,
-        "causal"_a, "block_q"_a = 256, "block_k"_a = 256);
+        "causal"_a, "block_q"_a = 256, "block_k"_a = 512);
   m.def("attention_use_blas", [](bool on) {
     const bool was = use_blas;
     use_blas = on;
