@@ -22,7 +22,8 @@ from types import ModuleType
 # -fopenmp: at::parallel_for is a header template whose OpenMP pragma is compiled into the
 # extension; without the flag it runs every range on the calling thread.
 FLAGS = ("-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fopenmp")
-X86_SOURCES = ("isa_avx2.cpp", "isa_avx512.cpp")
+X86_SOURCES = ("isa_avx2.cpp", "isa_avx512.cpp", "attention_isa_avx2.cpp",
+               "attention_isa_avx512.cpp")
 
 
 class NativeBuildError(RuntimeError):
@@ -36,7 +37,7 @@ def source_dir() -> Path:
 
 
 def sources() -> list[Path]:
-    names = ["ops.cpp", "isa_generic.cpp"]
+    names = ["ops.cpp", "isa_generic.cpp", "attention.cpp", "attention_isa_generic.cpp"]
     if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
         names += X86_SOURCES
     return [source_dir() / n for n in names]
