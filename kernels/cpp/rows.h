@@ -414,6 +414,14 @@ template <typename T, typename C> struct BwdRows {
       return {cls == eb::ROW_NAN ? __builtin_nan("") : 0.0, cls == eb::ROW_NAN ? __builtin_nan("") : 0.0};
     }
     const C cc = C(c), mm = C(m), inv_tau = C(1.0 / tau);
+    if (!sums) {
+      // dx alone needs no x: y is exactly 0 at masked positions, and the row's class is known
+      for (int64_t i = 0; i < n; i += W) {
+        vec<C> ys = ld<T, C>(y, i, n, zero<T>()), gs = ld<T, C>(g, i, n, zero<T>());
+        st<T, C>(dx, i, n, select<C>(ys != C(0), ys * ((gs - cc) * inv_tau), splat<C>(0)));
+      }
+      return {0.0, 0.0};
+    }
     Wide yz, gyz;
     for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
       const int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
@@ -425,14 +433,13 @@ template <typename T, typename C> struct BwdRows {
         vec<C> yk = select<C>(kept, ld<T, C>(y, i, b1, zero<T>()), splat<C>(0));
         // (g - c)/tau before the product: a subnormal y (g - c) is never scaled up by 1/tau
         st<T, C>(dx, i, b1, select<C>(kept, yk * ((gs - cc) * inv_tau), splat<C>(0)));
-        if (sums) {
-          ivec<C> live = kept & (yk != C(0));  // y = 0 where z = -inf: keep 0 * inf out
-          vec<C> yzv = select<C>(live, yk * ((xs - mm) * inv_tau), splat<C>(0));
-          a += yzv;
-          b += gs * yzv;
-        }
+        ivec<C> live = kept & (yk != C(0));  // y = 0 where z = -inf: keep 0 * inf out
+        vec<C> yzv = select<C>(live, yk * ((xs - mm) * inv_tau), splat<C>(0));
+        a += yzv;
+        b += gs * yzv;
       }
-      if (sums) { yz.add(a); gyz.add(b); }
+      yz.add(a);
+      gyz.add(b);
     }
     return {yz.total(), gyz.total()};
   }
