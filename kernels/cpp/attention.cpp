@@ -3,9 +3,9 @@
 // the key blocks with the GEMMs of the BLAS torch links (s = scale q k^T, acc += p v) and an
 // online kept max and sum per query (attention_rows.h, vectorized per instruction set); it
 // keeps one score tile per thread and two statistics per query, never a length x length
-// matrix. The backward recomputes p tile by tile from (m, den); one thread owns a
-// (batch, head) at a time, so dq, dk and dv are accumulated in a fixed order whatever the
-// thread count. NaN and +inf queries are flagged by their statistics (m NaN, m = +inf) and
+// matrix. The backward recomputes p tile by tile from (m, den), in one of two schedules with
+// the same arithmetic (backward_impl), so dq, dk, dv, dtau and dbeta are the same bits
+// whatever the thread count. NaN and +inf queries are flagged by their statistics (m NaN, m = +inf) and
 // finished in Python (elasticbench/attention/special.py).
 #include <torch/extension.h>
 
@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -106,13 +107,28 @@ struct Shape {
   }
 };
 
+// A thread's scratch: 64-byte aligned, so the BLAS takes the same path in every thread.
+template <typename C> struct Scratch {
+  C* p;
+  explicit Scratch(int64_t n) : p(static_cast<C*>(std::aligned_alloc(64, bytes(n)))) {
+    TORCH_CHECK(p != nullptr, "out of memory for an attention tile");
+  }
+  ~Scratch() { std::free(p); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  static size_t bytes(int64_t n) { return (size_t(n) * sizeof(C) + 63) / 64 * 64; }
+};
+
 template <typename C>
 void forward_impl(const C* q, const C* k, const C* v, const C* tau, const C* beta, C* out,
                   C* m_out, C* den_out, const Shape& sh, const AttnRows<C>& rows) {
   const int64_t nqb = (sh.lq + sh.bq - 1) / sh.bq;
   const C nan = std::numeric_limits<C>::quiet_NaN(), inf = std::numeric_limits<C>::infinity();
   at::parallel_for(0, sh.bh * nqb, 1, [&](int64_t begin, int64_t end) {
-    std::vector<C> s(sh.bq * sh.bk), acc(sh.bq * sh.dv), m(sh.bq);
+    Scratch<C> tile(sh.bq * sh.bk), block(sh.bq * sh.dv);
+    C* const s = tile.p;
+    C* const acc = block.p;
+    std::vector<C> m(sh.bq);
     std::vector<double> l(sh.bq);
     std::vector<char> has_nan(sh.bq), has_inf(sh.bq);
     for (int64_t item = begin; item < end; ++item) {
@@ -124,30 +140,30 @@ void forward_impl(const C* q, const C* k, const C* v, const C* tau, const C* bet
       const C inv_tau = C(1.0 / t);
       std::fill(m.begin(), m.end(), C(0));
       std::fill(l.begin(), l.end(), 0.0);
-      std::fill(acc.begin(), acc.end(), C(0));
+      std::fill(acc, acc + sh.bq * sh.dv, C(0));
       std::fill(has_nan.begin(), has_nan.end(), 0);
       std::fill(has_inf.begin(), has_inf.end(), 0);
       const int64_t kend = sh.key_end(q0 + nr);
       for (int64_t k0 = 0; k0 < kend; k0 += sh.bk) {
         const int64_t nc = std::min(sh.bk, kend - k0);
         gemm<C>(false, true, nr, nc, sh.d, C(sh.scale), qb, sh.d, kh + k0 * sh.d, sh.d, C(0),
-                s.data(), sh.bk);
+                s, sh.bk);
         for (int64_t i = 0; i < nr; ++i) {
           const C m_old = m[i];
-          const AttnRowSum r = rows.fwd(s.data() + i * sh.bk, sh.visible(q0 + i, k0, nc), nc,
+          const AttnRowSum r = rows.fwd(s + i * sh.bk, sh.visible(q0 + i, k0, nc), nc,
                                         &m[i], inv_tau);
           has_nan[i] |= r.nan;
           has_inf[i] |= r.inf;
           if (m[i] > m_old) {
             const double alpha = std::exp((double(m_old) - double(m[i])) / t);
             l[i] *= alpha;
-            C* a = acc.data() + i * sh.dv;
+            C* a = acc + i * sh.dv;
             for (int64_t j = 0; j < sh.dv; ++j) a[j] *= C(alpha);
           }
           l[i] += r.sum;
         }
-        gemm<C>(false, false, nr, sh.dv, nc, C(1), s.data(), sh.bk, vh + k0 * sh.dv, sh.dv, C(1),
-                acc.data(), sh.dv);
+        gemm<C>(false, false, nr, sh.dv, nc, C(1), s, sh.bk, vh + k0 * sh.dv, sh.dv, C(1), acc,
+                sh.dv);
       }
       for (int64_t i = 0; i < nr; ++i) {
         const int64_t row = bh * sh.lq + q0 + i;
@@ -159,7 +175,7 @@ void forward_impl(const C* q, const C* k, const C* v, const C* tau, const C* bet
         }
         const double den = l[i] + double(beta[bh]) * std::exp(-double(m[i]) / t);
         const C dc = C(den);
-        const C* a = acc.data() + i * sh.dv;
+        const C* a = acc + i * sh.dv;
         for (int64_t j = 0; j < sh.dv; ++j) o[j] = l[i] > 0 ? a[j] / dc : C(0);
         m_out[row] = has_inf[i] ? inf : m[i];
         den_out[row] = dc;
@@ -168,74 +184,156 @@ void forward_impl(const C* q, const C* k, const C* v, const C* tau, const C* bet
   });
 }
 
+// The backward's pieces (docs/attention.md section 2), shared by its two schedules.
+template <typename C> struct Backward {
+  const C *q, *k, *v, *out, *dout, *m, *den, *tau, *beta;
+  C *dq, *dk, *dv;
+  const Shape& sh;
+  const AttnRows<C>& rows;
+
+  // A query block's row data: class (0 finite, 1 NaN, 2 +inf), shift, 1/den, c = dO . out.
+  struct Block {
+    int64_t bh, q0, nr, row0;
+    std::vector<char> cls;
+    std::vector<C> m0, r, c;
+    explicit Block(int64_t bq) : cls(bq), m0(bq), r(bq), c(bq) {}
+  };
+  void load(Block& b, int64_t bh, int64_t q0) const {
+    const C inf = std::numeric_limits<C>::infinity();
+    b.bh = bh, b.q0 = q0, b.nr = std::min(sh.bq, sh.lq - q0), b.row0 = bh * sh.lq + q0;
+    for (int64_t i = 0; i < b.nr; ++i) {
+      const C mi = m[b.row0 + i], di = den[b.row0 + i];
+      b.cls[i] = std::isnan(mi) ? 1 : (mi == inf ? 2 : 0);
+      b.m0[i] = mi == inf ? C(0) : mi;
+      b.r[i] = di == C(0) ? C(0) : C(1) / di;
+      double ci = 0;
+      for (int64_t j = 0; j < sh.dv; ++j)
+        ci += double(dout[(b.row0 + i) * sh.dv + j]) * double(out[(b.row0 + i) * sh.dv + j]);
+      b.c[i] = C(ci);
+    }
+  }
+  // p and ds of the tile (block b, keys [k0, k0 + nc)) into s and dp; returns sum ds z.
+  double tile(const Block& b, int64_t k0, int64_t nc, C* s, C* dp) const {
+    const int64_t row0 = b.row0, nr = b.nr;
+    const C* kh = k + b.bh * sh.lk * sh.d;
+    const C* vh = v + b.bh * sh.lk * sh.dv;
+    const C inv_tau = C(1.0 / double(tau[b.bh]));
+    gemm<C>(false, true, nr, nc, sh.d, C(sh.scale), q + row0 * sh.d, sh.d, kh + k0 * sh.d, sh.d,
+            C(0), s, sh.bk);
+    gemm<C>(false, true, nr, nc, sh.dv, C(1), dout + row0 * sh.dv, sh.dv, vh + k0 * sh.dv, sh.dv,
+            C(0), dp, sh.bk);
+    double sum = 0;
+    for (int64_t i = 0; i < nr; ++i) {
+      C* si = s + i * sh.bk;
+      C* dpi = dp + i * sh.bk;
+      if (b.cls[i] == 2) {  // +inf queries: special.fix_backward
+        std::fill(si, si + nc, C(0));
+        std::fill(dpi, dpi + nc, C(0));
+        continue;
+      }
+      sum += rows.bwd(si, dpi, sh.visible(b.q0 + i, k0, nc), nc, b.m0[i], b.r[i], b.c[i],
+                      inv_tau, b.cls[i] == 1);
+    }
+    return sum;
+  }
+  void key_grads(const Block& b, int64_t k0, int64_t nc, const C* p, const C* ds) const {
+    const int64_t off = b.bh * sh.lk;
+    gemm<C>(true, false, nc, sh.dv, b.nr, C(1), p, sh.bk, dout + b.row0 * sh.dv, sh.dv, C(1),
+            dv + (off + k0) * sh.dv, sh.dv);
+    gemm<C>(true, false, nc, sh.d, b.nr, C(sh.scale), ds, sh.bk, q + b.row0 * sh.d, sh.d, C(1),
+            dk + (off + k0) * sh.d, sh.d);
+  }
+  void query_grads(const Block& b, int64_t k0, int64_t nc, const C* ds) const {
+    gemm<C>(false, false, b.nr, sh.d, nc, C(sh.scale), ds, sh.bk,
+            k + (b.bh * sh.lk + k0) * sh.d, sh.d, C(1), dq + b.row0 * sh.d, sh.d);
+  }
+  // The block's share of dtau and dbeta: -sum ds z over its tiles (tile_sum) and the sink's.
+  void params(const Block& b, double tile_sum, double* dtau_part, double* dbeta_part) const {
+    const double t = double(tau[b.bh]), bt = double(beta[b.bh]);
+    double dt = -tile_sum, db = 0;
+    for (int64_t i = 0; i < b.nr; ++i) {
+      if (b.cls[i] == 2) continue;
+      const double mt = double(b.m0[i]) / t, e = std::exp(-mt), w = bt * e * double(b.r[i]);
+      const double wm = w != 0 ? w * mt : 0.0;  // w underflows long before m/tau overflows
+      dt -= double(b.c[i]) * wm / t;
+      db -= double(b.c[i]) * e * double(b.r[i]);
+    }
+    *dtau_part = dt;
+    *dbeta_part = db;
+  }
+};
+
+// Two schedules, the same arithmetic in the same order (so the same bits): with at least as
+// many (batch, head) pairs as threads, a thread owns a head and walks its query blocks and,
+// inside, its key blocks (five GEMMs a tile). With fewer, the key blocks are spread over the
+// threads for dk and dv, then the query blocks for dq (seven GEMMs a tile, no thread idle).
+// dtau and dbeta are summed per query block, then over the blocks in order, either way.
 template <typename C>
-void backward_impl(const C* q, const C* k, const C* v, const C* out, const C* dout, const C* m,
-                   const C* den, const C* tau, const C* beta, C* dq, C* dk, C* dv, C* dtau,
-                   C* dbeta, const Shape& sh, const AttnRows<C>& rows) {
-  const C inf = std::numeric_limits<C>::infinity();
-  at::parallel_for(0, sh.bh, 1, [&](int64_t begin, int64_t end) {
-    std::vector<C> s(sh.bq * sh.bk), dp(sh.bq * sh.bk), r(sh.bq), m0(sh.bq), c(sh.bq);
-    std::vector<char> cls(sh.bq);  // 0 finite, 1 NaN, 2 +inf
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const C* kh = k + bh * sh.lk * sh.d;
-      const C* vh = v + bh * sh.lk * sh.dv;
-      C* dkh = dk + bh * sh.lk * sh.d;
-      C* dvh = dv + bh * sh.lk * sh.dv;
-      const double t = double(tau[bh]), b = double(beta[bh]);
-      const C inv_tau = C(1.0 / t);
-      double dtau_acc = 0, dbeta_acc = 0;
-      for (int64_t q0 = 0; q0 < sh.lq; q0 += sh.bq) {
-        const int64_t nr = std::min(sh.bq, sh.lq - q0), row0 = bh * sh.lq + q0;
-        const C* qb = q + row0 * sh.d;
-        const C* dob = dout + row0 * sh.dv;
-        C* dqb = dq + row0 * sh.d;
-        for (int64_t i = 0; i < nr; ++i) {
-          const C mi = m[row0 + i], di = den[row0 + i];
-          cls[i] = std::isnan(mi) ? 1 : (mi == inf ? 2 : 0);
-          m0[i] = mi == inf ? C(0) : mi;
-          r[i] = di == C(0) ? C(0) : C(1) / di;
-          double ci = 0;
-          for (int64_t j = 0; j < sh.dv; ++j)
-            ci += double(dob[i * sh.dv + j]) * double(out[(row0 + i) * sh.dv + j]);
-          c[i] = C(ci);
-        }
-        const int64_t kend = sh.key_end(q0 + nr);
-        for (int64_t k0 = 0; k0 < kend; k0 += sh.bk) {
-          const int64_t nc = std::min(sh.bk, kend - k0);
-          gemm<C>(false, true, nr, nc, sh.d, C(sh.scale), qb, sh.d, kh + k0 * sh.d, sh.d, C(0),
-                  s.data(), sh.bk);
-          gemm<C>(false, true, nr, nc, sh.dv, C(1), dob, sh.dv, vh + k0 * sh.dv, sh.dv, C(0),
-                  dp.data(), sh.bk);
-          for (int64_t i = 0; i < nr; ++i) {
-            C* si = s.data() + i * sh.bk;
-            C* dpi = dp.data() + i * sh.bk;
-            if (cls[i] == 2) {  // +inf queries: special.fix_backward
-              std::fill(si, si + nc, C(0));
-              std::fill(dpi, dpi + nc, C(0));
-              continue;
-            }
-            dtau_acc -= rows.bwd(si, dpi, sh.visible(q0 + i, k0, nc), nc, m0[i], r[i], c[i],
-                                 inv_tau, cls[i] == 1);
+void backward_impl(const Backward<C>& bw, C* dtau, C* dbeta) {
+  const Shape& sh = bw.sh;
+  const int64_t nqb = (sh.lq + sh.bq - 1) / sh.bq, nkb = (sh.lk + sh.bk - 1) / sh.bk;
+  std::vector<double> dtau_part(sh.bh * nqb), dbeta_part(sh.bh * nqb);
+  using Block = typename Backward<C>::Block;
+  if (sh.bh >= at::get_num_threads()) {
+    at::parallel_for(0, sh.bh, 1, [&](int64_t begin, int64_t end) {
+      Scratch<C> s(sh.bq * sh.bk), dp(sh.bq * sh.bk);
+      Block b(sh.bq);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        for (int64_t qb = 0; qb < nqb; ++qb) {
+          bw.load(b, bh, qb * sh.bq);
+          const int64_t kend = sh.key_end(b.q0 + b.nr);
+          double sum = 0;
+          for (int64_t k0 = 0; k0 < kend; k0 += sh.bk) {
+            const int64_t nc = std::min(sh.bk, kend - k0);
+            sum += bw.tile(b, k0, nc, s.p, dp.p);
+            bw.key_grads(b, k0, nc, s.p, dp.p);
+            bw.query_grads(b, k0, nc, dp.p);
           }
-          gemm<C>(true, false, nc, sh.dv, nr, C(1), s.data(), sh.bk, dob, sh.dv, C(1),
-                  dvh + k0 * sh.dv, sh.dv);
-          gemm<C>(true, false, nc, sh.d, nr, C(sh.scale), dp.data(), sh.bk, qb, sh.d, C(1),
-                  dkh + k0 * sh.d, sh.d);
-          gemm<C>(false, false, nr, sh.d, nc, C(sh.scale), dp.data(), sh.bk, kh + k0 * sh.d, sh.d,
-                  C(1), dqb, sh.d);
-        }
-        for (int64_t i = 0; i < nr; ++i) {  // the sink's terms (docs/attention.md section 2)
-          if (cls[i] == 2) continue;
-          const double mt = double(m0[i]) / t, e = std::exp(-mt), w = b * e * double(r[i]);
-          const double wm = w != 0 ? w * mt : 0.0;  // w underflows long before m/tau overflows
-          dtau_acc -= double(c[i]) * wm / t;
-          dbeta_acc -= double(c[i]) * e * double(r[i]);
+          bw.params(b, sum, &dtau_part[bh * nqb + qb], &dbeta_part[bh * nqb + qb]);
         }
       }
-      dtau[bh] = C(dtau_acc);
-      dbeta[bh] = C(dbeta_acc);
+    });
+  } else {
+    at::parallel_for(0, sh.bh * nkb, 1, [&](int64_t begin, int64_t end) {
+      Scratch<C> s(sh.bq * sh.bk), dp(sh.bq * sh.bk);
+      Block b(sh.bq);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t bh = item / nkb, k0 = (item % nkb) * sh.bk;
+        for (int64_t qb = 0; qb < nqb; ++qb) {
+          const int64_t q0 = qb * sh.bq, kend = sh.key_end(std::min(sh.lq, q0 + sh.bq));
+          if (k0 >= kend) continue;
+          bw.load(b, bh, q0);
+          const int64_t nc = std::min(sh.bk, kend - k0);
+          bw.tile(b, k0, nc, s.p, dp.p);
+          bw.key_grads(b, k0, nc, s.p, dp.p);
+        }
+      }
+    });
+    at::parallel_for(0, sh.bh * nqb, 1, [&](int64_t begin, int64_t end) {
+      Scratch<C> s(sh.bq * sh.bk), dp(sh.bq * sh.bk);
+      Block b(sh.bq);
+      for (int64_t item = begin; item < end; ++item) {
+        bw.load(b, item / nqb, (item % nqb) * sh.bq);
+        const int64_t kend = sh.key_end(b.q0 + b.nr);
+        double sum = 0;
+        for (int64_t k0 = 0; k0 < kend; k0 += sh.bk) {
+          const int64_t nc = std::min(sh.bk, kend - k0);
+          sum += bw.tile(b, k0, nc, s.p, dp.p);
+          bw.query_grads(b, k0, nc, dp.p);
+        }
+        bw.params(b, sum, &dtau_part[item], &dbeta_part[item]);
+      }
+    });
+  }
+  for (int64_t bh = 0; bh < sh.bh; ++bh) {
+    double dt = 0, db = 0;
+    for (int64_t qb = 0; qb < nqb; ++qb) {
+      dt += dtau_part[bh * nqb + qb];
+      db += dbeta_part[bh * nqb + qb];
     }
-  });
+    dtau[bh] = C(dt);
+    dbeta[bh] = C(db);
+  }
 }
 
 struct Operands {
@@ -306,14 +404,13 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
   at::Tensor dtau = at::empty({q.size(0), q.size(1)}, opts), dbeta = at::empty_like(dtau);
   const AttnTable* table = attn_table();
   AT_DISPATCH_FLOATING_TYPES(o.wd, "attention_backward", [&] {
-    backward_impl<scalar_t>(qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),
-                            vc.data_ptr<scalar_t>(), oc.data_ptr<scalar_t>(),
-                            dc.data_ptr<scalar_t>(), mc.data_ptr<scalar_t>(),
-                            nc.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(),
-                            bc.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(),
-                            dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(),
-                            dtau.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(), o.sh,
-                            rows_of<scalar_t>(table));
+    const Backward<scalar_t> bw{
+        qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
+        oc.data_ptr<scalar_t>(), dc.data_ptr<scalar_t>(), mc.data_ptr<scalar_t>(),
+        nc.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
+        dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(),
+        o.sh, rows_of<scalar_t>(table)};
+    backward_impl<scalar_t>(bw, dtau.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>());
   });
   return {dq, dk, dv, dtau, dbeta};
 }
