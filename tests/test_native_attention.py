@@ -67,7 +67,7 @@ def test_forward_and_five_gradients_match_the_composite(small_tiles, causal, lq,
 
 
 def test_gradcheck_across_tiles(small_tiles):
-    q, k, v = _qkv(5, 7, d=4, b=1, h=2)
+    q, k, v = _qkv(4, 5, d=3, b=1, h=2)
     tau = torch.tensor([0.7, 1.3], dtype=F64, requires_grad=True)
     beta = torch.tensor(0.4, dtype=F64, requires_grad=True)
     for causal in (False, True):
@@ -237,3 +237,12 @@ def test_the_registered_kernel_follows_the_attention_contract(causal):
     assert results[0][4].shape == (1, 2)
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+
+
+def test_empty_lengths_give_empty_or_zero_outputs():
+    q, k, v = _qkv(3, 0, d=4, b=1, h=2, dv=5)
+    out = elastic_attention(q, k, v, tau=1.0, beta=1.0)
+    assert out.shape == (1, 2, 3, 5) and torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(_grads(out, (q,))[0], torch.zeros_like(q))
+    q, k, v = _qkv(0, 3, d=4, b=1, h=2)
+    assert elastic_attention(q, k, v, tau=1.0, beta=1.0).shape == (1, 2, 0, 4)

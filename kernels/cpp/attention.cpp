@@ -76,6 +76,11 @@ template <typename C>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, C alpha, const C* a, int64_t lda,
           const C* b, int64_t ldb, C beta, C* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty product (head_dim 0): c = beta c
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == C(0) ? C(0) : beta * c[i * ldc + j];
+    return;
+  }
   if (have_blas<C>()) {
     // row-major c is column-major c^T = op(b)^T op(a)^T
     const int mi = int(n), ni = int(m), ki = int(k), la = int(lda), lb = int(ldb), lc = int(ldc);
