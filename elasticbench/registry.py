@@ -34,6 +34,7 @@ BUILTIN_MODULES = (
     "elasticbench.kernels.torch_variants",
     "elasticbench.kernels.torch_attention",
     "elasticbench.kernels.cpp_kernels",
+    "elasticbench.kernels.cpp_attention",
 )
 
 
