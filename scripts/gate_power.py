@@ -151,9 +151,13 @@ def _gate(base: Path, current: Path, out: Path) -> dict[str, Any]:
                           cwd=ROOT)
     if proc.returncode not in (0, 1):
         raise SystemExit(f"gate failed ({proc.returncode}): {proc.stderr.strip()}")
-    doc = json.loads(out.read_text())
+    return gate_outcome(json.loads(out.read_text()), os.getloadavg()[0])
+
+
+def gate_outcome(doc: dict[str, Any], load: float) -> dict[str, Any]:
+    """What a pair's `gate --json` document says, for the tally."""
     rows = [r for r in doc["rows"] if r["estimate"]]
-    return {"failed": doc["failed"], "load": os.getloadavg()[0],
+    return {"failed": doc["failed"], "load": load,
             "timing_regressions": sum(r["regression"] for r in doc["rows"]),
             "regressed": [f"{r['kernel']} {r['case']}" for r in doc["rows"] if r["regression"]],
             "numerics_regressions": sum(n["regression"] for n in doc["numerics"]),
@@ -235,6 +239,8 @@ def runs(args: argparse.Namespace) -> dict[str, Any]:
                 for out, kernel_file in order if pair % 2 == 0 else order[::-1]:
                     _run(out, args, run_case, kernel_file, only)
                 outcomes.append(_gate(a, b, work / f"{tag}cmp.json"))
+                summary["scenarios"][name] = _tally(name, outcomes, t0, load0, quiet=True)
+                _save(args.out, summary | {"partial": True})  # a stopped measurement keeps it
                 _print(name, pair, outcomes[-1])
             summary["scenarios"][name] = _tally(name, outcomes, t0, load0)
     return summary
@@ -279,8 +285,14 @@ def _print(name: str, trial: int, o: dict[str, Any]) -> None:
           f"ratios {o['ratios']} lo {o['lo']} {o['verdicts']} load {o['load']:.1f}", flush=True)
 
 
+def _save(path: Path | None, summary: dict[str, Any]) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=1) + "\n")
+
+
 def _tally(name: str, outcomes: list[dict[str, Any]], t0: float,
-           load0: tuple[float, float, float]) -> dict[str, Any]:
+           load0: tuple[float, float, float], quiet: bool = False) -> dict[str, Any]:
     failed = sum(o["failed"] for o in outcomes)
     out = {"trials": len(outcomes), "gates_failed": failed,
            "seconds": round(time.perf_counter() - t0, 1),
@@ -294,7 +306,8 @@ def _tally(name: str, outcomes: list[dict[str, Any]], t0: float,
                      or o["numerics_regressions"] > 0 for o in outcomes)
         out |= {"planted_caught": planted, "other_false_alarms": others}
         line += f"; the planted kernel caught {planted}, another kernel flagged {others}"
-    print(line, flush=True)
+    if not quiet:
+        print(line, flush=True)
     return out
 
 
@@ -311,7 +324,8 @@ def targets(args: argparse.Namespace) -> dict[str, Any]:
                      else ["--scenario", "A/A", "--scenario", "25% slower"])
         shapes = [a for size in args.size or [] for a in ("--size", size)]
         budget = ["--budget", str(args.budget)] if args.budget else []
-        measure(["runs", *scenarios, "--pairs", str(args.pairs), *shapes, *budget, *busy,
+        measure(["runs", *scenarios, "--pairs", str(args.pairs), "--processes",
+                 str(args.processes), *shapes, *budget, *busy,
                  "--out", str(out_dir / f"runs-{cond}.json")])
     return table(argparse.Namespace(out_dir=out_dir))
 
@@ -328,7 +342,8 @@ def table(args: argparse.Namespace) -> dict[str, Any]:
     order = {"runs-idle": 0, "runs-busy": 1, "ab-idle": 2, "ab-busy": 3}  # the issue's order
     for path in sorted(args.out_dir.glob("*-*.json"), key=lambda p: order.get(p.stem, 4)):
         doc = json.loads(path.read_text())
-        cond = "a second busy process" if doc.get("busy") else "no extra load"
+        cond = ("a second busy process" if doc.get("busy") else "no extra load") + (
+            " (stopped early)" if doc.get("partial") else "")
         sc = doc.get("scenarios", {})
         if doc.get("mode") == "ab":
             how = (f"`ab`, --max-slowdown {doc['max_slowdown']}, {doc['threads']} thread, "
@@ -410,6 +425,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--ab-max-slowdown", default="5%",
                    help="ab's threshold: below 10%%, or a 10%% slowdown cannot fail it")
+    p.add_argument("--processes", type=int, default=3, help="per run, so per side")
     p.add_argument("--combined", action="store_true",
                    help="one runs pass: the planted kernel with the case's kernels (1 thread)")
     p.add_argument("--size", action="append", default=None, help="ROWSxN for the runs")
@@ -428,9 +444,7 @@ def measure(argv: list[str]) -> dict[str, Any]:
     modes = {"ab": ab, "runs": runs, "simulate": simulate, "targets": targets, "table": table}
     summary = modes[args.mode](args)
     summary["machine_load_start"], summary["machine_load_end"] = start, os.getloadavg()
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    _save(args.out, summary)
     for name, s in summary.get("scenarios", {}).items():
         extra = (f" (planted kernel caught {s['planted_caught']}, another kernel flagged "
                  f"{s['other_false_alarms']})" if "planted_caught" in s else "")
