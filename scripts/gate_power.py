@@ -346,7 +346,8 @@ def table(args: argparse.Namespace) -> dict[str, Any]:
             " (stopped early)" if doc.get("partial") else "")
         sc = doc.get("scenarios", {})
         if doc.get("mode") == "ab":
-            how = (f"`ab`, --max-slowdown {doc['max_slowdown']}, {doc['threads']} thread, "
+            how = (f"`ab`, --clock {doc.get('clock', 'wall')}, "
+                   f"--max-slowdown {doc['max_slowdown']}, {doc['threads']} thread, "
                    f"{doc['rounds']} rounds, {', '.join('x'.join(map(str, s)) for s in doc['shapes'])}")
             if "A/A" in sc:
                 s = sc["A/A"]
