@@ -1,0 +1,16 @@
+"""The Triton attention kernel, registered under the backend `triton` by the attention
+contract (docs/attention.md section 4). Its code lives in elasticbench.kernels.triton.attention."""
+
+from __future__ import annotations
+
+from elasticbench import register_kernel
+
+from .triton.attention import attention_forward
+from .triton.launch import DTYPES
+
+
+@register_kernel(function="elastic_attention", backend="triton", dtypes=DTYPES,
+                 name="triton_attention")
+def triton_attention(q, k, v, *, tau, beta, scale, causal):
+    """Elastic attention in Triton: flash tiles, online max and sum over kept scores."""
+    return attention_forward(q, k, v, tau, beta, scale, causal)
