@@ -36,15 +36,19 @@ if not INTERPRETED:
     def test_triton_attention_compiles_for_the_gpus_it_is_written_for(dtype, causal, arch):
         from elasticbench.audit.capture import capture_launches
         from elasticbench.audit.kernel_files import CompileCache, compile_one
-        from elasticbench.kernels.triton.attention import attention_forward
+        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
 
         q = torch.zeros(1, 8, 1024, 64, dtype=dtype)
         heads = torch.ones(1, 8)
+        stats = torch.zeros(1, 8, 1024)
         with capture_launches() as launches:
             attention_forward(q, q, q, heads, heads, 0.125, causal)
-        assert [launch.name for launch in launches] == ["attention_forward_kernel"]
-        compiled = compile_one(launches[0], arch, CompileCache(None))
-        assert compiled.error is None and 0 < compiled.regs <= 255, compiled
+            attention_backward(q, q, q, q, q, stats, stats + 1, heads, heads, 0.125, causal)
+        assert [launch.name for launch in launches] == [
+            "attention_forward_kernel", "attention_dkdv_kernel", "attention_dq_kernel"]
+        for launch in launches:
+            compiled = compile_one(launch, arch, CompileCache(None))
+            assert compiled.error is None and 0 < compiled.regs <= 255, compiled
 
 else:
     from elasticbench.registry import get_kernel
@@ -59,11 +63,12 @@ else:
         ("huge", (1, 1, 16, 16, 8)),
     ])
     @pytest.mark.parametrize("causal", [0.0, 1.0])
-    def test_triton_attention_passes_verification(dtype, generator, shape, causal):
+    @pytest.mark.parametrize("mode", ["fwd", "bwd"])
+    def test_triton_attention_passes_verification(dtype, generator, shape, causal, mode):
         case = AttentionCase("elastic_attention", generator, shape, dtype,
                              (("tau", 0.5), ("beta", 1.0), ("causal", causal)), 7)
-        record = verify_attention_one(get_kernel("triton_attention"),
-                                      prepare(case, "fwd", None, 128))
+        record = verify_attention_one(get_kernel("triton_attention", mode),
+                                      prepare(case, mode, None, 128))
         assert record.passed, record.reason
 
     def test_an_infinite_score_gives_the_mean_of_its_values():
