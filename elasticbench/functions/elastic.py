@@ -25,11 +25,10 @@ from .base import (
 def reference(row: list[float], *, tau: float, beta: float) -> RowTruth:
     if has_nan(row):
         return RowTruth.nan(len(row))
-    keep = [v >= 0 for v in row]
     b = mpmath.mpf(beta)
     t = mpmath.mpf(tau)
     return exp_normalize(
-        row, keep, tau=tau, extra=(lambda m: b * mpmath.exp(-m / t)) if beta else None
+        row, lambda v: v >= 0, tau=tau, extra=(lambda m: b * mpmath.exp(-m / t)) if beta else None
     )
 
 

@@ -22,7 +22,7 @@ from .base import (
 def reference(row: list[float]) -> RowTruth:
     if has_nan(row):
         return RowTruth.nan(len(row))
-    return exp_normalize(row, [v > -math.inf for v in row])
+    return exp_normalize(row, lambda v: v > -math.inf)
 
 
 def gradient(row: list[float], g: list[float]) -> RowGrad:

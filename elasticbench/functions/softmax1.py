@@ -23,8 +23,8 @@ from .base import (
 def reference(row: list[float]) -> RowTruth:
     if has_nan(row):
         return RowTruth.nan(len(row))
-    keep = [v > -math.inf for v in row]
-    return exp_normalize(row, keep, shift_floor=0.0, extra=lambda m: mpmath.exp(-m))
+    return exp_normalize(row, lambda v: v > -math.inf, shift_floor=0.0,
+                         extra=lambda m: mpmath.exp(-m))
 
 
 def gradient(row: list[float], g: list[float]) -> RowGrad:
