@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .inputs.layouts import LAYOUTS, Placement, view_of
+
 
 @dataclass(frozen=True)
 class Backend:
@@ -29,10 +31,19 @@ class Backend:
     # (spec, CallRequest) pairs -> a CallCheck or None each: whether the kernels compile for
     # the devices they are written for, where verification cannot show it (audit/kernel_files)
     compile_check: Callable[[list[tuple[Any, Any]]], list[Any]] | None = None
+    # the 2-D view a placement describes, into a native copy of its buffer (inputs/layouts.py)
+    view: Callable[[Any, Placement], Any] = view_of
+    layouts: tuple[str, ...] = LAYOUTS  # the input layouts its kernels must accept
+    # environment variables that change how its kernels run: a reproduce command sets them
+    env_vars: tuple[str, ...] = ()
 
     def available(self) -> bool:
         """Whether kernels of this backend can run here (see `unavailable` for why not)."""
         return self.unavailable() is None
+
+    def environment(self) -> dict[str, str]:
+        """The env_vars that are set here, with their values."""
+        return {k: os.environ[k] for k in self.env_vars if k in os.environ}
 
 
 def _numpy_to_numpy(a: Any) -> np.ndarray:
@@ -82,6 +93,10 @@ def _torch_same_memory(a: Any, b: Any) -> bool:
         return False
     sa, sb = a.untyped_storage(), b.untyped_storage()
     return sa.data_ptr() == sb.data_ptr()
+
+
+def _torch_view(base: Any, placement: Placement) -> Any:
+    return base.as_strided(placement.shape, placement.strides, placement.offset)
 
 
 def _torch_unavailable() -> str | None:
@@ -172,6 +187,8 @@ BACKENDS: dict[str, Backend] = {
         _torch_to_numpy,
         _torch_same_memory,
         _torch_synchronize,
+        view=_torch_view,
+        env_vars=("ELASTICBENCH_TORCH_DEVICE",),
     ),
     "triton": Backend(
         "triton",
@@ -183,6 +200,10 @@ BACKENDS: dict[str, Backend] = {
         _triton_synchronize,
         _triton_calling,
         _triton_compile_check,
+        view=_torch_view,
+        # a Triton kernel gets its rows through a row stride; elements of a row are adjacent
+        layouts=("packed", "padded", "offset"),
+        env_vars=("TRITON_INTERPRET",),
     ),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)

@@ -60,8 +60,6 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     try:
         for f in functions:
             get_function(f)
-        for g in inputs:
-            get_generator(g)
         for d in dtypes:
             if d not in DTYPE_NAMES:
                 raise ValueError(f"unknown dtype {d!r} (choose from {', '.join(DTYPE_NAMES)})")
@@ -79,6 +77,13 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
         matrix = load_matrix(path)
     except CaseFileError as e:
         fail(str(e))
+    named = {spec.generator for spec in matrix.inputs if spec.explicit is not None}
+    for g in inputs:
+        if g not in named:
+            try:
+                get_generator(g)
+            except ValueError as e:
+                fail(str(e))
     out_path = Path(resume_path or json_path) if (resume_path or json_path) else None
     modes = ("fwd", "bwd") if mode == "both" else (mode,)
     by_mode = choose_kernels_by_mode(functions, backends, only, kernel_files, modes)
@@ -92,5 +97,6 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
             "precision": precision, **describe(include_gpu=False)}
     job = VerifyJob(by_mode, cases_by_mode, max_elements=matrix.max_elements,
                     store=TruthStore(None if no_cache else default_cache_dir()),
-                    precision=precision, workers=jobs, isolation=Isolation(isolate, timeout))
+                    precision=precision, workers=jobs, isolation=Isolation(isolate, timeout),
+                    max_rows=matrix.max_rows)
     run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path))

@@ -129,7 +129,8 @@ def exp_normalize_grad(
 
 @dataclass(frozen=True)
 class Param:
-    """A scalar parameter: its default, its allowed range and the default verification grid."""
+    """A scalar parameter: its default, its allowed range, the default verification grid, and
+    the span (low, high), both > 0, over which verification draws it log-uniformly."""
 
     name: str
     default: float
@@ -137,6 +138,7 @@ class Param:
     strict: bool  # True: value > lower; False: value >= lower
     grid: tuple[float, ...]
     summary: str
+    span: tuple[float, float] = (1e-3, 1e3)
 
     def validate(self, value: object) -> float:
         """Return value as a float, or raise ValueError saying what is wrong with it."""

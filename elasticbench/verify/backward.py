@@ -20,9 +20,11 @@ from typing import Any
 import numpy as np
 
 from ..backends import get_backend
+from ..execute import NativeInput
 from ..functions import get_function
 from ..functions.base import ROW_FINITE, ROW_NAN
 from ..inputs.generators import stream_seed
+from ..inputs.layouts import PACKED
 from ..numerics.dtypes import FloatFormat
 from ..numerics.truth import GradTruth
 from ..numerics.ulp import ulp_error, ulp_of
@@ -84,24 +86,22 @@ class BackwardOutcome:
 
 
 def call_backward(spec: KernelSpec, x: np.ndarray, y: np.ndarray, g: np.ndarray,
-                  params: dict[str, float]) -> BackwardOutcome:
-    """Run a bwd kernel on fresh native copies of x, y, g; bring dx and the scalars back."""
+                  params: dict[str, float], layout: str = PACKED) -> BackwardOutcome:
+    """Run a bwd kernel on fresh native copies of x, y, g (each in the given layout); bring
+    dx and the scalars back."""
     backend = get_backend(spec.backend)
     names = get_function(spec.function).param_names
-    nx, ny, ng = backend.to_native(x), backend.to_native(y), backend.to_native(g)
+    args = [NativeInput.make(backend, a, layout) for a in (x, y, g)]
     start = time.perf_counter()
     try:
         with backend.calling():
-            out = spec.fn(nx, ny, ng, **params)
+            out = spec.fn(*(a.view for a in args), **params)
         backend.synchronize()
     except Exception as e:  # a kernel's failure is a result, not a crash of the run
         return BackwardOutcome(None, {}, f"raised {type(e).__name__}: {e}".splitlines()[0],
                                False, time.perf_counter() - start)
     seconds = time.perf_counter() - start
-    modified = any(
-        not np.array_equal(backend.to_numpy(n).view(np.uint8), a.view(np.uint8))
-        for n, a in ((nx, x), (ny, y), (ng, g))
-    )
+    modified = any(any(a.changes()) for a in args)
     want = 1 + len(names)
     parts = out if names else (out,)
     if not isinstance(parts, tuple | list) or len(parts) != want:

@@ -11,7 +11,6 @@ import numpy as np
 
 from ..backends import get_backend
 from ..execute import IN_PROCESS, Isolation, call_kernel, failed_outcome
-from ..inputs import generate
 from ..numerics.budget import budget_for
 from ..numerics.dtypes import get_format
 from ..numerics.truth import DEFAULT_PRECISION, GradTruth
@@ -27,17 +26,25 @@ from .backward import (
     upstream,
 )
 from .check import check_output
-from .matrix import VerifyCase
+from .matrix import MAX_ROWS, VerifyCase
 
 
-def rows_to_check(shape: tuple[int, int], max_elements: int, seed: int) -> np.ndarray:
-    """All rows when the input is small enough; else a seeded sample of whole rows."""
+def rows_to_check(shape: tuple[int, int], max_elements: int, seed: int,
+                  max_rows: int = MAX_ROWS) -> np.ndarray:
+    """All rows when the input is small enough; else a sample of whole rows that always
+    holds the first and the last row and those on each side of a power of two (where
+    launchers block rows), filled up with a seeded draw."""
     rows, n = shape
-    if rows * n <= max_elements:
+    if rows * n <= max_elements and rows <= max_rows:
         return np.arange(rows)
-    k = max(1, max_elements // n)
+    k = max(1, min(max_elements // n, max_rows))
+    edges = [rows - 1, 0] + [r for j in range(rows.bit_length(), 0, -1)
+                             for r in ((1 << j) - 1, 1 << j) if r < rows]
+    chosen = list(dict.fromkeys(edges))[:k]
+    rest = np.setdiff1d(np.arange(rows), chosen)
     rng = np.random.default_rng([seed, rows, n])
-    return np.sort(rng.choice(rows, size=k, replace=False))
+    fill = rng.choice(rest, size=min(k - len(chosen), len(rest)), replace=False)
+    return np.sort(np.concatenate([np.asarray(chosen, dtype=np.int64), fill]))
 
 
 @dataclass
@@ -49,18 +56,22 @@ class Prepared:
 
 
 def prepare(cases: list[VerifyCase], max_elements: int, precision: int,
-            mode: str = "fwd") -> list[Prepared]:
-    out = []
-    for case in cases:
-        x = generate(case.generator, case.dtype, case.shape, case.seed)
-        rows = rows_to_check(case.shape, max_elements, case.seed)
-        g = None
-        if mode == "bwd":
-            g = upstream(case.seed, case.generator, get_format(case.dtype), case.shape, rows)
-        job = TruthJob(case.function, case.params, case.dtype, x.astype(np.float64), rows,
-                       precision, None if g is None else g.astype(np.float64))
-        out.append(Prepared(case, x, job, g))
-    return out
+            mode: str = "fwd", max_rows: int = MAX_ROWS) -> list[Prepared]:
+    return [prepare_input(case, case.input(), max_elements, precision, mode, max_rows)
+            for case in cases]
+
+
+def prepare_input(case: VerifyCase, x: np.ndarray, max_elements: int, precision: int,
+                  mode: str = "fwd", max_rows: int = MAX_ROWS) -> Prepared:
+    """A case with its input x: the rows to check, the question for the reference and, for
+    a backward case, the upstream gradient."""
+    rows = rows_to_check(case.shape, max_elements, case.seed, max_rows)
+    g = None
+    if mode == "bwd":
+        g = upstream(case.seed, case.generator, get_format(case.dtype), case.shape, rows)
+    job = TruthJob(case.function, case.params, case.dtype, x.astype(np.float64), rows,
+                   precision, None if g is None else g.astype(np.float64))
+    return Prepared(case, x, job, g)
 
 
 def _record_head(spec: KernelSpec, case: VerifyCase, truth, budget: dict) -> dict[str, Any]:
@@ -74,6 +85,7 @@ def _record_head(spec: KernelSpec, case: VerifyCase, truth, budget: dict) -> dic
         "seed": case.seed,
         "shape": list(case.shape),
         "params": case.param_dict,
+        "layout": case.layout,
         "rows_checked": len(truth.rows),
         "sampled_rows": truth.rows.tolist() if len(truth.rows) < case.shape[0] else None,
         "budget": budget,
@@ -88,7 +100,7 @@ def verify_one(spec: KernelSpec, prep: Prepared, truth,
     fmt = get_format(case.dtype)
     budget = budget_for(fmt)
     record = _record_head(spec, case, truth, budget.to_dict())
-    outcome = isolation.run(partial(call_kernel, spec, prep.x, case.param_dict),
+    outcome = isolation.run(partial(call_kernel, spec, prep.x, case.param_dict, case.layout),
                             failed_outcome)
     record["seconds"] = outcome.seconds
     if outcome.output is None:
@@ -100,9 +112,11 @@ def verify_one(spec: KernelSpec, prep: Prepared, truth,
         verdict_fields = {"passed": v.passed, "reason": v.reason, "max_ulp": v.max_ulp,
                           "max_budget_frac": v.max_budget_frac, "special_ok": v.special_ok,
                           "worst": v.worst, "failures": v.failures}
-        contract = [msg for bad, msg in ((outcome.modified_input, "modified its input"),
-                                         (outcome.returned_input, "returned its input"))
-                    if bad]
+        contract = [msg for bad, msg in (
+            (outcome.modified_input, "modified its input"),
+            (outcome.wrote_outside, "wrote outside its input (row padding or the memory "
+                                    "before a view)"),
+            (outcome.returned_input, "returned its input")) if bad]
         if contract:
             verdict_fields["passed"] = False
             verdict_fields["reason"] = "; ".join(contract + ([v.reason] if v.reason else []))
@@ -118,7 +132,8 @@ def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
     assert prep.g is not None
     record = _record_head(spec, case, truth, GRAD_BUDGET.to_dict())
     y = saved_output(truth, fmt, case.shape)
-    outcome = isolation.run(partial(call_backward, spec, prep.x, y, prep.g, case.param_dict),
+    outcome = isolation.run(partial(call_backward, spec, prep.x, y, prep.g, case.param_dict,
+                                    case.layout),
                             lambda why, s: BackwardOutcome(None, {}, why, False, s))
     record["seconds"] = outcome.seconds
     record["dparams"] = {}
@@ -155,6 +170,7 @@ def run_verification(
     mode: str = "fwd",
     isolation: Isolation = IN_PROCESS,
     done: frozenset[tuple] | set[tuple] = frozenset(),
+    max_rows: int = MAX_ROWS,
 ) -> None:
     """Verify each kernel (all of `mode`) on every case of its function that it takes;
     pairs whose record_key is in `done` (a resumed run) are skipped, and a case left
@@ -165,11 +181,12 @@ def run_verification(
 
     def todo(case: VerifyCase) -> list[KernelSpec]:
         return [k for k in by_function.get(case.function, ())
-                if k.supports(case.dtype) and case_key(k, case) not in done]
+                if k.supports(case.dtype) and k.takes_layout(case.layout)
+                and case_key(k, case) not in done]
 
     cases = [c for c in cases if todo(c)]
     compiled = compile_checks([(spec, case) for case in cases for spec in todo(case)])
-    prepared = prepare(cases, max_elements, precision, mode)
+    prepared = prepare(cases, max_elements, precision, mode, max_rows)
     truths = solve([p.job for p in prepared], store, workers, on_truth)
     one = verify_backward_one if mode == "bwd" else verify_one
     for prep, truth in zip(prepared, truths, strict=True):
@@ -214,4 +231,5 @@ def case_key(spec: KernelSpec, case: VerifyCase) -> tuple:
     """The record_key that the record of spec on case will have."""
     return record_key({"kernel": spec.name, "mode": spec.mode, "dtype": case.dtype,
                        "input": case.generator, "shape": list(case.shape),
-                       "params": case.param_dict, "seed": case.seed})
+                       "params": case.param_dict, "seed": case.seed,
+                       "layout": case.layout})
