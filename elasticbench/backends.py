@@ -1,7 +1,9 @@
 """Backends: how an input array reaches a kernel and how its output comes back.
 
 A backend owns the conversions between the NumPy arrays the core works with and the
-kernel's own array type. The core calls these and never branches on a backend's name.
+kernel's own array type, and names the device its kernels run on, which says how to wait for
+them, time them and how large a cache they see (elasticbench.devices). The core calls these
+and never branches on a backend's name or probes for a GPU itself.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from . import devices
 from .inputs.layouts import LAYOUTS, Placement, view_of
 
 
@@ -26,11 +29,11 @@ class Backend:
     to_native: Callable[[np.ndarray], Any]  # a fresh copy in the kernel's array type
     to_numpy: Callable[[Any], np.ndarray]  # TypeError when given something else
     same_memory: Callable[[Any, Any], bool]
-    synchronize: Callable[[], None] = lambda: None
     calling: Callable[[], AbstractContextManager[Any]] = nullcontext  # what verified calls run in
     # (spec, CallRequest) pairs -> a CallCheck or None each: whether the kernels compile for
     # the devices they are written for, where verification cannot show it (audit/kernel_files)
     compile_check: Callable[[list[tuple[Any, Any]]], list[Any]] | None = None
+    device: Callable[[], str] = lambda: devices.HOST  # where its arrays live and kernels run
     # the 2-D view a placement describes, into a native copy of its buffer (inputs/layouts.py)
     view: Callable[[Any, Placement], Any] = view_of
     layouts: tuple[str, ...] = LAYOUTS  # the input layouts its kernels must accept
@@ -45,6 +48,18 @@ class Backend:
         """The env_vars that are set here, with their values."""
         return {k: os.environ[k] for k in self.env_vars if k in os.environ}
 
+    def synchronize(self) -> None:
+        """Wait until its kernels' work is done (they may return before, on a GPU)."""
+        devices.synchronize(self.device())
+
+    def clock(self) -> devices.Clock:
+        """A clock for timing its kernels (devices.Clock)."""
+        return devices.clock(self.device())
+
+    def llc_bytes(self) -> int:
+        """The last-level cache of its device, which decides in-cache or out-of-cache."""
+        return devices.llc_bytes(self.device())
+
 
 def _numpy_to_numpy(a: Any) -> np.ndarray:
     if not isinstance(a, np.ndarray):
@@ -58,18 +73,21 @@ def _numpy_same_memory(a: Any, b: Any) -> bool:
 
 def _torch_device() -> str:
     """Where torch kernels run: $ELASTICBENCH_TORCH_DEVICE, default cpu."""
-    return os.environ.get("ELASTICBENCH_TORCH_DEVICE", "cpu")
+    return os.environ.get("ELASTICBENCH_TORCH_DEVICE", devices.HOST)
 
 
-def _torch_to_native(a: np.ndarray) -> Any:
+def _cpu_tensor(a: np.ndarray) -> Any:
+    """A fresh CPU tensor holding a copy of a (bf16 included)."""
     import ml_dtypes
     import torch
 
     if a.dtype == ml_dtypes.bfloat16:  # torch.from_numpy does not know ml_dtypes
-        t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(a.copy())
-    return t.to(_torch_device())
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def _torch_to_native(a: np.ndarray) -> Any:
+    return _cpu_tensor(a).to(_torch_device())
 
 
 def _torch_to_numpy(t: Any) -> np.ndarray:
@@ -107,13 +125,6 @@ def _torch_unavailable() -> str | None:
     return None
 
 
-def _torch_synchronize() -> None:
-    import torch
-
-    if _torch_device().startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _triton_unavailable() -> str | None:
     """Triton runs on a CUDA GPU, or on the CPU in its interpreter (TRITON_INTERPRET=1)."""
     try:
@@ -121,29 +132,28 @@ def _triton_unavailable() -> str | None:
         import triton  # noqa: F401
     except ImportError:
         return "Triton (or torch) is not installed"
-    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+    if torch.cuda.is_available() or _interpreted():
         return None
     return ("Triton needs a CUDA GPU, or TRITON_INTERPRET=1 to run its kernels on the CPU "
             "in Triton's interpreter")
 
 
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _triton_device() -> str:
+    """A CUDA GPU; the host when Triton's interpreter runs the kernels (even beside a GPU)."""
+    return devices.HOST if _interpreted() else "cuda"
+
+
 def _triton_to_native(a: np.ndarray) -> Any:
-    import torch
-
-    t = _torch_to_native(a)
-    return t.to("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _triton_synchronize() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    return _cpu_tensor(a).to(_triton_device())
 
 
 def _triton_calling() -> AbstractContextManager[Any]:
     """Under Triton's interpreter, exact bf16 for the kernel (elasticbench.triton_interpreter)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if _interpreted():
         from .triton_interpreter import exact_bf16
 
         return exact_bf16()
@@ -158,7 +168,7 @@ def _triton_compile_check(pairs: list[tuple[Any, Any]]) -> list[Any]:
 
     out: list[Any] = [None] * len(pairs)
     mine = [i for i, (spec, _) in enumerate(pairs) if spec.source != "builtin"]
-    if os.environ.get("TRITON_INTERPRET") != "1" or not mine:
+    if not _interpreted() or not mine:
         return out
     files = sorted({pairs[i][0].source for i in mine})
     try:
@@ -186,7 +196,7 @@ BACKENDS: dict[str, Backend] = {
         _torch_to_native,
         _torch_to_numpy,
         _torch_same_memory,
-        _torch_synchronize,
+        device=_torch_device,
         view=_torch_view,
         env_vars=("ELASTICBENCH_TORCH_DEVICE",),
     ),
@@ -197,9 +207,9 @@ BACKENDS: dict[str, Backend] = {
         _triton_to_native,
         _torch_to_numpy,
         _torch_same_memory,
-        _triton_synchronize,
-        _triton_calling,
-        _triton_compile_check,
+        calling=_triton_calling,
+        compile_check=_triton_compile_check,
+        device=_triton_device,
         view=_torch_view,
         # a Triton kernel gets its rows through a row stride; elements of a row are adjacent
         layouts=("packed", "padded", "offset"),
@@ -207,6 +217,12 @@ BACKENDS: dict[str, Backend] = {
     ),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
+
+
+def device_of(backend_names: list[str]) -> str:
+    """The device kernels of these backends run on: the first that is not the host, if any."""
+    names = [get_backend(b).device() for b in backend_names]
+    return next((d for d in names if d != devices.HOST), devices.HOST)
 
 
 def get_backend(name: str) -> Backend:

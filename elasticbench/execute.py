@@ -11,10 +11,14 @@ import select
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
+import traceback
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -26,6 +30,78 @@ from .worker import read_message, write_message
 
 T = TypeVar("T")
 
+MAX_FRAMES = 40  # the innermost frames of a kernel's traceback kept in its record
+MAX_MESSAGE = 2000  # characters of an exception's message kept (compiler errors run long)
+
+
+@dataclass
+class Call:
+    """What calling a kernel did, as plain data: its value, or the exception it raised (type,
+    message, traceback); the warnings it issued; how long it took."""
+
+    value: Any
+    raised: dict[str, Any] | None
+    warnings: list[dict[str, Any]]
+    seconds: float
+
+    @property
+    def error(self) -> str | None:
+        """The exception in one line, as failure reasons give it."""
+        if self.raised is None:
+            return None
+        return f"raised {self.raised['type']}: {self.raised['message']}".splitlines()[0]
+
+
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    dirs.add(str(Path(__file__).resolve().parent))  # elasticbench itself
+    return tuple(sorted(d for d in dirs if d))
+
+
+def exception_record(e: BaseException, skip: int = 1) -> dict[str, Any]:
+    """An exception as plain data: its type and message, the frames below the harness's own
+    `skip` frames (file, line, function, source line) and the innermost frame outside
+    Python's and elasticbench's own libraries ("at": where the kernel's code raised)."""
+    frames = traceback.extract_tb(e.__traceback__)[skip:][-MAX_FRAMES:]
+    stack = [{"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line or ""}
+             for f in frames]
+    libraries = _library_dirs()
+    mine = [f for f in stack if not str(Path(f["file"]).resolve()).startswith(libraries)]
+    return {"type": type(e).__name__, "message": str(e)[:MAX_MESSAGE], "traceback": stack,
+            "at": mine[-1] if mine else None}
+
+
+def warning_records(caught: list[warnings.WarningMessage]) -> list[dict[str, Any]]:
+    """Warnings as plain data, one entry per distinct (category, message, place), counted."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for w in caught:
+        key = (w.category.__name__, str(w.message), w.filename, w.lineno)
+        if key in out:
+            out[key]["count"] += 1
+        else:
+            out[key] = {"category": key[0], "message": key[1][:MAX_MESSAGE], "file": key[2],
+                        "line": key[3], "count": 1}
+    return list(out.values())
+
+
+def guarded_call(backend: Backend, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Call:
+    """fn(*args, **kwargs) as a verified call runs: inside the backend's calling context and
+    synchronized, every warning collected (none reaches the terminal), an exception kept as a
+    result rather than raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = time.perf_counter()
+        try:
+            with backend.calling():
+                value = fn(*args, **kwargs)
+            backend.synchronize()
+        except Exception as e:  # a kernel's failure is a result, not a crash of the run
+            return Call(None, exception_record(e), warning_records(caught),
+                        time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+    return Call(value, None, warning_records(caught), seconds)
+
 
 @dataclass
 class Outcome:
@@ -36,6 +112,8 @@ class Outcome:
     modified_input: bool
     returned_input: bool
     seconds: float
+    raised: dict[str, Any] | None = None  # the exception, when it raised (exception_record)
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # what it warned
     wrote_outside: bool = False  # changed memory around its input (padding, before the offset)
 
 
@@ -73,23 +151,19 @@ def call_kernel(spec: KernelSpec, x: np.ndarray, params: dict[str, float],
     backend = get_backend(spec.backend)
     arg = NativeInput.make(backend, x, layout)
     native = arg.view
-    start = time.perf_counter()
-    try:
-        with backend.calling():
-            out = spec.fn(native, **params)
-        backend.synchronize()
-    except Exception as e:  # a kernel's failure is a result, not a crash of the run
-        return Outcome(None, f"raised {type(e).__name__}: {e}".splitlines()[0], False, False,
-                       time.perf_counter() - start)
-    seconds = time.perf_counter() - start
+    call = guarded_call(backend, spec.fn, native, **params)
+    if call.raised is not None:
+        return Outcome(None, call.error, False, False, call.seconds, call.raised, call.warnings)
+    out = call.value
     returned_input = backend.same_memory(out, native)
     modified, outside = arg.changes()
     try:
         result = np.array(backend.to_numpy(out), copy=True)
     except TypeError as e:
-        return Outcome(None, f"returned the wrong type: {e}", modified, returned_input, seconds,
-                       outside)
-    return Outcome(result, None, modified, returned_input, seconds, outside)
+        return Outcome(None, f"returned the wrong type: {e}", modified, returned_input,
+                       call.seconds, warnings=call.warnings, wrote_outside=outside)
+    return Outcome(result, None, modified, returned_input, call.seconds,
+                   warnings=call.warnings, wrote_outside=outside)
 
 
 def _warm_up() -> None:

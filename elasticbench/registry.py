@@ -12,13 +12,15 @@ import importlib
 import importlib.util
 import sys
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from .backends import get_backend
 from .functions import get_function
 from .numerics.dtypes import get_format
+from .passes import PassModel
 
 MODES = ("fwd", "bwd")
 BUILTIN_MODULES = (
@@ -42,6 +44,7 @@ class KernelSpec:
     description: str = ""
     baseline: bool = False  # a vendor reference point: timed by run, verified only by name
     dtypes: tuple[str, ...] | None = None  # formats it accepts; None: all of them
+    model: PassModel | None = None  # its declared passes; None: its function's minimum
 
     def supports(self, dtype: str) -> bool:
         """Whether the kernel takes inputs of this format (others are skipped, not failed)."""
@@ -54,7 +57,7 @@ class KernelSpec:
     def __reduce__(self):  # type: ignore[override]
         # A registered kernel travels to another process by name and is looked up (its
         # kernel file loaded) there: functions of a user's file do not pickle by reference.
-        if _KERNELS.get((self.name, self.mode)) is self:
+        if _REGISTRY.get(self.name, self.mode) is self:
             return (_resolve, (self.name, self.mode, self.source))
         return super().__reduce__()
 
@@ -63,9 +66,39 @@ class KernelFileError(Exception):
     """A kernel file could not be loaded; the message names the file and line."""
 
 
-_KERNELS: dict[tuple[str, str], KernelSpec] = {}
+class KernelRegistry:
+    """Kernels by (name, mode), in registration order; `scoped` undoes what a block adds."""
+
+    def __init__(self) -> None:
+        self._kernels: dict[tuple[str, str], KernelSpec] = {}
+
+    def get(self, name: str, mode: str) -> KernelSpec | None:
+        return self._kernels.get((name, mode))
+
+    def add(self, spec: KernelSpec) -> None:
+        self._kernels[(spec.name, spec.mode)] = spec
+
+    def specs(self) -> list[KernelSpec]:
+        return list(self._kernels.values())
+
+    @contextmanager
+    def scoped(self, *, alone: bool = False) -> Iterator[None]:
+        """Kernels registered inside the block are forgotten after it; alone=True also hides
+        the ones registered before, for the block's duration."""
+        saved = dict(self._kernels)
+        if alone:
+            self._kernels.clear()
+        try:
+            yield
+        finally:
+            self._kernels.clear()
+            self._kernels.update(saved)
+
+
+_REGISTRY = KernelRegistry()
 _builtins_loaded = False
 _loading_source = "builtin"
+_loaded_keys: list[tuple[str, str]] | None = None  # what the file being loaded registers
 
 
 def register_kernel(
@@ -77,12 +110,15 @@ def register_kernel(
     description: str = "",
     baseline: bool = False,
     dtypes: Iterable[str] | None = None,
+    model: PassModel | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register fn as the kernel `name` (default: the function's __name__).
 
     baseline=True marks a vendor reference point (torch.softmax, say): `run` compares
     against it, and `verify` checks it only when it is named with --only. dtypes limits the
-    formats the kernel is given (fp64 for a GPU kernel, say); by default all four.
+    formats the kernel is given (fp64 for a GPU kernel, say); by default all four. model
+    declares its passes over memory and its exponentials (elasticbench.passes), which give
+    it its own roof in `run`.
     """
     get_function(function)
     get_backend(backend)
@@ -96,16 +132,28 @@ def register_kernel(
         kname = name or fn.__name__
         summary = description or (fn.__doc__ or "").strip().partition("\n")[0]
         spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline,
-                          formats)
-        old = _KERNELS.get((kname, mode))
+                          formats, model)
+        old = _REGISTRY.get(kname, mode)
+        if _loaded_keys is not None:
+            _loaded_keys.append((kname, mode))
         if old is not None and old.source != spec.source:
+            if _same_definition(old.fn, fn):  # a module imported by two kernel files
+                return fn
             raise ValueError(
                 f"kernel {kname!r} ({mode}) is already registered by {old.source}"
             )
-        _KERNELS[(kname, mode)] = spec
+        _REGISTRY.add(spec)
         return fn
 
     return deco
+
+
+def _same_definition(a: Callable, b: Callable) -> bool:
+    """Whether two functions come from the same lines of the same file (one module executed
+    twice, under two names)."""
+    ca, cb = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return (ca is not None and cb is not None and ca.co_filename == cb.co_filename
+            and ca.co_firstlineno == cb.co_firstlineno)
 
 
 def _backend_of(module: str) -> str:
@@ -126,10 +174,20 @@ def _load_builtins() -> None:
             importlib.import_module(module)
 
 
+@contextmanager
+def scoped_kernels(*, alone: bool = False) -> Iterator[None]:
+    """Kernels registered inside the block (kernel files loaded in it) are forgotten after
+    it; the built-ins are loaded first, so they stay. alone=True hides every kernel
+    registered before the block while it runs (see KernelRegistry.scoped)."""
+    _load_builtins()
+    with _REGISTRY.scoped(alone=alone):
+        yield
+
+
 def _resolve(name: str, mode: str, source: str) -> KernelSpec:
     """The registered kernel (name, mode), loading its kernel file first if need be."""
     _load_builtins()
-    if (name, mode) not in _KERNELS and source != "builtin":
+    if _REGISTRY.get(name, mode) is None and source != "builtin":
         load_kernel_file(source)
     return get_kernel(name, mode)
 
@@ -141,7 +199,7 @@ def list_kernels(
     _load_builtins()
     return [
         k
-        for k in _KERNELS.values()
+        for k in _REGISTRY.specs()
         if (function is None or k.function == function)
         and (backend is None or k.backend == backend)
         and (mode is None or k.mode == mode)
@@ -150,35 +208,48 @@ def list_kernels(
 
 def get_kernel(name: str, mode: str = "fwd") -> KernelSpec:
     _load_builtins()
-    try:
-        return _KERNELS[(name, mode)]
-    except KeyError:
-        known = ", ".join(sorted(k for k, m in _KERNELS if m == mode))
+    spec = _REGISTRY.get(name, mode)
+    if spec is None:
+        known = ", ".join(sorted(k.name for k in _REGISTRY.specs() if k.mode == mode))
         skipped = [f"the {b} built-ins ({why})" for b in _builtin_backends()
                    if (why := get_backend(b).unavailable())]
         note = f"; not loaded: {'; '.join(skipped)}" if skipped else ""
-        raise ValueError(f"unknown kernel {name!r} (registered: {known}){note}") from None
+        raise ValueError(f"unknown kernel {name!r} (registered: {known}){note}")
+    return spec
 
 
 def load_kernel_file(path: str | Path) -> list[KernelSpec]:
     """Import a user's kernel file; return the kernels it registered.
 
-    Any failure becomes a KernelFileError naming the file and the line at fault.
+    As pytest does for test files, the file's directory goes first on the import path, so
+    the file can import modules beside it; a sibling that imports the file by name gets
+    this same module. Any failure becomes a KernelFileError naming the file and the line.
     """
-    global _loading_source
+    global _loading_source, _loaded_keys
     _load_builtins()
     p = Path(path)
     if not p.is_file():
         raise KernelFileError(f"kernel file {p} does not exist")
+    directory = str(p.resolve().parent)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
     module_name = f"elasticbench_user_{abs(hash(str(p.resolve())))}"
     _loading_source = str(p)
+    keys: list[tuple[str, str]] = []
+    _loaded_keys = keys
+    aliases = [module_name] + ([p.stem] if _importable_as(p.stem, p) else [])
     try:
         spec = importlib.util.spec_from_file_location(module_name, p)
         if spec is None or spec.loader is None:
             raise KernelFileError(f"kernel file {p} cannot be imported")
         module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        sys.modules.update(dict.fromkeys(aliases, module))
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            for name in aliases:  # as a failed import does: no half-made module stays
+                sys.modules.pop(name, None)
+            raise
     except KernelFileError:
         raise
     except SyntaxError as e:
@@ -186,8 +257,20 @@ def load_kernel_file(path: str | Path) -> list[KernelSpec]:
     except Exception as e:  # any error raised while importing the user's file
         raise KernelFileError(f"{_where(e, p)}: {type(e).__name__}: {e}") from None
     finally:
-        _loading_source = "builtin"
-    return [k for k in _KERNELS.values() if k.source == str(p)]
+        _loading_source, _loaded_keys = "builtin", None
+    return [spec for k in dict.fromkeys(keys) if (spec := _REGISTRY.get(*k)) is not None]
+
+
+def _importable_as(name: str, path: Path) -> bool:
+    """Whether `import name` would find the file at path and nothing of that name is loaded."""
+    if not name.isidentifier() or name in sys.modules:
+        return False
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return (found is not None and found.origin is not None
+            and Path(found.origin).resolve() == path.resolve())
 
 
 def _where(exc: BaseException, path: Path) -> str:

@@ -29,7 +29,14 @@ from rich.progress import (
 )
 
 from .interrupt import sigterm_as_interrupt
-from .records import ResultsFileError, ResultsWriter, check_writable, resume_writer
+from .records import (
+    RECORD_TYPES,
+    Record,
+    ResultsFileError,
+    ResultsWriter,
+    check_writable,
+    resume_writer,
+)
 from .shards import select_shard, shard_header
 
 Item = TypeVar("Item")
@@ -93,6 +100,8 @@ class Session:
                             else ResultsWriter(path, kind, meta))
         except ResultsFileError as e:
             raise SessionError(str(e)) from None
+        self._records: list[Record] = [RECORD_TYPES[kind].from_dict(r)
+                                       for r in self._writer.records]  # checked when read
         self.kind, self.path = kind, path
         self.complete = False
         self.elapsed_s = 0.0
@@ -107,13 +116,17 @@ class Session:
         return self._writer.doc
 
     @property
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[Record]:
         """Every record of the file so far, a resumed file's first."""
-        return self._writer.records
+        return self._records
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: Record) -> None:
         """Keep a finished record (on disk within a couple of seconds)."""
-        self._writer.add(record)
+        if not isinstance(record, RECORD_TYPES[self.kind]):
+            raise TypeError(f"a {self.kind} results file takes {RECORD_TYPES[self.kind].__name__}"
+                            f"s, not {type(record).__name__}")
+        self._records.append(record)
+        self._writer.add(record.to_dict())
 
     def task(self, description: str, total: float) -> Task:
         """A new progress bar (drawn only on a terminal)."""

@@ -1,10 +1,11 @@
-"""CPU Elastic-Softmax kernels whose pass structure is explicit, plus torch.softmax.
+"""CPU Elastic-Softmax kernels whose pass structure is explicit, plus the two softmax
+reference points: torch.softmax and torch.compile's fusion of the safe softmax.
 
 Each pass below is one torch.compile'd function (inductor's C++ backend), called from
 Python, so inductor cannot merge passes: a pass is exactly one sweep over the (rows, n)
 array in memory. Inside a pass, rows are cut into blocks of B <= 2048 elements (B divides
 n); what a pass does to one block (its max, then its exponentials) stays in L1, so the
-block-level work costs no extra memory traffic. The declared models (bench/models.py):
+block-level work costs no extra memory traffic. The declared models (elasticbench.passes):
 
 | kernel               | passes over memory                              | R | W | exps |
 |----------------------|-------------------------------------------------|---|---|------|
@@ -28,8 +29,8 @@ from typing import Any
 
 import torch
 
-from elasticbench import register_kernel
-from elasticbench.bench.models import passes
+from elasticbench import PassModel, register_kernel
+from elasticbench.functional import exp_normalize_forward
 from elasticbench.kernels.torch_kernels import torch_elastic
 
 LOG2E = 1.0 / math.log(2.0)
@@ -155,6 +156,11 @@ def _fused(x: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor) -> torch.Tens
     return y.to(x.dtype)
 
 
+@_compile
+def _fused_softmax(x: torch.Tensor) -> torch.Tensor:
+    return exp_normalize_forward(x, x > -math.inf)
+
+
 # ---- glue ------------------------------------------------------------------------------
 
 
@@ -184,8 +190,8 @@ def _cody_waite(tau: float, dtype: torch.dtype) -> tuple[float, float, int]:
     return hi, c - hi, 1 << (52 - bits if dtype == torch.float64 else 23 - bits)
 
 
-@register_kernel(function="elastic", backend="torch", name="elastic_three_pass")
-@passes("three-pass", reads=3, writes=1, exps=2)
+@register_kernel(function="elastic", backend="torch", name="elastic_three_pass",
+                 model=PassModel("three-pass", reads=3, writes=1, exps=2))
 def elastic_three_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Three passes: kept max; sum of exponentials; exponentials divided by the sum."""
     wd = _work_dtype(x)
@@ -197,8 +203,8 @@ def elastic_three_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Ten
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
 
 
-@register_kernel(function="elastic", backend="torch", name="elastic_online")
-@passes("online two-pass", reads=2, writes=1, exps=2)
+@register_kernel(function="elastic", backend="torch", name="elastic_online",
+                 model=PassModel("online two-pass", reads=2, writes=1, exps=2))
 def elastic_online(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Online two-pass (Milakov & Gimelshein): max and rescaled sum in one sweep, then output."""
     wd = _work_dtype(x)
@@ -209,8 +215,8 @@ def elastic_online(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
 
 
-@register_kernel(function="elastic", backend="torch", name="elastic_two_pass")
-@passes("two-pass (Dukhan-Ablavatski)", reads=2, writes=1, exps=2)
+@register_kernel(function="elastic", backend="torch", name="elastic_two_pass",
+                 model=PassModel("two-pass (Dukhan-Ablavatski)", reads=2, writes=1, exps=2))
 def elastic_two_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Two-Pass (Dukhan & Ablavatski): (mantissa, 2^k) sums with no max pass, then output."""
     wd = _work_dtype(x)
@@ -226,8 +232,8 @@ def elastic_two_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
     return _redo_rows(x, y, ~m.isfinite() | ~(big_k.abs() < limit), tau, beta)
 
 
-@register_kernel(function="elastic", backend="torch", name="elastic_exp_once")
-@passes("exp-once (stores exponentials)", reads=2, writes=2, exps=1)
+@register_kernel(function="elastic", backend="torch", name="elastic_exp_once",
+                 model=PassModel("exp-once (stores exponentials)", reads=2, writes=2, exps=1))
 def elastic_exp_once(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Exp-once: block-shifted exponentials stored with their sums; then one scaling sweep."""
     wd = _work_dtype(x)
@@ -239,20 +245,28 @@ def elastic_exp_once(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
 
 
-@register_kernel(function="elastic", backend="torch", name="compiled_elastic")
-@passes("inductor fused", reads=3, writes=2, exps=1)
+@register_kernel(function="elastic", backend="torch", name="compiled_elastic",
+                 model=PassModel("inductor fused", reads=3, writes=2, exps=1))
 def compiled_elastic(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """The Elastic-Softmax composite fused by torch.compile (inductor C++), special values kept."""
     wd = _work_dtype(x)
     return _fused(x, _scalar(tau, wd), _scalar(beta, wd))
 
 
-@register_kernel(function="elastic", backend="torch", name="elastic_accurate")
-@passes("inductor fused, fp64 argument", reads=3, writes=2, exps=1, compute="fp64")
+@register_kernel(function="elastic", backend="torch", name="elastic_accurate",
+                 model=PassModel("inductor fused, fp64 argument", reads=3, writes=2, exps=1,
+                                 compute="fp64"))
 def elastic_accurate(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Fused Elastic-Softmax computed in fp64: the exponent argument is exact for fp32 inputs."""
     d = torch.float64
     return _fused(x, _scalar(tau, d), _scalar(beta, d))
+
+
+@register_kernel(function="softmax", backend="torch", name="compiled_softmax", baseline=True)
+def compiled_softmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.compile's reference point for softmax: torch_safe_softmax's composite fused by
+    inductor (dynamic shapes, as compiled_elastic), special values kept."""
+    return _fused_softmax(x)
 
 
 @register_kernel(function="softmax", backend="torch", name="torch_softmax", baseline=True)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from elasticbench.bench.cases import load_run_case, parse_size
-from elasticbench.gate.ab import Policy, run_ab, versions_from_files
+from elasticbench.gate.ab import ABPolicy, run_ab, versions_from_files
 from elasticbench.gate.compare import compare
 from elasticbench.verify.matrix import builtin_case
 
@@ -50,7 +50,7 @@ def main() -> None:
         t0 = time.perf_counter()
         for trial in range(trials):
             res = run_ab(pairs, case, ["fp32"], shapes,
-                         Policy(rounds=args.rounds, seed=trial, threads=args.threads),
+                         ABPolicy(rounds=args.rounds, seed=trial, threads=args.threads),
                          verify=numerics is None)
             if numerics is None:
                 numerics = (res.base.numerics, res.current.numerics)

@@ -29,11 +29,8 @@ def _fresh_user_kernels() -> Iterator[None]:
     'invocations'), so two tests may both define a kernel called `mine`."""
     from elasticbench import registry
 
-    registry.list_kernels()
-    saved = dict(registry._KERNELS)
-    yield
-    registry._KERNELS.clear()
-    registry._KERNELS.update(saved)
+    with registry.scoped_kernels():
+        yield
 
 
 @dataclass

@@ -70,6 +70,25 @@ def test_gradient_reference_special_rows():
     assert get_function("stablemax").gradient_row is None
 
 
+def test_each_function_says_what_its_backward_budget_needs():
+    import numpy as np
+
+    from elasticbench.functions import FUNCTIONS
+    from elasticbench.verify.backward import BOUNDS
+
+    for f in FUNCTIONS.values():
+        if f.gradient_row is not None:  # every parameter's gradient has a bound
+            assert all(p.role in BOUNDS for p in f.params), f.name
+    el, s1 = get_function("elastic"), get_function("softmax1")
+    row = np.array([-1.0, -0.0, 0.0, 2.0, -math.inf])
+    assert el.kept(row).tolist() == [False, True, True, True, False]
+    assert get_function("softmax").kept(row).tolist() == [True] * 4 + [False]
+    assert (el.temperature({"tau": 0.5, "beta": 2.0}), el.offset({"tau": 0.5, "beta": 2.0})) \
+        == (0.5, 2.0)
+    assert (s1.temperature({}), s1.offset({}), s1.shift_floor) == (1.0, 1.0, 0.0)
+    assert get_function("softmax").offset({}) == 0.0
+
+
 def test_gradient_truth_is_cached_apart_from_the_forward(tmp_path):
     import numpy as np
 

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from elasticbench.bench.cases import parse_run_table, parse_size
-from elasticbench.bench.models import PassModel, minimum_bytes, minimum_model, model_of, passes
+from elasticbench.bench.models import minimum_bytes, minimum_model, model_of
 from elasticbench.bench.roofline import roof_for
-from elasticbench.bench.timing import Policy, summarize, time_cpu
+from elasticbench.bench.timing import Policy, summarize, time_calls
+from elasticbench.devices import HostClock
+from elasticbench.passes import PassModel
 from elasticbench.registry import KernelSpec
 from elasticbench.verify.matrix import CaseFileError
 
@@ -29,13 +31,84 @@ def test_summarize_rejects_empty():
 
 def test_time_cpu_keeps_raw_samples_and_rotates():
     seen: list[int] = []
-    t = time_cpu(lambda i: seen.append(i), Policy(warmup_s=0, min_reps=3, max_reps=5,
-                                                  budget_s=0.05))
+    t = time_calls(lambda i: seen.append(i), Policy(warmup_s=0, min_reps=3, max_reps=5,
+                                                    budget_s=0.05), HostClock())
     assert 3 <= len(t.samples_ns) <= 5
     assert seen == list(range(len(seen)))  # call index counts up: callers rotate buffers
     d = t.to_dict()
     assert d["reps"] == len(t.samples_ns) and d["clock"] == "perf_counter_ns"
     assert (t.warning is None) == t.converged
+
+
+class RecordingClock:
+    """A fake device clock: what happened, in order; each span lasts 1000 ns per call."""
+
+    name = "fake"
+
+    def __init__(self, flushes: bool, single_call: bool = False):
+        self.flushes, self.single_call, self.events, self.calls = flushes, single_call, [], 0
+
+    def start(self):
+        self.events.append("start")
+        self.calls = 0
+
+    def stop(self):
+        self.events.append("stop")
+        return 1000.0 * self.calls
+
+    def flush(self):
+        self.events.append("flush")
+
+    def call(self, i):
+        self.events.append("call")
+        self.calls += 1
+
+
+def _spans(events: list[str]) -> list[list[str]]:
+    """The events between each start and its stop."""
+    out, span = [], None
+    for e in events:
+        if e == "start":
+            span = []
+        elif e == "stop":
+            out.append(span)
+            span = None
+        elif span is not None:
+            span.append(e)
+    return out
+
+
+POLICY = Policy(warmup_s=0, min_reps=3, max_reps=4, budget_s=0.05, min_sample_s=5e-6)
+
+
+def test_cold_samples_flush_outside_the_span_one_call_each():
+    clock = RecordingClock(flushes=True)
+    t = time_calls(clock.call, POLICY, clock, cold=True)
+    assert t.inner == 1 and t.clock == "fake"
+    assert all(span == ["call"] for span in _spans(clock.events))
+    starts = [i for i, e in enumerate(clock.events) if e == "start"]
+    assert all(clock.events[i - 1] == "flush" for i in starts)  # each span follows a flush
+
+
+def test_warm_samples_never_flush():
+    # in-cache means warm: nothing evicts the cache between samples (a GPU's L2 included)
+    clock = RecordingClock(flushes=True)
+    t = time_calls(clock.call, POLICY, clock)
+    assert "flush" not in clock.events
+    assert t.inner == 5 and _spans(clock.events)[-1] == ["call"] * 5
+
+
+def test_a_clock_that_times_one_call_exactly_takes_warm_samples_of_one_call():
+    clock = RecordingClock(flushes=True, single_call=True)
+    t = time_calls(clock.call, POLICY, clock)
+    assert "flush" not in clock.events and t.inner == 1
+    assert all(span == ["call"] for span in _spans(clock.events))
+
+
+def test_a_clock_that_cannot_flush_relies_on_rotation_when_cold():
+    clock = RecordingClock(flushes=False)
+    t = time_calls(clock.call, POLICY, clock, cold=True)
+    assert "flush" not in clock.events and t.inner == 5
 
 
 def test_policy_validation():
@@ -65,11 +138,10 @@ def test_minimum_bytes():
 
 
 def test_declared_model_is_read_from_the_kernel():
-    @passes("exp-once", reads=2, writes=2, exps=1)
     def k(x, *, tau, beta):
         return x
 
-    spec = KernelSpec("k", "elastic", "numpy", k)
+    spec = KernelSpec("k", "elastic", "numpy", k, model=PassModel("exp-once", 2, 2, 1))
     assert model_of(spec).structure == "exp-once" and model_of(spec).writes == 2
     plain = KernelSpec("p", "elastic", "numpy", lambda x, **kw: x)
     assert model_of(plain).declared is False and model_of(plain).exps == 1
@@ -115,3 +187,30 @@ def test_run_table_defaults_and_builtin_cases_load():
         assert case.sizes and case.dtypes
     assert max(n for _, n in load_run_case(builtin_case("long-rows")).sizes) == 1 << 22
     assert np.prod(load_run_case(builtin_case("two-pass-paper")).sizes[0]) * 4 > 32 << 20
+
+
+@pytest.mark.parametrize("llc,cold", [(1 << 30, False), (1024, True)])
+def test_a_unit_is_timed_with_its_backends_clock_and_waits_outside_the_span(monkeypatch, llc,
+                                                                             cold):
+    # a kernel may return before its work is done (a GPU's); the wait belongs to the clock's
+    # stop, never inside the timed calls, and only an out-of-cache unit is flushed
+    from elasticbench import devices
+    from elasticbench.backends import Backend
+    from elasticbench.bench.cases import RunCase
+    from elasticbench.bench.runner import Ceilings, Unit, time_unit
+
+    clock = RecordingClock(flushes=True)
+    monkeypatch.setattr(Backend, "clock", lambda self: clock)
+    monkeypatch.setattr(Backend, "llc_bytes", lambda self: llc)
+    monkeypatch.setattr(devices, "synchronize", lambda device: clock.events.append("sync"))
+
+    def kernel(x):
+        clock.call(0)
+        return x
+
+    spec = KernelSpec("k", "softmax", "numpy", kernel)
+    ceilings = Ceilings("cpu", llc, 1e10, {"fp32": 1e9, "fp64": 1e9})
+    time_unit(Unit(spec, "fp32", (4, 256)), RunCase("t"), ceilings, POLICY, {})
+    spans = _spans(clock.events)
+    assert spans and all(set(span) == {"call"} for span in spans)
+    assert ("flush" in clock.events) == cold

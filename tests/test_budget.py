@@ -23,7 +23,7 @@ def check(fn, function, backend, generator, dtype, shape, max_elements=1 << 17, 
     case = VerifyCase(function, generator, shape, dtype, tuple(params.items()), 11)
     (prep,) = prepare([case], max_elements, 128)
     (truth,) = solve([prep.job], TruthStore(None))
-    return verify_one(spec, prep, truth)
+    return verify_one(spec, prep, truth).to_dict()
 
 
 def vendor_softmax(x):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -82,7 +83,7 @@ def test_failure_names_the_worst_input(cli, tmp_path):
     r = cli("verify", *QUICK, "--kernel-file", kernel_file(tmp_path, body), "-d", "fp32",
             "--input", "normal")
     assert r.code == 1
-    assert "FAIL off_softmax fp32: accuracy" in r.out
+    assert re.search(r"FAIL off_softmax normal \d+x\d+ fp32: accuracy", r.out)
     assert "at row" in r.out and "expected" in r.out and "got" in r.out
 
 
@@ -135,6 +136,11 @@ def bad(x):
     (("--kernel-file", "nope.py"), "does not exist"),
     (("--quick", "--case", "cases/verify.toml"), "cannot be used together"),
     (("--frobnicate",), "No such option"),
+    (("--failures", "abc"), "--failures takes a number or 'all'"),
+    (("--param", "foo=1"), "no chosen function has a parameter 'foo'"),
+    (("-f", "elastic", "--param", "tau=-1"), "tau must be finite and > 0"),
+    (("--param", "tau"), "--param takes NAME=VALUE"),
+    (("--size", "0x3"), "a size needs rows >= 1"),
 ])
 def test_bad_usage_is_one_line_and_exit_2(cli, args, message):
     r = cli("verify", *args)

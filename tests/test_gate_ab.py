@@ -12,7 +12,7 @@ import pytest
 
 from elasticbench import registry
 from elasticbench.bench.cases import parse_run_table
-from elasticbench.gate.ab import Policy, run_ab, versions_from_files, versions_from_revision
+from elasticbench.gate.ab import ABPolicy, run_ab, versions_from_files, versions_from_revision
 
 KERNEL = '''
 import numpy as np
@@ -35,10 +35,10 @@ def kernel_file(path: Path, factor: str = "1", doc: str = "v") -> Path:
 
 
 def test_two_versions_of_one_name_load_without_touching_the_registry(tmp_path):
-    before = dict(registry._KERNELS)
+    before = registry.list_kernels()
     pairs = versions_from_files(str(kernel_file(tmp_path / "a.py", doc="A")),
                                 str(kernel_file(tmp_path / "b.py", doc="B")))
-    assert before == registry._KERNELS
+    assert before == registry.list_kernels()
     [p] = pairs
     assert p.name == "mine" and p.base.name == "mine@base" and p.current.name == "mine@current"
     assert p.base.description == "A" and p.current.description == "B"
@@ -48,7 +48,7 @@ def test_run_ab_pairs_samples_round_by_round(tmp_path):
     pairs = versions_from_files(str(kernel_file(tmp_path / "a.py")),
                                 str(kernel_file(tmp_path / "b.py")))
     case = parse_run_table(CASE, "test", "t")
-    res = run_ab(pairs, case, ["fp32"], [(2, 64)], Policy(rounds=6, warmup_s=0,
+    res = run_ab(pairs, case, ["fp32"], [(2, 64)], ABPolicy(rounds=6, warmup_s=0,
                                                           min_sample_s=1e-5), verify=False)
     assert [r["version"] for r in res.records] == ["base", "current"]
     assert all(len(r["timing"]["samples_ns"]) == 6 for r in res.records)

@@ -14,13 +14,18 @@ MACHINE = {"cpu": "Test CPU", "arch": "x86_64", "cores": 2, "gpu": None}
 
 
 def rec(kernel: str, seed: int, scale: float = 1.0, *, shape=(64, 4096), status="pass",
-        max_ulp=3.0, n=30, error=None) -> dict:
-    samples = (1e6 * scale * np.random.default_rng(seed).lognormal(0, 0.05, n)).tolist()
+        max_ulp=3.0, n=10, procs=4, between=0.02, error=None) -> dict:
+    """A run record timed in `procs` processes of n samples, each process at its own level."""
+    rng = np.random.default_rng(seed)
+    samples = np.concatenate([1e6 * scale * np.exp(rng.normal(0, between)
+                                                   + rng.normal(0, 0.05, n))
+                              for _ in range(procs)]).tolist()
     r = {"kernel": kernel, "function": "elastic", "backend": "torch", "mode": "fwd",
          "dtype": "fp32", "shape": list(shape), "params": {"tau": 1.0, "beta": 1.0},
          "generator": "normal", "seed": 0, "baseline": False,
          "min_bytes": 2 * shape[0] * shape[1] * 4,
-         "timing": {"samples_ns": samples}, "median_s": float(np.median(samples)) * 1e-9,
+         "timing": {"samples_ns": samples, "processes": [n] * procs},
+         "median_s": float(np.median(samples)) * 1e-9,
          "verify": {"status": status, "cases": 4, "failed": int(status == "FAIL"),
                     "max_ulp": max_ulp,
                     "reason": None if status == "pass" else "accuracy: 840 ulp > budget 4"}}
@@ -81,8 +86,9 @@ def test_numerics_regression_fails_even_when_faster(cli, tmp_path):
 def test_verify_files_budget_crossing_and_pass_to_fail(cli, tmp_path):
     def vdoc(passed, frac):
         return {"schema": "elasticbench.verify/1", "kind": "verify", "machine": MACHINE,
-                "records": [{"kernel": "k", "dtype": "fp32", "input": "normal", "seed": 1,
-                             "shape": [4, 8], "params": {}, "passed": passed,
+                "records": [{"kernel": "k", "function": "softmax", "dtype": "fp32",
+                             "input": "normal", "seed": 1, "shape": [4, 8], "params": {},
+                             "passed": passed,
                              "max_ulp": 4 * frac, "max_budget_frac": frac,
                              "reason": None if passed else "accuracy"}]}
     (tmp_path / "v1.json").write_text(json.dumps(vdoc(True, 0.5)))
@@ -142,7 +148,8 @@ def test_machines_differ_warning_and_bandwidth_fraction(cli, tmp_path):
 
 
 def pytest_benchmark_doc(seed: int, scale: float, with_data: bool) -> dict:
-    data = (1e-3 * scale * np.random.default_rng(seed).lognormal(0, 0.05, 40)).tolist()
+    rng = np.random.default_rng(seed)
+    data = (1e-3 * scale * np.exp(rng.normal(0, 0.02)) * rng.lognormal(0, 0.05, 40)).tolist()
     stats = {"min": min(data), "max": max(data), "median": float(np.median(data)),
              "rounds": 40}
     if with_data:
@@ -158,21 +165,34 @@ def pytest_benchmark_doc(seed: int, scale: float, with_data: bool) -> dict:
 
 
 def test_pytest_benchmark_files(cli, tmp_path):
-    (tmp_path / "a.json").write_text(json.dumps(pytest_benchmark_doc(1, 1.0, True)))
-    (tmp_path / "b.json").write_text(json.dumps(pytest_benchmark_doc(2, 1.3, True)))
+    for i in range(3):  # each file is one pytest process
+        (tmp_path / f"a{i}.json").write_text(json.dumps(pytest_benchmark_doc(i, 1.0, True)))
+        (tmp_path / f"b{i}.json").write_text(json.dumps(pytest_benchmark_doc(10 + i, 1.3,
+                                                                             True)))
     (tmp_path / "c.json").write_text(json.dumps(pytest_benchmark_doc(2, 1.3, False)))
-    ds = load(tmp_path / "a.json")
+    ds = load(tmp_path / "a0.json")
     assert ds.kind == "pytest-benchmark" and ds.machine["cpu"] == "Test CPU"
     [s] = ds.series.values()
     assert s.kernel == "torch_elastic" and s.costs is not None and len(s.costs) == 40
-    r = cli("gate", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
-    assert r.code == 1
-    r = cli("gate", str(tmp_path / "a.json"), str(tmp_path / "c.json"),
+    # one file per side: one process each, so the spread between processes is unknown
+    r = cli("gate", str(tmp_path / "a0.json"), str(tmp_path / "b0.json"),
+            "--json", str(tmp_path / "one.json"))
+    row = json.loads((tmp_path / "one.json").read_text())["rows"][0]
+    assert r.code == 0 and row["verdict"] == "inconclusive"
+    assert row["estimate"]["processes"] == [1, 1] and 1.2 < row["estimate"]["ratio"] < 1.4
+    # three files per side: three processes each
+    sides = [f"--{side}={tmp_path / f'{x}{i}.json'}" for side, x in (("base", "a"),
+                                                                       ("current", "b"))
+             for i in range(3)]
+    r = cli("gate", *sides, "--json", str(tmp_path / "three.json"))
+    row = json.loads((tmp_path / "three.json").read_text())["rows"][0]
+    assert r.code == 1 and row["verdict"] == "slower" and row["estimate"]["processes"] == [3, 3]
+    r = cli("gate", str(tmp_path / "a0.json"), str(tmp_path / "c.json"),
             "--json", str(tmp_path / "cmp.json"))
     doc = json.loads((tmp_path / "cmp.json").read_text())
     assert r.code == 0 and "--benchmark-save-data" in doc["warnings"][0]
     assert doc["rows"][0]["verdict"] == "not comparable"
-    assert cli("gate", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+    assert cli("gate", str(tmp_path / "a0.json"), str(tmp_path / "b0.json"),
                "--metric", "bandwidth-fraction").code == 2
 
 
@@ -193,3 +213,62 @@ def test_baseline_save(cli, tmp_path):
     doc["complete"] = False
     run.write_text(json.dumps(doc))
     assert cli("baseline", "save", str(run), "--dir", str(d), "--name", "n").code == 2
+
+
+def test_single_process_runs_apart_by_process_noise_are_inconclusive(cli, tmp_path):
+    # Each run timed in one process: samples tight (1%), the two processes 30% apart, as two
+    # runs of the same code were on an idle machine. A test on samples is sure of a 1.3x
+    # slowdown; with one process per side nothing measures the spread between processes.
+    base = write_run(tmp_path / "b.json", [rec("k", 1, procs=1, n=40, between=0.0)])
+    cur = write_run(tmp_path / "c.json", [rec("k", 2, 1.3, procs=1, n=40, between=0.0)])
+    r = cli("gate", str(base), str(cur), "--json", str(tmp_path / "cmp.json"))
+    [row] = json.loads((tmp_path / "cmp.json").read_text())["rows"]
+    assert r.code == 0 and "PASS" in r.out
+    assert row["verdict"] == "inconclusive" and "noise floor" in row["reason"]
+    assert 1.25 < row["estimate"]["ratio"] < 1.35 and row["estimate"]["processes"] == [1, 1]
+
+
+def test_baseline_from_several_runs_gives_one_process_runs_a_verdict(cli, tmp_path):
+    runs = []
+    for i in range(4):  # four single-process runs of one plan, a few % apart
+        doc = write_run(tmp_path / f"r{i}.json", [rec("k", 10 + i, procs=1, n=20,
+                                                      between=0.03)])
+        runs.append(str(doc))
+    d = tmp_path / "baselines"
+    r = cli("baseline", "save", *runs, "--dir", str(d), "--name", "q")
+    assert r.code == 0 and "noise floors of 1 series from 4 run(s)" in r.out
+    saved = json.loads((d / "q.json").read_text())
+    [floor] = saved["noise_floor"]
+    assert floor["kernel"] == "k" and floor["df"] == 3 and 0 < floor["sd_log"]["time"] < 0.1
+    assert saved["saved_baseline"]["from"] == runs and len(saved["records"]) == 1
+    same = write_run(tmp_path / "same.json", [rec("k", 20, procs=1, n=20, between=0.03)])
+    slow = write_run(tmp_path / "slow.json", [rec("k", 21, 2.0, procs=1, n=20, between=0.03)])
+    r = cli("gate", str(d / "q.json"), str(same), "--json", str(tmp_path / "s.json"))
+    [row] = json.loads((tmp_path / "s.json").read_text())["rows"]
+    assert r.code == 0 and row["verdict"] == "same"
+    assert row["estimate"]["noise_sd_log"] == floor["sd_log"]["time"]
+    r = cli("gate", str(d / "q.json"), str(slow))
+    assert r.code == 1 and "1 timing regression" in r.out
+    # runs of different plans make no baseline
+    other = write_run(tmp_path / "o.json", [rec("other", 1)])
+    assert cli("baseline", "save", runs[0], str(other), "--dir", str(d), "--name", "x"
+               ).code == 2
+
+
+def test_several_files_per_side_and_bad_sides(cli, tmp_path):
+    base = [write_run(tmp_path / f"b{i}.json", [rec("k", i, procs=1, between=0.02)])
+            for i in range(3)]
+    cur = [write_run(tmp_path / f"c{i}.json", [rec("k", 10 + i, 1.5, procs=1, between=0.02)])
+           for i in range(3)]
+    cur[2] = write_run(tmp_path / "c2.json", [rec("k", 12, 1.5, procs=1, status="FAIL")])
+    r = cli("gate", str(base[0]), str(cur[0]), "--base", str(base[1]), "--base", str(base[2]),
+            "--current", str(cur[1]), "--current", str(cur[2]), "--json",
+            str(tmp_path / "cmp.json"))
+    doc = json.loads((tmp_path / "cmp.json").read_text())
+    [row] = doc["rows"]
+    assert row["estimate"]["processes"] == [3, 3] and row["verdict"] == "slower"
+    assert r.code == 1 and [n["regression"] for n in doc["numerics"]] == [True]
+    for args in ([str(base[0])], ["--base", str(base[0])], [str(base[0]), str(cur[0]),
+                                                             str(cur[1])]):
+        r = cli("gate", *args)
+        assert r.code == 2 and r.err.count("\n") == 1

@@ -118,8 +118,8 @@ def test_a_trial_is_a_verify_record_of_the_hunts_input():
     judge = Judge(get_kernel("numpy_elastic"), isolation=IN_PROCESS)
     x = np.array([[0.5, -1.0, 2.0]], dtype=np.float32)
     t = judge(Input("mine", x, "padded", (("tau", 1.0), ("beta", 1.0))), "fp32", "shrink")
-    assert t.record["passed"] and t.record["input"] == "mine"
-    assert t.record["layout"] == "padded" and t.record["hunt"]["phase"] == "shrink"
+    assert t.record.passed and t.record.input == "mine"
+    assert t.record.layout == "padded" and t.record.hunt["phase"] == "shrink"
     assert 0 <= t.fraction < 1 and t.failure is None
 
 

@@ -46,8 +46,8 @@ def test_parse_shard():
 
 def shard_doc(k: int, n: int, items=ITEMS, **head) -> dict:
     mine = select_shard(list(enumerate(items)), k, n, key=lambda t: t[1])
-    recs = [{"kernel": it[0], "mode": "fwd", "dtype": it[1], "shape": it[2], "params": {},
-             "seed": 0, "baseline": it[0] == "a", "ranked": it[0] != "a",
+    recs = [{"kernel": it[0], "function": "elastic", "mode": "fwd", "dtype": it[1],
+             "shape": it[2], "params": {}, "seed": 0, "baseline": it[0] == "a", "ranked": it[0] != "a",
              "median_s": 1.0 if it[0] == "a" else 0.5, "plan_position": pos}
             for pos, it in mine]
     return {"schema": "elasticbench.run/1", "kind": "run", "case": "c.toml", "seed": 0,

@@ -28,6 +28,16 @@ def test_editable_install_maps_kernels_into_the_package():
     assert Path(k.__file__).resolve().parent == ROOT / "kernels"
 
 
+def test_kernels_reach_the_benchmark_only_through_the_registry():
+    # a kernel declares its passes with register_kernel(model=...), not by importing bench
+    import ast
+
+    for path in sorted((ROOT / "kernels").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith("elasticbench.bench"), path
+
+
 def test_public_api_lists_specs():
     specs = list_kernels()
     assert {"numpy_elastic", "torch_elastic"} <= {s.name for s in specs}

@@ -64,12 +64,15 @@ def test_table_of_a_verification(capsys):
     worst = max(r["max_ulp"] for r in records(VERIFY)
                 if r["kernel"] == "numpy_elastic" and r["dtype"] == "fp32")
     assert f"{worst:.3g}" in rows["numpy_elastic"] and "pass" in rows["numpy_elastic"]
-    assert "3/3 FAIL" in rows["unscaled_beta"] and rows["unscaled_beta"].count("FAIL") == 4
-    assert "1/3 FAIL" in rows["seed_where_mask"]
+    assert "3/3 failed: inf ulp, 3 special" in rows["unscaled_beta"]
+    assert rows["unscaled_beta"].count("FAIL") == 2  # special and verdict
+    assert "1/3 failed" in rows["seed_where_mask"]
     assert "pass" in rows["numpy_elastic_bwd"]
-    assert "FAIL seed_where_mask fp32: special: NaN in row 0 not propagated" in out
-    assert ("reproduce: elasticbench verify --only seed_where_mask --dtype fp32 --input "
-            "specials --kernel-file examples/seed_variants.py") in out
+    assert ("FAIL seed_where_mask specials 7x16 tau=10 beta=1 fp32: special: NaN in row 0 not "
+            "propagated") in out
+    assert ("reproduce: elasticbench verify --case cases/verify-quick.toml --only "
+            "seed_where_mask --dtype fp32 --input specials --size 7x16 --param tau=10 "
+            "--param beta=1 --kernel-file examples/seed_variants.py") in out
     assert out.rstrip().endswith(f"{VERIFY}: 30 cases, 22 passed, 8 failed")
 
 
@@ -99,7 +102,7 @@ def test_quiet_prints_only_the_summary_line(capsys):
 
 
 def test_quiet_terminal_silences_the_verify_and_run_tables():
-    from elasticbench.bench.table import render_run  # still importable for run_cmd.py
+    from elasticbench.report.run_table import render_run
     from elasticbench.report.terminal import Terminal
     from elasticbench.report.verify_table import render
 
@@ -146,9 +149,10 @@ def test_markdown(capsys):
     assert "| kernel | fp32 | bf16 | special | verdict |" in out
     assert "|:---|---:|---:|:---:|:---:|" in out
     row = next(ln for ln in out.splitlines() if ln.startswith("| unscaled_beta |"))
-    assert row.count("**FAIL**") == 2 and row.count("**3/3 FAIL** inf") == 2
-    assert ("`elasticbench verify --only seed_where_mask --dtype fp32 --input specials "
-            "--kernel-file examples/seed_variants.py`") in out
+    assert row.count("**FAIL**") == 2 and row.count("**3/3 failed**: inf ulp, 3 special") == 2
+    assert ("`elasticbench verify --case cases/verify-quick.toml --only seed_where_mask --dtype "
+            "fp32 --input specials --size 7x16 --param tau=10 --param beta=1 --kernel-file "
+            "examples/seed_variants.py`") in out
     assert "| short_rows_only | 8x4096 fp32 | - | - | - | - | - | **ERROR** |" in out
     assert "64x256 fp32\\*" in out  # the in-cache mark is escaped, not emphasis
     assert "**30 cases, 22 passed, 8 failed**" in out
@@ -194,7 +198,8 @@ def test_json_is_strict_and_normalized(capsys):
     base = r["tables"][0]["rows"][0]
     rec = run_record("torch_softmax", [64, 256], "fp32")
     assert base["median_s"] == rec["median_s"] and base["speedup"] == 1.0
-    assert any(n["text"].startswith("FAIL seed_where_mask fp32") for n in v["notes"])
+    assert any(n["text"].startswith("FAIL seed_where_mask specials 7x16 tau=10 beta=1 fp32")
+               for n in v["notes"])
 
 
 # ---------------------------------------------------------------- plots and HTML
@@ -229,9 +234,9 @@ def test_html_is_self_contained_with_tables_and_plots(plotted):
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert '<table data-table="elastic">' in page and '<table data-table="elastic (fwd)">' in page
     assert "<td class=\"left\">unscaled_beta</td>" in page
-    assert '<span class="fail">3/3 FAIL</span>' in page
+    assert '<span class="fail">3/3 failed</span>: inf ulp, 3 special' in page
     assert '<span class="pass">pass</span>' in page
-    assert "<code>elasticbench verify --only seed_where_mask" in page
+    assert "<code>elasticbench verify --case cases/verify-quick.toml --only seed_where_mask" in page
     assert not re.search(r'(src|href)="(https?:)?//', page), "nothing fetched from elsewhere"
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) == 5

@@ -77,7 +77,7 @@ else:
         assert cases
         records: list[dict] = []
         run_verification(kernels, cases, max_elements=max_elements, store=store,
-                         workers=1, on_record=records.append)
+                         workers=1, on_record=lambda r: records.append(r.to_dict()))
         return records
 
     def _failures(records: list[dict]) -> list[str]:

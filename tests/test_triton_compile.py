@@ -140,3 +140,17 @@ def test_verify_under_the_interpreter_fails_a_kernel_that_does_not_compile(tmp_p
         assert any(ln.startswith(f"compiles thirdparty_softmax {dtype} for sm_90, sm_80: "
                                  "softmax_fwd_kernel ") and ln.endswith("no spills")
                    for ln in lines), run.stdout
+    # the printed command re-runs exactly the failing cases, interpreter included
+    printed = [ln.split("reproduce: ", 1)[1] for ln in lines if "reproduce: " in ln]
+    assert len(printed) == 3  # one per shape of the quick matrix's normal input
+    assert all(ln.startswith("TRITON_INTERPRET=1 elasticbench verify --quick --only "
+                             "interpreter_only_softmax --dtype fp32,bf16 --input normal --size ")
+               for ln in printed)
+    line = printed[0]
+    env.pop("TRITON_INTERPRET")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    again = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
+    head = next(ln for ln in lines if ln.startswith("FAIL "))
+    assert [ln for ln in again.stdout.splitlines() if ln.startswith("FAIL ")] == [head]

@@ -8,14 +8,7 @@ from ..execute import Isolation
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..session import Job, Session
 from .cases import RunCase
-from .runner import (
-    Unit,
-    apply_speedups,
-    measure_ceilings,
-    record_unit_key,
-    run_units,
-    verify_quickly,
-)
+from .runner import Unit, measure_ceilings, run_units, verify_quickly
 
 
 class RunJob(Job[Unit]):
@@ -32,26 +25,25 @@ class RunJob(Job[Unit]):
         return self.units
 
     def shard_key(self, unit: Unit) -> Any:
-        return unit.key
+        return unit.cell  # a shard holds whole cells: each record's baseline is timed with it
 
     def work(self, units: list[Unit], session: Session) -> None:
-        done = {record_unit_key(r) for r in session.records}
+        done = {r.unit for r in session.records}
         units = [u for u in units if u.key not in done]
         case = self.case
         timed = list({id(u.spec): u.spec for u in units}.values())
         task = session.task(f"{case.name} · ceilings", len(units) + 2)
-        try:
-            ceilings = measure_ceilings(self.device, self.dtypes, case.timing)
-            session.header["ceilings"] = ceilings.to_dict()
-            task.advance()
-            task.describe(f"{case.name} · quick verification")
-            verdicts = verify_quickly(timed, case, self.dtypes, TruthStore(default_cache_dir()),
-                                      isolation=self.isolation)
-            session.header["verification"] = {f"{k}/{d}": v for (k, d), v in verdicts.items()}
-            task.advance()
-            run_units(case, units, ceilings, verdicts, isolation=self.isolation,
-                      on_start=lambda u: task.describe(
-                          f"{case.name} · {u.spec.name} · {u.shape[0]}x{u.shape[1]} {u.dtype}"),
-                      on_record=lambda r: (session.add(r), task.advance()))
-        finally:
-            apply_speedups(session.records)
+        ceilings = measure_ceilings(self.device, self.dtypes, case.timing)
+        session.header["ceilings"] = ceilings.to_dict()
+        task.advance()
+        task.describe(f"{case.name} · quick verification")
+        verdicts = verify_quickly(timed, case, self.dtypes, TruthStore(default_cache_dir()),
+                                  isolation=self.isolation)
+        session.header["verification"] = {f"{k}/{d}": v.to_dict()
+                                           for (k, d), v in verdicts.items()}
+        task.advance()
+        run_units(case, units, ceilings, verdicts, earlier=list(session.records),
+                  isolation=self.isolation,
+                  on_start=lambda u: task.describe(
+                      f"{case.name} · {u.spec.name} · {u.shape[0]}x{u.shape[1]} {u.dtype}"),
+                  on_record=lambda r: (session.add(r), task.advance()))

@@ -1,7 +1,8 @@
 """Running a [run] case: rooflines, quick verification, then every kernel on every shape.
 
-Each timed (kernel, dtype, size) becomes one plain record handed to on_record as soon as it
-is measured; the ceilings go into the header first. Kernels are reached only through the
+Each timed (kernel, dtype, size) becomes one finished RunRecord (verdict and speedup over its
+cell's baseline included) handed to on_record as soon as it is measured; the ceilings go
+into the header first. Kernels are reached only through the
 registry and their backend, so the core has no backend-specific branches.
 """
 
@@ -11,27 +12,28 @@ import ctypes
 import ctypes.util
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import numpy as np
 
+from .. import devices
 from ..backends import get_backend
-from ..environment import cache_sizes
 from ..execute import IN_PROCESS, Isolation
 from ..functions import get_function
 from ..inputs import generate
 from ..numerics.dtypes import get_format
 from ..numerics.truth_cache import TruthStore
+from ..records import QuickVerdict, RunRecord, VerifyRecord
 from ..registry import KernelSpec, get_kernel, list_kernels
 from ..verify.matrix import expand, load_matrix
 from ..verify.runner import run_verification
 from .cases import RunCase
-from .models import minimum_bytes, minimum_model, model_of
+from .models import minimum_bytes, minimum_model, model_bytes, model_of
 from .roofline import compute_dtype, measure_copy, measure_exp, roof_for
-from .timing import Policy, Timing, time_cpu, time_cuda
+from .timing import Policy, Timing, time_calls
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
@@ -66,10 +68,6 @@ def set_threads(threads: int) -> dict[str, Any]:
     return info
 
 
-def _is_gpu(native: Any) -> bool:
-    return bool(getattr(native, "is_cuda", False))
-
-
 @dataclass
 class Ceilings:
     """The machine's measured ceilings for this run."""
@@ -86,22 +84,12 @@ class Ceilings:
                 "exp_geps": {d: v / 1e9 for d, v in self.exp_eps.items()}, **self.detail}
 
 
-def llc_bytes(device: str) -> int:
-    """Size of the last-level cache of the device kernels run on."""
-    if device.startswith("cuda"):
-        import torch
-
-        return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
-    caches = cache_sizes()
-    return max(caches.values()) if caches else 32 << 20
-
-
 def measure_ceilings(device: str, dtypes: list[str], policy: Policy) -> Ceilings:
     """Copy bandwidth and exp throughput for every dtype (and compute dtype) in play."""
-    llc = llc_bytes(device)
+    llc = devices.llc_bytes(device)
     copy_bps, copy_t, size = measure_copy(device, llc, policy)
-    detail: dict[str, Any] = {"copy_buffer_bytes": size, "copy_timing": copy_t.to_dict(),
-                              "exp_timing": {}}
+    detail: dict[str, Any] = {"caches": devices.caches(device), "copy_buffer_bytes": size,
+                              "copy_timing": copy_t.to_dict(), "exp_timing": {}}
     rates: dict[str, float] = {}
     for d in dict.fromkeys([*dtypes, *(compute_dtype(d) for d in dtypes), "fp64"]):
         rates[d], t = measure_exp(device, d, policy)
@@ -112,40 +100,39 @@ def measure_ceilings(device: str, dtypes: list[str], policy: Policy) -> Ceilings
 def verify_quickly(kernels: list[KernelSpec], case: RunCase, dtypes: list[str],
                    store: TruthStore, on_done: Callable[[], None] = lambda: None,
                    isolation: Isolation = IN_PROCESS
-                   ) -> dict[tuple[str, str], dict[str, Any]]:
+                   ) -> dict[tuple[str, str], QuickVerdict]:
     """(kernel, dtype) -> verdict on the case's quick matrix; backward kernels are 'unverified'."""
-    verdicts: dict[tuple[str, str], dict[str, Any]] = {}
+    verdicts: dict[tuple[str, str], QuickVerdict] = {}
     fwd = [k for k in kernels if k.mode == "fwd"]
     for k in kernels:
         if k.mode != "fwd":
             for d in dtypes:
-                verdicts[(k.name, d)] = {"status": "unverified", "cases": 0, "failed": 0,
-                                         "max_ulp": None, "reason": "no backward verifier"}
+                verdicts[(k.name, d)] = QuickVerdict(status="unverified", cases=0, failed=0,
+                                                     reason="no backward verifier")
     if not fwd:
         return verdicts
     matrix = load_matrix(case.verify_path())
     cases = expand(matrix, sorted({k.function for k in fwd}), dtypes,
                    list(case.verify_inputs) or None)
 
-    def add(r: dict[str, Any]) -> None:
-        v = verdicts.setdefault((r["kernel"], r["dtype"]), {
-            "status": "pass", "cases": 0, "failed": 0, "max_ulp": 0.0, "reason": None})
-        v["cases"] += 1
-        ulp = r.get("max_ulp")
-        if isinstance(ulp, int | float):
-            v["max_ulp"] = max(v["max_ulp"] or 0.0, float(ulp))
-        if not r["passed"]:
-            v["failed"] += 1
-            v["status"] = "FAIL"
-            v["reason"] = v["reason"] or f"{r['reason']} ({r['input']} {r['shape']} {r['params']})"
+    def add(r: VerifyRecord) -> None:
+        v = verdicts.setdefault((r.kernel, r.dtype), QuickVerdict(
+            status="pass", cases=0, failed=0, max_ulp=0.0))
+        v.cases = (v.cases or 0) + 1
+        if r.max_ulp is not None and not math.isnan(r.max_ulp):
+            v.max_ulp = max(v.max_ulp or 0.0, r.max_ulp)
+        if not r.passed:
+            v.failed = (v.failed or 0) + 1
+            v.status = "FAIL"
+            v.reason = v.reason or f"{r.reason} ({r.input} {list(r.shape)} {r.params})"
         on_done()
 
     run_verification(fwd, cases, max_elements=matrix.max_elements, store=store, on_record=add,
                      isolation=isolation)
     for k in fwd:
         for d in dtypes:
-            verdicts.setdefault((k.name, d), {"status": "unverified", "cases": 0, "failed": 0,
-                                              "max_ulp": None, "reason": "no case in matrix"})
+            verdicts.setdefault((k.name, d), QuickVerdict(status="unverified", cases=0, failed=0,
+                                                          reason="no case in matrix"))
     return verdicts
 
 
@@ -161,13 +148,13 @@ class Unit:
 
     @property
     def key(self) -> tuple:
-        """What a record of this unit is a result for (see record_unit_key)."""
+        """What a record of this unit is a result for (its RunRecord.unit)."""
         return (self.spec.name, self.spec.mode, self.dtype, tuple(self.shape))
 
-
-def record_unit_key(record: dict[str, Any]) -> tuple:
-    """The Unit.key of the unit a run record came from."""
-    return (record["kernel"], record.get("mode", "fwd"), record["dtype"], tuple(record["shape"]))
+    @property
+    def cell(self) -> tuple:
+        """The cell it competes in, with the baseline timed there (its RunRecord.cell)."""
+        return (self.dtype, tuple(self.shape), self.spec.mode)
 
 
 def plan_units(kernels: list[KernelSpec], baseline: KernelSpec | None, case: RunCase,
@@ -199,8 +186,8 @@ def _inputs(spec: KernelSpec, dtype: str, shape: tuple[int, int], generator: str
 
 
 def time_unit(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy,
-              params: dict[str, float]) -> dict[str, Any]:
-    """Time one unit; return its record (without verdict or speedup)."""
+              params: dict[str, float]) -> RunRecord:
+    """Time one unit; return its measurement (run_units adds the verdict and the speedup)."""
     spec, (rows, n) = unit.spec, unit.shape
     backend = get_backend(spec.backend)
     itemsize = get_format(unit.dtype).itemsize
@@ -208,38 +195,32 @@ def time_unit(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy,
     min_bytes = minimum_bytes(rows, n, itemsize, spec.mode)
     arg_bytes = sum(a.nbytes for a in args)
     footprint = min_bytes
-    out_of_cache = footprint > ceilings.llc_bytes // 2
-    copies = max(2, math.ceil(2 * ceilings.llc_bytes / arg_bytes)) if out_of_cache else 1
+    llc = backend.llc_bytes()
+    out_of_cache = footprint > llc // 2
+    copies = max(2, math.ceil(2 * llc / arg_bytes)) if out_of_cache else 1
     natives = [tuple(backend.to_native(a) for a in args) for _ in range(copies)]
-    sync = backend.synchronize
 
     def call(i: int) -> None:
         spec.fn(*natives[i % copies], **params)
-        sync()
 
-    timer = time_cuda if _is_gpu(natives[0][0]) else time_cpu
-    timing: Timing = timer(call, policy)
+    timing: Timing = time_calls(call, policy, backend.clock(), cold=out_of_cache)
     natives.clear()  # free the rotated copies before the next unit
     seconds = timing.stats.median_ns * 1e-9
     model, minimum = model_of(spec), minimum_model(spec.function, spec.mode)
     cdt = model.compute or compute_dtype(unit.dtype)
     roof = roof_for(model, minimum, itemsize, ceilings.copy_bps, ceilings.exp_eps[cdt])
     eps = rows * n / seconds
-    return {
-        "kernel": spec.name, "function": spec.function, "backend": spec.backend,
-        "source": spec.source, "mode": spec.mode, "baseline": unit.baseline,
-        "dtype": unit.dtype, "compute_dtype": cdt, "shape": [rows, n], "params": params,
-        "generator": case.generator, "seed": case.seed,
-        "cache": "out-of-cache" if out_of_cache else "in-cache",
-        "footprint_bytes": footprint, "rotated_buffers": copies,
-        "model": model.to_dict(), "min_bytes": min_bytes,
-        "model_bytes": (model.reads + model.writes) * rows * n * itemsize,
-        "timing": timing.to_dict(), "median_s": seconds,
-        "elements_per_s": eps, "gbps": min_bytes / seconds / 1e9,
-        "pct_copy": 100 * min_bytes / seconds / ceilings.copy_bps,
-        "roof": roof.to_dict(), "binding": roof.binding,
-        "pct_roof": 100 * eps / roof.roof_eps,
-    }
+    return RunRecord(
+        kernel=spec.name, function=spec.function, backend=spec.backend, source=spec.source,
+        mode=spec.mode, baseline=unit.baseline, dtype=unit.dtype, compute_dtype=cdt,
+        shape=(rows, n), params=params, generator=case.generator, seed=case.seed,
+        cache="out-of-cache" if out_of_cache else "in-cache",
+        footprint_bytes=footprint, rotated_buffers=copies, model=model.to_dict(),
+        min_bytes=min_bytes, model_bytes=model_bytes(model, rows, n, itemsize),
+        timing=timing.to_record(), median_s=seconds, elements_per_s=eps,
+        gbps=min_bytes / seconds / 1e9, pct_copy=100 * min_bytes / seconds / ceilings.copy_bps,
+        roof=roof.to_dict(), binding=roof.binding, pct_roof=100 * eps / roof.roof_eps,
+    )
 
 
 def resolve_baseline(case: RunCase, mode: str) -> KernelSpec | None:
@@ -256,21 +237,44 @@ def params_for(case: RunCase, function: str) -> dict[str, float]:
     return case.params.get(function) or get_function(function).defaults()
 
 
+class BaselineTimes:
+    """The baseline's median time in each cell, learnt from records as they are made; a
+    record's speedup is that over its own (the plan times each cell's baseline first)."""
+
+    def __init__(self, records: Iterable[RunRecord] = ()):
+        self._median: dict[tuple, float] = {}
+        for r in records:
+            self.learn(r)
+
+    def learn(self, record: RunRecord) -> None:
+        if record.baseline and record.median_s:
+            self._median[record.cell] = record.median_s
+
+    def speedup(self, record: RunRecord) -> float | None:
+        """Baseline median over the record's, for a ranked record or the baseline itself."""
+        base = self._median.get(record.cell)
+        ok = record.median_s and (record.ranked or record.baseline)
+        return base / record.median_s if ok and base else None
+
+
 def run_units(
     case: RunCase,
     units: list[Unit],
     ceilings: Ceilings,
-    verdicts: dict[tuple[str, str], dict[str, Any]],
+    verdicts: dict[tuple[str, str], QuickVerdict],
     *,
+    earlier: Iterable[RunRecord] = (),
     policy: Policy | None = None,
     isolation: Isolation = IN_PROCESS,
     on_start: Callable[[Unit], None] = lambda u: None,
-    on_record: Callable[[dict[str, Any]], None] = lambda r: None,
-) -> list[dict[str, Any]]:
+    on_record: Callable[[RunRecord], None] = lambda r: None,
+) -> list[RunRecord]:
     """Time the given units in order (a whole plan, a shard of it, or what a resumed run
-    has left); each record gets its verdict, its plan position and the copy bandwidth it
-    was measured against. Speedups come after, from the records (apply_speedups)."""
+    has left, whose `earlier` records hold the baselines already timed). Each record is
+    finished before it is handed on: its verdict, its plan position, the copy bandwidth it
+    was measured against and its speedup over its cell's baseline."""
     policy = policy or case.timing
+    baselines = BaselineTimes(earlier)
     records = []
     for unit in units:
         on_start(unit)
@@ -279,23 +283,25 @@ def run_units(
         rec = isolation.run(partial(_time_or_error, unit, case, ceilings, policy, params),
                             partial(_error_record, unit, params))
         verdict = verdicts.get((unit.spec.name, unit.dtype),
-                               {"status": "unverified", "reason": "not verified"})
-        rec.update(verify=verdict, baseline=unit.baseline, plan_position=unit.position,
-                   copy_gbps=ceilings.copy_bps / 1e9)
-        rec["ranked"] = "error" not in rec and verdict["status"] == "pass" and not unit.baseline
+                               QuickVerdict(status="unverified", reason="not verified"))
+        rec.verify, rec.baseline, rec.plan_position = verdict, unit.baseline, unit.position
+        rec.copy_gbps = ceilings.copy_bps / 1e9
+        rec.ranked = rec.error is None and verdict.status == "pass" and not unit.baseline
+        baselines.learn(rec)
+        rec.speedup = baselines.speedup(rec)
         records.append(rec)
         on_record(rec)
     return records
 
 
-def _error_record(unit: Unit, params: dict, why: str, seconds: float = 0.0) -> dict[str, Any]:
-    return {"kernel": unit.spec.name, "function": unit.spec.function,
-            "backend": unit.spec.backend, "source": unit.spec.source, "mode": unit.spec.mode,
-            "dtype": unit.dtype, "shape": list(unit.shape), "params": params, "error": why}
+def _error_record(unit: Unit, params: dict, why: str, seconds: float = 0.0) -> RunRecord:
+    return RunRecord(kernel=unit.spec.name, function=unit.spec.function,
+                     backend=unit.spec.backend, source=unit.spec.source, mode=unit.spec.mode,
+                     dtype=unit.dtype, shape=unit.shape, params=params, error=why)
 
 
 def _time_or_error(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy,
-                   params: dict[str, float]) -> dict[str, Any]:
+                   params: dict[str, float]) -> RunRecord:
     """time_unit, with a kernel that cannot run turned into an error record."""
     try:
         return time_unit(unit, case, ceilings, policy, params)
@@ -303,11 +309,11 @@ def _time_or_error(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy
         return _error_record(unit, params, f"raised {type(e).__name__}: {e}".splitlines()[0])
 
 
-def apply_speedups(records: list[dict[str, Any]]) -> None:
-    """Set each ranked record's speedup over the baseline's record of the same cell."""
-    base = {(r.get("dtype"), tuple(r.get("shape", ())), r.get("mode", "fwd")): r["median_s"]
-            for r in records if r.get("baseline") and "median_s" in r}
-    for r in records:
-        bt = base.get((r.get("dtype"), tuple(r.get("shape", ())), r.get("mode", "fwd")))
-        ok = "median_s" in r and (r.get("ranked") or r.get("baseline"))
-        r["speedup"] = bt / r["median_s"] if ok and bt else None
+def fill_speedups(records: list[dict[str, Any]]) -> None:
+    """Give run records (JSON objects) that lack a speedup the one their cell's baseline
+    among them implies: for merging shard files written before each shard kept whole cells."""
+    typed = [RunRecord.from_dict(r) for r in records]
+    baselines = BaselineTimes(typed)
+    for r, t in zip(records, typed, strict=True):
+        if "speedup" not in r and (s := baselines.speedup(t)) is not None:
+            r["speedup"] = s

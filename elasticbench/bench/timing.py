@@ -1,8 +1,11 @@
 """The timing engine: warm-up, adaptive repetitions, raw samples, median and IQR.
 
 One sample is the time of `inner` consecutive calls divided by `inner`; `inner` grows until a
-sample lasts at least `min_sample_s`, so the clock's resolution never dominates. Repetitions
-continue until the spread (IQR / median) is below `target_spread` or the budget is spent.
+sample lasts at least `min_sample_s`, so the clock's resolution never dominates. On a GPU
+a sample is one call (CUDA events resolve it, and the clock hides the host's launch); a
+cold one follows a flush of the L2.
+Repetitions continue until the spread (IQR / median) is below `target_spread` or the budget
+is spent. The clock is the device's (elasticbench.devices), given by the kernel's backend.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from typing import Any
 
 import numpy as np
 from scipy import stats
+
+from ..devices import Clock
+from ..records import TimingRecord
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,12 @@ class Timing:
                 "reps": len(self.samples_ns), "converged": self.converged,
                 "clock": self.clock, "warning": self.warning, **self.extra}
 
+    def to_record(self) -> TimingRecord:
+        """The `timing` field of a run record (extra probe notes are the ceilings' own)."""
+        return TimingRecord(samples_ns=list(self.samples_ns), inner=self.inner,
+                            **asdict(self.stats), reps=len(self.samples_ns),
+                            converged=self.converged, clock=self.clock, warning=self.warning)
+
 
 def _finish(samples: list[float], inner: int, policy: Policy, clock: str) -> Timing:
     st = summarize(samples)
@@ -98,53 +110,31 @@ def _adaptive(sample: Callable[[], float], policy: Policy, clock: str, inner: in
     return _finish(samples, inner, policy, clock)
 
 
-def time_cpu(call: Callable[[int], object], policy: Policy) -> Timing:
-    """Time call(i) on the CPU; i counts calls, so the caller can rotate over input buffers."""
+def time_calls(call: Callable[[int], object], policy: Policy, clock: Clock, *,
+               cold: bool = False) -> Timing:
+    """Time call(i) with the device's clock; i counts calls, so the caller can rotate over
+    input buffers. cold: evict the device's cache before every sample, outside the timed
+    span (a clock that cannot flush relies on that rotation); warm samples repeat the call
+    `inner` times on what the cache already holds, or call it once where the clock times a
+    single call exactly (a GPU's)."""
     counter = 0
+    flush = cold and clock.flushes
 
-    def run(k: int) -> int:
+    def run(k: int) -> float:
         nonlocal counter
-        t0 = time.perf_counter_ns()
+        if flush:
+            clock.flush()
+        clock.start()
         for _ in range(k):
             call(counter)
             counter += 1
-        return time.perf_counter_ns() - t0
+        return clock.stop()
 
     # Warm-up: at least one call and warmup_s of calls; it also sizes `inner`.
     t_first = run(1)
     warm_end = time.perf_counter() + policy.warmup_s
     while time.perf_counter() < warm_end:
         t_first = min(t_first, run(1))
-    inner = max(1, int(policy.min_sample_s * 1e9 / max(t_first, 1)))
-    return _adaptive(lambda: run(inner) / inner, policy, "perf_counter_ns", inner)
-
-
-def time_cuda(call: Callable[[int], object], policy: Policy, flush_bytes: int = 256 << 20
-              ) -> Timing:
-    """Time call(i) on the current CUDA device with events; L2 is flushed before every call.
-
-    The flush (zeroing a buffer larger than L2) and the synchronization happen outside the
-    span between the two events, so only the kernel is timed. Untested on this project's CPU
-    machines; the same path serves Triton kernels.
-    """
-    import torch
-
-    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    counter = 0
-
-    def sample() -> float:
-        nonlocal counter
-        flush.zero_()
-        start.record()
-        call(counter)
-        end.record()
-        end.synchronize()
-        counter += 1
-        return start.elapsed_time(end) * 1e6  # ms -> ns
-
-    sample()
-    warm_end = time.perf_counter() + policy.warmup_s
-    while time.perf_counter() < warm_end:
-        sample()
-    return _adaptive(sample, policy, "cuda_event", 1)
+    single = flush or clock.single_call
+    inner = 1 if single else max(1, int(policy.min_sample_s * 1e9 / max(t_first, 1)))
+    return _adaptive(lambda: run(inner) / inner, policy, clock.name, inner)

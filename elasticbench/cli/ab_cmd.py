@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..bench.cases import load_run_case, parse_size
-from ..gate.ab import Policy, run_ab, versions_from_files, versions_from_revision
+from ..gate.ab import ABPolicy, run_ab, versions_from_files, versions_from_revision
 from ..gate.compare import compare, parse_fraction
 from ..gate.render import render_text
 from ..numerics.dtypes import DTYPE_NAMES
@@ -74,7 +74,7 @@ def ab(kernel_files, rev, only, case_file, dtypes, sizes, rounds, seed, threads,
         fail(str(e))
     err = console(stderr=True)
     result = run_ab(pairs, case, dts or list(case.dtypes), shapes or list(case.sizes),
-                    Policy(rounds=rounds, seed=seed, threads=threads), verify=not no_verify,
+                    ABPolicy(rounds=rounds, seed=seed, threads=threads), verify=not no_verify,
                     on_cell=lambda s: err.print(f"timing {s}") if err.is_terminal else None)
     label = f"{rev or kernel_files[0]}"
     result.base.path = f"{label} (base)"

@@ -1,4 +1,4 @@
-"""`elasticbench baseline save RESULTS`: keep a results file as a committed baseline."""
+"""`elasticbench baseline save RESULTS...`: keep results as a committed baseline."""
 
 from __future__ import annotations
 
@@ -17,19 +17,27 @@ def baseline() -> None:
 
 
 @baseline.command("save")
-@click.argument("results", type=click.Path(dir_okay=False))
+@click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--name", metavar="NAME", help="Baseline name [the run's case name].")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=str(DEFAULT_DIR),
               show_default=True, help="Where baselines live.")
 @click.option("--force", is_flag=True, help="Replace an existing baseline of that name.")
 def save(results, name, directory, force) -> None:
-    """Copy a complete, clean results file to <dir>/<name>.json."""
+    """Copy a complete, clean results file to <dir>/<name>.json.
+
+    Given several runs of one plan (ideally on different days, each with --processes 3),
+    the first is kept and all of them give each kernel and case a noise floor: the spread
+    between processes that a gate against this baseline never assumes to be smaller.
+    """
     try:
-        out, doc = save_baseline(Path(results), name, Path(directory), force)
+        out, doc = save_baseline([Path(r) for r in results], name, Path(directory), force)
     except ResultsFileError as e:
         fail(str(e))
     except ValueError as e:
         fail(str(e))
     except OSError as e:
         fail(f"cannot write the baseline: {e.strerror or e}")
-    console().print(f"saved {len(doc['records'])} records of {results} as baseline {out}")
+    floors = doc.get("noise_floor") or []
+    console().print(f"saved {len(doc['records'])} records of {results[0]} as baseline {out}"
+                    + (f", with noise floors of {len(floors)} series from {len(results)} "
+                       "run(s)" if floors else ""))

@@ -20,6 +20,7 @@ from ..registry import (
     select_kernels,
 )
 from ..report.build import Results, section
+from ..report.failures import EVERY_FAILURE, NoteOptions
 from ..report.terminal import Terminal, print_tables
 from ..session import Job, Session, SessionError
 from ..shards import parse_shard
@@ -203,8 +204,31 @@ def check_survival(timeout: float | None, resume_path: str | None, json_path: st
         fail(str(e))
 
 
+def note_options(fn: Callable) -> Callable:
+    """--failures and --traceback: how much of each failure verify and report show."""
+    options = [
+        click.option("--failures", "failures", default="all", show_default=True,
+                     metavar="N|all",
+                     help="Show at most N failing cases (groups of dtypes) per kernel."),
+        click.option("--traceback", "traceback", is_flag=True,
+                     help="Print the whole traceback of each exception a kernel raised."),
+    ]
+    return _compose(options)(fn)
+
+
+def failures_shown(failures: str, traceback: bool) -> NoteOptions:
+    """The note options from --failures and --traceback (one line and exit 2 if bad)."""
+    text = str(failures).strip().lower()
+    if text == "all":
+        return NoteOptions(None, traceback)
+    if not text.isdigit():
+        fail(f"--failures takes a number or 'all', got {failures!r}")
+    return NoteOptions(int(text), traceback)
+
+
 def run_session(job: Job, path: Path | None, meta: dict[str, Any], *,
-                shard: tuple[int, int] | None, resume: bool) -> NoReturn:
+                shard: tuple[int, int] | None, resume: bool,
+                notes: NoteOptions = EVERY_FAILURE) -> NoReturn:
     """Run a job in a session writing path, print its tables and summary line, and exit:
     0 when nothing failed, 1 when a record failed, 2 when the session cannot start, 130 when
     interrupted (the finished records are kept; the line says how to --resume)."""
@@ -213,7 +237,7 @@ def run_session(job: Job, path: Path | None, meta: dict[str, Any], *,
     except SessionError as e:
         fail(str(e))
     complete = session.run(job, shard)
-    summary = section(Results(str(path or ""), job.kind, session.header))
+    summary = section(Results(str(path or ""), job.kind, session.header), notes)
     print_tables(summary.sheets, summary.notes, console())
     line = f"{summary.summary} ({session.elapsed_s:.1f}s)"
     line += f"; records in {path}" if path else ""

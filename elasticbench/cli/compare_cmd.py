@@ -9,8 +9,9 @@ from typing import Any
 import click
 
 from ..gate.compare import Comparison, compare, parse_fraction
-from ..gate.load import METRICS, load
+from ..gate.load import METRICS, load_side
 from ..gate.render import render_markdown, render_text
+from ..gate.stats import METHODS
 from ..records import ResultsFileError, write_json_atomic
 from .common import EXIT_OK, console, fail
 
@@ -18,8 +19,13 @@ from .common import EXIT_OK, console, fail
 def comparison_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options compare and gate share."""
     for deco in reversed([
-        click.argument("base", type=click.Path(dir_okay=False)),
-        click.argument("current", type=click.Path(dir_okay=False)),
+        click.argument("files", nargs=-1, type=click.Path(dir_okay=False)),
+        click.option("--base", "more_base", multiple=True, type=click.Path(dir_okay=False),
+                     metavar="FILE", help="A (further) base file, repeatable: the processes "
+                                          "of every base file are pooled."),
+        click.option("--current", "more_current", multiple=True,
+                     type=click.Path(dir_okay=False), metavar="FILE",
+                     help="A (further) current file, repeatable."),
         click.option("--metric", type=click.Choice(METRICS), default="time", show_default=True,
                      help="time: seconds per call; bandwidth-fraction: the share of the run's "
                           "own copy bandwidth reached (for baselines from another machine)."),
@@ -27,9 +33,11 @@ def comparison_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Significance level of the test on raw samples."),
         click.option("--max-slowdown", "max_slowdown", default="10%", show_default=True,
                      metavar="PCT", help="Slowdown the gate tolerates, e.g. 10%."),
-        click.option("--ci", "method", type=click.Choice(["hl", "bootstrap"]), default="hl",
+        click.option("--ci", "method", type=click.Choice(METHODS), default="t",
                      show_default=True,
-                     help="Interval of the ratio: Hodges-Lehmann or a seeded bootstrap."),
+                     help="Interval of the ratio over processes: a pooled t interval on "
+                          "process medians, or a hierarchical bootstrap (processes, then "
+                          "samples)."),
         click.option("--markdown", "markdown", type=click.Path(dir_okay=False), metavar="PATH",
                      help="Also write a Markdown summary for a pull request."),
         click.option("--json", "json_path", type=click.Path(dir_okay=False), metavar="PATH",
@@ -39,14 +47,28 @@ def comparison_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def build(base: str, current: str, metric: str, alpha: float, max_slowdown: str, method: str,
-          advisory: bool = False) -> Comparison:
-    """Load both files and compare them; unusable input exits 2 with one line."""
+def sides(files: tuple[str, ...], more_base: tuple[str, ...], more_current: tuple[str, ...]
+          ) -> tuple[list[str], list[str]]:
+    """The files of each side: positional BASE CURRENT (if given) first, then --base and
+    --current; a side left empty exits 2."""
+    if len(files) not in (0, 2):
+        fail(f"give BASE and CURRENT (two files), or --base/--current; got {len(files)} "
+             "positional file(s)")
+    base = list(files[:1]) + list(more_base)
+    current = list(files[1:]) + list(more_current)
+    if not base or not current:
+        fail("both sides need a file: BASE CURRENT, or --base FILE and --current FILE")
+    return base, current
+
+
+def build(base: list[str], current: list[str], metric: str, alpha: float, max_slowdown: str,
+          method: str, advisory: bool = False) -> Comparison:
+    """Load both sides and compare them; unusable input exits 2 with one line."""
     if not 0 < alpha < 1:
         fail(f"--alpha must be between 0 and 1, got {alpha:g}")
     try:
         threshold = parse_fraction(max_slowdown)
-        return compare(load(base, metric), load(current, metric), alpha=alpha,
+        return compare(load_side(base, metric), load_side(current, metric), alpha=alpha,
                        max_slowdown=threshold, method=method, timing_advisory=advisory)
     except ResultsFileError as e:
         fail(str(e))
@@ -61,6 +83,9 @@ def to_json(cmp: Comparison) -> dict[str, Any]:
                                            "hi": r.est.hi, "p": r.est.p,
                                            "n_base": r.est.n_base,
                                            "n_current": r.est.n_current,
+                                           "processes": list(r.est.processes),
+                                           "noise_sd_log": None if r.est.noise is None
+                                           else r.est.noise.sd_log,
                                            "method": r.est.method}
     return {
         "schema": "elasticbench.compare/1", "base": cmp.base_path, "current": cmp.current_path,
@@ -92,15 +117,16 @@ def write_outputs(cmp: Comparison, markdown: str | None, json_path: str | None) 
 
 @click.command("compare")
 @comparison_options
-def compare_(base, current, metric, alpha, max_slowdown, method, markdown, json_path) -> None:
-    """Compare two results files (run, verify or pytest-benchmark JSON) case by case.
+def compare_(files, more_base, more_current, metric, alpha, max_slowdown, method, markdown,
+             json_path) -> None:
+    """Compare results files (run, verify or pytest-benchmark JSON) case by case.
 
-    For each kernel and case: the medians, the ratio current/base with a 95% interval, the
-    p-value of a Mann-Whitney U test on the raw samples and a verdict (slower, faster, same,
-    not comparable); then the geometric mean of the ratios per kernel. Always exits 0 on
-    usable input; `elasticbench gate` turns the same comparison into an exit code.
+    For each kernel and case: the medians, the ratio current/base with a 95% interval over
+    the processes that measured it, its p-value and a verdict (slower, faster, same,
+    inconclusive, not comparable); then the geometric mean of the ratios per kernel. Always
+    exits 0 on usable input; `elasticbench gate` turns the same comparison into an exit code.
     """
-    cmp = build(base, current, metric, alpha, max_slowdown, method)
+    cmp = build(*sides(files, more_base, more_current), metric, alpha, max_slowdown, method)
     render_text(cmp, console())
     write_outputs(cmp, markdown, json_path)
     raise SystemExit(EXIT_OK)

@@ -6,7 +6,7 @@ import click
 
 from ..gate.render import render_text
 from .common import EXIT_FAILED, EXIT_OK, console
-from .compare_cmd import build, comparison_options, write_outputs
+from .compare_cmd import build, comparison_options, sides, write_outputs
 
 
 @click.command("gate")
@@ -14,15 +14,17 @@ from .compare_cmd import build, comparison_options, write_outputs
 @click.option("--timing", "timing", type=click.Choice(["gate", "advisory"]), default="gate",
               show_default=True,
               help="advisory: report timing regressions but fail only on numerics.")
-def gate(base, current, metric, alpha, max_slowdown, method, markdown, json_path,
-         timing) -> None:
+def gate(files, more_base, more_current, metric, alpha, max_slowdown, method, markdown,
+         json_path, timing) -> None:
     """Fail (exit 1) when CURRENT regressed against BASE; exit 0 otherwise.
 
     A timing regression is a case slower with p < alpha whose whole 95% interval of the ratio
-    lies above 1 + max-slowdown. A numerics regression is a verification that passed and now
-    fails, or a worst error that grew past its budget. Unusable input exits 2.
+    lies above 1 + max-slowdown; the interval spans the spread between processes, and a case
+    whose spread is unknown (one process per side, no noise floor) is inconclusive, never a
+    failure. A numerics regression is a verification that passed and now fails, or a worst
+    error that grew past its budget. Unusable input exits 2.
     """
-    cmp = build(base, current, metric, alpha, max_slowdown, method,
+    cmp = build(*sides(files, more_base, more_current), metric, alpha, max_slowdown, method,
                 advisory=timing == "advisory")
     render_text(cmp, console(), gate=True)
     write_outputs(cmp, markdown, json_path)

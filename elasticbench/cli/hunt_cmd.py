@@ -114,19 +114,19 @@ def _report(job: HuntJob, path: Path, complete: bool) -> None:
                        f"failed (at most {h.best_fraction:.0%} of the error budget)")
             continue
         first = h.found.trial.record
-        click.echo(f"FAIL {name}: {first['reason']}")
-        rows, n = first["shape"]
+        click.echo(f"FAIL {name}: {first.reason}")
+        rows, n = first.shape
         click.echo(f"  found after {h.trials - (h.shrunk.steps if h.shrunk else 0)} "
                    f"configurations: {h.found.config.label()} {rows}x{n} "
                    f"{h.found.config.layout} {h.found.config.dtype} "
                    + " ".join(f"{k}={v:g}" for k, v in h.found.config.params))
         if h.shrunk is not None:
             s = h.shrunk.trial.record
-            click.echo(f"  shrunk in {h.shrunk.steps} trials to {s['shape'][0]}x{s['shape'][1]} "
+            click.echo(f"  shrunk in {h.shrunk.steps} trials to {s.shape[0]}x{s.shape[1]} "
                        f"{h.shrunk.input.layout} ({h.shrunk.input.elements} of {rows * n} "
                        f"elements) "
                        + " ".join(f"{k}={v:g}" for k, v in h.shrunk.input.params)
-                       + f": {s['reason']}")
+                       + f": {s.reason}")
         if h.case_path is not None:
             click.echo(f"  case file {h.case_path}")
             click.echo(f"  reproduce: {replay_command(h.spec, h.case_path)}")

@@ -21,8 +21,9 @@ def merge(shards, output, allow_partial) -> None:
     """Combine the files of `run --shard K/N` (or verify shards) into one results file.
 
     Refuses shards of different matrices or settings, the same shard twice, overlapping
-    records and, unless --allow-partial, missing shards. Speedups over the baseline kernel
-    are recomputed across the merged records.
+    records and, unless --allow-partial, missing shards. Records are kept as written (a run
+    shard holds whole cells, so each has its speedup); older shard files' records that lack
+    a speedup get it from their cell's baseline among the merged records.
     """
     try:
         doc = merge_files(list(shards), allow_partial)

@@ -7,18 +7,16 @@ import os
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from ..records import ResultsFileError, check_writable
 from ..report.build import Results, load, section
 from ..report.formats import to_csv, to_html, to_json, to_markdown
 from ..report.plots import INSTALL_HINT, Plot, PlotsUnavailable, plots_for, require_matplotlib
 from ..report.sheet import Section
-from ..report.terminal import print_sections, wants_detail
-from .common import console, fail
+from ..report.terminal import NO_WRAP, Terminal, print_sections, wants_detail
+from .common import console, fail, failures_shown, note_options
 
 FORMATS = ("table", "markdown", "csv", "json", "html")
-FILE_WIDTH = 120  # a table written to a file is not folded to a terminal's width
 
 
 def _stem(results: Results, taken: set[str]) -> str:
@@ -32,10 +30,10 @@ def _stem(results: Results, taken: set[str]) -> str:
 
 
 def _plain_table(sections: list[Section]) -> str:
-    """The terminal tables as plain text for a file: no control codes, a fixed width."""
+    """The terminal tables as plain text for a file: no control codes, nothing wrapped."""
     buf = io.StringIO()
-    print_sections(sections, Console(file=buf, width=FILE_WIDTH, color_system=None,
-                                     force_terminal=False, highlight=False))
+    print_sections(sections, Terminal(file=buf, width=NO_WRAP, color_system=None,
+                                      force_terminal=False, highlight=False))
     return buf.getvalue()
 
 
@@ -47,8 +45,9 @@ def _plain_table(sections: list[Section]) -> str:
               help="Write the report here instead of standard output.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Also write the plots as PNG files into DIR (needs matplotlib).")
-def report(results: tuple[str, ...], fmt: str, output: str | None, plot_dir: str | None
-           ) -> None:
+@note_options
+def report(results: tuple[str, ...], fmt: str, output: str | None, plot_dir: str | None,
+           failures: str, traceback: bool) -> None:
     """Render saved results files (verify or run, several at once) without re-running anything.
 
     The tables of `verify` and `run`, as terminal tables, markdown for pull requests, CSV for
@@ -69,7 +68,8 @@ def report(results: tuple[str, ...], fmt: str, output: str | None, plot_dir: str
             check_writable(Path(output))
         except OSError as e:
             fail(f"cannot write report {output}: {e.strerror or e}")
-    sections = [section(r) for r in loaded]
+    notes = failures_shown(failures, traceback)
+    sections = [section(r, notes) for r in loaded]
 
     plots: list[Plot] = []
     plot_note = ""

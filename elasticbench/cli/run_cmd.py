@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..backends import device_of
 from ..bench.cases import load_run_case, parse_size
 from ..bench.job import RunJob
 from ..bench.runner import pin_heap, plan_units, resolve_baseline, set_threads
@@ -26,19 +27,6 @@ from .common import (
     split_names,
     survival_options,
 )
-
-
-def _device_of(kernels) -> str:
-    """Where the timed kernels' arrays live: probed through their backends, not by name."""
-    import numpy as np
-
-    from ..backends import get_backend
-
-    for k in kernels:
-        native = get_backend(k.backend).to_native(np.zeros((1, 1), np.float32))
-        if getattr(native, "is_cuda", False):
-            return str(native.device)
-    return "cpu"
 
 
 @click.command()
@@ -96,7 +84,7 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
 
     threads = set_threads(case.threads)
     allocator = pin_heap()
-    device = _device_of(kernels + ([baseline] if baseline else []))
+    device = device_of([k.backend for k in kernels + ([baseline] if baseline else [])])
     meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "case": str(path),
             "case_name": case.name, "mode": mode, "seed": case.seed, "threads": threads,
             "allocator": allocator, "dtypes": dtypes, "sizes": [list(s) for s in shapes],

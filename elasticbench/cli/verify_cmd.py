@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..bench.cases import parse_size
 from ..environment import describe
 from ..execute import Isolation
 from ..functions import get_function
@@ -14,6 +15,7 @@ from ..inputs import get_generator
 from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..numerics.truth_cache import TruthStore, default_cache_dir
+from ..registry import KernelSpec
 from ..verify.job import VerifyJob
 from ..verify.matrix import CaseFileError, expand, load_matrix
 from .common import (
@@ -21,7 +23,9 @@ from .common import (
     check_survival,
     choose_kernels_by_mode,
     fail,
+    failures_shown,
     kernel_options,
+    note_options,
     run_session,
     split_names,
     survival_options,
@@ -37,6 +41,10 @@ MODE_CHOICES = ("fwd", "bwd", "both")
 @click.option("--case", "case_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="Verification matrix ([verify] table of a TOML case file).")
 @click.option("--quick", is_flag=True, help="The small matrix (cases/verify-quick.toml).")
+@click.option("-s", "--size", "sizes", multiple=True, metavar="ROWSxN",
+              help="Shapes to verify instead of the matrix's, e.g. 7x16.")
+@click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
+              help="A parameter at this value instead of the matrix's grid, e.g. tau=0.5.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Write every record to this results file.")
 @click.option("--precision", type=int, default=DEFAULT_PRECISION, show_default=True,
@@ -46,14 +54,17 @@ MODE_CHOICES = ("fwd", "bwd", "both")
 @click.option("--mode", "mode", default="fwd", show_default=True, metavar="fwd|bwd|both",
               help="Verify forward kernels, backward (gradient) kernels, or both.")
 @survival_options("case")
-def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, quick, json_path,
-           precision, jobs, no_cache, mode, isolate, timeout, resume_path, shard) -> None:
+@note_options
+def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, quick, sizes,
+           params, json_path, precision, jobs, no_cache, mode, isolate, timeout, resume_path,
+           shard, failures, traceback) -> None:
     """Check kernels against mpmath ground truth on adversarial inputs, in ulps.
 
     Exit code 0 when every case passes, 1 when any fails, 2 for bad usage or input, 130 when
     interrupted (Ctrl-C or SIGTERM: the finished records are kept; see --resume).
     Kernels run in-process by default (fastest); --isolate or --timeout runs each call in a
-    child process so that a kernel that crashes or hangs becomes a failed case.
+    child process so that a kernel that crashes or hangs becomes a failed case. Every failing
+    case is listed, worst first, with a command that re-runs exactly it.
     """
     functions, backends, dtypes = split_names(functions), split_names(backends), split_names(dtypes)
     only, inputs = split_names(only), split_names(inputs)
@@ -63,6 +74,7 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
         for d in dtypes:
             if d not in DTYPE_NAMES:
                 raise ValueError(f"unknown dtype {d!r} (choose from {', '.join(DTYPE_NAMES)})")
+        shapes = [parse_size(v) for v in split_names(sizes)]
     except ValueError as e:
         fail(str(e))
     if precision < MIN_PRECISION:
@@ -72,6 +84,7 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     if mode not in MODE_CHOICES:
         fail(f"unknown --mode {mode!r} (choose from {', '.join(MODE_CHOICES)})")
     shard_kn = check_survival(timeout, resume_path, json_path, shard)
+    notes = failures_shown(failures, traceback)
     path = case_path(case_file, quick, "verify-quick", "verify")
     try:
         matrix = load_matrix(path)
@@ -87,16 +100,41 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     out_path = Path(resume_path or json_path) if (resume_path or json_path) else None
     modes = ("fwd", "bwd") if mode == "both" else (mode,)
     by_mode = choose_kernels_by_mode(functions, backends, only, kernel_files, modes)
+    fixed = parse_params(params, [k for ks in by_mode.values() for k in ks])
     cases_by_mode = {
-        m: expand(matrix, sorted({k.function for k in ks}), dtypes or None, inputs or None)
+        m: expand(matrix, sorted({k.function for k in ks}), dtypes or None, inputs or None,
+                  shapes or None, fixed)
         for m, ks in by_mode.items()
     }
     if not any(cases_by_mode.values()):
         fail(f"the matrix {path} has no case for the chosen kernels, dtypes and inputs")
+    builtin = None if case_file else ("verify-quick" if quick else "verify")
     meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "matrix": str(path),
-            "precision": precision, **describe(include_gpu=False)}
+            "matrix_builtin": builtin, "precision": precision, **describe(include_gpu=False)}
     job = VerifyJob(by_mode, cases_by_mode, max_elements=matrix.max_elements,
                     store=TruthStore(None if no_cache else default_cache_dir()),
                     precision=precision, workers=jobs, isolation=Isolation(isolate, timeout),
                     max_rows=matrix.max_rows)
-    run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path))
+    run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path),
+                notes=notes)
+
+
+def parse_params(values: tuple[str, ...], kernels: list[KernelSpec]) -> dict[str, float]:
+    """--param NAME=VALUE options as {name: value}, each checked against the chosen kernels'
+    functions (one line and exit 2 when no chosen function takes it or the value is bad)."""
+    out: dict[str, float] = {}
+    functions = [get_function(f) for f in dict.fromkeys(k.function for k in kernels)]
+    for text in values:
+        name, eq, value = text.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            fail(f"--param takes NAME=VALUE, like tau=0.5; got {text!r}")
+        takers = [f for f in functions if name in f.param_names]
+        if not takers:
+            names = ", ".join(f.name for f in functions)
+            fail(f"--param {name}: no chosen function has a parameter {name!r} ({names})")
+        try:
+            out[name] = takers[0].validate_params({name: value})[name]
+        except ValueError as e:
+            fail(f"--param {name}: {e}")
+    return out

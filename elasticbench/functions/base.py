@@ -27,6 +27,17 @@ ROW_NAN = "nan"  # a NaN in the row: every output NaN
 ROW_INF = "inf"  # +inf logits: 1/k at each of the k, 0 elsewhere
 ROW_MASKED = "masked"  # nothing survives (or 0/0): every output exactly 0
 
+# What a parameter is to the exp-normalize form (see Function): its gradient's error bound
+# follows from it (verify/backward.py).
+TEMPERATURE = "temperature"  # tau in exp((s - m) / tau)
+OFFSET = "offset"  # beta in the denominator's constant term beta * exp(-m / tau)
+
+
+def above_minus_inf(x: Any) -> Any:
+    """The logits an exp-normalize member keeps by default: all but -inf (and NaN); x is a
+    float or an array."""
+    return x > -math.inf
+
 
 @dataclass
 class RowTruth:
@@ -138,6 +149,7 @@ class Param:
     strict: bool  # True: value > lower; False: value >= lower
     grid: tuple[float, ...]
     summary: str
+    role: str = ""  # TEMPERATURE or OFFSET in the exp-normalize form, else ""
     span: tuple[float, float] = (1e-3, 1e3)
 
     def validate(self, value: object) -> float:
@@ -155,7 +167,13 @@ class Param:
 
 @dataclass(frozen=True)
 class Function:
-    """One member of the family, defined once: parameters, exact reference, cost model."""
+    """One member of the family, defined once: parameters, exact reference, cost model.
+
+    The exp-normalize members also say what they are in the common form
+        y_i = exp((s_i - m)/tau) / (sum_kept exp((s_j - m)/tau) + offset * exp(-m/tau)),
+    m = max(max of the kept s, shift_floor): which logits are kept, the shift's floor, and
+    which parameters (if any) are the temperature and the offset (else 1 and constant_offset).
+    """
 
     name: str
     summary: str
@@ -165,10 +183,25 @@ class Function:
     notes: str = field(default="", compare=False)
     # (row, upstream g, **params) -> RowGrad; None where no gradient is defined
     gradient_row: Callable[..., RowGrad] | None = None
+    kept: Callable[[Any], Any] = above_minus_inf  # the mask: a float or an array -> kept?
+    shift_floor: float = -math.inf
+    constant_offset: float = 0.0  # the offset when no parameter plays it
 
     @property
     def param_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
+
+    def with_role(self, role: str) -> Param | None:
+        """The parameter playing role (TEMPERATURE or OFFSET), if one does."""
+        return next((p for p in self.params if p.role == role), None)
+
+    def temperature(self, params: Mapping[str, float]) -> float:
+        p = self.with_role(TEMPERATURE)
+        return float(params[p.name]) if p else 1.0
+
+    def offset(self, params: Mapping[str, float]) -> float:
+        p = self.with_role(OFFSET)
+        return float(params[p.name]) if p else self.constant_offset
 
     def defaults(self) -> dict[str, float]:
         return {p.name: p.default for p in self.params}

@@ -8,10 +8,14 @@ evaluated exactly in the shifted form, where the offset is rescaled by exp(-m/ta
 
 from __future__ import annotations
 
+from typing import Any
+
 import mpmath
 
 from .base import (
+    OFFSET,
     ROW_FINITE,
+    TEMPERATURE,
     Function,
     Param,
     RowGrad,
@@ -22,13 +26,18 @@ from .base import (
 )
 
 
+def kept(s: Any) -> Any:
+    """Negative Value Masking: the logits >= 0 are kept (-0.0 too); s a float or an array."""
+    return s >= 0
+
+
 def reference(row: list[float], *, tau: float, beta: float) -> RowTruth:
     if has_nan(row):
         return RowTruth.nan(len(row))
     b = mpmath.mpf(beta)
     t = mpmath.mpf(tau)
     return exp_normalize(
-        row, lambda v: v >= 0, tau=tau, extra=(lambda m: b * mpmath.exp(-m / t)) if beta else None
+        row, kept, tau=tau, extra=(lambda m: b * mpmath.exp(-m / t)) if beta else None
     )
 
 
@@ -43,7 +52,7 @@ def gradient(row: list[float], g: list[float], *, tau: float, beta: float) -> Ro
     truth = reference(row, tau=tau, beta=beta)
     if truth.kind != ROW_FINITE:
         return RowGrad.constant(truth, ("tau", "beta"))
-    keep = [v >= 0 for v in row]
+    keep = [kept(v) for v in row]
     t, b = mpmath.mpf(tau), mpmath.mpf(beta)
     c, dx, zero = exp_normalize_grad(truth, g, keep, 1 / t)
     m = mpmath.mpf(max(v for v, k in zip(row, keep, strict=True) if k))
@@ -63,10 +72,11 @@ FUNCTION = Function(
     reference_row=reference,
     params=(
         Param("tau", 1.0, 0.0, True, (0.01, 1.0, 10.0), "temperature, finite and > 0",
-              span=(1e-3, 1e3)),
+              TEMPERATURE, span=(1e-3, 1e3)),
         Param("beta", 1.0, 0.0, False, (0.0, 1e-10, 1.0, 100.0), "denominator offset, >= 0",
-              span=(1e-12, 1e6)),
+              OFFSET, span=(1e-12, 1e6)),
     ),
     notes="rows sum to S/(S+beta); masked positions are exactly 0",
     gradient_row=gradient,
+    kept=kept,
 )

@@ -6,13 +6,12 @@ kernels), not the NaN that 0/0 would give.
 
 from __future__ import annotations
 
-import math
-
 from .base import (
     ROW_FINITE,
     Function,
     RowGrad,
     RowTruth,
+    above_minus_inf,
     exp_normalize,
     exp_normalize_grad,
     has_nan,
@@ -22,7 +21,7 @@ from .base import (
 def reference(row: list[float]) -> RowTruth:
     if has_nan(row):
         return RowTruth.nan(len(row))
-    return exp_normalize(row, lambda v: v > -math.inf)
+    return exp_normalize(row, above_minus_inf)
 
 
 def gradient(row: list[float], g: list[float]) -> RowGrad:
@@ -30,7 +29,7 @@ def gradient(row: list[float], g: list[float]) -> RowGrad:
     truth = reference(row)
     if truth.kind != ROW_FINITE:
         return RowGrad.constant(truth, ())
-    _, dx, zero = exp_normalize_grad(truth, g, [v > -math.inf for v in row])
+    _, dx, zero = exp_normalize_grad(truth, g, [above_minus_inf(v) for v in row])
     return RowGrad(truth, dx, zero, {})
 
 

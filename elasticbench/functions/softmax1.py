@@ -5,8 +5,6 @@ Stable form: m = max(max x, 0) and the 1 becomes exp(-m).
 
 from __future__ import annotations
 
-import math
-
 import mpmath
 
 from .base import (
@@ -14,17 +12,21 @@ from .base import (
     Function,
     RowGrad,
     RowTruth,
+    above_minus_inf,
     exp_normalize,
     exp_normalize_grad,
     has_nan,
 )
 
+SHIFT_FLOOR = 0.0  # m = max(max x, 0): the 1 becomes exp(-m) and never overflows
+OFFSET = 1.0  # the constant term of the denominator
+
 
 def reference(row: list[float]) -> RowTruth:
     if has_nan(row):
         return RowTruth.nan(len(row))
-    return exp_normalize(row, lambda v: v > -math.inf, shift_floor=0.0,
-                         extra=lambda m: mpmath.exp(-m))
+    return exp_normalize(row, above_minus_inf, shift_floor=SHIFT_FLOOR,
+                         extra=lambda m: OFFSET * mpmath.exp(-m))
 
 
 def gradient(row: list[float], g: list[float]) -> RowGrad:
@@ -32,7 +34,7 @@ def gradient(row: list[float], g: list[float]) -> RowGrad:
     truth = reference(row)
     if truth.kind != ROW_FINITE:
         return RowGrad.constant(truth, ())
-    _, dx, zero = exp_normalize_grad(truth, g, [v > -math.inf for v in row])
+    _, dx, zero = exp_normalize_grad(truth, g, [above_minus_inf(v) for v in row])
     return RowGrad(truth, dx, zero, {})
 
 
@@ -41,4 +43,6 @@ FUNCTION = Function(
     summary="softmax1: exp(x) / (1 + sum exp(x)), the 1 rescaled by exp(-m) after the shift",
     reference_row=reference,
     gradient_row=gradient,
+    shift_floor=SHIFT_FLOOR,
+    constant_offset=OFFSET,
 )

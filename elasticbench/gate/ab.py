@@ -28,11 +28,11 @@ import numpy as np
 from ..backends import get_backend
 from ..bench.cases import RunCase
 from ..bench.models import minimum_bytes
-from ..bench.runner import llc_bytes, params_for, set_threads, verify_quickly
+from ..bench.runner import params_for, set_threads, verify_quickly
 from ..inputs import generate
 from ..numerics.dtypes import get_format
-from ..records import record_key
-from ..registry import KernelFileError, KernelSpec, load_kernel_file
+from ..records import QuickVerdict, record_key
+from ..registry import KernelFileError, KernelSpec, load_kernel_file, scoped_kernels
 from .load import Dataset, Series, Verdict, case_label
 
 SIDES = ("base", "current")
@@ -47,24 +47,9 @@ class Pair:
     current: KernelSpec
 
 
-@contextmanager
-def private_registry() -> Iterator[None]:
-    """Kernels registered inside the block vanish after it; built-ins stay untouched."""
-    from .. import registry
-
-    registry.list_kernels()  # built-ins loaded before we hide them
-    saved = dict(registry._KERNELS)
-    registry._KERNELS.clear()
-    try:
-        yield
-    finally:
-        registry._KERNELS.clear()
-        registry._KERNELS.update(saved)
-
-
 def load_version(path: str | Path, suffix: str, mode: str = "fwd") -> list[KernelSpec]:
     """The kernels a file registers, loaded privately and renamed name + suffix."""
-    with private_registry():
+    with scoped_kernels(alone=True):  # the real registry is left as it was
         specs = load_kernel_file(path)
     return [replace(s, name=s.name + suffix) for s in specs if s.mode == mode]
 
@@ -126,7 +111,7 @@ def module_file(spec: KernelSpec) -> Path:
 
 
 @dataclass
-class Policy:
+class ABPolicy:
     """How an A/B comparison is timed."""
 
     rounds: int = 30
@@ -141,25 +126,29 @@ def _natives(spec: KernelSpec, x: np.ndarray, copies: int) -> list[Any]:
     return [backend.to_native(x) for _ in range(copies)]
 
 
-def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Policy,
-              rng: np.random.Generator, llc: int) -> dict[str, list[float]]:
-    """Interleaved samples (ns per call) of both versions on the same input."""
+def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: ABPolicy,
+              rng: np.random.Generator) -> dict[str, list[float]]:
+    """Interleaved samples (ns per call) of both versions on the same input, with the clock
+    of the current version's backend (a cold sample on a GPU is one call after a flush)."""
     rows, n = x.shape
+    backend = get_backend(pair.current.backend)
+    llc, clock = backend.llc_bytes(), backend.clock()
     out_of_cache = minimum_bytes(rows, n, x.itemsize, "fwd") > llc // 2
     copies = max(2, math.ceil(2 * llc / x.nbytes)) if out_of_cache else 1
+    flush = out_of_cache and clock.flushes
     sides = {"base": pair.base, "current": pair.current}
     bufs = {s: _natives(spec, x, copies) for s, spec in sides.items()}
-    sync = get_backend(pair.current.backend).synchronize
     counter = {s: 0 for s in SIDES}
 
-    def run(side: str, k: int) -> int:
+    def run(side: str, k: int) -> float:
         fn, b = sides[side].fn, bufs[side]
-        t0 = time.perf_counter_ns()
+        if flush:
+            clock.flush()
+        clock.start()
         for _ in range(k):
             fn(b[counter[side] % copies], **params)
             counter[side] += 1
-        sync()
-        return time.perf_counter_ns() - t0
+        return clock.stop()
 
     first = {s: run(s, 1) for s in SIDES}
     end = time.perf_counter() + policy.warmup_s
@@ -167,7 +156,8 @@ def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: Polic
         for s in SIDES:
             first[s] = min(first[s], run(s, 1))
     # The same inner count for both sides, so a sample spans about the same wall time.
-    inner = max(1, int(policy.min_sample_s * 1e9 / max(1, min(first.values()))))
+    single = flush or clock.single_call
+    inner = 1 if single else max(1, int(policy.min_sample_s * 1e9 / max(1, min(first.values()))))
     samples: dict[str, list[float]] = {s: [] for s in SIDES}
     for _ in range(policy.rounds):
         order = SIDES if rng.random() < 0.5 else SIDES[::-1]
@@ -187,7 +177,7 @@ class ABResult:
 
 
 def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tuple[int, int]],
-           policy: Policy, *, verify: bool = True, store: Any = None,
+           policy: ABPolicy, *, verify: bool = True, store: Any = None,
            on_cell: Callable[[str], None] = lambda s: None) -> ABResult:
     """Verify both versions (unless told not to), then time every pair on every cell."""
     from ..environment import describe
@@ -203,15 +193,11 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
         for p in pairs:
             for d in dtypes:
                 for spec, ds in ((p.base, base), (p.current, current)):
-                    v = verdicts.get((spec.name, d), {})
-                    status = v.get("status")
+                    v = verdicts.get((spec.name, d)) or QuickVerdict(status="unverified")
                     key = ("numerics", p.name, d)
-                    ds.numerics[key] = Verdict(
-                        key, p.name, d, True if status == "pass" else
-                        False if status == "FAIL" else None, v.get("max_ulp"), None,
-                        v.get("reason"))
+                    ds.numerics[key] = Verdict(key, p.name, d, v.passed, v.max_ulp, None,
+                                               v.reason)
     threads = set_threads(case.threads if policy.threads is None else policy.threads)
-    llc = llc_bytes("cpu")
     rng = np.random.default_rng(policy.seed)
     records: list[dict[str, Any]] = []
     for p in pairs:
@@ -222,7 +208,7 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
                 x = generate(case.generator, d, shape, case.seed)
                 if x.dtype.itemsize != get_format(d).itemsize:
                     raise ValueError(f"generator gave {x.dtype} for {d}")
-                samples = time_pair(p, x, params, policy, rng, llc)
+                samples = time_pair(p, x, params, policy, rng)
                 for side, ds in (("base", base), ("current", current)):
                     rec = {"kernel": p.name, "version": side,
                            "source": (p.base if side == "base" else p.current).source,
@@ -276,5 +262,13 @@ def versions_from_revision(rev: str, files: list[str], only: list[str]) -> list[
     return pairs
 
 
-__all__ = ["ABResult", "KernelFileError", "Pair", "Policy", "pair_versions", "run_ab",
-           "versions_from_files", "versions_from_revision"]
+__all__ = [
+    "ABPolicy",
+    "ABResult",
+    "KernelFileError",
+    "Pair",
+    "pair_versions",
+    "run_ab",
+    "versions_from_files",
+    "versions_from_revision",
+]

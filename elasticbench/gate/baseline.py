@@ -1,4 +1,9 @@
-"""Committed baselines: a results file copied, checked, under results/baselines/<name>.json."""
+"""Committed baselines: a results file copied, checked, under results/baselines/<name>.json.
+
+Saved from several runs of one plan, a baseline also keeps a noise floor per kernel and case:
+the spread of the per-process medians over every process of every run (runs on other days
+see spread that the processes of one run cannot). Its records are the first run's.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..records import read_results, write_json_atomic
+from ..records import IDENTITY_FIELDS, read_results, record_key, write_json_atomic
+from .load import METRICS, load
+from .stats import noise_floor
 
 DEFAULT_DIR = Path("results") / "baselines"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -22,9 +29,7 @@ def baseline_name(doc: dict[str, Any], name: str | None) -> str:
     return name
 
 
-def save_baseline(results: Path, name: str | None = None, directory: Path = DEFAULT_DIR,
-                  force: bool = False) -> tuple[Path, dict[str, Any]]:
-    """Copy a complete results file to directory/<name>.json with a note of its origin."""
+def _clean_results(results: Path) -> dict[str, Any]:
     doc = read_results(results)
     if doc.get("complete") is False:
         raise ValueError(f"{results} is an interrupted run; finish it before making it a "
@@ -35,10 +40,57 @@ def save_baseline(results: Path, name: str | None = None, directory: Path = DEFA
     if errors:
         raise ValueError(f"{results}: {len(errors)} record(s) raised (first: {errors[0]}); "
                          "a baseline must be clean")
+    return doc
+
+
+def noise_floors(runs: list[Path]) -> list[dict[str, Any]]:
+    """Per timed series of the runs: its identity, the spread of the log medians of all its
+    processes over all runs (per metric) and the degrees of freedom; series measured by a
+    single process in all are left out."""
+    pooled: dict[str, dict[tuple, list]] = {m: {} for m in METRICS}
+    for path in runs:
+        for metric in METRICS:
+            for key, s in load(path, metric).series.items():
+                if s.groups:
+                    pooled[metric].setdefault(key, []).extend(s.groups)
+    first = {("run", *record_key(r)): r for r in read_results(runs[0])["records"]}
+    out = []
+    for key, groups in pooled["time"].items():
+        floor = noise_floor(groups)
+        if floor is None or key not in first:
+            continue
+        entry = {f: first[key].get(f) for f in IDENTITY_FIELDS if f in first[key]}
+        entry["sd_log"] = {"time": floor.sd_log}
+        bw = noise_floor(pooled["bandwidth-fraction"].get(key) or [])
+        if bw is not None:
+            entry["sd_log"]["bandwidth-fraction"] = bw.sd_log
+        entry["df"] = floor.df
+        out.append(entry)
+    return out
+
+
+def save_baseline(results: list[Path], name: str | None = None, directory: Path = DEFAULT_DIR,
+                  force: bool = False) -> tuple[Path, dict[str, Any]]:
+    """Copy the first of one or more complete runs of one plan to directory/<name>.json, with
+    a note of its origin and the noise floor all of them measure."""
+    docs = [_clean_results(Path(p)) for p in results]
+    doc = docs[0]
+    for path, other in zip(results[1:], docs[1:], strict=True):
+        if other.get("kind") != doc.get("kind"):
+            raise ValueError(f"{path} is a {other.get('kind')} file, {results[0]} a "
+                             f"{doc.get('kind')} file: a baseline is made of runs of one plan")
+        mine = {record_key(r) for r in doc["records"]}
+        theirs = {record_key(r) for r in other["records"]}
+        if mine != theirs:
+            odd = sorted(map(str, mine ^ theirs))[0]
+            raise ValueError(f"{path} is not a run of the plan of {results[0]} "
+                             f"(first difference: {odd})")
     out = Path(directory) / f"{baseline_name(doc, name)}.json"
     if out.exists() and not force:
         raise ValueError(f"{out} exists; pass --force to replace it")
-    doc["saved_baseline"] = {"name": out.stem, "from": str(results),
+    doc["saved_baseline"] = {"name": out.stem, "from": [str(p) for p in results],
                              "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if doc.get("kind") == "run":
+        doc["noise_floor"] = noise_floors([Path(p) for p in results])
     write_json_atomic(out, doc)
     return out, doc

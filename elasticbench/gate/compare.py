@@ -5,6 +5,8 @@ Timing verdict of a case (ratio = current cost / base cost; > 1 is slower):
 * `slower`: p < alpha and the whole 95% interval of the ratio lies above 1;
 * `faster`: p < alpha and the whole interval lies below 1;
 * `same`: neither;
+* `inconclusive`: both sides measured, but the spread between processes is unknown (one
+  process per side and no noise floor), so no interval can be trusted;
 * `not comparable`: a side is missing or failed to run, or the samples are too few for p to
   ever reach alpha (then no verdict would mean anything).
 
@@ -19,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .load import Dataset, Series, Verdict, machine_differences
-from .stats import RatioEstimate, estimate, geomean
+from .stats import NoiseFloor, RatioEstimate, estimate, geomean
 
-VERDICTS = ("slower", "faster", "same", "not comparable")
+VERDICTS = ("slower", "faster", "same", "inconclusive", "not comparable")
 
 
 @dataclass
@@ -93,6 +95,8 @@ class Comparison:
 
 def judge(est: RatioEstimate, alpha: float, max_slowdown: float) -> tuple[str, bool, str | None]:
     """(verdict, regression, reason) of one ratio estimate."""
+    if est.inconclusive:
+        return "inconclusive", False, est.inconclusive
     if est.min_p >= alpha:
         return ("not comparable", False,
                 f"{est.n_base}+{est.n_current} samples cannot reach p < {alpha:g}")
@@ -105,7 +109,8 @@ def judge(est: RatioEstimate, alpha: float, max_slowdown: float) -> tuple[str, b
 
 
 def compare_series(base: Series | None, current: Series | None, *, alpha: float,
-                   max_slowdown: float, paired: bool = False, method: str = "hl") -> Row:
+                   max_slowdown: float, paired: bool = False, method: str = "t",
+                   floors: tuple[NoiseFloor | None, ...] = ()) -> Row:
     """The row of one case; either side may be missing."""
     ref = current or base
     assert ref is not None
@@ -115,10 +120,11 @@ def compare_series(base: Series | None, current: Series | None, *, alpha: float,
         row.reason = "only in current" if base is None else "missing from current"
     elif base.error or current.error:
         row.reason = f"{'base' if base.error else 'current'}: {base.error or current.error}"
-    elif base.costs is None or current.costs is None:
+    elif base.groups is None or current.groups is None:
         row.reason = "no raw samples (statistics only)"
     else:
-        row.est = estimate(base.costs, current.costs, paired=paired, method=method)
+        row.est = estimate(base.groups, current.groups, paired=paired, method=method,
+                           floors=floors)
         row.verdict, row.regression, row.reason = judge(row.est, alpha, max_slowdown)
     return row
 
@@ -163,7 +169,7 @@ def _rollups(rows: list[Row]) -> list[Rollup]:
 
 
 def compare(base: Dataset, current: Dataset, *, alpha: float = 0.01,
-            max_slowdown: float = 0.10, paired: bool = False, method: str = "hl",
+            max_slowdown: float = 0.10, paired: bool = False, method: str = "t",
             timing_advisory: bool = False) -> Comparison:
     """Compare every case of the two datasets, timing and numerics."""
     if base.metric != current.metric:
@@ -182,7 +188,8 @@ def compare(base: Dataset, current: Dataset, *, alpha: float = 0.01,
     for key in dict.fromkeys([*base.series, *current.series]):
         cmp.rows.append(compare_series(base.series.get(key), current.series.get(key),
                                        alpha=alpha, max_slowdown=max_slowdown, paired=paired,
-                                       method=method))
+                                       method=method,
+                                       floors=(base.noise.get(key), current.noise.get(key))))
     for key in dict.fromkeys([*base.numerics, *current.numerics]):
         cmp.numerics.append(compare_numerics(base.numerics.get(key), current.numerics.get(key)))
     cmp.rollups = _rollups(cmp.rows)

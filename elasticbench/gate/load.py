@@ -9,10 +9,15 @@ Every timing becomes a cost, lower is better, in the unit of the chosen metric:
 * `bandwidth-fraction`: seconds per call times the run's own copy bandwidth over the bytes the
   call must move, i.e. 1 / (fraction of copy bandwidth reached). The machine's speed cancels,
   so a baseline from another machine of the same class stays usable.
+
+Each series keeps its samples split by the process that measured them (`timing.processes`
+of a run record; a pytest-benchmark file is one process). Several files can make one side of
+a comparison (load_side): their processes are pooled per series.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..records import ResultsFileError, check_results, read_json, record_key
+from .stats import NoiseFloor
 
 METRICS = ("time", "bandwidth-fraction")
 MACHINE_FIELDS = ("cpu", "arch", "cores", "gpu")
@@ -35,6 +41,11 @@ class Series:
     costs: np.ndarray | None  # raw per-call costs; None when the file kept only statistics
     median: float | None
     error: str | None = None
+    groups: list[np.ndarray] | None = None  # costs split by the process that measured them
+
+    def __post_init__(self) -> None:
+        if self.costs is not None and self.groups is None:
+            self.groups = [self.costs]
 
 
 @dataclass
@@ -62,6 +73,7 @@ class Dataset:
     numerics: dict[tuple, Verdict] = field(default_factory=dict)
     commit: str | None = None
     notes: list[str] = field(default_factory=list)
+    noise: dict[tuple, NoiseFloor] = field(default_factory=dict)  # a baseline's noise floors
 
 
 def case_label(record: dict[str, Any]) -> str:
@@ -114,6 +126,43 @@ def _run_series(doc: dict[str, Any], metric: str, path: str) -> dict[tuple, Seri
             scale = 1e-9 * gbps * 1e9 / min_bytes
         s.costs = np.asarray(samples, dtype=np.float64) * scale
         s.median = float(np.median(s.costs))
+        try:
+            s.groups = split_processes(s.costs, (r.get("timing") or {}).get("processes"))
+        except ValueError as e:
+            raise ResultsFileError(f"results file {path}: {r['kernel']} {s.case}: {e}") from None
+    return out
+
+
+def split_processes(costs: np.ndarray, counts: Any) -> list[np.ndarray]:
+    """Samples one process after another, split by the count each process gave (a record
+    without counts came from one process)."""
+    if counts is None:
+        return [costs]
+    if (not isinstance(counts, list) or not counts
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0
+                       for c in counts)):
+        raise ValueError("timing.processes must be a list of sample counts, each >= 1")
+    if sum(counts) != costs.size:
+        raise ValueError(f"timing.processes counts {sum(counts)} samples, "
+                         f"samples_ns holds {costs.size}")
+    return np.split(costs, np.cumsum(counts)[:-1])
+
+
+def _noise_floors(doc: dict[str, Any], metric: str, path: str) -> dict[tuple, NoiseFloor]:
+    """A baseline's noise floors in the metric, keyed like its records' series."""
+    out: dict[tuple, NoiseFloor] = {}
+    for entry in doc.get("noise_floor") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("sd_log"), dict):
+            raise ResultsFileError(f"results file {path}: a noise_floor entry needs sd_log "
+                                   "per metric")
+        sd, df = entry["sd_log"].get(metric), entry.get("df")
+        if sd is None:
+            continue
+        if (not isinstance(sd, int | float) or isinstance(sd, bool) or not math.isfinite(sd)
+                or sd < 0 or not isinstance(df, int) or isinstance(df, bool) or df < 1):
+            raise ResultsFileError(f"results file {path}: a noise_floor entry needs sd_log "
+                                   ">= 0 and df >= 1")
+        out[("run", *record_key(entry))] = NoiseFloor(float(sd), df)
     return out
 
 
@@ -190,11 +239,62 @@ def load(path: str | Path, metric: str = "time") -> Dataset:
     if ds.kind == "run":
         ds.series = _run_series(doc, metric, str(p))
         ds.numerics = _run_numerics(doc)
+        ds.noise = _noise_floors(doc, metric, str(p))
         if doc.get("complete") is False:
             ds.notes.append(f"{p}: the run was interrupted; only its finished records count")
     else:
         ds.numerics = _verify_numerics(doc)
     return ds
+
+
+def _merge_series(a: Series, b: Series) -> Series:
+    if a.error or b.error or a.costs is None or b.costs is None:
+        why = a.error or b.error or "no raw samples (statistics only)"
+        return Series(a.key, a.kernel, a.case, None, a.median, why)
+    costs = np.concatenate([a.costs, b.costs])
+    return Series(a.key, a.kernel, a.case, costs, float(np.median(costs)),
+                  groups=[*(a.groups or []), *(b.groups or [])])
+
+
+def _merge_verdicts(a: Verdict, b: Verdict) -> Verdict:
+    """The worse of two verdicts of one case: a failure anywhere is a failure."""
+    worst = min((a, b), key=lambda v: {False: 0, None: 1, True: 2}[v.passed])
+    ulps = [v.max_ulp for v in (a, b) if v.max_ulp is not None]
+    fracs = [v.budget_frac for v in (a, b) if v.budget_frac is not None]
+    return Verdict(a.key, a.kernel, a.case, worst.passed, max(ulps) if ulps else None,
+                   max(fracs) if fracs else None, worst.reason)
+
+
+def load_side(paths: list[str | Path], metric: str = "time") -> Dataset:
+    """One side of a comparison from one or more files of one kind: per series, the processes
+    of every file pooled; per numerics case, the worst verdict; noise floors kept."""
+    if not paths:
+        raise ValueError("no results file given for a side")
+    sets = [load(p, metric) for p in paths]
+    first = sets[0]
+    if len(sets) == 1:
+        return first
+    kinds = {d.kind for d in sets}
+    if len(kinds) > 1:
+        raise ResultsFileError(f"{', '.join(str(p) for p in paths)}: one side mixes "
+                               f"{' and '.join(sorted(kinds))} files")
+    out = Dataset(" + ".join(d.path for d in sets), first.kind, dict(first.machine), metric,
+                  commit=first.commit)
+    for d in sets:
+        diffs = machine_differences(first, d)
+        if diffs:
+            out.notes.append(f"{d.path} was measured on another machine than {first.path} "
+                             f"({'; '.join(diffs)})")
+        out.notes += d.notes
+        for key, s in d.series.items():
+            out.series[key] = _merge_series(out.series[key], s) if key in out.series else s
+        for key, v in d.numerics.items():
+            out.numerics[key] = (_merge_verdicts(out.numerics[key], v) if key in out.numerics
+                                 else v)
+        for key, f in d.noise.items():
+            if key not in out.noise or f.sd_log > out.noise[key].sd_log:
+                out.noise[key] = f
+    return out
 
 
 def machine_differences(a: Dataset, b: Dataset) -> list[str]:

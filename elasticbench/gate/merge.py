@@ -2,6 +2,9 @@
 
 Each shard file records the fingerprint of the whole plan; a merge refuses shards of
 different plans or settings, the same shard twice, overlapping records and missing shards.
+Records are merged as written: a run shard holds whole cells, so each record already carries
+its speedup and copy bandwidth. Only records of older shard files that lack them get them
+here, from their own shard's ceilings and their cell's baseline among the merged records.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..bench.runner import apply_speedups
+from ..bench.runner import fill_speedups
 from ..records import ResultsFileError, read_results, record_key
 
 
@@ -58,7 +61,7 @@ def merge_docs(docs: list[tuple[str, dict[str, Any]]], allow_partial: bool = Fal
         copy_gbps = (d.get("ceilings") or {}).get("copy_gbps")
         for r in d["records"]:
             if copy_gbps is not None:
-                r.setdefault("copy_gbps", copy_gbps)  # each shard measured its own ceilings
+                r.setdefault("copy_gbps", copy_gbps)  # older files: their shard's ceilings
             key = record_key(r)
             if key in owner:
                 raise MergeError(f"{path} and {owner[key]} both hold {key[0]} "
@@ -79,7 +82,7 @@ def merge_docs(docs: list[tuple[str, dict[str, Any]]], allow_partial: bool = Fal
     if verification:
         head["verification"] = verification
     if head.get("kind") == "run":
-        apply_speedups(records)
+        fill_speedups(records)
     head["records"] = records
     return head
 

@@ -7,9 +7,9 @@ import math
 from rich.console import Console
 from rich.table import Table
 
-from .compare import Comparison, NumericsRow, Row
+from .compare import VERDICTS, Comparison, NumericsRow, Row
 
-MARK = {"slower": "🔴", "faster": "🟢", "same": "⚪", "not comparable": "⚫"}
+MARK = {"slower": "🔴", "faster": "🟢", "same": "⚪", "inconclusive": "❔", "not comparable": "⚫"}
 
 
 def fmt_cost(value: float | None, metric: str) -> str:
@@ -28,11 +28,22 @@ def fmt_ratio(row: Row) -> str:
     if row.est is None:
         return "—"
     e = row.est
+    if e.inconclusive:
+        return f"{e.ratio:.3f} [—]"
     return f"{e.ratio:.3f} [{e.lo:.3f}, {e.hi:.3f}]"
 
 
 def fmt_p(row: Row) -> str:
-    return "—" if row.est is None else f"{row.est.p:.2g}"
+    return "—" if row.est is None or row.est.inconclusive else f"{row.est.p:.2g}"
+
+
+def fmt_processes(row: Row) -> str:
+    """Processes per side, and the between-process spread the interval assumed."""
+    if row.est is None:
+        return "—"
+    b, c = row.est.processes
+    noise = row.est.noise
+    return f"{b}+{c}" + ("" if noise is None else f" ±{noise.percent:.1f}%")
 
 
 def _ulp(v) -> str:
@@ -65,21 +76,22 @@ def render_text(cmp: Comparison, console: Console, gate: bool = False) -> None:
     if cmp.rows:
         t = Table(title=f"{cmp.metric}: current vs base "
                         f"({'paired rounds' if cmp.paired else 'independent runs'})")
-        for col in ("kernel", "case", "base", "current", "ratio [95% CI]", "p", "verdict"):
+        for col in ("kernel", "case", "base", "current", "ratio [95% CI]", "p", "processes",
+                    "verdict"):
             t.add_column(col, justify="right" if col in ("base", "current", "p") else "left")
         for r in cmp.rows:
             verdict = r.verdict + (" REGRESSION" if r.regression else "") + (
                 f" ({r.reason})" if r.reason else "")
             t.add_row(r.kernel, r.case, fmt_cost(r.base, cmp.metric),
-                      fmt_cost(r.current, cmp.metric), fmt_ratio(r), fmt_p(r), verdict)
+                      fmt_cost(r.current, cmp.metric), fmt_ratio(r), fmt_p(r),
+                      fmt_processes(r), verdict)
         console.print(t)
         roll = Table(title="per kernel (geometric mean of ratios)")
-        for col in ("kernel", "ratio", "cases", "slower", "faster", "same", "n/c"):
+        for col in ("kernel", "ratio", "cases", "slower", "faster", "same", "inconcl.", "n/c"):
             roll.add_column(col)
         for k in cmp.rollups:
             roll.add_row(k.kernel, "—" if k.cases == 0 else f"{k.ratio:.3f}", str(k.cases),
-                         *(str(k.counts[v]) for v in ("slower", "faster", "same",
-                                                      "not comparable")))
+                         *(str(k.counts[v]) for v in VERDICTS))
         console.print(roll)
     changed = [n for n in cmp.numerics if n.regression or n.note]
     if changed:
@@ -114,28 +126,34 @@ def render_markdown(cmp: Comparison) -> str:
     if bad_n:
         lines += ["**Numerics regressions**", "", "| kernel | case | base | current | change |",
                   "|---|---|---|---|---|", *map(_md_numerics, bad_n), ""]
-    header = ["| | kernel | case | base | current | ratio [95% CI] | p |",
-              "|---|---|---|---|---|---|---|"]
+    header = ["| | kernel | case | base | current | ratio [95% CI] | p | processes |",
+              "|---|---|---|---|---|---|---|---|"]
 
     def md_row(r: Row) -> str:
         mark = MARK[r.verdict] + (" **regression**" if r.regression else "")
         return (f"| {mark} | {r.kernel} | {r.case} | {fmt_cost(r.base, cmp.metric)} | "
-                f"{fmt_cost(r.current, cmp.metric)} | {fmt_ratio(r)} | {fmt_p(r)} |")
+                f"{fmt_cost(r.current, cmp.metric)} | {fmt_ratio(r)} | {fmt_p(r)} | "
+                f"{fmt_processes(r)} |")
 
     notable = [r for r in cmp.rows if r.verdict in ("slower", "faster")]
     if notable:
         lines += ["**Significant changes**", "", *header, *map(md_row, notable), ""]
     if cmp.rollups:
-        lines += ["| kernel | geomean ratio | 🔴 | 🟢 | ⚪ | ⚫ |", "|---|---|---|---|---|---|"]
+        lines += ["| kernel | geomean ratio | " + " | ".join(MARK[v] for v in VERDICTS) + " |",
+                  "|---|---|" + "---|" * len(VERDICTS)]
         for k in cmp.rollups:
-            c = k.counts
             lines.append(f"| {k.kernel} | {'—' if k.cases == 0 else f'{k.ratio:.3f}'} | "
-                         f"{c['slower']} | {c['faster']} | {c['same']} | "
-                         f"{c['not comparable']} |")
+                         + " | ".join(str(k.counts[v]) for v in VERDICTS) + " |")
         lines.append("")
     if cmp.rows:
         lines += ["<details><summary>All cases</summary>", "", *header,
                   *map(md_row, cmp.rows), "", "</details>", ""]
+    inconclusive = sum(r.verdict == "inconclusive" for r in cmp.rows)
+    if inconclusive:
+        lines.append(f"❔ {inconclusive} case(s) inconclusive: one process per side and no "
+                     "noise floor, so the spread between processes is unknown.")
+        lines.append("")
     lines.append("Ratio = current / base cost (> 1 is slower). A regression needs p < alpha "
-                 "and the whole 95% interval above 1 + threshold.")
+                 "and the whole 95% interval above 1 + threshold; processes: per side, with "
+                 "the spread between processes the interval assumed.")
     return "\n".join(lines) + "\n"

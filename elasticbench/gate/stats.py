@@ -2,45 +2,70 @@
 
 Ratios are estimated in log space, where a slowdown by a factor is a shift:
 
-* unpaired (two runs): Mann-Whitney U for significance, and the Hodges-Lehmann estimate of
-  the shift (median of all pairwise differences log b_j - log a_i) with its distribution-free
-  confidence interval read off the same U distribution;
+* independent runs: each side is a set of processes, each with its own samples. Samples of
+  one process agree with each other far better than processes agree among themselves (memory
+  placement, frequency, neighbours), so the unit of replication is the process: each process
+  is summarised by its log median, and the two sides are compared by a pooled two-sample t
+  interval on those (a two-level model: between-process spread, within-process spread folded
+  into it). With one process per side the spread is unknown: a noise floor measured from
+  baselines stands in for it, or there is no verdict. A hierarchical bootstrap (processes,
+  then samples within each) is the cross-check;
 * paired (an interleaved A/B run, one A and one B sample per round): the Wilcoxon signed-rank
   test on the per-round log ratios and the median of their Walsh averages, whose interval
   comes from the signed-rank distribution. Pairing cancels load that drifts between rounds.
 
-exp(shift) is the ratio of medians B/A when the two distributions differ by a scale factor.
-A seeded percentile bootstrap of the ratio of medians is available as a cross-check.
+exp(shift) is the ratio of (geometric means of) medians B/A.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special, stats
+from scipy import stats
 
-MAX_PAIRS = 1_000_000  # cap on pairwise differences; larger samples are thinned to quantiles
+Samples = Sequence[float] | np.ndarray
+Groups = Sequence[Samples]  # the samples of each process, one array per process
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """The between-process spread of a kernel on a case: the standard deviation of the log
+    median of one process, and its degrees of freedom (processes measured minus one)."""
+
+    sd_log: float
+    df: int
+
+    @property
+    def percent(self) -> float:
+        """The spread as a percentage of the time (exp(sd) - 1)."""
+        return 100 * math.expm1(self.sd_log)
 
 
 @dataclass(frozen=True)
 class RatioEstimate:
-    """B/A as a factor: point estimate, confidence interval, two-sided p-value."""
+    """B/A as a factor: point estimate, confidence interval, two-sided p-value.
+
+    `inconclusive` says why no interval could be had (lo, hi and p are then nan)."""
 
     ratio: float
     lo: float
     hi: float
     p: float
-    n_base: int
+    n_base: int  # samples
     n_current: int
     method: str
     min_p: float  # the smallest p-value these sample sizes can reach
+    processes: tuple[int, int] = (1, 1)
+    noise: NoiseFloor | None = None  # the between-process spread the interval assumed
+    inconclusive: str | None = None
 
     @property
     def resolvable(self) -> bool:
         """True when the samples are numerous enough that p could fall below 0.05."""
-        return self.min_p < 0.05
+        return self.inconclusive is None and self.min_p < 0.05
 
 
 def geomean(values: list[float] | np.ndarray) -> float:
@@ -51,14 +76,7 @@ def geomean(values: list[float] | np.ndarray) -> float:
     return float(np.exp(np.mean(np.log(a))))
 
 
-def _thin(a: np.ndarray, k: int) -> np.ndarray:
-    """k evenly spaced quantiles of a (a itself when it is no longer than k)."""
-    if a.size <= k:
-        return a
-    return np.quantile(a, (np.arange(k) + 0.5) / k)
-
-
-def _clean(samples: list[float] | np.ndarray, what: str) -> np.ndarray:
+def _clean(samples: Samples, what: str) -> np.ndarray:
     a = np.asarray(samples, dtype=np.float64)
     a = a[np.isfinite(a)]
     if a.size == 0 or np.any(a <= 0):
@@ -66,9 +84,24 @@ def _clean(samples: list[float] | np.ndarray, what: str) -> np.ndarray:
     return a
 
 
-def min_p_unpaired(n: int, m: int) -> float:
-    """The smallest two-sided Mann-Whitney p-value with n and m samples (no ties)."""
-    return min(1.0, 2.0 / float(special.comb(n + m, n)))  # comb -> inf for huge n: p -> 0
+def _groups(groups: Groups, what: str) -> list[np.ndarray]:
+    out = [_clean(g, f"{what} process {i + 1}") for i, g in enumerate(groups)]
+    if not out:
+        raise ValueError(f"{what}: no process")
+    return out
+
+
+def process_logs(groups: Groups) -> np.ndarray:
+    """The log median of each process."""
+    return np.log([np.median(g) for g in _groups(groups, "samples")])
+
+
+def noise_floor(groups: Groups) -> NoiseFloor | None:
+    """The spread of the log medians of several processes (None with fewer than two)."""
+    logs = process_logs(groups)
+    if logs.size < 2:
+        return None
+    return NoiseFloor(float(np.std(logs, ddof=1)), int(logs.size - 1))
 
 
 def min_p_paired(n: int) -> float:
@@ -76,29 +109,85 @@ def min_p_paired(n: int) -> float:
     return min(1.0, 2.0 / 2.0**n)
 
 
-def ratio_unpaired(base: list[float] | np.ndarray, current: list[float] | np.ndarray,
-                   confidence: float = 0.95) -> RatioEstimate:
-    """current/base from independent samples: Hodges-Lehmann ratio, its CI, Mann-Whitney p."""
-    a, b = _clean(base, "base"), _clean(current, "current")
-    n, m = a.size, b.size
-    p = float(stats.mannwhitneyu(b, a, alternative="two-sided").pvalue)
-    k_side = max(1, int(math.sqrt(MAX_PAIRS)))
-    la, lb = np.log(_thin(a, k_side)), np.log(_thin(b, k_side))
-    d = np.sort((lb[None, :] - la[:, None]).ravel())
-    N = d.size
-    na, nb = la.size, lb.size
-    z = stats.norm.ppf(0.5 + confidence / 2)
-    # The k-th smallest and k-th largest pairwise differences bound the shift (normal
-    # approximation of the U distribution's critical value; exact enough from n = 5 up).
-    k = math.floor(na * nb / 2 - z * math.sqrt(na * nb * (na + nb + 1) / 12))
-    k = min(max(k, 1), (N + 1) // 2)
-    shift = float(np.median(d))
-    return RatioEstimate(math.exp(shift), math.exp(d[k - 1]), math.exp(d[N - k]), p, n, m,
-                         "Hodges-Lehmann / Mann-Whitney U", min_p_unpaired(n, m))
+def _spread(base: np.ndarray, current: np.ndarray, floors: Sequence[NoiseFloor | None]
+            ) -> NoiseFloor | None:
+    """The between-process spread to assume: pooled over both sides' processes, never below
+    a measured noise floor (a baseline's runs may have seen more spread than one run's
+    processes can show). None when nothing measures it."""
+    df = base.size + current.size - 2
+    pooled = None
+    if df > 0:
+        ss = np.sum((base - base.mean()) ** 2) + np.sum((current - current.mean()) ** 2)
+        pooled = NoiseFloor(float(math.sqrt(ss / df)), df)
+    for floor in floors:
+        if floor is not None and floor.df > 0 and (pooled is None
+                                                   or floor.sd_log > pooled.sd_log):
+            pooled = floor
+    return pooled
 
 
-def ratio_paired(base: list[float] | np.ndarray, current: list[float] | np.ndarray,
-                 confidence: float = 0.95) -> RatioEstimate:
+def ratio_processes(base: Groups, current: Groups, floors: Sequence[NoiseFloor | None] = (),
+                    confidence: float = 0.95) -> RatioEstimate:
+    """current/base from independent runs: the ratio of geometric means of process medians,
+    a pooled t interval over processes, its p-value; inconclusive when no spread is known."""
+    gb, gc = _groups(base, "base"), _groups(current, "current")
+    lb, lc = np.log([np.median(g) for g in gb]), np.log([np.median(g) for g in gc])
+    shift = float(lc.mean() - lb.mean())
+    n_b, n_c = sum(g.size for g in gb), sum(g.size for g in gc)
+    procs = (lb.size, lc.size)
+    method = "process medians / pooled t"
+    spread = _spread(lb, lc, floors)
+    if spread is None:
+        return RatioEstimate(math.exp(shift), math.nan, math.nan, math.nan, n_b, n_c, method,
+                             1.0, procs, None,
+                             "one process per side and no noise floor: the spread between "
+                             "processes is unknown (time with --processes 3, or gate against "
+                             "a baseline saved from several runs)")
+    se = spread.sd_log * math.sqrt(1 / lb.size + 1 / lc.size)
+    if se == 0:
+        p, half = (1.0 if shift == 0 else 0.0), 0.0
+    else:
+        p = float(2 * stats.t.sf(abs(shift) / se, spread.df))
+        half = float(stats.t.ppf(0.5 + confidence / 2, spread.df)) * se
+    return RatioEstimate(math.exp(shift), math.exp(shift - half), math.exp(shift + half), p,
+                         n_b, n_c, method, 0.0, procs, spread)
+
+
+def ratio_hierarchical_bootstrap(base: Groups, current: Groups, confidence: float = 0.95,
+                                 resamples: int = 2000, seed: int = 0) -> RatioEstimate:
+    """current/base with a seeded two-level bootstrap: processes drawn with replacement, then
+    samples within each drawn process; the statistic is the mean log median of the processes.
+    Needs two processes per side: one process cannot show the spread between processes."""
+    gb, gc = _groups(base, "base"), _groups(current, "current")
+    n_b, n_c = sum(g.size for g in gb), sum(g.size for g in gc)
+    procs = (len(gb), len(gc))
+    method = "hierarchical bootstrap of process medians"
+    rng = np.random.default_rng(seed)
+
+    def draws(groups: list[np.ndarray]) -> np.ndarray:
+        k = len(groups)
+        # medians[g, b, j]: process g's samples resampled for slot j of draw b
+        medians = np.stack([np.median(g[rng.integers(0, g.size, size=(resamples, k, g.size))],
+                                      axis=2) for g in groups])
+        pick = rng.integers(0, k, size=(resamples, k))
+        chosen = medians[pick, np.arange(resamples)[:, None], np.arange(k)[None, :]]
+        return np.log(chosen).mean(axis=1)
+
+    shift = float(np.mean(np.log([np.median(g) for g in gc]))
+                  - np.mean(np.log([np.median(g) for g in gb])))
+    if min(procs) < 2:
+        return RatioEstimate(math.exp(shift), math.nan, math.nan, math.nan, n_b, n_c, method,
+                             1.0, procs, None,
+                             "the bootstrap needs two processes per side (use the default t "
+                             "interval, which can use a baseline's noise floor)")
+    d = draws(gc) - draws(gb)
+    lo, hi = np.quantile(d, [(1 - confidence) / 2, (1 + confidence) / 2])
+    p = float(min(1.0, max(2 * min(np.mean(d <= 0), np.mean(d >= 0)), 1 / resamples)))
+    return RatioEstimate(math.exp(shift), math.exp(lo), math.exp(hi), p, n_b, n_c, method,
+                         1 / resamples, procs)
+
+
+def ratio_paired(base: Samples, current: Samples, confidence: float = 0.95) -> RatioEstimate:
     """current/base from paired rounds: Walsh-average median ratio, its CI, Wilcoxon p."""
     a, b = _clean(base, "base"), _clean(current, "current")
     if a.size != b.size:
@@ -119,28 +208,18 @@ def ratio_paired(base: list[float] | np.ndarray, current: list[float] | np.ndarr
                          p, n, n, "Walsh median / Wilcoxon signed-rank", min_p_paired(n))
 
 
-def ratio_bootstrap(base: list[float] | np.ndarray, current: list[float] | np.ndarray,
-                    confidence: float = 0.95, resamples: int = 2000, seed: int = 0
-                    ) -> RatioEstimate:
-    """current/base as a ratio of medians with a seeded percentile bootstrap CI."""
-    a, b = _clean(base, "base"), _clean(current, "current")
-    rng = np.random.default_rng(seed)
-    ia = rng.integers(0, a.size, size=(resamples, a.size))
-    ib = rng.integers(0, b.size, size=(resamples, b.size))
-    boot = np.median(b[ib], axis=1) / np.median(a[ia], axis=1)
-    lo, hi = np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2])
-    p = float(stats.mannwhitneyu(b, a, alternative="two-sided").pvalue)
-    return RatioEstimate(float(np.median(b) / np.median(a)), float(lo), float(hi), p,
-                         a.size, b.size, "bootstrap of medians / Mann-Whitney U",
-                         min_p_unpaired(a.size, b.size))
+METHODS = ("t", "bootstrap")
 
 
-def estimate(base: list[float] | np.ndarray, current: list[float] | np.ndarray, *,
-             paired: bool = False, method: str = "hl", confidence: float = 0.95
+def estimate(base: Groups, current: Groups, *, paired: bool = False, method: str = "t",
+             floors: Sequence[NoiseFloor | None] = (), confidence: float = 0.95
              ) -> RatioEstimate:
-    """Dispatch: paired rounds use the signed-rank family; otherwise HL or bootstrap."""
+    """Dispatch: paired rounds (one process, one group per side) use the signed-rank family;
+    independent runs the process t interval, or the hierarchical bootstrap."""
     if paired:
-        return ratio_paired(base, current, confidence)
+        return ratio_paired(np.concatenate(base), np.concatenate(current), confidence)
     if method == "bootstrap":
-        return ratio_bootstrap(base, current, confidence)
-    return ratio_unpaired(base, current, confidence)
+        return ratio_hierarchical_bootstrap(base, current, confidence)
+    if method != "t":
+        raise ValueError(f"unknown interval {method!r} (choose from {', '.join(METHODS)})")
+    return ratio_processes(base, current, floors, confidence)

@@ -43,12 +43,12 @@ class Hunted:
                                "seconds": self.seconds, "failed": self.found is not None}
         if self.found is not None:
             first = self.found.trial.record
-            out["first"] = {"shape": first["shape"], "elements": first["shape"][0]
-                            * first["shape"][1], "reason": first["reason"]}
+            out["first"] = {"shape": list(first.shape), "elements": first.shape[0]
+                            * first.shape[1], "reason": first.reason}
         if self.shrunk is not None:
             last = self.shrunk.trial.record
-            out["shrunk"] = {"shape": last["shape"], "elements": self.shrunk.input.elements,
-                             "steps": self.shrunk.steps, "reason": last["reason"],
+            out["shrunk"] = {"shape": list(last.shape), "elements": self.shrunk.input.elements,
+                             "steps": self.shrunk.steps, "reason": last.reason,
                              "case": str(self.case_path)}
         return out
 
@@ -130,9 +130,9 @@ class HuntJob(Job[KernelSpec]):
         path = self.case_stem.with_name(f"{self.case_stem.name}.{spec.name}.toml")
         start = config_input(found.config)
         first = found.trial.record
-        note = [f"Found by `elasticbench hunt` on {spec.name} ({spec.mode}): {first['reason']}",
-                f"first failing trial: {found.config.label()} {first['shape'][0]}x"
-                f"{first['shape'][1]} {found.config.layout} {dtype} {dict(found.config.params)}"]
+        note = [f"Found by `elasticbench hunt` on {spec.name} ({spec.mode}): {first.reason}",
+                f"first failing trial: {found.config.label()} {first.shape[0]}x"
+                f"{first.shape[1]} {found.config.layout} {dtype} {dict(found.config.params)}"]
         save_case(path, start, spec.function, dtype, [*note, "not shrunk yet"])
         hunted.case_path = path
 
@@ -147,7 +147,7 @@ class HuntJob(Job[KernelSpec]):
         hunted.shrunk = shrinker.run()
         done = hunted.shrunk
         note.append(f"shrunk in {done.steps} trials from {start.elements} elements to "
-                    f"{done.input.elements}: {done.trial.record['reason']}")
+                    f"{done.input.elements}: {done.trial.record.reason}")
         replay = self.replay(spec, path)
         if replay:
             note.append(f"replay: {replay}")

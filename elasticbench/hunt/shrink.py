@@ -86,7 +86,7 @@ class Shrinker:
 
     def rows(self) -> None:
         x = self.best.x
-        worst = self.trial.record.get("worst") or {}
+        worst = self.trial.record.worst or {}
         w = int(worst.get("row", x.shape[0] - 1))
         if x.shape[0] > 1 and 0 <= w < x.shape[0]:
             self.attempt(replace(self.best, x=x[w:w + 1]))

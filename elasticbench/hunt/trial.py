@@ -9,7 +9,7 @@ is judged again exactly as the trial was.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ import numpy as np
 from ..execute import IN_PROCESS, Isolation
 from ..numerics.truth import DEFAULT_PRECISION
 from ..numerics.truth_cache import TruthStore, solve
+from ..records import VerifyRecord
 from ..registry import KernelSpec
 from ..verify.matrix import VerifyCase
 from ..verify.runner import prepare_input, verify_backward_one, verify_one
@@ -43,19 +44,19 @@ class Input:
 
 @dataclass
 class Trial:
-    record: dict[str, Any]
+    record: VerifyRecord
 
     @property
     def failed(self) -> bool:
-        return not self.record["passed"]
+        return not self.record.passed
 
     @property
     def fraction(self) -> float:
         """The share of the error budget used: what the search climbs (inf once failed)."""
         if self.failed:
             return float("inf")
-        frac = self.record.get("max_budget_frac")
-        return float(frac) if isinstance(frac, float | int) else 0.0
+        frac = self.record.max_budget_frac
+        return float(frac) if frac is not None else 0.0
 
     @property
     def failure(self) -> str | None:
@@ -63,9 +64,9 @@ class Trial:
         keeps it, so that a reproducer shows the bug that was found and not another."""
         if not self.failed:
             return None
-        if self.record.get("special_ok") is False:
+        if self.record.special_ok is False:
             return "special"
-        head = (self.record.get("reason") or "").split(";")[0].split(":")[0]
+        head = (self.record.reason or "").split(";")[0].split(":")[0]
         return re.sub(r"\s*[\d(\[].*$", "", head).strip() or "failed"
 
 
@@ -88,7 +89,6 @@ class Judge:
                              MAX_CHECKED_ROWS)
         (truth,) = solve([prep.job], TruthStore(None), workers=1)
         one = verify_backward_one if self.spec.mode == "bwd" else verify_one
-        record = one(self.spec, prep, truth, self.isolation)
         self.count += 1
-        record["hunt"] = {"trial": self.count, "phase": phase, **(extra or {})}
-        return Trial(record)
+        record = one(self.spec, prep, truth, self.isolation)
+        return Trial(replace(record, hunt={"trial": self.count, "phase": phase, **(extra or {})}))

@@ -9,17 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..records import ResultsFileError, read_results
+from ..records import RECORD_TYPES, ResultsFileError, read_results
+from ..records.fields import timed_names
+from .failures import EVERY_FAILURE, NoteOptions
 from .run_table import run_failures, run_notes, run_sheets
 from .sheet import Section
-from .verify_table import compile_notes, failure_notes, summarize, verify_sheets
+from .verify_table import summarize, verify_notes, verify_sheets
 
-# What each kind of record must carry for the tables and plots to be drawn from it.
-REQUIRED = {
-    "verify": ("kernel", "function", "dtype", "input", "shape", "seed", "passed"),
-    "run": ("kernel", "function", "dtype", "shape"),
-}
-TIMED = ("median_s", "gbps", "pct_copy", "pct_roof", "binding")
+# The measured fields the run tables and plots are drawn from (a kernel that raised has none).
+TIMED = timed_names(RECORD_TYPES["run"])
 
 
 @dataclass
@@ -37,13 +35,10 @@ class Results:
 
 def load(path: str) -> Results:
     """Read and check one results file; ResultsFileError names the first problem."""
-    doc = read_results(Path(path))
+    doc = read_results(Path(path))  # every record checked against its type
     kind = doc.get("kind") or doc["schema"].split(".")[1].split("/")[0]
     for i, r in enumerate(doc["records"]):
-        if not isinstance(r, dict):
-            raise ResultsFileError(f"results file {path}: record {i} is not an object")
-        need = REQUIRED[kind] + (TIMED if kind == "run" and "error" not in r else ())
-        missing = [k for k in need if k not in r]
+        missing = [k for k in TIMED if kind == "run" and "error" not in r and k not in r]
         if missing:
             raise ResultsFileError(f"results file {path}: record {i} ({r.get('kernel', '?')}) "
                                    f"lacks {', '.join(missing)}")
@@ -61,8 +56,9 @@ def _machine(doc: dict[str, Any]) -> str:
     return text
 
 
-def section(results: Results) -> Section:
-    """The tables, notes and summary line of one results file."""
+def section(results: Results, options: NoteOptions = EVERY_FAILURE) -> Section:
+    """The tables, notes and summary line of one results file (options: how much of each
+    failure the notes show)."""
     doc = results.doc
     about = {"created": doc.get("created"), "commit": doc.get("commit"),
              "machine": _machine(doc), "complete": doc.get("complete"),
@@ -70,7 +66,7 @@ def section(results: Results) -> Section:
     if results.kind == "verify":
         summary = summarize(results.records)
         return Section(results.source, "verify", about, verify_sheets(summary),
-                       failure_notes(summary) + compile_notes(summary), summary.line(),
+                       verify_notes(results.records, summary, doc, options), summary.line(),
                        summary.failed)
     records = results.records
     failed = run_failures(records)

@@ -106,10 +106,9 @@ def _kernel_label(r: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- roofline
 
 def _cache_marks(doc: dict[str, Any]) -> dict[str, int]:
+    """The caches of the device the ceilings were measured on (older files: the host's)."""
     ceilings = doc.get("ceilings") or {}
-    if str(ceilings.get("device", "cpu")).startswith("cuda"):
-        return {"L2": int(ceilings["llc_bytes"])} if ceilings.get("llc_bytes") else {}
-    caches = (doc.get("machine") or {}).get("caches") or {}
+    caches = ceilings.get("caches") or (doc.get("machine") or {}).get("caches") or {}
     return {k: int(v) for k, v in caches.items() if isinstance(v, int | float) and v > 0}
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
+from ..records import RunRecord
 from .sheet import EMPTY, Column, Entry, Note, Sheet, Span, entry, note
 
 CAPTION = ("size* in cache; GB/s: minimum traffic; roof e/m: exp/memory binds; "
@@ -107,9 +108,8 @@ def run_notes(records: list[dict[str, Any]], ceilings: dict[str, Any] | None) ->
 
 
 def run_failures(records: list[dict[str, Any]]) -> int:
-    """Timed kernels (not the baseline) that raised or failed verification."""
-    return sum(1 for r in records if not r.get("baseline")
-               and ("error" in r or r.get("verify", {}).get("status") == "FAIL"))
+    """Timed kernels (not the baseline) that raised or failed verification (RunRecord.failed)."""
+    return sum(RunRecord.from_dict(r).failed for r in records)
 
 
 def render_run(records: list[dict[str, Any]], ceilings: dict[str, Any] | None,

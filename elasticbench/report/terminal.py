@@ -1,12 +1,14 @@
 """Sheets and notes on a terminal, with rich.
 
 Plain text (no control codes) when the output is not a terminal, no colour under NO_COLOR
-(rich's own rules), and columns that fold rather than break on a narrow terminal.
+(rich's own rules), and columns that fold rather than break on a narrow terminal. Output that
+is not a terminal (a pipe, a file) is never wrapped, unless COLUMNS asks for a width.
 A Terminal can be asked for the summary line alone (`--quiet`): the tables then print nothing.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from rich import box
@@ -21,12 +23,19 @@ STYLES = {"pass": "bold green", "ok": "green", "fail": "bold red", "bad": "red",
           "warn": "yellow", "dim": "dim", "code": ""}
 
 
+NO_WRAP = 1 << 15  # the width of output that is not a terminal: nothing is folded to fit
+
+
 class Terminal(Console):
-    """A rich console that also knows whether only the final summary line is wanted."""
+    """A rich console that also knows whether only the final summary line is wanted, and
+    never wraps what it writes to a pipe or a file (a pasted command must stay whole)."""
 
     def __init__(self, *, summary_only: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.summary_only = summary_only
+        if ("width" not in kwargs and not self.is_terminal
+                and not os.environ.get("COLUMNS", "").strip().isdigit()):
+            self.width = NO_WRAP
 
 
 def wants_detail(console: Console) -> bool:
@@ -46,13 +55,12 @@ def _cell(e: Entry) -> Text:
 
 
 def rich_table(sheet: Sheet, columns: list[int] | None = None, *, part: str = "",
-               caption: bool = True, fold_all: bool = False) -> Table:
-    """A sheet (or some of its columns) as a rich Table. Long cells wrap; with fold_all even
-    names and verdicts may fold, for terminals too narrow for anything else."""
+               fold_all: bool = False) -> Table:
+    """A sheet (or some of its columns) as a rich Table, without its caption (print_tables
+    prints that as a line of its own). Long cells wrap; with fold_all even names and
+    verdicts may fold, for terminals too narrow for anything else."""
     cols = list(range(len(sheet.columns))) if columns is None else columns
-    options: dict[str, Any] = {"title": sheet.title + part, "title_justify": "left",
-                               "caption": (sheet.caption or None) if caption else None,
-                               "caption_justify": "left"}
+    options: dict[str, Any] = {"title": sheet.title + part, "title_justify": "left"}
     if sheet.compact:
         options.update(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table = Table(**options)
@@ -89,10 +97,9 @@ def fit_tables(sheet: Sheet, console: Console) -> list[Table]:
     tables = []
     for k, cols in enumerate(groups):
         part = f" ({k + 1}/{len(groups)})"
-        last = k == len(groups) - 1
-        t = rich_table(sheet, cols, part=part, caption=last)
+        t = rich_table(sheet, cols, part=part)
         if _min_width(console, t) > width:
-            t = rich_table(sheet, cols, part=part, caption=last, fold_all=True)
+            t = rich_table(sheet, cols, part=part, fold_all=True)
         tables.append(t)
     return tables
 
@@ -104,6 +111,8 @@ def print_tables(sheets: list[Sheet], notes: list[Note], console: Console) -> No
     for sheet in sheets:
         for table in fit_tables(sheet, console):
             console.print(table)
+        if sheet.caption:
+            console.print(Text(sheet.caption, style="dim"))
     for n in notes:
         console.print(text(n.head))
         for d in n.details:
@@ -134,7 +143,10 @@ def print_sections(sections: list[Section], console: Console) -> None:
     for i, s in enumerate(sections):
         if i:
             console.print()
-        console.rule(Text(s.source, style="bold"), align="left")
+        if console.width >= NO_WRAP:  # a rule as wide as that would be one enormous line
+            console.print(Text(f"── {s.source} ──", style="bold"))
+        else:
+            console.rule(Text(s.source, style="bold"), align="left")
         console.print(Text(about_line(s), style="dim"))
         print_tables(s.sheets, s.notes, console)
         console.print(Text(f"{s.source}: {s.summary}"))

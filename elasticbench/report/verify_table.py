@@ -13,7 +13,20 @@ from typing import Any
 from rich.console import Console
 
 from ..numerics.dtypes import DTYPE_NAMES
+from .failures import (
+    EVERY_FAILURE,
+    NoteOptions,
+    as_float,
+    failure_notes,
+    no_output,
+    warning_notes,
+)
 from .sheet import EMPTY, Column, Entry, Note, Sheet, Span, entry, note
+
+LEGEND = ("cells: worst error in ulps where the special values were right (share of budget); "
+          "failing cells: failed/cases, that worst error, then the cases that broke the "
+          "special-value policy (special) and those where the kernel raised; special: the "
+          "policy over all dtypes ('-': never judged)")
 
 
 @dataclass
@@ -22,11 +35,14 @@ class Cell:
 
     cases: int = 0
     failed: int = 0
-    special_failed: int = 0
-    max_ulp: float = 0.0
+    special_failed: int = 0  # cases that broke the special-value policy
+    special_judged: int = 0  # cases whose special values were judged at all
+    raised: int = 0  # cases where the kernel raised
+    no_result: int = 0  # cases with nothing to judge for another reason (crashed, timed out)
+    measured: bool = False  # some case gave an error in ulps
+    max_ulp: float = 0.0  # the worst error where the special-value policy held
     max_frac: float = 0.0
     worst: dict[str, Any] | None = None  # the record with the largest budget fraction
-    first_failure: dict[str, Any] | None = None
     param_rel: dict[str, float] = field(default_factory=dict)  # backward: worst d<param>
     compile: list[dict[str, Any]] = field(default_factory=list)  # what compiling said, per case
 
@@ -36,28 +52,24 @@ class Cell:
             self.compile.append(r["compile"])
         for name, p in (r.get("dparams") or {}).items():
             if p.get("expected") != "nan":
-                self.param_rel[name] = max(self.param_rel.get(name, 0.0), _num(p.get("rel_err")))
-        frac = _num(r.get("max_budget_frac"))
-        self.max_ulp = max(self.max_ulp, _num(r.get("max_ulp")))
+                self.param_rel[name] = max(self.param_rel.get(name, 0.0), as_float(p.get("rel_err")))
+        if r.get("max_ulp") is not None:
+            self.measured = True
+        frac = as_float(r.get("max_budget_frac"))
+        self.max_ulp = max(self.max_ulp, as_float(r.get("max_ulp")))
         if self.worst is None or frac > self.max_frac:
             self.max_frac = max(self.max_frac, frac)
             self.worst = r
+        if r.get("special_ok") is not None:
+            self.special_judged += 1
         if not r["passed"]:
             self.failed += 1
             if r.get("special_ok") is False:
                 self.special_failed += 1
-            if self.first_failure is None or _num(r.get("max_budget_frac")) > _num(
-                self.first_failure.get("max_budget_frac")
-            ):
-                self.first_failure = r
-
-
-def _num(v: Any) -> float:
-    if v is None:
-        return 0.0
-    if isinstance(v, str):  # 'inf' / 'nan' as stored in JSON
-        return float("inf")
-    return float(v)
+            if r.get("raised"):
+                self.raised += 1
+            elif no_output(r):
+                self.no_result += 1
 
 
 @dataclass
@@ -100,21 +112,23 @@ def describe_case(r: dict[str, Any]) -> str:
     return f"{r['input']} {shape} {r['dtype']} seed={r['seed']} {params}".strip()
 
 
-def reproduce_command(r: dict[str, Any]) -> str:
-    cmd = f"elasticbench verify --only {r['kernel']} --dtype {r['dtype']} --input {r['input']}"
-    if r.get("mode", "fwd") != "fwd":
-        cmd += f" --mode {r['mode']}"
-    if r.get("source", "builtin") != "builtin":
-        cmd += f" --kernel-file {r['source']}"
-    return cmd
-
-
 def _cell_entry(c: Cell) -> Entry:
-    values = (c.max_ulp, c.max_frac, c.failed, c.cases)
+    values = (c.max_ulp if c.measured else None, c.max_frac if c.measured else None, c.failed,
+              c.cases, c.special_failed, c.raised)
     if c.failed:
-        return entry(f"{c.failed}/{c.cases} FAIL", "fail", values=values,
-                     more=[Span(f" {c.max_ulp:.3g}")])
+        parts = [f"{c.max_ulp:.3g} ulp"] if c.measured else []
+        parts += [f"{n} {what}" for n, what in ((c.special_failed, "special"),
+                                                (c.raised, "raised"),
+                                                (c.no_result, "no result")) if n]
+        return entry(f"{c.failed}/{c.cases} failed", "fail", values=values,
+                     more=[Span(": " + ", ".join(parts))] if parts else [])
     return entry(f"{c.max_ulp:.3g}", values=values, more=[Span(f" ({100 * c.max_frac:.0f}%)", "dim")])
+
+
+def _special_entry(cells: list[Cell]) -> Entry:
+    if any(c.special_failed for c in cells):
+        return entry("FAIL", "bad")
+    return entry("ok", "ok") if any(c.special_judged for c in cells) else entry("-", "dim")
 
 
 def verify_sheets(summary: Summary) -> list[Sheet]:
@@ -124,7 +138,8 @@ def verify_sheets(summary: Summary) -> list[Sheet]:
         dtypes = [d for d in DTYPE_NAMES if any(d in k for k in kernels.values())]
         what = "worst dx error" if function.endswith("(bwd)") else "worst error"
         columns = [Column("kernel", wrap=False)]
-        columns += [Column(d, (f"{d} max ulp", f"{d} budget share", f"{d} failed", f"{d} cases"),
+        columns += [Column(d, (f"{d} max ulp", f"{d} budget share", f"{d} failed", f"{d} cases",
+                               f"{d} special failed", f"{d} raised"),
                            align="right") for d in dtypes]
         param_names = sorted({n for k in kernels.values() for c in k.values()
                               for n in c.param_rel})
@@ -133,10 +148,10 @@ def verify_sheets(summary: Summary) -> list[Sheet]:
                                   tuple(f"worst rel d{n}" for n in param_names), align="right"))
         columns += [Column("special", align="center", wrap=False),
                     Column("verdict", align="center", wrap=False)]
-        sheet = Sheet(function, f"{function}: {what} in ulps (share of budget)", columns)
+        sheet = Sheet(function, f"{function}: {what} in ulps (share of budget)", columns,
+                      caption=LEGEND)
         for kernel, by_dtype in kernels.items():
             cells = [by_dtype.get(d) for d in dtypes]
-            special_bad = sum(c.special_failed for c in by_dtype.values())
             failed = sum(c.failed for c in by_dtype.values())
             params = []
             if param_names:
@@ -147,35 +162,11 @@ def verify_sheets(summary: Summary) -> list[Sheet]:
                 entry(kernel),
                 *[_cell_entry(c) if c else EMPTY for c in cells],
                 *params,
-                entry("FAIL", "bad") if special_bad else entry("ok", "ok"),
+                _special_entry(list(by_dtype.values())),
                 entry("FAIL", "fail") if failed else entry("pass", "pass"),
             )
         sheets.append(sheet)
     return sheets
-
-
-def failure_notes(summary: Summary) -> list[Note]:
-    """For each failing (kernel, dtype): the reason, the worst input and how to reproduce it."""
-    notes = []
-    for kernels in summary.cells.values():
-        for kernel, by_dtype in kernels.items():
-            for dtype, cell in by_dtype.items():
-                r = cell.first_failure
-                if not cell.failed or r is None:
-                    continue
-                details: list[list[Span | str]] = [[f"case: {describe_case(r)}"]]
-                w = r.get("worst")
-                if w:
-                    ulps = (f" ({w['ulp']:.4g} ulp, allowed {w['allowed_ulp']:.4g})"
-                            if isinstance(w.get("ulp"), float)
-                            and isinstance(w.get("allowed_ulp"), float) else "")
-                    details.append([f"at row {w['row']} index {w['index']}: input "
-                                    f"{w['input']!r}, expected {w['expected']!r}, "
-                                    f"got {w['got']!r}{ulps}"])
-                details.append(["reproduce: ", Span(reproduce_command(r), "code")])
-                notes.append(note(Span("FAIL", "fail"), f" {kernel} {dtype}: {r['reason']}",
-                                  details=details))
-    return notes
 
 
 def _compile_line(checks: list[dict[str, Any]]) -> tuple[Span, str]:
@@ -211,12 +202,19 @@ def compile_notes(summary: Summary) -> list[Note]:
     return notes
 
 
-def render(records: list[dict[str, Any]], console: Console) -> Summary:
-    """Print one table per function, the worst failing input of each failing cell and what
-    compiling said."""
+def verify_notes(records: list[dict[str, Any]], summary: Summary, header: dict[str, Any],
+                 options: NoteOptions = EVERY_FAILURE) -> list[Note]:
+    """Every failing case (grouped, worst first), what compiling said, what kernels warned."""
+    return (failure_notes(records, header, options) + compile_notes(summary)
+            + warning_notes(records))
+
+
+def render(records: list[dict[str, Any]], console: Console,
+           header: dict[str, Any] | None = None) -> Summary:
+    """Print one table per function, then every failing case, what compiling said and what
+    the kernels warned."""
     from .terminal import print_tables
 
     summary = summarize(records)
-    print_tables(verify_sheets(summary), failure_notes(summary) + compile_notes(summary),
-                 console)
+    print_tables(verify_sheets(summary), verify_notes(records, summary, header or {}), console)
     return summary

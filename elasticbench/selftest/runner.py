@@ -15,7 +15,7 @@ from .mutants import Mutant
 
 
 @dataclass
-class Outcome:
+class SelftestOutcome:
     name: str
     bug: str  # "" for a correct kernel
     expected_to_fail: bool
@@ -32,7 +32,8 @@ def _verify(spec: KernelSpec, matrix: VerifyMatrix, store: TruthStore) -> list[d
     records: list[dict] = []
     cases = expand(matrix, [spec.function])
     run_verification([spec], cases, max_elements=matrix.max_elements, store=store,
-                     on_record=records.append, mode=spec.mode, max_rows=matrix.max_rows)
+                     on_record=lambda r: records.append(r.to_dict()), mode=spec.mode,
+                     max_rows=matrix.max_rows)
     return records
 
 
@@ -41,22 +42,22 @@ def run_selftest(
     correct: list[KernelSpec],
     matrix: VerifyMatrix,
     store: TruthStore,
-    on_outcome: Callable[[Outcome], None] = lambda o: None,
-) -> list[Outcome]:
+    on_outcome: Callable[[SelftestOutcome], None] = lambda o: None,
+) -> list[SelftestOutcome]:
     """Verify every mutant (each must fail somewhere) and every correct kernel (must pass)."""
     plan = [(m.spec, m.bug, True) for m in mutants] + [(k, "", False) for k in correct]
     outcomes = []
     for spec, bug, expect_fail in plan:
         records = _verify(spec, matrix, store)
         failed = [r for r in records if not r["passed"]]
-        o = Outcome(spec.name, bug, expect_fail, len(failed), len(records),
+        o = SelftestOutcome(spec.name, bug, expect_fail, len(failed), len(records),
                     failed[0] if failed else None)
         on_outcome(o)
         outcomes.append(o)
     return outcomes
 
 
-def caught_by_text(o: Outcome) -> str:
+def caught_by_text(o: SelftestOutcome) -> str:
     """The first failing case and the kind of failure, short enough for a table cell."""
     if o.caught_by is None:
         return "-"

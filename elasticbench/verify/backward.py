@@ -2,34 +2,35 @@
 
 A backward kernel gets the input x, the saved output y (the exact output rounded to the
 format, so the backward is judged apart from any forward kernel) and a seeded upstream
-gradient g in the same format, and returns dx (and, for elastic, dtau and dbeta summed
-over the whole tensor). dx is scored in ulps of its format against a budget derived from
-the first-order error of the computation (docs/gradients.md); dtau and dbeta by relative
-error against their own budgets. Rows not checked (sampled large inputs) get g = 0 and
-y = 0, so they contribute exactly nothing to dtau and dbeta.
+gradient g in the same format, and returns dx (and the gradient of each of the function's
+parameters, summed over the whole tensor). dx is scored in ulps of its format against a
+budget derived from the first-order error of the computation (docs/gradients.md); each
+parameter's gradient by relative error against the bound of its role in the exp-normalize
+form (temperature or offset, as the Function declares). Rows not checked (sampled large
+inputs) get g = 0 and y = 0, so they contribute exactly nothing to the parameter gradients.
 """
 
 from __future__ import annotations
 
 import math
-import time
 import zlib
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..backends import get_backend
-from ..execute import NativeInput
-from ..functions import get_function
-from ..functions.base import ROW_FINITE, ROW_NAN
+from ..execute import NativeInput, guarded_call
+from ..functions import Function, get_function
+from ..functions.base import OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE
 from ..inputs.generators import stream_seed
 from ..inputs.layouts import PACKED
 from ..numerics.dtypes import FloatFormat
 from ..numerics.truth import GradTruth
 from ..numerics.ulp import ulp_error, ulp_of
 from ..registry import KernelSpec
-from .check import Verdict, _value
+from .check import CheckResult, json_float, position, zero_place
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ class BackwardOutcome:
     error: str | None
     modified_input: bool
     seconds: float
+    raised: dict[str, Any] | None = None  # the exception, when it raised (exception_record)
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # what it warned
 
 
 def call_backward(spec: KernelSpec, x: np.ndarray, y: np.ndarray, g: np.ndarray,
@@ -92,28 +95,25 @@ def call_backward(spec: KernelSpec, x: np.ndarray, y: np.ndarray, g: np.ndarray,
     backend = get_backend(spec.backend)
     names = get_function(spec.function).param_names
     args = [NativeInput.make(backend, a, layout) for a in (x, y, g)]
-    start = time.perf_counter()
-    try:
-        with backend.calling():
-            out = spec.fn(*(a.view for a in args), **params)
-        backend.synchronize()
-    except Exception as e:  # a kernel's failure is a result, not a crash of the run
-        return BackwardOutcome(None, {}, f"raised {type(e).__name__}: {e}".splitlines()[0],
-                               False, time.perf_counter() - start)
-    seconds = time.perf_counter() - start
+    call = guarded_call(backend, spec.fn, *(a.view for a in args), **params)
+    seconds, warned = call.seconds, call.warnings
+    if call.raised is not None:
+        return BackwardOutcome(None, {}, call.error, False, seconds, call.raised, warned)
+    out = call.value
     modified = any(any(a.changes()) for a in args)
     want = 1 + len(names)
     parts = out if names else (out,)
     if not isinstance(parts, tuple | list) or len(parts) != want:
         what = f"(dx, {', '.join('d' + n for n in names)})" if names else "dx alone"
-        return BackwardOutcome(None, {}, f"must return {what}", modified, seconds)
+        return BackwardOutcome(None, {}, f"must return {what}", modified, seconds,
+                               warnings=warned)
     try:
         dx = np.array(backend.to_numpy(parts[0]), copy=True)
         dparams = {n: float(v) for n, v in zip(names, parts[1:], strict=True)}
     except (TypeError, ValueError, RuntimeError) as e:
         return BackwardOutcome(None, {}, f"returned the wrong type: {e}".splitlines()[0],
-                               modified, seconds)
-    return BackwardOutcome(dx, dparams, None, modified, seconds)
+                               modified, seconds, warnings=warned)
+    return BackwardOutcome(dx, dparams, None, modified, seconds, warnings=warned)
 
 
 @dataclass
@@ -126,16 +126,19 @@ class ParamCheck:
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"got": _value(self.got), "expected": _value(self.expected),
-                "rel_err": _value(self.rel_err), "allowed_rel": _value(self.allowed_rel),
+        return {"got": json_float(self.got), "expected": json_float(self.expected),
+                "rel_err": json_float(self.rel_err),
+                "allowed_rel": json_float(self.allowed_rel),
                 "passed": bool(self.passed), "reason": self.reason}
 
 
 class _Rows:
-    """Per-row quantities of the truth that every budget below is built from (float64)."""
+    """Per-row quantities of the truth that every budget below is built from (float64), for
+    a function in the exp-normalize form (its mask, shift floor, temperature and offset)."""
 
     def __init__(self, x: np.ndarray, g: np.ndarray, truth: GradTruth, fmt: FloatFormat,
-                 tau: float, beta: float, keep_nonneg: bool):
+                 function: Function, params: dict[str, float]):
+        tau, beta = function.temperature(params), function.offset(params)
         self.uw, self.tiny, self.sub = work_format(fmt)
         self.finite = truth.kind == ROW_FINITE
         f = self.finite[:, None]
@@ -153,8 +156,8 @@ class _Rows:
         self.dc = (ag * self.ey).sum(axis=1) + self.gamma * (ag * self.y).sum(axis=1)
         xr = x[truth.rows].astype(np.float64)
         with np.errstate(invalid="ignore"):
-            kept = (xr >= 0) if keep_nonneg else (xr > -np.inf)
-        m = np.where(kept & f, xr, -np.inf).max(axis=1)
+            kept = function.kept(xr)
+        m = np.maximum(np.where(kept & f, xr, -np.inf).max(axis=1), function.shift_floor)
         with np.errstate(over="ignore", invalid="ignore"):
             self.mt = np.where(self.finite, m, 0.0) / tau
             self.ymax = self.y.max(axis=1)
@@ -176,7 +179,8 @@ class _Rows:
             return budget.a + budget.b * e / ulp_of(np.nan_to_num(truth.dx_hi),
                                                     np.nan_to_num(truth.dx_lo), fmt)
 
-    def dtau_bound(self) -> np.ndarray:
+    def temperature_bound(self) -> np.ndarray:
+        """First-order bound of each row's contribution to the temperature's gradient."""
         ag, ac = np.abs(self.g), np.abs(self.c)
         z, az = self.z, np.abs(self.z)
         a_mean = (self.y * z).sum(axis=1) - self.wmt
@@ -190,11 +194,19 @@ class _Rows:
             from_w = np.where(self.wmt > 0, ac * self.wmt * (np.abs(self.mt) + 3) * self.uw, 0)
         return (from_y + from_w + (self.gamma + 4 * self.uw) * size) / self.tau
 
-    def dbeta_bound(self) -> np.ndarray:
+    def offset_bound(self) -> np.ndarray:
+        """First-order bound of each row's contribution to the offset's gradient."""
         eymax = np.where(self.ymax > 0, self.ey.max(axis=1) / np.where(self.ymax > 0, self.ymax, 1), 0)
         with np.errstate(invalid="ignore"):
             return np.where(self.q > 0, np.abs(self.q) * (
                 self.dc + np.abs(self.c) * (eymax + (np.abs(self.mt) + 3) * self.uw)), 0.0)
+
+
+# The bound of a parameter's gradient, by the role the Function gives the parameter.
+BOUNDS: dict[str, Callable[[_Rows], np.ndarray]] = {
+    TEMPERATURE: _Rows.temperature_bound,
+    OFFSET: _Rows.offset_bound,
+}
 
 
 def _check_param(name: str, got: float, truth: GradTruth, j: int, bound: np.ndarray,
@@ -224,14 +236,14 @@ def check_backward(
     x: np.ndarray, g: np.ndarray, dx: np.ndarray, dparams: dict[str, float], truth: GradTruth,
     fmt: FloatFormat, function: str, params: dict[str, float],
     budget: GradBudget = GRAD_BUDGET,
-) -> tuple[Verdict, dict[str, ParamCheck]]:
+) -> tuple[CheckResult, dict[str, ParamCheck]]:
     """Score dx in ulps (and dtau, dbeta relatively) against the exact gradients."""
     if dx.shape != x.shape:
-        return Verdict(False, f"returned dx of shape {dx.shape}, expected {x.shape}"), {}
+        return CheckResult(False, f"returned dx of shape {dx.shape}, expected {x.shape}"), {}
     if dx.dtype != fmt.numpy:
-        return Verdict(False, f"returned dx of dtype {dx.dtype}, expected {fmt.numpy}"), {}
-    rows = _Rows(x, g, truth, fmt, params.get("tau", 1.0), params.get("beta", 0.0),
-                 keep_nonneg=function == "elastic")
+        return CheckResult(False, f"returned dx of dtype {dx.dtype}, expected {fmt.numpy}"), {}
+    fn = get_function(function)
+    rows = _Rows(x, g, truth, fmt, fn, params)
     got = dx[truth.rows].astype(np.float64)
     want_nan = np.isnan(truth.dx_hi)
     got_nan = np.isnan(got)
@@ -248,18 +260,19 @@ def check_backward(
                 "masked_not_zero": int(zero_broken.sum()), "over_budget": int(over.sum())}
 
     checks: dict[str, ParamCheck] = {}
-    names = get_function(function).param_names
-    bounds = {"tau": rows.dtau_bound, "beta": rows.dbeta_bound}
-    for j, name in enumerate(names):
-        checks[name] = _check_param(name, dparams[name], truth, j, bounds[name](),
-                                    x.shape[0], rows.uw, rows.tiny, budget)
+    for j, p in enumerate(fn.params):
+        if p.role not in BOUNDS:
+            raise ValueError(f"{fn.name}: parameter {p.name} has no gradient bound "
+                             "(declare its role: temperature or offset)")
+        checks[p.name] = _check_param(p.name, dparams[p.name], truth, j, BOUNDS[p.role](rows),
+                                      x.shape[0], rows.uw, rows.tiny, budget)
     bad_params = [c for c in checks.values() if not c.passed]
     for name, c in checks.items():
         if not c.passed:
             failures[f"d{name}"] = 1
     failures = {k: v for k, v in failures.items() if v}
 
-    finite = ~want_nan
+    finite = ~want_nan & ~zero_broken  # a policy failure is reported apart from accuracy
     max_ulp = float(err[finite].max()) if finite.any() else 0.0
     max_frac = float(frac[finite].max()) if finite.any() else 0.0
     x64 = x.astype(np.float64)
@@ -268,37 +281,29 @@ def check_backward(
     if special.any() or special_params:
         if special.any():
             k, j = np.argwhere(special)[0]
-            worst = _where(x64, got, truth, k, j, err[k, j], allowed[k, j])
+            worst = position(x64, got, truth, k, j, truth.dx_hi, truth.dx_lo, err[k, j],
+                             allowed[k, j])
+            place = zero_place(str(truth.kind[k]), float(x64[truth.rows[k], j]),
+                               gradient=True)
             reason = (f"special: NaN in row {worst['row']} not propagated to dx"
                       if missing_nan[k, j] else
-                      f"special: dx not exactly 0 at a masked position (got {worst['got']})")
+                      f"special: dx not exactly 0 {place} (got {worst['got']})")
         else:
             worst, reason = None, special_params[0].reason
-        return Verdict(False, reason, max_ulp, max_frac, False, worst, failures), checks
+        return CheckResult(False, reason, max_ulp, max_frac, False, worst, failures), checks
     worst = None
     if finite.any():
         k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
-        worst = _where(x64, got, truth, k, j, err[k, j], allowed[k, j])
+        worst = position(x64, got, truth, k, j, truth.dx_hi, truth.dx_lo, err[k, j],
+                         allowed[k, j])
     if over.any():
         assert worst is not None
         k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
-        return Verdict(False, f"accuracy: dx {float(err[k, j]):.4g} ulp > budget "
+        return CheckResult(False, f"accuracy: dx {float(err[k, j]):.4g} ulp > budget "
                        f"{float(allowed[k, j]):.4g}", max_ulp, max_frac, True, worst,
                        failures), checks
     if bad_params:
-        return Verdict(False, bad_params[0].reason, max_ulp, max_frac, True, worst,
+        return CheckResult(False, bad_params[0].reason, max_ulp, max_frac, True, worst,
                        failures), checks
-    return Verdict(True, "", max_ulp, max_frac, True, worst, failures), checks
+    return CheckResult(True, "", max_ulp, max_frac, True, worst, failures), checks
 
-
-def _where(x, got, truth: GradTruth, k, j, err, allowed) -> dict[str, Any]:
-    return {
-        "row": int(truth.rows[k]),
-        "index": int(j),
-        "input": _value(x[truth.rows[k], j]),
-        "expected": _value(truth.dx_hi[k, j] + truth.dx_lo[k, j]),
-        "got": _value(got[k, j]),
-        "ulp": _value(err),
-        "allowed_ulp": _value(allowed),
-        "row_kind": str(truth.kind[k]),
-    }

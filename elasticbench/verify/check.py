@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..functions.base import ROW_FINITE
+from ..functions.base import ROW_FINITE, ROW_INF, ROW_MASKED
 from ..numerics.budget import Budget
 from ..numerics.dtypes import FloatFormat
 from ..numerics.truth import Truth
@@ -20,7 +20,9 @@ from ..numerics.ulp import ulp_error
 
 
 @dataclass
-class Verdict:
+class CheckResult:
+    """What scoring one output (or one dx) against the truth found; a record's verdict fields."""
+
     passed: bool
     reason: str
     max_ulp: float | None = None
@@ -30,34 +32,52 @@ class Verdict:
     failures: dict[str, int] = field(default_factory=dict)
 
 
-def _value(v: float) -> float | str:
+def json_float(v: float) -> float | str:
     """A float for JSON: non-finite values as strings."""
     v = float(v)
     return v if np.isfinite(v) else str(v)
 
 
-def _where(x, got, truth, k, j, fmt, err=None, allowed=None) -> dict[str, Any]:
-    expected = truth.hi[k, j] + truth.lo[k, j]
+def zero_place(kind: str, x: float, *, gradient: bool = False) -> str:
+    """Why an output (or a gradient) must be exactly 0 at a place, in words of what its row
+    holds (docs/definitions.md section 3): the words fit every function of the family."""
+    if kind == ROW_INF:
+        return ("in a row with infinite weights (its output does not move)" if gradient
+                else "beside the infinite weights of its row (the limit)")
+    if kind == ROW_MASKED:
+        return "in a row where nothing has weight"
+    if x == -np.inf:
+        return "at a -inf logit (weight 0)"
+    if x < 0:
+        return "at a masked position (negative logit)"
+    return "at a logit of weight 0"
+
+
+def position(x: np.ndarray, got: np.ndarray, truth: Truth, k: int, j: int, hi: np.ndarray,
+             lo: np.ndarray, err: float | None = None, allowed: float | None = None
+             ) -> dict[str, Any]:
+    """A record's `worst`: where (checked row k, column j) an output is judged, with the
+    input, the exact value hi + lo, what the kernel gave, its error and allowance in ulps."""
     return {
         "row": int(truth.rows[k]),
         "index": int(j),
-        "input": _value(x[truth.rows[k], j]),
-        "expected": _value(expected),
-        "got": _value(got[k, j]),
-        "ulp": None if err is None else _value(err),
-        "allowed_ulp": None if allowed is None else _value(allowed),
+        "input": json_float(x[truth.rows[k], j]),
+        "expected": json_float(hi[k, j] + lo[k, j]),
+        "got": json_float(got[k, j]),
+        "ulp": None if err is None else json_float(err),
+        "allowed_ulp": None if allowed is None else json_float(allowed),
         "row_kind": str(truth.kind[k]),
     }
 
 
 def check_output(
     x: np.ndarray, out: np.ndarray, truth: Truth, fmt: FloatFormat, budget: Budget
-) -> Verdict:
+) -> CheckResult:
     """Compare a kernel's output with the truth on the truth's rows."""
     if out.shape != x.shape:
-        return Verdict(False, f"returned shape {out.shape}, expected {x.shape}")
+        return CheckResult(False, f"returned shape {out.shape}, expected {x.shape}")
     if out.dtype != fmt.numpy:
-        return Verdict(False, f"returned dtype {out.dtype}, expected {fmt.numpy} ({fmt.name})")
+        return CheckResult(False, f"returned dtype {out.dtype}, expected {fmt.numpy} ({fmt.name})")
     x64 = x.astype(np.float64)
     got = out[truth.rows].astype(np.float64)
     n = x.shape[1]
@@ -82,30 +102,36 @@ def check_output(
         "over_budget": int(accuracy_fail.sum()),
     }
     failures = {k: v for k, v in failures.items() if v}
-    finite = ~want_nan
+    # The worst error where the special-value policy held: a policy failure (a NaN where 0
+    # is due, say) is reported apart and does not hide how accurate the rest is.
+    finite = ~want_nan & ~special_fail
     max_ulp = float(err[finite].max()) if finite.any() else 0.0
     max_frac = float(frac[finite].max()) if finite.any() else 0.0
 
     if special_fail.any():
         k, j = np.argwhere(special_fail)[0]
         if missing_nan[k, j]:
-            worst = _where(x64, got, truth, k, j, fmt)
+            worst = position(x64, got, truth, k, j, truth.hi, truth.lo)
             reason = f"special: NaN in row {worst['row']} not propagated (got {worst['got']})"
         else:
-            worst = _where(x64, got, truth, k, j, fmt, err[k, j], allowed[k, j])
-            what = "masked position not exactly 0" if zero_broken[k, j] else "wrong value"
-            reason = (f"special ({truth.kind[k]} row): {what}: "
-                      f"expected {worst['expected']}, got {worst['got']}")
-        return Verdict(False, reason, max_ulp, max_frac, False, worst, failures)
+            worst = position(x64, got, truth, k, j, truth.hi, truth.lo, err[k, j],
+                             allowed[k, j])
+            if zero_broken[k, j]:
+                place = zero_place(str(truth.kind[k]), float(x64[truth.rows[k], j]))
+                reason = f"special: expected exactly 0 {place}, got {worst['got']}"
+            else:
+                reason = (f"special: expected {worst['expected']} at an infinite weight (the "
+                          f"limit: an equal share each), got {worst['got']}")
+        return CheckResult(False, reason, max_ulp, max_frac, False, worst, failures)
 
     if finite.any():
         k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
-        worst = _where(x64, got, truth, k, j, fmt, err[k, j], allowed[k, j])
+        worst = position(x64, got, truth, k, j, truth.hi, truth.lo, err[k, j], allowed[k, j])
     else:
         worst = None
     if accuracy_fail.any():
         reason = (f"accuracy: {worst['ulp']:.4g} ulp > budget {worst['allowed_ulp']:.4g}"
                   if worst and isinstance(worst["ulp"], float)
                   else f"accuracy: got {worst['got'] if worst else '?'}")
-        return Verdict(False, reason, max_ulp, max_frac, True, worst, failures)
-    return Verdict(True, "", max_ulp, max_frac, True, worst, failures)
+        return CheckResult(False, reason, max_ulp, max_frac, True, worst, failures)
+    return CheckResult(True, "", max_ulp, max_frac, True, worst, failures)

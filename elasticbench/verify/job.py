@@ -6,7 +6,6 @@ from typing import Any
 
 from ..execute import Isolation
 from ..numerics.truth_cache import TruthStore
-from ..records import record_key
 from ..registry import KernelSpec
 from ..session import Job, Session
 from .matrix import MAX_ROWS, VerifyCase
@@ -35,7 +34,7 @@ class VerifyJob(Job[tuple[str, VerifyCase]]):
                 c.layout)
 
     def work(self, items: list[tuple[str, VerifyCase]], session: Session) -> None:
-        done = {record_key(r) for r in session.records}
+        done = {r.key for r in session.records}
         references = session.task("reference (mpmath)", len(items))
         checks = session.task("kernels", sum(
             1 for m, c in items for k in self.kernels[m] if k.function == c.function))

@@ -269,18 +269,28 @@ def expand(
     functions: list[str],
     dtypes: list[str] | None = None,
     generators: list[str] | None = None,
+    sizes: list[tuple[int, int]] | None = None,
+    params: dict[str, float] | None = None,
 ) -> list[VerifyCase]:
     """Every case of the matrix for these functions, restricted to dtypes and generators:
-    each input's shapes x layouts x dtypes x (the parameter grid, then the drawn sets)."""
+    each input's shapes x layouts x dtypes x (the parameter grid, then the drawn sets).
+    `sizes` replace the matrix's shapes (an explicit input keeps its own) and `params` fix a
+    parameter at one value instead of its grid and draws (for the functions that have it)."""
     cases = []
     for fname in functions:
         fn = get_function(fname)
+        fixed = {k: [v] for k, v in (params or {}).items() if k in fn.param_names}
         for spec in matrix.inputs:
             if generators and spec.generator not in generators:
                 continue
-            grid = fn.param_grid(spec.params.get(fname, matrix.params.get(fname)))
-            count = matrix.draws if spec.draws is None else spec.draws
-            for shape in spec.shapes:
+            grid = fn.param_grid({**(spec.params.get(fname, matrix.params.get(fname)) or {}),
+                                  **fixed})
+            count = 0 if fixed else matrix.draws if spec.draws is None else spec.draws
+            shapes = spec.shapes
+            if sizes:
+                shapes = tuple(s for s in sizes if spec.explicit is None
+                               or s == spec.explicit.shape)
+            for shape in shapes:
                 for dtype in matrix.dtypes:
                     if (dtypes and dtype not in dtypes) or (spec.dtypes
                                                             and dtype not in spec.dtypes):
@@ -288,10 +298,10 @@ def expand(
                     sets = grid + [d for d in drawn(fn, spec, shape, dtype, matrix.seed, count)
                                    if d not in grid]
                     for layout in spec.layouts:
-                        for params in sets:
+                        for combo in sets:
                             cases.append(
                                 VerifyCase(fname, spec.generator, shape, dtype,
-                                           tuple(params.items()), matrix.seed, layout,
+                                           tuple(combo.items()), matrix.seed, layout,
                                            spec.explicit)
                             )
     return cases

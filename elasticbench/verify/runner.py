@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 
 from ..backends import get_backend
-from ..execute import IN_PROCESS, Isolation, call_kernel, failed_outcome
+from ..execute import IN_PROCESS, Isolation, Outcome, call_kernel, failed_outcome
 from ..numerics.budget import budget_for
 from ..numerics.dtypes import get_format
 from ..numerics.truth import DEFAULT_PRECISION, GradTruth
 from ..numerics.truth_cache import TruthJob, TruthStore, solve
-from ..records import record_key
+from ..records import VerifyRecord, record_key
 from ..registry import KernelSpec
 from .backward import (
     GRAD_BUDGET,
@@ -25,7 +25,7 @@ from .backward import (
     saved_output,
     upstream,
 )
-from .check import check_output
+from .check import CheckResult, check_output
 from .matrix import MAX_ROWS, VerifyCase
 
 
@@ -74,86 +74,72 @@ def prepare_input(case: VerifyCase, x: np.ndarray, max_elements: int, precision:
     return Prepared(case, x, job, g)
 
 
-def _record_head(spec: KernelSpec, case: VerifyCase, truth, budget: dict) -> dict[str, Any]:
-    return {
-        "kernel": spec.name,
-        "function": spec.function,
-        "backend": spec.backend,
-        "source": spec.source,
-        "dtype": case.dtype,
-        "input": case.generator,
-        "seed": case.seed,
-        "shape": list(case.shape),
-        "params": case.param_dict,
-        "layout": case.layout,
-        "rows_checked": len(truth.rows),
-        "sampled_rows": truth.rows.tolist() if len(truth.rows) < case.shape[0] else None,
-        "budget": budget,
-        "mode": spec.mode,
-    }
+def _record(spec: KernelSpec, case: VerifyCase, truth, budget: dict,
+            outcome: Outcome | BackwardOutcome, verdict: CheckResult | None,
+            broken: list[str] | None = None) -> VerifyRecord:
+    """The record of spec on case: verdict None when the kernel gave nothing to judge (the
+    outcome's error says why); `broken` names contract breaches, which fail the case
+    whatever the verdict. What the call raised and warned goes in as it was recorded."""
+    error = outcome.error
+    if verdict is None:
+        verdict = CheckResult(False, error or "no output")
+    reason = verdict.reason
+    if broken:
+        reason = "; ".join(broken + ([reason] if reason else []))
+    return VerifyRecord(
+        kernel=spec.name, function=spec.function, backend=spec.backend, source=spec.source,
+        dtype=case.dtype, input=case.generator, seed=case.seed, shape=case.shape,
+        params=case.param_dict, rows_checked=len(truth.rows),
+        sampled_rows=truth.rows.tolist() if len(truth.rows) < case.shape[0] else None,
+        budget=budget, mode=spec.mode, seconds=outcome.seconds, layout=case.layout,
+        passed=verdict.passed and not broken, reason=reason, max_ulp=verdict.max_ulp,
+        max_budget_frac=verdict.max_budget_frac, special_ok=verdict.special_ok,
+        worst=verdict.worst, failures=verdict.failures, raised=outcome.raised,
+        warnings=outcome.warnings or None,
+        env=get_backend(spec.backend).environment() or None)
 
 
 def verify_one(spec: KernelSpec, prep: Prepared, truth,
-               isolation: Isolation = IN_PROCESS) -> dict[str, Any]:
+               isolation: Isolation = IN_PROCESS) -> VerifyRecord:
     """Run one kernel on one case and return its record."""
     case = prep.case
     fmt = get_format(case.dtype)
     budget = budget_for(fmt)
-    record = _record_head(spec, case, truth, budget.to_dict())
     outcome = isolation.run(partial(call_kernel, spec, prep.x, case.param_dict, case.layout),
                             failed_outcome)
-    record["seconds"] = outcome.seconds
     if outcome.output is None:
-        verdict_fields = {"passed": False, "reason": outcome.error, "max_ulp": None,
-                          "max_budget_frac": None, "special_ok": None, "worst": None,
-                          "failures": {}}
-    else:
-        v = check_output(prep.x, outcome.output, truth, fmt, budget)
-        verdict_fields = {"passed": v.passed, "reason": v.reason, "max_ulp": v.max_ulp,
-                          "max_budget_frac": v.max_budget_frac, "special_ok": v.special_ok,
-                          "worst": v.worst, "failures": v.failures}
-        contract = [msg for bad, msg in (
-            (outcome.modified_input, "modified its input"),
-            (outcome.wrote_outside, "wrote outside its input (row padding or the memory "
-                                    "before a view)"),
-            (outcome.returned_input, "returned its input")) if bad]
-        if contract:
-            verdict_fields["passed"] = False
-            verdict_fields["reason"] = "; ".join(contract + ([v.reason] if v.reason else []))
-    record.update(verdict_fields)
-    return record
+        return _record(spec, case, truth, budget.to_dict(), outcome, None)
+    v = check_output(prep.x, outcome.output, truth, fmt, budget)
+    broken = [msg for bad, msg in (
+        (outcome.modified_input, "modified its input"),
+        (outcome.wrote_outside, "wrote outside its input (row padding or the memory before "
+                                "a view)"),
+        (outcome.returned_input, "returned its input")) if bad]
+    return _record(spec, case, truth, budget.to_dict(), outcome, v, broken=broken)
 
 
 def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
-                        isolation: Isolation = IN_PROCESS) -> dict[str, Any]:
+                        isolation: Isolation = IN_PROCESS) -> VerifyRecord:
     """Run one backward kernel on one case: dx in ulps, parameter gradients relatively."""
     case = prep.case
     fmt = get_format(case.dtype)
     assert prep.g is not None
-    record = _record_head(spec, case, truth, GRAD_BUDGET.to_dict())
     y = saved_output(truth, fmt, case.shape)
     outcome = isolation.run(partial(call_backward, spec, prep.x, y, prep.g, case.param_dict,
                                     case.layout),
                             lambda why, s: BackwardOutcome(None, {}, why, False, s))
-    record["seconds"] = outcome.seconds
-    record["dparams"] = {}
-    record["max_param_rel"] = None
+    budget = GRAD_BUDGET.to_dict()
     if outcome.dx is None:
-        record.update({"passed": False, "reason": outcome.error, "max_ulp": None,
-                       "max_budget_frac": None, "special_ok": None, "worst": None,
-                       "failures": {}})
+        record = _record(spec, case, truth, budget, outcome, None)
+        record.dparams = {}
         return record
     v, checks = check_backward(prep.x, prep.g, outcome.dx, outcome.dparams, truth, fmt,
                                case.function, case.param_dict)
-    record.update({"passed": v.passed, "reason": v.reason, "max_ulp": v.max_ulp,
-                   "max_budget_frac": v.max_budget_frac, "special_ok": v.special_ok,
-                   "worst": v.worst, "failures": v.failures})
-    record["dparams"] = {k: c.to_dict() for k, c in checks.items()}
+    record = _record(spec, case, truth, budget, outcome, v,
+                     broken=["modified its input"] if outcome.modified_input else None)
+    record.dparams = {k: c.to_dict() for k, c in checks.items()}
     rels = [c.rel_err for c in checks.values()]
-    record["max_param_rel"] = max(rels) if rels else None
-    if outcome.modified_input:
-        record["passed"] = False
-        record["reason"] = "; ".join(["modified its input"] + ([v.reason] if v.reason else []))
+    record.max_param_rel = max(rels) if rels else None
     return record
 
 
@@ -165,7 +151,7 @@ def run_verification(
     store: TruthStore,
     precision: int = DEFAULT_PRECISION,
     workers: int | None = None,
-    on_record: Callable[[dict[str, Any]], None] = lambda r: None,
+    on_record: Callable[[VerifyRecord], None] = lambda r: None,
     on_truth: Callable[[int], None] | None = None,
     mode: str = "fwd",
     isolation: Isolation = IN_PROCESS,
@@ -218,13 +204,13 @@ def call_key(spec: KernelSpec, case: VerifyCase) -> tuple:
     return (spec.name, spec.mode, case.dtype, case.shape, tuple(sorted(case.param_dict.items())))
 
 
-def with_compile_check(record: dict[str, Any], check: Any) -> None:
+def with_compile_check(record: VerifyRecord, check: Any) -> None:
     """Add what compiling said to a record; a kernel that does not compile fails the case."""
-    record["compile"] = None if check is None else check.to_dict()
+    record.compile = None if check is None else check.to_dict()
     failure = None if check is None else check.failure()
     if failure:
-        record["passed"] = False
-        record["reason"] = "; ".join([failure] + ([record["reason"]] if record["reason"] else []))
+        record.passed = False
+        record.reason = "; ".join([failure] + ([record.reason] if record.reason else []))
 
 
 def case_key(spec: KernelSpec, case: VerifyCase) -> tuple:

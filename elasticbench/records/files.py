@@ -1,7 +1,9 @@
 """Results files: plain JSON with a versioned schema, written atomically as records arrive.
 
 Reports and gates read these files, never live objects. A file is always complete JSON:
-each flush writes a temporary file and renames it over the old one.
+each flush writes a temporary file and renames it over the old one. Reading a file checks
+every record against its record type: a file that does not fit is refused with one line
+naming the file, the record and the field, never half-read.
 """
 
 from __future__ import annotations
@@ -14,8 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .fields import RecordError, from_dict
+from .run import RunRecord
+from .verify import VerifyRecord
+
 SCHEMA_VERSION = 1
-KINDS = ("verify", "run")
+RECORD_TYPES: dict[str, type] = {"verify": VerifyRecord, "run": RunRecord}
+KINDS = tuple(RECORD_TYPES)
 
 
 class ResultsFileError(ValueError):
@@ -98,23 +105,6 @@ class ResultsWriter:
         self.flush()
 
 
-IDENTITY_FIELDS = ("kernel", "mode", "dtype", "input", "shape", "params", "seed", "layout")
-
-
-def record_key(record: dict[str, Any]) -> tuple:
-    """What a record is a result for: equal keys mean the same kernel on the same case."""
-    return (
-        record.get("kernel"),
-        record.get("mode", "fwd"),
-        record.get("dtype"),
-        record.get("input"),
-        tuple(record.get("shape", ())),
-        tuple(sorted((record.get("params") or {}).items())),
-        record.get("seed"),
-        record.get("layout", "packed"),
-    )
-
-
 def resume_writer(path: Path, kind: str, meta: dict[str, Any]) -> ResultsWriter:
     """A writer that continues the results file at path, keeping the records it has."""
     old = read_results(path, kind)
@@ -149,7 +139,27 @@ def check_results(doc: Any, path: Path, kind: str | None = None) -> dict[str, An
             f"results file {path} has schema {doc.get('schema')!r}, "
             f"expected {' or '.join(sorted(expected))}"
         )
+    kind_of = str(doc["schema"]).split(".", 1)[1].split("/")[0]
+    for i, record in enumerate(doc["records"]):
+        check_record(record, kind_of, path, i)
     return doc
+
+
+def record_label(record: Any, index: int) -> str:
+    """How an error names a record: its position, and its kernel when it has one."""
+    kernel = record.get("kernel") if isinstance(record, dict) else None
+    return f"record {index}" + (f" ({kernel})" if isinstance(kernel, str) else "")
+
+
+def check_record(record: Any, kind: str, path: Path | str, index: int) -> Any:
+    """The typed record of a results file's record; ResultsFileError names the bad field."""
+    try:
+        return from_dict(RECORD_TYPES[kind], record)
+    except RecordError as e:
+        where = f"results file {path}: {record_label(record, index)}"
+        if e.field:
+            raise ResultsFileError(f"{where}: field {e.field} {e.problem}") from None
+        raise ResultsFileError(f"{where} {e.problem}") from None
 
 
 def read_results(path: Path, kind: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,131 @@
+"""The devices kernels run on, "cpu" or a CUDA device ("cuda", "cuda:1"): the one place that
+tells them apart. Backends name their device (elasticbench.backends); the benchmark asks it
+here how to wait for it, how to time it and how large its last-level cache is.
+
+A clock times a span of calls. On the host it reads perf_counter_ns around them. On a CUDA
+device it records an event before and after them and then waits for the second, so the
+wait is outside the span, and it holds the GPU busy before the first event while the host
+launches the call, so a span of one call times the call alone; its `flush` evicts the L2 by
+zeroing a buffer four times its size (256 MiB at least), also outside the span. Host caches are not flushed: a cold CPU measurement rotates through
+input copies larger than the cache instead (docs/benchmarking.md section 2).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from .environment import cache_sizes
+
+HOST = "cpu"
+DEFAULT_LLC_BYTES = 32 << 20  # when the host's cache sizes cannot be read
+
+
+class Clock(Protocol):
+    """Times the calls made between start() and stop(); stop() returns nanoseconds."""
+
+    name: str
+    flushes: bool  # whether flush() evicts the device's last-level cache
+    single_call: bool  # whether a span of one call is timed exactly (the host's launch hidden)
+
+    def start(self) -> None: ...
+
+    def stop(self) -> float: ...
+
+    def flush(self) -> None: ...
+
+
+def is_cuda(device: str) -> bool:
+    return device.startswith("cuda")
+
+
+def synchronize(device: str) -> None:
+    """Wait until the device has finished the work handed to it (a no-op on the host)."""
+    if is_cuda(device):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def llc_bytes(device: str) -> int:
+    """Size of the device's last-level cache: the GPU's L2, the host's largest cache."""
+    if is_cuda(device):
+        import torch
+
+        return int(torch.cuda.get_device_properties(device).L2_cache_size)
+    caches = cache_sizes()
+    return max(caches.values()) if caches else DEFAULT_LLC_BYTES
+
+
+def caches(device: str) -> dict[str, int]:
+    """The device's data caches by name (L1d, L2, L3 on the host; a GPU's L2), in bytes."""
+    return {"L2": llc_bytes(device)} if is_cuda(device) else cache_sizes()
+
+
+def clock(device: str) -> Clock:
+    """A clock for spans of work on the device."""
+    return CudaClock(device) if is_cuda(device) else HostClock()
+
+
+class HostClock:
+    """perf_counter_ns around the span; work on the host is done when the call returns."""
+
+    name = "perf_counter_ns"
+    flushes = False
+    single_call = False
+
+    def __init__(self) -> None:
+        self._t0 = 0
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter_ns()
+
+    def stop(self) -> float:
+        return float(time.perf_counter_ns() - self._t0)
+
+    def flush(self) -> None:
+        pass
+
+
+class CudaClock:
+    """CUDA events around the span, on the current stream; the wait for the end event comes
+    after it is recorded, and the L2 flush before the start event, so neither is timed.
+
+    Before the start event the GPU is kept busy for about half a millisecond (a spin that
+    touches no memory, so a warm L2 stays warm) while the host launches the call, so the span
+    holds the call's device time rather than the host's launch overhead: repeated calls
+    timed back to back measured a Triton kernel's Python launch (60-110 us on the H100)
+    instead of its 512x4096 softmax.
+    """
+
+    name = "cuda_event"
+    flushes = True
+    single_call = True
+    HOLD_CYCLES = 1_000_000  # the spin before the start event: 0.5 ms at 2 GHz
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self._device = device
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+        self._scratch: Any = None
+
+    def start(self) -> None:
+        import torch
+
+        torch.cuda._sleep(self.HOLD_CYCLES)
+        self._start.record()
+
+    def stop(self) -> float:
+        self._end.record()
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end) * 1e6  # ms -> ns
+
+    def flush(self) -> None:
+        if self._scratch is None:
+            import torch
+
+            size = max(4 * llc_bytes(self._device), 256 << 20)
+            self._scratch = torch.empty(size, dtype=torch.uint8, device=self._device)
+        self._scratch.zero_()

@@ -1,0 +1,32 @@
+"""Records and results files: the typed records run and verify emit, defined once
+(run.py, verify.py, checked field by field by fields.py), and the files that hold them
+(files.py). Everything downstream (reports, gates, merge, --resume) reads these files."""
+
+from __future__ import annotations
+
+from .fields import RecordError
+from .files import (
+    KINDS,
+    RECORD_TYPES,
+    SCHEMA_VERSION,
+    ResultsFileError,
+    ResultsWriter,
+    check_record,
+    check_results,
+    check_writable,
+    read_json,
+    read_results,
+    resume_writer,
+    schema_name,
+    write_json_atomic,
+)
+from .identity import IDENTITY_FIELDS, record_key
+from .run import QuickVerdict, RunRecord, TimingRecord
+from .verify import VerifyRecord
+
+Record = RunRecord | VerifyRecord
+
+__all__ = ["IDENTITY_FIELDS", "KINDS", "RECORD_TYPES", "SCHEMA_VERSION", "QuickVerdict",
+           "Record", "RecordError", "ResultsFileError", "ResultsWriter", "RunRecord", "TimingRecord",
+           "VerifyRecord", "check_record", "check_results", "check_writable", "read_json",
+           "read_results", "record_key", "resume_writer", "schema_name", "write_json_atomic"]

@@ -1,0 +1,126 @@
+"""Results files are checked against the record types when read: a hand-edited record that
+does not fit is one line naming the file, the record and the field, exit code 2, in every
+command that reads results; the gate never passes on a file it could not read, and a file
+that cannot be resumed is left as it was."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from elasticbench.records import RunRecord, VerifyRecord, read_results
+from elasticbench.records.fields import RecordError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RUN = json.loads((FIXTURES / "run_small.json").read_text())
+VERIFY = json.loads((FIXTURES / "verify_small.json").read_text())
+TIMED = 3  # a record of run_small.json that was timed (not one that raised)
+
+
+def _set(field: str, value) -> Callable[[dict], None]:
+    def edit(record: dict) -> None:
+        record[field] = value
+    return edit
+
+
+def _sample(i: int, value: float) -> Callable[[dict], None]:
+    def edit(record: dict) -> None:
+        record["timing"]["samples_ns"][i] = value
+    return edit
+
+
+# (how the record is spoiled, what the one line must name)
+RUN_EDITS = {
+    "median-fast": (_set("median_s", "fast"), "field median_s must be a number, got 'fast'"),
+    "sample-nan": (_sample(1, math.nan), "field timing.samples_ns[1] must be a finite number"),
+    "sample-1e308": (_sample(0, 1e308), "field timing.samples_ns[0] must be a time"),
+    "shape-bad": (_set("shape", [-1, "x"]), "field shape[0] must be > 0, got -1"),
+    "no-samples": (lambda r: r["timing"].update(samples_ns=[]),
+                   "field timing.samples_ns must hold at least one sample"),
+    "gbps-negative": (_set("gbps", -3.0), "field gbps must be > 0"),
+}
+
+
+def _spoil(tmp_path: Path, name: str, doc: dict, index: int,
+           edit: Callable[[dict], None]) -> Path:
+    bad = copy.deepcopy(doc)
+    edit(bad["records"][index])
+    path = tmp_path / name
+    path.write_text(json.dumps(bad))  # NaN written as NaN, as a hand edit would
+    return path
+
+
+def _one_line(r, path: Path, index: int, kernel: str, message: str) -> None:
+    assert r.code == 2, r.out + r.err
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("elasticbench: error: "), r.err
+    assert f"results file {path}: record {index} ({kernel})" in lines[0], lines[0]
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in r.err + r.out and "PASS" not in r.out
+
+
+@pytest.mark.parametrize("edit", list(RUN_EDITS))
+@pytest.mark.parametrize("command", ["report", "compare", "gate", "merge", "resume"])
+def test_spoiled_run_record_is_one_line_exit_2(cli, tmp_path, monkeypatch, command, edit):
+    monkeypatch.chdir(tmp_path)
+    spoil, message = RUN_EDITS[edit]
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(RUN))
+    bad = _spoil(tmp_path, "bad.json", RUN, TIMED, spoil)
+    before = bad.read_bytes()
+    argv = {"report": ["report", str(bad)],
+            "compare": ["compare", str(good), str(bad)],
+            "gate": ["gate", str(good), str(bad)],
+            "merge": ["merge", str(bad), "-o", str(tmp_path / "merged.json")],
+            "resume": ["run", "--quick", "--resume", str(bad)]}[command]
+    r = cli(*argv)
+    _one_line(r, bad, TIMED, RUN["records"][TIMED]["kernel"], message)
+    assert bad.read_bytes() == before  # nothing already computed is lost
+    assert not (tmp_path / "merged.json").exists()
+
+
+@pytest.mark.parametrize("command", ["report", "gate", "resume"])
+def test_spoiled_verify_record_is_one_line_exit_2(cli, tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(VERIFY))
+    bad = _spoil(tmp_path, "bad.json", VERIFY, 5, _set("passed", "yes"))
+    argv = {"report": ["report", str(bad)], "gate": ["gate", str(good), str(bad)],
+            "resume": ["verify", "--quick", "--resume", str(bad)]}[command]
+    r = cli(*argv)
+    _one_line(r, bad, 5, VERIFY["records"][5]["kernel"], "field passed must be true or false")
+
+
+def test_the_fixtures_are_valid_and_round_trip():
+    for doc, kind in ((RUN, RunRecord), (VERIFY, VerifyRecord)):
+        for r in doc["records"]:
+            typed = kind.from_dict(r)
+            assert kind.from_dict(typed.to_dict()) == typed
+
+
+def test_the_record_types_read_back_what_the_files_hold():
+    doc = read_results(FIXTURES / "run_small.json", "run")
+    typed = [RunRecord.from_dict(r) for r in doc["records"]]
+    assert sum(t.failed for t in typed) == 6 and sum(t.error is not None for t in typed) == 2
+    assert typed[TIMED].timing is not None and typed[TIMED].timing.samples_ns == \
+        doc["records"][TIMED]["timing"]["samples_ns"]
+    v = [VerifyRecord.from_dict(r) for r in read_results(FIXTURES / "verify_small.json")["records"]]
+    assert any(x.max_ulp == math.inf for x in v)  # stored as "inf", read back as a float
+    assert sum(x.failed for x in v) == 8
+
+
+def test_a_record_error_names_the_nested_field():
+    r = copy.deepcopy(RUN["records"][TIMED])
+    r["verify"]["status"] = "maybe"
+    with pytest.raises(RecordError) as e:
+        RunRecord.from_dict(r)
+    assert e.value.field == "verify.status" and "'pass', 'FAIL', 'unverified'" in e.value.problem
+    r = copy.deepcopy(VERIFY["records"][0])
+    del r["input"], r["seed"]
+    with pytest.raises(RecordError, match="lacks input, seed"):
+        VerifyRecord.from_dict(r)
