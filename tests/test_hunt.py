@@ -66,7 +66,7 @@ def test_hunt_finds_shrinks_and_saves_a_case_that_verify_replays(cli, tmp_path):
 def test_hunt_passes_a_correct_kernel_and_exits_0(cli, tmp_path):
     out = tmp_path / "h.json"
     r = cli("hunt", "--only", "numpy_softmax", "--budget", "30", "--max-trials", "25",
-            "--json", str(out))
+            "--max-elements", "65536", "--json", str(out))
     assert r.code == 0, r.out + r.err
     assert "pass numpy_softmax: 25 configurations" in r.out
     doc = json.loads(out.read_text())

@@ -14,6 +14,7 @@ from ..backends import get_backend
 from ..environment import describe
 from ..execute import Isolation
 from ..hunt.job import HuntJob
+from ..hunt.space import MAX_ELEMENTS
 from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..registry import KernelSpec
@@ -60,8 +61,9 @@ def replay_command(spec: KernelSpec, case: Path) -> str:
 @click.option("--timeout", type=float, default=None, metavar="SECONDS",
               help="A call that runs longer than this is a failure found (implies --isolate).")
 @click.option("--max-trials", type=int, default=None, hidden=True)
+@click.option("--max-elements", type=int, default=MAX_ELEMENTS, hidden=True)
 def hunt(functions, backends, dtypes, only, kernel_files, mode, budget, seed, json_path,
-         precision, isolate, timeout, max_trials) -> None:
+         precision, isolate, timeout, max_trials, max_elements) -> None:
     """Search for an input that breaks a kernel: shapes, layouts, parameters, generator mixes
     and extreme values, steered toward a larger share of the error budget. A failure is shrunk
     to a minimal reproducer saved as a case file (replay it with `verify --case FILE`).
@@ -82,8 +84,8 @@ def hunt(functions, backends, dtypes, only, kernel_files, mode, budget, seed, js
         fail(f"--precision must be at least {MIN_PRECISION} bits, got {precision}")
     if timeout is not None and not timeout > 0:
         fail(f"--timeout must be a positive number of seconds, got {timeout:g}")
-    if max_trials is not None and max_trials < 1:
-        fail("--max-trials must be at least 1")
+    if (max_trials is not None and max_trials < 1) or max_elements < 1:
+        fail("--max-trials and --max-elements must be at least 1")
     kernels = choose_kernels(functions, backends, only, kernel_files, mode)
     chosen = dtypes or list(DTYPE_NAMES)
     if not any(k.supports(d) for k in kernels for d in chosen):
@@ -96,7 +98,7 @@ def hunt(functions, backends, dtypes, only, kernel_files, mode, budget, seed, js
             **describe(include_gpu=False)}
     job = HuntJob(kernels, chosen, budget, seed, path.with_suffix(""), precision=precision,
                   isolation=Isolation(isolate, timeout), max_trials=max_trials,
-                  replay=replay_command)
+                  max_elements=max_elements, replay=replay_command)
     try:
         session = Session(job.kind, path, meta, console=console(stderr=True))
     except SessionError as e:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..inputs.explicit import Explicit, toml_value
-from ..records import write_text_atomic
+from ..records.files import write_text_atomic
 from .trial import MAX_CHECKED, MAX_CHECKED_ROWS, SEED, Input
 
 

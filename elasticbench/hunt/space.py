@@ -4,10 +4,11 @@ for the values; it is drawn at random or changed a little from a good one.
 Shapes lean toward where kernels switch paths: column counts near a power of two up to
 2^22, row counts past 256 to 65536 (launch limits, row blocks). Parameters are drawn
 log-uniformly over their span. Values come from a mix of the adversarial generators, one
-per row in turn, sometimes sorted (so that the blocks of a long row differ), with a few
-extreme values ("spikes") set at random places. A long row in
-fp32 or fp64 draws from a palette of a few thousand of its generator's values, so that the
-exact reference (which costs per distinct value) stays cheap at any length.
+per row in turn, sometimes sorted, with a few extreme values ("spikes") set at random
+places. A long row in fp32 or fp64 draws from a palette of a few thousand of its
+generator's values, so that the exact reference (which costs per distinct value) stays
+cheap at any length; each stretch of the row draws from its own part of the palette, so
+that the blocks of a long row differ (their maxima above all).
 """
 
 from __future__ import annotations
@@ -79,8 +80,10 @@ def make_input(c: Config) -> np.ndarray:
             continue
         seed = c.seed * 31 + zlib.crc32(name.encode())
         values = generate(name, c.dtype, (rows.size, width), seed)
-        if c.palette:
-            pick = np.random.default_rng([seed, 1]).integers(0, width, (rows.size, c.n))
+        if c.palette:  # each stretch of a row from its own part of the palette
+            window = max(1, width // 4)
+            local = np.random.default_rng([seed, 1]).integers(0, window, (rows.size, c.n))
+            pick = (np.arange(c.n) * width // c.n + local) % width
             values = np.take_along_axis(values, pick, axis=1)
         if c.order:
             values = np.sort(values, axis=1)
