@@ -12,6 +12,7 @@ from ..environment import describe
 from ..execute import Isolation
 from ..functions import get_function
 from ..inputs import get_generator
+from ..inputs.layouts import check_layout
 from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..numerics.truth_cache import TruthStore, default_cache_dir
@@ -45,6 +46,8 @@ MODE_CHOICES = ("fwd", "bwd", "both")
               help="Shapes to verify instead of the matrix's, e.g. 7x16.")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
               help="A parameter at this value instead of the matrix's grid, e.g. tau=0.5.")
+@click.option("--layout", "layouts", multiple=True, metavar="L",
+              help="Only inputs in these layouts: packed, padded, offset, transposed.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Write every record to this results file.")
 @click.option("--precision", type=int, default=DEFAULT_PRECISION, show_default=True,
@@ -56,7 +59,7 @@ MODE_CHOICES = ("fwd", "bwd", "both")
 @survival_options("case")
 @note_options
 def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, quick, sizes,
-           params, json_path, precision, jobs, no_cache, mode, isolate, timeout, resume_path,
+           params, layouts, json_path, precision, jobs, no_cache, mode, isolate, timeout, resume_path,
            shard, failures, traceback) -> None:
     """Check kernels against mpmath ground truth on adversarial inputs, in ulps.
 
@@ -75,6 +78,7 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
             if d not in DTYPE_NAMES:
                 raise ValueError(f"unknown dtype {d!r} (choose from {', '.join(DTYPE_NAMES)})")
         shapes = [parse_size(v) for v in split_names(sizes)]
+        layouts = [check_layout(v) for v in split_names(layouts)]
     except ValueError as e:
         fail(str(e))
     if precision < MIN_PRECISION:
@@ -102,8 +106,9 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     by_mode = choose_kernels_by_mode(functions, backends, only, kernel_files, modes)
     fixed = parse_params(params, [k for ks in by_mode.values() for k in ks])
     cases_by_mode = {
-        m: expand(matrix, sorted({k.function for k in ks}), dtypes or None, inputs or None,
-                  shapes or None, fixed)
+        m: [c for c in expand(matrix, sorted({k.function for k in ks}), dtypes or None,
+                              inputs or None, shapes or None, fixed)
+            if not layouts or c.layout in layouts]
         for m, ks in by_mode.items()
     }
     if not any(cases_by_mode.values()):

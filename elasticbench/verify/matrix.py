@@ -156,7 +156,7 @@ def _columns(item: dict[str, Any], where: str) -> tuple[tuple[int, int], ...]:
 
 def _input(item: Any, where: str) -> InputSpec:
     if not isinstance(item, dict) or not ("generator" in item or "name" in item):
-        raise CaseFileError(f"{where}: needs a generator, or a name and explicit values")
+        raise CaseFileError(f"{where}: needs a generator name (or a name and explicit values)")
     explicit = None
     if "generator" in item:
         try:
@@ -304,4 +304,4 @@ def expand(
                                            tuple(combo.items()), matrix.seed, layout,
                                            spec.explicit)
                             )
-    return cases
+    return list(dict.fromkeys(cases))  # inputs that meet in one case (--size, --param) once
