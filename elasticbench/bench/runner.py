@@ -128,7 +128,7 @@ def verify_quickly(kernels: list[KernelSpec], case: RunCase, dtypes: list[str],
         on_done()
 
     run_verification(fwd, cases, max_elements=matrix.max_elements, store=store, on_record=add,
-                     isolation=isolation)
+                     isolation=isolation, max_rows=matrix.max_rows)
     for k in fwd:
         for d in dtypes:
             verdicts.setdefault((k.name, d), QuickVerdict(status="unverified", cases=0, failed=0,
