@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.elasticbench-installed
 
-.PHONY: run test lint lock clean
+.PHONY: run test lint lock clean native
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,14 +15,20 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-run: $(STAMP)
+# The native C++ kernels, compiled once into a cache keyed by their sources (docs/native.md).
+# A compile error fails here, loudly; a machine with no compiler skips them and says so.
+native: $(STAMP)
+	$(BIN)/python -m elasticbench.native
+
+run: native
 	$(BIN)/elasticbench run
 
 CI_OUT := .cache/ci
 
-test: $(STAMP)
+test: native
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	# two workers: the suite is mostly single-threaded mpmath and interpreter work
+	$(BIN)/python -m pytest -n 2
 	# CI gate (docs/gates.md): the quick case against the committed baseline. Numerics are
 	# strict (exit 1); timing is reported but advisory, since separate runs on a shared
 	# 2-core machine are not comparable at 10%; `elasticbench ab` judges timing changes.

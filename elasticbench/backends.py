@@ -125,6 +125,15 @@ def _torch_unavailable() -> str | None:
     return None
 
 
+def _cpp_unavailable() -> str | None:
+    """The native kernels run where torch is installed and they build (elasticbench.native)."""
+    if why := _torch_unavailable():
+        return why
+    from .native import unavailable
+
+    return unavailable()
+
+
 def _triton_unavailable() -> str | None:
     """Triton runs on a CUDA GPU, or on the CPU in its interpreter (TRITON_INTERPRET=1)."""
     try:
@@ -199,6 +208,14 @@ BACKENDS: dict[str, Backend] = {
         device=_torch_device,
         view=_torch_view,
         env_vars=("ELASTICBENCH_TORCH_DEVICE",),
+    ),
+    "cpp": Backend(
+        "cpp",
+        "native C++ kernels on CPU torch tensors, built through torch's extension API",
+        _cpp_unavailable,
+        _cpu_tensor,
+        _torch_to_numpy,
+        _torch_same_memory,
     ),
     "triton": Backend(
         "triton",

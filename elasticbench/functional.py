@@ -25,8 +25,9 @@ Special values: the forward follows docs/definitions.md section 3. Backward: mas
 exactly 0, fully masked rows and rows with +inf (whose output no finite change of the
 input moves) give exactly zero gradients, and a NaN row gives a NaN row in dx and NaN
 dtau and dbeta. fp16/bf16 compute and accumulate in fp32; fp64 and fp32 in their own
-precision. The same torch code runs on CPU and CUDA; on CUDA with scalar tau and beta the
-Triton kernels of elasticbench.kernels.triton are used when they import.
+precision. The same torch code runs on CPU and CUDA; with scalar tau and beta, CPU tensors
+use the native C++ kernels (elasticbench.native, docs/native.md) where they build, and CUDA
+tensors the Triton kernels of elasticbench.kernels.triton when they import.
 """
 
 from __future__ import annotations
@@ -169,9 +170,31 @@ def _triton() -> TritonElastic | None:
     return TritonElastic(elastic_forward, elastic_backward)
 
 
+def _scalar(*values: Scalar) -> bool:
+    return all(not isinstance(v, torch.Tensor) or v.ndim == 0 for v in values)
+
+
 def _use_triton(x: torch.Tensor, tau: Scalar, beta: Scalar) -> TritonElastic | None:
-    scalar = all(not isinstance(v, torch.Tensor) or v.ndim == 0 for v in (tau, beta))
-    return _triton() if x.is_cuda and scalar else None
+    return _triton() if x.is_cuda and _scalar(tau, beta) else None
+
+
+@functools.lru_cache(maxsize=1)
+def _native_extension():
+    """The native C++ kernels (elasticbench.native), or None where they do not build."""
+    from . import native
+
+    return None if native.unavailable() else native.load()
+
+
+def _use_native(x: torch.Tensor, *params: Scalar):
+    """The native kernels for CPU tensors with scalar parameters (per-row ones: torch code)."""
+    if x.device.type != "cpu" or not _scalar(*params) or x.dtype not in _NATIVE_DTYPES:
+        return None
+    return _native_extension()
+
+
+_NATIVE_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+_FUSED = 2  # kernels/cpp/table.h: Structure
 
 
 def _reduce_to(grad_rows: torch.Tensor, like: torch.Tensor, dim: int, ndim: int) -> torch.Tensor:
@@ -190,14 +213,18 @@ class _ElasticSoftmax(torch.autograd.Function):
         t, b = _as_rows(tau, x, dim, wd), _as_rows(beta, x, dim, wd)
         xr = x.movedim(dim, -1)
         tk = _use_triton(x, tau, beta)
+        native = _use_native(x, tau, beta)
         if tk is not None:
             shape = xr.shape
             y = tk.forward(xr.reshape(-1, shape[-1]).contiguous(), float(t), float(b))
             y = y.reshape(shape)
+        elif native is not None:
+            y = native.exp_forward(xr, _FUSED, True, -math.inf, float(t), float(b))
         else:
             y = elastic_forward_rows(xr, t, b)
         ctx.save_for_backward(x, y)
         ctx.dim, ctx.t, ctx.b, ctx.triton = dim, t, b, tk is not None
+        ctx.native = native
         ctx.tau_like = tau if isinstance(tau, torch.Tensor) else None
         ctx.beta_like = beta if isinstance(beta, torch.Tensor) else None
         return y.movedim(-1, dim)
@@ -217,6 +244,11 @@ class _ElasticSoftmax(torch.autograd.Function):
             dx = dx.reshape(xr.shape)
             dtau_rows = torch.as_tensor(dtau, device=x.device).reshape(1)
             dbeta_rows = torch.as_tensor(dbeta, device=x.device).reshape(1)
+        elif ctx.native is not None:
+            dx, dtau_rows, dbeta_rows = ctx.native.exp_backward(
+                xr, y, gr, True, float(ctx.t), float(ctx.b), any(ctx.needs_input_grad[1:3]))
+            dtau_rows = dtau_rows.reshape(*xr.shape[:-1], 1)
+            dbeta_rows = dbeta_rows.reshape(*xr.shape[:-1], 1)
         else:
             dx, dtau_rows, dbeta_rows = elastic_backward_rows(xr, y, gr, ctx.t, ctx.b)
         dtau = dbeta = None
@@ -251,16 +283,23 @@ class _NormalizedExp(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, dim: int, one: bool) -> torch.Tensor:  # type: ignore[override]
         xr = x.movedim(dim, -1)
         floor = 0.0 if one else -math.inf
-        y = exp_normalize_forward(xr, xr > -math.inf, 1.0, 1.0 if one else None, floor)
+        native = _use_native(x)
+        if native is not None:
+            y = native.exp_forward(xr, _FUSED, False, floor, 1.0, 1.0 if one else 0.0)
+        else:
+            y = exp_normalize_forward(xr, xr > -math.inf, 1.0, 1.0 if one else None, floor)
         ctx.save_for_backward(x, y)
-        ctx.dim, ctx.floor = dim, floor
+        ctx.dim, ctx.floor, ctx.native, ctx.one = dim, floor, native, one
         return y.movedim(-1, dim)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         x, y = ctx.saved_tensors
         xr, gr = x.movedim(ctx.dim, -1), grad.movedim(ctx.dim, -1)
-        dx, _, _ = exp_normalize_backward(xr, y, gr, xr > -math.inf, floor=ctx.floor)
+        if ctx.native is not None:
+            dx = ctx.native.exp_backward(xr, y, gr, False, 1.0, 1.0 if ctx.one else 0.0, False)[0]
+        else:
+            dx, _, _ = exp_normalize_backward(xr, y, gr, xr > -math.inf, floor=ctx.floor)
         return dx.movedim(-1, ctx.dim), None, None
 
 

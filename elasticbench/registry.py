@@ -28,6 +28,7 @@ BUILTIN_MODULES = (
     "elasticbench.kernels.torch_kernels",
     "elasticbench.kernels.triton_kernels",
     "elasticbench.kernels.torch_variants",
+    "elasticbench.kernels.cpp_kernels",
 )
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elasticbench.bench.cases import parse_run_table, parse_size
+from elasticbench.bench.cases import RunCase, parse_run_table, parse_size
 from elasticbench.bench.models import minimum_bytes, minimum_model, model_of
 from elasticbench.bench.roofline import roof_for
-from elasticbench.bench.timing import Policy, summarize, time_calls
+from elasticbench.bench.runner import Ceilings, plan_units, run_units
+from elasticbench.bench.timing import Policy, pooled, summarize, time_calls
 from elasticbench.devices import HostClock
 from elasticbench.passes import PassModel
-from elasticbench.registry import KernelSpec
+from elasticbench.records import RunRecord
+from elasticbench.registry import KernelSpec, get_kernel
 from elasticbench.verify.matrix import CaseFileError
 
 
@@ -116,6 +118,42 @@ def test_policy_validation():
         Policy(min_reps=2)
     with pytest.raises(ValueError):
         Policy(target_spread=0)
+    with pytest.raises(ValueError):
+        Policy(processes=0)
+
+
+def test_processes_share_the_budget_and_pool_their_samples():
+    p = Policy(min_reps=5, max_reps=40, budget_s=0.6, processes=3).per_process()
+    assert p.budget_s == pytest.approx(0.2) and p.max_reps == 13 and p.min_reps == 5
+    assert Policy(min_reps=5, max_reps=8, processes=4).per_process().max_reps == 5
+    one = Policy(warmup_s=0, min_reps=3, max_reps=4, budget_s=0.01)
+    a, b = time_calls(lambda i: None, one, HostClock()), time_calls(lambda i: None, one,
+                                                                   HostClock())
+    both = pooled([a, b])
+    assert both.samples_ns == a.samples_ns + b.samples_ns
+    assert both.to_dict()["processes"] == [len(a.samples_ns), len(b.samples_ns)]
+    assert "processes" not in pooled([a]).to_dict()
+
+
+def test_units_are_timed_in_fresh_processes_and_an_interrupt_keeps_what_was_measured():
+    case = RunCase(name="t", timing=Policy(warmup_s=0, min_reps=3, max_reps=4, budget_s=0.01,
+                                           min_sample_s=0.0001, processes=2))
+    units = plan_units([get_kernel("numpy_elastic")], None, case, ["fp32"], [(2, 64), (2, 96)])
+    ceilings = Ceilings("cpu", 32 << 20, 1e10, {"fp32": 1e9, "fp64": 1e9})
+    steps: list[int] = []
+
+    def step() -> None:
+        steps.append(1)
+        if len(steps) == 3:  # the second pass has measured the first unit
+            raise KeyboardInterrupt
+
+    records: list[RunRecord] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_units(case, units, ceilings, {}, on_measured=step, on_record=records.append)
+    assert [r.shape for r in records] == [(2, 64), (2, 96)]
+    first, second = (r.timing for r in records)
+    assert len(first.processes) == 2 and sum(first.processes) == first.reps
+    assert second.processes is None and second.reps >= 3  # measured by one process
 
 
 def test_roof_arithmetic_exp_binds():
@@ -197,7 +235,7 @@ def test_a_unit_is_timed_with_its_backends_clock_and_waits_outside_the_span(monk
     from elasticbench import devices
     from elasticbench.backends import Backend
     from elasticbench.bench.cases import RunCase
-    from elasticbench.bench.runner import Ceilings, Unit, time_unit
+    from elasticbench.bench.runner import Unit, measure_unit
 
     clock = RecordingClock(flushes=True)
     monkeypatch.setattr(Backend, "clock", lambda self: clock)
@@ -209,8 +247,7 @@ def test_a_unit_is_timed_with_its_backends_clock_and_waits_outside_the_span(monk
         return x
 
     spec = KernelSpec("k", "softmax", "numpy", kernel)
-    ceilings = Ceilings("cpu", llc, 1e10, {"fp32": 1e9, "fp64": 1e9})
-    time_unit(Unit(spec, "fp32", (4, 256)), RunCase("t"), ceilings, POLICY, {})
+    measure_unit(Unit(spec, "fp32", (4, 256)), RunCase("t"), POLICY, {})
     spans = _spans(clock.events)
     assert spans and all(set(span) == {"call"} for span in spans)
     assert ("flush" in clock.events) == cold

@@ -6,7 +6,6 @@ import json
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -103,12 +102,33 @@ min_sample_s = 0.0001
 """
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-c", "from elasticbench.cli import main; main()", *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=180)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_a_run_shard_holds_whole_cells_with_their_baseline(tmp_path, n):
+    from elasticbench.bench.cases import load_run_case
+    from elasticbench.bench.job import RunJob
+    from elasticbench.bench.runner import plan_units
+    from elasticbench.execute import IN_PROCESS
+    from elasticbench.registry import get_kernel
+
+    (tmp_path / "tiny.toml").write_text(TINY)
+    case = load_run_case(tmp_path / "tiny.toml")
+    kernels = [get_kernel(k) for k in ("numpy_elastic", "torch_elastic")]
+    plan = plan_units(kernels, get_kernel("torch_softmax"), case, ["fp32", "fp64"],
+                      [(4, 256), (2, 128)])
+    job = RunJob(case, plan, ["fp32", "fp64"], "cpu", IN_PROCESS)
+    parts = [select_shard(job.plan(), k, n, key=job.shard_key) for k in range(1, n + 1)]
+    assert sorted(u.position for p in parts for u in p) == list(range(len(plan)))
+    def cell(u):
+        return (u.dtype, u.shape, u.spec.mode)
+
+    for part in parts:  # every record written in a shard finds its baseline there
+        for c in {cell(u) for u in part}:
+            assert sorted(u.key for u in part if cell(u) == c) == \
+                sorted(u.key for u in plan if cell(u) == c)
+            assert any(u.baseline for u in part if cell(u) == c)
 
 
-def test_run_shards_then_merge_end_to_end(tmp_path):
+def test_run_shards_then_merge_end_to_end(cli, tmp_path, monkeypatch):
     (tmp_path / "tiny.toml").write_text(TINY)
     procs = [subprocess.Popen(
         [sys.executable, "-c", "from elasticbench.cli import main; main()", "run", "--case",
@@ -120,15 +140,19 @@ def test_run_shards_then_merge_end_to_end(tmp_path):
         assert p.returncode == 0, err
     docs = [read_results(tmp_path / f"s{k}.json", "run") for k in (1, 2)]
     assert [len(d["records"]) for d in docs] == [3, 3]  # 6 units: 3 kernels x 2 shapes
-    r = _cli("merge", "s1.json", "s2.json", "-o", "all.json", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    for d in docs:  # a shard holds whole cells: its records have their speedups as written
+        assert sum(x["baseline"] for x in d["records"]) == 1
+        assert all(x["speedup"] for x in d["records"] if x["kernel"] == "torch_elastic")
+    monkeypatch.chdir(tmp_path)  # the rest needs no process of its own
+    r = cli("merge", "s1.json", "s2.json", "-o", "all.json")
+    assert r.code == 0, r.err
     merged = read_results(tmp_path / "all.json", "run")
     keys = {(x["kernel"], tuple(x["shape"])) for x in merged["records"]}
     assert len(keys) == 6 and sum(x["baseline"] for x in merged["records"]) == 2
     assert all(x["speedup"] for x in merged["records"] if x["kernel"] == "torch_elastic")
-    r = _cli("merge", "s1.json", "s1.json", "-o", "bad.json", cwd=tmp_path)
-    assert r.returncode == 2 and "both shard 1/2" in r.stderr
+    r = cli("merge", "s1.json", "s1.json", "-o", "bad.json")
+    assert r.code == 2 and "both shard 1/2" in r.err
     assert not (tmp_path / "bad.json").exists()
-    r = _cli("run", "--case", "tiny.toml", "--shard", "3/2", "--json", "x.json", cwd=tmp_path)
-    assert r.returncode == 2 and "1 <= K <= N" in r.stderr
+    r = cli("run", "--case", "tiny.toml", "--shard", "3/2", "--json", "x.json")
+    assert r.code == 2 and "1 <= K <= N" in r.err
     json.loads((tmp_path / "all.json").read_text())

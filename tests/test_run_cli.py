@@ -40,7 +40,7 @@ def tiny_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("run")
     (d / "tiny.toml").write_text(TINY)
     out = d / "r.json"
-    return _run("run", "--case", "tiny.toml", "--json", str(out), cwd=d), out
+    return _run("run", "--case", "tiny.toml", "--processes", "2", "--json", str(out), cwd=d), out
 
 
 def test_tiny_run_exit_and_schema(tiny_run):
@@ -50,6 +50,7 @@ def test_tiny_run_exit_and_schema(tiny_run):
     assert doc["schema"] == "elasticbench.run/1" and doc["complete"] is True
     for key in ("machine", "versions", "seed", "threads", "ceilings", "allocator"):
         assert key in doc
+    assert doc["policy"]["processes"] == 2
     assert doc["ceilings"]["copy_gbps"] > 0 and doc["ceilings"]["exp_geps"]["fp32"] > 0
     kernels = [r["kernel"] for r in doc["records"]]
     assert kernels[0] == "torch_softmax" and doc["records"][0]["baseline"] is True
@@ -57,7 +58,8 @@ def test_tiny_run_exit_and_schema(tiny_run):
     for r in doc["records"]:
         assert r["shape"] == [4, 256] and r["cache"] == "in-cache"
         t = r["timing"]
-        assert len(t["samples_ns"]) == t["reps"] >= 3
+        assert len(t["samples_ns"]) == t["reps"] >= 6
+        assert len(t["processes"]) == 2 and sum(t["processes"]) == t["reps"]
         assert t["q1_ns"] <= t["median_ns"] <= t["q3_ns"]
         assert r["min_bytes"] == 2 * 4 * 256 * 4
         assert r["binding"] in ("exp", "memory") and r["pct_roof"] > 0

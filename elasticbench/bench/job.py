@@ -32,7 +32,7 @@ class RunJob(Job[Unit]):
         units = [u for u in units if u.key not in done]
         case = self.case
         timed = list({id(u.spec): u.spec for u in units}.values())
-        task = session.task(f"{case.name} · ceilings", len(units) + 2)
+        task = session.task(f"{case.name} · ceilings", len(units) * case.timing.processes + 2)
         ceilings = measure_ceilings(self.device, self.dtypes, case.timing)
         session.header["ceilings"] = ceilings.to_dict()
         task.advance()
@@ -46,4 +46,4 @@ class RunJob(Job[Unit]):
                   isolation=self.isolation,
                   on_start=lambda u: task.describe(
                       f"{case.name} · {u.spec.name} · {u.shape[0]}x{u.shape[1]} {u.dtype}"),
-                  on_record=lambda r: (session.add(r), task.advance()))
+                  on_measured=task.advance, on_record=session.add)

@@ -13,7 +13,7 @@ import ctypes.util
 import math
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import devices
 from ..backends import get_backend
-from ..execute import IN_PROCESS, Isolation
+from ..execute import IN_PROCESS, Isolation, Worker
 from ..functions import get_function
 from ..inputs import generate
 from ..numerics.dtypes import get_format
@@ -33,7 +33,8 @@ from ..verify.runner import run_verification
 from .cases import RunCase
 from .models import minimum_bytes, minimum_model, model_bytes, model_of
 from .roofline import compute_dtype, measure_copy, measure_exp, roof_for
-from .timing import Policy, Timing, time_calls
+from .rotation import rotating_call
+from .timing import Policy, Timing, pooled, time_calls
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
@@ -185,27 +186,39 @@ def _inputs(spec: KernelSpec, dtype: str, shape: tuple[int, int], generator: str
     return (x, y, g)
 
 
-def time_unit(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy,
-              params: dict[str, float]) -> RunRecord:
-    """Time one unit; return its measurement (run_units adds the verdict and the speedup)."""
-    spec, (rows, n) = unit.spec, unit.shape
-    backend = get_backend(spec.backend)
-    itemsize = get_format(unit.dtype).itemsize
+@dataclass
+class Measurement:
+    """What timing one unit in one process gave: the timing and how its inputs were laid."""
+
+    timing: Timing
+    copies: int
+    footprint: int
+
+    @property
+    def out_of_cache(self) -> bool:
+        return self.copies > 1
+
+
+def measure_unit(unit: Unit, case: RunCase, policy: Policy,
+                 params: dict[str, float]) -> Measurement:
+    """Time one unit in this process, out of cache when its data exceed half the LLC."""
+    spec = unit.spec
     args = _inputs(spec, unit.dtype, unit.shape, case.generator, case.seed, params)
+    footprint = minimum_bytes(*unit.shape, get_format(unit.dtype).itemsize, spec.mode)
+    call = rotating_call(spec, args, params, footprint)
+    copies = call.copies
+    timing = time_calls(call, policy, get_backend(spec.backend).clock(), cold=call.out_of_cache)
+    call.release()  # free the rotated copies before the next unit
+    return Measurement(timing, copies, footprint)
+
+
+def unit_record(unit: Unit, case: RunCase, ceilings: Ceilings, params: dict[str, float],
+                m: Measurement) -> RunRecord:
+    """The record of a measured unit (run_units adds the verdict and the speedup)."""
+    spec, (rows, n) = unit.spec, unit.shape
+    itemsize = get_format(unit.dtype).itemsize
     min_bytes = minimum_bytes(rows, n, itemsize, spec.mode)
-    arg_bytes = sum(a.nbytes for a in args)
-    footprint = min_bytes
-    llc = backend.llc_bytes()
-    out_of_cache = footprint > llc // 2
-    copies = max(2, math.ceil(2 * llc / arg_bytes)) if out_of_cache else 1
-    natives = [tuple(backend.to_native(a) for a in args) for _ in range(copies)]
-
-    def call(i: int) -> None:
-        spec.fn(*natives[i % copies], **params)
-
-    timing: Timing = time_calls(call, policy, backend.clock(), cold=out_of_cache)
-    natives.clear()  # free the rotated copies before the next unit
-    seconds = timing.stats.median_ns * 1e-9
+    seconds = m.timing.stats.median_ns * 1e-9
     model, minimum = model_of(spec), minimum_model(spec.function, spec.mode)
     cdt = model.compute or compute_dtype(unit.dtype)
     roof = roof_for(model, minimum, itemsize, ceilings.copy_bps, ceilings.exp_eps[cdt])
@@ -214,21 +227,22 @@ def time_unit(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy,
         kernel=spec.name, function=spec.function, backend=spec.backend, source=spec.source,
         mode=spec.mode, baseline=unit.baseline, dtype=unit.dtype, compute_dtype=cdt,
         shape=(rows, n), params=params, generator=case.generator, seed=case.seed,
-        cache="out-of-cache" if out_of_cache else "in-cache",
-        footprint_bytes=footprint, rotated_buffers=copies, model=model.to_dict(),
+        cache="out-of-cache" if m.out_of_cache else "in-cache",
+        footprint_bytes=m.footprint, rotated_buffers=m.copies, model=model.to_dict(),
         min_bytes=min_bytes, model_bytes=model_bytes(model, rows, n, itemsize),
-        timing=timing.to_record(), median_s=seconds, elements_per_s=eps,
+        timing=m.timing.to_record(), median_s=seconds, elements_per_s=eps,
         gbps=min_bytes / seconds / 1e9, pct_copy=100 * min_bytes / seconds / ceilings.copy_bps,
         roof=roof.to_dict(), binding=roof.binding, pct_roof=100 * eps / roof.roof_eps,
     )
 
 
 def resolve_baseline(case: RunCase, mode: str) -> KernelSpec | None:
-    """The case's baseline kernel, or None when it names none or is not registered here."""
-    if not case.baseline or mode != "fwd":
+    """The case's baseline kernel for this mode (torch_softmax is both torch.softmax and its
+    backward), or None when it names none or none is registered here."""
+    if not case.baseline:
         return None
     try:
-        return get_kernel(case.baseline, "fwd")
+        return get_kernel(case.baseline, mode)
     except ValueError:
         return None
 
@@ -267,21 +281,33 @@ def run_units(
     policy: Policy | None = None,
     isolation: Isolation = IN_PROCESS,
     on_start: Callable[[Unit], None] = lambda u: None,
+    on_measured: Callable[[], None] = lambda: None,
     on_record: Callable[[RunRecord], None] = lambda r: None,
 ) -> list[RunRecord]:
     """Time the given units in order (a whole plan, a shard of it, or what a resumed run
     has left, whose `earlier` records hold the baselines already timed). Each record is
     finished before it is handed on: its verdict, its plan position, the copy bandwidth it
-    was measured against and its speedup over its cell's baseline."""
-    policy = policy or case.timing
-    baselines = BaselineTimes(earlier)
-    records = []
-    for unit in units:
-        on_start(unit)
-        params = params_for(case, unit.spec.function)
+    was measured against and its speedup over its cell's baseline.
 
-        rec = isolation.run(partial(_time_or_error, unit, case, ceilings, policy, params),
-                            partial(_error_record, unit, params))
+    With policy.processes = P > 1, the units are timed in P passes, each in a fresh worker
+    process, so the P processes of one unit are a pass apart, not back to back; a unit's
+    record is made in the last pass, its samples kept per process. On an interrupt, the
+    units measured by at least one process get their record before the interrupt goes on."""
+    policy = policy or case.timing
+    passes, per_process = policy.processes, policy.per_process()
+    baselines = BaselineTimes(earlier)
+    measured: dict[int, list[Measurement]] = {}
+    failed: dict[int, str] = {}
+    records: list[RunRecord] = []
+
+    def finish(i: int) -> None:
+        unit, params = units[i], params_for(case, units[i].spec.function)
+        if i in failed:
+            rec = _error_record(unit, params, failed[i])
+        else:
+            ms = measured[i]
+            rec = unit_record(unit, case, ceilings, params,
+                              replace(ms[-1], timing=pooled([m.timing for m in ms])))
         verdict = verdicts.get((unit.spec.name, unit.dtype),
                                QuickVerdict(status="unverified", reason="not verified"))
         rec.verify, rec.baseline, rec.plan_position = verdict, unit.baseline, unit.position
@@ -291,22 +317,59 @@ def run_units(
         rec.speedup = baselines.speedup(rec)
         records.append(rec)
         on_record(rec)
+
+    try:
+        for p in range(passes):
+            worker = Worker() if passes > 1 else None
+            try:
+                for i, unit in enumerate(units):
+                    on_start(unit)
+                    if i not in failed:
+                        params = params_for(case, unit.spec.function)
+                        call = partial(_measure_or_error, unit, case, per_process, params,
+                                       case.threads if worker else None)
+                        got = (worker.call(call, isolation.timeout, _failure) if worker
+                               else isolation.run(call, _failure))
+                        if isinstance(got, str):
+                            failed[i] = got
+                        else:
+                            measured.setdefault(i, []).append(got)
+                    on_measured()
+                    if p == passes - 1:
+                        finish(i)
+            finally:
+                if worker is not None:
+                    worker.stop()
+    except KeyboardInterrupt:
+        done = {r.plan_position for r in records}
+        for i, unit in enumerate(units):
+            if unit.position not in done and (i in measured or i in failed):
+                finish(i)
+        raise
     return records
 
 
-def _error_record(unit: Unit, params: dict, why: str, seconds: float = 0.0) -> RunRecord:
+def _failure(why: str, seconds: float = 0.0) -> str:
+    return why
+
+
+def _error_record(unit: Unit, params: dict, why: str) -> RunRecord:
     return RunRecord(kernel=unit.spec.name, function=unit.spec.function,
                      backend=unit.spec.backend, source=unit.spec.source, mode=unit.spec.mode,
                      dtype=unit.dtype, shape=unit.shape, params=params, error=why)
 
 
-def _time_or_error(unit: Unit, case: RunCase, ceilings: Ceilings, policy: Policy,
-                   params: dict[str, float]) -> RunRecord:
-    """time_unit, with a kernel that cannot run turned into an error record."""
+def _measure_or_error(unit: Unit, case: RunCase, policy: Policy, params: dict[str, float],
+                      threads: int | None) -> Measurement | str:
+    """measure_unit, or why the kernel could not run. In a fresh worker (threads given) the
+    process is first set up as the run's own: its threads and its heap."""
+    if threads is not None:
+        set_threads(threads)
+        pin_heap()
     try:
-        return time_unit(unit, case, ceilings, policy, params)
+        return measure_unit(unit, case, policy, params)
     except Exception as e:  # a kernel that cannot run is a result, not a crash
-        return _error_record(unit, params, f"raised {type(e).__name__}: {e}".splitlines()[0])
+        return f"raised {type(e).__name__}: {e}".splitlines()[0]
 
 
 def fill_speedups(records: list[dict[str, Any]]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,12 +32,24 @@ class Policy:
     budget_s: float = 1.0
     target_spread: float = 0.10
     min_sample_s: float = 0.0005
+    processes: int = 1  # fresh worker processes per kernel and case (1: the run's own)
 
     def __post_init__(self) -> None:
         if self.min_reps < 3 or self.max_reps < self.min_reps:
             raise ValueError("repetitions: need 3 <= min_reps <= max_reps")
         if self.budget_s <= 0 or self.warmup_s < 0 or not 0 < self.target_spread < 1:
             raise ValueError("budget_s > 0, warmup_s >= 0 and 0 < target_spread < 1 required")
+        if isinstance(self.processes, bool) or not isinstance(self.processes, int) \
+                or self.processes < 1:
+            raise ValueError("processes must be a whole number >= 1")
+
+    def per_process(self) -> Policy:
+        """What each of `processes` processes spends: a share of the budget and of the
+        repetitions (never under min_reps), a full warm-up each."""
+        if self.processes == 1:
+            return self
+        return replace(self, budget_s=self.budget_s / self.processes,
+                       max_reps=max(self.min_reps, self.max_reps // self.processes))
 
 
 @dataclass
@@ -84,7 +96,21 @@ class Timing:
         """The `timing` field of a run record (extra probe notes are the ceilings' own)."""
         return TimingRecord(samples_ns=list(self.samples_ns), inner=self.inner,
                             **asdict(self.stats), reps=len(self.samples_ns),
-                            converged=self.converged, clock=self.clock, warning=self.warning)
+                            converged=self.converged, clock=self.clock, warning=self.warning,
+                            processes=self.extra.get("processes"))
+
+
+def pooled(timings: list[Timing]) -> Timing:
+    """The timings of one kernel and case from several processes as one: samples one process
+    after another, `processes` counting each one's, the summary over all of them."""
+    if len(timings) == 1:
+        return timings[0]
+    samples = [s for t in timings for s in t.samples_ns]
+    warnings = [t.warning for t in timings if t.warning]
+    return Timing(samples, timings[0].inner, summarize(samples),
+                  all(t.converged for t in timings), timings[0].clock,
+                  warnings[0] if warnings else None,
+                  {"processes": [len(t.samples_ns) for t in timings]})
 
 
 def _finish(samples: list[float], inner: int, policy: Policy, clock: str) -> Timing:
@@ -110,6 +136,28 @@ def _adaptive(sample: Callable[[], float], policy: Policy, clock: str, inner: in
     return _finish(samples, inner, policy, clock)
 
 
+def counted(call: Callable[[int], object]) -> Callable[[], None]:
+    """call(0), call(1), ... as a callable without arguments (call(i) may rotate buffers)."""
+    n = 0
+
+    def step() -> None:
+        nonlocal n
+        call(n)
+        n += 1
+
+    return step
+
+
+def warm_up(run: Callable[[int], float], policy: Policy) -> int:
+    """run(1) at least once and for warmup_s; return the calls per sample (`inner`) that make
+    a sample last min_sample_s, from the fastest warm call (run(k) times k calls, in ns)."""
+    fastest = run(1)
+    warm_end = time.perf_counter() + policy.warmup_s
+    while time.perf_counter() < warm_end:
+        fastest = min(fastest, run(1))
+    return max(1, int(policy.min_sample_s * 1e9 / max(fastest, 1)))
+
+
 def time_calls(call: Callable[[int], object], policy: Policy, clock: Clock, *,
                cold: bool = False) -> Timing:
     """Time call(i) with the device's clock; i counts calls, so the caller can rotate over
@@ -117,24 +165,17 @@ def time_calls(call: Callable[[int], object], policy: Policy, clock: Clock, *,
     span (a clock that cannot flush relies on that rotation); warm samples repeat the call
     `inner` times on what the cache already holds, or call it once where the clock times a
     single call exactly (a GPU's)."""
-    counter = 0
+    step = counted(call)
     flush = cold and clock.flushes
 
     def run(k: int) -> float:
-        nonlocal counter
         if flush:
             clock.flush()
         clock.start()
         for _ in range(k):
-            call(counter)
-            counter += 1
+            step()
         return clock.stop()
 
-    # Warm-up: at least one call and warmup_s of calls; it also sizes `inner`.
-    t_first = run(1)
-    warm_end = time.perf_counter() + policy.warmup_s
-    while time.perf_counter() < warm_end:
-        t_first = min(t_first, run(1))
-    single = flush or clock.single_call
-    inner = 1 if single else max(1, int(policy.min_sample_s * 1e9 / max(t_first, 1)))
+    sized = warm_up(run, policy)
+    inner = 1 if flush or clock.single_call else sized
     return _adaptive(lambda: run(inner) / inner, policy, clock.name, inner)

@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 import click
 from rich.console import Console
 
-from ..backends import get_backend
+from ..backends import BACKEND_NAMES, get_backend
 from ..numerics.dtypes import DTYPE_NAMES
 from ..registry import (
     KernelFileError,
@@ -162,7 +162,7 @@ def kernel_options(verb: str) -> Callable[[Callable], Callable]:
         click.option("-f", "--function", "functions", multiple=True, metavar="F",
                      help="Only kernels of this function (repeat or comma-separate)."),
         click.option("-b", "--backend", "backends", multiple=True, metavar="B",
-                     help="Only kernels of this backend: numpy, torch, triton."),
+                     help=f"Only kernels of this backend: {', '.join(BACKEND_NAMES)}."),
         click.option("-d", "--dtype", "dtypes", multiple=True, metavar="D",
                      help=f"Only these dtypes: {', '.join(DTYPE_NAMES)}."),
         click.option("--only", "only", multiple=True, metavar="NAME,...",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -38,11 +39,15 @@ from .common import (
               help="Shapes to time instead of the case's, e.g. 64x262144.")
 @click.option("--mode", type=click.Choice(["fwd", "bwd"]), default=None,
               help="Forward or backward kernels [the case's, else fwd].")
+@click.option("--processes", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Time each cell in N fresh processes, in N passes over the plan, so a "
+                   "gate sees the spread between processes [the case's run.timing.processes]."
+              )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Results file [results/runs/<timestamp>.json].")
 @survival_options("cell")
 def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel_files,
-        json_path, shard, isolate, timeout, resume_path) -> None:
+        processes, json_path, shard, isolate, timeout, resume_path) -> None:
     """Time kernels and compare them with the copy-bandwidth and exp-throughput roofs.
 
     Every kernel is verified quickly first; a failing kernel is marked and never ranked.
@@ -66,6 +71,8 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
     except CaseFileError as e:
         fail(str(e))
     mode = mode or case.mode
+    if processes is not None:
+        case = replace(case, timing=replace(case.timing, processes=processes))
     if mode == "bwd" and not kernel_files and not list_kernels(mode="bwd"):
         fail("no backward kernels are registered yet (register one with mode=\"bwd\": "
              "fn(x, y, g, *, params) -> (dx, dparams...)), or pass --kernel-file")

@@ -11,7 +11,6 @@ B/A is far steadier than either time, and the paired statistics (stats.ratio_pai
 
 from __future__ import annotations
 
-import math
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import numpy as np
 from ..backends import get_backend
 from ..bench.cases import RunCase
 from ..bench.models import minimum_bytes
+from ..bench.rotation import rotating_call
 from ..bench.runner import params_for, set_threads, verify_quickly
 from ..inputs import generate
 from ..numerics.dtypes import get_format
@@ -121,32 +121,25 @@ class ABPolicy:
     threads: int | None = None  # None: the case's setting (0: every core)
 
 
-def _natives(spec: KernelSpec, x: np.ndarray, copies: int) -> list[Any]:
-    backend = get_backend(spec.backend)
-    return [backend.to_native(x) for _ in range(copies)]
-
-
 def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: ABPolicy,
               rng: np.random.Generator) -> dict[str, list[float]]:
     """Interleaved samples (ns per call) of both versions on the same input, with the clock
     of the current version's backend (a cold sample on a GPU is one call after a flush)."""
     rows, n = x.shape
-    backend = get_backend(pair.current.backend)
-    llc, clock = backend.llc_bytes(), backend.clock()
-    out_of_cache = minimum_bytes(rows, n, x.itemsize, "fwd") > llc // 2
-    copies = max(2, math.ceil(2 * llc / x.nbytes)) if out_of_cache else 1
-    flush = out_of_cache and clock.flushes
-    sides = {"base": pair.base, "current": pair.current}
-    bufs = {s: _natives(spec, x, copies) for s, spec in sides.items()}
+    footprint = minimum_bytes(rows, n, x.itemsize, "fwd")
+    calls = {"base": rotating_call(pair.base, [x], params, footprint),
+             "current": rotating_call(pair.current, [x], params, footprint)}
+    clock = get_backend(pair.current.backend).clock()
+    flush = calls["current"].out_of_cache and clock.flushes
     counter = {s: 0 for s in SIDES}
 
     def run(side: str, k: int) -> float:
-        fn, b = sides[side].fn, bufs[side]
+        call = calls[side]
         if flush:
             clock.flush()
         clock.start()
         for _ in range(k):
-            fn(b[counter[side] % copies], **params)
+            call(counter[side])
             counter[side] += 1
         return clock.stop()
 
@@ -163,6 +156,8 @@ def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: ABPol
         order = SIDES if rng.random() < 0.5 else SIDES[::-1]
         for s in order:
             samples[s].append(run(s, inner) / inner)
+    for call in calls.values():
+        call.release()
     return samples
 
 

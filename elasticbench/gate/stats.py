@@ -140,9 +140,9 @@ def ratio_processes(base: Groups, current: Groups, floors: Sequence[NoiseFloor |
     if spread is None:
         return RatioEstimate(math.exp(shift), math.nan, math.nan, math.nan, n_b, n_c, method,
                              1.0, procs, None,
-                             "one process per side and no noise floor: the spread between "
-                             "processes is unknown (time with --processes 3, or gate against "
-                             "a baseline saved from several runs)")
+                             "one process per side and no noise floor, so the spread between "
+                             "processes is unknown; add processes (run --processes, more files "
+                             "per side) or gate against a baseline saved from several runs")
     se = spread.sd_log * math.sqrt(1 / lb.size + 1 / lc.size)
     if se == 0:
         p, half = (1.0 if shift == 0 else 0.0), 0.0
@@ -178,8 +178,8 @@ def ratio_hierarchical_bootstrap(base: Groups, current: Groups, confidence: floa
     if min(procs) < 2:
         return RatioEstimate(math.exp(shift), math.nan, math.nan, math.nan, n_b, n_c, method,
                              1.0, procs, None,
-                             "the bootstrap needs two processes per side (use the default t "
-                             "interval, which can use a baseline's noise floor)")
+                             "the bootstrap needs two processes per side; the default t "
+                             "interval can use a baseline's noise floor instead")
     d = draws(gc) - draws(gb)
     lo, hi = np.quantile(d, [(1 - confidence) / 2, (1 + confidence) / 2])
     p = float(min(1.0, max(2 * min(np.mean(d <= 0), np.mean(d >= 0)), 1 / resamples)))

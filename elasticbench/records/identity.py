@@ -1,8 +1,29 @@
-"""What a record is a result for, the same for every kind of record and for merge and gates."""
+"""What a record is a result for: the kernel and the case every kind of record shares, and
+the key that merge and gates match records by."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .fields import JSONRecord, entry, positive
+
+Mode = Literal["fwd", "bwd"]
+
+
+@dataclass(kw_only=True)
+class KernelCase(JSONRecord):
+    """The kernel (its name, function, backend and source file) on a dtype, shape and
+    parameters: the fields every record starts with."""
+
+    kernel: str
+    function: str
+    backend: str | None = None
+    source: str = "builtin"  # or the kernel file
+    mode: Mode = "fwd"
+    dtype: str
+    shape: tuple[int, int] = entry(check=positive)
+    params: dict[str, float] = entry(factory=dict)
 
 IDENTITY_FIELDS = ("kernel", "mode", "dtype", "input", "shape", "params", "seed", "layout")
 

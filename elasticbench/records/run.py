@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .fields import JSONRecord, RecordError, duration_ns, duration_s, entry, nonnegative, positive
+from .identity import KernelCase
 
-Mode = Literal["fwd", "bwd"]
 Status = Literal["pass", "FAIL", "unverified"]
 
 
@@ -60,18 +60,10 @@ class QuickVerdict(JSONRecord):
 
 
 @dataclass(kw_only=True)
-class RunRecord(JSONRecord):
+class RunRecord(KernelCase):
     """One timed (kernel, dtype, shape): identity, then the measurement, then the verdict."""
 
-    kernel: str
-    function: str
-    backend: str | None = None
-    source: str = "builtin"
-    mode: Mode = "fwd"
     version: str | None = None  # A/B files: "base" or "current"
-    dtype: str
-    shape: tuple[int, int] = entry(check=positive)
-    params: dict[str, float] = entry(factory=dict)
     generator: str | None = None
     seed: int | None = None
     baseline: bool = False

@@ -5,25 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .fields import JSONRecord, duration_s, entry, nonnegative, positive
-from .identity import record_key
-from .run import Mode
+from .fields import duration_s, entry, nonnegative
+from .identity import KernelCase, record_key
 
 
 @dataclass(kw_only=True)
-class VerifyRecord(JSONRecord):
+class VerifyRecord(KernelCase):
     """One kernel on one case: scored in ulps (dx backward, with the parameter gradients)."""
 
-    kernel: str
-    function: str
-    backend: str | None = None
-    source: str = "builtin"
-    mode: Mode = "fwd"
-    dtype: str
     input: str
     seed: int
-    shape: tuple[int, int] = entry(check=positive)
-    params: dict[str, float] = entry(factory=dict)
     rows_checked: int | None = entry(None, check=nonnegative)
     sampled_rows: list[int] | None = entry(None, check=nonnegative)  # None: every row
     budget: dict[str, float] | None = None  # the coefficients of the error budget

@@ -42,7 +42,6 @@ class Cell:
     measured: bool = False  # some case gave an error in ulps
     max_ulp: float = 0.0  # the worst error where the special-value policy held
     max_frac: float = 0.0
-    worst: dict[str, Any] | None = None  # the record with the largest budget fraction
     param_rel: dict[str, float] = field(default_factory=dict)  # backward: worst d<param>
     compile: list[dict[str, Any]] = field(default_factory=list)  # what compiling said, per case
 
@@ -55,11 +54,8 @@ class Cell:
                 self.param_rel[name] = max(self.param_rel.get(name, 0.0), as_float(p.get("rel_err")))
         if r.get("max_ulp") is not None:
             self.measured = True
-        frac = as_float(r.get("max_budget_frac"))
         self.max_ulp = max(self.max_ulp, as_float(r.get("max_ulp")))
-        if self.worst is None or frac > self.max_frac:
-            self.max_frac = max(self.max_frac, frac)
-            self.worst = r
+        self.max_frac = max(self.max_frac, as_float(r.get("max_budget_frac")))
         if r.get("special_ok") is not None:
             self.special_judged += 1
         if not r["passed"]:

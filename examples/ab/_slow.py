@@ -1,4 +1,4 @@
-"""Shared by slow5.py and slow25.py: the base kernel made slower by an exact factor.
+"""Shared by slow5.py, slow10.py and slow25.py: the base kernel made slower by an exact factor.
 
 The extra work is a busy loop that burns a fixed fraction of the CPU time the kernel itself
 used in the same call (process CPU time, so every intra-op thread counts and time spent

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import pytest
 
+from elasticbench.bench.cases import RunCase
+from elasticbench.bench.runner import pin_heap, set_threads
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
@@ -18,6 +21,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # project's addopts; --benchmark-only clearly means "run them", so it implies enable.
     if config.getoption("benchmark_only", False):
         config.option.benchmark_enable = True
+
+
+@pytest.fixture(scope="session", autouse=True)
+def timed_like_run() -> None:
+    """The process settings `elasticbench run` times under: its threads (the default case's,
+    every core) and a heap that keeps freed memory (see elasticbench.bench.runner)."""
+    set_threads(RunCase(name="bench").threads)
+    pin_heap()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

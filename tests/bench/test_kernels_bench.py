@@ -1,7 +1,11 @@
 """Every built-in forward kernel (numpy and eager torch) on two fp32 shapes, for pytest-benchmark.
 
-Never asserts on time. Each benchmark carries extra_info (kernel, case) that
-`elasticbench compare`/`gate` read; save with --benchmark-save-data so the gate gets raw rounds.
+Never asserts on time. Each kernel is called as `elasticbench run` calls it: warmed up for the
+default timing policy's warm-up, a sample spanning enough calls to last its minimum sample
+time, and out of cache, cycling through copies of the input (elasticbench.bench.rotation).
+Each benchmark carries extra_info (kernel, case) that `elasticbench compare`/`gate` read; save
+with --benchmark-save-data so the gate gets raw rounds, and run the suite several times (each
+run is one process) to give the gate the spread between processes.
 """
 
 from __future__ import annotations
@@ -10,11 +14,15 @@ import pytest
 
 from elasticbench.backends import get_backend
 from elasticbench.bench.cases import RunCase
+from elasticbench.bench.models import minimum_bytes
+from elasticbench.bench.rotation import rotating_call
 from elasticbench.bench.runner import params_for
+from elasticbench.bench.timing import Policy, counted, warm_up
 from elasticbench.inputs import generate
 from elasticbench.registry import list_kernels
 
-SHAPES = [(64, 4096), (16, 65536)]
+SHAPES = [(64, 4096), (16, 524288)]  # 1 MiB in cache; 32 MiB, rotated out of a 32 MiB LLC
+ROUNDS = 20
 
 
 def _kernels():
@@ -26,14 +34,20 @@ def _kernels():
 @pytest.mark.parametrize("spec", _kernels(), ids=lambda k: k.name)
 def test_kernel(benchmark, spec, shape):
     params = params_for(RunCase(name="bench"), spec.function)
-    backend = get_backend(spec.backend)
-    x = backend.to_native(generate("normal", "fp32", shape, 0))
+    x = generate("normal", "fp32", shape, 0)
+    call = rotating_call(spec, [x], params, minimum_bytes(*shape, x.itemsize, "fwd"))
     benchmark.extra_info.update({"kernel": spec.name, "function": spec.function,
                                  "backend": spec.backend, "dtype": "fp32",
-                                 "case": f"fp32 {shape[0]}x{shape[1]}", "params": params})
+                                 "case": f"fp32 {shape[0]}x{shape[1]}", "params": params,
+                                 "rotated_buffers": call.copies})
+    step, clock = counted(call), get_backend(spec.backend).clock()
 
-    def call():
-        spec.fn(x, **params)
-        backend.synchronize()
+    def run(k: int) -> float:
+        clock.start()
+        for _ in range(k):
+            step()
+        return clock.stop()
 
-    benchmark.pedantic(call, rounds=20, warmup_rounds=2, iterations=1)
+    inner = warm_up(run, Policy())
+    benchmark.pedantic(step, rounds=ROUNDS, iterations=inner, warmup_rounds=0)
+    call.release()

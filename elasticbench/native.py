@@ -1,0 +1,148 @@
+"""Build and load the native C++ kernels (kernels/cpp) through torch's extension API.
+
+The extension is compiled on first use (JIT, `torch.utils.cpp_extension.load`) into a build
+directory keyed by a hash of the sources, the flags, the compiler, torch's and Python's
+versions, so an edited source or a new torch never loads a stale binary, and a machine
+without a compiler still installs and runs everything else (docs/native.md says why JIT).
+
+    python -m elasticbench.native    # build now; print the instruction set, or why not
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+# -fopenmp: at::parallel_for is a header template whose OpenMP pragma is compiled into the
+# extension; without the flag it runs every range on the calling thread.
+FLAGS = ("-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fopenmp")
+X86_SOURCES = ("isa_avx2.cpp", "isa_avx512.cpp")
+
+
+class NativeBuildError(RuntimeError):
+    """The project's own C++ sources did not compile; the message holds the compiler's log."""
+
+
+def source_dir() -> Path:
+    from . import kernels
+
+    return Path(kernels.__file__).parent / "cpp"
+
+
+def sources() -> list[Path]:
+    names = ["ops.cpp", "isa_generic.cpp"]
+    if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
+        names += X86_SOURCES
+    return [source_dir() / n for n in names]
+
+
+def compiler() -> str | None:
+    """The C++ compiler torch would use ($CXX, else c++), if it is on the PATH."""
+    return shutil.which(os.environ.get("CXX", "c++"))
+
+
+def build_root() -> Path:
+    """$ELASTICBENCH_BUILD_DIR, else $XDG_CACHE_HOME/elasticbench/cpp, else ~/.cache/..."""
+    if env := os.environ.get("ELASTICBENCH_BUILD_DIR"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "elasticbench" / "cpp"
+
+
+def build_key() -> str:
+    """Hash of everything that decides the binary: sources, headers, flags, toolchain."""
+    import torch
+
+    h = hashlib.sha256()
+    for path in sorted(source_dir().iterdir()):
+        if path.suffix in (".cpp", ".h"):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    for part in (*FLAGS, torch.__version__, sys.version, platform.machine(), str(compiler())):
+        h.update(part.encode())
+    return h.hexdigest()[:16]
+
+
+def missing_tools() -> str | None:
+    """Why no build can be tried here, in one line; None when the tools are present."""
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    except ImportError:
+        return "torch is not installed"
+    if compiler() is None:
+        return f"no C++ compiler ({os.environ.get('CXX', 'c++')} is not on the PATH)"
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not is_ninja_available():
+        return "ninja is not installed (pip install ninja)"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> ModuleType:
+    """The compiled extension, built first if need be. NativeBuildError if it does not build."""
+    if why := missing_tools():
+        raise NativeBuildError(why)
+    from torch.utils.cpp_extension import load as load_extension
+
+    key = build_key()
+    directory = build_root() / key
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        return load_extension(
+            name=f"elasticbench_cpp_{key}",
+            sources=[str(s) for s in sources()],
+            extra_cflags=list(FLAGS),
+            extra_ldflags=["-fopenmp"],
+            extra_include_paths=[str(source_dir())],
+            build_directory=str(directory),
+            verbose=False,
+        )
+    except (RuntimeError, OSError, ImportError) as e:
+        raise NativeBuildError(_first_error(str(e)) + f" (build directory {directory})") from e
+
+
+def _first_error(log: str) -> str:
+    """The compiler's first error line, else the message's first line."""
+    for line in log.splitlines():
+        if "error" in line.lower() and ("error:" in line or "Error" in line):
+            return line.strip()
+    return log.strip().splitlines()[0] if log.strip() else "the build failed"
+
+
+@functools.lru_cache(maxsize=1)
+def unavailable() -> str | None:
+    """Why the native kernels cannot run here, in one line; None when they can."""
+    try:
+        load()
+    except NativeBuildError as e:
+        return f"the C++ kernels are not built: {e}"
+    return None
+
+
+def main() -> int:
+    """Build now (make test and make run call this): 0 built or no compiler, 1 a build error."""
+    if why := missing_tools():
+        print(f"elasticbench native kernels: skipped, {why}")
+        return 0
+    try:
+        ext = load()
+    except NativeBuildError as e:
+        print(f"elasticbench native kernels: BUILD FAILED: {e}", file=sys.stderr)
+        cause = e.__cause__
+        if cause is not None:
+            print(str(cause), file=sys.stderr)
+        return 1
+    print(f"elasticbench native kernels: built for {ext.isa()} "
+          f"(available: {', '.join(ext.isas())}) in {build_root() / build_key()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

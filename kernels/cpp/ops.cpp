@@ -1,0 +1,328 @@
+// torch binding of the native tier: tensors in, tensors out. Picks the row kernels of the
+// widest instruction set this CPU has (or $ELASTICBENCH_CPP_ISA), spreads rows over torch's
+// intra-op threads with at::parallel_for, and splits few long rows across threads in two
+// phases (segment reductions, merged per row, then the segment writes). docs/native.md.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "table.h"
+
+namespace {
+
+using eb::Table;
+
+bool cpu_has(const std::string& isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (isa == "avx512")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (isa == "avx2")
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#endif
+  return isa == "generic";
+}
+
+const Table* table_of(const std::string& isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa == "avx512") return eb_avx512::table();
+  if (isa == "avx2") return eb_avx2::table();
+#endif
+  return eb_generic::table();
+}
+
+std::vector<std::string> isas() {
+  std::vector<std::string> out;
+  for (const char* isa : {"avx512", "avx2", "generic"})
+    if (cpu_has(isa)) out.push_back(isa);
+  return out;
+}
+
+const Table*& current() {
+  static const Table* t = [] {
+    const char* forced = std::getenv("ELASTICBENCH_CPP_ISA");
+    if (forced && *forced) {
+      TORCH_CHECK(cpu_has(forced), "ELASTICBENCH_CPP_ISA=", forced,
+                  " is not available on this CPU (available: avx512, avx2, generic as supported)");
+      return table_of(forced);
+    }
+    return table_of(isas().front());
+  }();
+  return t;
+}
+
+void set_isa(const std::string& isa) {
+  TORCH_CHECK(isa == "avx512" || isa == "avx2" || isa == "generic", "unknown instruction set ", isa);
+  TORCH_CHECK(cpu_has(isa), "this CPU cannot run the ", isa, " kernels");
+  current() = table_of(isa);
+}
+
+eb::Dtype dtype_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kDouble: return eb::F64;
+    case at::kFloat: return eb::F32;
+    case at::kHalf: return eb::F16;
+    case at::kBFloat16: return eb::BF16;
+    default: TORCH_CHECK(false, "the native kernels take fp64, fp32, fp16 or bf16, not ", t.scalar_type());
+  }
+}
+
+struct Rows {
+  at::Tensor x;  // contiguous, rows last
+  int64_t rows, n;
+  eb::Dtype dt;
+};
+
+Rows rows_of(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu(), "the native kernels run on CPU tensors");
+  TORCH_CHECK(x.dim() >= 1, "x needs at least one dimension");
+  Rows r{x.contiguous(), 0, x.dim() ? x.size(-1) : 1, dtype_of(x)};
+  r.rows = r.n ? x.numel() / r.n : 0;
+  return r;
+}
+
+const char* ptr(const at::Tensor& t, int64_t row, int64_t n, int64_t i0) {
+  return static_cast<const char*>(t.data_ptr()) + (row * n + i0) * t.element_size();
+}
+char* mptr(at::Tensor& t, int64_t row, int64_t n, int64_t i0) {
+  return static_cast<char*>(t.data_ptr()) + (row * n + i0) * t.element_size();
+}
+
+// Where a row is split: segments per row (1: whole rows, one thread each).
+int64_t segments(int64_t rows, int64_t n) {
+  const int64_t threads = at::get_num_threads();
+  constexpr int64_t MIN_SEGMENT = 1 << 15;
+  if (threads <= 1 || rows % threads == 0 || rows >= 4 * threads || n < 2 * MIN_SEGMENT) return 1;
+  int64_t s = (2 * threads + rows - 1) / rows;
+  while (s > 1 && n / s < MIN_SEGMENT) --s;
+  return s;
+}
+
+// Run partial(row, i0, i1, item, scratch) over every segment, finish(row, first, count) per
+// row (serially: a few flops a row), then write(row, i0, i1, item, scratch) over every
+// segment. Each segment gets `per` doubles of scratch that its write sees again.
+template <class Partial, class PartialF, class FinishF, class WriteF>
+void drive(int64_t rows, int64_t n, int64_t per, PartialF partial, FinishF finish, WriteF write) {
+  const int64_t s = segments(rows, n);
+  if (s == 1) {  // whole rows: each thread finishes its row while it is still in cache
+    const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(n, 1));
+    at::parallel_for(0, rows, grain, [&](int64_t b, int64_t e) {
+      std::vector<double> scratch(per);  // one row's worth, reused along the chunk
+      for (int64_t r = b; r < e; ++r) {
+        Partial p = partial(r, 0, n, r, scratch.data());
+        finish(r, &p, 1);
+        write(r, 0, n, r, scratch.data());
+      }
+    });
+    return;
+  }
+  const int64_t seg = ((n + s - 1) / s + 63) / 64 * 64;
+  std::vector<Partial> parts(rows * s);
+  std::vector<double> scratch(per * rows * s);
+  auto bounds = [&](int64_t item, int64_t& i0, int64_t& i1) {
+    i0 = std::min(n, (item % s) * seg);
+    i1 = std::min(n, i0 + seg);
+  };
+  at::parallel_for(0, rows * s, 1, [&](int64_t b, int64_t e) {
+    for (int64_t it = b; it < e; ++it) {
+      int64_t i0, i1;
+      bounds(it, i0, i1);
+      parts[it] = partial(it / s, i0, i1, it, scratch.data() + it * per);
+    }
+  });
+  for (int64_t r = 0; r < rows; ++r) finish(r, &parts[r * s], s);
+  at::parallel_for(0, rows * s, 1, [&](int64_t b, int64_t e) {
+    for (int64_t it = b; it < e; ++it) {
+      int64_t i0, i1;
+      bounds(it, i0, i1);
+      write(it / s, i0, i1, it, scratch.data() + it * per);
+    }
+  });
+}
+
+// Segment length for n split s ways (drive's), for sizing scratch.
+int64_t segment_length(int64_t n, int64_t s) { return s == 1 ? n : ((n + s - 1) / s + 63) / 64 * 64; }
+
+// Merge segment reductions into the row's class, shift and denominator.
+eb::ExpRow finish_exp(const eb::ExpPartial* p, int64_t count, const eb::ExpSpec& spec) {
+  const double inf = std::numeric_limits<double>::infinity();
+  eb::ExpRow r{eb::ROW_FINITE, -inf, 0.0, 0};
+  int nan = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    nan |= p[i].nan;
+    r.ninf += p[i].ninf;
+    r.m = std::max(r.m, p[i].m);
+  }
+  if (nan) { r.cls = eb::ROW_NAN; return r; }
+  if (r.m == inf) { r.cls = eb::ROW_INF; return r; }
+  const double shift = std::max(r.m, spec.floor);
+  if (shift == -inf) { r.cls = eb::ROW_EMPTY; return r; }
+  double s = 0;
+  for (int64_t i = 0; i < count; ++i)
+    if (p[i].m > -inf && p[i].s != 0) s += p[i].s * std::exp((p[i].m - shift) / spec.tau);
+  r.m = shift;
+  r.den = s + (spec.offset != 0 ? spec.offset * std::exp(-shift / spec.tau) : 0.0);
+  if (!(r.den > 0)) r.cls = eb::ROW_EMPTY;
+  return r;
+}
+
+at::Tensor exp_forward(const at::Tensor& x_in, int64_t structure, bool mask_negative, double floor,
+                       double tau, double offset) {
+  TORCH_CHECK(structure >= 0 && structure < eb::NUM_STRUCTURES, "unknown pass structure");
+  TORCH_CHECK(tau > 0 && std::isfinite(tau), "tau must be finite and > 0");
+  Rows in = rows_of(x_in);
+  const Table* t = current();
+  auto partial_fn = t->exp_partial[structure][in.dt];
+  auto write_fn = t->exp_write[structure][in.dt];
+  TORCH_CHECK(partial_fn && write_fn, "this pass structure does not take ", x_in.scalar_type());
+  at::Tensor y = at::empty_like(in.x);
+  if (in.x.numel() == 0) return y;
+  const eb::ExpSpec spec{mask_negative ? 1 : 0, floor, tau, offset};
+  const int64_t n = in.n;
+  const int64_t per = eb::fused_scratch(segment_length(n, segments(in.rows, n)), in.dt, structure);
+  std::vector<eb::ExpRow> verdict(in.rows);
+  drive<eb::ExpPartial>(
+      in.rows, n, per,
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t, double* scratch) {
+        return partial_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, spec, scratch);
+      },
+      [&](int64_t r, const eb::ExpPartial* p, int64_t count) { verdict[r] = finish_exp(p, count, spec); },
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t, double* scratch) {
+        write_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, spec, verdict[r], scratch);
+      });
+  return y;
+}
+
+at::Tensor weight_forward(const at::Tensor& x_in, bool symax, double constant) {
+  Rows in = rows_of(x_in);
+  const Table* t = current();
+  auto partial_fn = t->weight_partial[in.dt];
+  auto write_fn = t->weight_write[in.dt];
+  at::Tensor y = at::empty_like(in.x);
+  if (in.x.numel() == 0) return y;
+  struct Verdict { int cls; double top, den; int64_t ninf; };
+  std::vector<Verdict> verdict(in.rows);
+  const int64_t n = in.n;
+  drive<eb::WeightPartial>(
+      in.rows, n, 0,
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
+        return partial_fn(ptr(in.x, r, n, i0), i1 - i0, symax ? 1 : 0);
+      },
+      [&](int64_t r, const eb::WeightPartial* p, int64_t count) {
+        Verdict v{eb::ROW_FINITE, 0.0, 0.0, 0};
+        int nan = 0;
+        for (int64_t i = 0; i < count; ++i) {
+          nan |= p[i].nan;
+          v.ninf += p[i].ninf;
+          v.top = std::max(v.top, p[i].top);
+        }
+        if (nan) v.cls = eb::ROW_NAN;
+        else if (v.ninf) v.cls = eb::ROW_INF;
+        else {
+          const double scale = v.top > 1 ? v.top : 1;
+          for (int64_t i = 0; i < count; ++i) v.den += p[i].s * ((p[i].top > 1 ? p[i].top : 1) / scale);
+          v.den += constant / scale;
+        }
+        verdict[r] = v;
+      },
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
+        const Verdict& v = verdict[r];
+        write_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, symax ? 1 : 0, v.top, v.den, v.cls,
+                 v.ninf);
+      });
+  return y;
+}
+
+// dx, and per-row (rows,) fp64 contributions to dtau and doffset when params.
+std::vector<at::Tensor> exp_backward(const at::Tensor& x_in, const at::Tensor& y_in,
+                                     const at::Tensor& g_in, bool mask_negative, double tau,
+                                     double offset, bool params) {
+  TORCH_CHECK(tau > 0 && std::isfinite(tau), "tau must be finite and > 0");
+  TORCH_CHECK(x_in.sizes() == y_in.sizes() && x_in.sizes() == g_in.sizes(),
+              "x, y and g must have one shape");
+  TORCH_CHECK(x_in.scalar_type() == y_in.scalar_type() && x_in.scalar_type() == g_in.scalar_type(),
+              "x, y and g must have one dtype");
+  Rows in = rows_of(x_in);
+  at::Tensor y = y_in.contiguous(), g = g_in.contiguous();
+  const Table* t = current();
+  auto partial_fn = t->bwd_partial[in.dt];
+  auto write_fn = t->bwd_write[in.dt];
+  at::Tensor dx = at::empty_like(in.x);
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor dtau = at::zeros({in.rows}, opts), doff = at::zeros({in.rows}, opts);
+  if (in.x.numel() == 0) return {dx, dtau, doff};
+  const int64_t n = in.n, s = segments(in.rows, n);
+  struct Verdict { int cls; double m, c, ymax; };
+  std::vector<Verdict> verdict(in.rows);
+  std::vector<eb::BwdSums> sums(in.rows * s, eb::BwdSums{0, 0});
+  const int mneg = mask_negative ? 1 : 0;
+  const double inf = std::numeric_limits<double>::infinity();
+  drive<eb::BwdPartial>(
+      in.rows, n, 0,
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
+        return partial_fn(ptr(in.x, r, n, i0), ptr(y, r, n, i0), ptr(g, r, n, i0), i1 - i0, mneg);
+      },
+      [&](int64_t r, const eb::BwdPartial* p, int64_t count) {
+        Verdict v{eb::ROW_FINITE, -inf, 0.0, 0.0};
+        int nan = 0;
+        for (int64_t i = 0; i < count; ++i) {
+          nan |= p[i].nan;
+          v.m = std::max(v.m, p[i].m);
+          v.c += p[i].c;
+          v.ymax = std::max(v.ymax, p[i].ymax);
+        }
+        if (nan) v.cls = eb::ROW_NAN;
+        else if (v.m == inf) v.cls = eb::ROW_INF;
+        verdict[r] = v;
+      },
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t item, double*) {
+        const Verdict& v = verdict[r];
+        sums[item] = write_fn(ptr(in.x, r, n, i0), ptr(y, r, n, i0), ptr(g, r, n, i0),
+                              mptr(dx, r, n, i0), i1 - i0, mneg, v.cls, v.m, v.c, tau, params ? 1 : 0);
+      });
+  if (params) {
+    double* dt = dtau.data_ptr<double>();
+    double* db = doff.data_ptr<double>();
+    const int64_t per_row = s == 1 ? 1 : s;
+    for (int64_t r = 0; r < in.rows; ++r) {
+      const Verdict& v = verdict[r];
+      if (v.cls == eb::ROW_NAN) { dt[r] = db[r] = std::nan(""); continue; }
+      if (v.cls != eb::ROW_FINITE) continue;
+      double yz = 0, gyz = 0;
+      for (int64_t i = 0; i < per_row; ++i) {
+        yz += sums[r * per_row + i].yz;
+        gyz += sums[r * per_row + i].gyz;
+      }
+      const double m0 = std::isfinite(v.m) ? v.m : 0.0, mt = m0 / tau;
+      const double q = std::exp(-mt) * v.ymax;  // exp(-m/tau)/D': 1/D' is the largest output
+      const double w = offset * q;
+      const double wmt = w != 0 ? w * mt : 0.0;
+      dt[r] = (v.c * (yz - wmt) - gyz) / tau;
+      db[r] = -v.c * q;
+    }
+  }
+  return {dx, dtau, doff};
+}
+
+std::string isa() { return current()->isa; }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "elasticbench native CPU kernels (docs/native.md)";
+  m.def("exp_forward", &exp_forward, "exp-family forward (elastic, softmax, softmax1)");
+  m.def("weight_forward", &weight_forward, "weight-family forward (stablemax, symax)");
+  m.def("exp_backward", &exp_backward, "exp-family backward: dx and per-row dtau, doffset");
+  m.def("isa", &isa, "the instruction set in use");
+  m.def("isas", &isas, "instruction sets this CPU can run, widest first");
+  m.def("set_isa", &set_isa, "use the kernels of this instruction set");
+}

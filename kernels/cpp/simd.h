@@ -1,0 +1,211 @@
+// Portable SIMD through GCC/Clang vector extensions: the including file picks the width
+// (EB_VEC_BYTES) and the instruction set (#pragma GCC target), and names its namespace
+// (EB_NS), so one source compiles once per instruction set with no shared inline symbols.
+// Only compiler builtins are used here: no standard-library function is instantiated in
+// an instruction-set-specific translation unit.
+#pragma once
+#include <cstdint>
+#if EB_VEC_BYTES > 16
+#include <immintrin.h>  // intrinsics are always-inline: nothing shared is emitted
+#endif
+
+namespace EB_NS {
+
+template <typename C> struct V;
+template <> struct V<float> {
+  static constexpr int W = EB_VEC_BYTES / 4;
+  typedef float type __attribute__((vector_size(EB_VEC_BYTES)));
+  typedef int32_t itype __attribute__((vector_size(EB_VEC_BYTES)));
+};
+template <> struct V<double> {
+  static constexpr int W = EB_VEC_BYTES / 8;
+  typedef double type __attribute__((vector_size(EB_VEC_BYTES)));
+  typedef int64_t itype __attribute__((vector_size(EB_VEC_BYTES)));
+};
+
+template <typename C> using vec = typename V<C>::type;
+template <typename C> using ivec = typename V<C>::itype;
+template <typename C> constexpr int width() { return V<C>::W; }
+
+template <typename C> inline vec<C> splat(C v) { return vec<C>{} + v; }
+template <typename C> inline ivec<C> bits(vec<C> v) { return (ivec<C>)v; }
+template <typename C> inline vec<C> from_bits(ivec<C> v) { return (vec<C>)v; }
+template <typename C> inline vec<C> select(ivec<C> m, vec<C> a, vec<C> b) { return m ? a : b; }
+template <typename C> inline vec<C> vmax(vec<C> a, vec<C> b) { return a > b ? a : b; }
+template <typename C> inline vec<C> vabs(vec<C> a) { return a < 0 ? -a : a; }
+template <typename C> inline ivec<C> lanes_below(int64_t count) {  // lane i < count
+  ivec<C> iota;
+  for (int i = 0; i < width<C>(); ++i) iota[i] = i;
+  using E = decltype(iota[0] + 0);
+  E c = count < width<C>() ? E(count) : E(width<C>());
+  return iota < c;
+}
+template <typename C> inline C hmax(vec<C> v) {
+  C r = v[0];
+  for (int i = 1; i < width<C>(); ++i) r = v[i] > r ? v[i] : r;
+  return r;
+}
+template <typename C> inline bool any(ivec<C> m) {
+  for (int i = 0; i < width<C>(); ++i)
+    if (m[i]) return true;
+  return false;
+}
+template <typename C> inline int64_t count(ivec<C> m) {
+  int64_t c = 0;
+  for (int i = 0; i < width<C>(); ++i) c += m[i] != 0;
+  return c;
+}
+
+// ---- storage formats: load W values of T as compute type C, store C back rounded once ----
+
+struct f16 { uint16_t bits; };
+struct bf16 { uint16_t bits; };
+
+template <typename T, typename C> struct Io;
+
+template <typename C> struct Io<C, C> {
+  static vec<C> load(const C* p) { vec<C> v; __builtin_memcpy(&v, p, sizeof v); return v; }
+  static void store(C* p, vec<C> v) { __builtin_memcpy(p, &v, sizeof v); }
+};
+// Widening and narrowing conversions: GCC lowers a widening __builtin_convertvector into
+// 128-bit pieces, so the x86 builds name the full-width instructions.
+#if EB_VEC_BYTES == 64
+template <> struct Io<float, double> {
+  static vec<double> load(const float* p) { return (vec<double>)_mm512_cvtps_pd(_mm256_loadu_ps(p)); }
+  static void store(float* p, vec<double> v) { _mm256_storeu_ps(p, _mm512_cvtpd_ps((__m512d)v)); }
+};
+template <> struct Io<f16, float> {
+  static vec<float> load(const f16* p) {
+    return (vec<float>)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+  }
+  static void store(f16* p, vec<float> v) {
+    _mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+};
+#elif EB_VEC_BYTES == 32
+template <> struct Io<float, double> {
+  static vec<double> load(const float* p) { return (vec<double>)_mm256_cvtps_pd(_mm_loadu_ps(p)); }
+  static void store(float* p, vec<double> v) { _mm_storeu_ps(p, _mm256_cvtpd_ps((__m256d)v)); }
+};
+template <> struct Io<f16, float> {
+  static vec<float> load(const f16* p) { return (vec<float>)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+  static void store(f16* p, vec<float> v) {
+    _mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+};
+#else
+template <> struct Io<float, double> {
+  typedef float h __attribute__((vector_size(EB_VEC_BYTES / 2)));
+  static vec<double> load(const float* p) {
+    h v; __builtin_memcpy(&v, p, sizeof v); return __builtin_convertvector(v, vec<double>);
+  }
+  static void store(float* p, vec<double> v) {  // round to nearest even, once
+    h r = __builtin_convertvector(v, h); __builtin_memcpy(p, &r, sizeof r);
+  }
+};
+template <> struct Io<f16, float> {
+  typedef _Float16 h __attribute__((vector_size(EB_VEC_BYTES / 2)));
+  static vec<float> load(const f16* p) {
+    h v; __builtin_memcpy(&v, p, sizeof v); return __builtin_convertvector(v, vec<float>);
+  }
+  static void store(f16* p, vec<float> v) {
+    h r = __builtin_convertvector(v, h); __builtin_memcpy(p, &r, sizeof r);
+  }
+};
+#endif
+template <> struct Io<bf16, float> {
+  typedef uint16_t h __attribute__((vector_size(EB_VEC_BYTES / 2)));
+  typedef uint32_t u __attribute__((vector_size(EB_VEC_BYTES)));
+  static vec<float> load(const bf16* p) {
+#if EB_VEC_BYTES == 64
+    return (vec<float>)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
+#elif EB_VEC_BYTES == 32
+    return (vec<float>)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16);
+#else
+    h v; __builtin_memcpy(&v, p, sizeof v);
+    return (vec<float>)(__builtin_convertvector(v, u) << 16);
+#endif
+  }
+  static void store(bf16* p, vec<float> v) {  // round to nearest even; NaN stays a quiet NaN
+    u b = (u)v;
+    u r = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+    r = (v != v) ? ((b >> 16) | 0x40u) : r;
+#if EB_VEC_BYTES == 64
+    _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16((__m512i)r));
+#elif EB_VEC_BYTES == 32
+    __m256i packed = _mm256_packus_epi32((__m256i)r, (__m256i)r);  // values < 2^16: exact
+    _mm_storeu_si128((__m128i*)p, _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08)));
+#else
+    h o = __builtin_convertvector(r, h); __builtin_memcpy(p, &o, sizeof o);
+#endif
+  }
+};
+template <> struct Io<f16, double> {  // through fp32: exact, since fp16 -> fp32 is exact
+  static vec<double> load(const f16* p);
+};
+template <> struct Io<bf16, double> {
+  static vec<double> load(const bf16* p);
+};
+
+// A partial vector: the first `count` elements, the rest filled with `fill`.
+template <typename T, typename C> inline vec<C> load_tail(const T* p, int64_t count, T fill) {
+  T buf[width<C>()];
+  for (int i = 0; i < width<C>(); ++i) buf[i] = i < count ? p[i] : fill;
+  return Io<T, C>::load(buf);
+}
+template <typename T, typename C> inline void store_tail(T* p, int64_t count, vec<C> v) {
+  T buf[width<C>()];
+  Io<T, C>::store(buf, v);
+  for (int i = 0; i < count; ++i) p[i] = buf[i];
+}
+
+// ---- exp(z) for z <= 0, by Cody-Waite reduction z = k ln2 + r and a Taylor polynomial ----
+// ln2 is split so that k * LN2_HI is exact without an FMA. The result comes back scaled by
+// 2^PRESCALE (ExpConst), so that every value the kernels need is a normal number: arguments
+// are clamped at LOWEST, where exp(z) is below half the least subnormal of the output
+// format, and the scale is undone by the final multiply, which rounds subnormal outputs once.
+// DEGREE 7 (fp32) truncates under 0.15 ulp on |r| <= ln2/2; 13 for fp64 results; 8 where an
+// fp64 exponential only feeds an fp32 output (2^-32 relative).
+
+template <typename C> struct ExpConst;
+template <> struct ExpConst<float> {
+  static constexpr float LOG2E = 1.44269504088896341f, SHIFT = 12582912.0f;  // 1.5 * 2^23
+  static constexpr float LN2_HI = 0.693145751953125f, LN2_LO = 1.42860676533018704e-06f;
+  static constexpr float LOWEST = -104.0f;
+  static constexpr int BIAS = 127, MANT = 23, DEGREE = 7, PRESCALE = 64;
+};
+template <> struct ExpConst<double> {
+  static constexpr double LOG2E = 1.44269504088896338700, SHIFT = 6755399441055744.0;  // 1.5*2^52
+  static constexpr double LN2_HI = 6.93147180369123816490e-01, LN2_LO = 1.90821492927058770002e-10;
+  static constexpr double LOWEST = -746.0;
+  static constexpr int BIAS = 1023, MANT = 52, DEGREE = 13, PRESCALE = 600;
+};
+
+template <typename C, int DEGREE = ExpConst<C>::DEGREE>
+inline vec<C> vexp_scaled(vec<C> z) {
+  using K = ExpConst<C>;
+  z = z < K::LOWEST ? splat<C>(K::LOWEST) : z;  // a NaN z stays NaN
+  vec<C> t = z * K::LOG2E + K::SHIFT;
+  vec<C> k = t - K::SHIFT;
+  vec<C> r = z - k * K::LN2_HI;
+  r = r - k * K::LN2_LO;
+  C coef[DEGREE + 1];  // 1/i!, folded at compile time
+  coef[0] = 1;
+  for (int i = 1; i <= DEGREE; ++i) coef[i] = coef[i - 1] / i;
+  vec<C> p = splat<C>(coef[DEGREE]);
+  for (int i = DEGREE - 1; i >= 0; --i) p = p * r + coef[i];
+  ivec<C> ki = bits<C>(t) - bits<C>(splat<C>(K::SHIFT));
+  return p * from_bits<C>((ki + (K::BIAS + K::PRESCALE)) << K::MANT);
+}
+
+// 2^-PRESCALE: multiply a sum of scaled exponentials by it to get the true sum.
+template <typename C> inline double exp_unscale() {
+  return __builtin_ldexp(1.0, -ExpConst<C>::PRESCALE);
+}
+
+// exp(z) itself (tests and scalar use): the scaled value times 2^-PRESCALE.
+template <typename C> inline vec<C> vexp(vec<C> z) {
+  return vexp_scaled<C>(z) * C(1.0 / (double)(1ull << 32) / (double)(1ull << 32)) ;
+}
+
+}  // namespace EB_NS

@@ -1,0 +1,158 @@
+"""The native C++ tier: it builds, every instruction-set build agrees with the reference
+kernels on ordinary and special rows, long rows split across threads agree with whole rows,
+elasticbench.functional uses it, and a machine without a compiler is told why in one line."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from elasticbench import functional as F
+from elasticbench import native
+from elasticbench.functional import exp_normalize_backward, exp_normalize_forward
+
+TOOLS = native.missing_tools()
+needs_build = pytest.mark.skipif(TOOLS is not None, reason=f"cannot build here: {TOOLS}")
+FUSED, ACCURATE = 2, 3
+TOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def test_the_tier_builds_wherever_a_compiler_exists():
+    """A compile error in the project's own sources fails here, with the compiler's line."""
+    if TOOLS is not None:
+        pytest.skip(TOOLS)
+    assert native.unavailable() is None
+
+
+@pytest.fixture(scope="module")
+def ext():
+    if TOOLS is not None:
+        pytest.skip(TOOLS)
+    module = native.load()
+    yield module
+    module.set_isa(module.isas()[0])
+
+
+def _rows(dtype: torch.dtype, n: int) -> torch.Tensor:
+    """Ordinary rows (odd n: a vector tail) and one row of each special kind."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(9, n, generator=g, dtype=torch.float64) * 4
+    x[1, n // 2] = math.nan
+    x[2, [0, n - 1]] = math.inf
+    x[3] = -x[3].abs() - 1  # nothing kept by elastic
+    x[4] = -math.inf
+    x[5, : n // 2] = 0.0
+    x[6, 1::2] = -0.0
+    x[7] = x[7] * 30
+    return x.to(dtype)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    assert got.dtype == dtype and got.shape == want.shape
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got == 0, want.to(dtype) == 0), "zeros must be exactly where they belong"
+    g, w = got.double().nan_to_num(0), want.double().nan_to_num(0)
+    tiny = torch.finfo(dtype).tiny
+    assert ((g - w).abs() / w.abs().clamp_min(tiny)).max().item() <= TOL[dtype]
+
+
+@needs_build
+@pytest.mark.parametrize("dtype", list(TOL))
+def test_every_instruction_set_matches_the_reference(ext, dtype):
+    for isa in ext.isas():
+        ext.set_isa(isa)
+        for n in (1, 37, 1500):
+            x = _rows(dtype, n)
+            xd, before = x.double(), x.clone()
+            elastic = exp_normalize_forward(xd, xd >= 0, 0.5, 0.25)
+            for structure in range(4 if dtype in (torch.float64, torch.float32) else 3):
+                _close(ext.exp_forward(x, structure, True, -math.inf, 0.5, 0.25), elastic, dtype)
+            _close(ext.exp_forward(x, FUSED, False, 0.0, 1.0, 1.0),
+                   exp_normalize_forward(xd, xd > -math.inf, 1.0, 1.0, 0.0), dtype)
+            w = xd.abs()
+            at_inf = (w == math.inf).double()
+            symax = torch.where(at_inf.any(-1, keepdim=True), at_inf / at_inf.sum(-1, keepdim=True),
+                                w / (w.nan_to_num(0).sum(-1, keepdim=True) + 1))
+            symax[xd.isnan().any(-1)] = math.nan
+            _close(ext.weight_forward(x, True, 1.0), symax, dtype)
+            gr = torch.randn(x.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+            y = elastic.to(dtype)
+            dx, dtau, dbeta = exp_normalize_backward(xd, y.double(), gr.to(dtype).double(),
+                                                     xd >= 0, 0.5, 0.25, params=True)
+            ndx, ndtau, ndbeta = ext.exp_backward(x, y, gr.to(dtype), True, 0.5, 0.25, True)
+            # dx = y (g - c)/tau cancels where g ~ c: bound the error by the terms' sizes
+            gd, yd = gr.to(dtype).double(), y.double().nan_to_num(0)
+            c = (gd * yd).abs().sum(-1, keepdim=True)
+            fi = torch.finfo(dtype)  # plus the output's own rounding, subnormals included
+            bound = 8 * TOL[dtype] * yd.abs() * (gd.abs() + c) / 0.5 + fi.eps * dx.abs() \
+                + fi.tiny * fi.eps
+            assert torch.equal(ndx.isnan(), dx.isnan()), isa
+            assert (((ndx.double() - dx).abs() <= bound) | dx.isnan()).all(), isa
+            assert torch.allclose(ndtau, dtau.squeeze(-1), rtol=1e-4, atol=1e-6, equal_nan=True)
+            assert torch.allclose(ndbeta, dbeta.squeeze(-1), rtol=1e-4, atol=1e-9, equal_nan=True)
+            assert torch.equal(x, before) or torch.equal(x.isnan(), before.isnan())
+
+
+@needs_build
+def test_long_rows_split_across_threads_agree_with_whole_rows(ext):
+    """One row of 2^18 on two threads takes the two-phase path; one thread the plain one."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 1 << 18, generator=gen) * 3
+    x[1, -5] = math.inf
+    x[2, -7] = math.nan
+    g = torch.randn(x.shape, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        out = {}
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            out[t] = [ext.exp_forward(x, s, True, -math.inf, 0.7, 0.5) for s in range(4)]
+            out[t] += [ext.weight_forward(x, False, 0.0)]
+            y = out[t][0]
+            out[t] += list(ext.exp_backward(x, y, g, True, 0.7, 0.5, True))
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(out[1], out[2], strict=True):
+        # dx = y (g - <y, g>) / tau cancels where g is near <y, g>: a sum taken in another
+        # order moves small dx by a share of the largest, not of themselves
+        scale = two.double().nan_to_num(0.0, 0.0, 0.0).abs().max().item()
+        assert torch.allclose(one.double(), two.double(), rtol=1e-5, atol=max(1e-12, 1e-6 * scale),
+                              equal_nan=True)
+    assert out[2][0][2].isnan().all()
+    assert out[2][0][1][-5] == 1.0 and out[2][0][1].sum() == 1.0
+
+
+@needs_build
+def test_functional_and_nn_run_the_native_kernels(ext):
+    x = torch.randn(4, 6, 33, dtype=torch.float64, requires_grad=True)
+    tau = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    beta = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    assert F._use_native(x, tau, beta) is not None
+    y = F.elastic_softmax(x, tau, beta, dim=1)
+    direct = ext.exp_forward(x.detach().movedim(1, -1), FUSED, True, -math.inf, 0.7, 0.3)
+    assert torch.equal(y.detach(), direct.movedim(-1, 1))
+    assert torch.autograd.gradcheck(lambda a, t, b: F.elastic_softmax(a, t, b, dim=1), (x, tau, beta))
+    assert torch.autograd.gradcheck(lambda a: F.softmax1(a, dim=0), (x,))
+    assert F._use_native(x, torch.ones(6, 1, 1), beta) is None  # per-row tau: the torch code
+
+
+def test_without_a_compiler_the_backend_says_why_in_one_line(tmp_path):
+    env = dict(os.environ, CXX=str(tmp_path / "no-such-c++"), ELASTICBENCH_BUILD_DIR=str(tmp_path))
+    cmd = [sys.executable, "-m", "elasticbench", "list", "backends"]
+    listing = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0, listing.stderr
+    line = next(ln for ln in listing.stdout.splitlines() if ln.startswith("cpp"))
+    assert "not available here" in line and "no C++ compiler" in line
+    built = subprocess.run([sys.executable, "-m", "elasticbench.native"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0 and "skipped, no C++ compiler" in built.stdout
+
+
+def test_the_first_compiler_error_is_the_reason():
+    log = "ninja: build stopped\n/src/rows.h:12:3: error: 'vexp' was not declared\nmore"
+    assert native._first_error(log) == "/src/rows.h:12:3: error: 'vexp' was not declared"
