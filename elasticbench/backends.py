@@ -216,6 +216,7 @@ BACKENDS: dict[str, Backend] = {
         _cpu_tensor,
         _torch_to_numpy,
         _torch_same_memory,
+        view=_torch_view,
     ),
     "triton": Backend(
         "triton",

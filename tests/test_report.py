@@ -37,7 +37,7 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
 
 @pytest.fixture(autouse=True)
 def wide(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("COLUMNS", "240")
     for var in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE"):
         monkeypatch.delenv(var, raising=False)
 
