@@ -22,7 +22,8 @@ from types import ModuleType
 # -fopenmp: at::parallel_for is a header template whose OpenMP pragma is compiled into the
 # extension; without the flag it runs every range on the calling thread.
 FLAGS = ("-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fopenmp")
-X86_SOURCES = ("isa_avx2.cpp", "isa_avx512.cpp")
+X86_SOURCES = ("isa_avx2.cpp", "isa_avx512.cpp", "attention_isa_avx2.cpp",
+               "attention_isa_avx512.cpp")
 
 
 class NativeBuildError(RuntimeError):
@@ -36,7 +37,7 @@ def source_dir() -> Path:
 
 
 def sources() -> list[Path]:
-    names = ["ops.cpp", "isa_generic.cpp"]
+    names = ["ops.cpp", "isa_generic.cpp", "attention.cpp", "attention_isa_generic.cpp"]
     if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
         names += X86_SOURCES
     return [source_dir() / n for n in names]
@@ -110,10 +111,11 @@ def load() -> ModuleType:
 
 def _first_error(log: str) -> str:
     """The compiler's first error line, else the message's first line."""
-    for line in log.splitlines():
-        if "error" in line.lower() and ("error:" in line or "Error" in line):
+    lines = log.splitlines()
+    for line in lines:
+        if ": error:" in line or ": fatal error:" in line:
             return line.strip()
-    return log.strip().splitlines()[0] if log.strip() else "the build failed"
+    return lines[0].strip() if log.strip() else "the build failed"
 
 
 @functools.lru_cache(maxsize=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import pickle
+import signal
 import struct
 import sys
 from typing import BinaryIO
@@ -40,6 +41,8 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
 
 def main() -> None:
     faulthandler.disable()  # a crash is reported by the parent, in one line
+    # Ctrl-C reaches the whole process group; the parent decides what stops, and stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Kernels may print: keep fd 1 for messages only by pointing Python's stdout at stderr.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

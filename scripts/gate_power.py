@@ -57,7 +57,7 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
     case = load_run_case(builtin_case("quick"))
     shapes = [parse_size(s) for s in (args.size or ["64x4096", "64x16384"])]
     summary: dict[str, Any] = {"mode": "ab", "rounds": args.rounds, "threads": args.threads,
-                               "max_slowdown": args.max_slowdown,
+                               "max_slowdown": args.max_slowdown, "clock": args.clock,
                                "shapes": [list(s) for s in shapes], "scenarios": {}}
     for name in args.scenario or list(AB_SCENARIOS):
         trials = args.accuracy_trials if "error" in name else args.trials
@@ -67,7 +67,8 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         for trial in range(trials):
             res = run_ab(pairs, case, ["fp32"], shapes,
-                         ABPolicy(rounds=args.rounds, seed=trial, threads=args.threads),
+                         ABPolicy(rounds=args.rounds, seed=trial, threads=args.threads,
+                                  clock=args.clock),
                          verify=numerics is None)
             if numerics is None:
                 numerics = (res.base.numerics, res.current.numerics)
@@ -238,6 +239,7 @@ def main() -> None:
     p.add_argument("--size", action="append", default=None, help="ROWSxN (repeatable)")
     p.add_argument("--scenario", action="append", choices=list(AB_SCENARIOS), default=None)
     p.add_argument("--max-slowdown", default="10%", help="the gate's threshold, e.g. 5%%")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     p = sub.add_parser("runs", help="gate on separate runs")
     p.add_argument("--pairs", type=int, default=20)
     p.add_argument("--processes", type=int, default=3)

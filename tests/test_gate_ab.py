@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,18 @@ def test_run_ab_pairs_samples_round_by_round(tmp_path):
     assert all(len(r["timing"]["samples_ns"]) == 6 for r in res.records)
     assert set(res.base.series) == set(res.current.series)
     assert not res.base.numerics
+
+
+def test_run_ab_on_the_thread_cpu_clock(tmp_path):
+    pairs = versions_from_files(str(kernel_file(tmp_path / "a.py")),
+                                str(kernel_file(tmp_path / "b.py")))
+    case = parse_run_table(CASE, "test", "t")
+    policy = ABPolicy(rounds=5, warmup_s=0, min_sample_s=1e-5, clock="cpu", threads=1)
+    res = run_ab(pairs, case, ["fp32"], [(2, 64)], policy, verify=False)
+    assert all(r["timing"]["clock"] == "thread_time_ns" and min(r["timing"]["samples_ns"]) > 0
+               for r in res.records)
+    with pytest.raises(ValueError, match="--threads 1"):  # other threads' work is not seen
+        run_ab(pairs, case, ["fp32"], [(2, 64)], replace(policy, threads=2), verify=False)
 
 
 def test_ab_cli_fails_a_less_accurate_version(cli, tmp_path):

@@ -76,11 +76,11 @@ def test_a_noise_floor_judges_one_process_and_is_never_undercut():
     # processes that happen to agree closely do not shrink the interval below the floor
     tight = ratio_processes(processes(3, 3, between=0.001), processes(4, 3, 1.05, 0.001),
                             floors=[NoiseFloor(0.1, 4)])
-    assert tight.noise == NoiseFloor(0.1, 4) and tight.lo < 1 < tight.hi
-    # a floor smaller than the measured spread changes nothing
+    assert tight.noise == NoiseFloor(0.1, 6) and tight.lo < 1 < tight.hi
+    # current processes more spread than the floor widen it; their degrees of freedom add up
     wide = ratio_processes(processes(5, 3, between=0.2), processes(6, 3, between=0.2),
                            floors=[NoiseFloor(0.001, 10)])
-    assert wide.noise is not None and wide.noise.sd_log > 0.05 and wide.noise.df == 4
+    assert wide.noise is not None and wide.noise.sd_log > 0.05 and wide.noise.df == 12
 
 
 def test_noise_floor_of_processes():

@@ -33,13 +33,16 @@ from .compare_cmd import write_outputs
 @click.option("--threads", type=click.IntRange(0), default=None, metavar="N",
               help="Intra-op threads (0: every core) [the case's]. 1 is steadiest on a "
                    "loaded machine.")
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="cpu: the calling thread's CPU time, blind to time spent descheduled on a "
+                   "loaded machine (needs --threads 1 and kernels on the host).")
 @click.option("--alpha", type=float, default=0.01, show_default=True)
 @click.option("--max-slowdown", "max_slowdown", default="10%", show_default=True, metavar="PCT")
 @click.option("--no-verify", is_flag=True, help="Skip the numerics check of both versions.")
 @click.option("--markdown", type=click.Path(dir_okay=False), metavar="PATH")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Write the raw A/B samples as a run results file.")
-def ab(kernel_files, rev, only, case_file, dtypes, sizes, rounds, seed, threads, alpha,
+def ab(kernel_files, rev, only, case_file, dtypes, sizes, rounds, seed, threads, clock, alpha,
        max_slowdown, no_verify, markdown, json_path) -> None:
     """Time a base and a current version of kernels in the same process, round by round.
 
@@ -73,9 +76,13 @@ def ab(kernel_files, rev, only, case_file, dtypes, sizes, rounds, seed, threads,
     except (ValueError, KernelFileError, CaseFileError) as e:
         fail(str(e))
     err = console(stderr=True)
-    result = run_ab(pairs, case, dts or list(case.dtypes), shapes or list(case.sizes),
-                    ABPolicy(rounds=rounds, seed=seed, threads=threads), verify=not no_verify,
-                    on_cell=lambda s: err.print(f"timing {s}") if err.is_terminal else None)
+    try:
+        result = run_ab(pairs, case, dts or list(case.dtypes), shapes or list(case.sizes),
+                        ABPolicy(rounds=rounds, seed=seed, threads=threads, clock=clock),
+                        verify=not no_verify,
+                        on_cell=lambda s: err.print(f"timing {s}") if err.is_terminal else None)
+    except ValueError as e:
+        fail(str(e))
     label = f"{rev or kernel_files[0]}"
     result.base.path = f"{label} (base)"
     result.current.path = f"{'working tree' if rev else kernel_files[1]} (current)"
@@ -88,7 +95,8 @@ def ab(kernel_files, rev, only, case_file, dtypes, sizes, rounds, seed, threads,
         w.records.extend(result.records)
         w.close()
     out = console()
-    out.print(f"A/B: {rounds} interleaved rounds, {result.threads} thread(s)")
+    out.print(f"A/B: {rounds} interleaved rounds, {result.threads} thread(s), "
+              f"{'thread CPU time' if clock == 'cpu' else 'wall'} clock")
     render_text(cmp, out, gate=True)
     write_outputs(cmp, markdown, None)
     raise SystemExit(EXIT_FAILED if cmp.failed else EXIT_OK)

@@ -8,6 +8,7 @@ import sys
 import click
 from rich.table import Table
 
+from ..functions import ROW
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..registry import list_kernels
 from ..selftest.mutants import MUTANTS
@@ -24,7 +25,8 @@ def selftest(no_cache: bool) -> None:
     out = console()
     matrix = load_matrix(builtin_case("verify-quick"))
     store = TruthStore(None if no_cache else default_cache_dir())
-    ours = [k for k in list_kernels() if k.source == "builtin" and not k.baseline]
+    ours = [k for k in list_kernels() if k.source == "builtin" and not k.baseline
+            and k.kind == ROW]
     outcomes = run_selftest(MUTANTS, ours, matrix, store)
     table = Table(title="mutation self-test", title_justify="left")
     table.add_column("mutant / kernel", no_wrap=True, style="bold")

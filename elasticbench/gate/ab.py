@@ -29,6 +29,7 @@ from ..bench.cases import RunCase
 from ..bench.models import minimum_bytes
 from ..bench.rotation import rotating_call
 from ..bench.runner import params_for, set_threads, verify_quickly
+from ..devices import HOST, ThreadCPUClock
 from ..inputs import generate
 from ..numerics.dtypes import get_format
 from ..records import QuickVerdict, record_key
@@ -119,6 +120,7 @@ class ABPolicy:
     min_sample_s: float = 0.002
     seed: int = 0
     threads: int | None = None  # None: the case's setting (0: every core)
+    clock: str = "wall"  # or "cpu": the calling thread's CPU time (one thread, on the host)
 
 
 def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: ABPolicy,
@@ -129,7 +131,7 @@ def time_pair(pair: Pair, x: np.ndarray, params: dict[str, float], policy: ABPol
     footprint = minimum_bytes(rows, n, x.itemsize, "fwd")
     calls = {"base": rotating_call(pair.base, [x], params, footprint),
              "current": rotating_call(pair.current, [x], params, footprint)}
-    clock = get_backend(pair.current.backend).clock()
+    clock = ThreadCPUClock() if policy.clock == "cpu" else get_backend(pair.current.backend).clock()
     flush = calls["current"].out_of_cache and clock.flushes
     counter = {s: 0 for s in SIDES}
 
@@ -177,6 +179,12 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
     """Verify both versions (unless told not to), then time every pair on every cell."""
     from ..environment import describe
 
+    wanted_threads = case.threads if policy.threads is None else policy.threads
+    if policy.clock == "cpu" and (wanted_threads != 1 or any(
+            get_backend(s.backend).device() != HOST for p in pairs for s in (p.base, p.current))):
+        raise ValueError("--clock cpu times the calling thread: it needs --threads 1 and "
+                         "kernels that run on the host")
+
     machine = describe(include_gpu=False)["machine"]
     base = Dataset("A (base)", "run", machine, "time")
     current = Dataset("B (current)", "run", machine, "time")
@@ -192,7 +200,7 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
                     key = ("numerics", p.name, d)
                     ds.numerics[key] = Verdict(key, p.name, d, v.passed, v.max_ulp, None,
                                                v.reason)
-    threads = set_threads(case.threads if policy.threads is None else policy.threads)
+    threads = set_threads(wanted_threads)
     rng = np.random.default_rng(policy.seed)
     records: list[dict[str, Any]] = []
     for p in pairs:
@@ -210,7 +218,9 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
                            "function": p.current.function, "backend": p.current.backend,
                            "mode": "fwd", "dtype": d, "shape": list(shape), "params": params,
                            "generator": case.generator, "seed": case.seed,
-                           "timing": {"samples_ns": samples[side], "paired": True},
+                           "timing": {"samples_ns": samples[side], "paired": True,
+                                      "clock": "thread_time_ns" if policy.clock == "cpu"
+                                      else None},
                            "median_s": float(np.median(samples[side])) * 1e-9}
                     records.append(rec)
                     key = ("run", *record_key(rec))

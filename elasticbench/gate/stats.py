@@ -111,19 +111,23 @@ def min_p_paired(n: int) -> float:
 
 def _spread(base: np.ndarray, current: np.ndarray, floors: Sequence[NoiseFloor | None]
             ) -> NoiseFloor | None:
-    """The between-process spread to assume: pooled over both sides' processes, never below
-    a measured noise floor (a baseline's runs may have seen more spread than one run's
-    processes can show). None when nothing measures it."""
-    df = base.size + current.size - 2
-    pooled = None
-    if df > 0:
+    """The between-process spread to assume, from the log medians of both sides' processes
+    and a measured noise floor. Without a floor: pooled over both sides. With one (a
+    baseline's, from every process of every run it was saved from, its own included): the
+    floor pooled with the current side's processes, and never below the floor, since a
+    baseline's runs may have seen spread that the processes of one run cannot show. None
+    when nothing measures it."""
+    floor = max((f for f in floors if f is not None and f.df > 0), key=lambda f: f.sd_log,
+                default=None)
+    if floor is None:
+        df = base.size + current.size - 2
+        if df == 0:
+            return None
         ss = np.sum((base - base.mean()) ** 2) + np.sum((current - current.mean()) ** 2)
-        pooled = NoiseFloor(float(math.sqrt(ss / df)), df)
-    for floor in floors:
-        if floor is not None and floor.df > 0 and (pooled is None
-                                                   or floor.sd_log > pooled.sd_log):
-            pooled = floor
-    return pooled
+        return NoiseFloor(float(math.sqrt(ss / df)), df)
+    df = floor.df + current.size - 1
+    ss = floor.df * floor.sd_log**2 + np.sum((current - current.mean()) ** 2)
+    return NoiseFloor(max(float(math.sqrt(ss / df)), floor.sd_log), df)
 
 
 def ratio_processes(base: Groups, current: Groups, floors: Sequence[NoiseFloor | None] = (),
