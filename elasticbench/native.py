@@ -57,7 +57,8 @@ def build_root() -> Path:
 
 
 def build_key() -> str:
-    """Hash of everything that decides the binary: sources, headers, flags, toolchain."""
+    """Hash of everything that decides the binary (sources, headers, flags, toolchain) and of
+    where the sources are."""
     import torch
 
     h = hashlib.sha256()
@@ -65,7 +66,10 @@ def build_key() -> str:
         if path.suffix in (".cpp", ".h"):
             h.update(path.name.encode())
             h.update(path.read_bytes())
-    for part in (*FLAGS, torch.__version__, sys.version, platform.machine(), str(compiler())):
+    # the checkout's own path too: torch writes absolute source paths into the build
+    # directory's ninja file, so two checkouts sharing one directory rebuild each other's
+    for part in (*FLAGS, torch.__version__, sys.version, platform.machine(), str(compiler()),
+                 str(source_dir().resolve())):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
