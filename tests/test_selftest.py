@@ -2,6 +2,7 @@
 
 from elasticbench.numerics.truth_cache import TruthStore, default_cache_dir
 from elasticbench.registry import get_kernel
+from elasticbench.selftest.attention_mutants import ATTENTION_MUTANTS
 from elasticbench.selftest.mutants import MUTANTS, Mutant
 from elasticbench.selftest.runner import run_selftest
 from elasticbench.verify.matrix import builtin_case, load_matrix
@@ -10,7 +11,9 @@ from elasticbench.verify.matrix import builtin_case, load_matrix
 def test_selftest_command_catches_every_mutant(cli):
     r = cli("selftest")
     assert r.code == 0, r.out
-    assert f"mutation score {len(MUTANTS)}/{len(MUTANTS)}" in r.out
+    n = len(MUTANTS) + len(ATTENTION_MUTANTS)
+    assert f"mutation score {n}/{n}" in r.out
+    assert "torch_attention_flash (bwd)" in r.out  # attention kernels are self-tested too
     assert "MISSED" not in r.out and "FAILS" not in r.out
 
 

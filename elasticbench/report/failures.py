@@ -18,7 +18,8 @@ from typing import Any
 from ..numerics.dtypes import DTYPE_NAMES
 from .sheet import Note, Span, note
 
-MATRIX_OPTIONS = {"verify-quick": ["--quick"], "verify": []}  # built-in case -> its option
+# built-in case -> its option (attention kernels' own matrix is their default)
+MATRIX_OPTIONS = {"verify-quick": ["--quick"], "verify": [], "verify-attention": []}
 
 
 @dataclass(frozen=True)
