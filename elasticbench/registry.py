@@ -31,6 +31,7 @@ BUILTIN_MODULES = (
     "elasticbench.kernels.numpy_kernels",
     "elasticbench.kernels.torch_kernels",
     "elasticbench.kernels.triton_kernels",
+    "elasticbench.kernels.triton_attention",
     "elasticbench.kernels.torch_variants",
     "elasticbench.kernels.torch_attention",
     "elasticbench.kernels.cpp_kernels",

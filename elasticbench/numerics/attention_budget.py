@@ -121,11 +121,13 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
     "beta"), carried from the error of ds_ij = w_ij (dp_ij - c_i)/tau:
 
         |d ds_ij| <= 2 u_w A_ij + 2 u_out l L_ij,
-        A_ij = w_ij/tau ((|dp_ij| + |c_i|) eps_ij + g (P_ij + C_i)),  L_ij = w_ij C_i / tau
+        A_ij = w_ij/tau ((|dp_ij| + |c_i|) eps_ij + g (P_ij + C_i)),
+        L_ij = w_ij C_i / tau + |ds_ij|
 
     with P_ij = sum_e |dO_ie v_je| and C_i = sum_e |dO_ie out_ie| the conditioning of the dot
-    products dp_ij = dO_i . v_j and c_i = dO_i . out_i (out saved in the output format costs
-    a low-precision kernel L_ij). dq, dk and dv are sums of ds (or w) times q, k, dO.
+    products dp_ij = dO_i . v_j and c_i = dO_i . out_i; a low-precision kernel pays L_ij for
+    out saved in its format and for ds rounded once to it before the matmuls (as p is
+    forward). dq, dk and dv are sums of ds (or w) times q, k, dO.
     """
     c, b = cond, cond.bud
     two_uw, two_uo = 2 * c.uw, 2 * c.uo
@@ -145,8 +147,9 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
     floor = c.kept * c.sub / (2 * c.uw * c.tau)
     A = wt * ((np.abs(dp) + np.abs(ci)) * c.eps + c.g * (P + Ci) + CeP) \
         + floor * (np.abs(dp) + np.abs(ci) + CeP)
-    L = b.l * wt * Ci
     ds = wt * np.abs(dp - ci)
+    # out saved in the format (c_i), and p and ds rounded once to it for the matmuls
+    L = b.l * (wt * Ci + ds)
     lg_q, lg_k = b.d * math.log2(max(c.lq, 1)), b.d * math.log2(max(c.lk, 1))
     e_q = A + ds * (c.g + lg_k)
     e_k = A + ds * lg_q
