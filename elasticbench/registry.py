@@ -63,6 +63,10 @@ class KernelSpec:
         """Whether the kernel takes inputs of this format (others are skipped, not failed)."""
         return self.dtypes is None or dtype in self.dtypes
 
+    def takes_layout(self, layout: str) -> bool:
+        """Whether its backend's kernels must accept inputs in this layout (inputs/layouts.py)."""
+        return layout in get_backend(self.backend).layouts
+
     def __reduce__(self):  # type: ignore[override]
         # A registered kernel travels to another process by name and is looked up (its
         # kernel file loaded) there: functions of a user's file do not pickle by reference.
