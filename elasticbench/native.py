@@ -10,19 +10,23 @@ without a compiler still installs and runs everything else (docs/native.md says 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import platform
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 # -fopenmp: at::parallel_for is a header template whose OpenMP pragma is compiled into the
 # extension; without the flag it runs every range on the calling thread.
 FLAGS = ("-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fopenmp")
-X86_SOURCES = ("isa_avx2.cpp", "isa_avx512.cpp")
+X86_SOURCES = ("isa_avx2.cpp", "isa_avx512.cpp", "attention_isa_avx2.cpp",
+               "attention_isa_avx512.cpp")
 
 
 class NativeBuildError(RuntimeError):
@@ -36,7 +40,7 @@ def source_dir() -> Path:
 
 
 def sources() -> list[Path]:
-    names = ["ops.cpp", "isa_generic.cpp"]
+    names = ["ops.cpp", "isa_generic.cpp", "attention.cpp", "attention_isa_generic.cpp"]
     if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
         names += X86_SOURCES
     return [source_dir() / n for n in names]
@@ -56,7 +60,8 @@ def build_root() -> Path:
 
 
 def build_key() -> str:
-    """Hash of everything that decides the binary: sources, headers, flags, toolchain."""
+    """Hash of everything that decides the binary (sources, headers, flags, toolchain) and of
+    where the sources are."""
     import torch
 
     h = hashlib.sha256()
@@ -64,7 +69,10 @@ def build_key() -> str:
         if path.suffix in (".cpp", ".h"):
             h.update(path.name.encode())
             h.update(path.read_bytes())
-    for part in (*FLAGS, torch.__version__, sys.version, platform.machine(), str(compiler())):
+    # the checkout's own path too: torch writes absolute source paths into the build
+    # directory's ninja file, so two checkouts sharing one directory rebuild each other's
+    for part in (*FLAGS, torch.__version__, sys.version, platform.machine(), str(compiler()),
+                 str(source_dir().resolve())):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
@@ -94,26 +102,45 @@ def load() -> ModuleType:
     key = build_key()
     directory = build_root() / key
     directory.mkdir(parents=True, exist_ok=True)
-    try:
-        return load_extension(
-            name=f"elasticbench_cpp_{key}",
-            sources=[str(s) for s in sources()],
-            extra_cflags=list(FLAGS),
-            extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(source_dir())],
-            build_directory=str(directory),
-            verbose=False,
-        )
-    except (RuntimeError, OSError, ImportError) as e:
-        raise NativeBuildError(_first_error(str(e)) + f" (build directory {directory})") from e
+    with _build_lock(directory):
+        try:
+            return load_extension(
+                name=f"elasticbench_cpp_{key}",
+                sources=[str(s) for s in sources()],
+                extra_cflags=list(FLAGS),
+                extra_ldflags=["-fopenmp"],
+                extra_include_paths=[str(source_dir())],
+                build_directory=str(directory),
+                verbose=False,
+            )
+        except (RuntimeError, OSError, ImportError) as e:
+            raise NativeBuildError(_first_error(str(e)) + f" (build directory {directory})") from e
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """Hold an flock on the build directory, which the kernel releases when its holder dies.
+
+    torch's own lock is a file that a build killed halfway (a timeout, Ctrl-C) leaves behind,
+    after which every later load waits for it forever. Every load here takes this lock
+    first, so a torch lock file found while holding it was left by a dead process: remove it.
+    """
+    with open(directory / "elasticbench.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _first_error(log: str) -> str:
     """The compiler's first error line, else the message's first line."""
-    for line in log.splitlines():
-        if "error" in line.lower() and ("error:" in line or "Error" in line):
+    lines = log.splitlines()
+    for line in lines:
+        if ": error:" in line or ": fatal error:" in line:
             return line.strip()
-    return log.strip().splitlines()[0] if log.strip() else "the build failed"
+    return lines[0].strip() if log.strip() else "the build failed"
 
 
 @functools.lru_cache(maxsize=1)

@@ -4,6 +4,10 @@
 
     @register_kernel(function="elastic", backend="numpy", name="my_elastic")
     def my_elastic(x, *, tau, beta): ...
+
+Row kernels take one array of rows; attention kernels (function elastic_attention or
+softmax_attention) take q, k, v: their contract is docs/attention.md section 4. Both kinds
+share this registry; a kernel's `kind` says which it is.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .backends import get_backend
-from .functions import get_function
+from .functions import ATTENTION, ROW, function_kind, get_function
 from .numerics.dtypes import get_format
 from .passes import PassModel
 
@@ -27,8 +31,11 @@ BUILTIN_MODULES = (
     "elasticbench.kernels.numpy_kernels",
     "elasticbench.kernels.torch_kernels",
     "elasticbench.kernels.triton_kernels",
+    "elasticbench.kernels.triton_attention",
     "elasticbench.kernels.torch_variants",
+    "elasticbench.kernels.torch_attention",
     "elasticbench.kernels.cpp_kernels",
+    "elasticbench.kernels.cpp_attention",
 )
 
 
@@ -47,9 +54,18 @@ class KernelSpec:
     dtypes: tuple[str, ...] | None = None  # formats it accepts; None: all of them
     model: PassModel | None = None  # its declared passes; None: its function's minimum
 
+    @property
+    def kind(self) -> str:
+        """"row" (fn(x, **params)) or "attention" (fn(q, k, v, ...), docs/attention.md)."""
+        return function_kind(self.function)
+
     def supports(self, dtype: str) -> bool:
         """Whether the kernel takes inputs of this format (others are skipped, not failed)."""
         return self.dtypes is None or dtype in self.dtypes
+
+    def takes_layout(self, layout: str) -> bool:
+        """Whether its backend's kernels must accept inputs in this layout (inputs/layouts.py)."""
+        return layout in get_backend(self.backend).layouts
 
     def __reduce__(self):  # type: ignore[override]
         # A registered kernel travels to another process by name and is looked up (its
@@ -117,11 +133,11 @@ def register_kernel(
     declares its passes over memory and its exponentials (elasticbench.passes), which give
     it its own roof in `run`.
     """
-    get_function(function)
+    kind = function_kind(function)
     get_backend(backend)
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
-    if mode == "bwd" and get_function(function).gradient_row is None:
+    if kind == ROW and mode == "bwd" and get_function(function).gradient_row is None:
         raise ValueError(f"{function} has no gradient, so it takes no backward kernel")
     formats = None if dtypes is None else tuple(get_format(d).name for d in dtypes)
 
@@ -286,10 +302,11 @@ def select_kernels(
     mode: str = "fwd",
 ) -> list[KernelSpec]:
     """Kernels matching every given filter (an empty filter matches all but baselines,
-    which are chosen by name only). Names are checked."""
+    which are chosen by name only, and attention kernels, chosen by their function's name
+    or by name). Names are checked."""
     functions, backends, only = list(functions), list(backends), list(only)
     for f in functions:
-        get_function(f)
+        function_kind(f)
     for b in backends:
         get_backend(b)
     for name in only:
@@ -297,7 +314,7 @@ def select_kernels(
     return [
         k
         for k in list_kernels(mode=mode)
-        if (not functions or k.function in functions)
+        if (k.function in functions if functions else (bool(only) or k.kind != ATTENTION))
         and (not backends or k.backend in backends)
         and (k.name in only if only else not k.baseline)
     ]

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from elasticbench.attention import flash
+from elasticbench.attention import autograd, cpp, flash
 from elasticbench.attention.composite import elastic_attention_composite
 from elasticbench.functional import elastic_attention
 from elasticbench.nn import ElasticAttention
@@ -16,11 +16,17 @@ from elasticbench.nn import ElasticAttention
 F64 = torch.float64
 
 
-@pytest.fixture
-def small_tiles(monkeypatch):
-    """Tiles smaller than the inputs, so the online max and sum cross several blocks."""
-    monkeypatch.setattr(flash, "BLOCK_Q", 3)
-    monkeypatch.setattr(flash, "BLOCK_K", 2)
+@pytest.fixture(params=[autograd.TORCH, autograd.CPP], ids=lambda i: i.name)
+def small_tiles(request, monkeypatch):
+    """Tiles smaller than the inputs, so the online max and sum cross several blocks; the
+    test runs on the tiled torch code and on the native kernel (where it is built)."""
+    impl = request.param
+    if not impl.accepts(torch.zeros(1)):
+        pytest.skip(f"{impl.name} does not run here")
+    monkeypatch.setattr(autograd, "implementations", lambda: (impl,))
+    for module in (flash, cpp):
+        monkeypatch.setattr(module, "BLOCK_Q", 3)
+        monkeypatch.setattr(module, "BLOCK_K", 2)
 
 
 def _qkv(lq, lk, d=8, b=2, h=3, dtype=F64, seed=0, grad=True):

@@ -156,3 +156,18 @@ def test_without_a_compiler_the_backend_says_why_in_one_line(tmp_path):
 def test_the_first_compiler_error_is_the_reason():
     log = "ninja: build stopped\n/src/rows.h:12:3: error: 'vexp' was not declared\nmore"
     assert native._first_error(log) == "/src/rows.h:12:3: error: 'vexp' was not declared"
+
+
+@needs_build
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load(ext):
+    """torch's build lock is a plain file: a build killed halfway leaves it, and torch then
+    waits for it forever. Loads hold an flock instead and clear such a leftover."""
+    stale = native.build_root() / native.build_key() / "lock"
+    stale.touch()
+    try:
+        done = subprocess.run([sys.executable, "-m", "elasticbench.native"], capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        stale.unlink(missing_ok=True)
+    assert done.returncode == 0 and "built for" in done.stdout, done.stderr
+    assert not stale.exists()

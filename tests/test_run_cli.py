@@ -113,3 +113,19 @@ def test_bwd_without_backward_kernels_says_so(tmp_path):
     assert proc.returncode == 2
     if not list_kernels(mode="bwd"):
         assert "no backward kernels" in proc.stderr
+
+
+def test_backward_kernels_are_verified_and_ranked(tmp_path):
+    """run --mode bwd checks backward kernels with the backward verifier, so they get a
+    verdict and a speedup over the vendor backward like forward kernels."""
+    case = TINY.replace('kernels = ["numpy_elastic", "torch_elastic"]',
+                        'kernels = ["numpy_elastic_bwd", "torch_elastic_bwd"]\nmode = "bwd"')
+    (tmp_path / "bwd.toml").write_text(case)
+    out = tmp_path / "b.json"
+    proc = _run("run", "--case", "bwd.toml", "--processes", "1", "--json", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    records = {r["kernel"]: r for r in read_results(out, "run")["records"]}
+    for name in ("numpy_elastic_bwd", "torch_elastic_bwd"):
+        r = records[name]
+        assert r["mode"] == "bwd" and r["verify"]["status"] == "pass" and r["verify"]["cases"] > 0
+        assert r["ranked"] is True and r["speedup"] > 0

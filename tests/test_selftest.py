@@ -2,6 +2,7 @@
 
 from elasticbench.numerics.truth_cache import TruthStore, default_cache_dir
 from elasticbench.registry import get_kernel
+from elasticbench.selftest.attention_mutants import ATTENTION_MUTANTS
 from elasticbench.selftest.mutants import MUTANTS, Mutant
 from elasticbench.selftest.runner import run_selftest
 from elasticbench.verify.matrix import builtin_case, load_matrix
@@ -10,7 +11,9 @@ from elasticbench.verify.matrix import builtin_case, load_matrix
 def test_selftest_command_catches_every_mutant(cli):
     r = cli("selftest")
     assert r.code == 0, r.out
-    assert f"mutation score {len(MUTANTS)}/{len(MUTANTS)}" in r.out
+    n = len(MUTANTS) + len(ATTENTION_MUTANTS)
+    assert f"mutation score {n}/{n}" in r.out
+    assert "torch_attention_flash (bwd)" in r.out  # attention kernels are self-tested too
     assert "MISSED" not in r.out and "FAILS" not in r.out
 
 
@@ -26,6 +29,13 @@ def test_each_mutant_is_caught_where_its_bug_lives():
     assert outcomes["beta_not_rescaled"].caught_by["params"]["beta"] > 1e-10
     assert outcomes["bwd_forgets_mask"].caught_by["mode"] == "bwd"
     assert outcomes["bwd_offset_not_rescaled"].caught_by["mode"] == "bwd"
+    # wrong on one path only: caught on that path
+    assert outcomes["multi_block_unscaled"].caught_by["shape"][1] > 65536
+    assert outcomes["row_block_stale_max"].caught_by["shape"][0] > 512
+    assert 2 < outcomes["tau_table"].caught_by["params"]["tau"] < 8
+    assert outcomes["packed_rows"].caught_by["layout"] != "packed"
+    exp_band = outcomes["exp_band"].caught_by
+    assert exp_band["reason"].startswith("accuracy")
 
 
 def test_a_mutant_that_is_not_wrong_is_reported_missed():

@@ -5,6 +5,8 @@
   reference implementation;
 - `flash`: the tiled torch implementation (online max and sum over kept scores, O(length)
   extra memory) with its hand-written backward;
+- `cpp`: the fused CPU kernel of the native tier (kernels/cpp/attention.cpp) behind the
+  same contract;
 - `special`: queries with a +inf score, off every kernel's hot path;
 - `autograd`: the autograd function behind `elasticbench.functional.elastic_attention`.
 """

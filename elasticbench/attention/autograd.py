@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import flash
+from . import cpp, flash
 from .layout import Scalar, head_params, reduce_to, work_dtype
 
 
@@ -29,12 +29,13 @@ class Implementation:
 
 
 TORCH = Implementation("torch", lambda q: True, flash.forward, flash.backward)
+CPP = Implementation("cpp", cpp.accepts, cpp.forward, cpp.backward)
 
 
 @functools.lru_cache(maxsize=1)
 def implementations() -> tuple[Implementation, ...]:
     """The implementations in order of preference; the torch one always comes last."""
-    return (TORCH,)
+    return (CPP, TORCH)
 
 
 def choose(q: torch.Tensor) -> Implementation:

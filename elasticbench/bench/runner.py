@@ -27,7 +27,7 @@ from ..inputs import generate
 from ..numerics.dtypes import get_format
 from ..numerics.truth_cache import TruthStore
 from ..records import QuickVerdict, RunRecord, VerifyRecord
-from ..registry import KernelSpec, get_kernel, list_kernels
+from ..registry import MODES, KernelSpec, get_kernel, list_kernels
 from ..verify.matrix import expand, load_matrix
 from ..verify.runner import run_verification
 from .cases import RunCase
@@ -102,19 +102,12 @@ def verify_quickly(kernels: list[KernelSpec], case: RunCase, dtypes: list[str],
                    store: TruthStore, on_done: Callable[[], None] = lambda: None,
                    isolation: Isolation = IN_PROCESS
                    ) -> dict[tuple[str, str], QuickVerdict]:
-    """(kernel, dtype) -> verdict on the case's quick matrix; backward kernels are 'unverified'."""
+    """(kernel, dtype) -> verdict on the case's quick matrix, forward and backward kernels
+    each by their own verifier."""
     verdicts: dict[tuple[str, str], QuickVerdict] = {}
-    fwd = [k for k in kernels if k.mode == "fwd"]
-    for k in kernels:
-        if k.mode != "fwd":
-            for d in dtypes:
-                verdicts[(k.name, d)] = QuickVerdict(status="unverified", cases=0, failed=0,
-                                                     reason="no backward verifier")
-    if not fwd:
+    if not kernels:
         return verdicts
     matrix = load_matrix(case.verify_path())
-    cases = expand(matrix, sorted({k.function for k in fwd}), dtypes,
-                   list(case.verify_inputs) or None)
 
     def add(r: VerifyRecord) -> None:
         v = verdicts.setdefault((r.kernel, r.dtype), QuickVerdict(
@@ -128,9 +121,16 @@ def verify_quickly(kernels: list[KernelSpec], case: RunCase, dtypes: list[str],
             v.reason = v.reason or f"{r.reason} ({r.input} {list(r.shape)} {r.params})"
         on_done()
 
-    run_verification(fwd, cases, max_elements=matrix.max_elements, store=store, on_record=add,
-                     isolation=isolation)
-    for k in fwd:
+    for mode in MODES:
+        chosen = [k for k in kernels if k.mode == mode]
+        if not chosen:
+            continue
+        cases = expand(matrix, sorted({k.function for k in chosen}), dtypes,
+                       list(case.verify_inputs) or None)
+        run_verification(chosen, cases, max_elements=matrix.max_elements, store=store,
+                         on_record=add, mode=mode, isolation=isolation,
+                         max_rows=matrix.max_rows)
+    for k in kernels:
         for d in dtypes:
             verdicts.setdefault((k.name, d), QuickVerdict(status="unverified", cases=0, failed=0,
                                                           reason="no case in matrix"))

@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 
 from ..backends import device_of
+from ..bench.attention import TABLE as ATTENTION_TABLE
+from ..bench.attention import AttentionRunJob, load_attention_run
 from ..bench.cases import load_run_case, parse_size
 from ..bench.job import RunJob
 from ..bench.runner import pin_heap, plan_units, resolve_baseline, set_threads
@@ -16,8 +18,8 @@ from ..environment import describe
 from ..execute import Isolation
 from ..functions import get_function
 from ..numerics.dtypes import DTYPE_NAMES
-from ..registry import list_kernels
-from ..verify.matrix import CaseFileError
+from ..registry import get_kernel, list_kernels
+from ..verify.matrix import CaseFileError, read_toml
 from .common import (
     case_path,
     check_survival,
@@ -66,6 +68,8 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
         fail(str(e))
     shard_kn = check_survival(timeout, resume_path, json_path, shard)
     path = case_path(case_file, quick, "quick", "default")
+    if case_file and ATTENTION_TABLE in _tables(path):
+        _run_attention(path, json_path, resume_path, shard_kn)
     try:
         case = load_run_case(path)
     except CaseFileError as e:
@@ -100,3 +104,33 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
     job = RunJob(case, plan_units(kernels, baseline, case, dtypes, shapes), dtypes, device,
                  Isolation(isolate, timeout))
     run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path))
+
+
+def _tables(path: Path) -> set[str]:
+    try:
+        return set(read_toml(path))
+    except CaseFileError as e:
+        fail(str(e))
+
+
+def _run_attention(path: Path, json_path: str | None, resume_path: str | None,
+                   shard_kn: tuple[int, int] | None) -> None:
+    """run for an [attention_run] case (docs/attention.md section 6): attention kernels
+    against SDPA, the copy and matmul ceilings, peak memory; the same session and records."""
+    try:
+        case = load_attention_run(path)
+    except CaseFileError as e:
+        fail(str(e))
+    threads = set_threads(0)
+    out_path = Path(resume_path or json_path) if (resume_path or json_path) else (
+        Path("results") / "runs" / f"{time.strftime('%Y%m%dT%H%M%S')}.json")
+    specs = [get_kernel(n, m) for n in (*case.kernels, *filter(None, [case.baseline]))
+             for m in case.modes]
+    device = device_of([s.backend for s in specs])
+    meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "case": str(path),
+            "case_name": case.name, "mode": ",".join(case.modes), "seed": case.seed,
+            "threads": threads, "dtypes": list(case.dtypes),
+            "sizes": [[case.batch, case.heads, n, n, case.head_dim] for n in case.lengths],
+            "baseline": case.baseline, "policy": case.timing.__dict__, **describe()}
+    run_session(AttentionRunJob(case, device), out_path, meta, shard=shard_kn,
+                resume=bool(resume_path))

@@ -8,10 +8,13 @@ import sys
 import click
 from rich.table import Table
 
+from ..functions import ATTENTION, ROW
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..registry import list_kernels
+from ..selftest.attention_mutants import ATTENTION_CONTROL, ATTENTION_MUTANTS
 from ..selftest.mutants import MUTANTS
-from ..selftest.runner import caught_by_text, run_selftest
+from ..selftest.runner import caught_by_text, run_attention_selftest, run_selftest
+from ..verify.attention_job import load_attention_matrix
 from ..verify.matrix import builtin_case, load_matrix
 from .common import EXIT_FAILED, EXIT_OK, console, quiet
 
@@ -20,12 +23,19 @@ from .common import EXIT_FAILED, EXIT_OK, console, quiet
 @click.option("--no-cache", is_flag=True, help="Recompute references instead of reading the cache.")
 def selftest(no_cache: bool) -> None:
     """Run deliberately wrong kernels through verify; exit 1 unless all are caught and every
-    built-in kernel passes (the quick matrix)."""
+    built-in kernel passes (the quick matrices, rows and attention)."""
     out = console()
     matrix = load_matrix(builtin_case("verify-quick"))
     store = TruthStore(None if no_cache else default_cache_dir())
-    ours = [k for k in list_kernels() if k.source == "builtin" and not k.baseline]
+    ours = [k for k in list_kernels() if k.source == "builtin" and not k.baseline
+            and k.kind == ROW]
     outcomes = run_selftest(MUTANTS, ours, matrix, store)
+    attention = [k for k in list_kernels() if k.source == "builtin" and not k.baseline
+                 and k.kind == ATTENTION]
+    outcomes += run_attention_selftest(
+        ATTENTION_MUTANTS, [ATTENTION_CONTROL, *attention],
+        load_attention_matrix(builtin_case("verify-attention-quick")),
+        None if no_cache else default_cache_dir())
     table = Table(title="mutation self-test", title_justify="left")
     table.add_column("mutant / kernel", no_wrap=True, style="bold")
     table.add_column("verdict", no_wrap=True)

@@ -10,14 +10,22 @@ import click
 from ..bench.cases import parse_size
 from ..environment import describe
 from ..execute import Isolation
-from ..functions import get_function
+from ..functions import ATTENTION, function_kind, get_attention_function, get_function
 from ..inputs import get_generator
+from ..inputs.attention import get_attention_generator
+from ..inputs.layouts import check_layout
 from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..registry import KernelSpec
+from ..verify.attention_job import (
+    AttentionVerifyJob,
+    expand_attention,
+    load_attention_matrix,
+    parse_attention_size,
+)
 from ..verify.job import VerifyJob
-from ..verify.matrix import CaseFileError, expand, load_matrix
+from ..verify.matrix import CaseFileError, builtin_case, expand, load_matrix
 from .common import (
     case_path,
     check_survival,
@@ -32,6 +40,7 @@ from .common import (
 )
 
 MODE_CHOICES = ("fwd", "bwd", "both")
+ATTENTION_MATRIX = "verify-attention"  # the built-in matrix of attention kernels
 
 
 @click.command()
@@ -42,9 +51,12 @@ MODE_CHOICES = ("fwd", "bwd", "both")
               help="Verification matrix ([verify] table of a TOML case file).")
 @click.option("--quick", is_flag=True, help="The small matrix (cases/verify-quick.toml).")
 @click.option("-s", "--size", "sizes", multiple=True, metavar="ROWSxN",
-              help="Shapes to verify instead of the matrix's, e.g. 7x16.")
+              help="Shapes to verify instead of the matrix's, e.g. 7x16 (attention: "
+                   "BxHxLQxLKxD, e.g. 1x2x16x16x8).")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
               help="A parameter at this value instead of the matrix's grid, e.g. tau=0.5.")
+@click.option("--layout", "layouts", multiple=True, metavar="L",
+              help="Only inputs in these layouts: packed, padded, offset, transposed.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Write every record to this results file.")
 @click.option("--precision", type=int, default=DEFAULT_PRECISION, show_default=True,
@@ -56,7 +68,7 @@ MODE_CHOICES = ("fwd", "bwd", "both")
 @survival_options("case")
 @note_options
 def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, quick, sizes,
-           params, json_path, precision, jobs, no_cache, mode, isolate, timeout, resume_path,
+           params, layouts, json_path, precision, jobs, no_cache, mode, isolate, timeout, resume_path,
            shard, failures, traceback) -> None:
     """Check kernels against mpmath ground truth on adversarial inputs, in ulps.
 
@@ -70,13 +82,10 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     only, inputs = split_names(only), split_names(inputs)
     try:
         for f in functions:
-            get_function(f)
-        for g in inputs:
-            get_generator(g)
+            function_kind(f)
         for d in dtypes:
             if d not in DTYPE_NAMES:
                 raise ValueError(f"unknown dtype {d!r} (choose from {', '.join(DTYPE_NAMES)})")
-        shapes = [parse_size(v) for v in split_names(sizes)]
     except ValueError as e:
         fail(str(e))
     if precision < MIN_PRECISION:
@@ -87,37 +96,92 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
         fail(f"unknown --mode {mode!r} (choose from {', '.join(MODE_CHOICES)})")
     shard_kn = check_survival(timeout, resume_path, json_path, shard)
     notes = failures_shown(failures, traceback)
+    out_path = Path(resume_path or json_path) if (resume_path or json_path) else None
+    modes = ("fwd", "bwd") if mode == "both" else (mode,)
+    by_mode = choose_kernels_by_mode(functions, backends, only, kernel_files, modes)
+    kinds = {k.kind for ks in by_mode.values() for k in ks}
+    if len(kinds) > 1:
+        fail("row kernels and attention kernels are verified apart: choose them with "
+             "--function (or --only) one kind at a time")
+    chosen = [k for ks in by_mode.values() for k in ks]
+    fixed = parse_params(params, chosen)
+    if ATTENTION in kinds:
+        _verify_attention(by_mode, case_file, dtypes, inputs, sizes, fixed, precision,
+                          no_cache, isolate, timeout, out_path, shard_kn, resume_path, notes)
+    try:
+        shapes = [parse_size(v) for v in split_names(sizes)]
+        layouts = [check_layout(v) for v in split_names(layouts)]
+    except ValueError as e:
+        fail(str(e))
     path = case_path(case_file, quick, "verify-quick", "verify")
     try:
         matrix = load_matrix(path)
     except CaseFileError as e:
         fail(str(e))
-    out_path = Path(resume_path or json_path) if (resume_path or json_path) else None
-    modes = ("fwd", "bwd") if mode == "both" else (mode,)
-    by_mode = choose_kernels_by_mode(functions, backends, only, kernel_files, modes)
-    fixed = parse_params(params, [k for ks in by_mode.values() for k in ks])
+    named = {spec.generator for spec in matrix.inputs if spec.explicit is not None}
+    for g in inputs:
+        if g not in named:
+            try:
+                get_generator(g)
+            except ValueError as e:
+                fail(str(e))
     cases_by_mode = {
-        m: expand(matrix, sorted({k.function for k in ks}), dtypes or None, inputs or None,
-                  shapes or None, fixed)
+        m: [c for c in expand(matrix, sorted({k.function for k in ks}), dtypes or None,
+                              inputs or None, shapes or None, fixed)
+            if not layouts or c.layout in layouts]
         for m, ks in by_mode.items()
     }
     if not any(cases_by_mode.values()):
         fail(f"the matrix {path} has no case for the chosen kernels, dtypes and inputs")
-    builtin = None if case_file else ("verify-quick" if quick else "verify")
-    meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "matrix": str(path),
-            "matrix_builtin": builtin, "precision": precision, **describe(include_gpu=False)}
+    meta = _header(path, None if case_file else ("verify-quick" if quick else "verify"),
+                   precision)
     job = VerifyJob(by_mode, cases_by_mode, max_elements=matrix.max_elements,
                     store=TruthStore(None if no_cache else default_cache_dir()),
-                    precision=precision, workers=jobs, isolation=Isolation(isolate, timeout))
+                    precision=precision, workers=jobs, isolation=Isolation(isolate, timeout),
+                    max_rows=matrix.max_rows)
     run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path),
                 notes=notes)
+
+
+def _verify_attention(by_mode, case_file, dtypes, inputs, sizes, fixed, precision, no_cache,
+                      isolate, timeout, out_path, shard_kn, resume_path, notes) -> None:
+    """verify for attention kernels: their matrix (cases/verify-attention.toml unless
+    --case), their inputs and BxHxLQxLKxD sizes; the same session, records and report."""
+    try:
+        for g in inputs:
+            get_attention_generator(g)
+        shapes = [parse_attention_size(v) for v in split_names(sizes)]
+    except ValueError as e:
+        fail(str(e))
+    path = Path(case_file) if case_file else builtin_case(ATTENTION_MATRIX)
+    try:
+        matrix = load_attention_matrix(path)
+    except CaseFileError as e:
+        fail(str(e))
+    cases_by_mode = {m: expand_attention(matrix, sorted({k.function for k in ks}),
+                                         dtypes or None, inputs or None, shapes or None, fixed)
+                     for m, ks in by_mode.items()}
+    if not any(cases_by_mode.values()):
+        fail(f"the matrix {path} has no case for the chosen kernels, dtypes and inputs")
+    meta = _header(path, None if case_file else ATTENTION_MATRIX, precision)
+    cache = None if no_cache else default_cache_dir()
+    job = AttentionVerifyJob(by_mode, cases_by_mode, cache_dir=cache, precision=precision,
+                             isolation=Isolation(isolate, timeout))
+    run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path), notes=notes)
+
+
+def _header(path: Path, builtin: str | None, precision: int) -> dict:
+    """The results file's header: when, which matrix (and whether built in), the machine."""
+    return {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "matrix": str(path),
+            "matrix_builtin": builtin, "precision": precision, **describe(include_gpu=False)}
 
 
 def parse_params(values: tuple[str, ...], kernels: list[KernelSpec]) -> dict[str, float]:
     """--param NAME=VALUE options as {name: value}, each checked against the chosen kernels'
     functions (one line and exit 2 when no chosen function takes it or the value is bad)."""
     out: dict[str, float] = {}
-    functions = [get_function(f) for f in dict.fromkeys(k.function for k in kernels)]
+    functions = [get_attention_function(f) if function_kind(f) == ATTENTION else get_function(f)
+                 for f in dict.fromkeys(k.function for k in kernels)]
     for text in values:
         name, eq, value = text.partition("=")
         name = name.strip()

@@ -2,7 +2,7 @@
 
 A record type is a keyword-only dataclass whose fields are declared with `entry`. Reading a
 record (`from_dict`) checks each field against its annotation (str, int, float, bool, None,
-unions, Literal, list, tuple, dict[str, ...], nested record types, Any) and against the
+unions, Literal, list, tuple (tuple[T, ...] too), dict[str, ...], nested record types, Any) and against the
 entry's `check`, which is applied to every number under the field; floats must be finite
 unless the entry says `nonfinite` (then 'nan', 'inf' and '-inf', as results files store
 them, are read back as floats). Writing (`to_dict`) leaves out optional fields (those whose
@@ -176,6 +176,10 @@ def _convert(tp: Any, v: Any, path: str, meta: Meta) -> Any:
         if not isinstance(v, list):
             raise RecordError(path, f"must be a list, got {_show(v)}")
         return [_convert(args[0], x, f"{path}[{i}]", meta) for i, x in enumerate(v)]
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # tuple[T, ...]
+        if not isinstance(v, list | tuple):
+            raise RecordError(path, f"must be a list, got {_show(v)}")
+        return tuple(_convert(args[0], x, f"{path}[{i}]", meta) for i, x in enumerate(v))
     if origin is tuple:
         if not isinstance(v, list | tuple) or len(v) != len(args):
             raise RecordError(path, f"must be a list of {len(args)}, got {_show(v)}")

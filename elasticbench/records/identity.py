@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .fields import JSONRecord, entry, positive
+from ..functions import ATTENTION_FUNCTIONS
+from .fields import JSONRecord, RecordError, entry, positive
 
 Mode = Literal["fwd", "bwd"]
 
@@ -22,10 +23,18 @@ class KernelCase(JSONRecord):
     source: str = "builtin"  # or the kernel file
     mode: Mode = "fwd"
     dtype: str
-    shape: tuple[int, int] = entry(check=positive)
+    # (rows, n) for a row function; (batch, heads, length_q, length_k, head_dim) for an
+    # attention function (docs/attention.md)
+    shape: tuple[int, ...] = entry(check=positive)
+
+    def __post_init__(self) -> None:
+        want = 5 if self.function in ATTENTION_FUNCTIONS else 2
+        if len(self.shape) != want:
+            raise RecordError("shape", f"must be a list of {want} for {self.function}, got "
+                                       f"{list(self.shape)!r}")
     params: dict[str, float] = entry(factory=dict)
 
-IDENTITY_FIELDS = ("kernel", "mode", "dtype", "input", "shape", "params", "seed")
+IDENTITY_FIELDS = ("kernel", "mode", "dtype", "input", "shape", "params", "seed", "layout")
 
 
 def record_key(record: dict[str, Any]) -> tuple:
@@ -38,4 +47,5 @@ def record_key(record: dict[str, Any]) -> tuple:
         tuple(record.get("shape", ())),
         tuple(sorted((record.get("params") or {}).items())),
         record.get("seed"),
+        record.get("layout", "packed"),  # inputs/layouts.py; run records are packed
     )

@@ -82,9 +82,15 @@ class RunRecord(KernelCase):
     gbps: float | None = entry(None, check=positive, timed=True)
     pct_copy: float | None = entry(None, check=positive, timed=True)
     roof: dict[str, Any] | None = entry(None, timed=True)  # the Roof it was measured against
-    binding: Literal["memory", "exp"] | None = entry(None, timed=True)
+    binding: Literal["memory", "exp", "matmul"] | None = entry(None, timed=True)
     pct_roof: float | None = entry(None, check=positive, timed=True)
     copy_gbps: float | None = entry(None, check=positive)  # the copy roof of its own run
+    # attention (docs/attention.md section 6): model FLOPs, achieved rate and its share of
+    # the run's measured matmul ceiling, and the process's peak memory growth in one call
+    flops: float | None = entry(None, check=positive)
+    gflops: float | None = entry(None, check=positive)
+    pct_matmul: float | None = entry(None, check=positive)
+    peak_bytes: int | None = entry(None, check=nonnegative)
     verify: QuickVerdict | None = None
     ranked: bool = False  # timed, verified and not the baseline: it competes
     speedup: float | None = entry(None, check=positive)  # baseline median / own median

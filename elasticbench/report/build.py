@@ -73,4 +73,4 @@ def section(results: Results, options: NoteOptions = EVERY_FAILURE) -> Section:
     kernels = len({r["kernel"] for r in records})
     line = f"{len(records)} timings of {kernels} kernels, {failed} failed verification or raised"
     return Section(results.source, "run", about, run_sheets(records),
-                   run_notes(records, doc.get("ceilings")), line, failed)
+                   run_notes(records, doc.get("ceilings"), doc.get("skipped")), line, failed)

@@ -62,10 +62,65 @@ def group_records(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any
     return groups
 
 
+ATTENTION_CAPTION = ("size: batch x heads x length x head dim; GFLOP/s: the matmuls' FLOPs; "
+                     "%mm: of the measured matmul ceiling; roof m/M: matmul/memory binds; "
+                     "peak: resident memory growth in one call")
+
+ATTENTION_COLUMNS = [
+    Column("kernel", wrap=False),
+    Column("size", ("shape", "causal", "dtype")),
+    Column("median", ("median_s",), align="right", wrap=False),
+    Column("GFLOP/s", ("gflops",), align="right", wrap=False),
+    Column("%mm", ("pct_matmul",), align="right", wrap=False),
+    Column("%roof", ("pct_roof", "binding"), align="right", wrap=False),
+    Column("peak", ("peak_bytes",), align="right", wrap=False),
+    Column("x base", ("speedup",), align="right", wrap=False),
+    Column("verify", ("verify",), wrap=False),
+]
+
+
+def _attention_size(r: dict[str, Any], dtypes: int) -> Entry:
+    b, h, lq, lk, d = r["shape"]
+    causal = bool(r.get("params", {}).get("causal"))
+    text = f"{b}x{h}x{lq}{'' if lq == lk else f'x{lk}'}x{d}" + (" causal" if causal else "")
+    text += f" {r['dtype']}" if dtypes > 1 else ""
+    return entry(text, values=(list(r["shape"]), causal, r["dtype"]))
+
+
+def _mib(v: int | None) -> Entry:
+    return EMPTY if v is None else entry(f"{v / 2**20:.0f} MiB", values=(v,))
+
+
+def attention_sheet(name: str, recs: list[dict[str, Any]]) -> Sheet:
+    """A row per timed attention (kernel, size, causal): time, FLOP rate, roof, memory."""
+    ndt = len({r["dtype"] for r in recs})
+    sheet = Sheet(name, name, list(ATTENTION_COLUMNS), caption=ATTENTION_CAPTION, compact=True)
+    for r in recs:
+        if "error" in r:
+            sheet.add(entry(r["kernel"]), _attention_size(r, ndt), *[EMPTY] * 6, _verdict(r))
+            continue
+        sp = r.get("speedup")
+        binding = {"matmul": "m", "memory": "M"}.get(r["binding"], r["binding"][0])
+        sheet.add(
+            entry(r["kernel"]), _attention_size(r, ndt),
+            entry(format_time(r["median_s"]), values=(r["median_s"],)),
+            entry(f"{r['gflops']:.1f}", values=(r["gflops"],)),
+            entry(f"{r['pct_matmul']:.0f}%", values=(r["pct_matmul"],)),
+            entry(f"{r['pct_roof']:.0f}% {binding}", values=(r["pct_roof"], r["binding"])),
+            _mib(r.get("peak_bytes")),
+            entry(f"{sp:.2f}", values=(sp,)) if sp else EMPTY,
+            _verdict(r),
+        )
+    return sheet
+
+
 def run_sheets(records: list[dict[str, Any]]) -> list[Sheet]:
     """One sheet per function and mode: a row per timed (kernel, size)."""
     sheets = []
     for name, recs in group_records(records).items():
+        if len(recs[0]["shape"]) == 5:  # attention (docs/attention.md section 6)
+            sheets.append(attention_sheet(name, recs))
+            continue
         ndt = len({r["dtype"] for r in recs})
         sheet = Sheet(name, name, list(COLUMNS), caption=CAPTION, compact=True)
         for r in recs:
@@ -87,13 +142,20 @@ def run_sheets(records: list[dict[str, Any]]) -> list[Sheet]:
     return sheets
 
 
-def run_notes(records: list[dict[str, Any]], ceilings: dict[str, Any] | None) -> list[Note]:
-    """The ceilings, then errors, unranked failures and noisy timings."""
+def run_notes(records: list[dict[str, Any]], ceilings: dict[str, Any] | None,
+              skipped: list[str] | None = None) -> list[Note]:
+    """The ceilings, what the case left out, then errors, unranked failures and noisy
+    timings."""
     notes = []
-    if ceilings:
+    if ceilings and "matmul_gflops" in ceilings:
+        mm = ", ".join(f"{d} {v['ceiling']:.1f}" for d, v in ceilings["matmul_gflops"].items())
+        notes.append(note(f"ceilings: copy {ceilings['copy_gbps']:.1f} GB/s; "
+                          f"matmul GFLOP/s: {mm}"))
+    elif ceilings:
         exp = ", ".join(f"{d} {v:.2f}" for d, v in ceilings["exp_geps"].items())
         notes.append(note(f"ceilings: copy {ceilings['copy_gbps']:.1f} GB/s; "
                           f"exp G elements/s: {exp}"))
+    notes += [note(Span("skipped", "warn"), f" {s}") for s in skipped or []]
     for r in records:
         if "error" in r:
             notes.append(note(Span("ERROR", "fail"), f" {r['kernel']} {r['shape']}: {r['error']}"))

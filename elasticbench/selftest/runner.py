@@ -1,14 +1,23 @@
-"""Running the self-test: each mutant through verification, and the correct kernels too."""
+"""Running the self-test: each mutant through verification, and the correct kernels too
+(row kernels on a row matrix, attention kernels on an attention matrix)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from ..numerics.truth import DEFAULT_PRECISION
 from ..numerics.truth_cache import TruthStore
 from ..registry import KernelSpec
 from ..report.verify_table import describe_case
+from ..verify.attention_job import (
+    AttentionMatrix,
+    expand_attention,
+    prepare,
+    verify_attention_one,
+)
 from ..verify.matrix import VerifyMatrix, expand
 from ..verify.runner import run_verification
 from .mutants import Mutant
@@ -32,7 +41,8 @@ def _verify(spec: KernelSpec, matrix: VerifyMatrix, store: TruthStore) -> list[d
     records: list[dict] = []
     cases = expand(matrix, [spec.function])
     run_verification([spec], cases, max_elements=matrix.max_elements, store=store,
-                     on_record=lambda r: records.append(r.to_dict()), mode=spec.mode)
+                     on_record=lambda r: records.append(r.to_dict()), mode=spec.mode,
+                     max_rows=matrix.max_rows)
     return records
 
 
@@ -63,3 +73,35 @@ def caught_by_text(o: SelftestOutcome) -> str:
     r = o.caught_by
     case = describe_case(r).replace(f" seed={r['seed']}", "")
     return f"{case}: {r['reason'].split(':')[0]}"
+
+
+def run_attention_selftest(
+    mutants: tuple[Mutant, ...],
+    correct: list[KernelSpec],
+    matrix: AttentionMatrix,
+    cache_dir: Path | None,
+    on_outcome: Callable[[SelftestOutcome], None] = lambda o: None,
+) -> list[SelftestOutcome]:
+    """run_selftest for attention kernels, on an attention matrix (each case's truth once)."""
+    plan = [(m.spec, m.bug, True) for m in mutants] + [(k, "", False) for k in correct]
+    records: dict[int, list[dict]] = {i: [] for i in range(len(plan))}
+    for mode in ("fwd", "bwd"):
+        mine = [i for i, (spec, _, _) in enumerate(plan) if spec.mode == mode]
+        functions = sorted({plan[i][0].function for i in mine})
+        for case in expand_attention(matrix, functions):
+            prep = None
+            for i in mine:
+                spec = plan[i][0]
+                if spec.function != case.function or not spec.supports(case.dtype):
+                    continue
+                prep = prep or prepare(case, mode, cache_dir, DEFAULT_PRECISION)
+                records[i].append(verify_attention_one(spec, prep).to_dict())
+    outcomes = []
+    for i, (spec, bug, expect_fail) in enumerate(plan):
+        failed = [r for r in records[i] if not r["passed"]]
+        o = SelftestOutcome(spec.name if spec.mode == "fwd" else f"{spec.name} (bwd)", bug,
+                            expect_fail, len(failed), len(records[i]),
+                            failed[0] if failed else None)
+        on_outcome(o)
+        outcomes.append(o)
+    return outcomes

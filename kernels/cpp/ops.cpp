@@ -317,6 +317,8 @@ std::string isa() { return current()->isa; }
 
 }  // namespace
 
+namespace eb { void bind_attention(pybind11::module_& m, const char* (*isa)()); }  // attention.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "elasticbench native CPU kernels (docs/native.md)";
   m.def("exp_forward", &exp_forward, "exp-family forward (elastic, softmax, softmax1)");
@@ -325,4 +327,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa, "the instruction set in use");
   m.def("isas", &isas, "instruction sets this CPU can run, widest first");
   m.def("set_isa", &set_isa, "use the kernels of this instruction set");
+  eb::bind_attention(m, [] { return current()->isa; });  // follows set_isa
 }

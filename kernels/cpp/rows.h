@@ -8,6 +8,8 @@
 
 namespace EB_NS {
 
+template <bool B> struct Flag { static constexpr bool value = B; };
+
 template <typename T> inline T neg_inf();
 template <> inline double neg_inf<double>() { return -__builtin_inf(); }
 template <> inline float neg_inf<float>() { return -__builtin_inff(); }
@@ -64,6 +66,7 @@ template <typename C> inline ivec<C> kept_mask(vec<C> x, int mask_negative) {
 template <typename T, typename C> struct ExpRows {
   static constexpr int W = width<C>();
   static constexpr int64_t BLOCK = eb::FUSED_BLOCK;  // elements per online block
+  static constexpr int64_t STREAM_BYTES = 1 << 19;    // rows from here are written streaming
 
   // The census of a row that is not plainly finite (rare): max over kept values, NaN flag
   // and +inf count over x[i0, i1).
@@ -99,27 +102,39 @@ template <typename T, typename C> struct ExpRows {
     m = bm > m ? bm : m;
   }
 
-  // fp64 exponentials that only feed a 16- or 32-bit output need 2^-32, not 2^-53
-  static constexpr int DEGREE = sizeof(C) == 8 && sizeof(T) < 8 ? 8 : ExpConst<C>::DEGREE;
+  // f(Flag<mask>, Flag<tau == 1>): the exp loops are instantiated per combination.
+  template <class F> static void with_flags(int mask_negative, C inv_tau, F&& f) {
+    if (mask_negative) {
+      if (inv_tau == C(1)) f(Flag<true>{}, Flag<true>{});
+      else f(Flag<true>{}, Flag<false>{});
+    } else {
+      if (inv_tau == C(1)) f(Flag<false>{}, Flag<true>{});
+      else f(Flag<false>{}, Flag<false>{});
+    }
+  }
+
+  // fp64 exponentials that only feed a 16- or 32-bit output need 2^-27 (0.09 fp32 ulp), not 2^-53
+  static constexpr int DEGREE = sizeof(C) == 8 && sizeof(T) < 8 ? 7 : ExpConst<C>::DEGREE;
 
   // exp((x - m)/tau) * 2^PRESCALE, 0 on masked (negative) lanes; NaN stays NaN (simd.h).
   // Unmasked -inf lanes give exp(LOWEST), which every output rounds to 0.
-  template <bool MASK> static vec<C> expv(vec<C> v, C m, C inv_tau) {
-    vec<C> e = vexp_scaled<C, DEGREE>((v - m) * inv_tau);
+  // UNIT: tau = 1 (softmax and softmax1 always), no multiply.
+  template <bool MASK, bool UNIT> static vec<C> expv(vec<C> v, C m, C inv_tau) {
+    vec<C> e = vexp_scaled<C, DEGREE>(UNIT ? v - m : (v - m) * inv_tau);
     return MASK ? select<C>(v < C(0), splat<C>(0), e) : e;
   }
 
   // Sum of the exps of one block (at most BLOCK elements) into acc, in four chains of the
   // compute type (16 terms per fp32 lane: a few ulps at most); `out` stores the exps.
-  template <bool MASK>
+  template <bool MASK, bool UNIT>
   static void sum_block(const T* x, int64_t i0, int64_t i1, C m, C inv_tau, Wide& acc, C* out) {
     vec<C> s0{}, s1{}, s2{}, s3{};
     int64_t i = i0;
     for (; i + 4 * W <= i1; i += 4 * W) {
-      vec<C> e0 = expv<MASK>(Io<T, C>::load(x + i), m, inv_tau);
-      vec<C> e1 = expv<MASK>(Io<T, C>::load(x + i + W), m, inv_tau);
-      vec<C> e2 = expv<MASK>(Io<T, C>::load(x + i + 2 * W), m, inv_tau);
-      vec<C> e3 = expv<MASK>(Io<T, C>::load(x + i + 3 * W), m, inv_tau);
+      vec<C> e0 = expv<MASK, UNIT>(Io<T, C>::load(x + i), m, inv_tau);
+      vec<C> e1 = expv<MASK, UNIT>(Io<T, C>::load(x + i + W), m, inv_tau);
+      vec<C> e2 = expv<MASK, UNIT>(Io<T, C>::load(x + i + 2 * W), m, inv_tau);
+      vec<C> e3 = expv<MASK, UNIT>(Io<T, C>::load(x + i + 3 * W), m, inv_tau);
       s0 += e0; s1 += e1; s2 += e2; s3 += e3;
       if (out) {
         Io<C, C>::store(out + i, e0); Io<C, C>::store(out + i + W, e1);
@@ -127,7 +142,7 @@ template <typename T, typename C> struct ExpRows {
       }
     }
     for (; i < i1; i += W) {
-      vec<C> e = expv<MASK>(ld<T, C>(x, i, i1, neg_inf<T>()), m, inv_tau);
+      vec<C> e = expv<MASK, UNIT>(ld<T, C>(x, i, i1, neg_inf<T>()), m, inv_tau);
       if (i1 - i < W) e = select<C>(lanes_below<C>(i1 - i), e, splat<C>(0));
       s0 += e;
       if (out) st<C, C>(out, i, i1, e);
@@ -139,8 +154,9 @@ template <typename T, typename C> struct ExpRows {
                       Wide& acc, C* out) {
     for (int64_t b0 = i0; b0 < i1; b0 += BLOCK) {
       int64_t b1 = b0 + BLOCK < i1 ? b0 + BLOCK : i1;
-      if (mask_negative) sum_block<true>(x, b0, b1, m, inv_tau, acc, out);
-      else sum_block<false>(x, b0, b1, m, inv_tau, acc, out);
+      with_flags(mask_negative, inv_tau, [&](auto mask, auto unit) {
+        sum_block<decltype(mask)::value, decltype(unit)::value>(x, b0, b1, m, inv_tau, acc, out);
+      });
     }
   }
 
@@ -220,17 +236,27 @@ template <typename T, typename C> struct ExpRows {
   }
 
   // y = exp((x - m)/tau) / D on kept positions, 0 elsewhere.
-  template <bool MASK>
+  template <bool MASK, bool UNIT>
   static void write_exps(const T* x, T* y, int64_t n, C m, C inv_tau, C inv_den) {
     int64_t i = 0;
+    if (sizeof(T) == sizeof(C) && n * int64_t(sizeof(T)) >= STREAM_BYTES &&
+        reinterpret_cast<uintptr_t>(y) % sizeof(vec<C>) == 0) {
+      // a row this long leaves the cache before it is read again: write around it (no
+      // read for ownership of y's lines)
+      for (; i + W <= n; i += W) {
+        vec<C> e = expv<MASK, UNIT>(Io<T, C>::load(x + i), m, inv_tau) * inv_den;
+        stream_store(reinterpret_cast<C*>(y + i), e);
+      }
+      stream_fence();
+    }
     for (; i + 2 * W <= n; i += 2 * W) {
-      vec<C> e0 = expv<MASK>(Io<T, C>::load(x + i), m, inv_tau);
-      vec<C> e1 = expv<MASK>(Io<T, C>::load(x + i + W), m, inv_tau);
+      vec<C> e0 = expv<MASK, UNIT>(Io<T, C>::load(x + i), m, inv_tau);
+      vec<C> e1 = expv<MASK, UNIT>(Io<T, C>::load(x + i + W), m, inv_tau);
       Io<T, C>::store(y + i, e0 * inv_den);
       Io<T, C>::store(y + i + W, e1 * inv_den);
     }
     for (; i < n; i += W)
-      st<T, C>(y, i, n, expv<MASK>(ld<T, C>(x, i, n, neg_inf<T>()), m, inv_tau) * inv_den);
+      st<T, C>(y, i, n, expv<MASK, UNIT>(ld<T, C>(x, i, n, neg_inf<T>()), m, inv_tau) * inv_den);
   }
 
   static void write(const void* xv, void* yv, int64_t n, const eb::ExpSpec& p, const eb::ExpRow& r,
@@ -239,8 +265,9 @@ template <typename T, typename C> struct ExpRows {
     T* y = static_cast<T*>(yv);
     if (write_special(x, y, n, r)) return;
     const C m = C(r.m), inv_tau = C(1.0 / p.tau), inv_den = C(exp_unscale<C>() / r.den);
-    if (p.mask_negative) write_exps<true>(x, y, n, m, inv_tau, inv_den);
-    else write_exps<false>(x, y, n, m, inv_tau, inv_den);
+    with_flags(p.mask_negative, inv_tau, [&](auto mask, auto unit) {
+      write_exps<decltype(mask)::value, decltype(unit)::value>(x, y, n, m, inv_tau, inv_den);
+    });
   }
 
   // The fused kernel's write sweep: y (holding each block's scaled exps) times the block's
@@ -326,27 +353,53 @@ template <typename T, typename C> struct WeightRows {
 
 template <typename T, typename C> struct BwdRows {
   static constexpr int W = width<C>();
+  static constexpr int64_t BLOCK = eb::FUSED_BLOCK;
 
+  // Kept positions, with NaN counted as kept so that a NaN x reaches the sum c (through
+  // its y, NaN in a NaN row) and sends the row to the census.
+  static ivec<C> kept_or_nan(vec<C> x, int mask_negative) {
+    return !(x < (mask_negative ? C(0) : lowest_finite<C>()));
+  }
+
+  // Kept max, c = sum of g y over kept positions, largest kept y; NaN and +inf by census
+  // only where the plain sweep saw a +inf max or a NaN c.
   static eb::BwdPartial partial(const void* xv, const void* yv, const void* gv, int64_t n,
                                 int mask_negative) {
     const T *x = static_cast<const T*>(xv), *y = static_cast<const T*>(yv),
             *g = static_cast<const T*>(gv);
     vec<C> vm = splat<C>(-__builtin_inf()), vy = splat<C>(0);
-    ivec<C> vnan{}, vinf{};
     Wide c;
-    for (int64_t i = 0; i < n; i += W) {
-      vec<C> xs = ld<T, C>(x, i, n, neg_inf<T>());
-      vec<C> ys = ld<T, C>(y, i, n, zero<T>()), gs = ld<T, C>(g, i, n, zero<T>());
-      ivec<C> kept = kept_mask<C>(xs, mask_negative);
-      vm = vmax<C>(vm, select<C>(kept, xs, splat<C>(-__builtin_inf())));
-      vnan |= xs != xs;
-      vinf -= xs == __builtin_inf();
-      vec<C> yk = select<C>(kept, ys, splat<C>(0));
-      vy = vmax<C>(vy, yk);
-      c.add(select<C>(kept, gs * yk, splat<C>(0)));
+    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
+      const int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
+      vec<C> s0{}, s1{};
+      int64_t i = b0;
+      for (; i + 2 * W <= b1; i += 2 * W) {
+        vec<C> x0 = Io<T, C>::load(x + i), x1 = Io<T, C>::load(x + i + W);
+        vec<C> y0 = select<C>(kept_or_nan(x0, mask_negative), Io<T, C>::load(y + i), splat<C>(0));
+        vec<C> y1 = select<C>(kept_or_nan(x1, mask_negative), Io<T, C>::load(y + i + W), splat<C>(0));
+        vm = vmax<C>(x0, vm);
+        vm = vmax<C>(x1, vm);
+        vy = vmax<C>(y0, vy);
+        vy = vmax<C>(y1, vy);
+        s0 += Io<T, C>::load(g + i) * y0;
+        s1 += Io<T, C>::load(g + i + W) * y1;
+      }
+      for (; i < b1; i += W) {
+        vec<C> xs = ld<T, C>(x, i, b1, neg_inf<T>());
+        vec<C> ys = select<C>(kept_or_nan(xs, mask_negative), ld<T, C>(y, i, b1, zero<T>()), splat<C>(0));
+        vm = vmax<C>(xs, vm);
+        vy = vmax<C>(ys, vy);
+        s0 += ld<T, C>(g, i, b1, zero<T>()) * ys;
+      }
+      c.add(s0 + s1);
     }
-    eb::BwdPartial r{double(hmax<C>(vm)), c.total(), double(hmax<C>(vy)), 0, any<C>(vnan)};
-    for (int k = 0; k < W; ++k) r.ninf += vinf[k];
+    C m = hmax<C>(vm);
+    if (mask_negative && m < C(0)) m = -__builtin_inf();
+    eb::BwdPartial r{double(m), c.total(), double(hmax<C>(vy)), 0, 0};
+    if (r.m == __builtin_inf() || r.c != r.c) {
+      C cm = -__builtin_inf();
+      ExpRows<T, C>::census(x, 0, n, mask_negative, cm, r.nan, r.ninf);
+    }
     return r;
   }
 
@@ -360,22 +413,33 @@ template <typename T, typename C> struct BwdRows {
       for (int64_t i = 0; i < n; i += W) st<T, C>(dx, i, n, fill);
       return {cls == eb::ROW_NAN ? __builtin_nan("") : 0.0, cls == eb::ROW_NAN ? __builtin_nan("") : 0.0};
     }
-    const C cc = C(c), t = C(tau), mm = C(m), inv_tau = C(1.0 / tau);
-    Wide yz, gyz;
-    for (int64_t i = 0; i < n; i += W) {
-      vec<C> xs = ld<T, C>(x, i, n, neg_inf<T>());
-      vec<C> ys = ld<T, C>(y, i, n, zero<T>()), gs = ld<T, C>(g, i, n, zero<T>());
-      ivec<C> kept = kept_mask<C>(xs, mask_negative);
-      vec<C> yk = select<C>(kept, ys, splat<C>(0));
-      // (g - c)/tau before the product: a subnormal y (g - c) is never scaled up by 1/tau
-      st<T, C>(dx, i, n, select<C>(kept, yk * ((gs - cc) / t), splat<C>(0)));
-      if (sums) {
-        ivec<C> live = kept & (yk != C(0));  // y = 0 where z = -inf: keep 0 * inf out
-        vec<C> z = (xs - mm) * inv_tau;
-        vec<C> yzv = select<C>(live, yk * z, splat<C>(0));
-        yz.add(yzv);
-        gyz.add(select<C>(live, gs * yzv, splat<C>(0)));
+    const C cc = C(c), mm = C(m), inv_tau = C(1.0 / tau);
+    if (!sums) {
+      // dx alone needs no x: y is exactly 0 at masked positions, and the row's class is known
+      for (int64_t i = 0; i < n; i += W) {
+        vec<C> ys = ld<T, C>(y, i, n, zero<T>()), gs = ld<T, C>(g, i, n, zero<T>());
+        st<T, C>(dx, i, n, select<C>(ys != C(0), ys * ((gs - cc) * inv_tau), splat<C>(0)));
       }
+      return {0.0, 0.0};
+    }
+    Wide yz, gyz;
+    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
+      const int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
+      vec<C> a{}, b{};
+      for (int64_t i = b0; i < b1; i += W) {
+        vec<C> xs = ld<T, C>(x, i, b1, neg_inf<T>());
+        vec<C> gs = ld<T, C>(g, i, b1, zero<T>());
+        ivec<C> kept = kept_mask<C>(xs, mask_negative);
+        vec<C> yk = select<C>(kept, ld<T, C>(y, i, b1, zero<T>()), splat<C>(0));
+        // (g - c)/tau before the product: a subnormal y (g - c) is never scaled up by 1/tau
+        st<T, C>(dx, i, b1, select<C>(kept, yk * ((gs - cc) * inv_tau), splat<C>(0)));
+        ivec<C> live = kept & (yk != C(0));  // y = 0 where z = -inf: keep 0 * inf out
+        vec<C> yzv = select<C>(live, yk * ((xs - mm) * inv_tau), splat<C>(0));
+        a += yzv;
+        b += gs * yzv;
+      }
+      yz.add(a);
+      gyz.add(b);
     }
     return {yz.total(), gyz.total()};
   }

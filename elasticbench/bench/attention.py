@@ -1,0 +1,406 @@
+"""Timing attention kernels against SDPA and the two ceilings measured in the same run.
+
+A case file's [attention_run] table says what to time (docs/attention.md section 6):
+
+    [attention_run]
+    description = "..."
+    kernels = ["torch_attention_flash", "torch_attention_composite"]   # attention kernels
+    baseline = "sdpa"                  # softmax attention, the vendor; speedups against it
+    dtypes = ["fp32"]
+    batch = 1
+    heads = 8
+    head_dim = 64
+    lengths = [512, 1024]              # length_q = length_k
+    causal = [0, 1]
+    modes = ["fwd", "bwd"]
+    quadratic = ["torch_attention_composite"]   # kernels that hold the L x L scores
+    quadratic_limit_gib = 4.0          # ... skipped (and said so) where they would need more
+    [attention_run.max_length]         # optional: the longest length timed for a kernel
+    torch_attention_flash = 4096
+    seed = 0
+    [attention_run.params]             # the row parameters of elastic_attention
+    tau = 1.0
+    beta = 1.0
+    [attention_run.timing]             # bench.timing.Policy
+    min_reps = 3
+
+Each cell (dtype, length, causal, mode) times the baseline first, then the kernels; the
+backward is timed as step(dO) alone, after the kernel's untimed first call (the attention
+contract, docs/attention.md section 4). The ceilings: copy bandwidth (the bytes a fused
+kernel must move: q, k, v and out forward; q, k, v, out, dO and dq, dk, dv backward) and
+matmul throughput, measured on GEMMs of attention's own shapes. FLOPs are the matmuls' (4 B H
+Lq Lk D forward, 10 backward with the recomputed scores; half under causal masking). Peak
+memory growth is the process's resident-set peak during one call above its size before it
+(Linux: VmHWM, reset through /proc/self/clear_refs), taken on a call outside the timing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .. import devices
+from ..attention.contract import backward_step, kernel_arguments
+from ..backends import get_backend
+from ..execute import guarded_call
+from ..functions import ATTENTION, get_attention_function
+from ..inputs.attention import generate_qkv
+from ..numerics.dtypes import DTYPE_NAMES, get_format
+from ..records import QuickVerdict, RunRecord
+from ..registry import KernelSpec, get_kernel
+from ..session import Job, Session
+from ..verify.attention_job import (
+    AttentionCase,
+    expand_attention,
+    load_attention_matrix,
+    prepare,
+    upstream_gradient,
+    verify_attention_one,
+)
+from ..verify.matrix import CaseFileError, builtin_case, read_toml
+from .roofline import measure_copy
+from .timing import Policy, time_calls
+
+TABLE = "attention_run"
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class AttentionRunCase:
+    """A validated [attention_run] table."""
+
+    name: str
+    description: str = ""
+    kernels: tuple[str, ...] = ()
+    baseline: str | None = "sdpa"
+    dtypes: tuple[str, ...] = ("fp32",)
+    batch: int = 1
+    heads: int = 8
+    head_dim: int = 64
+    lengths: tuple[int, ...] = (512,)
+    causal: tuple[int, ...] = (0, 1)
+    modes: tuple[str, ...] = ("fwd", "bwd")
+    quadratic: tuple[str, ...] = ()
+    quadratic_limit_gib: float = 4.0
+    max_length: dict[str, int] = field(default_factory=dict)  # kernel -> longest timed
+    seed: int = 0
+    verify: str = "verify-attention-quick"
+    params: dict[str, float] = field(default_factory=dict)
+    timing: Policy = field(default_factory=Policy)
+
+
+def load_attention_run(path: Path) -> AttentionRunCase:
+    """Read and validate the [attention_run] table; CaseFileError names the key at fault."""
+    table = read_toml(Path(path)).get(TABLE)
+    where = str(path)
+    if not isinstance(table, dict):
+        raise CaseFileError(f"{where}: no [{TABLE}] table")
+    known = {f.name for f in fields(AttentionRunCase)} - {"name"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise CaseFileError(f"{where}: [{TABLE}] has no key {unknown[0]!r} "
+                            f"(keys: {', '.join(sorted(known))})")
+    kw: dict[str, Any] = {"name": Path(path).stem}
+    try:
+        for key in ("kernels", "dtypes", "modes", "quadratic"):
+            if key in table:
+                kw[key] = tuple(str(v) for v in table[key])
+        for key in ("lengths", "causal"):
+            if key in table:
+                kw[key] = tuple(int(v) for v in table[key])
+        for key in ("batch", "heads", "head_dim", "seed"):
+            if key in table:
+                kw[key] = int(table[key])
+        for key in ("description", "verify"):
+            if key in table:
+                kw[key] = str(table[key])
+        if "baseline" in table:
+            kw["baseline"] = str(table["baseline"]) or None
+        if "max_length" in table:
+            kw["max_length"] = {str(k): int(v) for k, v in dict(table["max_length"]).items()}
+        if "quadratic_limit_gib" in table:
+            kw["quadratic_limit_gib"] = float(table["quadratic_limit_gib"])
+        fn = get_attention_function("elastic_attention")
+        kw["params"] = {k: v for k, v in fn.validate_params(table.get("params", {})).items()
+                        if k in fn.row_params}
+        kw["timing"] = Policy(**table.get("timing", {}))
+        case = AttentionRunCase(**kw)
+        for d in case.dtypes:
+            if d not in DTYPE_NAMES:
+                raise ValueError(f"unknown dtype {d!r}")
+        for m in case.modes:
+            if m not in ("fwd", "bwd"):
+                raise ValueError(f"modes are fwd and bwd, got {m!r}")
+        if min((*case.lengths, case.batch, case.heads, case.head_dim)) < 1:
+            raise ValueError("batch, heads, head_dim and lengths must be >= 1")
+        if not set(case.causal) <= {0, 1}:
+            raise ValueError("causal takes 0 and 1")
+        for name in (*case.kernels, *([case.baseline] if case.baseline else [])):
+            for mode in case.modes:
+                if get_kernel(name, mode).kind != ATTENTION:
+                    raise ValueError(f"{name} is not an attention kernel")
+    except (TypeError, ValueError) as e:
+        raise CaseFileError(f"{where}: {TABLE}: {e}".splitlines()[0]) from None
+    return case
+
+
+def attention_flops(b: int, h: int, lq: int, lk: int, d: int, causal: bool, mode: str) -> float:
+    """The matmuls' FLOPs: 2 GEMMs forward (4 B H Lq Lk D), 5 backward; half when causal."""
+    visible = sum(min(i + 1, lk) for i in range(lq)) if causal else lq * lk
+    per = 4 if mode == "fwd" else 10
+    return per * b * h * visible * d
+
+
+def attention_bytes(b: int, h: int, lq: int, lk: int, d: int, itemsize: int, mode: str) -> int:
+    """The least traffic of a fused kernel: forward q, k, v in and out; backward q, k, v, out,
+    dO in and dq, dk, dv out."""
+    q, kv = b * h * lq * d, b * h * lk * d
+    tensors = (2 * q + 2 * kv) if mode == "fwd" else (4 * q + 4 * kv)
+    return tensors * itemsize
+
+
+def measure_matmul(device: str, dtype: str, case: AttentionRunCase, policy: Policy
+                   ) -> dict[str, float]:
+    """GFLOP/s of torch matmuls shaped as attention's (B H, L, D) @ (B H, D, L) at L = 1024
+    and (B H, L, L) @ (B H, L, D); the larger is the run's FLOP ceiling."""
+    import torch
+
+    td = {"fp64": torch.float64, "fp32": torch.float32, "fp16": torch.float16,
+          "bf16": torch.bfloat16}[dtype]
+    n, L, d = case.batch * case.heads, 1024, case.head_dim
+    a = torch.randn(n, L, d, dtype=td, device=device)
+    bt = torch.randn(n, d, L, dtype=td, device=device)
+    p = torch.randn(n, L, L, dtype=td, device=device)
+    out = {}
+    for name, fn, flops in (("qk", lambda i: torch.bmm(a, bt), 2 * n * L * L * d),
+                            ("pv", lambda i: torch.bmm(p, a), 2 * n * L * L * d)):
+        t = time_calls(fn, policy, devices.clock(device))
+        out[name] = flops / t.stats.median_ns
+    out["ceiling"] = max(out.values())
+    return out
+
+
+def _rss_kib(field_name: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _trim_heap() -> None:
+    """Give glibc's free heap memory back to the system, so that the resident size before a
+    call is what is live and a call that reuses freed memory still shows its peak."""
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+
+
+def peak_growth(call: Any) -> int | None:
+    """Bytes the process's resident peak rose above its size before call() (None where
+    Linux's VmHWM cannot be reset)."""
+    _trim_heap()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    before = _rss_kib("VmRSS")
+    call()
+    after = _rss_kib("VmHWM")
+    if before is None or after is None:
+        return None
+    return max(0, after - before) * 1024
+
+
+@dataclass(frozen=True)
+class AttentionUnit:
+    """One timed (kernel, mode, dtype, length, causal)."""
+
+    spec: KernelSpec
+    dtype: str
+    length: int
+    causal: int
+    baseline: bool
+
+    @property
+    def key(self) -> tuple:
+        return (self.spec.name, self.spec.mode, self.dtype, self.length, self.causal)
+
+
+class AttentionRunJob(Job[AttentionUnit]):
+    """Ceilings, a quick verification of each kernel, then every unit timed (run's kind)."""
+
+    kind = "run"
+
+    def __init__(self, case: AttentionRunCase, device: str):
+        self.case, self.device = case, device
+        self.skipped: list[str] = []
+
+    def shape(self, length: int) -> tuple[int, int, int, int, int]:
+        c = self.case
+        return (c.batch, c.heads, length, length, c.head_dim)
+
+    def _fits(self, spec: KernelSpec, dtype: str, length: int) -> bool:
+        """A kernel that holds the scores fits where B H L^2 work-precision floats, three
+        times over (scores, weights, one temporary), stay under the case's limit."""
+        c = self.case
+        if length > c.max_length.get(spec.name, length):
+            why = (f"{spec.name} {spec.mode} {dtype} L={length}: past the case's max_length "
+                   f"{c.max_length[spec.name]} for it (too slow to time here)")
+            if why not in self.skipped:
+                self.skipped.append(why)
+            return False
+        if spec.name not in c.quadratic:
+            return True
+        need = 3 * c.batch * c.heads * length * length * (8 if dtype == "fp64" else 4)
+        if need <= c.quadratic_limit_gib * GIB:
+            return True
+        why = (f"{spec.name} {spec.mode} {dtype} L={length}: its scores need "
+               f"{need / GIB:.3g} GiB, over the case's {c.quadratic_limit_gib:g} GiB")
+        if why not in self.skipped:
+            self.skipped.append(why)
+        return False
+
+    def plan(self) -> list[AttentionUnit]:
+        c = self.case
+        units = []
+        for mode in c.modes:
+            for dtype in c.dtypes:
+                for length in c.lengths:
+                    for causal in c.causal:
+                        names = ([(c.baseline, True)] if c.baseline else []) + \
+                            [(k, False) for k in c.kernels]
+                        for name, base in names:
+                            spec = get_kernel(name, mode)
+                            if spec.supports(dtype) and self._fits(spec, dtype, length):
+                                units.append(AttentionUnit(spec, dtype, length, causal, base))
+        return units
+
+    def shard_key(self, unit: AttentionUnit) -> Any:
+        return [unit.spec.mode, unit.dtype, unit.length, unit.causal]
+
+    def work(self, units: list[AttentionUnit], session: Session) -> None:
+        case = self.case
+        done = {(r.kernel, r.mode, r.dtype, r.shape[2], int(r.params.get("causal", 0)))
+                for r in session.records}
+        units = [u for u in units if u.key not in done]
+        session.header["skipped"] = self.skipped
+        task = session.task(f"{case.name} · ceilings", len(units) + 2)
+        backend_llc = devices.llc_bytes(self.device)
+        copy_bps, _, _ = measure_copy(self.device, backend_llc, case.timing)
+        matmul = {d: measure_matmul(self.device, d, case, case.timing) for d in case.dtypes}
+        session.header["ceilings"] = {"copy_gbps": copy_bps / 1e9, "matmul_gflops": matmul}
+        task.advance()
+        task.describe(f"{case.name} · quick verification")
+        verdicts = self._verify({(u.spec.name, u.spec.mode): u.spec for u in units},
+                                case.dtypes)
+        session.header["verification"] = {f"{k}/{m}/{d}": v.to_dict()
+                                          for (k, m, d), v in verdicts.items()}
+        task.advance()
+        base_median: dict[tuple, float] = {
+            (r.mode, r.dtype, r.shape[2], int(r.params.get("causal", 0))): r.median_s
+            for r in session.records if r.baseline and r.median_s}
+        for u in units:
+            task.describe(f"{case.name} · {u.spec.name} {u.spec.mode} {u.dtype} "
+                          f"L={u.length}{' causal' if u.causal else ''}")
+            record = self._time(u, copy_bps, matmul[u.dtype]["ceiling"],
+                                verdicts[(u.spec.name, u.spec.mode, u.dtype)])
+            cell = (u.spec.mode, u.dtype, u.length, u.causal)
+            if u.baseline and record.median_s:
+                base_median[cell] = record.median_s
+            elif record.median_s and cell in base_median:
+                record.speedup = base_median[cell] / record.median_s
+            record.ranked = (not u.baseline and record.error is None
+                             and record.verify is not None and record.verify.status == "pass")
+            session.add(record)
+            task.advance()
+
+    def _verify(self, specs: dict[tuple[str, str], KernelSpec], dtypes: tuple[str, ...]
+                ) -> dict[tuple[str, str, str], QuickVerdict]:
+        """Each kernel on the quick attention matrix in each timed dtype, before timing."""
+        path = Path(self.case.verify)
+        matrix = load_attention_matrix(path if path.suffix == ".toml"
+                                       else builtin_case(self.case.verify))
+        matrix = replace(matrix, dtypes=dtypes)
+        out = {}
+        for (name, mode), spec in specs.items():
+            for dtype in dtypes:
+                cases = expand_attention(matrix, [spec.function], [dtype])
+                records = [verify_attention_one(spec, prepare(c, mode, None, 128))
+                           for c in cases]
+                failed = [r for r in records if not r.passed]
+                out[(name, mode, dtype)] = QuickVerdict(
+                    status="FAIL" if failed else "pass", cases=len(records), failed=len(failed),
+                    max_ulp=max((r.max_ulp or 0.0 for r in records), default=0.0),
+                    reason=failed[0].reason if failed else None)
+        return out
+
+    def _time(self, u: AttentionUnit, copy_bps: float, matmul_gflops: float,
+              verdict: QuickVerdict) -> RunRecord:
+        c, spec = self.case, u.spec
+        shape = self.shape(u.length)
+        params = {**(c.params if spec.function == "elastic_attention" else {}),
+                  "causal": float(u.causal)}
+        acase = AttentionCase(spec.function, "normal", shape, u.dtype, tuple(params.items()),
+                              c.seed)
+        q, k, v = generate_qkv("normal", u.dtype, shape, c.seed)
+        backend = get_backend(spec.backend)
+        args, kw = kernel_arguments(spec, q, k, v, params, u.dtype, acase.scale)
+        record = RunRecord(kernel=spec.name, function=spec.function, backend=spec.backend,
+                           source=spec.source, mode=spec.mode, dtype=u.dtype, shape=shape,
+                           params=params, generator="normal", seed=c.seed, baseline=u.baseline,
+                           verify=verdict)
+        if spec.mode == "fwd":
+            def call(i: int) -> Any:
+                return spec.fn(*args, **kw)
+        else:
+            dout = backend.to_native(upstream_gradient(acase, (*shape[:3], shape[4])))
+            first = guarded_call(backend, spec.fn, *args, **kw)
+            if first.raised is not None:
+                record.error = first.error
+                return record
+            step = backward_step(first.value)
+
+            def call(i: int) -> Any:
+                return step(dout)
+        once = guarded_call(backend, lambda: peak_growth(lambda: (call(0),
+                                                                   backend.synchronize())))
+        if once.raised is not None:
+            record.error = once.error
+            return record
+        timing = time_calls(call, c.timing, backend.clock())
+        median = timing.stats.median_ns * 1e-9
+        fmt = get_format(u.dtype)
+        flops = attention_flops(*shape[:4], shape[4], bool(u.causal), spec.mode)
+        nbytes = attention_bytes(*shape[:4], shape[4], fmt.itemsize, spec.mode)
+        t_flop, t_mem = flops / (matmul_gflops * 1e9), nbytes / copy_bps
+        record.compute_dtype = "fp64" if u.dtype == "fp64" else "fp32"
+        record.cache = "in-cache" if nbytes <= backend.llc_bytes() // 2 else "out-of-cache"
+        record.footprint_bytes = nbytes
+        record.rotated_buffers = 1
+        record.model = {"structure": "attention", "gemms": 2 if spec.mode == "fwd" else 5,
+                        "declared": False}
+        record.model_bytes = float(nbytes)
+        record.elements_per_s = shape[0] * shape[1] * shape[2] * shape[3] / median  # scores/s
+        record.roof = {"flop_s": t_flop, "memory_s": t_mem, "matmul_gflops": matmul_gflops,
+                       "copy_gbps": copy_bps / 1e9}
+        record.min_bytes = nbytes
+        record.timing = timing.to_record()
+        record.median_s = median
+        record.gbps = nbytes / median / 1e9
+        record.pct_copy = 100 * t_mem / median
+        record.flops = flops
+        record.gflops = flops / median / 1e9
+        record.pct_matmul = 100 * t_flop / median
+        record.binding = "matmul" if t_flop >= t_mem else "memory"
+        record.pct_roof = 100 * max(t_flop, t_mem) / median
+        record.copy_gbps = copy_bps / 1e9
+        record.peak_bytes = once.value
+        return record

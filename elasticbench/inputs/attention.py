@@ -1,0 +1,125 @@
+"""Adversarial attention inputs: q, k, v drawn together, named, seeded and reproducible.
+
+As for rows (generators.py), values are drawn in float64 and rounded to the format, so each
+converts exactly to mpmath, and the seed stream depends on (seed, name, dtype, shape) only.
+A shape is (batch, heads, length_q, length_k, head_dim); v has head_dim columns too. What
+each input is for (docs/attention.md section 5):
+
+- scores of both signs (normal), all negative (every query keeps nothing), a causal first
+  query whose only visible key is negative while later keys are positive (a kernel that
+  masks after shifting, or that ignores the causal mask when keeping, differs there);
+- ties (equal keys), huge scores (the shift must keep every exponential finite), a NaN in
+  q, in k or in v, placed so that it reaches some queries and not others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..numerics.dtypes import FloatFormat, get_format
+from .generators import stream_seed
+
+Shape = tuple[int, int, int, int, int]  # batch, heads, length_q, length_k, head_dim
+QKV = tuple[np.ndarray, np.ndarray, np.ndarray]
+Draw = Callable[[np.random.Generator, FloatFormat, Shape], QKV]
+
+
+@dataclass(frozen=True)
+class AttentionGenerator:
+    name: str
+    summary: str
+    draw: Draw  # float64 q, k, v; rounded to the format by `generate_qkv`
+
+
+ATTENTION_GENERATORS: dict[str, AttentionGenerator] = {}
+
+
+def _generator(name: str, summary: str) -> Callable[[Draw], Draw]:
+    def deco(fn: Draw) -> Draw:
+        ATTENTION_GENERATORS[name] = AttentionGenerator(name, summary, fn)
+        return fn
+    return deco
+
+
+def _normal(rng: np.random.Generator, shape: Shape) -> QKV:
+    b, h, lq, lk, d = shape
+    return (rng.standard_normal((b, h, lq, d)), rng.standard_normal((b, h, lk, d)),
+            rng.standard_normal((b, h, lk, d)))
+
+
+@_generator("normal", "q, k, v standard normal: scores of both signs")
+def _normal_qkv(rng, fmt, shape):
+    return _normal(rng, shape)
+
+
+@_generator("all_negative", "every score negative (q < 0 < k): every query keeps nothing")
+def _all_negative(rng, fmt, shape):
+    q, k, v = _normal(rng, shape)
+    return -np.abs(q) - 0.125, np.abs(k) + 0.125, v
+
+
+@_generator("causal_hidden", "causally, query 0 sees one negative score, later keys positive")
+def _causal_hidden(rng, fmt, shape):
+    q, k, v = _normal(rng, shape)
+    q[:, :, 0] = np.abs(q[:, :, 0]) + 0.125
+    k[:, :, 0] = -np.abs(k[:, :, 0]) - 0.125  # key 0: negative for query 0
+    k[:, :, 1:] = np.abs(k[:, :, 1:]) + 0.125  # every later key: positive for query 0
+    return q, k, v
+
+
+@_generator("ties", "repeated keys and queries: equal scores, equal maxima")
+def _ties(rng, fmt, shape):
+    q, k, v = _normal(rng, shape)
+    k[:, :, 1::2] = k[:, :, 0:1]  # every other key repeats key 0
+    q[:, :, 1::2] = q[:, :, 0:1]
+    return q, k, v
+
+
+@_generator("huge", "scores in the hundreds: exp(s / tau) overflows without the shift")
+def _huge(rng, fmt, shape):
+    q, k, v = _normal(rng, shape)
+    d = shape[4]
+    # with scale 1/sqrt(d), |q.k| * scale ~ 8 * 8 * sqrt(d): large but finite in every format
+    return q * 8.0, k * 8.0 + 4.0 / np.sqrt(d), v
+
+
+@_generator("nan_q", "a NaN in one query: that query's output is NaN, no other")
+def _nan_q(rng, fmt, shape):
+    q, k, v = _normal(rng, shape)
+    q[0, 0, shape[2] // 2, 0] = np.nan
+    return q, k, v
+
+
+@_generator("nan_k", "a NaN in one key: NaN for the queries that see it (causally, the later)")
+def _nan_k(rng, fmt, shape):
+    q, k, v = _normal(rng, shape)
+    k[0, -1, shape[3] // 2, -1] = np.nan
+    return q, k, v
+
+
+@_generator("nan_v", "a NaN in one value: NaN where that key has weight")
+def _nan_v(rng, fmt, shape):
+    q, k, v = _normal(rng, shape)
+    v[-1, 0, shape[3] - 1, 0] = np.nan
+    return q, k, v
+
+
+def get_attention_generator(name: str) -> AttentionGenerator:
+    try:
+        return ATTENTION_GENERATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown attention input {name!r} (choose from "
+                         f"{', '.join(ATTENTION_GENERATORS)})") from None
+
+
+def generate_qkv(name: str, dtype: str, shape: Shape, seed: int) -> QKV:
+    """q, k, v of input `name` in format `dtype`, reproducible from seed."""
+    if len(shape) != 5 or min(shape) < 1:
+        raise ValueError(f"an attention shape is BxHxLQxLKxD, each >= 1; got {shape}")
+    fmt = get_format(dtype)
+    rng = np.random.default_rng(stream_seed(seed, f"attention/{name}", dtype, shape))
+    q, k, v = get_attention_generator(name).draw(rng, fmt, shape)
+    return fmt.cast(q), fmt.cast(k), fmt.cast(v)

@@ -1,0 +1,32 @@
+"""Native fused Elastic attention (backend `cpp`): kernels/cpp/attention.cpp, forward and
+backward, under the attention contract (docs/attention.md section 4).
+
+Flash-style tiles on the CPU: per (batch, head, query block) the key blocks are visited with
+BLAS GEMMs and an online kept max and sum per query; O(length) extra memory. The backward
+recomputes the weights tile by tile from the forward's (m, den). docs/native.md section 5.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from elasticbench import register_kernel
+from elasticbench.attention import cpp
+
+
+@register_kernel(function="elastic_attention", backend="cpp", name="cpp_attention")
+def cpp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau: torch.Tensor,
+                  beta: torch.Tensor, scale: float, causal: bool):
+    """Fused forward: (out, m, den), out in q's dtype."""
+    return cpp.forward(q, k, v, tau, beta, scale, causal)
+
+
+@register_kernel(function="elastic_attention", backend="cpp", mode="bwd", name="cpp_attention")
+def cpp_attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau: torch.Tensor,
+                      beta: torch.Tensor, scale: float, causal: bool):
+    """Fused forward (untimed), then step(dout): the backward from its two statistics."""
+    out, m, den = cpp.forward(q, k, v, tau, beta, scale, causal)
+
+    def step(dout: torch.Tensor):
+        return cpp.backward(q, k, v, out, dout, m, den, tau, beta, scale, causal)
+    return step
