@@ -318,7 +318,8 @@ def targets(args: argparse.Namespace) -> dict[str, Any]:
     for cond in args.condition or ["idle", "busy"]:
         busy = ["--busy"] if cond == "busy" else []
         measure(["ab", "--scenario", "A/A", "--scenario", "10% slower", "--trials",
-                 str(args.trials), "--max-slowdown", args.ab_max_slowdown, *busy,
+                 str(args.trials), "--max-slowdown", args.ab_max_slowdown,
+                 "--clock", args.ab_clock, *busy,
                  "--out", str(out_dir / f"ab-{cond}.json")])
         scenarios = (["--scenario", "25% slower + A/A"] if args.combined
                      else ["--scenario", "A/A", "--scenario", "25% slower"])
@@ -426,6 +427,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--ab-max-slowdown", default="5%",
                    help="ab's threshold: below 10%%, or a 10%% slowdown cannot fail it")
+    p.add_argument("--ab-clock", choices=["wall", "cpu"], default="wall")
     p.add_argument("--processes", type=int, default=3, help="per run, so per side")
     p.add_argument("--combined", action="store_true",
                    help="one runs pass: the planted kernel with the case's kernels (1 thread)")
