@@ -133,9 +133,8 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     }
     if not any(cases_by_mode.values()):
         fail(f"the matrix {path} has no case for the chosen kernels, dtypes and inputs")
-    builtin = None if case_file else ("verify-quick" if quick else "verify")
-    meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "matrix": str(path),
-            "matrix_builtin": builtin, "precision": precision, **describe(include_gpu=False)}
+    meta = _header(path, None if case_file else ("verify-quick" if quick else "verify"),
+                   precision)
     job = VerifyJob(by_mode, cases_by_mode, max_elements=matrix.max_elements,
                     store=TruthStore(None if no_cache else default_cache_dir()),
                     precision=precision, workers=jobs, isolation=Isolation(isolate, timeout),
@@ -164,13 +163,17 @@ def _verify_attention(by_mode, case_file, dtypes, inputs, sizes, fixed, precisio
                      for m, ks in by_mode.items()}
     if not any(cases_by_mode.values()):
         fail(f"the matrix {path} has no case for the chosen kernels, dtypes and inputs")
-    meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "matrix": str(path),
-            "matrix_builtin": None if case_file else ATTENTION_MATRIX, "precision": precision,
-            **describe(include_gpu=False)}
+    meta = _header(path, None if case_file else ATTENTION_MATRIX, precision)
     cache = None if no_cache else default_cache_dir()
     job = AttentionVerifyJob(by_mode, cases_by_mode, cache_dir=cache, precision=precision,
                              isolation=Isolation(isolate, timeout))
     run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path), notes=notes)
+
+
+def _header(path: Path, builtin: str | None, precision: int) -> dict:
+    """The results file's header: when, which matrix (and whether built in), the machine."""
+    return {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "matrix": str(path),
+            "matrix_builtin": builtin, "precision": precision, **describe(include_gpu=False)}
 
 
 def parse_params(values: tuple[str, ...], kernels: list[KernelSpec]) -> dict[str, float]:

@@ -15,7 +15,8 @@ units of the working precision's unit roundoff u_w,
 - d log2(Lk) for summing the Lk terms of the denominator and of p @ v;
 - r ulp(out) for the final rounding to the output format (1, as for rows);
 - l 2 u_out sum_j w_ij |v_je|: a low-precision kernel may round the weights once to its
-  format before p @ v, as flash kernels do (l = 1 for fp16 and bf16, 0 for fp32, fp64).
+  format before p @ v, as flash kernels do (l = 1 for fp16 and bf16, 0 for fp32, fp64);
+  a weight below the format's normal range lands on its subnormal step instead.
 
 sum_j w_ij |v_je| is the conditioning: when the v_je cancel, out_ie is small and the
 allowance in its ulps grows accordingly, as it must. The gradients follow the same way
@@ -71,6 +72,7 @@ class Conditioning:
         self.fmt, self.bud, self.scale = fmt, budget, scale
         self.uw, self.uo = work_unit(fmt), fmt.unit_roundoff
         self.sub = 2.0**-149 if self.uw > 2.0**-53 else 2.0**-1074  # the work's subnormal step
+        self.sub_out = fmt.min_ulp  # the output format's: where a weight rounded to it lands
         self.tau = fn.row.temperature(params)
         self.offset = fn.row.offset(params)
         finite = (truth.kind != "nan")[..., None]
@@ -111,7 +113,7 @@ class Conditioning:
         werr = np.einsum("bhij,bhije->bhie", self.eps, wv)
         floor = np.einsum("bhij,bhje->bhie", self.kept, self.av)  # weights near underflow
         return (2 * self.uw * werr + self.sub * floor + self.bud.r * out_ulp
-                + self.bud.l * 2 * self.uo * wv.sum(3))
+                + self.bud.l * (2 * self.uo * wv.sum(3) + self.sub_out * floor))
 
 
 def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
@@ -149,7 +151,7 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
         + floor * (np.abs(dp) + np.abs(ci) + CeP)
     ds = wt * np.abs(dp - ci)
     # out saved in the format (c_i), and p and ds rounded once to it for the matmuls
-    L = b.l * (wt * Ci + ds)
+    L = b.l * (wt * Ci + ds + c.kept * c.sub_out / two_uo)  # (a subnormal lands on its step)
     lg_q, lg_k = b.d * math.log2(max(c.lq, 1)), b.d * math.log2(max(c.lk, 1))
     e_q = A + ds * (c.g + lg_k)
     e_k = A + ds * lg_q
@@ -157,7 +159,8 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
     out["dq"] = (c.scale * (two_uw * e_q + two_uo * L) @ c.ak + b.r * ulps["dq"])
     out["dk"] = (c.scale * np.swapaxes(two_uw * e_k + two_uo * L, -1, -2) @ c.aq
                  + b.r * ulps["dk"])
-    wt_do = np.swapaxes(c.w * (two_uw * (c.eps + lg_q) + two_uo * b.l), -1, -2) @ ado
+    wt_do = np.swapaxes(c.w * (two_uw * (c.eps + lg_q) + two_uo * b.l)
+                        + b.l * c.kept * c.sub_out, -1, -2) @ ado
     out["dv"] = wt_do + b.r * ulps["dv"]
     z = c.zabs
     tiny = 2.0**-126 if c.uw > 2.0**-53 else 2.0**-1022
