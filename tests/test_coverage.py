@@ -87,7 +87,8 @@ def test_writing_into_the_padding_is_a_contract_violation():
     assert not call_kernel(spec, x, {}, "packed").wrote_outside
 
 
-def test_torch_kernels_get_strided_views_and_triton_no_transposed_rows():
+@pytest.mark.parametrize(("backend", "dtype"), [("torch", "fp32"), ("cpp", "bf16")])
+def test_torch_kernels_get_strided_views_and_triton_no_transposed_rows(backend, dtype):
     torch = pytest.importorskip("torch")
     seen = {}
 
@@ -95,8 +96,8 @@ def test_torch_kernels_get_strided_views_and_triton_no_transposed_rows():
         seen["strides"], seen["offset"] = x.stride(), x.storage_offset()
         return torch.softmax(x, dim=-1)
 
-    spec = KernelSpec("probe", "softmax", "torch", probe)
-    x = generate("normal", "fp32", (3, 5), 2)
+    spec = KernelSpec("probe", "softmax", backend, probe)  # cpp kernels also get CPU tensors
+    x = generate("normal", dtype, (3, 5), 2)
     assert call_kernel(spec, x, {}, "padded").output is not None
     assert seen["strides"] == (8, 1)
     call_kernel(spec, x, {}, "offset")
