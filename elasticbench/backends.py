@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import devices
+from .inputs.layouts import LAYOUTS, Placement, view_of
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class Backend:
     # the devices they are written for, where verification cannot show it (audit/kernel_files)
     compile_check: Callable[[list[tuple[Any, Any]]], list[Any]] | None = None
     device: Callable[[], str] = lambda: devices.HOST  # where its arrays live and kernels run
+    # the 2-D view a placement describes, into a native copy of its buffer (inputs/layouts.py)
+    view: Callable[[Any, Placement], Any] = view_of
+    layouts: tuple[str, ...] = LAYOUTS  # the input layouts its kernels must accept
     # environment variables that change how its kernels run: a reproduce command sets them
     env_vars: tuple[str, ...] = ()
 
@@ -107,6 +111,10 @@ def _torch_same_memory(a: Any, b: Any) -> bool:
         return False
     sa, sb = a.untyped_storage(), b.untyped_storage()
     return sa.data_ptr() == sb.data_ptr()
+
+
+def _torch_view(base: Any, placement: Placement) -> Any:
+    return base.as_strided(placement.shape, placement.strides, placement.offset)
 
 
 def _torch_unavailable() -> str | None:
@@ -198,6 +206,7 @@ BACKENDS: dict[str, Backend] = {
         _torch_to_numpy,
         _torch_same_memory,
         device=_torch_device,
+        view=_torch_view,
         env_vars=("ELASTICBENCH_TORCH_DEVICE",),
     ),
     "cpp": Backend(
@@ -207,6 +216,7 @@ BACKENDS: dict[str, Backend] = {
         _cpu_tensor,
         _torch_to_numpy,
         _torch_same_memory,
+        view=_torch_view,
     ),
     "triton": Backend(
         "triton",
@@ -218,6 +228,9 @@ BACKENDS: dict[str, Backend] = {
         calling=_triton_calling,
         compile_check=_triton_compile_check,
         device=_triton_device,
+        view=_torch_view,
+        # a Triton kernel gets its rows through a row stride; elements of a row are adjacent
+        layouts=("packed", "padded", "offset"),
         env_vars=("TRITON_INTERPRET",),
     ),
 }

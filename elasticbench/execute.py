@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .backends import Backend, get_backend
+from .inputs.layouts import PACKED, Placement, place
 from .registry import KernelSpec
 from .worker import read_message, write_message
 
@@ -113,26 +114,62 @@ class Outcome:
     seconds: float
     raised: dict[str, Any] | None = None  # the exception, when it raised (exception_record)
     warnings: list[dict[str, Any]] = field(default_factory=list)  # what it warned
+    wrote_outside: bool = False  # changed memory around its input (padding, before the offset)
 
 
-def call_kernel(spec: KernelSpec, x: np.ndarray, params: dict[str, float]) -> Outcome:
-    """Run spec on a fresh copy of x in its backend's array type and bring the result back."""
+@dataclass
+class NativeInput:
+    """An input array laid out in its backend's memory: the kernel gets `view`."""
+
+    backend: Backend
+    placement: Placement
+    base: Any  # the native buffer holding the view and its canaries
+    view: Any
+
+    @classmethod
+    def make(cls, backend: Backend, a: np.ndarray, layout: str = PACKED) -> NativeInput:
+        placement = place(a, layout)
+        base = backend.to_native(placement.buffer)
+        return cls(backend, placement, base, backend.view(base, placement))
+
+    def changes(self) -> tuple[bool, bool]:
+        """(changed inside the view, changed outside it) since it was made, bit for bit."""
+        before = self.placement.buffer
+        after = self.backend.to_numpy(self.base)
+        bits = np.dtype(f"u{before.itemsize}")
+        changed = after.view(bits) != before.view(bits)
+        if not changed.any():
+            return False, False
+        inside = self.placement.inside()
+        return bool((changed & inside).any()), bool((changed & ~inside).any())
+
+
+def call_kernel(spec: KernelSpec, x: np.ndarray, params: dict[str, float],
+                layout: str = PACKED) -> Outcome:
+    """Run spec on a fresh copy of x (in the given layout) in its backend's array type and
+    bring the result back."""
     backend = get_backend(spec.backend)
-    native = backend.to_native(x)
+    arg = NativeInput.make(backend, x, layout)
+    native = arg.view
     call = guarded_call(backend, spec.fn, native, **params)
     if call.raised is not None:
         return Outcome(None, call.error, False, False, call.seconds, call.raised, call.warnings)
     out = call.value
     returned_input = backend.same_memory(out, native)
-    after = backend.to_numpy(native)
-    modified = not np.array_equal(after.view(np.uint8), x.view(np.uint8))
+    modified, outside = arg.changes()
     try:
         result = np.array(backend.to_numpy(out), copy=True)
     except TypeError as e:
         return Outcome(None, f"returned the wrong type: {e}", modified, returned_input,
-                       call.seconds, warnings=call.warnings)
+                       call.seconds, warnings=call.warnings, wrote_outside=outside)
     return Outcome(result, None, modified, returned_input, call.seconds,
-                   warnings=call.warnings)
+                   warnings=call.warnings, wrote_outside=outside)
+
+
+def _warm_up() -> None:
+    from .registry import list_kernels
+
+    list_kernels()
 
 
 def _death(returncode: int | None) -> str:
@@ -155,6 +192,14 @@ class Worker:
                 [sys.executable, "-m", "elasticbench.worker"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
             )
+            # Load the built-in kernels (torch among them) before any call is timed: a
+            # time limit is the kernel's, not the start-up's of a fresh interpreter.
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            try:
+                write_message(self.proc.stdin, pickle.dumps(_warm_up))
+                read_message(self.proc.stdout)
+            except BrokenPipeError:
+                pass  # it died starting: the call finds out and reports it
         return self.proc
 
     def stop(self) -> None:

@@ -10,12 +10,15 @@ without a compiler still installs and runs everything else (docs/native.md says 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import platform
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -99,18 +102,36 @@ def load() -> ModuleType:
     key = build_key()
     directory = build_root() / key
     directory.mkdir(parents=True, exist_ok=True)
-    try:
-        return load_extension(
-            name=f"elasticbench_cpp_{key}",
-            sources=[str(s) for s in sources()],
-            extra_cflags=list(FLAGS),
-            extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(source_dir())],
-            build_directory=str(directory),
-            verbose=False,
-        )
-    except (RuntimeError, OSError, ImportError) as e:
-        raise NativeBuildError(_first_error(str(e)) + f" (build directory {directory})") from e
+    with _build_lock(directory):
+        try:
+            return load_extension(
+                name=f"elasticbench_cpp_{key}",
+                sources=[str(s) for s in sources()],
+                extra_cflags=list(FLAGS),
+                extra_ldflags=["-fopenmp"],
+                extra_include_paths=[str(source_dir())],
+                build_directory=str(directory),
+                verbose=False,
+            )
+        except (RuntimeError, OSError, ImportError) as e:
+            raise NativeBuildError(_first_error(str(e)) + f" (build directory {directory})") from e
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """Hold an flock on the build directory, which the kernel releases when its holder dies.
+
+    torch's own lock is a file that a build killed halfway (a timeout, Ctrl-C) leaves behind,
+    after which every later load waits for it forever. Every load here takes this lock
+    first, so a torch lock file found while holding it was left by a dead process: remove it.
+    """
+    with open(directory / "elasticbench.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _first_error(log: str) -> str:

@@ -31,6 +31,7 @@ BUILTIN_MODULES = (
     "elasticbench.kernels.numpy_kernels",
     "elasticbench.kernels.torch_kernels",
     "elasticbench.kernels.triton_kernels",
+    "elasticbench.kernels.triton_attention",
     "elasticbench.kernels.torch_variants",
     "elasticbench.kernels.torch_attention",
     "elasticbench.kernels.cpp_kernels",
@@ -61,6 +62,10 @@ class KernelSpec:
     def supports(self, dtype: str) -> bool:
         """Whether the kernel takes inputs of this format (others are skipped, not failed)."""
         return self.dtypes is None or dtype in self.dtypes
+
+    def takes_layout(self, layout: str) -> bool:
+        """Whether its backend's kernels must accept inputs in this layout (inputs/layouts.py)."""
+        return layout in get_backend(self.backend).layouts
 
     def __reduce__(self):  # type: ignore[override]
         # A registered kernel travels to another process by name and is looked up (its

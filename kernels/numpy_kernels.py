@@ -3,7 +3,9 @@
 fp64 and fp32 compute in their own precision; fp16 and bf16 (ml_dtypes) compute and
 accumulate in fp32 and round once at the end. Every kernel applies the special-value
 policy of docs/definitions.md section 3: a NaN anywhere makes the row NaN, +inf logits share the
-row equally, a row with nothing left gives zeros (0/0 is 0).
+row equally, a row with nothing left gives zeros (0/0 is 0). Inputs in any layout are
+made row-contiguous first: NumPy sums pairwise only along a contiguous axis, and a transposed
+view summed in place loses the log2(n) error bound.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def _exp_normalize(
     m = max(max kept, floor); offset(m) is the constant denominator term already
     rescaled by the shift (beta * exp(-m/tau), or exp(-m)).
     """
-    xw = x.astype(_work_dtype(x))
+    xw = np.ascontiguousarray(x, dtype=_work_dtype(x))
     nan_row = np.isnan(xw).any(axis=-1, keepdims=True)
     s = np.where(keep, xw, -np.inf)
     m = np.maximum(s.max(axis=-1, keepdims=True), floor)
@@ -50,6 +52,7 @@ def _exp_normalize(
 def _weight_normalize(x: np.ndarray, w: np.ndarray, constant: float = 0.0) -> np.ndarray:
     """w / (constant + sum w) for weights w >= 0. Rows whose largest weight exceeds 1 are
     scaled by it first, so the sum cannot overflow (and constant/scale cannot either)."""
+    w = np.ascontiguousarray(w)
     nan_row = np.isnan(w).any(axis=-1, keepdims=True)
     w = np.where(np.isnan(w), 0, w)
     top = w.max(axis=-1, keepdims=True)

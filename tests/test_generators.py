@@ -30,6 +30,8 @@ def _claims(name, x, fmt):
         "dominant": lambda: ((x == x.max(axis=1, keepdims=True)).sum(axis=1) == 1).all()
         and (np.sort(x, axis=1)[:, -2] <= 1).all() and (x.max(axis=1) > 5).all(),
         "flat": lambda: (x >= 0).all() and x.max() <= 2.0**-6,
+        "coarse": lambda: (x * 64 == np.round(x * 64)).all() and (x < 0).any() and (x > 0).any()
+        and np.abs(x).max() < 8,
         "subnormal": lambda: (np.abs(x) < 2.0**fmt.emin).all() and (x != 0).any(),
         "specials": lambda: np.isnan(x).any() and np.isposinf(x).any()
         and np.isneginf(x).all(axis=1).any() and finite.size > 0,

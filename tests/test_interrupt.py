@@ -30,6 +30,12 @@ SLOW = textwrap.dedent("""
 """)
 
 
+def _cases() -> int:
+    from elasticbench.verify.matrix import builtin_case, expand, load_matrix
+
+    return len(expand(load_matrix(builtin_case("verify-quick")), ["softmax"], ["fp32", "fp16"]))
+
+
 def _verify(tmp: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "elasticbench", "verify", "--quick", "-d", "fp32,fp16",
             "--kernel-file", str(tmp / "slow.py"), *extra]
@@ -53,15 +59,15 @@ def test_sigterm_keeps_records_and_resume_completes(tmp_path):
     partial = json.loads(out.read_text())
     assert partial["complete"] is False
     first = len(partial["records"])
-    assert 0 < first < 32
+    assert 0 < first < _cases()
 
     done = subprocess.run(_verify(tmp_path, "--resume", str(out)), capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     final = json.loads(out.read_text())
     assert final["complete"] is True and final["resumed"] == 1
-    keys = [(r["dtype"], r["input"], tuple(r["shape"])) for r in final["records"]]
-    assert len(keys) == len(set(keys)) == 32  # every case once: nothing redone, nothing lost
+    keys = [(r["dtype"], r["input"], tuple(r["shape"]), r["layout"]) for r in final["records"]]
+    assert len(keys) == len(set(keys)) == _cases()  # every case once: nothing redone or lost
     assert final["records"][:first] == partial["records"]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -156,3 +157,19 @@ def test_without_a_compiler_the_backend_says_why_in_one_line(tmp_path):
 def test_the_first_compiler_error_is_the_reason():
     log = "ninja: build stopped\n/src/rows.h:12:3: error: 'vexp' was not declared\nmore"
     assert native._first_error(log) == "/src/rows.h:12:3: error: 'vexp' was not declared"
+
+
+@needs_build
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load(ext, tmp_path):
+    """torch's build lock is a plain file: a build killed halfway leaves it, and torch then
+    waits for it forever. Loads hold an flock instead and clear such a leftover. (On a copy
+    of the build directory: a lock file in the shared one would stall concurrent loads.)"""
+    key = native.build_key()
+    shutil.copytree(native.build_root() / key, tmp_path / key)  # copy2: ninja sees it current
+    stale = tmp_path / key / "lock"
+    stale.touch()
+    env = dict(os.environ, ELASTICBENCH_BUILD_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "elasticbench.native"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "built for" in done.stdout, done.stderr
+    assert not stale.exists()

@@ -37,7 +37,7 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
 
 @pytest.fixture(autouse=True)
 def wide(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("COLUMNS", "240")
     for var in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE"):
         monkeypatch.delenv(var, raising=False)
 
@@ -72,7 +72,7 @@ def test_table_of_a_verification(capsys):
             "propagated") in out
     assert ("reproduce: elasticbench verify --case cases/verify-quick.toml --only "
             "seed_where_mask --dtype fp32 --input specials --size 7x16 --param tau=10 "
-            "--param beta=1 --kernel-file examples/seed_variants.py") in out
+            "--param beta=1 --layout packed --kernel-file examples/seed_variants.py") in out
     assert out.rstrip().endswith(f"{VERIFY}: 30 cases, 22 passed, 8 failed")
 
 
@@ -151,8 +151,8 @@ def test_markdown(capsys):
     row = next(ln for ln in out.splitlines() if ln.startswith("| unscaled_beta |"))
     assert row.count("**FAIL**") == 2 and row.count("**3/3 failed**: inf ulp, 3 special") == 2
     assert ("`elasticbench verify --case cases/verify-quick.toml --only seed_where_mask --dtype "
-            "fp32 --input specials --size 7x16 --param tau=10 --param beta=1 --kernel-file "
-            "examples/seed_variants.py`") in out
+            "fp32 --input specials --size 7x16 --param tau=10 --param beta=1 --layout packed "
+            "--kernel-file examples/seed_variants.py`") in out
     assert "| short_rows_only | 8x4096 fp32 | - | - | - | - | - | **ERROR** |" in out
     assert "64x256 fp32\\*" in out  # the in-cache mark is escaped, not emphasis
     assert "**30 cases, 22 passed, 8 failed**" in out

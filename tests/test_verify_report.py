@@ -46,7 +46,7 @@ def _fail_lines(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def lowp(tmp_path_factory) -> tuple[str, Path]:
-    """lowp_softmax over the quick matrix: 10 failing cases in 6 groups (see its file)."""
+    """lowp_softmax over the quick matrix: 16 failing cases in 11 groups (see its file)."""
     from elasticbench.cli import main
 
     out = tmp_path_factory.mktemp("lowp") / "v.json"
@@ -57,7 +57,8 @@ def lowp(tmp_path_factory) -> tuple[str, Path]:
 
 
 def _case(r: dict) -> tuple:
-    return (r["input"], tuple(r["shape"]), tuple(sorted(r["params"].items())))
+    return (r["input"], tuple(r["shape"]), r.get("layout", "packed"),
+            tuple(sorted(r["params"].items())))
 
 
 def test_every_failing_case_is_shown_grouped_and_worst_first(cli, lowp):
@@ -66,9 +67,11 @@ def test_every_failing_case_is_shown_grouped_and_worst_first(cli, lowp):
     r = cli("report", str(path))
     heads = _fail_lines(r.out)
     groups = {_case(f) for f in failing}
-    assert len(failing) == 10 and len(heads) == len(groups) == 6
+    assert len(failing) == 16 and len(heads) == len(groups) == 11
     for f in failing:  # every failing case, its dtype named in its group's line
-        head = next(h for h in heads if f" {f['input']} {f['shape'][0]}x{f['shape'][1]} " in h)
+        layout = "" if f["layout"] == "packed" else f" {f['layout']}"
+        head = next(h for h in heads
+                    if f" {f['input']} {f['shape'][0]}x{f['shape'][1]}{layout} " in h)
         assert f["dtype"] in head.split(":")[0]
     # worst first: the special-value failures, then by share of the budget
     assert "specials 7x16 fp64, fp32, fp16, bf16: special" in heads[0]
@@ -81,7 +84,7 @@ def test_every_failing_case_is_shown_grouped_and_worst_first(cli, lowp):
     # the limit: the two worst, and a line saying what was left out
     r = cli("report", str(path), "--failures", "2")
     assert _fail_lines(r.out)[:2] == heads[:2]
-    assert "FAIL lowp_softmax: 5 more failing cases in 4 groups not shown (--failures)" in r.out
+    assert "FAIL lowp_softmax: 11 more failing cases in 9 groups not shown (--failures)" in r.out
 
 
 @pytest.mark.parametrize("fmt", ["markdown", "html"])
@@ -89,7 +92,7 @@ def test_documents_show_every_failing_case_too(cli, lowp, fmt):
     _, path = lowp
     r = cli("report", str(path), "-F", fmt)
     assert r.code == 0
-    assert r.out.count("reproduce: ") == 6
+    assert r.out.count("reproduce: ") == 11
     assert "flat 2x8192 bf16: accuracy" in r.out
 
 
@@ -100,7 +103,7 @@ def test_a_cell_says_what_it_counts_and_keeps_special_failures_apart(cli, lowp):
                            for f in special)  # the policy failure does not hide the error
     out = cli("report", str(path)).out
     row = next(ln for ln in out.splitlines() if ln.startswith("│ lowp_softmax"))
-    assert re.search(r"6/16 failed: [\d.e+]+ ulp, 1 special", row)
+    assert re.search(r"11/21 failed: [\d.e+]+ ulp, 1 special", row)
     assert "inf" not in row
     assert "cells: worst error in ulps where the special values were right" in out
 

@@ -128,7 +128,8 @@ def verify_quickly(kernels: list[KernelSpec], case: RunCase, dtypes: list[str],
         cases = expand(matrix, sorted({k.function for k in chosen}), dtypes,
                        list(case.verify_inputs) or None)
         run_verification(chosen, cases, max_elements=matrix.max_elements, store=store,
-                         on_record=add, mode=mode, isolation=isolation)
+                         on_record=add, mode=mode, isolation=isolation,
+                         max_rows=matrix.max_rows)
     for k in kernels:
         for d in dtypes:
             verdicts.setdefault((k.name, d), QuickVerdict(status="unverified", cases=0, failed=0,

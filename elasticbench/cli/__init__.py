@@ -29,6 +29,7 @@ def _register_commands() -> None:
     from .baseline_cmd import baseline
     from .compare_cmd import compare_
     from .gate_cmd import gate
+    from .hunt_cmd import hunt
     from .list_cmd import list_
     from .merge_cmd import merge
     from .report_cmd import report
@@ -38,6 +39,7 @@ def _register_commands() -> None:
 
     cli.add_command(verify)
     cli.add_command(run)
+    cli.add_command(hunt)
     cli.add_command(list_)
     cli.add_command(selftest)
     for command in (compare_, gate, ab, baseline, merge):

@@ -13,6 +13,7 @@ from ..execute import Isolation
 from ..functions import ATTENTION, function_kind, get_attention_function, get_function
 from ..inputs import get_generator
 from ..inputs.attention import get_attention_generator
+from ..inputs.layouts import check_layout
 from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..numerics.truth_cache import TruthStore, default_cache_dir
@@ -54,6 +55,8 @@ ATTENTION_MATRIX = "verify-attention"  # the built-in matrix of attention kernel
                    "BxHxLQxLKxD, e.g. 1x2x16x16x8).")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
               help="A parameter at this value instead of the matrix's grid, e.g. tau=0.5.")
+@click.option("--layout", "layouts", multiple=True, metavar="L",
+              help="Only inputs in these layouts: packed, padded, offset, transposed.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Write every record to this results file.")
 @click.option("--precision", type=int, default=DEFAULT_PRECISION, show_default=True,
@@ -65,7 +68,7 @@ ATTENTION_MATRIX = "verify-attention"  # the built-in matrix of attention kernel
 @survival_options("case")
 @note_options
 def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, quick, sizes,
-           params, json_path, precision, jobs, no_cache, mode, isolate, timeout, resume_path,
+           params, layouts, json_path, precision, jobs, no_cache, mode, isolate, timeout, resume_path,
            shard, failures, traceback) -> None:
     """Check kernels against mpmath ground truth on adversarial inputs, in ulps.
 
@@ -106,9 +109,8 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
         _verify_attention(by_mode, case_file, dtypes, inputs, sizes, fixed, precision,
                           no_cache, isolate, timeout, out_path, shard_kn, resume_path, notes)
     try:
-        for g in inputs:
-            get_generator(g)
         shapes = [parse_size(v) for v in split_names(sizes)]
+        layouts = [check_layout(v) for v in split_names(layouts)]
     except ValueError as e:
         fail(str(e))
     path = case_path(case_file, quick, "verify-quick", "verify")
@@ -116,19 +118,27 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
         matrix = load_matrix(path)
     except CaseFileError as e:
         fail(str(e))
+    named = {spec.generator for spec in matrix.inputs if spec.explicit is not None}
+    for g in inputs:
+        if g not in named:
+            try:
+                get_generator(g)
+            except ValueError as e:
+                fail(str(e))
     cases_by_mode = {
-        m: expand(matrix, sorted({k.function for k in ks}), dtypes or None, inputs or None,
-                  shapes or None, fixed)
+        m: [c for c in expand(matrix, sorted({k.function for k in ks}), dtypes or None,
+                              inputs or None, shapes or None, fixed)
+            if not layouts or c.layout in layouts]
         for m, ks in by_mode.items()
     }
     if not any(cases_by_mode.values()):
         fail(f"the matrix {path} has no case for the chosen kernels, dtypes and inputs")
-    builtin = None if case_file else ("verify-quick" if quick else "verify")
-    meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "matrix": str(path),
-            "matrix_builtin": builtin, "precision": precision, **describe(include_gpu=False)}
+    meta = _header(path, None if case_file else ("verify-quick" if quick else "verify"),
+                   precision)
     job = VerifyJob(by_mode, cases_by_mode, max_elements=matrix.max_elements,
                     store=TruthStore(None if no_cache else default_cache_dir()),
-                    precision=precision, workers=jobs, isolation=Isolation(isolate, timeout))
+                    precision=precision, workers=jobs, isolation=Isolation(isolate, timeout),
+                    max_rows=matrix.max_rows)
     run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path),
                 notes=notes)
 
@@ -153,13 +163,17 @@ def _verify_attention(by_mode, case_file, dtypes, inputs, sizes, fixed, precisio
                      for m, ks in by_mode.items()}
     if not any(cases_by_mode.values()):
         fail(f"the matrix {path} has no case for the chosen kernels, dtypes and inputs")
-    meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "matrix": str(path),
-            "matrix_builtin": None if case_file else ATTENTION_MATRIX, "precision": precision,
-            **describe(include_gpu=False)}
+    meta = _header(path, None if case_file else ATTENTION_MATRIX, precision)
     cache = None if no_cache else default_cache_dir()
     job = AttentionVerifyJob(by_mode, cases_by_mode, cache_dir=cache, precision=precision,
                              isolation=Isolation(isolate, timeout))
     run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path), notes=notes)
+
+
+def _header(path: Path, builtin: str | None, precision: int) -> dict:
+    """The results file's header: when, which matrix (and whether built in), the machine."""
+    return {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "matrix": str(path),
+            "matrix_builtin": builtin, "precision": precision, **describe(include_gpu=False)}
 
 
 def parse_params(values: tuple[str, ...], kernels: list[KernelSpec]) -> dict[str, float]:

@@ -4,6 +4,11 @@ A reference is evaluated one row at a time in mpmath at the working precision se
 caller. It returns a RowTruth: the exact outputs, which of them are zero by structure
 (masked), and the exponent arguments |z_i| and their output-weighted mean that the error
 budget is built from (numerics/budget.py).
+
+Every member of the family gives equal inputs of a row equal outputs (y_i is a weight of
+x_i over a row-wide denominator), so a row is evaluated once per distinct value, each
+weighted by how often it occurs: a long row with few distinct values (any 16-bit row, a
+row of ties) costs what its distinct values cost, not what its length costs.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mpmath
+import numpy as np
 
 # Why a row's outputs are what they are; kept in the truth and in failure reports.
 ROW_FINITE = "finite"
@@ -35,33 +41,60 @@ def above_minus_inf(x: Any) -> Any:
 
 @dataclass
 class RowTruth:
-    """Exact outputs of one row. y[i] is an mpf, or None when the output must be NaN."""
+    """Exact outputs of one row, kept per distinct input value: element i of the row has
+    the outputs of entry index[i] (y, zero and zabs read them per element)."""
 
-    y: list
-    zero: list[bool]  # exactly zero by structure: the kernel must return exactly 0 there
-    zabs: list[float]  # |z_i|, the exponent argument's size (0 where there is no exponential)
+    group_y: list  # exact output per distinct value: an mpf, or None when it must be NaN
+    group_zero: list[bool]  # exactly zero by structure: the kernel must return exactly 0
+    group_zabs: list[float]  # |z|, the exponent argument's size (0 where there is no exp)
     zbar: float  # output-weighted mean of |z| over the denominator's terms
-    kind: str = ROW_FINITE
+    kind: str
+    index: np.ndarray  # (n,) int: element i -> its distinct value's entry
+
+    @property
+    def y(self) -> list:
+        return [self.group_y[i] for i in self.index]
+
+    @property
+    def zero(self) -> list[bool]:
+        return [self.group_zero[i] for i in self.index]
+
+    @property
+    def zabs(self) -> list[float]:
+        return [self.group_zabs[i] for i in self.index]
 
     @classmethod
     def nan(cls, n: int) -> RowTruth:
-        return cls([None] * n, [False] * n, [0.0] * n, 0.0, ROW_NAN)
+        return cls([None], [False], [0.0], 0.0, ROW_NAN, np.zeros(n, dtype=np.intp))
 
     @classmethod
     def masked(cls, n: int) -> RowTruth:
-        return cls([mpmath.mpf(0)] * n, [True] * n, [0.0] * n, 0.0, ROW_MASKED)
+        return cls([mpmath.mpf(0)], [True], [0.0], 0.0, ROW_MASKED, np.zeros(n, dtype=np.intp))
 
     @classmethod
-    def infinite(cls, big: Sequence[bool]) -> RowTruth:
-        """The limit when some terms are infinite: equal shares among them, 0 elsewhere."""
-        share = mpmath.mpf(1) / sum(big)
-        return cls(
-            [share if b else mpmath.mpf(0) for b in big],
-            [not b for b in big],
-            [0.0] * len(big),
-            0.0,
-            ROW_INF,
-        )
+    def infinite(cls, big: np.ndarray, index: np.ndarray) -> RowTruth:
+        """The limit when some terms are infinite: equal shares among the elements whose
+        distinct value is big, 0 elsewhere."""
+        share = mpmath.mpf(1) / int(np.count_nonzero(big[index]))
+        flags = [bool(b) for b in big]
+        return cls([share if b else mpmath.mpf(0) for b in flags], [not b for b in flags],
+                   [0.0] * len(flags), 0.0, ROW_INF, index)
+
+
+def distinct(row: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """A row's distinct values (+0.0 and -0.0 are one), each element's entry among them, and
+    how many elements each has. A float64 array is grouped by NumPy; a list may hold mpf
+    values (finite differences evaluate the definition between floats) and keeps them."""
+    if isinstance(row, np.ndarray):
+        values, index, counts = np.unique(row.astype(np.float64), return_inverse=True,
+                                          return_counts=True)
+        return values, index.reshape(-1), counts.tolist()
+    first: dict[Any, int] = {}
+    entries = [first.setdefault(v, len(first)) for v in row]
+    counts = np.bincount(entries, minlength=len(first)).tolist() if entries else []
+    values = np.empty(len(first), dtype=object)
+    values[:] = list(first)
+    return values, np.asarray(entries, dtype=np.intp), counts
 
 
 @dataclass
@@ -107,7 +140,8 @@ def exp_normalize_grad(
 
 @dataclass(frozen=True)
 class Param:
-    """A scalar parameter: its default, its allowed range and the default verification grid."""
+    """A scalar parameter: its default, its allowed range, the default verification grid, and
+    the span (low, high), both > 0, over which verification draws it log-uniformly."""
 
     name: str
     default: float
@@ -116,6 +150,7 @@ class Param:
     grid: tuple[float, ...]
     summary: str
     role: str = ""  # TEMPERATURE or OFFSET in the exp-normalize form, else ""
+    span: tuple[float, float] = (1e-3, 1e3)
 
     def validate(self, value: object) -> float:
         """Return value as a float, or raise ValueError saying what is wrong with it."""
@@ -199,13 +234,13 @@ class Function:
 # inputs) and return exact mpf outputs at the caller's mpmath precision.
 
 
-def has_nan(row: Sequence[float]) -> bool:
-    return any(v != v for v in row)
+def has_nan(row: Sequence[float] | np.ndarray) -> bool:
+    return bool(np.isnan(np.asarray(row, dtype=np.float64)).any())
 
 
 def exp_normalize(
-    row: Sequence[float],
-    keep: Sequence[bool],
+    row: Sequence[float] | np.ndarray,
+    keep: Callable[[np.ndarray], np.ndarray],
     *,
     tau: float = 1.0,
     shift_floor: float = -math.inf,
@@ -213,50 +248,46 @@ def exp_normalize(
 ) -> RowTruth:
     """y_i = exp((x_i - m) / tau) / (sum_kept exp((x_j - m) / tau) + extra(m)) for kept i.
 
-    m = max(max of kept values, shift_floor); extra(m) is the already-rescaled constant term
-    of the denominator (beta * exp(-m/tau) for elastic, exp(-m) for softmax1). Positions not
-    kept are exactly 0. +inf among the kept gives the limit 1/k; nothing kept (or a zero
-    denominator) gives zeros.
+    keep says, for an array of values, which are kept. m = max(max of kept values,
+    shift_floor); extra(m) is the already-rescaled constant term of the denominator
+    (beta * exp(-m/tau) for elastic, exp(-m) for softmax1). Positions not kept are exactly 0.
+    +inf among the kept gives the limit 1/k; nothing kept (or a zero denominator) gives zeros.
     """
-    n = len(row)
-    kept = [v for v, k in zip(row, keep, strict=True) if k]
-    if any(v == math.inf for v in kept):
-        return RowTruth.infinite([k and v == math.inf for v, k in zip(row, keep, strict=True)])
-    if not kept and extra is None:
+    values, index, counts = distinct(row)
+    n = len(index)
+    kept = np.asarray(keep(values), dtype=bool)
+    if (kept & (values == math.inf)).any():
+        return RowTruth.infinite(kept & (values == math.inf), index)
+    if not kept.any() and extra is None:
         return RowTruth.masked(n)
-    m = max([*kept, shift_floor])
+    m = max(values[kept].max() if kept.any() else -math.inf, shift_floor)
     if m == -math.inf:  # no kept logit and no floor: the constant term alone
         return RowTruth.masked(n)
     mm, t = mpmath.mpf(m), mpmath.mpf(tau)  # both exact: tau is never rounded as 1/tau
-    cache: dict[float, tuple[mpmath.mpf, mpmath.mpf]] = {}
     e: list = []
     zabs: list[float] = []
-    for v, k in zip(row, keep, strict=True):
+    for v, k in zip(values.tolist(), kept.tolist(), strict=True):
         if not k:
             e.append(mpmath.mpf(0))
             zabs.append(0.0)
             continue
-        if v not in cache:
-            z = (mpmath.mpf(v) - mm) / t
-            cache[v] = (mpmath.exp(z), abs(z))
-        ev, za = cache[v]
-        e.append(ev)
-        zabs.append(float(za))
-    total = mpmath.fsum(e)
-    weighted = mpmath.fsum(ev * za for ev, za in zip(e, zabs, strict=True))
+        z = (mpmath.mpf(v) - mm) / t
+        e.append(mpmath.exp(z))
+        zabs.append(float(abs(z)))
+    total = mpmath.fsum(c * ev for c, ev in zip(counts, e, strict=True))
+    weighted = mpmath.fsum(c * ev * za for c, ev, za in zip(counts, e, zabs, strict=True))
     if extra is not None:
         c = extra(mm)
         total += c
         weighted += c * abs(mm / t)
     if total == 0:
         return RowTruth.masked(n)
-    y = [ev / total for ev in e]
-    zero = [not k for k in keep]
-    return RowTruth(y, zero, zabs, float(weighted / total))
+    return RowTruth([ev / total for ev in e], [not k for k in kept.tolist()], zabs,
+                    float(weighted / total), ROW_FINITE, index)
 
 
 def weight_normalize(
-    row: Sequence[float],
+    row: Sequence[float] | np.ndarray,
     weight: Callable[[float], mpmath.mpf],
     *,
     constant: float = 0.0,
@@ -266,11 +297,13 @@ def weight_normalize(
     Infinite weights give the limit 1/k among them; a zero denominator gives zeros;
     weights that are exactly zero are structural zeros of the output.
     """
-    n = len(row)
-    w = [weight(v) for v in row]
-    if any(mpmath.isinf(wi) for wi in w):
-        return RowTruth.infinite([bool(mpmath.isinf(wi)) for wi in w])
-    total = mpmath.fsum(w) + constant
+    values, index, counts = distinct(row)
+    w = [weight(v) for v in values.tolist()]
+    big = np.array([bool(mpmath.isinf(wi)) for wi in w])
+    if big.any():
+        return RowTruth.infinite(big, index)
+    total = mpmath.fsum(c * wi for c, wi in zip(counts, w, strict=True)) + constant
     if total == 0:
-        return RowTruth.masked(n)
-    return RowTruth([wi / total for wi in w], [wi == 0 for wi in w], [0.0] * n, 0.0)
+        return RowTruth.masked(len(index))
+    return RowTruth([wi / total for wi in w], [wi == 0 for wi in w], [0.0] * len(w), 0.0,
+                    ROW_FINITE, index)

@@ -34,11 +34,10 @@ def kept(s: Any) -> Any:
 def reference(row: list[float], *, tau: float, beta: float) -> RowTruth:
     if has_nan(row):
         return RowTruth.nan(len(row))
-    keep = [kept(v) for v in row]
     b = mpmath.mpf(beta)
     t = mpmath.mpf(tau)
     return exp_normalize(
-        row, keep, tau=tau, extra=(lambda m: b * mpmath.exp(-m / t)) if beta else None
+        row, kept, tau=tau, extra=(lambda m: b * mpmath.exp(-m / t)) if beta else None
     )
 
 
@@ -73,9 +72,9 @@ FUNCTION = Function(
     reference_row=reference,
     params=(
         Param("tau", 1.0, 0.0, True, (0.01, 1.0, 10.0), "temperature, finite and > 0",
-              TEMPERATURE),
+              TEMPERATURE, span=(1e-3, 1e3)),
         Param("beta", 1.0, 0.0, False, (0.0, 1e-10, 1.0, 100.0), "denominator offset, >= 0",
-              OFFSET),
+              OFFSET, span=(1e-12, 1e6)),
     ),
     notes="rows sum to S/(S+beta); masked positions are exactly 0",
     gradient_row=gradient,

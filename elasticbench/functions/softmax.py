@@ -21,7 +21,7 @@ from .base import (
 def reference(row: list[float]) -> RowTruth:
     if has_nan(row):
         return RowTruth.nan(len(row))
-    return exp_normalize(row, [above_minus_inf(v) for v in row])
+    return exp_normalize(row, above_minus_inf)
 
 
 def gradient(row: list[float], g: list[float]) -> RowGrad:

@@ -25,8 +25,7 @@ OFFSET = 1.0  # the constant term of the denominator
 def reference(row: list[float]) -> RowTruth:
     if has_nan(row):
         return RowTruth.nan(len(row))
-    keep = [above_minus_inf(v) for v in row]
-    return exp_normalize(row, keep, shift_floor=SHIFT_FLOOR,
+    return exp_normalize(row, above_minus_inf, shift_floor=SHIFT_FLOOR,
                          extra=lambda m: OFFSET * mpmath.exp(-m))
 
 

@@ -17,6 +17,7 @@ FUNCTION = Function(
     name="symax",
     summary="symax: |x| / (eta + sum |x|)",
     reference_row=reference,
-    params=(Param("eta", 1.0, 0.0, False, (0.0, 1.0), "denominator offset, >= 0"),),
+    params=(Param("eta", 1.0, 0.0, False, (0.0, 1.0), "denominator offset, >= 0",
+                  span=(1e-12, 1e6)),),
     exps_per_element=0,
 )

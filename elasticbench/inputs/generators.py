@@ -116,6 +116,12 @@ def _flat(rng, fmt, rows, n):
     return rng.uniform(0.0, 2.0**-6, (rows, n))
 
 
+@_generator("coarse", "standard normal rounded to multiples of 1/64: few distinct values, so "
+                      "rows of millions stay cheap to verify exactly")
+def _coarse(rng, fmt, rows, n):
+    return np.round(rng.standard_normal((rows, n)) * 64.0) / 64.0
+
+
 @_generator("subnormal", "subnormal logits of the format (both signs, some zeros)")
 def _subnormal(rng, fmt, rows, n):
     tiny = fmt.min_ulp

@@ -15,7 +15,8 @@ units of the working precision's unit roundoff u_w,
 - d log2(Lk) for summing the Lk terms of the denominator and of p @ v;
 - r ulp(out) for the final rounding to the output format (1, as for rows);
 - l 2 u_out sum_j w_ij |v_je|: a low-precision kernel may round the weights once to its
-  format before p @ v, as flash kernels do (l = 1 for fp16 and bf16, 0 for fp32, fp64).
+  format before p @ v, as flash kernels do (l = 1 for fp16 and bf16, 0 for fp32, fp64);
+  a weight below the format's normal range lands on its subnormal step instead.
 
 sum_j w_ij |v_je| is the conditioning: when the v_je cancel, out_ie is small and the
 allowance in its ulps grows accordingly, as it must. The gradients follow the same way
@@ -71,6 +72,7 @@ class Conditioning:
         self.fmt, self.bud, self.scale = fmt, budget, scale
         self.uw, self.uo = work_unit(fmt), fmt.unit_roundoff
         self.sub = 2.0**-149 if self.uw > 2.0**-53 else 2.0**-1074  # the work's subnormal step
+        self.sub_out = fmt.min_ulp  # the output format's: where a weight rounded to it lands
         self.tau = fn.row.temperature(params)
         self.offset = fn.row.offset(params)
         finite = (truth.kind != "nan")[..., None]
@@ -111,7 +113,7 @@ class Conditioning:
         werr = np.einsum("bhij,bhije->bhie", self.eps, wv)
         floor = np.einsum("bhij,bhje->bhie", self.kept, self.av)  # weights near underflow
         return (2 * self.uw * werr + self.sub * floor + self.bud.r * out_ulp
-                + self.bud.l * 2 * self.uo * wv.sum(3))
+                + self.bud.l * (2 * self.uo * wv.sum(3) + self.sub_out * floor))
 
 
 def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
@@ -121,11 +123,13 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
     "beta"), carried from the error of ds_ij = w_ij (dp_ij - c_i)/tau:
 
         |d ds_ij| <= 2 u_w A_ij + 2 u_out l L_ij,
-        A_ij = w_ij/tau ((|dp_ij| + |c_i|) eps_ij + g (P_ij + C_i)),  L_ij = w_ij C_i / tau
+        A_ij = w_ij/tau ((|dp_ij| + |c_i|) eps_ij + g (P_ij + C_i)),
+        L_ij = w_ij C_i / tau + |ds_ij|
 
     with P_ij = sum_e |dO_ie v_je| and C_i = sum_e |dO_ie out_ie| the conditioning of the dot
-    products dp_ij = dO_i . v_j and c_i = dO_i . out_i (out saved in the output format costs
-    a low-precision kernel L_ij). dq, dk and dv are sums of ds (or w) times q, k, dO.
+    products dp_ij = dO_i . v_j and c_i = dO_i . out_i; a low-precision kernel pays L_ij for
+    out saved in its format and for ds rounded once to it before the matmuls (as p is
+    forward). dq, dk and dv are sums of ds (or w) times q, k, dO.
     """
     c, b = cond, cond.bud
     two_uw, two_uo = 2 * c.uw, 2 * c.uo
@@ -145,8 +149,9 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
     floor = c.kept * c.sub / (2 * c.uw * c.tau)
     A = wt * ((np.abs(dp) + np.abs(ci)) * c.eps + c.g * (P + Ci) + CeP) \
         + floor * (np.abs(dp) + np.abs(ci) + CeP)
-    L = b.l * wt * Ci
     ds = wt * np.abs(dp - ci)
+    # out saved in the format (c_i), and p and ds rounded once to it for the matmuls
+    L = b.l * (wt * Ci + ds + c.kept * c.sub_out / two_uo)  # (a subnormal lands on its step)
     lg_q, lg_k = b.d * math.log2(max(c.lq, 1)), b.d * math.log2(max(c.lk, 1))
     e_q = A + ds * (c.g + lg_k)
     e_k = A + ds * lg_q
@@ -154,7 +159,8 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
     out["dq"] = (c.scale * (two_uw * e_q + two_uo * L) @ c.ak + b.r * ulps["dq"])
     out["dk"] = (c.scale * np.swapaxes(two_uw * e_k + two_uo * L, -1, -2) @ c.aq
                  + b.r * ulps["dk"])
-    wt_do = np.swapaxes(c.w * (two_uw * (c.eps + lg_q) + two_uo * b.l), -1, -2) @ ado
+    wt_do = np.swapaxes(c.w * (two_uw * (c.eps + lg_q) + two_uo * b.l)
+                        + b.l * c.kept * c.sub_out, -1, -2) @ ado
     out["dv"] = wt_do + b.r * ulps["dv"]
     z = c.zabs
     tiny = 2.0**-126 if c.uw > 2.0**-53 else 2.0**-1022

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import ClassVar
 
 import mpmath
 import numpy as np
 
 from ..functions import AttentionFunction
 from ..functions.base import ROW_MASKED, ROW_NAN
+from .truth_cache import TruthStore
 
 ATTENTION_TRUTH_VERSION = 2
 
@@ -55,14 +55,19 @@ class AttentionTruth:
     dp_lo: np.ndarray
     grad_nan_ok: np.ndarray  # (B, H) bool: a head with a non-finite input (0 x inf allowed)
 
+    FIELDS: ClassVar[tuple[str, ...]] = ()  # set below: every field, in order (TruthStore)
+
     @property
     def has_gradients(self) -> bool:
         return self.dq_hi.size > 0
 
     def arrays(self) -> dict[str, np.ndarray]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f: getattr(self, f) for f in self.FIELDS}
         out["kind"] = self.kind.astype("U8")
         return out
+
+
+AttentionTruth.FIELDS = tuple(f.name for f in fields(AttentionTruth))
 
 
 def _split(v, hi: np.ndarray, lo: np.ndarray, idx) -> None:
@@ -206,24 +211,12 @@ def truth_key(fn: AttentionFunction, params: dict[str, float], arrays: list[np.n
 def cached_evaluate(directory: Path | None, fn: AttentionFunction, params: dict[str, float],
                     q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
                     dout: np.ndarray | None, precision: int) -> AttentionTruth:
-    """evaluate, through a content-addressed disk cache (<dir>/attention/; None: no disk)."""
+    """evaluate, through the truths' content-addressed disk cache (None: no disk)."""
     arrays = [q, k, v] + ([dout] if dout is not None else [])
-    key = truth_key(fn, params, arrays, scale, precision)
-    path = None if directory is None else Path(directory) / "attention" / key[:2] / f"{key}.npz"
-    if path is not None:
-        try:
-            with np.load(path) as z:
-                return AttentionTruth(**{f.name: z[f.name] for f in fields(AttentionTruth)})
-        except (OSError, KeyError, ValueError):
-            pass
-    truth = evaluate(fn, params, q, k, v, scale, dout, precision)
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **truth.arrays())
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only cache only costs time
-    return truth
+    key = truth_key(fn, params, arrays, scale, precision) + "-attention"
+    store = TruthStore(directory)
+    truth = store.get(key, AttentionTruth)  # type: ignore[arg-type]
+    if truth is None:
+        truth = evaluate(fn, params, q, k, v, scale, dout, precision)
+        store.put(key, truth)  # type: ignore[arg-type]
+    return truth  # type: ignore[return-value]

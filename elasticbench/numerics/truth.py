@@ -104,7 +104,7 @@ def evaluate_rows(
     with mpmath.workprec(precision):
         for k, i in enumerate(rows):
             if g64 is None:
-                t = fn.reference_row(x64[i].tolist(), **params)
+                t = fn.reference_row(x64[i], **params)
             else:
                 grad = fn.gradient_row(x64[i].tolist(), g64[i].tolist(), **params)
                 t = grad.truth
@@ -114,17 +114,16 @@ def evaluate_rows(
                 for j, name in enumerate(fn.param_names):
                     _split(grad.dparams[name], dp_hi, dp_lo, (k, j))
             kind[k] = t.kind
-            zero[k] = t.zero
-            zabs[k] = t.zabs
             zbar[k] = t.zbar
-            if t.kind == "nan":
-                hi[k] = np.nan
-                lo[k] = np.nan
-                continue
-            for j, y in enumerate(t.y):
-                h = float(y)
-                hi[k, j] = h
-                lo[k, j] = float(y - h)
+            # per distinct value, then spread to the elements that have it
+            group_hi = np.empty(len(t.group_y))
+            group_lo = np.empty(len(t.group_y))
+            for j, y in enumerate(t.group_y):
+                _split(y, group_hi, group_lo, j)
+            hi[k] = group_hi[t.index]
+            lo[k] = group_lo[t.index]
+            zero[k] = np.asarray(t.group_zero, dtype=bool)[t.index]
+            zabs[k] = np.asarray(t.group_zabs, dtype=np.float64)[t.index]
     idx = np.asarray(rows, dtype=np.int64)
     if g64 is None:
         return Truth(idx, hi, lo, zero, zabs, zbar, kind)

@@ -45,13 +45,17 @@ def _clean(obj: Any) -> Any:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(_clean(obj), indent=1, allow_nan=False) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write text to path through a temporary file renamed over it: never half written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(_clean(obj), f, indent=1, allow_nan=False)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -34,7 +34,7 @@ class KernelCase(JSONRecord):
                                        f"{list(self.shape)!r}")
     params: dict[str, float] = entry(factory=dict)
 
-IDENTITY_FIELDS = ("kernel", "mode", "dtype", "input", "shape", "params", "seed")
+IDENTITY_FIELDS = ("kernel", "mode", "dtype", "input", "shape", "params", "seed", "layout")
 
 
 def record_key(record: dict[str, Any]) -> tuple:
@@ -47,4 +47,5 @@ def record_key(record: dict[str, Any]) -> tuple:
         tuple(record.get("shape", ())),
         tuple(sorted((record.get("params") or {}).items())),
         record.get("seed"),
+        record.get("layout", "packed"),  # inputs/layouts.py; run records are packed
     )

@@ -32,6 +32,8 @@ class VerifyRecord(KernelCase):
     raised: dict[str, Any] | None = None  # the exception the kernel raised (execute.py)
     warnings: list[dict[str, Any]] | None = None  # what the kernel warned, counted
     env: dict[str, str] | None = None  # environment its backend read (reproduce sets it)
+    layout: str = "packed"  # how the input lay in memory (inputs/layouts.py)
+    hunt: dict[str, Any] | None = None  # a hunt's trial: its number, phase, configuration
 
     @property
     def key(self) -> tuple:

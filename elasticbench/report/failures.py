@@ -1,6 +1,6 @@
 """Failing verification cases as notes a user can act on.
 
-Every failing case is shown, grouped by kernel, input, shape and parameters (the dtypes that
+Every failing case is shown, grouped by kernel, input, shape, layout and parameters (the dtypes that
 failed together in one group), worst first: what went wrong in each dtype (the worst element,
 or the exception and the line that raised it, with the whole traceback on request), and one
 command that re-runs exactly those cases. Kernel warnings are summed up apart. Works on
@@ -95,7 +95,9 @@ class FailureGroup:
         """input, shape, parameters and dtypes: "flat 2x8192 tau=1 beta=1 fp32, bf16"."""
         r = self.first
         params = " ".join(f"{k}={format_number(v)}" for k, v in r.get("params", {}).items())
-        return " ".join(p for p in (r["input"], shape_text(r["shape"]), params,
+        layout = r.get("layout", "packed")
+        return " ".join(p for p in (r["input"], shape_text(r["shape"]),
+                                    "" if layout == "packed" else layout, params,
                                     ", ".join(self.dtypes)) if p)
 
 
@@ -106,7 +108,8 @@ def group_failures(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str], l
     for r in records:
         if r["passed"]:
             continue
-        case = (r["input"], tuple(r["shape"]), tuple(sorted(r.get("params", {}).items())))
+        case = (r["input"], tuple(r["shape"]), r.get("layout", "packed"),
+                tuple(sorted(r.get("params", {}).items())))
         groups.setdefault((r["kernel"], r.get("mode", "fwd")), {}).setdefault(case, []).append(r)
     order = {d: i for i, d in enumerate(DTYPE_NAMES)}
     out = {}
@@ -135,6 +138,7 @@ def reproduce_command(group: FailureGroup, header: dict[str, Any]) -> str:
             "--size", shape_text(r["shape"])]
     for k, v in r.get("params", {}).items():
         args += ["--param", f"{k}={format_number(v)}"]
+    args += ["--layout", r.get("layout", "packed")]
     if r.get("mode", "fwd") != "fwd":
         args += ["--mode", r["mode"]]
     if r.get("source", "builtin") != "builtin":

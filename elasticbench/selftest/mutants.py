@@ -23,7 +23,8 @@ class Mutant:
 
 
 def _work(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+    """x in the working precision, rows contiguous (NumPy sums pairwise only along them)."""
+    return np.ascontiguousarray(x, dtype=np.float64 if x.dtype == np.float64 else np.float32)
 
 
 def _elastic(
@@ -97,6 +98,76 @@ def _rel_error(x, *, tau, beta):
     return (y * (1 + 1e-4)).astype(x.dtype)
 
 
+# ---- wrong on one path only: a width, a row block, a parameter band, an exp band, a layout
+
+
+def _multi_block(x, *, tau, beta):
+    """Rows wider than 65536 take a multi-block path whose block sums are added without
+    rescaling each to the row's maximum (each block shifted by its own)."""
+    if x.shape[1] <= 65536:
+        return _elastic(x, tau, beta)
+    xw = _work(x)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.where(xw >= 0, xw, -np.inf)
+        m = s.max(axis=-1, keepdims=True)
+        m0 = np.where(np.isfinite(m), m, 0)
+        den = np.zeros_like(m0)
+        for j in range(0, xw.shape[1], 65536):
+            b = s[:, j:j + 65536]
+            bm = b.max(axis=-1, keepdims=True)
+            den += np.exp((b - np.where(np.isfinite(bm), bm, 0)) / tau).sum(-1, keepdims=True)
+        y = np.exp((s - m0) / tau) / (den + beta * np.exp(-m0 / tau))
+    good = np.isfinite(m).ravel() & ~np.isnan(xw).any(axis=-1)
+    out = _elastic(x, tau, beta).astype(xw.dtype)
+    out[good] = y[good]
+    return out.astype(x.dtype)
+
+
+def _row_blocks(x, *, tau, beta):
+    """Rows past the first launch block of 512 rescale beta with the row maxima of the
+    first block (a stale per-row buffer)."""
+    y = _elastic(x, tau, beta)
+    if x.shape[0] <= 512:
+        return y
+    xw = _work(x)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.where(xw >= 0, xw, -np.inf)
+        m = s.max(axis=-1, keepdims=True)
+        m0 = np.where(np.isfinite(m), m, 0)
+        stale = m0[np.arange(x.shape[0]) % 512]
+        e = np.exp((s - m0) / tau)
+        late = e / (e.sum(-1, keepdims=True) + beta * np.exp(-stale / tau))
+    rows = np.arange(x.shape[0]) >= 512
+    rows &= np.isfinite(m).ravel() & ~np.isnan(xw).any(axis=-1)
+    y[rows] = late[rows].astype(x.dtype)
+    return y
+
+
+def _tau_table(x, *, tau, beta):
+    """For 2 < tau < 8 the scale 1/tau comes from a table of 3 significant digits."""
+    if not 2 < tau < 8:
+        return _elastic(x, tau, beta)
+    inv = float(f"{1 / tau:.3g}")
+    return _elastic(x, tau, beta, tau_op=lambda d, _t: d * d.dtype.type(inv))
+
+
+def _exp_band(x, *, tau, beta):
+    """An exp whose polynomial is 1e-3 off on the band -12 < z < -8."""
+    def scaled(d, t):
+        z = d / t
+        with np.errstate(invalid="ignore"):
+            band = (z > -12) & (z < -8)
+        return np.where(band, z + np.log1p(z.dtype.type(1e-3)), z)
+
+    return _elastic(x, tau, beta, tau_op=scaled)
+
+
+def _packed_rows(x, *, tau, beta):
+    """Reads its input's memory as packed rows (row stride n): right on fresh arrays only."""
+    packed = np.lib.stride_tricks.as_strided(x, x.shape, (x.shape[1] * x.itemsize, x.itemsize))
+    return _elastic(packed.copy(), tau, beta)
+
+
 def _spec(name: str, function: str, fn: Callable) -> KernelSpec:
     return KernelSpec(name, function, "numpy", fn, "fwd", "selftest")
 
@@ -136,6 +207,19 @@ FORWARD_MUTANTS: tuple[Mutant, ...] = (
            "input modified in place"),
 )
 
+PATH_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(_spec("multi_block_unscaled", "elastic", _multi_block),
+           "past 65536 columns, block sums added without rescaling to the row maximum"),
+    Mutant(_spec("row_block_stale_max", "elastic", _row_blocks),
+           "past row 512, beta rescaled with the first row block's maxima"),
+    Mutant(_spec("tau_table", "elastic", _tau_table),
+           "for 2 < tau < 8, 1/tau from a table of 3 significant digits"),
+    Mutant(_spec("exp_band", "elastic", _exp_band),
+           "exp 1e-3 off on the band -12 < z < -8"),
+    Mutant(_spec("packed_rows", "elastic", _packed_rows),
+           "reads its input as packed rows (padded and strided inputs misread)"),
+)
+
 
 def _bwd_recomputed_without_mask(x, y, g, *, tau, beta):
     """A recomputing backward (y rebuilt from x to save memory) that forgot the mask."""
@@ -170,4 +254,4 @@ BACKWARD_MUTANTS: tuple[Mutant, ...] = (
                       "bwd", "selftest"),
            "dbeta from the shifted denominator without exp(-m/tau)"),
 )
-MUTANTS = FORWARD_MUTANTS + BACKWARD_MUTANTS
+MUTANTS = FORWARD_MUTANTS + PATH_MUTANTS + BACKWARD_MUTANTS

@@ -41,7 +41,8 @@ def _verify(spec: KernelSpec, matrix: VerifyMatrix, store: TruthStore) -> list[d
     records: list[dict] = []
     cases = expand(matrix, [spec.function])
     run_verification([spec], cases, max_elements=matrix.max_elements, store=store,
-                     on_record=lambda r: records.append(r.to_dict()), mode=spec.mode)
+                     on_record=lambda r: records.append(r.to_dict()), mode=spec.mode,
+                     max_rows=matrix.max_rows)
     return records
 
 

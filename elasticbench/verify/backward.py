@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from ..backends import get_backend
-from ..execute import guarded_call
+from ..execute import NativeInput, guarded_call
 from ..functions import Function, get_function
 from ..functions.base import OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE
 from ..inputs.generators import stream_seed
+from ..inputs.layouts import PACKED
 from ..numerics.dtypes import FloatFormat
 from ..numerics.truth import GradTruth
 from ..numerics.ulp import ulp_error, ulp_of
@@ -88,20 +89,18 @@ class BackwardOutcome:
 
 
 def call_backward(spec: KernelSpec, x: np.ndarray, y: np.ndarray, g: np.ndarray,
-                  params: dict[str, float]) -> BackwardOutcome:
-    """Run a bwd kernel on fresh native copies of x, y, g; bring dx and the scalars back."""
+                  params: dict[str, float], layout: str = PACKED) -> BackwardOutcome:
+    """Run a bwd kernel on fresh native copies of x, y, g (each in the given layout); bring
+    dx and the scalars back."""
     backend = get_backend(spec.backend)
     names = get_function(spec.function).param_names
-    nx, ny, ng = backend.to_native(x), backend.to_native(y), backend.to_native(g)
-    call = guarded_call(backend, spec.fn, nx, ny, ng, **params)
+    args = [NativeInput.make(backend, a, layout) for a in (x, y, g)]
+    call = guarded_call(backend, spec.fn, *(a.view for a in args), **params)
     seconds, warned = call.seconds, call.warnings
     if call.raised is not None:
         return BackwardOutcome(None, {}, call.error, False, seconds, call.raised, warned)
     out = call.value
-    modified = any(
-        not np.array_equal(backend.to_numpy(n).view(np.uint8), a.view(np.uint8))
-        for n, a in ((nx, x), (ny, y), (ng, g))
-    )
+    modified = any(any(a.changes()) for a in args)
     want = 1 + len(names)
     parts = out if names else (out,)
     if not isinstance(parts, tuple | list) or len(parts) != want:

@@ -8,7 +8,7 @@ from ..execute import Isolation
 from ..numerics.truth_cache import TruthStore
 from ..registry import KernelSpec
 from ..session import Job, Session
-from .matrix import VerifyCase
+from .matrix import MAX_ROWS, VerifyCase
 from .runner import run_verification
 
 
@@ -19,17 +19,19 @@ class VerifyJob(Job[tuple[str, VerifyCase]]):
 
     def __init__(self, kernels: dict[str, list[KernelSpec]],
                  cases: dict[str, list[VerifyCase]], *, max_elements: int, store: TruthStore,
-                 precision: int, workers: int | None, isolation: Isolation):
+                 precision: int, workers: int | None, isolation: Isolation,
+                 max_rows: int = MAX_ROWS):
         self.kernels, self.cases = kernels, cases
         self.max_elements, self.store, self.precision = max_elements, store, precision
-        self.workers, self.isolation = workers, isolation
+        self.workers, self.isolation, self.max_rows = workers, isolation, max_rows
 
     def plan(self) -> list[tuple[str, VerifyCase]]:
         return [(m, c) for m, cases in self.cases.items() for c in cases]
 
     def shard_key(self, item: tuple[str, VerifyCase]) -> Any:
         m, c = item
-        return (m, c.function, c.dtype, c.generator, list(c.shape), c.param_dict, c.seed)
+        return (m, c.function, c.dtype, c.generator, list(c.shape), c.param_dict, c.seed,
+                c.layout)
 
     def work(self, items: list[tuple[str, VerifyCase]], session: Session) -> None:
         done = {r.key for r in session.records}
@@ -41,4 +43,5 @@ class VerifyJob(Job[tuple[str, VerifyCase]]):
                 kernels, [c for mode, c in items if mode == m], max_elements=self.max_elements,
                 store=self.store, precision=self.precision, workers=self.workers, mode=m,
                 isolation=self.isolation, done=done, on_truth=references.advance,
+                max_rows=self.max_rows,
                 on_record=lambda r: (session.add(r), checks.advance()))

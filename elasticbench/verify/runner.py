@@ -11,7 +11,6 @@ import numpy as np
 
 from ..backends import get_backend
 from ..execute import IN_PROCESS, Isolation, Outcome, call_kernel, failed_outcome
-from ..inputs import generate
 from ..numerics.budget import budget_for
 from ..numerics.dtypes import get_format
 from ..numerics.truth import DEFAULT_PRECISION, GradTruth
@@ -27,17 +26,25 @@ from .backward import (
     upstream,
 )
 from .check import CheckResult, check_output
-from .matrix import VerifyCase
+from .matrix import MAX_ROWS, VerifyCase
 
 
-def rows_to_check(shape: tuple[int, int], max_elements: int, seed: int) -> np.ndarray:
-    """All rows when the input is small enough; else a seeded sample of whole rows."""
+def rows_to_check(shape: tuple[int, int], max_elements: int, seed: int,
+                  max_rows: int = MAX_ROWS) -> np.ndarray:
+    """All rows when the input is small enough; else a sample of whole rows that always
+    holds the first and the last row and those on each side of a power of two (where
+    launchers block rows), filled up with a seeded draw."""
     rows, n = shape
-    if rows * n <= max_elements:
+    if rows * n <= max_elements and rows <= max_rows:
         return np.arange(rows)
-    k = max(1, max_elements // n)
+    k = max(1, min(max_elements // n, max_rows))
+    edges = [rows - 1, 0] + [r for j in range(rows.bit_length(), 0, -1)
+                             for r in ((1 << j) - 1, 1 << j) if r < rows]
+    chosen = list(dict.fromkeys(edges))[:k]
+    rest = np.setdiff1d(np.arange(rows), chosen)
     rng = np.random.default_rng([seed, rows, n])
-    return np.sort(rng.choice(rows, size=k, replace=False))
+    fill = rng.choice(rest, size=min(k - len(chosen), len(rest)), replace=False)
+    return np.sort(np.concatenate([np.asarray(chosen, dtype=np.int64), fill]))
 
 
 @dataclass
@@ -49,18 +56,22 @@ class Prepared:
 
 
 def prepare(cases: list[VerifyCase], max_elements: int, precision: int,
-            mode: str = "fwd") -> list[Prepared]:
-    out = []
-    for case in cases:
-        x = generate(case.generator, case.dtype, case.shape, case.seed)
-        rows = rows_to_check(case.shape, max_elements, case.seed)
-        g = None
-        if mode == "bwd":
-            g = upstream(case.seed, case.generator, get_format(case.dtype), case.shape, rows)
-        job = TruthJob(case.function, case.params, case.dtype, x.astype(np.float64), rows,
-                       precision, None if g is None else g.astype(np.float64))
-        out.append(Prepared(case, x, job, g))
-    return out
+            mode: str = "fwd", max_rows: int = MAX_ROWS) -> list[Prepared]:
+    return [prepare_input(case, case.input(), max_elements, precision, mode, max_rows)
+            for case in cases]
+
+
+def prepare_input(case: VerifyCase, x: np.ndarray, max_elements: int, precision: int,
+                  mode: str = "fwd", max_rows: int = MAX_ROWS) -> Prepared:
+    """A case with its input x: the rows to check, the question for the reference and, for
+    a backward case, the upstream gradient."""
+    rows = rows_to_check(case.shape, max_elements, case.seed, max_rows)
+    g = None
+    if mode == "bwd":
+        g = upstream(case.seed, case.generator, get_format(case.dtype), case.shape, rows)
+    job = TruthJob(case.function, case.params, case.dtype, x.astype(np.float64), rows,
+                   precision, None if g is None else g.astype(np.float64))
+    return Prepared(case, x, job, g)
 
 
 def _record(spec: KernelSpec, case: VerifyCase, truth, budget: dict,
@@ -80,7 +91,7 @@ def _record(spec: KernelSpec, case: VerifyCase, truth, budget: dict,
         dtype=case.dtype, input=case.generator, seed=case.seed, shape=case.shape,
         params=case.param_dict, rows_checked=len(truth.rows),
         sampled_rows=truth.rows.tolist() if len(truth.rows) < case.shape[0] else None,
-        budget=budget, mode=spec.mode, seconds=outcome.seconds,
+        budget=budget, mode=spec.mode, seconds=outcome.seconds, layout=case.layout,
         passed=verdict.passed and not broken, reason=reason, max_ulp=verdict.max_ulp,
         max_budget_frac=verdict.max_budget_frac, special_ok=verdict.special_ok,
         worst=verdict.worst, failures=verdict.failures, raised=outcome.raised,
@@ -94,13 +105,16 @@ def verify_one(spec: KernelSpec, prep: Prepared, truth,
     case = prep.case
     fmt = get_format(case.dtype)
     budget = budget_for(fmt)
-    outcome = isolation.run(partial(call_kernel, spec, prep.x, case.param_dict),
+    outcome = isolation.run(partial(call_kernel, spec, prep.x, case.param_dict, case.layout),
                             failed_outcome)
     if outcome.output is None:
         return _record(spec, case, truth, budget.to_dict(), outcome, None)
     v = check_output(prep.x, outcome.output, truth, fmt, budget)
-    broken = [msg for bad, msg in ((outcome.modified_input, "modified its input"),
-                                   (outcome.returned_input, "returned its input")) if bad]
+    broken = [msg for bad, msg in (
+        (outcome.modified_input, "modified its input"),
+        (outcome.wrote_outside, "wrote outside its input (row padding or the memory before "
+                                "a view)"),
+        (outcome.returned_input, "returned its input")) if bad]
     return _record(spec, case, truth, budget.to_dict(), outcome, v, broken=broken)
 
 
@@ -111,7 +125,8 @@ def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
     fmt = get_format(case.dtype)
     assert prep.g is not None
     y = saved_output(truth, fmt, case.shape)
-    outcome = isolation.run(partial(call_backward, spec, prep.x, y, prep.g, case.param_dict),
+    outcome = isolation.run(partial(call_backward, spec, prep.x, y, prep.g, case.param_dict,
+                                    case.layout),
                             lambda why, s: BackwardOutcome(None, {}, why, False, s))
     budget = GRAD_BUDGET.to_dict()
     if outcome.dx is None:
@@ -141,6 +156,7 @@ def run_verification(
     mode: str = "fwd",
     isolation: Isolation = IN_PROCESS,
     done: frozenset[tuple] | set[tuple] = frozenset(),
+    max_rows: int = MAX_ROWS,
 ) -> None:
     """Verify each kernel (all of `mode`) on every case of its function that it takes;
     pairs whose record_key is in `done` (a resumed run) are skipped, and a case left
@@ -151,11 +167,12 @@ def run_verification(
 
     def todo(case: VerifyCase) -> list[KernelSpec]:
         return [k for k in by_function.get(case.function, ())
-                if k.supports(case.dtype) and case_key(k, case) not in done]
+                if k.supports(case.dtype) and k.takes_layout(case.layout)
+                and case_key(k, case) not in done]
 
     cases = [c for c in cases if todo(c)]
     compiled = compile_checks([(spec, case) for case in cases for spec in todo(case)])
-    prepared = prepare(cases, max_elements, precision, mode)
+    prepared = prepare(cases, max_elements, precision, mode, max_rows)
     truths = solve([p.job for p in prepared], store, workers, on_truth)
     one = verify_backward_one if mode == "bwd" else verify_one
     for prep, truth in zip(prepared, truths, strict=True):
@@ -200,4 +217,5 @@ def case_key(spec: KernelSpec, case: VerifyCase) -> tuple:
     """The record_key that the record of spec on case will have."""
     return record_key({"kernel": spec.name, "mode": spec.mode, "dtype": case.dtype,
                        "input": case.generator, "shape": list(case.shape),
-                       "params": case.param_dict, "seed": case.seed})
+                       "params": case.param_dict, "seed": case.seed,
+                       "layout": case.layout})

@@ -1,0 +1,94 @@
+"""One trial of a hunt: a kernel on one input, judged exactly as `verify` judges a case.
+
+A trial is a verify case whose input the hunt made (not a generator's): it goes through the
+same preparation, reference and check, and becomes the same kind of record. Rows are checked
+as a case file replays them (seed 0 and the hunt's limits below), so a saved reproducer
+is judged again exactly as the trial was.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..execute import IN_PROCESS, Isolation
+from ..numerics.truth import DEFAULT_PRECISION
+from ..numerics.truth_cache import TruthStore, solve
+from ..records import VerifyRecord
+from ..registry import KernelSpec
+from ..verify.matrix import VerifyCase
+from ..verify.runner import prepare_input, verify_backward_one, verify_one
+
+MAX_CHECKED = 8192  # elements of the reference per trial (a sample of whole rows beyond)
+MAX_CHECKED_ROWS = 64
+SEED = 0  # the seed every trial's rows (and upstream gradient) are drawn with
+
+
+@dataclass(frozen=True)
+class Input:
+    """What a trial feeds the kernel: the values, their name in the records, the layout and
+    the parameters."""
+
+    name: str
+    x: np.ndarray
+    layout: str
+    params: tuple[tuple[str, float], ...]
+
+    @property
+    def elements(self) -> int:
+        return int(self.x.size)
+
+
+@dataclass
+class Trial:
+    record: VerifyRecord
+
+    @property
+    def failed(self) -> bool:
+        return not self.record.passed
+
+    @property
+    def fraction(self) -> float:
+        """The share of the error budget used: what the search climbs (inf once failed)."""
+        if self.failed:
+            return float("inf")
+        frac = self.record.max_budget_frac
+        return float(frac) if frac is not None else 0.0
+
+    @property
+    def failure(self) -> str | None:
+        """The kind of failure ('accuracy', 'special', 'raised ValueError', ...): shrinking
+        keeps it, so that a reproducer shows the bug that was found and not another."""
+        if not self.failed:
+            return None
+        if self.record.special_ok is False:
+            return "special"
+        head = (self.record.reason or "").split(";")[0].split(":")[0]
+        return re.sub(r"\s*[\d(\[].*$", "", head).strip() or "failed"
+
+
+class Judge:
+    """Runs trials of one kernel (forward or backward) and numbers them."""
+
+    def __init__(self, spec: KernelSpec, *, precision: int = DEFAULT_PRECISION,
+                 isolation: Isolation = IN_PROCESS):
+        self.spec, self.precision, self.isolation = spec, precision, isolation
+        self.count = 0
+
+    def case(self, inp: Input, dtype: str) -> VerifyCase:
+        return VerifyCase(self.spec.function, inp.name, (int(inp.x.shape[0]), int(inp.x.shape[1])),
+                          dtype, inp.params, SEED, inp.layout)
+
+    def __call__(self, inp: Input, dtype: str, phase: str,
+                 extra: dict[str, Any] | None = None) -> Trial:
+        case = self.case(inp, dtype)
+        prep = prepare_input(case, inp.x, MAX_CHECKED, self.precision, self.spec.mode,
+                             MAX_CHECKED_ROWS)
+        (truth,) = solve([prep.job], TruthStore(None), workers=1)
+        one = verify_backward_one if self.spec.mode == "bwd" else verify_one
+        self.count += 1
+        record = one(self.spec, prep, truth, self.isolation)
+        return Trial(replace(record, hunt={"trial": self.count, "phase": phase, **(extra or {})}))

@@ -1,0 +1,299 @@
+"""Elastic attention forward in Triton: the tiled design of docs/attention.md section 2.
+
+One program takes BLOCK_M queries of one (batch, head) and visits blocks of BLOCK_N keys,
+keeping per query a running kept maximum m (from 0), a running sum l and an accumulator:
+
+    s    = scale * q @ k^T               (causally hidden keys, and NaN, out of the mask)
+    m'   = max(m, max of kept s)         (kept: 0 <= s < inf and visible)
+    l    = l 2^((m - m') k) + sum_kept 2^((s - m') k)           k = log2(e) / tau
+    acc  = acc 2^((m - m') k) + p @ v
+    out  = acc / (l + beta 2^(-m k))     (exactly 0 where l = 0: nothing kept, any beta)
+
+Scores, sums and the accumulator are fp32. fp32 inputs multiply in IEEE fp32 (not TF32);
+fp16 and bf16 inputs multiply in their own format with fp32 accumulation (their products are
+exact), and p is rounded once to that format for p @ v, as flash kernels do (the budget's
+l term, docs/attention.md section 5). A query whose visible scores hold a NaN gets NaN; one
+with a +inf score is marked m = +inf and finished on the host by
+elasticbench.attention.special, as every built-in kernel does. Causal key blocks past the
+query block's last query are not visited.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from elasticbench.attention import special
+
+from .exp_family import exp2
+from .launch import run
+
+LOG2E = tl.constexpr(1.4426950408889634)  # a kernel may read only constexpr globals
+
+
+@triton.jit
+def attention_forward_kernel(
+    q_ptr, k_ptr, v_ptr, tau_ptr, beta_ptr, out_ptr, m_ptr, den_ptr,
+    lq, lk, d, dv, scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < lq
+    q = tl.load(q_ptr + bh * lq * d + offs_m[:, None] * d + offs_d[None, :],
+                mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0)
+    tau = tl.load(tau_ptr + bh)
+    beta = tl.load(beta_ptr + bh)
+    kk = LOG2E / tau
+    m = tl.zeros([BLOCK_M], dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)  # noqa: E741
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    nan_row = tl.zeros([BLOCK_M], dtype=tl.int32)
+    inf_row = tl.zeros([BLOCK_M], dtype=tl.int32)
+    end = lk
+    if CAUSAL:
+        end = tl.minimum(lk, (pid_m + 1) * BLOCK_M)
+    for start in range(0, end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < lk
+        kt = tl.load(k_ptr + bh * lk * d + offs_n[None, :] * d + offs_d[:, None],
+                     mask=col_ok[None, :] & (offs_d[:, None] < d), other=0.0)
+        if IEEE:  # noqa: SIM108 (a constexpr branch: the compiler keeps one side)
+            s = tl.dot(q, kt, input_precision="ieee") * scale
+        else:
+            s = tl.dot(q, kt) * scale
+        visible = col_ok[None, :] & row_ok[:, None]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None])
+        nan_row = nan_row | tl.max(((s != s) & visible).to(tl.int32), axis=1)
+        inf_row = inf_row | tl.max(((s == float("inf")) & visible).to(tl.int32), axis=1)
+        kept = visible & (s >= 0.0) & (s < float("inf"))
+        m_new = tl.maximum(m, tl.max(tl.where(kept, s, 0.0), axis=1))
+        alpha = exp2((m - m_new) * kk, True, -1)
+        p = exp2(tl.where(kept, (s - m_new[:, None]) * kk, float("-inf")), True, -1)
+        l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
+        v = tl.load(v_ptr + bh * lk * dv + offs_n[:, None] * dv + offs_e[None, :],
+                    mask=col_ok[:, None] & (offs_e[None, :] < dv), other=0.0)
+        if IEEE:  # noqa: SIM108
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+    den = l + beta * exp2(-m * kk, True, -1)
+    live = l > 0.0
+    out = tl.where(live[:, None], acc / tl.where(live, den, 1.0)[:, None], 0.0)
+    out = tl.where(nan_row[:, None] > 0, float("nan"), out)
+    m = tl.where(inf_row > 0, float("inf"), m)
+    m = tl.where(nan_row > 0, float("nan"), m)
+    den = tl.where(nan_row > 0, float("nan"), den)
+    tl.store(out_ptr + bh * lq * dv + offs_m[:, None] * dv + offs_e[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_e[None, :] < dv))
+    tl.store(m_ptr + bh * lq + offs_m, m, mask=row_ok)
+    tl.store(den_ptr + bh * lq + offs_m, den, mask=row_ok)
+
+
+def _pow2(n: int, least: int = 16) -> int:
+    return max(least, 1 << max(0, (n - 1).bit_length()))
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
+                      beta: torch.Tensor, scale: float, causal: bool,
+                      block_m: int = 32, block_n: int = 32
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in fp32; q, k, v
+    (batch, heads, length, dim) in fp32, fp16 or bf16; tau, beta (batch, heads)."""
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"the triton attention kernel takes fp32, fp16 or bf16, not {q.dtype}")
+    b, h, lq, d = q.shape
+    lk, dv = k.shape[2], v.shape[3]
+    qc, kc, vc = (t.contiguous() for t in (q, k, v))
+    tau32 = tau.to(torch.float32).contiguous()
+    beta32 = beta.to(torch.float32).contiguous()
+    out = torch.empty(b, h, lq, dv, dtype=q.dtype, device=q.device)
+    m = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
+    den = torch.empty_like(m)
+    grid = (triton.cdiv(lq, block_m), b * h)
+    run(attention_forward_kernel, grid,
+        (qc, kc, vc, tau32, beta32, out, m, den, lq, lk, d, dv, float(scale)), 4,
+        {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": _pow2(d),
+         "BLOCK_DV": _pow2(dv), "CAUSAL": bool(causal), "IEEE": q.dtype == torch.float32})
+    if (m == math.inf).any():
+        out32 = out.to(torch.float32)
+        special.fix_forward(q, k, v, out32, m, den, scale, causal)
+        out = out32.to(q.dtype)
+    return out, m, den
+
+
+@triton.jit
+def _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok, scale, kk, tau,
+               CAUSAL: tl.constexpr, IEEE: tl.constexpr):
+    """The tile's kept mask, its z = (s - m)/tau and its weights p = 2^((s - m) k) / den,
+    from the forward's statistics (a NaN query keeps every visible key: its p is NaN)."""
+    if IEEE:  # noqa: SIM108
+        s = tl.dot(q, kt, input_precision="ieee") * scale
+    else:
+        s = tl.dot(q, kt) * scale
+    visible = row_ok[:, None] & col_ok[None, :]
+    if CAUSAL:
+        visible = visible & (offs_n[None, :] <= offs_m[:, None])
+    keep = visible & ((s >= 0.0) | nan_q[:, None]) & (~inf_q[:, None])
+    d = tl.where(keep, s - m[:, None], 0.0)
+    p = tl.where(keep, exp2(tl.where(keep, d * kk, float("-inf")), True, -1) * r[:, None], 0.0)
+    return keep, d / tau, p
+
+
+@triton.jit
+def attention_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, r_ptr, c_ptr, tau_ptr, dk_ptr, dv_ptr, dtau_ptr,
+    lq, lk, d, dv, scale, n_kblocks,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+):
+    """dk and dv of one block of keys over every query that sees them, and the block's
+    share of sum ds z (dtau's first term)."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, BLOCK_DV)
+    col_ok = offs_n < lk
+    kt = tl.load(k_ptr + bh * lk * d + offs_n[None, :] * d + offs_d[:, None],
+                 mask=col_ok[None, :] & (offs_d[:, None] < d), other=0.0)
+    vt = tl.load(v_ptr + bh * lk * dv + offs_n[None, :] * dv + offs_e[:, None],
+                 mask=col_ok[None, :] & (offs_e[:, None] < dv), other=0.0)
+    tau = tl.load(tau_ptr + bh)
+    kk = LOG2E / tau
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dvv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    dsz = tl.zeros([BLOCK_N], dtype=tl.float32)
+    begin = 0
+    if CAUSAL:
+        begin = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
+    for start in range(begin, lq, BLOCK_M):
+        offs_m = start + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < lq
+        q = tl.load(q_ptr + bh * lq * d + offs_m[:, None] * d + offs_d[None, :],
+                    mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0)
+        do = tl.load(do_ptr + bh * lq * dv + offs_m[:, None] * dv + offs_e[None, :],
+                     mask=row_ok[:, None] & (offs_e[None, :] < dv), other=0.0)
+        m = tl.load(m_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
+        r = tl.load(r_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
+        c = tl.load(c_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
+        nan_q = m != m
+        inf_q = m == float("inf")
+        m = tl.where(inf_q | nan_q, 0.0, m)
+        keep, z, p = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok,
+                                scale, kk, tau, CAUSAL, IEEE)
+        if IEEE:
+            dp = tl.dot(do, vt, input_precision="ieee")
+            ds = tl.where(keep, p * ((dp - c[:, None]) / tau), 0.0)
+            dvv += tl.dot(tl.trans(p), do, input_precision="ieee")
+            dk += tl.dot(tl.trans(ds), q, input_precision="ieee") * scale
+        else:
+            dp = tl.dot(do, vt)
+            ds = tl.where(keep, p * ((dp - c[:, None]) / tau), 0.0)
+            dvv += tl.dot(tl.trans(p.to(do.dtype)), do)
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q) * scale
+        dsz += tl.sum(tl.where(keep, ds * z, 0.0), axis=0)
+    tl.store(dk_ptr + bh * lk * d + offs_n[:, None] * d + offs_d[None, :], dk,
+             mask=col_ok[:, None] & (offs_d[None, :] < d))
+    tl.store(dv_ptr + bh * lk * dv + offs_n[:, None] * dv + offs_e[None, :], dvv,
+             mask=col_ok[:, None] & (offs_e[None, :] < dv))
+    tl.store(dtau_ptr + bh * n_kblocks + pid_n, tl.sum(dsz, axis=0))
+
+
+@triton.jit
+def attention_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, r_ptr, c_ptr, tau_ptr, dq_ptr,
+    lq, lk, d, dv, scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+):
+    """dq of one block of queries over every key it sees."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < lq
+    q = tl.load(q_ptr + bh * lq * d + offs_m[:, None] * d + offs_d[None, :],
+                mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0)
+    do = tl.load(do_ptr + bh * lq * dv + offs_m[:, None] * dv + offs_e[None, :],
+                 mask=row_ok[:, None] & (offs_e[None, :] < dv), other=0.0)
+    m = tl.load(m_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
+    r = tl.load(r_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
+    c = tl.load(c_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
+    tau = tl.load(tau_ptr + bh)
+    kk = LOG2E / tau
+    nan_q = m != m
+    inf_q = m == float("inf")
+    m = tl.where(inf_q | nan_q, 0.0, m)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    end = lk
+    if CAUSAL:
+        end = tl.minimum(lk, (pid_m + 1) * BLOCK_M)
+    for start in range(0, end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < lk
+        kt = tl.load(k_ptr + bh * lk * d + offs_n[None, :] * d + offs_d[:, None],
+                     mask=col_ok[None, :] & (offs_d[:, None] < d), other=0.0)
+        vt = tl.load(v_ptr + bh * lk * dv + offs_n[None, :] * dv + offs_e[:, None],
+                     mask=col_ok[None, :] & (offs_e[:, None] < dv), other=0.0)
+        keep, _z, p = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok,
+                                scale, kk, tau, CAUSAL, IEEE)
+        if IEEE:
+            dp = tl.dot(do, vt, input_precision="ieee")
+            ds = tl.where(keep, p * ((dp - c[:, None]) / tau), 0.0)
+            dq += tl.dot(ds, tl.trans(kt), input_precision="ieee") * scale
+        else:
+            dp = tl.dot(do, vt)
+            ds = tl.where(keep, p * ((dp - c[:, None]) / tau), 0.0)
+            dq += tl.dot(ds.to(kt.dtype), tl.trans(kt)) * scale
+    tl.store(dq_ptr + bh * lq * d + offs_m[:, None] * d + offs_d[None, :],
+             dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < d))
+
+
+def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       dout: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
+                       tau: torch.Tensor, beta: torch.Tensor, scale: float, causal: bool,
+                       block_m: int = 32, block_n: int = 32) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) in q's dtype and (dtau, dbeta) per (batch, head) in fp32, from the
+    forward's (out, m, den): docs/attention.md section 2, as the tiled torch code does."""
+    b, h, lq, d = q.shape
+    lk, dv_ = k.shape[2], v.shape[3]
+    qc, kc, vc, doc = (t.contiguous() for t in (q, k, v, dout))
+    tau32, beta32 = tau.to(torch.float32).contiguous(), beta.to(torch.float32).contiguous()
+    m32 = m.to(torch.float32).contiguous()
+    r = torch.where(den == 0, 0, 1 / den).to(torch.float32).contiguous()
+    c = (dout.float() * out.float()).sum(-1).contiguous()
+    dq = torch.empty_like(qc)
+    dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
+    dv = torch.empty(v.shape, dtype=torch.float32, device=q.device)
+    nk = triton.cdiv(lk, block_n)
+    dtau_parts = torch.zeros(b * h, nk, dtype=torch.float32, device=q.device)
+    consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": _pow2(d),
+              "BLOCK_DV": _pow2(dv_), "CAUSAL": bool(causal), "IEEE": q.dtype == torch.float32}
+    run(attention_dkdv_kernel, (nk, b * h),
+        (qc, kc, vc, doc, m32, r, c, tau32, dk, dv, dtau_parts, lq, lk, d, dv_, float(scale),
+         nk), 4, consts)
+    run(attention_dq_kernel, (triton.cdiv(lq, block_m), b * h),
+        (qc, kc, vc, doc, m32, r, c, tau32, dq, lq, lk, d, dv_, float(scale)), 4, consts)
+    finite = torch.isfinite(m32) | m32.isnan()
+    m0 = torch.where(finite & ~m32.isnan(), m32, 0)
+    t3, b3 = tau32[..., None], beta32[..., None]
+    e = torch.exp(-m0 / t3)
+    w = b3 * e * r
+    wm = torch.where(w != 0, w * (m0 / t3), 0)
+    fin = m32 != math.inf
+    dtau = -dtau_parts.reshape(b, h, nk).sum(-1) - torch.where(fin, c * wm / t3, 0).sum(-1)
+    dbeta = -torch.where(fin, c * e * r, 0).sum(-1)
+    special.fix_backward(q, k, dout, dv, m32, scale, causal)
+    return dq, dk.to(q.dtype), dv.to(q.dtype), dtau, dbeta

@@ -1,0 +1,169 @@
+"""`elasticbench hunt`: finds a failure a kernel hides on one path, shrinks it, saves a case
+file that `verify --case` replays; passes a correct kernel; every trial is a record."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elasticbench.execute import IN_PROCESS
+from elasticbench.hunt.job import HuntJob
+from elasticbench.hunt.space import Space, make_input
+from elasticbench.hunt.trial import Input, Judge
+from elasticbench.registry import get_kernel
+from elasticbench.selftest.mutants import PATH_MUTANTS
+from elasticbench.session import Session
+from elasticbench.verify.matrix import load_matrix
+
+ROWS_BUG = textwrap.dedent("""
+    import numpy as np
+    from elasticbench import register_kernel
+    from elasticbench.kernels.numpy_kernels import numpy_elastic
+
+    @register_kernel(function="elastic", backend="numpy", name="late_rows")
+    def late_rows(x, *, tau, beta):
+        y = numpy_elastic(x, tau=tau, beta=beta)
+        if x.shape[0] > 300:  # a second launch block that drops the offset
+            y[300:] = numpy_elastic(x[300:], tau=tau, beta=0.0)
+        return y
+""")
+
+
+def test_hunt_finds_shrinks_and_saves_a_case_that_verify_replays(cli, tmp_path):
+    (tmp_path / "k.py").write_text(ROWS_BUG)
+    out = tmp_path / "h.json"
+    r = cli("hunt", "--kernel-file", str(tmp_path / "k.py"), "--dtype", "fp32", "--budget",
+            "60", "--seed", "3", "--max-trials", "200", "--json", str(out))
+    assert r.code == 1, r.out + r.err
+    assert "FAIL late_rows" in r.out and "shrunk in" in r.out
+    doc = json.loads(out.read_text())
+    summary = doc["hunt"]["kernels"][0]
+    assert summary["failed"] and doc["complete"]
+    assert summary["shrunk"]["elements"] * 10 <= summary["first"]["elements"]
+    assert summary["shrunk"]["shape"][0] == 301  # just past the block: fewest rows
+    # every configuration tried is a record, the shrinking trials too
+    assert len(doc["records"]) == summary["trials"]
+    phases = {rec["hunt"]["phase"] for rec in doc["records"]}
+    assert "shrink" in phases and phases & {"explore", "mutate"}
+    case = Path(summary["shrunk"]["case"])
+    text = case.read_text()
+    assert "fill = 1.0" in text or "fill = 0.0" in text  # simplest values
+    replay = cli("verify", "--case", str(case), "--kernel-file", str(tmp_path / "k.py"),
+                 "--only", "late_rows")
+    assert replay.code == 1 and "1 failed" in replay.out
+    good = cli("verify", "--case", str(case), "--only", "numpy_elastic")
+    assert good.code == 0, good.out
+
+
+def test_hunt_passes_a_correct_kernel_and_exits_0(cli, tmp_path):
+    out = tmp_path / "h.json"
+    r = cli("hunt", "--only", "numpy_softmax", "--budget", "30", "--max-trials", "25",
+            "--max-elements", "65536", "--json", str(out))
+    assert r.code == 0, r.out + r.err
+    assert "pass numpy_softmax: 25 configurations" in r.out
+    doc = json.loads(out.read_text())
+    assert len(doc["records"]) == 25 and all(rec["passed"] for rec in doc["records"])
+    assert not list(tmp_path.glob("*.toml"))
+
+
+def test_hunt_is_reproducible_from_its_seed():
+    space = Space("elastic", ["fp32", "bf16"], ["packed", "padded", "transposed"])
+    a = [space.random(np.random.default_rng(5)) for _ in range(3)]
+    b = [space.random(np.random.default_rng(5)) for _ in range(3)]
+    assert a == b
+    assert np.array_equal(make_input(a[0]).view(np.uint8), make_input(b[0]).view(np.uint8))
+
+
+def test_long_fp32_rows_draw_from_a_palette_so_the_reference_stays_cheap():
+    space = Space("softmax", ["fp32"], ["packed"])
+    rng = np.random.default_rng(1)
+    long = [c for c in (space.random(rng) for _ in range(200)) if c.n > 4096]
+    assert long and all(c.palette and c.palette <= 2048 for c in long)
+    assert all(c.elements <= 1 << 23 for c in long)
+    x = make_input(long[0])
+    assert all(np.unique(row).size <= long[0].palette for row in x[:4])
+
+
+WHERE = {  # where each path mutant is wrong: the failure found must be there
+    "multi_block_unscaled": lambda c: c.n > 65536,
+    "row_block_stale_max": lambda c: c.rows > 512,
+    "tau_table": lambda c: 2 < dict(c.params)["tau"] < 8,
+    "exp_band": lambda c: True,
+    "packed_rows": lambda c: c.layout != "packed",
+}
+
+
+@pytest.mark.parametrize("mutant", PATH_MUTANTS, ids=lambda m: m.spec.name)
+def test_hunt_catches_each_path_mutant_in_a_bounded_number_of_trials(mutant, tmp_path):
+    job = HuntJob([mutant.spec], ["fp32", "fp64"], budget=60.0, seed=1,
+                  case_stem=tmp_path / "h", max_trials=100, max_shrink=5, max_elements=1 << 18)
+    session = Session("verify", None, {})
+    assert session.run(job)
+    (hunted,) = job.results
+    assert hunted.found is not None, mutant.spec.name
+    assert WHERE[mutant.spec.name](hunted.found.config)
+    assert hunted.case_path is not None
+    load_matrix(hunted.case_path)  # a valid case file
+
+
+def test_a_trial_is_a_verify_record_of_the_hunts_input():
+    judge = Judge(get_kernel("numpy_elastic"), isolation=IN_PROCESS)
+    x = np.array([[0.5, -1.0, 2.0]], dtype=np.float32)
+    t = judge(Input("mine", x, "padded", (("tau", 1.0), ("beta", 1.0))), "fp32", "shrink")
+    assert t.record.passed and t.record.input == "mine"
+    assert t.record.layout == "padded" and t.record.hunt["phase"] == "shrink"
+    assert 0 <= t.fraction < 1 and t.failure is None
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--budget", "0"), "--budget must be a positive"),
+    (("--mode", "sideways"), "unknown --mode"),
+    (("--dtype", "fp8"), "unknown dtype 'fp8'"),
+    (("--only", "nope"), "unknown kernel 'nope'"),
+    (("--kernel-file", "nope.py"), "does not exist"),
+    (("--json", "/proc/nope/h.json"), "cannot write results file"),
+])
+def test_bad_usage_is_one_line_and_exit_2(cli, args, message):
+    r = cli("hunt", *args)
+    assert r.code == 2 and message in r.err, r.err
+    assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
+
+
+SLOW = textwrap.dedent("""
+    import time
+    from elasticbench import register_kernel
+    from elasticbench.kernels.numpy_kernels import numpy_softmax
+
+    @register_kernel(function="softmax", backend="numpy", name="slow")
+    def slow(x):
+        time.sleep(0.05)
+        return numpy_softmax(x)
+""")
+
+
+def test_an_interrupted_hunt_keeps_what_it_tried(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW)
+    out = tmp_path / "h.json"
+    proc = subprocess.Popen([sys.executable, "-m", "elasticbench", "hunt", "--kernel-file",
+                             str(tmp_path / "slow.py"), "--budget", "120", "--json", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if out.exists() and json.loads(out.read_text())["records"]:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted:" in err and "Traceback" not in err
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["records"]
+    assert doc["hunt"]["kernels"][0]["trials"] == len(doc["records"])
