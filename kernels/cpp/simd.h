@@ -256,9 +256,4 @@ template <typename C> inline double exp_unscale() {
   return __builtin_ldexp(1.0, -ExpConst<C>::PRESCALE);
 }
 
-// exp(z) itself (tests and scalar use): the scaled value times 2^-PRESCALE.
-template <typename C> inline vec<C> vexp(vec<C> z) {
-  return vexp_scaled<C>(z) * C(1.0 / (double)(1ull << 32) / (double)(1ull << 32)) ;
-}
-
 }  // namespace EB_NS
