@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import importlib.util
 import os
 import platform
 import shutil
@@ -102,10 +103,13 @@ def load() -> ModuleType:
     key = build_key()
     directory = build_root() / key
     directory.mkdir(parents=True, exist_ok=True)
+    name = f"elasticbench_cpp_{key}"
     with _build_lock(directory):
+        if (built := _import_built(directory, name)) is not None:
+            return built
         try:
             return load_extension(
-                name=f"elasticbench_cpp_{key}",
+                name=name,
                 sources=[str(s) for s in sources()],
                 extra_cflags=list(FLAGS),
                 extra_ldflags=["-fopenmp"],
@@ -115,6 +119,31 @@ def load() -> ModuleType:
             )
         except (RuntimeError, OSError, ImportError) as e:
             raise NativeBuildError(_first_error(str(e)) + f" (build directory {directory})") from e
+
+
+def _import_built(directory: Path, name: str) -> ModuleType | None:
+    """The library already built in this key's directory, imported without asking ninja.
+
+    The key covers everything the binary depends on, so a library there is current; going
+    through ninja instead rebuilt it whenever another process had rewritten the directory's
+    ninja file. A library that does not import (a link killed halfway) is removed and rebuilt.
+    """
+    library = directory / f"{name}.so"
+    if not library.is_file():
+        return None
+    if (loaded := sys.modules.get(name)) is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError:
+        library.unlink(missing_ok=True)
+        return None
+    sys.modules[name] = module
+    return module
 
 
 @contextlib.contextmanager
