@@ -24,6 +24,7 @@ import numpy as np
 
 from ..functions import AttentionFunction
 from ..functions.base import ROW_MASKED, ROW_NAN
+from .truth import split_double
 from .truth_cache import TruthStore
 
 ATTENTION_TRUTH_VERSION = 2
@@ -69,14 +70,6 @@ class AttentionTruth:
 
 AttentionTruth.FIELDS = tuple(f.name for f in fields(AttentionTruth))
 
-
-def _split(v, hi: np.ndarray, lo: np.ndarray, idx) -> None:
-    if v is None:
-        hi[idx] = lo[idx] = np.nan
-        return
-    h = float(v)
-    hi[idx] = h
-    lo[idx] = float(v - h) if np.isfinite(h) else 0.0
 
 
 def _mp(a: np.ndarray) -> list:
@@ -137,13 +130,13 @@ def evaluate(fn: AttentionFunction, params: dict[str, float], q: np.ndarray, k: 
                     live = [j for j in range(nvis) if rt.y[j] is not None and rt.y[j] != 0]
                     for e in range(dv_):
                         if rt.kind == ROW_NAN:
-                            _split(None, out_hi, out_lo, (b, h, i, e))
+                            split_double(None, out_hi, out_lo, (b, h, i, e))
                             continue
                         if rt.kind == ROW_MASKED:
                             out_zero[b, h, i, e] = True
                             continue
                         o = mpmath.fsum(rt.y[j] * V[j][e] for j in live)
-                        _split(o, out_hi, out_lo, (b, h, i, e))
+                        split_double(o, out_hi, out_lo, (b, h, i, e))
                         nan_ok[b, h, i, e] = any(bad_v[j, e] for j in range(lk)
                                                  if j not in live)
                     if not grads:
@@ -178,19 +171,19 @@ def evaluate(fn: AttentionFunction, params: dict[str, float], q: np.ndarray, k: 
                 for i in range(lq):
                     dzq[b, h, i] = not touched_q[i]
                     for d in range(q.shape[3]):
-                        _split(DQ[i][d], dq_hi, dq_lo, (b, h, i, d))
+                        split_double(DQ[i][d], dq_hi, dq_lo, (b, h, i, d))
                 for j in range(lk):
                     dzk[b, h, j] = not touched_k[j]
                     dzv[b, h, j] = not touched_v[j]
                     for d in range(k.shape[3]):
-                        _split(DK[j][d], dk_hi, dk_lo, (b, h, j, d))
+                        split_double(DK[j][d], dk_hi, dk_lo, (b, h, j, d))
                     for e in range(dv_):
-                        _split(DV[j][e], dv_hi, dv_lo, (b, h, j, e))
+                        split_double(DV[j][e], dv_hi, dv_lo, (b, h, j, e))
                 for n in range(npar):
                     vals = dpar[n]
                     total = (None if any(x is None for x in vals)
                              else mpmath.fsum(vals) if vals else zero)
-                    _split(total, dp_hi, dp_lo, (b, h, n))
+                    split_double(total, dp_hi, dp_lo, (b, h, n))
     return AttentionTruth(out_hi.astype(f64), out_lo, out_zero, nan_ok, w, zabs, zbar, kind,
                           dq_hi, dq_lo, dk_hi, dk_lo, dv_hi, dv_lo, dzq, dzk, dzv, dp_hi,
                           dp_lo, grad_nan_ok)

@@ -62,14 +62,15 @@ class GradTruth(Truth):
     FIELDS = (*Truth.FIELDS, "dx_hi", "dx_lo", "dzero", "dp_hi", "dp_lo")
 
 
-def _split(v, hi: np.ndarray, lo: np.ndarray, idx) -> None:
-    """Store the mpf v (None: NaN) as the double-double hi[idx] + lo[idx]."""
+def split_double(v, hi: np.ndarray, lo: np.ndarray, idx) -> None:
+    """Store the mpf v (None: NaN) as the double-double hi[idx] + lo[idx] (lo 0 when v
+    rounds to an infinity)."""
     if v is None:
         hi[idx] = lo[idx] = np.nan
         return
     h = float(v)
     hi[idx] = h
-    lo[idx] = float(v - h)
+    lo[idx] = float(v - h) if np.isfinite(h) else 0.0
 
 
 def evaluate_rows(
@@ -110,16 +111,16 @@ def evaluate_rows(
                 t = grad.truth
                 dzero[k] = grad.zero
                 for j, d in enumerate(grad.dx):
-                    _split(d, dx_hi, dx_lo, (k, j))
+                    split_double(d, dx_hi, dx_lo, (k, j))
                 for j, name in enumerate(fn.param_names):
-                    _split(grad.dparams[name], dp_hi, dp_lo, (k, j))
+                    split_double(grad.dparams[name], dp_hi, dp_lo, (k, j))
             kind[k] = t.kind
             zbar[k] = t.zbar
             # per distinct value, then spread to the elements that have it
             group_hi = np.empty(len(t.group_y))
             group_lo = np.empty(len(t.group_y))
             for j, y in enumerate(t.group_y):
-                _split(y, group_hi, group_lo, j)
+                split_double(y, group_hi, group_lo, j)
             hi[k] = group_hi[t.index]
             lo[k] = group_lo[t.index]
             zero[k] = np.asarray(t.group_zero, dtype=bool)[t.index]
