@@ -31,9 +31,15 @@ template <typename T, typename C> inline void st(T* p, int64_t i, int64_t n, vec
 }
 
 // A sum kept in fp64 lanes whatever the compute type (the denominator of a long row).
+// fp64 block sums are added with their rounding errors kept (TwoSum per lane), so a row of
+// many blocks carries about one rounding per block chain, not one per block (docs/native.md).
 struct Wide {
-  vec<double> a{}, b{};
-  void add(vec<double> v) { a += v; }
+  vec<double> a{}, b{}, err{};
+  void add(vec<double> v) {
+    vec<double> t = a + v, z = t - a;
+    err += (a - (t - z)) + (v - z);
+    a = t;
+  }
   void add(vec<float> v) {
 #if EB_VEC_BYTES == 64
     __m512 f = (__m512)v;  // GCC lowers a widening convertvector to 4-lane pieces: say it
@@ -50,11 +56,11 @@ struct Wide {
   }
   double total() const {
     vec<double> t = a + b;
-    double s = 0;
-    for (int i = 0; i < width<double>(); ++i) s += t[i];
-    return s;
+    double s = 0, e = 0;
+    for (int i = 0; i < width<double>(); ++i) s += t[i], e += err[i];
+    return __builtin_isfinite(s) ? s + e : s;  // a non-finite sum leaves err NaN: keep s
   }
-  void scale(double f) { a *= f; b *= f; }
+  void scale(double f) { a *= f; b *= f; err *= f; }
 };
 
 template <typename C> inline ivec<C> kept_mask(vec<C> x, int mask_negative) {
@@ -322,10 +328,20 @@ template <typename T, typename C> struct WeightRows {
       r.s = acc.total() / scale;
       return r;
     }
+    // fp64: two chains per block of FUSED_BLOCK, the blocks added compensated (Wide)
     const C inv = C(1 / scale);
-    for (int64_t i = 0; i < n; i += W) {
-      ivec<C> valid = lanes_below<C>(n - i);
-      acc.add(select<C>(valid, weight(ld<T, C>(x, i, n, zero<T>()), symax), splat<C>(0)) * inv);
+    for (int64_t b0 = 0; b0 < n; b0 += eb::FUSED_BLOCK) {
+      const int64_t b1 = b0 + eb::FUSED_BLOCK < n ? b0 + eb::FUSED_BLOCK : n;
+      vec<C> s0{}, s1{};
+      int64_t i = b0;
+      for (; i + 2 * W <= b1; i += 2 * W) {
+        s0 += weight(Io<T, C>::load(x + i), symax) * inv;
+        s1 += weight(Io<T, C>::load(x + i + W), symax) * inv;
+      }
+      for (; i < b1; i += W)
+        s0 += select<C>(lanes_below<C>(b1 - i), weight(ld<T, C>(x, i, b1, zero<T>()), symax),
+                        splat<C>(0)) * inv;
+      acc.add(s0 + s1);
     }
     r.s = acc.total();
     return r;
