@@ -116,6 +116,16 @@ def test_rows_past_the_sample_keep_the_first_last_and_power_of_two_edges():
     assert rows_to_check((10, 5), 1000, 1, 64).tolist() == list(range(10))
 
 
+def test_a_sample_keeps_the_rows_that_hold_special_and_extreme_values():
+    x = np.random.default_rng(0).normal(size=(4097, 5)).astype(np.float32)
+    x[3001, 2], x[3002, 0], x[3003, 4], x[2999, 1] = np.nan, np.inf, -np.inf, 1e30
+    x[3000, 3] = -1e30
+    rows = rows_to_check(x.shape, max_elements=1 << 20, seed=1, max_rows=64, x=x)
+    assert len(rows) == 64 and {2999, 3000, 3001, 3002, 3003} <= set(rows.tolist())
+    plain = rows_to_check(x.shape, max_elements=1 << 20, seed=1, max_rows=64)
+    assert not {2999, 3000, 3001, 3002, 3003} <= set(plain.tolist())  # not kept by luck
+
+
 def _case(tmp_path: Path, body: str) -> Path:
     p = tmp_path / "m.toml"
     p.write_text("[verify]\nseed = 3\ndtypes = ['fp32']\n" + textwrap.dedent(body))

@@ -30,21 +30,39 @@ from .matrix import MAX_ROWS, VerifyCase
 
 
 def rows_to_check(shape: tuple[int, int], max_elements: int, seed: int,
-                  max_rows: int = MAX_ROWS) -> np.ndarray:
+                  max_rows: int = MAX_ROWS, x: np.ndarray | None = None) -> np.ndarray:
     """All rows when the input is small enough; else a sample of whole rows that always
-    holds the first and the last row and those on each side of a power of two (where
-    launchers block rows), filled up with a seeded draw."""
+    holds the first and the last row, then (given the input x) the telling rows (see
+    telling_rows), then those on each side of a power of two (where launchers block rows),
+    filled up with a seeded draw."""
     rows, n = shape
     if rows * n <= max_elements and rows <= max_rows:
         return np.arange(rows)
     k = max(1, min(max_elements // n, max_rows))
-    edges = [rows - 1, 0] + [r for j in range(rows.bit_length(), 0, -1)
-                             for r in ((1 << j) - 1, 1 << j) if r < rows]
+    edges = [rows - 1, 0] + ([] if x is None else telling_rows(x)) + [
+        r for j in range(rows.bit_length(), 0, -1) for r in ((1 << j) - 1, 1 << j) if r < rows]
     chosen = list(dict.fromkeys(edges))[:k]
     rest = np.setdiff1d(np.arange(rows), chosen)
     rng = np.random.default_rng([seed, rows, n])
     fill = rng.choice(rest, size=min(k - len(chosen), len(rest)), replace=False)
     return np.sort(np.concatenate([np.asarray(chosen, dtype=np.int64), fill]))
+
+
+def telling_rows(x: np.ndarray) -> list[int]:
+    """Rows a sample must not leave out: the first and the last row holding a NaN, a +inf,
+    a -inf, the largest finite value and the smallest (a kernel that mishandles a special
+    value on some rows only, say past a launch boundary, fails on one of them)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    finite = np.isfinite(x64)
+    marks = [np.isnan(x64), x64 == np.inf, x64 == -np.inf]
+    if finite.any():
+        marks += [finite & (x64 == x64[finite].max()), finite & (x64 == x64[finite].min())]
+    out: list[int] = []
+    for mark in marks:
+        hit = np.flatnonzero(mark.any(axis=1))
+        if hit.size:
+            out += [int(hit[0]), int(hit[-1])]
+    return out
 
 
 @dataclass
@@ -65,7 +83,7 @@ def prepare_input(case: VerifyCase, x: np.ndarray, max_elements: int, precision:
                   mode: str = "fwd", max_rows: int = MAX_ROWS) -> Prepared:
     """A case with its input x: the rows to check, the question for the reference and, for
     a backward case, the upstream gradient."""
-    rows = rows_to_check(case.shape, max_elements, case.seed, max_rows)
+    rows = rows_to_check(case.shape, max_elements, case.seed, max_rows, x)
     g = None
     if mode == "bwd":
         g = upstream(case.seed, case.generator, get_format(case.dtype), case.shape, rows)
