@@ -28,7 +28,7 @@ CI_OUT := .cache/ci
 test: native
 	$(BIN)/ruff check .
 	# two workers: the suite is mostly single-threaded mpmath and interpreter work
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --dist worksteal
 	# CI gate (docs/gates.md): the quick case against the committed baseline. Numerics are
 	# strict (exit 1); timing is reported but advisory, since separate runs on a shared
 	# 2-core machine are not comparable at 10%; `elasticbench ab` judges timing changes.

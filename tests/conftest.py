@@ -13,9 +13,12 @@ from elasticbench.cli import main
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Keep the truth cache of the tests out of the user's ~/.cache."""
+    """Keep the truth cache of the tests out of the user's ~/.cache. Under pytest-xdist the
+    workers share one (writes are atomic), so a truth is computed once per suite."""
     old = os.environ.get("ELASTICBENCH_CACHE")
-    os.environ["ELASTICBENCH_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    os.environ["ELASTICBENCH_CACHE"] = str(shared / "truth-cache")
     yield
     if old is None:
         os.environ.pop("ELASTICBENCH_CACHE", None)

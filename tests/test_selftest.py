@@ -9,12 +9,27 @@ from elasticbench.verify.matrix import builtin_case, load_matrix
 
 
 def test_selftest_command_catches_every_mutant(cli):
-    r = cli("selftest")
+    # the correct torch kernels pass the same quick matrix in test_cli_verify; checking them
+    # again here would compile every torch.compile variant a second time
+    r = cli("selftest", "-b", "numpy,cpp")
     assert r.code == 0, r.out
     n = len(MUTANTS) + len(ATTENTION_MUTANTS)
     assert f"mutation score {n}/{n}" in r.out
-    assert "torch_attention_flash (bwd)" in r.out  # attention kernels are self-tested too
+    assert "cpp_attention (bwd)" in r.out  # attention kernels are self-tested too
     assert "MISSED" not in r.out and "FAILS" not in r.out
+    assert "numpy_symax" in r.out and "compiled_elastic" not in r.out  # -b chose them
+
+
+def test_selftest_passes_the_torch_kernels(cli):
+    r = cli("selftest", "-b", "torch")  # the compiled variants on the adversarial quick matrix
+    assert r.code == 0, r.out
+    assert "compiled_elastic" in r.out and "torch_attention_flash (bwd)" in r.out
+    assert "FAILS" not in r.out and "cpp_elastic" not in r.out
+
+
+def test_selftest_rejects_an_unknown_backend_in_one_line(cli):
+    r = cli("selftest", "-b", "fortran")
+    assert r.code == 2 and "unknown backend 'fortran'" in r.err and "Traceback" not in r.err
 
 
 def test_each_mutant_is_caught_where_its_bug_lives():

@@ -2,8 +2,8 @@
 
 The interpreter must be switched on before `triton.jit` decorates a kernel and it makes the
 triton backend available, which would change what every other test sees in the registry.
-So in an ordinary run this module holds one test that re-runs the module in a subprocess
-with TRITON_INTERPRET=1; the real tests below run only inside that subprocess (or directly
+So in an ordinary run this module holds one test, in two halves, that re-runs the module in
+a subprocess with TRITON_INTERPRET=1; the real tests below run only inside that subprocess (or directly
 with `TRITON_INTERPRET=1 pytest tests/test_triton.py`, or on a machine with CUDA).
 """
 
@@ -23,10 +23,12 @@ RUN_HERE = INTERPRETED or torch.cuda.is_available()
 
 if not RUN_HERE:
 
-    def test_triton_kernels_under_the_interpreter() -> None:
+    # two halves in their own interpreter processes, so that pytest-xdist's workers share them
+    @pytest.mark.parametrize("half", ["flushing_two_ulp", "not flushing_two_ulp"])
+    def test_triton_kernels_under_the_interpreter(half: str) -> None:
         env = {**os.environ, "TRITON_INTERPRET": "1"}
         cmd = [sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-p",
-               "no:cacheprovider", "-W", "ignore::RuntimeWarning"]
+               "no:cacheprovider", "-W", "ignore::RuntimeWarning", "-k", half]
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         tail = (run.stdout + run.stderr)[-6000:]
         assert run.returncode == 0, tail
@@ -320,7 +322,7 @@ else:
         # the CLI's way in: $ELASTICBENCH_TRITON_EXP2_ULPS
         env = {**os.environ, "TRITON_INTERPRET": "1", "ELASTICBENCH_TRITON_EXP2_ULPS": "2"}
         cmd = [sys.executable, "-W", "ignore", "-m", "elasticbench", "verify", "--backend",
-               "triton", "--quick", "-d", "fp32,bf16", "--mode", "both"]
+               "triton", "--quick", "-d", "fp32", "--mode", "both"]
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert " 0 failed" in run.stdout

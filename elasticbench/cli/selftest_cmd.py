@@ -8,6 +8,7 @@ import sys
 import click
 from rich.table import Table
 
+from ..backends import get_backend
 from ..functions import ATTENTION, ROW
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..registry import list_kernels
@@ -16,22 +17,32 @@ from ..selftest.mutants import MUTANTS
 from ..selftest.runner import caught_by_text, run_attention_selftest, run_selftest
 from ..verify.attention_job import load_attention_matrix
 from ..verify.matrix import builtin_case, load_matrix
-from .common import EXIT_FAILED, EXIT_OK, console, quiet
+from .common import EXIT_FAILED, EXIT_OK, console, fail, quiet, split_names
 
 
 @click.command()
+@click.option("-b", "--backend", "backends", multiple=True, metavar="B",
+              help="Check only the correct kernels of these backends (the mutants always run).")
 @click.option("--no-cache", is_flag=True, help="Recompute references instead of reading the cache.")
-def selftest(no_cache: bool) -> None:
+def selftest(backends: tuple[str, ...], no_cache: bool) -> None:
     """Run deliberately wrong kernels through verify; exit 1 unless all are caught and every
     built-in kernel passes (the quick matrices, rows and attention)."""
     out = console()
+    chosen = split_names(backends)
+    for name in chosen:
+        try:
+            get_backend(name)
+        except ValueError as e:
+            fail(str(e))
     matrix = load_matrix(builtin_case("verify-quick"))
     store = TruthStore(None if no_cache else default_cache_dir())
-    ours = [k for k in list_kernels() if k.source == "builtin" and not k.baseline
-            and k.kind == ROW]
-    outcomes = run_selftest(MUTANTS, ours, matrix, store)
-    attention = [k for k in list_kernels() if k.source == "builtin" and not k.baseline
-                 and k.kind == ATTENTION]
+
+    def correct(kind: str) -> list:
+        return [k for k in list_kernels() if k.source == "builtin" and not k.baseline
+                and k.kind == kind and (not chosen or k.backend in chosen)]
+
+    outcomes = run_selftest(MUTANTS, correct(ROW), matrix, store)
+    attention = correct(ATTENTION)
     outcomes += run_attention_selftest(
         ATTENTION_MUTANTS, [ATTENTION_CONTROL, *attention],
         load_attention_matrix(builtin_case("verify-attention-quick")),
