@@ -167,3 +167,26 @@ def test_an_interrupted_hunt_keeps_what_it_tried(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["complete"] is False and doc["records"]
     assert doc["hunt"]["kernels"][0]["trials"] == len(doc["records"])
+
+
+def test_shrinking_keeps_a_residue_of_the_column_count_that_bisection_cannot():
+    from elasticbench.hunt.shrink import Shrinker
+    from elasticbench.registry import register_kernel, scoped_kernels
+
+    with scoped_kernels():
+        @register_kernel(function="elastic", backend="numpy", name="tail7")
+        def tail7(x, *, tau, beta):  # the last element left out where n % 16 == 7, n > 100
+            y = get_kernel("numpy_elastic").fn(x, tau=tau, beta=beta)
+            if x.shape[1] > 100 and x.shape[1] % 16 == 7:
+                y = get_kernel("numpy_elastic").fn(x[:, :-1], tau=tau, beta=beta)
+                y = np.concatenate([y, np.zeros_like(y[:, :1])], axis=1)
+            return y
+
+        judge = Judge(get_kernel("tail7"), isolation=IN_PROCESS)
+        x = np.random.default_rng(0).uniform(0, 1, (4, 631)).astype(np.float32)
+        start = Input("uniform", x, "packed", (("tau", 1.0), ("beta", 1.0)))
+        first = judge(start, "fp32", "explore")
+        assert first.failed
+        shrunk = Shrinker(lambda i, phase: judge(i, "fp32", phase), "fp32", "elastic", start,
+                          first, time.monotonic() + 60).run()
+    assert shrunk.input.x.shape == (1, 103)  # the shortest row with n % 16 == 7 past 100

@@ -4,7 +4,8 @@ same way.
 
 Greedy, in the spirit of delta debugging: rows and columns are cut by bisection on the
 prefix that still fails (a kernel wrong past some row or column count keeps just past it),
-then leading ones are dropped; values are set, in shrinking blocks, to one fill value and
+then by powers of two (a failure that needs a residue of the count keeps it), then leading
+ones are dropped; values are set, in shrinking blocks, to one fill value and
 the rest rounded; each parameter is tried at a simple value, then rounded. The passes
 repeat while one of them makes progress, until the deadline.
 """
@@ -106,6 +107,7 @@ class Shrinker:
                 hi = mid
             else:
                 lo = mid + 1
+        self._cut_powers_of_two(axis)
         base = self.best
         size = base.x.shape[axis]
         lo, hi = 0, size - 1  # the most leading entries that can go: dropping 0 fails
@@ -115,6 +117,16 @@ class Shrinker:
                 lo = mid
             else:
                 hi = mid - 1
+
+    def _cut_powers_of_two(self, axis: int) -> None:
+        """Prefixes shorter by 2^j, largest j first, while one still fails: a failure that
+        needs a residue (n % 16 == 7, say) survives such cuts where bisection stops short."""
+        cut = True
+        while cut and self._time_left():
+            size = self.best.x.shape[axis]
+            cut = any(self.attempt(replace(self.best, x=_take(self.best.x, axis, 0, size - step)))
+                      for step in (1 << j for j in range(size.bit_length() - 1, -1, -1))
+                      if step < size)
 
     def values(self) -> None:
         flat = self.best.x.reshape(-1).view(np.uint8).reshape(self.best.x.size, -1)
