@@ -100,12 +100,17 @@ def test_every_instruction_set_matches_the_reference(ext, dtype):
 
 
 @needs_build
-def test_long_rows_split_across_threads_agree_with_whole_rows(ext):
-    """One row of 2^18 on two threads takes the two-phase path; one thread the plain one."""
+@pytest.mark.parametrize("shape", [(3, 1 << 18), (1, 1 << 20)])
+def test_long_rows_split_across_threads_agree_with_whole_rows(ext, shape):
+    """On two threads, rows of 2^18 (1 MiB) are taken by both threads together, row by row,
+    where the L2 holds half a row's x and y but not the whole (a one-thread run does them
+    whole); one row of 2^20 takes the two-phase path."""
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(3, 1 << 18, generator=gen) * 3
-    x[1, -5] = math.inf
-    x[2, -7] = math.nan
+    x = torch.randn(*shape, generator=gen) * 3
+    x[-1, 5] = -math.inf
+    if shape[0] > 1:
+        x[1, -5] = math.inf
+        x[2, -7] = math.nan
     g = torch.randn(x.shape, generator=gen)
     threads = torch.get_num_threads()
     try:
@@ -116,6 +121,7 @@ def test_long_rows_split_across_threads_agree_with_whole_rows(ext):
             out[t] += [ext.weight_forward(x, False, 0.0)]
             y = out[t][0]
             out[t] += list(ext.exp_backward(x, y, g, True, 0.7, 0.5, True))
+            out[t] += ext.exp_backward(x, y, g, True, 0.7, 0.5, False)[:1]
     finally:
         torch.set_num_threads(threads)
     for one, two in zip(out[1], out[2], strict=True):
@@ -124,8 +130,9 @@ def test_long_rows_split_across_threads_agree_with_whole_rows(ext):
         scale = two.double().nan_to_num(0.0, 0.0, 0.0).abs().max().item()
         assert torch.allclose(one.double(), two.double(), rtol=1e-5, atol=max(1e-12, 1e-6 * scale),
                               equal_nan=True)
-    assert out[2][0][2].isnan().all()
-    assert out[2][0][1][-5] == 1.0 and out[2][0][1].sum() == 1.0
+    if shape[0] > 1:
+        assert out[2][0][2].isnan().all()
+        assert out[2][0][1][-5] == 1.0 and out[2][0][1].sum() == 1.0
 
 
 @needs_build
@@ -173,3 +180,30 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load(ext, tmp_path
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "built for" in done.stdout, done.stderr
     assert not stale.exists()
+
+
+@needs_build
+def test_backward_without_parameter_gradients_reads_x_only_where_y_cannot_tell(ext):
+    """y alone settles a row with two different nonzero outputs; a +inf row (outputs 1/k),
+    a one-hot or tied finite row and a NaN row need x, and get it."""
+    inf, nan = math.inf, math.nan
+    x = torch.tensor([[inf, inf, 1.0, -2.0],    # +inf row: y = 1/2 at the infinities, dx = 0
+                      [3.0, 3.0, -1.0, -5.0],   # finite ties, same y: dx = y (g - c)
+                      [nan, 1.0, 2.0, 0.0],     # NaN row: dx NaN
+                      [0.5, 2.0, -1.0, 1.0]])   # plain finite row
+    g = torch.tensor([[1.0, -2.0, 0.5, 4.0], [1.0, -2.0, 0.5, 4.0],
+                      [1.0, 1.0, 1.0, 1.0], [0.3, -1.0, 2.0, 0.7]])
+    for isa in ext.isas():
+        ext.set_isa(isa)
+        y = ext.exp_forward(x, FUSED, True, -math.inf, 1.0, 0.0)
+        assert torch.equal(y[0], torch.tensor([0.5, 0.5, 0.0, 0.0])) and torch.equal(y[1], y[0])
+        dx = ext.exp_backward(x, y, g, True, 1.0, 0.0, False)[0]
+        assert torch.equal(dx[0], torch.zeros(4)), isa
+        assert torch.allclose(dx[1], torch.tensor([0.75, -0.75, 0.0, 0.0])), isa
+        assert dx[2].isnan().all(), isa
+        want = y[3] * (g[3] - (g[3] * y[3]).sum())
+        assert torch.allclose(dx[3], want, rtol=1e-6, atol=1e-7), isa
+        with_params = ext.exp_backward(x, y, g, True, 1.0, 0.0, True)[0]
+        assert torch.equal(dx.isnan(), with_params.isnan())
+        assert torch.allclose(dx.nan_to_num(), with_params.nan_to_num(), rtol=1e-6, atol=1e-7)
+    ext.set_isa(ext.isas()[0])

@@ -1,10 +1,16 @@
 // torch binding of the native tier: tensors in, tensors out. Picks the row kernels of the
 // widest instruction set this CPU has (or $ELASTICBENCH_CPP_ISA), spreads rows over torch's
-// intra-op threads with at::parallel_for, and splits few long rows across threads in two
-// phases (segment reductions, merged per row, then the segment writes). docs/native.md.
+// intra-op threads with at::parallel_for, splits rows too long for one core's L2 between the
+// threads row by row, and few long rows in two phases (segment reductions, merged per row,
+// then the segment writes). docs/native.md.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <cmath>
 #include <cstdlib>
@@ -97,41 +103,98 @@ char* mptr(at::Tensor& t, int64_t row, int64_t n, int64_t i0) {
   return static_cast<char*>(t.data_ptr()) + (row * n + i0) * t.element_size();
 }
 
-// Where a row is split: segments per row (1: whole rows, one thread each).
-int64_t segments(int64_t rows, int64_t n) {
+// One core's L2 in bytes (the OS's figure; 1 MiB where it gives none).
+int64_t l2_bytes() {
+  static const int64_t b = [] {
+    long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return v > 0 ? int64_t(v) : int64_t(1) << 20;
+  }();
+  return b;
+}
+
+// How drive spreads rows over threads: s segments per row (1: whole rows, one thread each),
+// and whether the threads take each row together (see drive). `bytes`: what one element
+// costs the data a row's second sweep reads again (x and y, or y and g, ...).
+struct Plan {
+  int64_t s;
+  bool together;
+};
+
+Plan plan(int64_t rows, int64_t n, int64_t bytes) {
   const int64_t threads = at::get_num_threads();
   constexpr int64_t MIN_SEGMENT = 1 << 15;
-  if (threads <= 1 || rows % threads == 0 || rows >= 4 * threads || n < 2 * MIN_SEGMENT) return 1;
+  if (threads <= 1) return {1, false};
+#ifdef _OPENMP
+  const int64_t room = l2_bytes() * 3 / 4;  // beside the output's lines and the stack
+  if (n / threads >= MIN_SEGMENT && n * bytes > room && n * bytes / threads <= room)
+    return {threads, true};
+#endif
+  if (rows % threads == 0 || rows >= 4 * threads || n < 2 * MIN_SEGMENT) return {1, false};
   int64_t s = (2 * threads + rows - 1) / rows;
   while (s > 1 && n / s < MIN_SEGMENT) --s;
-  return s;
+  return {s, false};
 }
 
 // Run partial(row, i0, i1, item, scratch) over every segment, finish(row, first, count) per
 // row (serially: a few flops a row), then write(row, i0, i1, item, scratch) over every
-// segment. Each segment gets `per` doubles of scratch that its write sees again.
+// segment (item = row * segments + segment). Each segment gets `per` doubles of scratch
+// that its write sees again. Three schedules:
+// - whole rows, one thread each, a row finished while it is still in its core's cache;
+// - rows too long for one core's L2 but not for all the cores' together: the threads take
+//   the rows one after another, each row split between them and the threads meeting between
+//   its sweeps, so that the second sweep reads the row from L2 instead of memory;
+// - a few long rows (fewer than the threads): all segments' partials, then all writes.
 template <class Partial, class PartialF, class FinishF, class WriteF>
-void drive(int64_t rows, int64_t n, int64_t per, PartialF partial, FinishF finish, WriteF write) {
-  const int64_t s = segments(rows, n);
-  if (s == 1) {  // whole rows: each thread finishes its row while it is still in cache
+void drive(int64_t rows, int64_t n, int64_t bytes, int64_t per, PartialF partial,
+           FinishF finish, WriteF write) {
+  const Plan p = plan(rows, n, bytes);
+  const int64_t s = p.s;
+  if (s == 1) {
     const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(n, 1));
     at::parallel_for(0, rows, grain, [&](int64_t b, int64_t e) {
       std::vector<double> scratch(per);  // one row's worth, reused along the chunk
       for (int64_t r = b; r < e; ++r) {
-        Partial p = partial(r, 0, n, r, scratch.data());
-        finish(r, &p, 1);
+        Partial q = partial(r, 0, n, r, scratch.data());
+        finish(r, &q, 1);
         write(r, 0, n, r, scratch.data());
       }
     });
     return;
   }
   const int64_t seg = ((n + s - 1) / s + 63) / 64 * 64;
-  std::vector<Partial> parts(rows * s);
-  std::vector<double> scratch(per * rows * s);
   auto bounds = [&](int64_t item, int64_t& i0, int64_t& i1) {
     i0 = std::min(n, (item % s) * seg);
     i1 = std::min(n, i0 + seg);
   };
+#ifdef _OPENMP
+  if (p.together) {
+    std::vector<Partial> parts(s);
+    std::vector<double> scratch(per * s);
+#pragma omp parallel num_threads(int(s))
+    {
+      // a smaller team than asked (a nested call) takes several segments a thread
+      const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t k = t; k < s; k += team) {
+          int64_t i0, i1;
+          bounds(k, i0, i1);
+          parts[k] = partial(r, i0, i1, r * s + k, scratch.data() + k * per);
+        }
+#pragma omp barrier
+        if (t == 0) finish(r, parts.data(), s);
+#pragma omp barrier
+        for (int64_t k = t; k < s; k += team) {
+          int64_t i0, i1;
+          bounds(k, i0, i1);
+          write(r, i0, i1, r * s + k, scratch.data() + k * per);
+        }
+      }
+    }
+    return;
+  }
+#endif
+  std::vector<Partial> parts(rows * s);
+  std::vector<double> scratch(per * rows * s);
   at::parallel_for(0, rows * s, 1, [&](int64_t b, int64_t e) {
     for (int64_t it = b; it < e; ++it) {
       int64_t i0, i1;
@@ -188,10 +251,12 @@ at::Tensor exp_forward(const at::Tensor& x_in, int64_t structure, bool mask_nega
   if (in.x.numel() == 0) return y;
   const eb::ExpSpec spec{mask_negative ? 1 : 0, floor, tau, offset};
   const int64_t n = in.n;
-  const int64_t per = eb::fused_scratch(segment_length(n, segments(in.rows, n)), in.dt, structure);
+  const int64_t bytes = 2 * in.x.element_size();  // x, and y (the fused kernel's exps)
+  const int64_t per =
+      eb::fused_scratch(segment_length(n, plan(in.rows, n, bytes).s), in.dt, structure);
   std::vector<eb::ExpRow> verdict(in.rows);
   drive<eb::ExpPartial>(
-      in.rows, n, per,
+      in.rows, n, bytes, per,
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double* scratch) {
         return partial_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, spec, scratch);
       },
@@ -213,7 +278,7 @@ at::Tensor weight_forward(const at::Tensor& x_in, bool symax, double constant) {
   std::vector<Verdict> verdict(in.rows);
   const int64_t n = in.n;
   drive<eb::WeightPartial>(
-      in.rows, n, 0,
+      in.rows, n, in.x.element_size(), 0,
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
         return partial_fn(ptr(in.x, r, n, i0), i1 - i0, symax ? 1 : 0);
       },
@@ -260,25 +325,39 @@ std::vector<at::Tensor> exp_backward(const at::Tensor& x_in, const at::Tensor& y
   auto opts = at::TensorOptions().dtype(at::kDouble);
   at::Tensor dtau = at::zeros({in.rows}, opts), doff = at::zeros({in.rows}, opts);
   if (in.x.numel() == 0) return {dx, dtau, doff};
-  const int64_t n = in.n, s = segments(in.rows, n);
+  // Without parameter gradients, pass 1 reads y and g alone (x is a third of its traffic).
+  // y then settles the class of a row whose sum c is a number and whose nonzero outputs are
+  // not all equal: a +inf row's nonzero outputs are all 1/k, a NaN row's are NaN. Any other
+  // row (one-hot, ties, NaN) is read again with x for the census.
+  const bool y_only = !params;
+  const int64_t bytes = (y_only ? 2 : 3) * in.x.element_size();  // what pass 2 reads again
+  const int64_t n = in.n, s = plan(in.rows, n, bytes).s;
   struct Verdict { int cls; double m, c, ymax; };
   std::vector<Verdict> verdict(in.rows);
   std::vector<eb::BwdSums> sums(in.rows * s, eb::BwdSums{0, 0});
   const int mneg = mask_negative ? 1 : 0;
   const double inf = std::numeric_limits<double>::infinity();
   drive<eb::BwdPartial>(
-      in.rows, n, 0,
+      in.rows, n, bytes, 0,
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
-        return partial_fn(ptr(in.x, r, n, i0), ptr(y, r, n, i0), ptr(g, r, n, i0), i1 - i0, mneg);
+        return partial_fn(y_only ? nullptr : ptr(in.x, r, n, i0), ptr(y, r, n, i0),
+                          ptr(g, r, n, i0), i1 - i0, mneg);
       },
       [&](int64_t r, const eb::BwdPartial* p, int64_t count) {
         Verdict v{eb::ROW_FINITE, -inf, 0.0, 0.0};
         int nan = 0;
+        double ymin = inf;
         for (int64_t i = 0; i < count; ++i) {
           nan |= p[i].nan;
           v.m = std::max(v.m, p[i].m);
           v.c += p[i].c;
           v.ymax = std::max(v.ymax, p[i].ymax);
+          ymin = std::min(ymin, p[i].ymin);
+        }
+        if (y_only && (v.c != v.c || (v.ymax > 0 && !(ymin < v.ymax)))) {
+          eb::BwdPartial w = partial_fn(ptr(in.x, r, n, 0), ptr(y, r, n, 0), ptr(g, r, n, 0), n, mneg);
+          v = Verdict{eb::ROW_FINITE, w.m, w.c, w.ymax};
+          nan = w.nan;
         }
         if (nan) v.cls = eb::ROW_NAN;
         else if (v.m == inf) v.cls = eb::ROW_INF;

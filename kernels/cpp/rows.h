@@ -381,6 +381,7 @@ template <typename T, typename C> struct BwdRows {
   // only where the plain sweep saw a +inf max or a NaN c.
   static eb::BwdPartial partial(const void* xv, const void* yv, const void* gv, int64_t n,
                                 int mask_negative) {
+    if (!xv) return partial_y(yv, gv, n);
     const T *x = static_cast<const T*>(xv), *y = static_cast<const T*>(yv),
             *g = static_cast<const T*>(gv);
     vec<C> vm = splat<C>(-__builtin_inf()), vy = splat<C>(0);
@@ -419,6 +420,44 @@ template <typename T, typename C> struct BwdRows {
     return r;
   }
 
+  // c = sum g y, max y and the smallest nonzero y, from y and g alone (y is exactly 0
+  // where x was masked, so no x is needed to keep those positions out of c).
+  static eb::BwdPartial partial_y(const void* yv, const void* gv, int64_t n) {
+    const T *y = static_cast<const T*>(yv), *g = static_cast<const T*>(gv);
+    const vec<C> inf = splat<C>(__builtin_inf());
+    vec<C> vy = splat<C>(0), vlo = inf;
+    Wide c;
+    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
+      const int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
+      vec<C> s0{}, s1{};
+      int64_t i = b0;
+      for (; i + 2 * W <= b1; i += 2 * W) {
+        vec<C> y0 = Io<T, C>::load(y + i), y1 = Io<T, C>::load(y + i + W);
+        vy = vmax<C>(vmax<C>(y0, y1), vy);
+        vlo = vmin<C>(vmin<C>(select<C>(y0 != C(0), y0, inf), select<C>(y1 != C(0), y1, inf)), vlo);
+        s0 += Io<T, C>::load(g + i) * y0;
+        s1 += Io<T, C>::load(g + i + W) * y1;
+      }
+      for (; i < b1; i += W) {
+        vec<C> ys = ld<T, C>(y, i, b1, zero<T>());
+        vy = vmax<C>(ys, vy);
+        vlo = vmin<C>(select<C>(ys != C(0), ys, inf), vlo);
+        s0 += ld<T, C>(g, i, b1, zero<T>()) * ys;
+      }
+      c.add(s0 + s1);
+    }
+    eb::BwdPartial r{__builtin_nan(""), c.total(), double(hmax<C>(vy)), 0, 0};
+    r.ymin = -double(hmax<C>(-vlo));
+    return r;
+  }
+
+  // dx of a row this long is written around the cache, as ExpRows::write_exps writes y (no
+  // read for ownership of lines that are not read again)
+  static bool streams(const T* dx, int64_t n) {
+    return sizeof(T) == sizeof(C) && n * int64_t(sizeof(T)) >= ExpRows<T, C>::STREAM_BYTES &&
+           reinterpret_cast<uintptr_t>(dx) % sizeof(vec<C>) == 0;
+  }
+
   static eb::BwdSums write(const void* xv, const void* yv, const void* gv, void* dxv, int64_t n,
                            int mask_negative, int cls, double m, double c, double tau, int sums) {
     const T *x = static_cast<const T*>(xv), *y = static_cast<const T*>(yv),
@@ -432,12 +471,22 @@ template <typename T, typename C> struct BwdRows {
     const C cc = C(c), mm = C(m), inv_tau = C(1.0 / tau);
     if (!sums) {
       // dx alone needs no x: y is exactly 0 at masked positions, and the row's class is known
-      for (int64_t i = 0; i < n; i += W) {
+      int64_t i0 = 0;
+      if (streams(dx, n)) {
+        for (; i0 + W <= n; i0 += W) {
+          vec<C> ys = Io<T, C>::load(y + i0), gs = Io<T, C>::load(g + i0);
+          stream_store(reinterpret_cast<C*>(dx + i0),
+                       select<C>(ys != C(0), ys * ((gs - cc) * inv_tau), splat<C>(0)));
+        }
+        stream_fence();
+      }
+      for (int64_t i = i0; i < n; i += W) {
         vec<C> ys = ld<T, C>(y, i, n, zero<T>()), gs = ld<T, C>(g, i, n, zero<T>());
         st<T, C>(dx, i, n, select<C>(ys != C(0), ys * ((gs - cc) * inv_tau), splat<C>(0)));
       }
       return {0.0, 0.0};
     }
+    const bool stream = streams(dx, n);
     Wide yz, gyz;
     for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
       const int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
@@ -448,7 +497,9 @@ template <typename T, typename C> struct BwdRows {
         ivec<C> kept = kept_mask<C>(xs, mask_negative);
         vec<C> yk = select<C>(kept, ld<T, C>(y, i, b1, zero<T>()), splat<C>(0));
         // (g - c)/tau before the product: a subnormal y (g - c) is never scaled up by 1/tau
-        st<T, C>(dx, i, b1, select<C>(kept, yk * ((gs - cc) * inv_tau), splat<C>(0)));
+        vec<C> d = select<C>(kept, yk * ((gs - cc) * inv_tau), splat<C>(0));
+        if (stream && i + W <= b1) stream_store(reinterpret_cast<C*>(dx + i), d);
+        else st<T, C>(dx, i, b1, d);
         ivec<C> live = kept & (yk != C(0));  // y = 0 where z = -inf: keep 0 * inf out
         vec<C> yzv = select<C>(live, yk * ((xs - mm) * inv_tau), splat<C>(0));
         a += yzv;
@@ -457,6 +508,7 @@ template <typename T, typename C> struct BwdRows {
       yz.add(a);
       gyz.add(b);
     }
+    if (stream) stream_fence();
     return {yz.total(), gyz.total()};
   }
 };

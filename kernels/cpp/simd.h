@@ -32,6 +32,7 @@ template <typename C> inline ivec<C> bits(vec<C> v) { return (ivec<C>)v; }
 template <typename C> inline vec<C> from_bits(ivec<C> v) { return (vec<C>)v; }
 template <typename C> inline vec<C> select(ivec<C> m, vec<C> a, vec<C> b) { return m ? a : b; }
 template <typename C> inline vec<C> vmax(vec<C> a, vec<C> b) { return a > b ? a : b; }
+template <typename C> inline vec<C> vmin(vec<C> a, vec<C> b) { return a < b ? a : b; }
 template <typename C> inline vec<C> vabs(vec<C> a) { return a < 0 ? -a : a; }
 template <typename C> inline ivec<C> lanes_below(int64_t count) {  // lane i < count
   ivec<C> iota;

@@ -43,10 +43,13 @@ struct WeightPartial {
 
 // Backward (dx = y (g - c)/tau on kept positions). Pass 1 gives the kept max of x, the row
 // class, c = sum g y and max y; pass 2 writes dx and sums y z' and g y z' (elastic only).
+// Given no x, pass 1 reads y and g alone and reports the smallest nonzero y beside the
+// largest (m NaN, no census): see exp_backward for when that settles the row's class.
 struct BwdPartial {
   double m, c, ymax;
   int64_t ninf;
   int nan;
+  double ymin = __builtin_inf();
 };
 struct BwdSums {
   double yz, gyz;
