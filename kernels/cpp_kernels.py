@@ -89,8 +89,10 @@ def cpp_symax(x: torch.Tensor, *, eta: float) -> torch.Tensor:
     return _ext.weight_forward(x, True, float(eta))
 
 
-# Backward: fn(x, y, g, **params) -> dx (or dx, dtau, dbeta). Two sweeps over x, y and g:
-# the kept max, c = sum g y and max y; then dx (and elastic's sums of y z' and g y z').
+# Backward: fn(x, y, g, **params) -> dx (or dx, dtau, dbeta). Two sweeps: c = sum g y and
+# max y; then dx. Elastic's parameter gradients also need x in both (the kept max, then the
+# sums of y z' and g y z'); dx alone reads x only for a row whose y cannot tell its class
+# (one-hot, tied or NaN: docs/native.md).
 
 
 @register_kernel(function="elastic", backend="cpp", name="cpp_elastic_bwd", mode="bwd",
@@ -103,14 +105,14 @@ def cpp_elastic_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, *, tau: f
 
 
 @register_kernel(function="softmax", backend="cpp", name="cpp_softmax_bwd", mode="bwd",
-                 model=PassModel("two-pass", reads=6, writes=1, exps=0))
+                 model=PassModel("two-pass", reads=4, writes=1, exps=0))
 def cpp_softmax_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """Native softmax backward: y (g - sum g y); zeros on all -inf rows."""
     return _ext.exp_backward(x, y, g, False, 1.0, 0.0, False)[0]
 
 
 @register_kernel(function="softmax1", backend="cpp", name="cpp_softmax1_bwd", mode="bwd",
-                 model=PassModel("two-pass", reads=6, writes=1, exps=0))
+                 model=PassModel("two-pass", reads=4, writes=1, exps=0))
 def cpp_softmax1_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """Native softmax1 backward: y (g - sum g y), as softmax."""
     return _ext.exp_backward(x, y, g, False, 1.0, 1.0, False)[0]
