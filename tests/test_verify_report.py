@@ -46,7 +46,8 @@ def _fail_lines(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def lowp(tmp_path_factory) -> tuple[str, Path]:
-    """lowp_softmax over the quick matrix: 16 failing cases in 11 groups (see its file)."""
+    """lowp_softmax over the quick matrix: 17 failing cases in 11 groups (see its file; the
+    fp16 case of coarse 513x4 fails on the rows a sample keeps for their extreme values)."""
     from elasticbench.cli import main
 
     out = tmp_path_factory.mktemp("lowp") / "v.json"
@@ -67,7 +68,7 @@ def test_every_failing_case_is_shown_grouped_and_worst_first(cli, lowp):
     r = cli("report", str(path))
     heads = _fail_lines(r.out)
     groups = {_case(f) for f in failing}
-    assert len(failing) == 16 and len(heads) == len(groups) == 11
+    assert len(failing) == 17 and len(heads) == len(groups) == 11
     for f in failing:  # every failing case, its dtype named in its group's line
         layout = "" if f["layout"] == "packed" else f" {f['layout']}"
         head = next(h for h in heads
@@ -84,7 +85,7 @@ def test_every_failing_case_is_shown_grouped_and_worst_first(cli, lowp):
     # the limit: the two worst, and a line saying what was left out
     r = cli("report", str(path), "--failures", "2")
     assert _fail_lines(r.out)[:2] == heads[:2]
-    assert "FAIL lowp_softmax: 11 more failing cases in 9 groups not shown (--failures)" in r.out
+    assert "FAIL lowp_softmax: 12 more failing cases in 9 groups not shown (--failures)" in r.out
 
 
 @pytest.mark.parametrize("fmt", ["markdown", "html"])
