@@ -9,8 +9,8 @@ from elasticbench.verify.matrix import builtin_case, load_matrix
 
 
 def test_selftest_command_catches_every_mutant(cli):
-    # the correct torch kernels pass the same quick matrix in test_cli_verify; checking them
-    # again here would compile every torch.compile variant a second time
+    # the torch kernels' share (every torch.compile variant compiled for every dtype and
+    # layout: minutes on a fresh machine) runs in `make selftest`, which CI runs after this
     r = cli("selftest", "-b", "numpy,cpp")
     assert r.code == 0, r.out
     n = len(MUTANTS) + len(ATTENTION_MUTANTS)
@@ -18,13 +18,6 @@ def test_selftest_command_catches_every_mutant(cli):
     assert "cpp_attention (bwd)" in r.out  # attention kernels are self-tested too
     assert "MISSED" not in r.out and "FAILS" not in r.out
     assert "numpy_symax" in r.out and "compiled_elastic" not in r.out  # -b chose them
-
-
-def test_selftest_passes_the_torch_kernels(cli):
-    r = cli("selftest", "-b", "torch")  # the compiled variants on the adversarial quick matrix
-    assert r.code == 0, r.out
-    assert "compiled_elastic" in r.out and "torch_attention_flash (bwd)" in r.out
-    assert "FAILS" not in r.out and "cpp_elastic" not in r.out
 
 
 def test_selftest_rejects_an_unknown_backend_in_one_line(cli):
