@@ -471,19 +471,18 @@ template <typename T, typename C> struct BwdRows {
     const C cc = C(c), mm = C(m), inv_tau = C(1.0 / tau);
     if (!sums) {
       // dx alone needs no x: y is exactly 0 at masked positions, and the row's class is known
+      auto dx_of = [&](vec<C> ys, vec<C> gs) {
+        return select<C>(ys != C(0), ys * ((gs - cc) * inv_tau), splat<C>(0));
+      };
       int64_t i0 = 0;
       if (streams(dx, n)) {
-        for (; i0 + W <= n; i0 += W) {
-          vec<C> ys = Io<T, C>::load(y + i0), gs = Io<T, C>::load(g + i0);
+        for (; i0 + W <= n; i0 += W)
           stream_store(reinterpret_cast<C*>(dx + i0),
-                       select<C>(ys != C(0), ys * ((gs - cc) * inv_tau), splat<C>(0)));
-        }
+                       dx_of(Io<T, C>::load(y + i0), Io<T, C>::load(g + i0)));
         stream_fence();
       }
-      for (int64_t i = i0; i < n; i += W) {
-        vec<C> ys = ld<T, C>(y, i, n, zero<T>()), gs = ld<T, C>(g, i, n, zero<T>());
-        st<T, C>(dx, i, n, select<C>(ys != C(0), ys * ((gs - cc) * inv_tau), splat<C>(0)));
-      }
+      for (int64_t i = i0; i < n; i += W)
+        st<T, C>(dx, i, n, dx_of(ld<T, C>(y, i, n, zero<T>()), ld<T, C>(g, i, n, zero<T>())));
       return {0.0, 0.0};
     }
     const bool stream = streams(dx, n);
