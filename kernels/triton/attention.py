@@ -35,6 +35,33 @@ LOG2E = tl.constexpr(1.4426950408889634)  # a kernel may read only constexpr glo
 
 
 @triton.jit
+def _tile(base, width, offs_r, ok_r, offs_c):
+    """Pointers and mask of rows offs_r (where ok_r) and columns offs_c (< width) of a
+    row-major matrix of `width` columns at base."""
+    return (base + offs_r[:, None] * width + offs_c[None, :],
+            ok_r[:, None] & (offs_c[None, :] < width))
+
+
+@triton.jit
+def _tile_t(base, width, offs_r, ok_r, offs_c):
+    """_tile's transpose: the same elements, indexed (column, row)."""
+    return (base + offs_r[None, :] * width + offs_c[:, None],
+            ok_r[None, :] & (offs_c[:, None] < width))
+
+
+@triton.jit
+def _query_stats(m_ptr, r_ptr, c_ptr, at, row_ok):
+    """A query block's forward statistics and c: (m with non-finite rows set to 0, r, c,
+    the NaN rows, the +inf rows)."""
+    m = tl.load(m_ptr + at, mask=row_ok, other=0.0)
+    r = tl.load(r_ptr + at, mask=row_ok, other=0.0)
+    c = tl.load(c_ptr + at, mask=row_ok, other=0.0)
+    nan_q = m != m
+    inf_q = m == float("inf")
+    return tl.where(inf_q | nan_q, 0.0, m), r, c, nan_q, inf_q
+
+
+@triton.jit
 def attention_forward_kernel(
     q_ptr, k_ptr, v_ptr, tau_ptr, beta_ptr, out_ptr, m_ptr, den_ptr,
     lq, lk, d, dv, scale,
@@ -47,8 +74,7 @@ def attention_forward_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_DV)
     row_ok = offs_m < lq
-    q = tl.load(q_ptr + bh * lq * d + offs_m[:, None] * d + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0)
+    q = tl.load(*_tile(q_ptr + bh * lq * d, d, offs_m, row_ok, offs_d), other=0.0)
     tau = tl.load(tau_ptr + bh)
     beta = tl.load(beta_ptr + bh)
     kk = LOG2E / tau
@@ -63,8 +89,7 @@ def attention_forward_kernel(
     for start in range(0, end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         col_ok = offs_n < lk
-        kt = tl.load(k_ptr + bh * lk * d + offs_n[None, :] * d + offs_d[:, None],
-                     mask=col_ok[None, :] & (offs_d[:, None] < d), other=0.0)
+        kt = tl.load(*_tile_t(k_ptr + bh * lk * d, d, offs_n, col_ok, offs_d), other=0.0)
         if IEEE:  # noqa: SIM108 (a constexpr branch: the compiler keeps one side)
             s = tl.dot(q, kt, input_precision="ieee") * scale
         else:
@@ -79,8 +104,7 @@ def attention_forward_kernel(
         alpha = exp2((m - m_new) * kk, True, -1)
         p = exp2(tl.where(kept, (s - m_new[:, None]) * kk, float("-inf")), True, -1)
         l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
-        v = tl.load(v_ptr + bh * lk * dv + offs_n[:, None] * dv + offs_e[None, :],
-                    mask=col_ok[:, None] & (offs_e[None, :] < dv), other=0.0)
+        v = tl.load(*_tile(v_ptr + bh * lk * dv, dv, offs_n, col_ok, offs_e), other=0.0)
         if IEEE:  # noqa: SIM108
             pv = tl.dot(p, v, input_precision="ieee")
         else:
@@ -94,8 +118,8 @@ def attention_forward_kernel(
     m = tl.where(inf_row > 0, float("inf"), m)
     m = tl.where(nan_row > 0, float("nan"), m)
     den = tl.where(nan_row > 0, float("nan"), den)
-    tl.store(out_ptr + bh * lq * dv + offs_m[:, None] * dv + offs_e[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_e[None, :] < dv))
+    out_at, out_ok = _tile(out_ptr + bh * lq * dv, dv, offs_m, row_ok, offs_e)
+    tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=out_ok)
     tl.store(m_ptr + bh * lq + offs_m, m, mask=row_ok)
     tl.store(den_ptr + bh * lq + offs_m, den, mask=row_ok)
 
@@ -165,10 +189,8 @@ def attention_dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_DV)
     col_ok = offs_n < lk
-    kt = tl.load(k_ptr + bh * lk * d + offs_n[None, :] * d + offs_d[:, None],
-                 mask=col_ok[None, :] & (offs_d[:, None] < d), other=0.0)
-    vt = tl.load(v_ptr + bh * lk * dv + offs_n[None, :] * dv + offs_e[:, None],
-                 mask=col_ok[None, :] & (offs_e[:, None] < dv), other=0.0)
+    kt = tl.load(*_tile_t(k_ptr + bh * lk * d, d, offs_n, col_ok, offs_d), other=0.0)
+    vt = tl.load(*_tile_t(v_ptr + bh * lk * dv, dv, offs_n, col_ok, offs_e), other=0.0)
     tau = tl.load(tau_ptr + bh)
     kk = LOG2E / tau
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -180,16 +202,9 @@ def attention_dkdv_kernel(
     for start in range(begin, lq, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
         row_ok = offs_m < lq
-        q = tl.load(q_ptr + bh * lq * d + offs_m[:, None] * d + offs_d[None, :],
-                    mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0)
-        do = tl.load(do_ptr + bh * lq * dv + offs_m[:, None] * dv + offs_e[None, :],
-                     mask=row_ok[:, None] & (offs_e[None, :] < dv), other=0.0)
-        m = tl.load(m_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
-        r = tl.load(r_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
-        c = tl.load(c_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
-        nan_q = m != m
-        inf_q = m == float("inf")
-        m = tl.where(inf_q | nan_q, 0.0, m)
+        q = tl.load(*_tile(q_ptr + bh * lq * d, d, offs_m, row_ok, offs_d), other=0.0)
+        do = tl.load(*_tile(do_ptr + bh * lq * dv, dv, offs_m, row_ok, offs_e), other=0.0)
+        m, r, c, nan_q, inf_q = _query_stats(m_ptr, r_ptr, c_ptr, bh * lq + offs_m, row_ok)
         keep, z, p = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok,
                                 scale, kk, tau, CAUSAL, IEEE)
         if IEEE:
@@ -203,10 +218,10 @@ def attention_dkdv_kernel(
             dvv += tl.dot(tl.trans(p.to(do.dtype)), do)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q) * scale
         dsz += tl.sum(tl.where(keep, ds * z, 0.0), axis=0)
-    tl.store(dk_ptr + bh * lk * d + offs_n[:, None] * d + offs_d[None, :], dk,
-             mask=col_ok[:, None] & (offs_d[None, :] < d))
-    tl.store(dv_ptr + bh * lk * dv + offs_n[:, None] * dv + offs_e[None, :], dvv,
-             mask=col_ok[:, None] & (offs_e[None, :] < dv))
+    dk_at, dk_ok = _tile(dk_ptr + bh * lk * d, d, offs_n, col_ok, offs_d)
+    tl.store(dk_at, dk, mask=dk_ok)
+    dv_at, dv_ok = _tile(dv_ptr + bh * lk * dv, dv, offs_n, col_ok, offs_e)
+    tl.store(dv_at, dvv, mask=dv_ok)
     tl.store(dtau_ptr + bh * n_kblocks + pid_n, tl.sum(dsz, axis=0))
 
 
@@ -224,18 +239,11 @@ def attention_dq_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_DV)
     row_ok = offs_m < lq
-    q = tl.load(q_ptr + bh * lq * d + offs_m[:, None] * d + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0)
-    do = tl.load(do_ptr + bh * lq * dv + offs_m[:, None] * dv + offs_e[None, :],
-                 mask=row_ok[:, None] & (offs_e[None, :] < dv), other=0.0)
-    m = tl.load(m_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
-    r = tl.load(r_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
-    c = tl.load(c_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
+    q = tl.load(*_tile(q_ptr + bh * lq * d, d, offs_m, row_ok, offs_d), other=0.0)
+    do = tl.load(*_tile(do_ptr + bh * lq * dv, dv, offs_m, row_ok, offs_e), other=0.0)
+    m, r, c, nan_q, inf_q = _query_stats(m_ptr, r_ptr, c_ptr, bh * lq + offs_m, row_ok)
     tau = tl.load(tau_ptr + bh)
     kk = LOG2E / tau
-    nan_q = m != m
-    inf_q = m == float("inf")
-    m = tl.where(inf_q | nan_q, 0.0, m)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     end = lk
     if CAUSAL:
@@ -243,10 +251,8 @@ def attention_dq_kernel(
     for start in range(0, end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         col_ok = offs_n < lk
-        kt = tl.load(k_ptr + bh * lk * d + offs_n[None, :] * d + offs_d[:, None],
-                     mask=col_ok[None, :] & (offs_d[:, None] < d), other=0.0)
-        vt = tl.load(v_ptr + bh * lk * dv + offs_n[None, :] * dv + offs_e[:, None],
-                     mask=col_ok[None, :] & (offs_e[:, None] < dv), other=0.0)
+        kt = tl.load(*_tile_t(k_ptr + bh * lk * d, d, offs_n, col_ok, offs_d), other=0.0)
+        vt = tl.load(*_tile_t(v_ptr + bh * lk * dv, dv, offs_n, col_ok, offs_e), other=0.0)
         keep, _z, p = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok,
                                 scale, kk, tau, CAUSAL, IEEE)
         if IEEE:
@@ -257,8 +263,8 @@ def attention_dq_kernel(
             dp = tl.dot(do, vt)
             ds = tl.where(keep, p * ((dp - c[:, None]) / tau), 0.0)
             dq += tl.dot(ds.to(kt.dtype), tl.trans(kt)) * scale
-    tl.store(dq_ptr + bh * lq * d + offs_m[:, None] * d + offs_d[None, :],
-             dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < d))
+    dq_at, dq_ok = _tile(dq_ptr + bh * lq * d, d, offs_m, row_ok, offs_d)
+    tl.store(dq_at, dq.to(dq_ptr.dtype.element_ty), mask=dq_ok)
 
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
