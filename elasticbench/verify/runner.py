@@ -52,7 +52,7 @@ def telling_rows(x: np.ndarray) -> list[int]:
     """Rows a sample must not leave out: the first and the last row holding a NaN, a +inf,
     a -inf, the largest finite value and the smallest (a kernel that mishandles a special
     value on some rows only, say past a launch boundary, fails on one of them)."""
-    x64 = np.asarray(x, dtype=np.float64)
+    x64 = np.asarray(x, dtype=np.float64)  # no copy when x is already float64
     finite = np.isfinite(x64)
     marks = [np.isnan(x64), x64 == np.inf, x64 == -np.inf]
     if finite.any():
@@ -83,11 +83,12 @@ def prepare_input(case: VerifyCase, x: np.ndarray, max_elements: int, precision:
                   mode: str = "fwd", max_rows: int = MAX_ROWS) -> Prepared:
     """A case with its input x: the rows to check, the question for the reference and, for
     a backward case, the upstream gradient."""
-    rows = rows_to_check(case.shape, max_elements, case.seed, max_rows, x)
+    x64 = x.astype(np.float64)
+    rows = rows_to_check(case.shape, max_elements, case.seed, max_rows, x64)
     g = None
     if mode == "bwd":
         g = upstream(case.seed, case.generator, get_format(case.dtype), case.shape, rows)
-    job = TruthJob(case.function, case.params, case.dtype, x.astype(np.float64), rows,
+    job = TruthJob(case.function, case.params, case.dtype, x64, rows,
                    precision, None if g is None else g.astype(np.float64))
     return Prepared(case, x, job, g)
 

@@ -135,7 +135,10 @@ Plan plan(int64_t rows, int64_t n, int64_t bytes) {
   return {s, false};
 }
 
-// Run partial(row, i0, i1, item, scratch) over every segment, finish(row, first, count) per
+// Segment length for n split s ways (drive's), for sizing scratch.
+int64_t segment_length(int64_t n, int64_t s) { return s == 1 ? n : ((n + s - 1) / s + 63) / 64 * 64; }
+
+// Run partial(row, i0, i1, item, scratch) over every segment of plan p, finish(row, first, count) per
 // row (serially: a few flops a row), then write(row, i0, i1, item, scratch) over every
 // segment (item = row * segments + segment). Each segment gets `per` doubles of scratch
 // that its write sees again. Three schedules:
@@ -145,9 +148,8 @@ Plan plan(int64_t rows, int64_t n, int64_t bytes) {
 //   its sweeps, so that the second sweep reads the row from L2 instead of memory;
 // - a few long rows (fewer than the threads): all segments' partials, then all writes.
 template <class Partial, class PartialF, class FinishF, class WriteF>
-void drive(int64_t rows, int64_t n, int64_t bytes, int64_t per, PartialF partial,
+void drive(int64_t rows, int64_t n, const Plan& p, int64_t per, PartialF partial,
            FinishF finish, WriteF write) {
-  const Plan p = plan(rows, n, bytes);
   const int64_t s = p.s;
   if (s == 1) {
     const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(n, 1));
@@ -161,7 +163,7 @@ void drive(int64_t rows, int64_t n, int64_t bytes, int64_t per, PartialF partial
     });
     return;
   }
-  const int64_t seg = ((n + s - 1) / s + 63) / 64 * 64;
+  const int64_t seg = segment_length(n, s);
   auto bounds = [&](int64_t item, int64_t& i0, int64_t& i1) {
     i0 = std::min(n, (item % s) * seg);
     i1 = std::min(n, i0 + seg);
@@ -212,9 +214,6 @@ void drive(int64_t rows, int64_t n, int64_t bytes, int64_t per, PartialF partial
   });
 }
 
-// Segment length for n split s ways (drive's), for sizing scratch.
-int64_t segment_length(int64_t n, int64_t s) { return s == 1 ? n : ((n + s - 1) / s + 63) / 64 * 64; }
-
 // Merge segment reductions into the row's class, shift and denominator.
 eb::ExpRow finish_exp(const eb::ExpPartial* p, int64_t count, const eb::ExpSpec& spec) {
   const double inf = std::numeric_limits<double>::infinity();
@@ -251,12 +250,11 @@ at::Tensor exp_forward(const at::Tensor& x_in, int64_t structure, bool mask_nega
   if (in.x.numel() == 0) return y;
   const eb::ExpSpec spec{mask_negative ? 1 : 0, floor, tau, offset};
   const int64_t n = in.n;
-  const int64_t bytes = 2 * in.x.element_size();  // x, and y (the fused kernel's exps)
-  const int64_t per =
-      eb::fused_scratch(segment_length(n, plan(in.rows, n, bytes).s), in.dt, structure);
+  const Plan how = plan(in.rows, n, 2 * in.x.element_size());  // x, and y (the fused exps)
+  const int64_t per = eb::fused_scratch(segment_length(n, how.s), in.dt, structure);
   std::vector<eb::ExpRow> verdict(in.rows);
   drive<eb::ExpPartial>(
-      in.rows, n, bytes, per,
+      in.rows, n, how, per,
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double* scratch) {
         return partial_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, spec, scratch);
       },
@@ -278,7 +276,7 @@ at::Tensor weight_forward(const at::Tensor& x_in, bool symax, double constant) {
   std::vector<Verdict> verdict(in.rows);
   const int64_t n = in.n;
   drive<eb::WeightPartial>(
-      in.rows, n, in.x.element_size(), 0,
+      in.rows, n, plan(in.rows, n, in.x.element_size()), 0,
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
         return partial_fn(ptr(in.x, r, n, i0), i1 - i0, symax ? 1 : 0);
       },
@@ -330,15 +328,16 @@ std::vector<at::Tensor> exp_backward(const at::Tensor& x_in, const at::Tensor& y
   // not all equal: a +inf row's nonzero outputs are all 1/k, a NaN row's are NaN. Any other
   // row (one-hot, ties, NaN) is read again with x for the census.
   const bool y_only = !params;
-  const int64_t bytes = (y_only ? 2 : 3) * in.x.element_size();  // what pass 2 reads again
-  const int64_t n = in.n, s = plan(in.rows, n, bytes).s;
+  const int64_t n = in.n;
+  const Plan how = plan(in.rows, n, (y_only ? 2 : 3) * in.x.element_size());  // pass 2 rereads
+  const int64_t s = how.s;
   struct Verdict { int cls; double m, c, ymax; };
   std::vector<Verdict> verdict(in.rows);
   std::vector<eb::BwdSums> sums(in.rows * s, eb::BwdSums{0, 0});
   const int mneg = mask_negative ? 1 : 0;
   const double inf = std::numeric_limits<double>::infinity();
   drive<eb::BwdPartial>(
-      in.rows, n, bytes, 0,
+      in.rows, n, how, 0,
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
         return partial_fn(y_only ? nullptr : ptr(in.x, r, n, i0), ptr(y, r, n, i0),
                           ptr(g, r, n, i0), i1 - i0, mneg);
