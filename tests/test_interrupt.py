@@ -77,3 +77,32 @@ def test_resume_refuses_a_file_of_another_kind(cli, tmp_path):
     r = cli("verify", "--quick", "--resume", str(bad))
     assert r.code == 2 and "expected elasticbench.verify/1" in r.err
     assert bad.read_text() == json.dumps({"schema": "elasticbench.run/1", "records": []})
+
+
+def test_an_interrupt_drops_the_queued_reference_work(monkeypatch):
+    """Interrupted while the reference is computed in worker processes, solve returns at
+    once: the queued chunks are cancelled (before, leaving the pool waited for all of them,
+    so a Ctrl-C during a large verify or hunt hung until the whole reference was done)."""
+    import numpy as np
+    import pytest
+
+    from elasticbench.numerics import truth_cache
+
+    shutdowns = []
+
+    class Pool(truth_cache.ProcessPoolExecutor):
+        def shutdown(self, wait=True, *, cancel_futures=False):
+            shutdowns.append(cancel_futures)
+            super().shutdown(wait, cancel_futures=cancel_futures)
+
+    monkeypatch.setattr(truth_cache, "ProcessPoolExecutor", Pool)
+    x = np.random.default_rng(0).normal(size=(16, 4096))
+    jobs = [truth_cache.TruthJob("softmax", (), "fp32", x + i, np.arange(16), 128)
+            for i in range(4)]
+
+    def interrupt(_):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        truth_cache.solve(jobs, truth_cache.TruthStore(None), workers=2, progress=interrupt)
+    assert shutdowns and shutdowns[0] is True

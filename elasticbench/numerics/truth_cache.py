@@ -148,11 +148,17 @@ def solve(
         # Workers only touch NumPy and mpmath, never torch's thread pools or a GPU.
         with ProcessPoolExecutor(workers, mp_context=get_context(_START_METHOD)) as pool:
             futures = {i: [pool.submit(_evaluate, c) for c in pieces[i]] for i in todo}
-            for i in todo:
-                results[i] = _finish(jobs[i], [f.result() for f in futures[i]])
-                store.put(keys[i], results[i])
-                if progress:
-                    progress(1)
+            try:
+                for i in todo:
+                    results[i] = _finish(jobs[i], [f.result() for f in futures[i]])
+                    store.put(keys[i], results[i])
+                    if progress:
+                        progress(1)
+            except BaseException:
+                # an interrupt: leaving the block would otherwise wait for every queued
+                # chunk; drop them and wait only for the ones running (what was stored stays)
+                pool.shutdown(cancel_futures=True)
+                raise
     else:
         for i in todo:
             results[i] = _finish(jobs[i], [_evaluate(c) for c in pieces[i]])
