@@ -255,6 +255,32 @@ def test_baseline_from_several_runs_gives_one_process_runs_a_verdict(cli, tmp_pa
                ).code == 2
 
 
+def test_a_baseline_of_several_runs_knows_the_shift_between_runs(cli, tmp_path):
+    # each run's 3 processes agree within 1%, but whole runs land 15% apart: against one
+    # run the second looks slower for sure; against a baseline saved from the first three
+    # runs the gate knows that runs move together and passes it
+    levels = [1.0, 1.15, 0.9, 1.2]
+    runs = [write_run(tmp_path / f"r{i}.json",
+                      [rec("k", 20 + i, level, procs=3, n=20, between=0.01)])
+            for i, level in enumerate(levels)]
+    r = cli("gate", str(runs[0]), str(runs[3]))
+    assert r.code == 1 and "1 timing regression" in r.out
+    d = tmp_path / "baselines"
+    assert cli("baseline", "save", *map(str, runs[:3]), "--dir", str(d), "--name", "b").code == 0
+    [floor] = json.loads((d / "b.json").read_text())["noise_floor"]
+    assert floor["df"] == 6 and floor["run_df"] == 2 and floor["sd_log"]["time"] < 0.03
+    assert 0.05 < floor["run_sd_log"]["time"] < 0.3
+    r = cli("gate", str(d / "b.json"), str(runs[3]), "--json", str(tmp_path / "g.json"))
+    [row] = json.loads((tmp_path / "g.json").read_text())["rows"]
+    assert r.code == 0 and row["verdict"] == "same" and row["estimate"]["lo"] < 1
+    # a floor entry with a bad run spread is one clear line
+    bad = json.loads((d / "b.json").read_text())
+    bad["noise_floor"][0]["run_sd_log"] = {"time": -1}
+    (d / "bad.json").write_text(json.dumps(bad))
+    r = cli("gate", str(d / "bad.json"), str(runs[3]))
+    assert r.code == 2 and "run_sd_log" in r.err and "Traceback" not in r.err
+
+
 def test_several_files_per_side_and_bad_sides(cli, tmp_path):
     base = [write_run(tmp_path / f"b{i}.json", [rec("k", i, procs=1, between=0.02)])
             for i in range(3)]

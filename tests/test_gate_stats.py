@@ -14,6 +14,7 @@ from elasticbench.gate.stats import (
     geomean,
     min_p_paired,
     noise_floor,
+    noise_floor_of_runs,
     ratio_hierarchical_bootstrap,
     ratio_paired,
     ratio_processes,
@@ -88,6 +89,46 @@ def test_noise_floor_of_processes():
     f = noise_floor(processes(9, 10, between=0.1))
     assert f is not None and f.df == 9 and 0.05 < f.sd_log < 0.16
     assert f.percent == pytest.approx(100 * math.expm1(f.sd_log))
+
+
+def runs(seed: int, r: int, k: int, shift: float, scale: float = 1.0,
+         between: float = 0.01) -> list[list[np.ndarray]]:
+    """r runs of k processes each; every process of a run shares that run's shift."""
+    rng = np.random.default_rng(seed)
+    return [processes(seed * 100 + i, k, scale * math.exp(rng.normal(0, shift)), between)
+            for i in range(r)]
+
+
+def test_noise_floor_of_runs_separates_the_shift_between_runs():
+    f = noise_floor_of_runs(runs(1, 8, 4, shift=0.10, between=0.01))
+    assert f is not None and f.df == 8 * 3 and f.run_df == 7
+    assert 0.005 < f.sd_log < 0.02 and 0.05 < f.run_sd_log < 0.2
+    # no shift beyond what the processes explain: the runs' level is 0
+    quiet = noise_floor_of_runs([processes(s, 4, between=0.05) for s in range(6)])
+    assert quiet is not None and quiet.run_df in (0, 5) and quiet.run_sd_log < 0.04
+    # one process a run: the levels cannot be told apart, the whole spread is the processes'
+    one = noise_floor_of_runs([processes(s, 1, between=0.05) for s in range(5)])
+    assert one is not None and one.df == 4 and one.run_sd_log == 0
+    assert noise_floor_of_runs([processes(1, 1)]) is None
+
+
+def test_a_shift_between_runs_is_not_a_regression_against_a_floor_that_knows_it():
+    # Two runs of 3 processes each, identical code, but each run shifted as a whole by ~10%
+    # (what the processes of one run share): the processes agree, so without the floor's
+    # run level the gate would flag many; with a floor from 5 earlier runs it stays quiet.
+    blind = aware = 0
+    for seed in range(200):
+        history = runs(seed, 5, 3, shift=0.10)
+        floor = noise_floor_of_runs(history)
+        a, b = runs(10_000 + seed, 2, 3, shift=0.10)
+        blind += judge(ratio_processes(a, b), 0.01, 0.10)[1]
+        aware += judge(ratio_processes(a, b, floors=[floor]), 0.01, 0.10)[1]
+    assert blind > 30 and aware <= 4
+    # and a real 40% slowdown still shows through the floor
+    history = runs(7, 5, 3, shift=0.02)
+    a, b = runs(8, 1, 3, shift=0.02)[0], runs(9, 1, 3, shift=0.02, scale=1.4)[0]
+    est = ratio_processes(a, b, floors=[noise_floor_of_runs(history)])
+    assert judge(est, 0.01, 0.10)[:2] == ("slower", True) and est.lo < 1.4 < est.hi
 
 
 def test_hierarchical_bootstrap_is_seeded_and_agrees():

@@ -1,8 +1,9 @@
 """Committed baselines: a results file copied, checked, under results/baselines/<name>.json.
 
 Saved from several runs of one plan, a baseline also keeps a noise floor per kernel and case:
-the spread of the per-process medians over every process of every run (runs on other days
-see spread that the processes of one run cannot). Its records are the first run's.
+the spread of the per-process medians within a run, and the shift between runs that every
+process of a run shares (runs on other days see spread that the processes of one run
+cannot). Its records are the first run's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from ..records import IDENTITY_FIELDS, read_results, record_key, write_json_atomic
 from .load import METRICS, load
-from .stats import noise_floor
+from .stats import noise_floor_of_runs
 
 DEFAULT_DIR = Path("results") / "baselines"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -44,27 +45,29 @@ def _clean_results(results: Path) -> dict[str, Any]:
 
 
 def noise_floors(runs: list[Path]) -> list[dict[str, Any]]:
-    """Per timed series of the runs: its identity, the spread of the log medians of all its
-    processes over all runs (per metric) and the degrees of freedom; series measured by a
-    single process in all are left out."""
+    """Per timed series of the runs: its identity and, per metric, the spread of the log
+    medians of its processes within a run and the shift between runs (docs/gates.md), with
+    their degrees of freedom; series measured by a single process in all are left out."""
     pooled: dict[str, dict[tuple, list]] = {m: {} for m in METRICS}
     for path in runs:
         for metric in METRICS:
             for key, s in load(path, metric).series.items():
                 if s.groups:
-                    pooled[metric].setdefault(key, []).extend(s.groups)
+                    pooled[metric].setdefault(key, []).append(s.groups)
     first = {("run", *record_key(r)): r for r in read_results(runs[0])["records"]}
     out = []
-    for key, groups in pooled["time"].items():
-        floor = noise_floor(groups)
+    for key, per_run in pooled["time"].items():
+        floor = noise_floor_of_runs(per_run)
         if floor is None or key not in first:
             continue
         entry = {f: first[key].get(f) for f in IDENTITY_FIELDS if f in first[key]}
         entry["sd_log"] = {"time": floor.sd_log}
-        bw = noise_floor(pooled["bandwidth-fraction"].get(key) or [])
+        entry["run_sd_log"] = {"time": floor.run_sd_log}
+        bw = noise_floor_of_runs(pooled["bandwidth-fraction"].get(key) or [])
         if bw is not None:
             entry["sd_log"]["bandwidth-fraction"] = bw.sd_log
-        entry["df"] = floor.df
+            entry["run_sd_log"]["bandwidth-fraction"] = bw.run_sd_log
+        entry["df"], entry["run_df"] = floor.df, floor.run_df
         out.append(entry)
     return out
 

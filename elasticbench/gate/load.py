@@ -151,19 +151,31 @@ def split_processes(costs: np.ndarray, counts: Any) -> list[np.ndarray]:
 def _noise_floors(doc: dict[str, Any], metric: str, path: str) -> dict[tuple, NoiseFloor]:
     """A baseline's noise floors in the metric, keyed like its records' series."""
     out: dict[tuple, NoiseFloor] = {}
+    bad = (f"results file {path}: a noise_floor entry needs sd_log per metric (>= 0) and "
+           "df >= 1, and run_sd_log per metric (>= 0) with run_df >= 0 if it has them")
     for entry in doc.get("noise_floor") or []:
         if not isinstance(entry, dict) or not isinstance(entry.get("sd_log"), dict):
-            raise ResultsFileError(f"results file {path}: a noise_floor entry needs sd_log "
-                                   "per metric")
+            raise ResultsFileError(bad)
         sd, df = entry["sd_log"].get(metric), entry.get("df")
+        runs = entry.get("run_sd_log") or {}
+        run_sd, run_df = (runs.get(metric, 0.0) if isinstance(runs, dict) else None,
+                          entry.get("run_df", 0))
         if sd is None:
             continue
-        if (not isinstance(sd, int | float) or isinstance(sd, bool) or not math.isfinite(sd)
-                or sd < 0 or not isinstance(df, int) or isinstance(df, bool) or df < 1):
-            raise ResultsFileError(f"results file {path}: a noise_floor entry needs sd_log "
-                                   ">= 0 and df >= 1")
-        out[("run", *record_key(entry))] = NoiseFloor(float(sd), df)
+        if not (_spread_ok(sd) and _spread_ok(run_sd) and _count_ok(df, 1)
+                and _count_ok(run_df, 0)):
+            raise ResultsFileError(bad)
+        out[("run", *record_key(entry))] = NoiseFloor(float(sd), df, float(run_sd), run_df)
     return out
+
+
+def _spread_ok(v: Any) -> bool:
+    return (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            and v >= 0)
+
+
+def _count_ok(v: Any, least: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
 
 
 def _run_numerics(doc: dict[str, Any]) -> dict[tuple, Verdict]:
@@ -292,7 +304,7 @@ def load_side(paths: list[str | Path], metric: str = "time") -> Dataset:
             out.numerics[key] = (_merge_verdicts(out.numerics[key], v) if key in out.numerics
                                  else v)
         for key, f in d.noise.items():
-            if key not in out.noise or f.sd_log > out.noise[key].sd_log:
+            if key not in out.noise or f.percent > out.noise[key].percent:
                 out.noise[key] = f
     return out
 

@@ -8,7 +8,9 @@ Ratios are estimated in log space, where a slowdown by a factor is a shift:
   is summarised by its log median, and the two sides are compared by a pooled two-sample t
   interval on those (a two-level model: between-process spread, within-process spread folded
   into it). With one process per side the spread is unknown: a noise floor measured from
-  baselines stands in for it, or there is no verdict. A hierarchical bootstrap (processes,
+  baselines stands in for it, or there is no verdict. A floor measured from several runs
+  also knows the shift that all processes of one run share, which no single run can show;
+  it widens the interval by that shift on each side. A hierarchical bootstrap (processes,
   then samples within each) is the cross-check;
 * paired (an interleaved A/B run, one A and one B sample per round): the Wilcoxon signed-rank
   test on the per-round log ratios and the median of their Walsh averages, whose interval
@@ -32,16 +34,21 @@ Groups = Sequence[Samples]  # the samples of each process, one array per process
 
 @dataclass(frozen=True)
 class NoiseFloor:
-    """The between-process spread of a kernel on a case: the standard deviation of the log
-    median of one process, and its degrees of freedom (processes measured minus one)."""
+    """The spread of a kernel on a case in log time, in two levels: between the processes of
+    one run (sd_log, with df degrees of freedom), and between runs, a shift that every process
+    of a run shares (run_sd_log, with run_df; 0 when the runs showed none beyond what their
+    processes explain, or when one run was measured)."""
 
     sd_log: float
     df: int
+    run_sd_log: float = 0.0
+    run_df: int = 0
 
     @property
     def percent(self) -> float:
-        """The spread as a percentage of the time (exp(sd) - 1)."""
-        return 100 * math.expm1(self.sd_log)
+        """The spread of one run's mean as a percentage of the time (exp(sd) - 1), the
+        processes' spread and the shift between runs together."""
+        return 100 * math.expm1(math.hypot(self.sd_log, self.run_sd_log))
 
 
 @dataclass(frozen=True)
@@ -97,11 +104,32 @@ def process_logs(groups: Groups) -> np.ndarray:
 
 
 def noise_floor(groups: Groups) -> NoiseFloor | None:
-    """The spread of the log medians of several processes (None with fewer than two)."""
-    logs = process_logs(groups)
-    if logs.size < 2:
+    """The spread of the log medians of the processes of one run (None with fewer than two)."""
+    return noise_floor_of_runs([groups])
+
+
+def noise_floor_of_runs(runs: Sequence[Groups]) -> NoiseFloor | None:
+    """Both levels of spread from several runs of one plan (one-way random effects on the
+    process log medians, runs as groups): the processes' spread pooled within runs, and the
+    runs' own shift, (MS_between - MS_within) / P0 when positive. Runs of one process each
+    cannot tell the levels apart: their whole spread is taken as the processes'. None when
+    fewer than two processes were measured in all."""
+    logs = [process_logs(g) for g in runs if len(g)]
+    sizes = np.array([x.size for x in logs])
+    n, r = int(sizes.sum()), len(logs)
+    if n < 2:
         return None
-    return NoiseFloor(float(np.std(logs, ddof=1)), int(logs.size - 1))
+    grand = np.concatenate(logs).mean()
+    df_w = n - r
+    if df_w == 0:  # one process a run: only the total spread is measured
+        return NoiseFloor(float(np.std(np.concatenate(logs), ddof=1)), n - 1)
+    ms_w = sum(float(np.sum((x - x.mean()) ** 2)) for x in logs) / df_w
+    if r < 2:
+        return NoiseFloor(math.sqrt(ms_w), df_w)
+    ms_b = sum(x.size * (x.mean() - grand) ** 2 for x in logs) / (r - 1)
+    p0 = (n - float(np.sum(sizes**2)) / n) / (r - 1)
+    run_var = max(0.0, (ms_b - ms_w) / p0)
+    return NoiseFloor(math.sqrt(ms_w), df_w, math.sqrt(run_var), r - 1 if run_var > 0 else 0)
 
 
 def min_p_paired(n: int) -> float:
@@ -111,14 +139,14 @@ def min_p_paired(n: int) -> float:
 
 def _spread(base: np.ndarray, current: np.ndarray, floors: Sequence[NoiseFloor | None]
             ) -> NoiseFloor | None:
-    """The between-process spread to assume, from the log medians of both sides' processes
-    and a measured noise floor. Without a floor: pooled over both sides. With one (a
-    baseline's, from every process of every run it was saved from, its own included): the
-    floor pooled with the current side's processes, and never below the floor, since a
-    baseline's runs may have seen spread that the processes of one run cannot show. None
-    when nothing measures it."""
-    floor = max((f for f in floors if f is not None and f.df > 0), key=lambda f: f.sd_log,
-                default=None)
+    """The spread to assume, from the log medians of both sides' processes and a measured
+    noise floor. Without a floor: pooled over both sides, no shift between runs known. With
+    one (a baseline's, from every process of every run it was saved from): the floor's
+    process spread pooled with the current side's processes, never below the floor (a
+    baseline's runs may have seen spread that the processes of one run cannot show), and the
+    floor's shift between runs. None when nothing measures it."""
+    floor = max((f for f in floors if f is not None and f.df > 0),
+                key=lambda f: math.hypot(f.sd_log, f.run_sd_log), default=None)
     if floor is None:
         df = base.size + current.size - 2
         if df == 0:
@@ -127,13 +155,29 @@ def _spread(base: np.ndarray, current: np.ndarray, floors: Sequence[NoiseFloor |
         return NoiseFloor(float(math.sqrt(ss / df)), df)
     df = floor.df + current.size - 1
     ss = floor.df * floor.sd_log**2 + np.sum((current - current.mean()) ** 2)
-    return NoiseFloor(max(float(math.sqrt(ss / df)), floor.sd_log), df)
+    return NoiseFloor(max(float(math.sqrt(ss / df)), floor.sd_log), df, floor.run_sd_log,
+                      floor.run_df)
+
+
+def _shift_error(spread: NoiseFloor, n_base: int, n_current: int) -> tuple[float, float]:
+    """The standard error of the difference of the two sides' mean log medians, and its
+    degrees of freedom: each side's processes, plus, per side, one shift between runs (each
+    side is one run's, or one set of runs' processes, and that shift is shared by all of
+    them). The two parts' degrees of freedom are combined by Welch-Satterthwaite."""
+    procs = spread.sd_log**2 * (1 / n_base + 1 / n_current)
+    runs = 2 * spread.run_sd_log**2
+    var = procs + runs
+    if runs == 0 or spread.run_df == 0:
+        return math.sqrt(var), float(spread.df)
+    df = var**2 / (procs**2 / spread.df + runs**2 / spread.run_df)
+    return math.sqrt(var), float(df)
 
 
 def ratio_processes(base: Groups, current: Groups, floors: Sequence[NoiseFloor | None] = (),
                     confidence: float = 0.95) -> RatioEstimate:
     """current/base from independent runs: the ratio of geometric means of process medians,
-    a pooled t interval over processes, its p-value; inconclusive when no spread is known."""
+    a t interval over processes (and runs, with a baseline's floor), its p-value;
+    inconclusive when no spread is known."""
     gb, gc = _groups(base, "base"), _groups(current, "current")
     lb, lc = np.log([np.median(g) for g in gb]), np.log([np.median(g) for g in gc])
     shift = float(lc.mean() - lb.mean())
@@ -147,12 +191,12 @@ def ratio_processes(base: Groups, current: Groups, floors: Sequence[NoiseFloor |
                              "one process per side and no noise floor, so the spread between "
                              "processes is unknown; add processes (run --processes, more files "
                              "per side) or gate against a baseline saved from several runs")
-    se = spread.sd_log * math.sqrt(1 / lb.size + 1 / lc.size)
+    se, df = _shift_error(spread, lb.size, lc.size)
     if se == 0:
         p, half = (1.0 if shift == 0 else 0.0), 0.0
     else:
-        p = float(2 * stats.t.sf(abs(shift) / se, spread.df))
-        half = float(stats.t.ppf(0.5 + confidence / 2, spread.df)) * se
+        p = float(2 * stats.t.sf(abs(shift) / se, df))
+        half = float(stats.t.ppf(0.5 + confidence / 2, df)) * se
     return RatioEstimate(math.exp(shift), math.exp(shift - half), math.exp(shift + half), p,
                          n_b, n_c, method, 0.0, procs, spread)
 
