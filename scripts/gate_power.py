@@ -28,7 +28,9 @@ examples/ab/ on the case's shapes with one thread (the planted busy wait burns a
 process CPU time, which is a share of wall time only on one thread); "25% slower + A/A", the
 planted kernel timed in the same runs as the case's kernels (one thread), which are the same
 code on both sides: a pair counts as caught when the planted kernel regressed, and as a false
-alarm when any other kernel did. --busy keeps a second busy process spinning throughout;
+alarm when any other kernel did. `--against-baseline K` gates each current run against a
+baseline saved from the K base runs around it in time (`baseline save`, whose noise floor
+knows the shift between runs) instead of against one other run. --busy keeps a second busy process spinning throughout;
 --cpus pins everything to a set of CPUs (e.g. 0,1 to stand for a 2-core machine on a larger
 one; the busy process takes the last). Every scenario records the load averages at its start
 and end (`uptime`'s three figures).
@@ -215,7 +217,7 @@ def runs(args: argparse.Namespace) -> dict[str, Any]:
     summary: dict[str, Any] = {"mode": "runs", "case": str(case), "processes": args.processes,
                                "sizes": args.size, "only": args.only, "threads": args.threads,
                                "budget_s": args.budget, "busy": args.busy, "cpus": args.cpus,
-                               "scenarios": {}}
+                               "against_baseline": args.against_baseline, "scenarios": {}}
     with tempfile.TemporaryDirectory(prefix="gate-power-") as tmp, \
             busy_process(args.busy, args.cpus.split(",")[-1] if args.cpus else None):
         work = Path(args.keep) if args.keep else Path(tmp)
@@ -232,18 +234,54 @@ def runs(args: argparse.Namespace) -> dict[str, Any]:
             files = (AB / "base.py", AB / "slow25.py") if planted else (None, None)
             outcomes = []
             t0, load0 = time.perf_counter(), os.getloadavg()
-            for pair in range(args.pairs):
-                tag = f"{'planted' if planted else 'aa'}{pair}"
-                a, b = work / f"{tag}a.json", work / f"{tag}b.json"
-                order = [(a, files[0]), (b, files[1])]
-                for out, kernel_file in order if pair % 2 == 0 else order[::-1]:
-                    _run(out, args, run_case, kernel_file, only)
-                outcomes.append(_gate(a, b, work / f"{tag}cmp.json"))
+            pairs = (_pairs_against_baseline if args.against_baseline else _pairs)(
+                args, work, run_case, files, only, "planted" if planted else "aa")
+            for pair, (base, current) in enumerate(pairs):
+                outcomes.append(_gate(base, current, work / f"cmp{pair}.json"))
                 summary["scenarios"][name] = _tally(name, outcomes, t0, load0, quiet=True)
                 _save(args.out, summary | {"partial": True})  # a stopped measurement keeps it
                 _print(name, pair, outcomes[-1])
             summary["scenarios"][name] = _tally(name, outcomes, t0, load0)
     return summary
+
+
+def _pairs(args: argparse.Namespace, work: Path, case: Path, files: tuple, only, tag: str):
+    """(base, current) run files, two fresh runs a pair, their order alternating."""
+    for pair in range(args.pairs):
+        a, b = work / f"{tag}{pair}a.json", work / f"{tag}{pair}b.json"
+        order = [(a, files[0]), (b, files[1])]
+        for out, kernel_file in order if pair % 2 == 0 else order[::-1]:
+            _run(out, args, case, kernel_file, only)
+        yield a, b
+
+
+def _pairs_against_baseline(args: argparse.Namespace, work: Path, case: Path, files: tuple,
+                            only, tag: str):
+    """(baseline, current): as a CI job against a baseline saved from K runs. The base runs
+    and the current runs alternate; pair i gates current run i against a baseline saved
+    (`elasticbench baseline save`) from base runs i..i+K-1, the window around it in time, so
+    each pair has its own baseline (consecutive ones share K-1 runs)."""
+    k = args.against_baseline
+    base_runs: list[Path] = []
+
+    def base_run() -> None:
+        base_runs.append(work / f"{tag}base{len(base_runs)}.json")
+        _run(base_runs[-1], args, case, files[0], only)
+
+    for _ in range(k - 1):
+        base_run()
+    for pair in range(args.pairs):
+        current = work / f"{tag}current{pair}.json"
+        _run(current, args, case, files[1], only)
+        base_run()
+        name = f"{tag}baseline{pair}"
+        proc = subprocess.run([sys.executable, "-m", "elasticbench", "baseline", "save",
+                               *map(str, base_runs[pair:pair + k]), "--dir", str(work),
+                               "--name", name, "--force"], capture_output=True, text=True,
+                              cwd=ROOT)
+        if proc.returncode != 0:
+            raise SystemExit(f"baseline save failed: {proc.stderr.strip()}")
+        yield work / f"{name}.json", current
 
 
 def simulate(args: argparse.Namespace) -> dict[str, Any]:
@@ -327,6 +365,7 @@ def targets(args: argparse.Namespace) -> dict[str, Any]:
         budget = ["--budget", str(args.budget)] if args.budget else []
         measure(["runs", *scenarios, "--pairs", str(args.pairs), "--processes",
                  str(args.processes), *shapes, *budget, *busy,
+                 "--against-baseline", str(args.against_baseline),
                  "--out", str(out_dir / f"runs-{cond}.json")])
     return table(argparse.Namespace(out_dir=out_dir))
 
@@ -360,7 +399,9 @@ def table(args: argparse.Namespace) -> dict[str, Any]:
                             f"{s['gates_failed']}/{s['trials']} | >= 19/20 |")
         elif doc.get("mode") == "runs":
             sizes = ", ".join(doc.get("sizes") or ["the case's sizes"])
-            how = (f"{doc['processes']} processes per side, {sizes}"
+            how = (f"{doc['processes']} processes per run, {sizes}"
+                   + (f", against baselines of {doc['against_baseline']} runs"
+                      if doc.get("against_baseline") else "")
                    + (f", budget {doc['budget_s']} s" if doc.get("budget_s") else "")
                    + (f", {doc['threads']} thread(s)" if doc.get("threads") is not None else ""))
             for name, s in sc.items():
@@ -412,6 +453,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--busy", action="store_true", help="a second busy process throughout")
     p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0,1")
     p.add_argument("--keep", default=None, help="keep the run files in this folder")
+    p.add_argument("--against-baseline", type=int, default=0, metavar="K",
+                   help="gate each current run against a baseline saved from K base runs")
     p = sub.add_parser("simulate", help="the interval methods on synthetic processes")
     p.add_argument("--processes", type=int, default=3)
     p.add_argument("--between", type=float, default=0.10, help="sd of log process medians")
@@ -433,6 +476,8 @@ def parser() -> argparse.ArgumentParser:
                    help="one runs pass: the planted kernel with the case's kernels (1 thread)")
     p.add_argument("--size", action="append", default=None, help="ROWSxN for the runs")
     p.add_argument("--budget", type=float, default=None, help="run.timing.budget_s")
+    p.add_argument("--against-baseline", type=int, default=0, metavar="K",
+                   help="runs: gate against baselines saved from K runs (0: run against run)")
     p.add_argument("--out", type=Path, default=None)
     p = sub.add_parser("table", help="the targets table from a folder of measurements")
     p.add_argument("out_dir", type=Path)
