@@ -38,8 +38,11 @@ def user_softmax(x):
 
 
 def test_quick_verification_of_builtins_passes_and_writes_records(cli, tmp_path):
+    # the eager and native kernels: torch.compile's variants take a minute to compile on a
+    # fresh machine, and have their own checks (the property tests, `make selftest`)
     out = tmp_path / "v.json"
-    r = cli("verify", *QUICK, "--function", "elastic", "--dtype", "bf16", "--json", str(out))
+    r = cli("verify", *QUICK, "--function", "elastic", "--dtype", "bf16", "--json", str(out),
+            "--only", "numpy_elastic,torch_elastic,cpp_elastic,cpp_elastic_accurate")
     assert r.code == 0, r.out + r.err
     assert "numpy_elastic" in r.out and "torch_elastic" in r.out and "0 failed" in r.out
     doc = json.loads(out.read_text())
