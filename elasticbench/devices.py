@@ -6,12 +6,17 @@ A clock times a span of calls. On the host it reads perf_counter_ns around them.
 device it records an event before and after them and then waits for the second, so the
 wait is outside the span, and it holds the GPU busy before the first event while the host
 launches the call, so a span of one call times the call alone; its `flush` evicts the L2 by
-zeroing a buffer four times its size (256 MiB at least), also outside the span. Host caches are not flushed: a cold CPU measurement rotates through
-input copies larger than the cache instead (docs/benchmarking.md section 2).
+zeroing a buffer four times its size (256 MiB at least), also outside the span. Host caches
+are not flushed: a cold CPU measurement rotates through input copies larger than the cache
+instead (docs/benchmarking.md section 2). The host's last-level cache is the largest cache it
+reports, or ELASTICBENCH_LLC_BYTES where that is wrong for the job (a VM that reports its
+host's whole L3, shared with other tenants).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from typing import Any, Protocol
 
@@ -19,6 +24,8 @@ from .environment import cache_sizes
 
 HOST = "cpu"
 DEFAULT_LLC_BYTES = 32 << 20  # when the host's cache sizes cannot be read
+LLC_ENV = "ELASTICBENCH_LLC_BYTES"  # the host's last-level cache, instead of the detected one
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?)?\s*$", re.IGNORECASE)
 
 
 class Clock(Protocol):
@@ -53,8 +60,20 @@ def llc_bytes(device: str) -> int:
         import torch
 
         return int(torch.cuda.get_device_properties(device).L2_cache_size)
+    override = os.environ.get(LLC_ENV)
+    if override:
+        return parse_bytes(override, LLC_ENV)
     caches = cache_sizes()
     return max(caches.values()) if caches else DEFAULT_LLC_BYTES
+
+
+def parse_bytes(text: str, what: str) -> int:
+    """A size in bytes, with an optional binary suffix: 33554432, 32M, 32MiB, 1G."""
+    m = _SIZE.match(text)
+    if not m or int(m.group(1)) == 0:
+        raise ValueError(f"{what}={text!r}: give a size in bytes, e.g. 33554432 or 32M")
+    suffix = (m.group(2) or "")[:1].upper()
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[suffix]
 
 
 def caches(device: str) -> dict[str, int]:

@@ -86,3 +86,16 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(cli, workdir: Path, ar
     assert "Traceback" not in r.err + r.out
     assert out.read_bytes() == before  # the existing results file is untouched
     assert sorted(p.name for p in workdir.iterdir()) == listing  # nothing new left behind
+
+
+def test_a_bad_cache_size_override_is_one_line(cli, workdir: Path, monkeypatch):
+    from elasticbench.devices import llc_bytes, parse_bytes
+
+    assert parse_bytes("32M", "x") == 32 << 20 and parse_bytes("1GiB", "x") == 1 << 30
+    assert parse_bytes("4096", "x") == 4096
+    monkeypatch.setenv("ELASTICBENCH_LLC_BYTES", "64K")
+    assert llc_bytes("cpu") == 64 << 10
+    monkeypatch.setenv("ELASTICBENCH_LLC_BYTES", "lots")
+    r = cli("run", "--quick", "--json", str(workdir / "new.json"))
+    assert r.code == 2 and "ELASTICBENCH_LLC_BYTES='lots'" in r.err and "Traceback" not in r.err
+    assert not (workdir / "new.json").exists()

@@ -91,6 +91,8 @@ def measure_ceilings(device: str, dtypes: list[str], policy: Policy) -> Ceilings
     copy_bps, copy_t, size = measure_copy(device, llc, policy)
     detail: dict[str, Any] = {"caches": devices.caches(device), "copy_buffer_bytes": size,
                               "copy_timing": copy_t.to_dict(), "exp_timing": {}}
+    if not devices.is_cuda(device) and os.environ.get(devices.LLC_ENV):
+        detail["llc_from"] = devices.LLC_ENV  # not the detected cache sizes above
     rates: dict[str, float] = {}
     for d in dict.fromkeys([*dtypes, *(compute_dtype(d) for d in dtypes), "fp64"]):
         rates[d], t = measure_exp(device, d, policy)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from .. import devices
 from ..backends import device_of
 from ..bench.attention import TABLE as ATTENTION_TABLE
 from ..bench.attention import AttentionRunJob, load_attention_run
@@ -96,6 +97,10 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
     threads = set_threads(case.threads)
     allocator = pin_heap()
     device = device_of([k.backend for k in kernels + ([baseline] if baseline else [])])
+    try:
+        devices.llc_bytes(device)  # a bad ELASTICBENCH_LLC_BYTES: one line, before any work
+    except ValueError as e:
+        fail(str(e))
     meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "case": str(path),
             "case_name": case.name, "mode": mode, "seed": case.seed, "threads": threads,
             "allocator": allocator, "dtypes": dtypes, "sizes": [list(s) for s in shapes],
