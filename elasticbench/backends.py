@@ -39,6 +39,10 @@ class Backend:
     layouts: tuple[str, ...] = LAYOUTS  # the input layouts its kernels must accept
     # environment variables that change how its kernels run: a reproduce command sets them
     env_vars: tuple[str, ...] = ()
+    # its own compiled exp for the roofline's exp ceiling (docs/benchmarking.md section 1):
+    # returns f(x) -> the sum of exp(x) over a 1-D native array of x <= 0, or None when that
+    # tier is not available here
+    exp_probe: Callable[[], Callable[[Any], Any] | None] | None = None
 
     def available(self) -> bool:
         """Whether kernels of this backend can run here (see `unavailable` for why not)."""
@@ -134,6 +138,15 @@ def _cpp_unavailable() -> str | None:
     return unavailable()
 
 
+def _cpp_exp_probe() -> Callable[[Any], Any] | None:
+    """The native tier's exp+sum, the exponential its row kernels use (None unbuilt)."""
+    if _cpp_unavailable() is not None:
+        return None
+    from .native import load
+
+    return load().exp_sum
+
+
 def _triton_unavailable() -> str | None:
     """Triton runs on a CUDA GPU, or on the CPU in its interpreter (TRITON_INTERPRET=1)."""
     try:
@@ -217,6 +230,7 @@ BACKENDS: dict[str, Backend] = {
         _torch_to_numpy,
         _torch_same_memory,
         view=_torch_view,
+        exp_probe=_cpp_exp_probe,
     ),
     "triton": Backend(
         "triton",

@@ -207,3 +207,27 @@ def test_backward_without_parameter_gradients_reads_x_only_where_y_cannot_tell(e
         assert torch.equal(dx.isnan(), with_params.isnan())
         assert torch.allclose(dx.nan_to_num(), with_params.nan_to_num(), rtol=1e-6, atol=1e-7)
     ext.set_isa(ext.isas()[0])
+
+
+def test_the_exp_probe_sums_exponentials_on_every_instruction_set(ext):
+    """The roofline's native exp+sum probe is the row kernels' exp: sum exp(x), x <= 0."""
+    x64 = torch.linspace(-30, 0, 100_003, dtype=torch.float64)  # a tail past every width
+    for isa in ext.isas():
+        ext.set_isa(isa)
+        for dtype, rel in ((torch.float64, 1e-12), (torch.float32, 1e-5),
+                           (torch.float16, 1e-5), (torch.bfloat16, 1e-5)):
+            x = x64.to(dtype)
+            want = torch.exp(x.double()).sum().item()
+            assert ext.exp_sum(x) == pytest.approx(want, rel=rel), (isa, dtype)
+    ext.set_isa(ext.isas()[0])
+
+
+def test_the_host_roofline_takes_the_native_probe_instead_of_inductor(ext):
+    from elasticbench.bench.runner import measure_ceilings
+    from elasticbench.bench.timing import Policy
+
+    c = measure_ceilings("cpu", ["fp32"], Policy(min_reps=3, max_reps=3, budget_s=0.05))
+    probes = {d: t.get("probe") for d, t in c.detail["exp_timing"].items()}
+    assert set(probes) == {"fp32", "fp64"}
+    assert all(p in ("torch.exp", "cpp exp+sum") for p in probes.values()), probes
+    assert all(r > 1e8 for r in c.exp_eps.values())  # a vector exp: far above 0.1 G/s

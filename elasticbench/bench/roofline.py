@@ -61,17 +61,21 @@ def _exp_chain(t: Any) -> Any:
     return t
 
 
-def measure_exp(device: str, dtype: str, policy: Policy, elements: int = 1 << 21
-                ) -> tuple[float, Timing]:
-    """Exponentials per second, the fastest this backend offers, on an in-cache buffer.
+def measure_exp(device: str, dtype: str, policy: Policy,
+                offered: dict[str, Callable[[Any], Any]] | None = None,
+                elements: int = 1 << 21) -> tuple[float, Timing]:
+    """Exponentials per second, the fastest this device offers, on an in-cache buffer.
 
-    Three probes: eager torch.exp into a preallocated output; an inductor-fused exp and sum
-    (nothing written back), which is how a fused kernel meets exp; and an inductor-fused
-    chain of EXP_CHAIN exponentials per element loaded, which keeps a GPU's special-function
-    units busy where one exp per element leaves it waiting on memory and launches (on the
-    H100 the exp+sum probe measured 217 G/s in fp32, below what the softmax kernels reach).
-    The eager probe alone understates the CPU's ceiling: torch.softmax itself outruns it
-    (measured 2.8 G/s against 2.4 on the 2-core CPU machine, while exp+sum reaches 5.5).
+    Probes: eager torch.exp into a preallocated output; the compiled exp+sum (nothing
+    written back) of each backend tier of this device that offers one (`offered`, name ->
+    f(x) -> sum exp(x): the native C++ tier on the host), which is how a fused kernel meets
+    exp; and where no tier offers one, inductor's: an exp+sum, and a chain of EXP_CHAIN
+    exponentials per element loaded, which keeps a GPU's special-function units busy where
+    one exp per element leaves it waiting on memory and launches (on the H100 the exp+sum
+    probe measured 217 G/s in fp32, below what the softmax kernels reach). Inductor is left
+    out where a tier of the device offers its own probe: compiling it cost every `run` 4 s
+    (a fresh machine a minute of C++ builds), and on the 2-core host the native exp+sum
+    outran every other probe in every format (docs/benchmarking.md section 1).
     """
     import torch
 
@@ -81,15 +85,18 @@ def measure_exp(device: str, dtype: str, policy: Policy, elements: int = 1 << 21
     probes: dict[str, tuple[Callable[[int], Any], int]] = {
         "torch.exp": (lambda i: torch.exp(x, out=y), 1)}
     errors: dict[str, str] = {}
-    for name, fn, arg, exps in (("inductor exp+sum", _exp_sum, x.view(16, -1), 1),
-                                ("inductor exp chain", _exp_chain, x, EXP_CHAIN)):
+    for name, fn in (offered or {}).items():
+        probes[name] = (partial(_call_with, fn, x), 1)
+    compiled = [] if offered else [("inductor exp+sum", _exp_sum, x.view(16, -1), 1),
+                                   ("inductor exp chain", _exp_chain, x, EXP_CHAIN)]
+    for name, fn, arg, exps in compiled:
         try:
-            compiled = torch.compile(fn, dynamic=False)
-            compiled(arg)  # compile outside the timed span
+            compiled_fn = torch.compile(fn, dynamic=False)
+            compiled_fn(arg)  # compile outside the timed span
         except Exception as e:  # no compiler here: the other probes stand, and say so
             errors[name] = f"{type(e).__name__}: {e}".splitlines()[0]
             continue
-        probes[name] = (partial(_call_with, compiled, arg), exps)
+        probes[name] = (partial(_call_with, compiled_fn, arg), exps)
     best: tuple[float, Timing] = (0.0, None)  # type: ignore[assignment]
     for name, (call, exps) in probes.items():
         t = time_calls(call, policy, clock)

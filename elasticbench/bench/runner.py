@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import devices
-from ..backends import get_backend
+from ..backends import BACKENDS, get_backend
 from ..execute import IN_PROCESS, Isolation, Worker
 from ..functions import get_function
 from ..inputs import generate
@@ -94,8 +94,11 @@ def measure_ceilings(device: str, dtypes: list[str], policy: Policy) -> Ceilings
     if not devices.is_cuda(device) and os.environ.get(devices.LLC_ENV):
         detail["llc_from"] = devices.LLC_ENV  # not the detected cache sizes above
     rates: dict[str, float] = {}
+    offered = {f"{b.name} exp+sum": probe for b in BACKENDS.values()
+               if b.exp_probe is not None and b.device() == device
+               and (probe := b.exp_probe()) is not None}
     for d in dict.fromkeys([*dtypes, *(compute_dtype(d) for d in dtypes), "fp64"]):
-        rates[d], t = measure_exp(device, d, policy)
+        rates[d], t = measure_exp(device, d, policy, offered)
         detail["exp_timing"][d] = t.to_dict()
     return Ceilings(device, llc, copy_bps, rates, detail)
 

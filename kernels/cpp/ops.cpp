@@ -12,6 +12,7 @@
 #include <omp.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -391,6 +392,23 @@ std::vector<at::Tensor> exp_backward(const at::Tensor& x_in, const at::Tensor& y
   return {dx, dtau, doff};
 }
 
+// sum(exp(x)) over a contiguous x <= 0, in chunks over the threads: the exp ceiling's probe.
+double exp_sum(const at::Tensor& x_in) {
+  TORCH_CHECK(x_in.device().is_cpu(), "exp_sum: a CPU tensor");
+  const at::Tensor x = x_in.contiguous();
+  const auto fn = current()->exp_sum[dtype_of(x)];
+  const char* base = static_cast<const char*>(x.data_ptr());
+  const int64_t n = x.numel(), size = x.element_size(), grain = 1 << 14;
+  std::vector<double> parts((n + grain - 1) / grain, 0.0);
+  at::parallel_for(0, (int64_t)parts.size(), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      parts[c] = fn(base + c * grain * size, std::min(grain, n - c * grain));
+  });
+  double total = 0;
+  for (double p : parts) total += p;
+  return total;
+}
+
 std::string isa() { return current()->isa; }
 
 }  // namespace
@@ -402,6 +420,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("exp_forward", &exp_forward, "exp-family forward (elastic, softmax, softmax1)");
   m.def("weight_forward", &weight_forward, "weight-family forward (stablemax, symax)");
   m.def("exp_backward", &exp_backward, "exp-family backward: dx and per-row dtau, doffset");
+  m.def("exp_sum", &exp_sum, "sum of exp(x) over x <= 0: the roofline's exp probe");
   m.def("isa", &isa, "the instruction set in use");
   m.def("isas", &isas, "instruction sets this CPU can run, widest first");
   m.def("set_isa", &set_isa, "use the kernels of this instruction set");

@@ -514,6 +514,26 @@ template <typename T, typename C> struct BwdRows {
 
 // ---------------------------------------------------------------- the table
 
+// ---------------------------------------------------------------- the roofline's probe
+
+// The sum of exp(x) over x[0, n), every x <= 0: the row kernels' exponential with nothing
+// stored, for the exp ceiling of docs/benchmarking.md (the native tier's exp+sum probe).
+template <typename T, typename C> double exp_sum(const void* xv, int64_t n) {
+  const T* x = static_cast<const T*>(xv);
+  constexpr int W = width<C>();
+  vec<C> a{}, b{};
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    a += vexp_scaled<C>(Io<T, C>::load(x + i));
+    b += vexp_scaled<C>(Io<T, C>::load(x + i + W));
+  }
+  for (; i < n; i += W) a += vexp_scaled<C>(ld<T, C>(x, i, n, neg_inf<T>()));
+  vec<C> s = a + b;
+  double t = 0;
+  for (int k = 0; k < W; ++k) t += s[k];
+  return t * exp_unscale<C>();
+}
+
 inline const eb::Table* make_table(const char* isa) {
   static eb::Table t = [isa] {
     eb::Table t{};
@@ -564,6 +584,10 @@ inline const eb::Table* make_table(const char* isa) {
     t.bwd_write[F32] = BwdRows<float, float>::write;
     t.bwd_write[F16] = BwdRows<f16, float>::write;
     t.bwd_write[BF16] = BwdRows<bf16, float>::write;
+    t.exp_sum[F64] = exp_sum<double, double>;
+    t.exp_sum[F32] = exp_sum<float, float>;
+    t.exp_sum[F16] = exp_sum<f16, float>;
+    t.exp_sum[BF16] = exp_sum<bf16, float>;
     return t;
   }();
   return &t;

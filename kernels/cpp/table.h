@@ -72,6 +72,8 @@ using BwdWriteFn = BwdSums (*)(const void* x, const void* y, const void* g, void
                                int mask_negative, int cls, double m, double c, double tau,
                                int sums);
 
+using ExpSumFn = double (*)(const void* x, int64_t n);  // sum of exp(x), x <= 0 (a probe)
+
 struct Table {
   const char* isa;
   int vector_bytes;
@@ -81,6 +83,7 @@ struct Table {
   WeightWriteFn weight_write[NUM_DTYPES];
   BwdPartialFn bwd_partial[NUM_DTYPES];
   BwdWriteFn bwd_write[NUM_DTYPES];
+  ExpSumFn exp_sum[NUM_DTYPES];
 };
 
 constexpr int64_t FUSED_BLOCK = 1024;
