@@ -167,6 +167,7 @@ def gate_outcome(doc: dict[str, Any], load: float) -> dict[str, Any]:
             "ratios": [round(r["estimate"]["ratio"], 4) for r in rows],
             "lo": [round(r["estimate"]["lo"], 4) for r in rows],
             "noise_sd_log": [r["estimate"]["noise_sd_log"] for r in rows],
+            "noise_run_sd_log": [r["estimate"].get("noise_run_sd_log") for r in rows],
             "verdicts": [r["verdict"] for r in doc["rows"]]}
 
 

@@ -25,9 +25,10 @@ def baseline() -> None:
 def save(results, name, directory, force) -> None:
     """Copy a complete, clean results file to <dir>/<name>.json.
 
-    Given several runs of one plan (ideally on different days, each with --processes 3),
-    the first is kept and all of them give each kernel and case a noise floor: the spread
-    between processes that a gate against this baseline never assumes to be smaller.
+    Given several runs of one plan (five, ideally on different days, each with
+    --processes 3), the first is kept and all of them give each kernel and case a noise
+    floor: the spread between the processes of a run, which a gate against this baseline
+    never assumes to be smaller, and the shift between runs, which it adds (docs/gates.md).
     """
     try:
         out, doc = save_baseline([Path(r) for r in results], name, Path(directory), force)

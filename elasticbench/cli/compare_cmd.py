@@ -86,6 +86,8 @@ def to_json(cmp: Comparison) -> dict[str, Any]:
                                            "processes": list(r.est.processes),
                                            "noise_sd_log": None if r.est.noise is None
                                            else r.est.noise.sd_log,
+                                           "noise_run_sd_log": None if r.est.noise is None
+                                           else r.est.noise.run_sd_log,
                                            "method": r.est.method}
     return {
         "schema": "elasticbench.compare/1", "base": cmp.base_path, "current": cmp.current_path,
