@@ -207,6 +207,18 @@ def test_list(cli, topic, expected):
     assert r.code == 0 and expected in r.out
 
 
+def test_list_kernels_keeps_its_columns_aligned(cli):
+    from elasticbench.registry import list_kernels
+
+    lines = cli("list", "kernels").out.splitlines()
+    kernels = list_kernels()
+    assert len(lines) == len(kernels)
+    # each column starts where it starts on every line, the longest names included
+    for col in ("function", "backend", "mode"):
+        starts = {ln.index(f" {getattr(k, col)} ", len(k.name)) for ln, k in zip(lines, kernels)}
+        assert len(starts) == 1, (col, starts)
+
+
 def test_list_unknown_topic_is_usage_error(cli):
     r = cli("list", "colours")
     assert r.code == 2 and "Invalid value" in r.err
