@@ -215,7 +215,8 @@ def test_list_kernels_keeps_its_columns_aligned(cli):
     assert len(lines) == len(kernels)
     # each column starts where it starts on every line, the longest names included
     for col in ("function", "backend", "mode"):
-        starts = {ln.index(f" {getattr(k, col)} ", len(k.name)) for ln, k in zip(lines, kernels)}
+        starts = {ln.index(f" {getattr(k, col)} ", len(k.name)) for ln, k in
+                  zip(lines, kernels, strict=True)}
         assert len(starts) == 1, (col, starts)
 
 

@@ -41,12 +41,12 @@ def list_(topic: str, kernel_files: tuple[str, ...]) -> None:
     elif topic == "kernels":
         if kernel_files:
             choose_kernels([], [], [], split_names(kernel_files))
-        kernels = list_kernels()
-        widths = [max((len(c) for c in col), default=0) for col in
-                  zip(*((k.name, k.function, k.backend, k.mode) for k in kernels))]
-        for k in kernels:  # columns as wide as their longest entry (elastic_attention...)
-            cells = (k.name, k.function, k.backend, k.mode)
-            click.echo(" ".join(c.ljust(w) for c, w in zip(cells, widths)) + f" {k.description}")
+        rows = [(k.name, k.function, k.backend, k.mode, k.description) for k in list_kernels()]
+        # columns as wide as their longest entry (elastic_attention is past any fixed width)
+        widths = [max((len(r[i]) for r in rows), default=0) for i in range(4)]
+        for *cells, description in rows:
+            click.echo(" ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
+                       + f" {description}")
     else:
         for path in sorted(resources.files("elasticbench.cases").iterdir(), key=str):
             if path.name.endswith(".toml"):
