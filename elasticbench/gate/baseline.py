@@ -13,7 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..records import IDENTITY_FIELDS, read_results, record_key, write_json_atomic
+from ..records import (
+    IDENTITY_FIELDS,
+    NoiseFloorEntry,
+    read_results,
+    record_key,
+    write_json_atomic,
+)
 from .load import METRICS, load
 from .stats import noise_floor_of_runs
 
@@ -60,15 +66,13 @@ def noise_floors(runs: list[Path]) -> list[dict[str, Any]]:
         floor = noise_floor_of_runs(per_run)
         if floor is None or key not in first:
             continue
-        entry = {f: first[key].get(f) for f in IDENTITY_FIELDS if f in first[key]}
-        entry["sd_log"] = {"time": floor.sd_log}
-        entry["run_sd_log"] = {"time": floor.run_sd_log}
+        sd, run_sd = {"time": floor.sd_log}, {"time": floor.run_sd_log}
         bw = noise_floor_of_runs(pooled["bandwidth-fraction"].get(key) or [])
         if bw is not None:
-            entry["sd_log"]["bandwidth-fraction"] = bw.sd_log
-            entry["run_sd_log"]["bandwidth-fraction"] = bw.run_sd_log
-        entry["df"], entry["run_df"] = floor.df, floor.run_df
-        out.append(entry)
+            sd["bandwidth-fraction"], run_sd["bandwidth-fraction"] = bw.sd_log, bw.run_sd_log
+        identity = {f: first[key][f] for f in IDENTITY_FIELDS if f in first[key]}
+        out.append(NoiseFloorEntry(**identity, sd_log=sd, df=floor.df, run_sd_log=run_sd,
+                                   run_df=floor.run_df).to_dict())
     return out
 
 

@@ -17,14 +17,20 @@ a comparison (load_side): their processes are pooled per series.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..records import ResultsFileError, check_results, read_json, record_key
+from ..records import (
+    NoiseFloorEntry,
+    RecordError,
+    ResultsFileError,
+    check_results,
+    read_json,
+    record_key,
+)
 from .stats import NoiseFloor
 
 METRICS = ("time", "bandwidth-fraction")
@@ -151,31 +157,17 @@ def split_processes(costs: np.ndarray, counts: Any) -> list[np.ndarray]:
 def _noise_floors(doc: dict[str, Any], metric: str, path: str) -> dict[tuple, NoiseFloor]:
     """A baseline's noise floors in the metric, keyed like its records' series."""
     out: dict[tuple, NoiseFloor] = {}
-    bad = (f"results file {path}: a noise_floor entry needs sd_log per metric (>= 0) and "
-           "df >= 1, and run_sd_log per metric (>= 0) with run_df >= 0 if it has them")
-    for entry in doc.get("noise_floor") or []:
-        if not isinstance(entry, dict) or not isinstance(entry.get("sd_log"), dict):
-            raise ResultsFileError(bad)
-        sd, df = entry["sd_log"].get(metric), entry.get("df")
-        runs = entry.get("run_sd_log") or {}
-        run_sd, run_df = (runs.get(metric, 0.0) if isinstance(runs, dict) else None,
-                          entry.get("run_df", 0))
-        if sd is None:
-            continue
-        if not (_spread_ok(sd) and _spread_ok(run_sd) and _count_ok(df, 1)
-                and _count_ok(run_df, 0)):
-            raise ResultsFileError(bad)
-        out[("run", *record_key(entry))] = NoiseFloor(float(sd), df, float(run_sd), run_df)
+    for i, raw in enumerate(doc.get("noise_floor") or []):
+        try:
+            e = NoiseFloorEntry.from_dict(raw)
+        except RecordError as err:
+            raise ResultsFileError(f"results file {path}: noise_floor entry {i}: "
+                                   f"{'field ' + err.field + ' ' if err.field else ''}"
+                                   f"{err.problem}") from None
+        if metric in e.sd_log:
+            out[("run", *record_key(raw))] = NoiseFloor(
+                e.sd_log[metric], e.df, e.run_sd_log.get(metric, 0.0), e.run_df)
     return out
-
-
-def _spread_ok(v: Any) -> bool:
-    return (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-            and v >= 0)
-
-
-def _count_ok(v: Any, least: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= least
 
 
 def _run_numerics(doc: dict[str, Any]) -> dict[tuple, Verdict]:

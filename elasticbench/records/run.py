@@ -110,3 +110,23 @@ class RunRecord(KernelCase):
         """A timed kernel (not the baseline) that raised or failed verification."""
         return not self.baseline and (
             self.error is not None or (self.verify is not None and self.verify.status == "FAIL"))
+
+
+@dataclass(kw_only=True)
+class NoiseFloorEntry(JSONRecord):
+    """A baseline's noise floor for one timed series (docs/gates.md): the series' identity
+    (IDENTITY_FIELDS, as its record has them) and, per metric, the spread of its processes'
+    log medians within a run and the shift between runs, with their degrees of freedom."""
+
+    kernel: str
+    mode: Literal["fwd", "bwd"] = "fwd"
+    dtype: str
+    input: str | None = None
+    shape: tuple[int, ...] = entry(check=positive)
+    params: dict[str, float] = entry(factory=dict)
+    seed: int | None = None
+    layout: str | None = None
+    sd_log: dict[str, float] = entry(check=nonnegative)
+    df: int = entry(check=positive)
+    run_sd_log: dict[str, float] = entry(factory=dict, check=nonnegative)
+    run_df: int = entry(0, check=nonnegative)
