@@ -90,13 +90,13 @@ def cpp_symax(x: torch.Tensor, *, eta: float) -> torch.Tensor:
 
 
 # Backward: fn(x, y, g, **params) -> dx (or dx, dtau, dbeta). Two sweeps: c = sum g y and
-# max y; then dx. Elastic's parameter gradients also need x in both (the kept max, then the
-# sums of y z' and g y z'); dx alone reads x only for a row whose y cannot tell its class
-# (one-hot, tied or NaN: docs/native.md).
+# max y; then dx from y and g. Elastic's parameter gradients also need x in the first (the
+# kept max and the sums of y z' and g y z', in one read); dx alone reads x only for a row
+# whose y cannot tell its class (one-hot, tied or NaN: docs/native.md).
 
 
 @register_kernel(function="elastic", backend="cpp", name="cpp_elastic_bwd", mode="bwd",
-                 model=PassModel("two-pass", reads=6, writes=1, exps=0))
+                 model=PassModel("two-pass", reads=5, writes=1, exps=0))
 def cpp_elastic_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, *, tau: float,
                     beta: float):
     """Native Elastic-Softmax backward: dx, dtau and dbeta."""

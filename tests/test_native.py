@@ -209,6 +209,32 @@ def test_backward_without_parameter_gradients_reads_x_only_where_y_cannot_tell(e
     ext.set_isa(ext.isas()[0])
 
 
+def test_dtau_sums_follow_a_max_that_grows_in_every_block(ext):
+    """Pass 1 forms sum y (x - r) and sum g y (x - r) against the running max r and shifts
+    them when r grows: rows rising block after block (and one rising, then falling) with a
+    wide tau, so that y is nonzero over many blocks, give the reference's dtau; the rows
+    split over both threads merge their segments' sums the same way."""
+    gen = torch.Generator().manual_seed(5)
+    n = 9000
+    rising = torch.linspace(0.0, 60.0, n, dtype=torch.float64)
+    x = torch.stack([rising, torch.cat([rising[: n // 2], rising[: n // 2].flip(0)]),
+                     rising + torch.randn(n, generator=gen, dtype=torch.float64)])
+    x[2, ::7] = -1.0  # masked positions between the kept ones
+    g = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    for dtype in (torch.float64, torch.float32):
+        xt, gt = x.to(dtype), g.to(dtype)
+        xd = xt.double()
+        y = exp_normalize_forward(xd, xd >= 0, 8.0, 0.5).to(dtype)
+        _, dtau, dbeta = exp_normalize_backward(xd, y.double(), gt.double(), xd >= 0, 8.0, 0.5,
+                                                params=True)
+        for isa in ext.isas():
+            ext.set_isa(isa)
+            _, ndtau, ndbeta = ext.exp_backward(xt, y, gt, True, 8.0, 0.5, True)
+            assert torch.allclose(ndtau, dtau.squeeze(-1), rtol=1e-5, atol=1e-9), (isa, dtype)
+            assert torch.allclose(ndbeta, dbeta.squeeze(-1), rtol=1e-5, atol=1e-12), (isa, dtype)
+    ext.set_isa(ext.isas()[0])
+
+
 def test_the_exp_probe_sums_exponentials_on_every_instruction_set(ext):
     """The roofline's native exp+sum probe is the row kernels' exp: sum exp(x), x <= 0."""
     x64 = torch.linspace(-30, 0, 100_003, dtype=torch.float64)  # a tail past every width

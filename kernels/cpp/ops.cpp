@@ -327,14 +327,14 @@ std::vector<at::Tensor> exp_backward(const at::Tensor& x_in, const at::Tensor& y
   // Without parameter gradients, pass 1 reads y and g alone (x is a third of its traffic).
   // y then settles the class of a row whose sum c is a number and whose nonzero outputs are
   // not all equal: a +inf row's nonzero outputs are all 1/k, a NaN row's are NaN. Any other
-  // row (one-hot, ties, NaN) is read again with x for the census.
+  // row (one-hot, ties, NaN) is read again with x for the census. With them, pass 1 reads x
+  // once and forms the sums dtau needs too; pass 2 reads y and g alone either way.
   const bool y_only = !params;
   const int64_t n = in.n;
-  const Plan how = plan(in.rows, n, (y_only ? 2 : 3) * in.x.element_size());  // pass 2 rereads
-  const int64_t s = how.s;
-  struct Verdict { int cls; double m, c, ymax; };
+  const Plan how = plan(in.rows, n, 2 * in.x.element_size());  // pass 2 rereads y and g
+  // yz, gyz: sum y z' and sum g y z', z' = (x - m)/tau, over the row's kept positions
+  struct Verdict { int cls; double m, c, ymax, yz, gyz; };
   std::vector<Verdict> verdict(in.rows);
-  std::vector<eb::BwdSums> sums(in.rows * s, eb::BwdSums{0, 0});
   const int mneg = mask_negative ? 1 : 0;
   const double inf = std::numeric_limits<double>::infinity();
   drive<eb::BwdPartial>(
@@ -344,7 +344,7 @@ std::vector<at::Tensor> exp_backward(const at::Tensor& x_in, const at::Tensor& y
                           ptr(g, r, n, i0), i1 - i0, mneg);
       },
       [&](int64_t r, const eb::BwdPartial* p, int64_t count) {
-        Verdict v{eb::ROW_FINITE, -inf, 0.0, 0.0};
+        Verdict v{eb::ROW_FINITE, -inf, 0.0, 0.0, 0.0, 0.0};
         int nan = 0;
         double ymin = inf;
         for (int64_t i = 0; i < count; ++i) {
@@ -356,36 +356,37 @@ std::vector<at::Tensor> exp_backward(const at::Tensor& x_in, const at::Tensor& y
         }
         if (y_only && (v.c != v.c || (v.ymax > 0 && !(ymin < v.ymax)))) {
           eb::BwdPartial w = partial_fn(ptr(in.x, r, n, 0), ptr(y, r, n, 0), ptr(g, r, n, 0), n, mneg);
-          v = Verdict{eb::ROW_FINITE, w.m, w.c, w.ymax};
+          v.m = w.m, v.c = w.c, v.ymax = w.ymax;
           nan = w.nan;
         }
         if (nan) v.cls = eb::ROW_NAN;
         else if (v.m == inf) v.cls = eb::ROW_INF;
+        else if (!y_only && v.m > -inf) {
+          for (int64_t i = 0; i < count; ++i) {  // each segment's sums, shifted to the row's m
+            if (!(p[i].m > -inf)) continue;      // nothing kept there: its sums are 0
+            v.yz += p[i].yd - (v.m - p[i].m) * p[i].ysum;
+            v.gyz += p[i].gyd - (v.m - p[i].m) * p[i].c;
+          }
+          v.yz /= tau, v.gyz /= tau;
+        }
         verdict[r] = v;
       },
-      [&](int64_t r, int64_t i0, int64_t i1, int64_t item, double*) {
-        const Verdict& v = verdict[r];
-        sums[item] = write_fn(ptr(in.x, r, n, i0), ptr(y, r, n, i0), ptr(g, r, n, i0),
-                              mptr(dx, r, n, i0), i1 - i0, mneg, v.cls, v.m, v.c, tau, params ? 1 : 0);
+      [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
+        write_fn(ptr(y, r, n, i0), ptr(g, r, n, i0), mptr(dx, r, n, i0), i1 - i0, verdict[r].cls,
+                 verdict[r].c, tau);
       });
   if (params) {
     double* dt = dtau.data_ptr<double>();
     double* db = doff.data_ptr<double>();
-    const int64_t per_row = s == 1 ? 1 : s;
     for (int64_t r = 0; r < in.rows; ++r) {
       const Verdict& v = verdict[r];
       if (v.cls == eb::ROW_NAN) { dt[r] = db[r] = std::nan(""); continue; }
       if (v.cls != eb::ROW_FINITE) continue;
-      double yz = 0, gyz = 0;
-      for (int64_t i = 0; i < per_row; ++i) {
-        yz += sums[r * per_row + i].yz;
-        gyz += sums[r * per_row + i].gyz;
-      }
       const double m0 = std::isfinite(v.m) ? v.m : 0.0, mt = m0 / tau;
       const double q = std::exp(-mt) * v.ymax;  // exp(-m/tau)/D': 1/D' is the largest output
       const double w = offset * q;
       const double wmt = w != 0 ? w * mt : 0.0;
-      dt[r] = (v.c * (yz - wmt) - gyz) / tau;
+      dt[r] = (v.c * (v.yz - wmt) - v.gyz) / tau;
       db[r] = -v.c * q;
     }
   }

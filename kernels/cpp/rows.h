@@ -22,10 +22,10 @@ template <> inline float lowest_finite<float>() { return -3.40282346638528859812
 template <> inline double lowest_finite<double>() { return -1.79769313486231570815e+308; }
 
 // Load W values at p[i..], the lanes past n filled with `fill`.
-template <typename T, typename C> inline vec<C> ld(const T* p, int64_t i, int64_t n, T fill) {
+template <typename T, typename C> EB_INLINE vec<C> ld(const T* p, int64_t i, int64_t n, T fill) {
   return n - i >= width<C>() ? Io<T, C>::load(p + i) : load_tail<T, C>(p + i, n - i, fill);
 }
-template <typename T, typename C> inline void st(T* p, int64_t i, int64_t n, vec<C> v) {
+template <typename T, typename C> EB_INLINE void st(T* p, int64_t i, int64_t n, vec<C> v) {
   if (n - i >= width<C>()) Io<T, C>::store(p + i, v);
   else store_tail<T, C>(p + i, n - i, v);
 }
@@ -63,7 +63,7 @@ struct Wide {
   void scale(double f) { a *= f; b *= f; err *= f; }
 };
 
-template <typename C> inline ivec<C> kept_mask(vec<C> x, int mask_negative) {
+template <typename C> EB_INLINE ivec<C> kept_mask(vec<C> x, int mask_negative) {
   return x >= (mask_negative ? C(0) : lowest_finite<C>());
 }
 
@@ -125,9 +125,22 @@ template <typename T, typename C> struct ExpRows {
   // exp((x - m)/tau) * 2^PRESCALE, 0 on masked (negative) lanes; NaN stays NaN (simd.h).
   // Unmasked -inf lanes give exp(LOWEST), which every output rounds to 0.
   // UNIT: tau = 1 (softmax and softmax1 always), no multiply.
-  template <bool MASK, bool UNIT> static vec<C> expv(vec<C> v, C m, C inv_tau) {
+  template <bool MASK, bool UNIT> EB_INLINE static vec<C> expv(vec<C> v, C m, C inv_tau) {
     vec<C> e = vexp_scaled<C, DEGREE>(UNIT ? v - m : (v - m) * inv_tau);
     return MASK ? select<C>(v < C(0), splat<C>(0), e) : e;
+  }
+
+  // Ask for the lines PREFETCH bytes past x[i, i + K) (and past out[i, i + K), for writing):
+  // while a block's exponentials are computed from L1, the next block's lines are on their
+  // way, so the memory (or L3) stream overlaps the arithmetic instead of taking turns with
+  // it; past a row's end they are the next row's (a prefetch never faults).
+  static constexpr int64_t PREFETCH = 4096;
+  template <int K> EB_INLINE static void prefetch_ahead(const T* x, const C* out) {
+    const char* px = reinterpret_cast<const char*>(x) + PREFETCH;
+    for (int b = 0; b < K * int(sizeof(T)); b += 64) __builtin_prefetch(px + b, 0, 3);
+    if (!out) return;
+    const char* po = reinterpret_cast<const char*>(out) + PREFETCH * int64_t(sizeof(C)) / int64_t(sizeof(T));
+    for (int b = 0; b < K * int(sizeof(C)); b += 64) __builtin_prefetch(po + b, 1, 3);
   }
 
   // Sum of the exps of one block (at most BLOCK elements) into acc, in four chains of the
@@ -137,6 +150,7 @@ template <typename T, typename C> struct ExpRows {
     vec<C> s0{}, s1{}, s2{}, s3{};
     int64_t i = i0;
     for (; i + 4 * W <= i1; i += 4 * W) {
+      prefetch_ahead<4 * W>(x + i, out ? out + i : nullptr);
       vec<C> e0 = expv<MASK, UNIT>(Io<T, C>::load(x + i), m, inv_tau);
       vec<C> e1 = expv<MASK, UNIT>(Io<T, C>::load(x + i + W), m, inv_tau);
       vec<C> e2 = expv<MASK, UNIT>(Io<T, C>::load(x + i + 2 * W), m, inv_tau);
@@ -377,47 +391,57 @@ template <typename T, typename C> struct BwdRows {
     return !(x < (mask_negative ? C(0) : lowest_finite<C>()));
   }
 
-  // Kept max, c = sum of g y over kept positions, largest kept y; NaN and +inf by census
-  // only where the plain sweep saw a +inf max or a NaN c.
+  // Kept max m, c = sum of g y over kept positions, largest kept y, and the sums of y,
+  // y (x - m) and g y (x - m) for dtau, in one read of x, y and g; NaN and +inf by census
+  // only where the plain sweep saw a +inf max or a NaN c. Each block is read twice from L1:
+  // its max, then its sums shifted by the running max r, which are carried in fp64 to the
+  // new r whenever it grows (an exact shift of sums whose terms lie within the output's
+  // range of the max: y is 0 further down). docs/native.md.
   static eb::BwdPartial partial(const void* xv, const void* yv, const void* gv, int64_t n,
                                 int mask_negative) {
     if (!xv) return partial_y(yv, gv, n);
     const T *x = static_cast<const T*>(xv), *y = static_cast<const T*>(yv),
             *g = static_cast<const T*>(gv);
-    vec<C> vm = splat<C>(-__builtin_inf()), vy = splat<C>(0);
+    vec<C> vy = splat<C>(0);
     Wide c;
+    C r = -__builtin_inf();  // running finite kept max: the shift of the sums below
+    bool inf = false;        // a +inf x: the row goes to the census
+    double ysum = 0, yd = 0, gyd = 0;
     for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
       const int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
-      vec<C> s0{}, s1{};
-      int64_t i = b0;
-      for (; i + 2 * W <= b1; i += 2 * W) {
-        vec<C> x0 = Io<T, C>::load(x + i), x1 = Io<T, C>::load(x + i + W);
-        vec<C> y0 = select<C>(kept_or_nan(x0, mask_negative), Io<T, C>::load(y + i), splat<C>(0));
-        vec<C> y1 = select<C>(kept_or_nan(x1, mask_negative), Io<T, C>::load(y + i + W), splat<C>(0));
-        vm = vmax<C>(x0, vm);
-        vm = vmax<C>(x1, vm);
-        vy = vmax<C>(y0, vy);
-        vy = vmax<C>(y1, vy);
-        s0 += Io<T, C>::load(g + i) * y0;
-        s1 += Io<T, C>::load(g + i + W) * y1;
+      C old = r;
+      ExpRows<T, C>::kept_max(x, b0, b1, mask_negative, r);
+      if (r == __builtin_inf()) inf = true, r = old;
+      if (r > old && old > -__builtin_inf()) {
+        yd -= (double(r) - double(old)) * ysum;
+        gyd -= (double(r) - double(old)) * c.total();
       }
-      for (; i < b1; i += W) {
+      const C ref = r > -__builtin_inf() ? r : C(0);
+      vec<C> s{}, ys{}, a{}, q{};
+      for (int64_t i = b0; i < b1; i += W) {
         vec<C> xs = ld<T, C>(x, i, b1, neg_inf<T>());
-        vec<C> ys = select<C>(kept_or_nan(xs, mask_negative), ld<T, C>(y, i, b1, zero<T>()), splat<C>(0));
-        vm = vmax<C>(xs, vm);
-        vy = vmax<C>(ys, vy);
-        s0 += ld<T, C>(g, i, b1, zero<T>()) * ys;
+        vec<C> yk = select<C>(kept_or_nan(xs, mask_negative), ld<T, C>(y, i, b1, zero<T>()), splat<C>(0));
+        vec<C> gy = ld<T, C>(g, i, b1, zero<T>()) * yk;
+        vy = vmax<C>(yk, vy);
+        s += gy;
+        ys += yk;
+        // y = 0 where x = -inf or masked: keep 0 * inf out of the shifted sums
+        vec<C> d = select<C>(yk != C(0), xs - ref, splat<C>(0));
+        a += yk * d;
+        q += gy * d;
       }
-      c.add(s0 + s1);
+      c.add(s);
+      ysum += hsum<C>(ys);
+      yd += hsum<C>(a);
+      gyd += hsum<C>(q);
     }
-    C m = hmax<C>(vm);
-    if (mask_negative && m < C(0)) m = -__builtin_inf();
-    eb::BwdPartial r{double(m), c.total(), double(hmax<C>(vy)), 0, 0};
-    if (r.m == __builtin_inf() || r.c != r.c) {
+    eb::BwdPartial out{inf ? __builtin_inf() : double(r), c.total(), double(hmax<C>(vy)), 0, 0};
+    out.ysum = ysum, out.yd = yd, out.gyd = gyd;
+    if (inf || out.c != out.c) {
       C cm = -__builtin_inf();
-      ExpRows<T, C>::census(x, 0, n, mask_negative, cm, r.nan, r.ninf);
+      ExpRows<T, C>::census(x, 0, n, mask_negative, cm, out.nan, out.ninf);
     }
-    return r;
+    return out;
   }
 
   // c = sum g y, max y and the smallest nonzero y, from y and g alone (y is exactly 0
@@ -458,57 +482,30 @@ template <typename T, typename C> struct BwdRows {
            reinterpret_cast<uintptr_t>(dx) % sizeof(vec<C>) == 0;
   }
 
-  static eb::BwdSums write(const void* xv, const void* yv, const void* gv, void* dxv, int64_t n,
-                           int mask_negative, int cls, double m, double c, double tau, int sums) {
-    const T *x = static_cast<const T*>(xv), *y = static_cast<const T*>(yv),
-            *g = static_cast<const T*>(gv);
+  // dx = y (g - c)/tau, from y and g alone: y is exactly 0 at masked positions, and the
+  // row's class is already known. (g - c)/tau before the product: a subnormal y (g - c) is
+  // never scaled up by 1/tau.
+  static void write(const void* yv, const void* gv, void* dxv, int64_t n, int cls, double c,
+                    double tau) {
+    const T *y = static_cast<const T*>(yv), *g = static_cast<const T*>(gv);
     T* dx = static_cast<T*>(dxv);
     if (cls != eb::ROW_FINITE) {
       vec<C> fill = splat<C>(cls == eb::ROW_NAN ? C(__builtin_nan("")) : C(0));
       for (int64_t i = 0; i < n; i += W) st<T, C>(dx, i, n, fill);
-      return {cls == eb::ROW_NAN ? __builtin_nan("") : 0.0, cls == eb::ROW_NAN ? __builtin_nan("") : 0.0};
+      return;
     }
-    const C cc = C(c), mm = C(m), inv_tau = C(1.0 / tau);
-    if (!sums) {
-      // dx alone needs no x: y is exactly 0 at masked positions, and the row's class is known
-      auto dx_of = [&](vec<C> ys, vec<C> gs) {
-        return select<C>(ys != C(0), ys * ((gs - cc) * inv_tau), splat<C>(0));
-      };
-      int64_t i0 = 0;
-      if (streams(dx, n)) {
-        for (; i0 + W <= n; i0 += W)
-          stream_store(reinterpret_cast<C*>(dx + i0),
-                       dx_of(Io<T, C>::load(y + i0), Io<T, C>::load(g + i0)));
-        stream_fence();
-      }
-      for (int64_t i = i0; i < n; i += W)
-        st<T, C>(dx, i, n, dx_of(ld<T, C>(y, i, n, zero<T>()), ld<T, C>(g, i, n, zero<T>())));
-      return {0.0, 0.0};
+    const C cc = C(c), inv_tau = C(1.0 / tau);
+    auto dx_of = [&](vec<C> ys, vec<C> gs) {
+      return select<C>(ys != C(0), ys * ((gs - cc) * inv_tau), splat<C>(0));
+    };
+    int64_t i0 = 0;
+    if (streams(dx, n)) {
+      for (; i0 + W <= n; i0 += W)
+        stream_store(reinterpret_cast<C*>(dx + i0), dx_of(Io<T, C>::load(y + i0), Io<T, C>::load(g + i0)));
+      stream_fence();
     }
-    const bool stream = streams(dx, n);
-    Wide yz, gyz;
-    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
-      const int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
-      vec<C> a{}, b{};
-      for (int64_t i = b0; i < b1; i += W) {
-        vec<C> xs = ld<T, C>(x, i, b1, neg_inf<T>());
-        vec<C> gs = ld<T, C>(g, i, b1, zero<T>());
-        ivec<C> kept = kept_mask<C>(xs, mask_negative);
-        vec<C> yk = select<C>(kept, ld<T, C>(y, i, b1, zero<T>()), splat<C>(0));
-        // (g - c)/tau before the product: a subnormal y (g - c) is never scaled up by 1/tau
-        vec<C> d = select<C>(kept, yk * ((gs - cc) * inv_tau), splat<C>(0));
-        if (stream && i + W <= b1) stream_store(reinterpret_cast<C*>(dx + i), d);
-        else st<T, C>(dx, i, b1, d);
-        ivec<C> live = kept & (yk != C(0));  // y = 0 where z = -inf: keep 0 * inf out
-        vec<C> yzv = select<C>(live, yk * ((xs - mm) * inv_tau), splat<C>(0));
-        a += yzv;
-        b += gs * yzv;
-      }
-      yz.add(a);
-      gyz.add(b);
-    }
-    if (stream) stream_fence();
-    return {yz.total(), gyz.total()};
+    for (int64_t i = i0; i < n; i += W)
+      st<T, C>(dx, i, n, dx_of(ld<T, C>(y, i, n, zero<T>()), ld<T, C>(g, i, n, zero<T>())));
   }
 };
 
@@ -528,10 +525,7 @@ template <typename T, typename C> double exp_sum(const void* xv, int64_t n) {
     b += vexp_scaled<C>(Io<T, C>::load(x + i + W));
   }
   for (; i < n; i += W) a += vexp_scaled<C>(ld<T, C>(x, i, n, neg_inf<T>()));
-  vec<C> s = a + b;
-  double t = 0;
-  for (int k = 0; k < W; ++k) t += s[k];
-  return t * exp_unscale<C>();
+  return hsum<C>(a + b) * exp_unscale<C>();
 }
 
 inline const eb::Table* make_table(const char* isa) {

@@ -41,18 +41,17 @@ struct WeightPartial {
   int nan;
 };
 
-// Backward (dx = y (g - c)/tau on kept positions). Pass 1 gives the kept max of x, the row
-// class, c = sum g y and max y; pass 2 writes dx and sums y z' and g y z' (elastic only).
-// Given no x, pass 1 reads y and g alone and reports the smallest nonzero y beside the
-// largest (m NaN, no census): see exp_backward for when that settles the row's class.
+// Backward (dx = y (g - c)/tau on kept positions). Pass 1 gives the kept max m of x, the row
+// class, c = sum g y, max y, and (elastic's dtau) the sums of y, y (x - m) and g y (x - m)
+// over kept positions; pass 2 writes dx from y and g alone. Given no x, pass 1 reads y and
+// g alone and reports the smallest nonzero y beside the largest (m NaN, no census, no x
+// sums): see exp_backward for when that settles the row's class.
 struct BwdPartial {
   double m, c, ymax;
   int64_t ninf;
   int nan;
   double ymin = __builtin_inf();
-};
-struct BwdSums {
-  double yz, gyz;
+  double ysum = 0, yd = 0, gyd = 0;  // sum y, sum y (x - m), sum g y (x - m)
 };
 
 // scratch: the fused kernel's per-block shifts (and, for a 16-bit y, its fp32 exps), at
@@ -66,11 +65,9 @@ using WeightWriteFn = void (*)(const void* x, void* y, int64_t n, int symax, dou
                                double den, int cls, int64_t ninf);
 using BwdPartialFn = BwdPartial (*)(const void* x, const void* y, const void* g, int64_t n,
                                     int mask_negative);
-// cls: the row's class (ROW_NAN: dx all NaN; ROW_INF, ROW_EMPTY: zeros). sums: also form
-// sum y z' and sum g y z' (elastic's dtau).
-using BwdWriteFn = BwdSums (*)(const void* x, const void* y, const void* g, void* dx, int64_t n,
-                               int mask_negative, int cls, double m, double c, double tau,
-                               int sums);
+// cls: the row's class (ROW_NAN: dx all NaN; ROW_INF, ROW_EMPTY: zeros).
+using BwdWriteFn = void (*)(const void* y, const void* g, void* dx, int64_t n, int cls, double c,
+                            double tau);
 
 using ExpSumFn = double (*)(const void* x, int64_t n);  // sum of exp(x), x <= 0 (a probe)
 
