@@ -255,6 +255,13 @@ template <typename T, typename C> struct ExpRows {
     return true;
   }
 
+  // A row this long leaves the cache before it is read again: y is written around it (no
+  // read for ownership of its lines), where the format can be and y is vector-aligned.
+  static bool long_row(const T* y, int64_t n) {
+    return streamable<T> && n * int64_t(sizeof(T)) >= STREAM_BYTES &&
+           reinterpret_cast<uintptr_t>(y) % (W * sizeof(T)) == 0;
+  }
+
   // y = exp((x - m)/tau) / D on kept positions, 0 elsewhere.
   template <bool MASK, bool UNIT>
   static void write_exps(const T* x, T* y, int64_t n, C m, C inv_tau, C inv_den) {
@@ -299,13 +306,22 @@ template <typename T, typename C> struct ExpRows {
     T* y = static_cast<T*>(yv);
     if (write_special(x, y, n, r)) return;
     const C* buf = exps_buffer(yv, const_cast<double*>(scratch), n);
+    // y's lines are in cache already where they hold the exps: overwritten in place there
+    const bool stream = static_cast<const void*>(buf) != yv && long_row(y, n);
     for (int64_t b0 = 0, blk = 0; b0 < n; b0 += BLOCK, ++blk) {
       int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
       double mb = scratch[blk];
       C f = mb == -__builtin_inf() ? C(0) : C(__builtin_exp((mb - r.m) / p.tau) / r.den);
       const C u = C(exp_unscale<C>());
-      for (int64_t i = b0; i < b1; i += W) st<T, C>(y, i, b1, (ld<C, C>(buf, i, b1, C(0)) * f) * u);
+      for (int64_t i = b0; i < b1; i += W) {
+        vec<C> v = (ld<C, C>(buf, i, b1, C(0)) * f) * u;
+        if constexpr (streamable<T>) {
+          if (stream && i + W <= b1) { stream_store(y + i, v); continue; }
+        }
+        st<T, C>(y, i, b1, v);
+      }
     }
+    if (stream) stream_fence();
   }
 };
 

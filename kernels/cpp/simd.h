@@ -180,7 +180,18 @@ EB_INLINE void stream_store(double* p, vec<double> v) {
   __builtin_memcpy(p, &v, sizeof v);
 #endif
 }
-inline void stream_fence() {
+EB_INLINE void stream_store(float* p, vec<double> v) {  // rounded once to fp32
+#if EB_VEC_BYTES == 64
+  _mm256_stream_ps(p, _mm512_cvtpd_ps((__m512d)v));
+#elif EB_VEC_BYTES == 32
+  _mm_stream_ps(p, _mm256_cvtpd_ps((__m256d)v));
+#else
+  Io<float, double>::store(p, v);
+#endif
+}
+// Storage formats written around the cache (the 16-bit ones are not).
+template <typename T> constexpr bool streamable = sizeof(T) >= 4;
+EB_INLINE void stream_fence() {
 #if EB_VEC_BYTES > 16
   _mm_sfence();
 #endif
