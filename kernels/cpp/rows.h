@@ -313,13 +313,13 @@ template <typename T, typename C> struct ExpRows {
       double mb = scratch[blk];
       C f = mb == -__builtin_inf() ? C(0) : C(__builtin_exp((mb - r.m) / p.tau) / r.den);
       const C u = C(exp_unscale<C>());
-      for (int64_t i = b0; i < b1; i += W) {
-        vec<C> v = (ld<C, C>(buf, i, b1, C(0)) * f) * u;
-        if constexpr (streamable<T>) {
-          if (stream && i + W <= b1) { stream_store(y + i, v); continue; }
-        }
-        st<T, C>(y, i, b1, v);
+      int64_t i = b0;
+      if constexpr (streamable<T>) {
+        if (stream)
+          for (; i + W <= b1; i += W) stream_store(y + i, (Io<C, C>::load(buf + i) * f) * u);
       }
+      for (; i + W <= b1; i += W) Io<T, C>::store(y + i, (Io<C, C>::load(buf + i) * f) * u);
+      if (i < b1) st<T, C>(y, i, b1, (ld<C, C>(buf, i, b1, C(0)) * f) * u);
     }
     if (stream) stream_fence();
   }
