@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,12 @@ Plan plan(int64_t rows, int64_t n, int64_t bytes) {
   return {s, false};
 }
 
+// The kernels' scratch, left uninitialized: every kernel writes what it reads back (a
+// zeroed vector cost a full write of a buffer up to twice the input's size per call).
+struct Scratch : std::unique_ptr<double[]> {
+  explicit Scratch(int64_t count) : std::unique_ptr<double[]>(count ? new double[count] : nullptr) {}
+};
+
 // Segment length for n split s ways (drive's), for sizing scratch.
 int64_t segment_length(int64_t n, int64_t s) { return s == 1 ? n : ((n + s - 1) / s + 63) / 64 * 64; }
 
@@ -155,11 +162,11 @@ void drive(int64_t rows, int64_t n, const Plan& p, int64_t per, PartialF partial
   if (s == 1) {
     const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(n, 1));
     at::parallel_for(0, rows, grain, [&](int64_t b, int64_t e) {
-      std::vector<double> scratch(per);  // one row's worth, reused along the chunk
+      Scratch scratch(per);  // one row's worth, reused along the chunk
       for (int64_t r = b; r < e; ++r) {
-        Partial q = partial(r, 0, n, r, scratch.data());
+        Partial q = partial(r, 0, n, r, scratch.get());
         finish(r, &q, 1);
-        write(r, 0, n, r, scratch.data());
+        write(r, 0, n, r, scratch.get());
       }
     });
     return;
@@ -172,7 +179,7 @@ void drive(int64_t rows, int64_t n, const Plan& p, int64_t per, PartialF partial
 #ifdef _OPENMP
   if (p.together) {
     std::vector<Partial> parts(s);
-    std::vector<double> scratch(per * s);
+    Scratch scratch(per * s);
 #pragma omp parallel num_threads(int(s))
     {
       // a smaller team than asked (a nested call) takes several segments a thread
@@ -181,7 +188,7 @@ void drive(int64_t rows, int64_t n, const Plan& p, int64_t per, PartialF partial
         for (int64_t k = t; k < s; k += team) {
           int64_t i0, i1;
           bounds(k, i0, i1);
-          parts[k] = partial(r, i0, i1, r * s + k, scratch.data() + k * per);
+          parts[k] = partial(r, i0, i1, r * s + k, scratch.get() + k * per);
         }
 #pragma omp barrier
         if (t == 0) finish(r, parts.data(), s);
@@ -189,7 +196,7 @@ void drive(int64_t rows, int64_t n, const Plan& p, int64_t per, PartialF partial
         for (int64_t k = t; k < s; k += team) {
           int64_t i0, i1;
           bounds(k, i0, i1);
-          write(r, i0, i1, r * s + k, scratch.data() + k * per);
+          write(r, i0, i1, r * s + k, scratch.get() + k * per);
         }
       }
     }
@@ -197,12 +204,12 @@ void drive(int64_t rows, int64_t n, const Plan& p, int64_t per, PartialF partial
   }
 #endif
   std::vector<Partial> parts(rows * s);
-  std::vector<double> scratch(per * rows * s);
+  Scratch scratch(per * rows * s);
   at::parallel_for(0, rows * s, 1, [&](int64_t b, int64_t e) {
     for (int64_t it = b; it < e; ++it) {
       int64_t i0, i1;
       bounds(it, i0, i1);
-      parts[it] = partial(it / s, i0, i1, it, scratch.data() + it * per);
+      parts[it] = partial(it / s, i0, i1, it, scratch.get() + it * per);
     }
   });
   for (int64_t r = 0; r < rows; ++r) finish(r, &parts[r * s], s);
@@ -210,7 +217,7 @@ void drive(int64_t rows, int64_t n, const Plan& p, int64_t per, PartialF partial
     for (int64_t it = b; it < e; ++it) {
       int64_t i0, i1;
       bounds(it, i0, i1);
-      write(it / s, i0, i1, it, scratch.data() + it * per);
+      write(it / s, i0, i1, it, scratch.get() + it * per);
     }
   });
 }
