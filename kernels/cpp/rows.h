@@ -224,7 +224,13 @@ template <typename T, typename C> struct ExpRows {
     for (int64_t b0 = 0, blk = 0; b0 < n; b0 += BLOCK, ++blk) {
       int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
       C old = m;
-      kept_max(x, b0, b1, p.mask_negative, m);
+      if constexpr (sizeof(C) > sizeof(float) && sizeof(T) == sizeof(float)) {
+        float mf = float(m);  // the max of fp32 values is one of them: take it in fp32 lanes
+        ExpRows<T, float>::kept_max(x, b0, b1, p.mask_negative, mf);
+        m = C(mf);
+      } else {
+        kept_max(x, b0, b1, p.mask_negative, m);
+      }
       if (m == __builtin_inf()) return by_census(x, n, p.mask_negative);
       if (fused) scratch[blk] = double(m);
       if (m == -__builtin_inf()) {  // nothing kept yet
