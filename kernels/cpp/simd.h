@@ -248,10 +248,31 @@ EB_INLINE vec<double> scale2(vec<double> p, vec<double> k) {
 }
 #endif
 
+// max(lo, z), a NaN z staying NaN: on x86 one instruction (max returns its second operand
+// when either is NaN), where a compare and a select would be two.
+EB_INLINE vec<float> at_least(float lo, vec<float> z) {
+#if EB_VEC_BYTES == 64
+  return (vec<float>)_mm512_max_ps(_mm512_set1_ps(lo), (__m512)z);
+#elif EB_VEC_BYTES == 32
+  return (vec<float>)_mm256_max_ps(_mm256_set1_ps(lo), (__m256)z);
+#else
+  return z < lo ? splat<float>(lo) : z;
+#endif
+}
+EB_INLINE vec<double> at_least(double lo, vec<double> z) {
+#if EB_VEC_BYTES == 64
+  return (vec<double>)_mm512_max_pd(_mm512_set1_pd(lo), (__m512d)z);
+#elif EB_VEC_BYTES == 32
+  return (vec<double>)_mm256_max_pd(_mm256_set1_pd(lo), (__m256d)z);
+#else
+  return z < lo ? splat<double>(lo) : z;
+#endif
+}
+
 template <typename C, int DEGREE = ExpConst<C>::DEGREE>
 EB_INLINE vec<C> vexp_scaled(vec<C> z) {
   using K = ExpConst<C>;
-  z = z < K::LOWEST ? splat<C>(K::LOWEST) : z;  // a NaN z stays NaN
+  z = at_least(K::LOWEST, z);
   C coef[DEGREE + 1];  // 1/i!, folded at compile time
   coef[0] = 1;
   for (int i = 1; i <= DEGREE; ++i) coef[i] = coef[i - 1] / i;
