@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,7 @@ from elasticbench.bench.cases import RunCase, parse_run_table, parse_size
 from elasticbench.bench.models import minimum_bytes, minimum_model, model_of
 from elasticbench.bench.roofline import roof_for
 from elasticbench.bench.runner import Ceilings, plan_units, run_units
-from elasticbench.bench.timing import Policy, pooled, summarize, time_calls
+from elasticbench.bench.timing import FRESH_PAGES, Policy, pooled, summarize, time_calls, warm_up
 from elasticbench.devices import HostClock
 from elasticbench.passes import PassModel
 from elasticbench.records import RunRecord
@@ -120,6 +122,38 @@ def test_policy_validation():
         Policy(target_spread=0)
     with pytest.raises(ValueError):
         Policy(processes=0)
+
+
+def test_the_warm_up_waits_for_calls_that_no_longer_fault_in_fresh_pages():
+    """A process's first calls that page in a fresh output are warm-up, not samples: the
+    warm-up runs on until a call faults no more than the interpreter's own few pages, and
+    gives up after settle_s (a kernel that maps fresh memory every call)."""
+    calls, faults = [], [0]
+
+    def run(k: int) -> float:
+        calls.append(k)
+        faults[0] += 16384 if len(calls) <= 4 else FRESH_PAGES  # then settled
+        return 25e6 if len(calls) <= 4 else 10e6
+
+    inner = warm_up(run, Policy(warmup_s=0.0, min_sample_s=0.05), faults=lambda: faults[0])
+    assert len(calls) == 5 and inner == 5  # 0.05 s over the fastest call, 10 ms
+
+    calls.clear()
+    always = [0]
+
+    def faulting(k: int) -> float:
+        calls.append(k)
+        always[0] += 16384
+        time.sleep(0.001)
+        return 1e6
+
+    warm_up(faulting, Policy(warmup_s=0.0, settle_s=0.02), faults=lambda: always[0])
+    assert 5 <= len(calls) <= 20  # 1 ms calls, stopped by settle_s (20 ms), never settled
+    calls.clear()
+    warm_up(faulting, Policy(warmup_s=0.0, settle_s=0.0), faults=lambda: always[0])
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="settle_s"):
+        Policy(settle_s=-1.0)
 
 
 def test_processes_share_the_budget_and_pool_their_samples():
