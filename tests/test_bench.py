@@ -11,7 +11,15 @@ from elasticbench.bench.cases import RunCase, parse_run_table, parse_size
 from elasticbench.bench.models import minimum_bytes, minimum_model, model_of
 from elasticbench.bench.roofline import roof_for
 from elasticbench.bench.runner import Ceilings, plan_units, run_units
-from elasticbench.bench.timing import FRESH_PAGES, Policy, pooled, summarize, time_calls, warm_up
+from elasticbench.bench.timing import (
+    FRESH_PAGES,
+    SETTLED_CALLS,
+    Policy,
+    pooled,
+    summarize,
+    time_calls,
+    warm_up,
+)
 from elasticbench.devices import HostClock
 from elasticbench.passes import PassModel
 from elasticbench.records import RunRecord
@@ -126,17 +134,20 @@ def test_policy_validation():
 
 def test_the_warm_up_waits_for_calls_that_no_longer_fault_in_fresh_pages():
     """A process's first calls that page in a fresh output are warm-up, not samples: the
-    warm-up runs on until a call faults no more than the interpreter's own few pages, and
-    gives up after settle_s (a kernel that maps fresh memory every call)."""
+    warm-up runs on until SETTLED_CALLS calls in a row fault no more than the interpreter's
+    own few pages (one clean call between faulting ones does not end it), and gives up
+    after settle_s (a kernel that maps fresh memory every call)."""
     calls, faults = [], [0]
+    pattern = [True, False, True, True] + [False] * 10  # faults in fresh pages?
 
     def run(k: int) -> float:
+        fresh = pattern[len(calls)]
         calls.append(k)
-        faults[0] += 16384 if len(calls) <= 4 else FRESH_PAGES  # then settled
-        return 25e6 if len(calls) <= 4 else 10e6
+        faults[0] += 16384 if fresh else FRESH_PAGES
+        return 25e6 if fresh else 10e6
 
     inner = warm_up(run, Policy(warmup_s=0.0, min_sample_s=0.05), faults=lambda: faults[0])
-    assert len(calls) == 5 and inner == 5  # 0.05 s over the fastest call, 10 ms
+    assert len(calls) == 4 + SETTLED_CALLS and inner == 5  # 0.05 s over the fastest, 10 ms
 
     calls.clear()
     always = [0]

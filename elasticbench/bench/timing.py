@@ -160,28 +160,33 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-# Page faults a warm call may still take (the interpreter's own small allocations).
+# Page faults a warm call may still take (the interpreter's own small allocations), and how
+# many such calls in a row make the heap settled (a fresh process alternates between calls
+# that fault and calls that do not before it settles).
 FRESH_PAGES = 16
+SETTLED_CALLS = 3
 
 
 def warm_up(run: Callable[[int], float], policy: Policy,
             faults: Callable[[], int] = minor_faults) -> int:
-    """run(1) at least once and for warmup_s, then on, up to settle_s, while a call still
-    faults in fresh pages; return the calls per sample (`inner`) that make a sample last
+    """run(1) at least once and for warmup_s, then on, up to settle_s, until SETTLED_CALLS
+    calls in a row fault in no fresh pages; return the calls per sample (`inner`) that make a sample last
     min_sample_s, from the fastest warm call (run(k) times k calls, in ns).
 
     A fresh process's first calls of a large shape get their output on fresh pages, and the
     heap takes several calls to settle (torch.softmax of 64x262144 fp32 on this project's
-    host: 23-26 ms and 16384 faults a call for up to 8 calls, then 10 ms and none). The
-    baseline, timed first in every process, would carry that into every speedup."""
+    host: 23-26 ms and 16384 faults a call, with a clean call between them, for up to 8
+    calls, then 10 ms and none). The baseline, timed first in every process, would carry
+    that into every speedup."""
     start = time.perf_counter()
     fastest = float("inf")
+    clean = 0  # calls in a row without fresh pages
     while True:
         before = faults()
         fastest = min(fastest, run(1))
-        fresh = faults() - before > FRESH_PAGES
+        clean = clean + 1 if faults() - before <= FRESH_PAGES else 0
         elapsed = time.perf_counter() - start
-        if elapsed >= policy.warmup_s and (not fresh or elapsed >= policy.settle_s):
+        if elapsed >= policy.warmup_s and (clean >= SETTLED_CALLS or elapsed >= policy.settle_s):
             return max(1, int(policy.min_sample_s * 1e9 / max(fastest, 1)))
 
 
