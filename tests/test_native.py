@@ -130,6 +130,13 @@ def test_long_rows_split_across_threads_agree_with_whole_rows(ext, shape):
         scale = two.double().nan_to_num(0.0, 0.0, 0.0).abs().max().item()
         assert torch.allclose(one.double(), two.double(), rtol=1e-5, atol=max(1e-12, 1e-6 * scale),
                               equal_nan=True)
+    # every structure agrees with the three-pass one (the fused kernels keep such rows' exps
+    # apart from y); the arguments (x - m)/tau round differently with each block's shift, by
+    # |z| 2^-24 relative, and |z| reaches 40 here
+    for structure in (1, 2, 3):
+        for t in (1, 2):
+            assert torch.allclose(out[t][structure], out[t][0], rtol=1e-5, atol=1e-30,
+                                  equal_nan=True), (structure, t)
     if shape[0] > 1:
         assert out[2][0][2].isnan().all()
         assert out[2][0][1][-5] == 1.0 and out[2][0][1].sum() == 1.0

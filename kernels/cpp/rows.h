@@ -72,7 +72,7 @@ template <typename C> EB_INLINE ivec<C> kept_mask(vec<C> x, int mask_negative) {
 template <typename T, typename C> struct ExpRows {
   static constexpr int W = width<C>();
   static constexpr int64_t BLOCK = eb::FUSED_BLOCK;  // elements per online block
-  static constexpr int64_t STREAM_BYTES = 1 << 19;    // rows from here are written streaming
+  static constexpr int64_t STREAM_BYTES = eb::STREAM_BYTES;
 
   // The census of a row that is not plainly finite (rare): max over kept values, NaN flag
   // and +inf count over x[i0, i1).
@@ -206,10 +206,11 @@ template <typename T, typename C> struct ExpRows {
   // online: one sweep in blocks of BLOCK elements (each read twice from L1: its max, then
   // its exps); the running sum is rescaled when the max grows. With `fused`, the exps are
   // stored and each block's shift is kept in scratch, so the write sweep only rescales
-  // and computes no exponential. The exps go into y when y holds the compute type, else
-  // into scratch after the shifts (a 16-bit y would round them): eb::fused_scratch.
+  // and computes no exponential. The exps go into y when y holds the compute type and the
+  // segment is short, else into scratch after the shifts (eb::fused_scratch): a 16-bit y
+  // would round them, and a long segment's y is then written once, streaming.
   static C* exps_buffer(void* y, double* scratch, int64_t n) {
-    if (sizeof(T) == sizeof(C)) return static_cast<C*>(y);
+    if (sizeof(T) == sizeof(C) && n * int64_t(sizeof(T)) < STREAM_BYTES) return static_cast<C*>(y);
     return reinterpret_cast<C*>(scratch + eb::fused_blocks(n));
   }
 

@@ -84,13 +84,18 @@ struct Table {
 };
 
 constexpr int64_t FUSED_BLOCK = 1024;
+constexpr int64_t STREAM_BYTES = 1 << 19;  // rows (segments) from here are written streaming
 inline int64_t fused_blocks(int64_t n) { return (n + FUSED_BLOCK - 1) / FUSED_BLOCK + 1; }
-// Doubles of scratch a segment of n needs: the block shifts, plus the stored exps when y
-// cannot hold them (fp32 exps of a 16-bit y; fp64 exps of the accurate kernel's fp32 y).
+// Doubles of scratch a segment of n needs: the block shifts, plus the stored exps where y
+// does not hold them: a 16-bit y would round them, the accurate kernel's are fp64 beside an
+// fp32 y, and a segment long enough to be written streaming keeps them apart so that y is
+// written once, around the cache.
 inline int64_t fused_scratch(int64_t n, int dtype, int structure) {
   if (structure != FUSED && structure != ACCURATE) return 0;
-  if (structure == ACCURATE) return fused_blocks(n) + (dtype == F32 ? n : 0);
-  return fused_blocks(n) + (dtype == F16 || dtype == BF16 ? (n + 1) / 2 : 0);
+  const int64_t in_bytes = dtype == F64 ? 8 : dtype == F32 ? 4 : 2;
+  const int64_t exp_bytes = structure == ACCURATE || dtype == F64 ? 8 : 4;
+  const bool in_y = exp_bytes == in_bytes && n * in_bytes < STREAM_BYTES;
+  return fused_blocks(n) + (in_y ? 0 : (n * exp_bytes + 7) / 8);
 }
 
 }  // namespace eb
