@@ -63,6 +63,14 @@ struct Wide {
   void scale(double f) { a *= f; b *= f; err *= f; }
 };
 
+// A row (segment) this long leaves the cache before it is read again: its output is written
+// around the cache (no read for ownership of its lines), where the format can be and the
+// output is aligned for the store.
+template <typename T, typename C> inline bool long_row(const T* out, int64_t n) {
+  return streamable<T> && n * int64_t(sizeof(T)) >= eb::STREAM_BYTES &&
+         reinterpret_cast<uintptr_t>(out) % (width<C>() * sizeof(T)) == 0;
+}
+
 template <typename C> EB_INLINE ivec<C> kept_mask(vec<C> x, int mask_negative) {
   return x >= (mask_negative ? C(0) : lowest_finite<C>());
 }
@@ -72,7 +80,6 @@ template <typename C> EB_INLINE ivec<C> kept_mask(vec<C> x, int mask_negative) {
 template <typename T, typename C> struct ExpRows {
   static constexpr int W = width<C>();
   static constexpr int64_t BLOCK = eb::FUSED_BLOCK;  // elements per online block
-  static constexpr int64_t STREAM_BYTES = eb::STREAM_BYTES;
 
   // The census of a row that is not plainly finite (rare): max over kept values, NaN flag
   // and +inf count over x[i0, i1).
@@ -210,7 +217,7 @@ template <typename T, typename C> struct ExpRows {
   // segment is short, else into scratch after the shifts (eb::fused_scratch): a 16-bit y
   // would round them, and a long segment's y is then written once, streaming.
   static C* exps_buffer(void* y, double* scratch, int64_t n) {
-    if (sizeof(T) == sizeof(C) && n * int64_t(sizeof(T)) < STREAM_BYTES) return static_cast<C*>(y);
+    if (eb::exps_in_y(n, sizeof(T), sizeof(C))) return static_cast<C*>(y);
     return reinterpret_cast<C*>(scratch + eb::fused_blocks(n));
   }
 
@@ -262,26 +269,16 @@ template <typename T, typename C> struct ExpRows {
     return true;
   }
 
-  // A row this long leaves the cache before it is read again: y is written around it (no
-  // read for ownership of its lines), where the format can be and y is vector-aligned.
-  static bool long_row(const T* y, int64_t n) {
-    return streamable<T> && n * int64_t(sizeof(T)) >= STREAM_BYTES &&
-           reinterpret_cast<uintptr_t>(y) % (W * sizeof(T)) == 0;
-  }
-
   // y = exp((x - m)/tau) / D on kept positions, 0 elsewhere.
   template <bool MASK, bool UNIT>
   static void write_exps(const T* x, T* y, int64_t n, C m, C inv_tau, C inv_den) {
     int64_t i = 0;
-    if (sizeof(T) == sizeof(C) && n * int64_t(sizeof(T)) >= STREAM_BYTES &&
-        reinterpret_cast<uintptr_t>(y) % sizeof(vec<C>) == 0) {
-      // a row this long leaves the cache before it is read again: write around it (no
-      // read for ownership of y's lines)
-      for (; i + W <= n; i += W) {
-        vec<C> e = expv<MASK, UNIT>(Io<T, C>::load(x + i), m, inv_tau) * inv_den;
-        stream_store(reinterpret_cast<C*>(y + i), e);
+    if constexpr (streamable<T>) {
+      if (long_row<T, C>(y, n)) {
+        for (; i + W <= n; i += W)
+          stream_store(y + i, expv<MASK, UNIT>(Io<T, C>::load(x + i), m, inv_tau) * inv_den);
+        stream_fence();
       }
-      stream_fence();
     }
     for (; i + 2 * W <= n; i += 2 * W) {
       vec<C> e0 = expv<MASK, UNIT>(Io<T, C>::load(x + i), m, inv_tau);
@@ -314,7 +311,7 @@ template <typename T, typename C> struct ExpRows {
     if (write_special(x, y, n, r)) return;
     const C* buf = exps_buffer(yv, const_cast<double*>(scratch), n);
     // y's lines are in cache already where they hold the exps: overwritten in place there
-    const bool stream = static_cast<const void*>(buf) != yv && long_row(y, n);
+    const bool stream = static_cast<const void*>(buf) != yv && long_row<T, C>(y, n);
     for (int64_t b0 = 0, blk = 0; b0 < n; b0 += BLOCK, ++blk) {
       int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
       double mb = scratch[blk];
@@ -498,13 +495,6 @@ template <typename T, typename C> struct BwdRows {
     return r;
   }
 
-  // dx of a row this long is written around the cache, as ExpRows::write_exps writes y (no
-  // read for ownership of lines that are not read again)
-  static bool streams(const T* dx, int64_t n) {
-    return sizeof(T) == sizeof(C) && n * int64_t(sizeof(T)) >= ExpRows<T, C>::STREAM_BYTES &&
-           reinterpret_cast<uintptr_t>(dx) % sizeof(vec<C>) == 0;
-  }
-
   // dx = y (g - c)/tau, from y and g alone: y is exactly 0 at masked positions, and the
   // row's class is already known. (g - c)/tau before the product: a subnormal y (g - c) is
   // never scaled up by 1/tau.
@@ -522,10 +512,12 @@ template <typename T, typename C> struct BwdRows {
       return select<C>(ys != C(0), ys * ((gs - cc) * inv_tau), splat<C>(0));
     };
     int64_t i0 = 0;
-    if (streams(dx, n)) {
-      for (; i0 + W <= n; i0 += W)
-        stream_store(reinterpret_cast<C*>(dx + i0), dx_of(Io<T, C>::load(y + i0), Io<T, C>::load(g + i0)));
-      stream_fence();
+    if constexpr (streamable<T>) {  // dx of a long row, as ExpRows::write_exps writes y
+      if (long_row<T, C>(dx, n)) {
+        for (; i0 + W <= n; i0 += W)
+          stream_store(dx + i0, dx_of(Io<T, C>::load(y + i0), Io<T, C>::load(g + i0)));
+        stream_fence();
+      }
     }
     for (int64_t i = i0; i < n; i += W)
       st<T, C>(dx, i, n, dx_of(ld<T, C>(y, i, n, zero<T>()), ld<T, C>(g, i, n, zero<T>())));

@@ -86,6 +86,11 @@ struct Table {
 constexpr int64_t FUSED_BLOCK = 1024;
 constexpr int64_t STREAM_BYTES = 1 << 19;  // rows (segments) from here are written streaming
 inline int64_t fused_blocks(int64_t n) { return (n + FUSED_BLOCK - 1) / FUSED_BLOCK + 1; }
+// Whether the fused kernels keep a segment's exps in y itself: only where y holds their
+// type and the segment is short enough not to be written streaming.
+inline bool exps_in_y(int64_t n, int64_t y_bytes, int64_t exp_bytes) {
+  return exp_bytes == y_bytes && n * y_bytes < STREAM_BYTES;
+}
 // Doubles of scratch a segment of n needs: the block shifts, plus the stored exps where y
 // does not hold them: a 16-bit y would round them, the accurate kernel's are fp64 beside an
 // fp32 y, and a segment long enough to be written streaming keeps them apart so that y is
@@ -94,8 +99,7 @@ inline int64_t fused_scratch(int64_t n, int dtype, int structure) {
   if (structure != FUSED && structure != ACCURATE) return 0;
   const int64_t in_bytes = dtype == F64 ? 8 : dtype == F32 ? 4 : 2;
   const int64_t exp_bytes = structure == ACCURATE || dtype == F64 ? 8 : 4;
-  const bool in_y = exp_bytes == in_bytes && n * in_bytes < STREAM_BYTES;
-  return fused_blocks(n) + (in_y ? 0 : (n * exp_bytes + 7) / 8);
+  return fused_blocks(n) + (exps_in_y(n, in_bytes, exp_bytes) ? 0 : (n * exp_bytes + 7) / 8);
 }
 
 }  // namespace eb
