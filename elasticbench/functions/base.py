@@ -50,6 +50,7 @@ class RowTruth:
     zbar: float  # output-weighted mean of |z| over the denominator's terms
     kind: str
     index: np.ndarray  # (n,) int: element i -> its distinct value's entry
+    share: Any = 0  # the constant term's share of the denominator, 1 - sum y (an mpf)
 
     @property
     def y(self) -> list:
@@ -128,13 +129,25 @@ def exp_normalize_grad(
     """c = sum_i g_i y_i and dx_k = y_k (g_k - c) * scale on kept positions (0 elsewhere).
 
     The gradient of every exp-normalize member: the constant term of the denominator
-    (beta, or softmax1's 1) only enters through y.
+    (beta, or softmax1's 1) only enters through y and its share. For the largest output,
+    when it is alone, g_k - c is taken as sum_{i != k} (g_k - g_i) y_i + g_k share (the same
+    number, since 1 - y_k = sum_{i != k} y_i + share): as y_k nears 1, g_k - c cancels to
+    far below any fixed working precision, and this form does not.
     """
     gm = [mpmath.mpf(v) for v in g]
-    c = mpmath.fsum(gi * yi for gi, yi in zip(gm, truth.y, strict=True))
+    y = truth.y
+    c = mpmath.fsum(gi * yi for gi, yi in zip(gm, y, strict=True))
     sc = mpmath.mpf(scale)
-    dx = [yk * (gk - c) * sc if k else mpmath.mpf(0)
-          for yk, gk, k in zip(truth.y, gm, keep, strict=True)]
+    diff = [gk - c for gk in gm]
+    kept_y = [(yk, k) for k, (yk, kk) in enumerate(zip(y, keep, strict=True)) if kk]
+    if kept_y:
+        top = max(yk for yk, _ in kept_y)
+        tops = [k for yk, k in kept_y if yk == top]
+        if len(tops) == 1:
+            k = tops[0]
+            diff[k] = mpmath.fsum((gm[k] - gi) * yi for i, (gi, yi) in enumerate(zip(gm, y, strict=True))
+                                  if i != k) + gm[k] * truth.share
+    dx = [yk * dk * sc if k else mpmath.mpf(0) for yk, dk, k in zip(y, diff, keep, strict=True)]
     return c, dx, [not k for k in keep]
 
 
@@ -186,6 +199,11 @@ class Function:
     kept: Callable[[Any], Any] = above_minus_inf  # the mask: a float or an array -> kept?
     shift_floor: float = -math.inf
     constant_offset: float = 0.0  # the offset when no parameter plays it
+    # A weight-normalize member (no exponential) gives its weights over an array as a
+    # double-double with a relative error bound per weight (the fast reference,
+    # numerics/certified.py), and the constant term of its denominator.
+    weights: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+    weight_offset: Callable[[Mapping[str, float]], float] = lambda params: 0.0
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -276,14 +294,14 @@ def exp_normalize(
         zabs.append(float(abs(z)))
     total = mpmath.fsum(c * ev for c, ev in zip(counts, e, strict=True))
     weighted = mpmath.fsum(c * ev * za for c, ev, za in zip(counts, e, zabs, strict=True))
-    if extra is not None:
-        c = extra(mm)
-        total += c
-        weighted += c * abs(mm / t)
+    c = extra(mm) if extra is not None else mpmath.mpf(0)
+    total += c
+    weighted += c * abs(mm / t)
     if total == 0:
         return RowTruth.masked(n)
+    share = c / total if extra is not None else mpmath.mpf(0)
     return RowTruth([ev / total for ev in e], [not k for k in kept.tolist()], zabs,
-                    float(weighted / total), ROW_FINITE, index)
+                    float(weighted / total), ROW_FINITE, index, share)
 
 
 def weight_normalize(
