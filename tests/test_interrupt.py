@@ -96,6 +96,7 @@ def test_an_interrupt_drops_the_queued_reference_work(monkeypatch):
             super().shutdown(wait, cancel_futures=cancel_futures)
 
     monkeypatch.setattr(truth_cache, "ProcessPoolExecutor", Pool)
+    _everything_to_mpmath(monkeypatch)
     x = np.random.default_rng(0).normal(size=(16, 4096))
     jobs = [truth_cache.TruthJob("softmax", (), "fp32", x + i, np.arange(16), 128)
             for i in range(4)]
@@ -106,3 +107,65 @@ def test_an_interrupt_drops_the_queued_reference_work(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         truth_cache.solve(jobs, truth_cache.TruthStore(None), workers=2, progress=interrupt)
     assert shutdowns and shutdowns[0] is True
+
+
+def _everything_to_mpmath(monkeypatch):
+    """Make the certified phase leave every row to mpmath (the pool's work)."""
+    import numpy as np
+
+    from elasticbench.numerics import truth_cache
+
+    fast = truth_cache.fast_phase
+
+    def nothing_certified(job):
+        truth, ok = fast(job)
+        return truth, np.zeros_like(ok)
+
+    monkeypatch.setattr(truth_cache, "fast_phase", nothing_certified)
+
+
+def _killed(_chunk):
+    """A reference worker's chunk that ends in SIGKILL, as the OOM killer sends it."""
+    import os
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_reference_worker_that_dies_is_one_clear_error(monkeypatch):
+    """A worker killed mid-chunk (the OOM killer, a signal) ends solve with an error naming
+    the case, instead of a parent waiting for it forever."""
+    import numpy as np
+    import pytest
+
+    from elasticbench.numerics import truth_cache
+
+    _everything_to_mpmath(monkeypatch)
+
+    monkeypatch.setattr(truth_cache, "_evaluate", _killed)
+    x = np.random.default_rng(0).normal(size=(16, 4096))
+    job = truth_cache.TruthJob("elastic", (("tau", 1.0), ("beta", 0.5)), "fp32", x,
+                               np.arange(16), 128)
+    with pytest.raises(truth_cache.TruthError, match=r"elastic fp32 16x4096 \(tau=1, beta=0.5\)"):
+        truth_cache.solve([job], truth_cache.TruthStore(None), workers=2)
+
+
+def test_verify_reports_a_dead_reference_worker_in_one_line(cli, tmp_path, monkeypatch):
+    """Through the CLI: exit 2, one line, the finished records kept in the results file."""
+    import json
+
+    from elasticbench.numerics import truth_cache
+
+    def die(*_args, **_kw):
+        raise truth_cache.TruthError("a reference worker died (killed, or out of memory) "
+                                     "while evaluating softmax fp32 2x64 in mpmath")
+
+    monkeypatch.setattr(truth_cache, "_fallback", die)
+    _everything_to_mpmath(monkeypatch)
+    out = tmp_path / "v.json"
+    r = cli("verify", "--quick", "-f", "softmax", "-d", "fp32", "--only", "numpy_softmax",
+            "--json", str(out))
+    assert r.code == 2
+    assert r.err.strip().splitlines()[-1].startswith("elasticbench: error: a reference worker died")
+    assert "Traceback" not in r.err
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False

@@ -10,6 +10,7 @@ import sys
 import click
 
 from .. import __version__
+from ..numerics.truth_cache import default_cache_mb
 from .common import fail
 
 
@@ -52,6 +53,10 @@ _register_commands()
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the group, turning usage errors into one line and exit code 2."""
+    try:
+        default_cache_mb()  # a bad ELASTICBENCH_CACHE_MB is one line, before any work
+    except ValueError as e:
+        fail(str(e))
     try:
         code = cli.main(args=argv, prog_name="elasticbench", standalone_mode=False)
     except click.exceptions.Abort:

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from ..backends import BACKEND_NAMES, get_backend
 from ..numerics.dtypes import DTYPE_NAMES
+from ..numerics.truth_cache import TruthError, TruthStats
 from ..registry import (
     KernelFileError,
     KernelSpec,
@@ -236,9 +237,14 @@ def run_session(job: Job, path: Path | None, meta: dict[str, Any], *,
         session = Session(job.kind, path, meta, resume=resume, console=console(stderr=True))
     except SessionError as e:
         fail(str(e))
-    complete = session.run(job, shard)
+    try:
+        complete = session.run(job, shard)
+    except TruthError as e:  # the file is closed with what finished
+        fail(f"{e}" + (f"; the finished records are in {path}" if path else ""))
     summary = section(Results(str(path or ""), job.kind, session.header), notes)
     print_tables(summary.sheets, summary.notes, console())
+    if "reference" in session.header:
+        click.echo(TruthStats.from_dict(session.header["reference"]).summary())
     line = f"{summary.summary} ({session.elapsed_s:.1f}s)"
     line += f"; records in {path}" if path else ""
     # plain echo: a summary line is never folded, whatever the terminal's width

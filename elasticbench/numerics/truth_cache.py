@@ -1,8 +1,10 @@
-"""Solving many truths at once: a disk cache keyed by content, and worker processes.
+"""Solving many truths at once: the certified fast phase, mpmath for what it leaves, a cache.
 
-The key hashes (function, params, dtype, shape, input bytes, rows, precision, version), so a
-cached truth can never be served for a different question. mpmath work is split into row
-chunks and spread over processes; small jobs run in-process to skip the start-up cost.
+Each question (TruthJob) is answered by the vectorized double-double reference first
+(numerics/certified.py); the rows it cannot certify are evaluated in mpmath, split into row
+chunks over worker processes when there is enough of that work, and only those rows are
+kept on disk: a small cache, keyed by content (function, params, dtype, shape, input bytes,
+rows, precision, version) and trimmed least-recently-used to a size limit.
 """
 
 from __future__ import annotations
@@ -12,22 +14,32 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
 
+from ..functions import get_function
+from . import certified, certified_grad
+from .dtypes import get_format
 from .truth import TRUTH_VERSION, GradTruth, Truth, evaluate_rows
 
-# Below this many elements of uncached work, worker processes cost more than they save.
+# Below this many elements of mpmath work, worker processes cost more than they save.
 PARALLEL_MIN_ELEMENTS = 40_000
 CHUNK_ELEMENTS = 16_384
 _START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 # Bump when the meaning of a cached gradient truth changes.
-GRAD_VERSION = 1
+GRAD_VERSION = 2
+DEFAULT_CACHE_MB = 200.0
+
+
+class TruthError(RuntimeError):
+    """The reference could not be computed (a worker died); one line naming the case."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,46 @@ class TruthJob:
             h.update(np.ascontiguousarray(self.g64).tobytes())
         return h.hexdigest()
 
+    def describe(self) -> str:
+        """The case in words, for messages: function, dtype, shape, parameters."""
+        params = ", ".join(f"{k}={v:g}" for k, v in self.params)
+        mode = " backward" if self.g64 is not None else ""
+        rows, n = self.x64.shape
+        return f"{self.function}{mode} {self.dtype} {rows}x{n}" + (f" ({params})" if params else "")
+
+
+@dataclass
+class TruthStats:
+    """How the truths of a run were obtained: elements in all, those mpmath computed (the
+    fallback), those read from the cache, and the seconds each phase took."""
+
+    elements: int = 0
+    fallback_elements: int = 0
+    fallback_rows: int = 0
+    cached_elements: int = 0
+    fast_s: float = 0.0
+    fallback_s: float = 0.0
+
+    @property
+    def fallback_share(self) -> float:
+        return self.fallback_elements / self.elements if self.elements else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"elements": self.elements, "fallback_elements": self.fallback_elements,
+                "fallback_rows": self.fallback_rows, "cached_elements": self.cached_elements,
+                "fallback_share": self.fallback_share, "fast_s": round(self.fast_s, 3),
+                "fallback_s": round(self.fallback_s, 3)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TruthStats:
+        return cls(**{k: d[k] for k in ("elements", "fallback_elements", "fallback_rows",
+                                         "cached_elements", "fast_s", "fallback_s")})
+
+    def summary(self) -> str:
+        """One line for a run's summary."""
+        return (f"reference: {self.elements:,} values, {self.fallback_share:.2%} by mpmath "
+                f"({self.fast_s:.1f}s certified, {self.fallback_s:.1f}s mpmath)")
+
 
 def default_cache_dir() -> Path:
     """$ELASTICBENCH_CACHE, else $XDG_CACHE_HOME/elasticbench, else ~/.cache/elasticbench."""
@@ -68,11 +120,27 @@ def default_cache_dir() -> Path:
     return Path(base) / "elasticbench"
 
 
-class TruthStore:
-    """Content-addressed truths in <dir>/truth/<key[:2]>/<key>.npz; None disables the disk."""
+def default_cache_mb() -> float:
+    """$ELASTICBENCH_CACHE_MB, else DEFAULT_CACHE_MB; ValueError for a bad value."""
+    text = os.environ.get("ELASTICBENCH_CACHE_MB")
+    if text is None:
+        return DEFAULT_CACHE_MB
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"ELASTICBENCH_CACHE_MB must be a number of megabytes >= 0, got {text!r}")
+    return value
 
-    def __init__(self, directory: Path | None):
+
+class TruthStore:
+    """mpmath truths in <dir>/truth/<key[:2]>/<key>.npz, at most max_mb megabytes (default
+    $ELASTICBENCH_CACHE_MB or 200; the least recently used go first); None disables it."""
+
+    def __init__(self, directory: Path | None, max_mb: float | None = None):
         self.dir = None if directory is None else Path(directory) / "truth"
+        self.max_bytes = int((default_cache_mb() if max_mb is None else max_mb) * 1e6)
 
     def _path(self, key: str) -> Path:
         assert self.dir is not None
@@ -84,12 +152,14 @@ class TruthStore:
         path = self._path(key)
         try:
             with np.load(path) as z:
-                return cls(*(z[f] for f in cls.FIELDS))
+                truth = cls(*(z[f] for f in cls.FIELDS))
+            os.utime(path)  # recently used
+            return truth
         except (OSError, KeyError, ValueError):
             return None  # missing or damaged: recompute
 
     def put(self, key: str, truth: Truth) -> None:
-        if self.dir is None:
+        if self.dir is None or self.max_bytes <= 0:
             return
         path = self._path(key)
         try:
@@ -98,8 +168,38 @@ class TruthStore:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, **truth.arrays())
             os.replace(tmp, path)
+            self.trim()
         except OSError:
             pass  # a read-only cache only costs time
+
+    def size(self) -> int:
+        """Bytes the cache holds now."""
+        return sum(size for _, size, _ in self._entries())
+
+    def _entries(self) -> list[tuple[Path, int, float]]:
+        if self.dir is None or not self.dir.exists():
+            return []
+        out = []
+        for p in self.dir.glob("*/*.npz"):
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            out.append((p, st.st_size, st.st_mtime))
+        return out
+
+    def trim(self) -> None:
+        """Drop the least recently used entries until the cache fits max_bytes."""
+        entries = self._entries()
+        total = sum(size for _, size, _ in entries)
+        for path, size, _ in sorted(entries, key=lambda e: e[2]):
+            if total <= self.max_bytes:
+                break
+            try:
+                path.unlink()
+                total -= size
+            except OSError:
+                pass
 
 
 def _evaluate(job: tuple) -> Truth:
@@ -120,55 +220,119 @@ def _chunks(job: TruthJob) -> list[tuple]:
     return out
 
 
+def fast_phase(job: TruthJob) -> tuple[Truth, np.ndarray]:
+    """The certified truth of a job's rows, and which rows (positions) it certified."""
+    fn = get_function(job.function)
+    fmt = get_format(job.dtype)
+    params = dict(job.params)
+    if job.g64 is None:
+        return certified.forward_truth(fn, params, job.x64, job.rows, fmt)
+    if fn.gradient_row is None:
+        raise ValueError(f"{job.function} has no gradient reference")
+    truth, ok, params_ok = certified_grad.gradient_truth(fn, params, job.x64, job.g64,
+                                                         job.rows, fmt)
+    return truth, ok if params_ok else np.zeros_like(ok)
+
+
 def solve(
     jobs: Sequence[TruthJob],
     store: TruthStore,
     workers: int | None = None,
     progress: Callable[[int], None] | None = None,
+    stats: TruthStats | None = None,
 ) -> list[Truth]:
-    """Truths for all jobs, in order: from the cache where possible, else computed."""
-    results: list[Truth | None] = []
-    todo: list[int] = []
-    keys = [job.key() for job in jobs]
-    for i, key in enumerate(keys):
-        cached = store.get(key, jobs[i].truth_class)
-        results.append(cached)
-        if cached is None:
-            todo.append(i)
-        elif progress:
-            progress(1)
-    if not todo:
-        return results  # type: ignore[return-value]
+    """Truths for all jobs, in order: certified where the fast phase can, else from the
+    cache or mpmath. Raises TruthError (one line naming the case) if a worker dies."""
+    stats = stats if stats is not None else TruthStats()
+    results: list[Truth] = []
+    rest: list[tuple[int, TruthJob, np.ndarray]] = []  # (job index, fallback job, positions)
+    for i, job in enumerate(jobs):
+        started = time.perf_counter()
+        truth, ok = fast_phase(job)
+        stats.fast_s += time.perf_counter() - started
+        stats.elements += truth.hi.size
+        results.append(truth)
+        if ok.all():
+            if progress:
+                progress(1)
+            continue
+        where = np.flatnonzero(~ok)
+        rest.append((i, replace(job, rows=np.asarray(job.rows)[where]), where))
+    started = time.perf_counter()
+    _fallback(rest, results, store, workers, progress, stats)
+    stats.fallback_s += time.perf_counter() - started
+    return results
 
-    pieces = {i: _chunks(jobs[i]) for i in todo}
-    work = sum(jobs[i].x64.shape[1] * len(jobs[i].rows) for i in todo)
+
+def _fallback(rest: list[tuple[int, TruthJob, np.ndarray]], results: list[Truth],
+              store: TruthStore, workers: int | None,
+              progress: Callable[[int], None] | None, stats: TruthStats) -> None:
+    """mpmath (or the cache) for the rows the fast phase left; merged into results."""
+    todo = []
+    for i, job, where in rest:
+        stats.fallback_rows += len(where)
+        size = len(where) * job.x64.shape[1]
+        stats.fallback_elements += size
+        cached = store.get(job.key(), job.truth_class)
+        if cached is not None:
+            stats.cached_elements += size
+            _merge(results[i], cached, where)
+            if progress:
+                progress(1)
+        else:
+            todo.append((i, job, where))
+    if not todo:
+        return
+    work = sum(len(job.rows) * job.x64.shape[1] for _, job, _ in todo)
     workers = workers or os.cpu_count() or 1
+    pieces = {i: _chunks(job) for i, job, _ in todo}
     if workers > 1 and work >= PARALLEL_MIN_ELEMENTS:
         # fork: no re-import of the caller's __main__ (scripts without a main guard work).
         # Workers only touch NumPy and mpmath, never torch's thread pools or a GPU.
         with ProcessPoolExecutor(workers, mp_context=get_context(_START_METHOD)) as pool:
-            futures = {i: [pool.submit(_evaluate, c) for c in pieces[i]] for i in todo}
+            futures = {i: [pool.submit(_evaluate, c) for c in pieces[i]] for i, _, _ in todo}
             try:
-                for i in todo:
-                    results[i] = _finish(jobs[i], [f.result() for f in futures[i]])
-                    store.put(keys[i], results[i])
-                    if progress:
-                        progress(1)
+                for i, job, where in todo:
+                    try:
+                        parts = [f.result() for f in futures[i]]
+                    except BrokenProcessPool:
+                        raise TruthError(
+                            f"a reference worker died (killed, or out of memory) while "
+                            f"evaluating {job.describe()} in mpmath; rerun with --jobs 1 "
+                            f"to evaluate it in this process") from None
+                    _finish_one(i, job, where, parts, results, store, progress)
             except BaseException:
                 # an interrupt: leaving the block would otherwise wait for every queued
                 # chunk; drop them and wait only for the ones running (what was stored stays)
                 pool.shutdown(cancel_futures=True)
                 raise
     else:
-        for i in todo:
-            results[i] = _finish(jobs[i], [_evaluate(c) for c in pieces[i]])
-            store.put(keys[i], results[i])
-            if progress:
-                progress(1)
-    return results  # type: ignore[return-value]
+        for i, job, where in todo:
+            _finish_one(i, job, where, [_evaluate(c) for c in pieces[i]], results, store,
+                        progress)
 
 
-def _finish(job: TruthJob, parts: list[Truth]) -> Truth:
+def _finish_one(i: int, job: TruthJob, where: np.ndarray, parts: list[Truth],
+                results: list[Truth], store: TruthStore,
+                progress: Callable[[int], None] | None) -> None:
     truth = job.truth_class.concat(parts)
     truth.rows = np.asarray(job.rows, dtype=np.int64)
-    return truth
+    store.put(job.key(), truth)
+    _merge(results[i], truth, where)
+    if progress:
+        progress(1)
+
+
+def _merge(into: Truth, part: Truth, where: np.ndarray) -> None:
+    """Put the rows of part at positions `where` of into (same fields)."""
+    for f in into.FIELDS:
+        if f == "rows":
+            continue
+        target = getattr(into, f)
+        values = getattr(part, f)
+        if f == "kind":
+            target = target.astype("U8")
+            setattr(into, f, target)
+        target[where] = values
+
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..execute import Isolation
-from ..numerics.truth_cache import TruthStore
+from ..numerics.truth_cache import TruthStats, TruthStore
 from ..registry import KernelSpec
 from ..session import Job, Session
 from .matrix import MAX_ROWS, VerifyCase
@@ -35,7 +35,8 @@ class VerifyJob(Job[tuple[str, VerifyCase]]):
 
     def work(self, items: list[tuple[str, VerifyCase]], session: Session) -> None:
         done = {r.key for r in session.records}
-        references = session.task("reference (mpmath)", len(items))
+        references = session.task("reference", len(items))
+        stats = TruthStats()
         checks = session.task("kernels", sum(
             1 for m, c in items for k in self.kernels[m] if k.function == c.function))
         for m, kernels in self.kernels.items():
@@ -43,5 +44,6 @@ class VerifyJob(Job[tuple[str, VerifyCase]]):
                 kernels, [c for mode, c in items if mode == m], max_elements=self.max_elements,
                 store=self.store, precision=self.precision, workers=self.workers, mode=m,
                 isolation=self.isolation, done=done, on_truth=references.advance,
-                max_rows=self.max_rows,
+                max_rows=self.max_rows, stats=stats,
                 on_record=lambda r: (session.add(r), checks.advance()))
+            session.header["reference"] = stats.to_dict()

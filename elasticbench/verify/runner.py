@@ -14,7 +14,7 @@ from ..execute import IN_PROCESS, Isolation, Outcome, call_kernel, failed_outcom
 from ..numerics.budget import budget_for
 from ..numerics.dtypes import get_format
 from ..numerics.truth import DEFAULT_PRECISION, GradTruth
-from ..numerics.truth_cache import TruthJob, TruthStore, solve
+from ..numerics.truth_cache import TruthJob, TruthStats, TruthStore, solve
 from ..records import VerifyRecord, record_key
 from ..registry import KernelSpec
 from .backward import (
@@ -27,6 +27,8 @@ from .backward import (
 )
 from .check import CheckResult, check_output
 from .matrix import MAX_ROWS, VerifyCase
+
+BATCH_ELEMENTS = 1 << 23  # checked elements of the cases prepared and solved together
 
 
 def rows_to_check(shape: tuple[int, int], max_elements: int, seed: int,
@@ -176,10 +178,12 @@ def run_verification(
     isolation: Isolation = IN_PROCESS,
     done: frozenset[tuple] | set[tuple] = frozenset(),
     max_rows: int = MAX_ROWS,
+    stats: TruthStats | None = None,
 ) -> None:
     """Verify each kernel (all of `mode`) on every case of its function that it takes;
     pairs whose record_key is in `done` (a resumed run) are skipped, and a case left
-    with nothing to do costs no reference. Each record goes to on_record."""
+    with nothing to do costs no reference. Each record goes to on_record; how the truths
+    were obtained is added to stats."""
     by_function: dict[str, list[KernelSpec]] = {}
     for k in kernels:
         by_function.setdefault(k.function, []).append(k)
@@ -191,14 +195,32 @@ def run_verification(
 
     cases = [c for c in cases if todo(c)]
     compiled = compile_checks([(spec, case) for case in cases for spec in todo(case)])
-    prepared = prepare(cases, max_elements, precision, mode, max_rows)
-    truths = solve([p.job for p in prepared], store, workers, on_truth)
     one = verify_backward_one if mode == "bwd" else verify_one
-    for prep, truth in zip(prepared, truths, strict=True):
-        for spec in todo(prep.case):
-            record = one(spec, prep, truth, isolation)
-            with_compile_check(record, compiled.get(call_key(spec, prep.case)))
-            on_record(record)
+    for batch in batches(cases, max_elements):
+        # a batch at a time: inputs and truths of the whole matrix never sit in memory at once
+        prepared = prepare(batch, max_elements, precision, mode, max_rows)
+        truths = solve([p.job for p in prepared], store, workers, on_truth, stats)
+        for prep, truth in zip(prepared, truths, strict=True):
+            for spec in todo(prep.case):
+                record = one(spec, prep, truth, isolation)
+                with_compile_check(record, compiled.get(call_key(spec, prep.case)))
+                on_record(record)
+
+
+def batches(cases: list[VerifyCase], max_elements: int,
+            limit: int = BATCH_ELEMENTS) -> list[list[VerifyCase]]:
+    """Consecutive runs of cases whose checked elements add up to about `limit`."""
+    out: list[list[VerifyCase]] = [[]]
+    size = 0
+    for case in cases:
+        rows, n = case.shape
+        elements = min(rows * n, max(max_elements, n))
+        if out[-1] and size + elements > limit:
+            out.append([])
+            size = 0
+        out[-1].append(case)
+        size += elements
+    return [b for b in out if b]
 
 
 def compile_checks(pairs: list[tuple[KernelSpec, VerifyCase]]) -> dict[tuple, Any]:
