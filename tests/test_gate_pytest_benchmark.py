@@ -1,8 +1,10 @@
-"""pytest-benchmark files made by pytest-benchmark itself (a sleep benchmarked in subprocesses,
+"""pytest-benchmark files made by pytest-benchmark itself (a loop benchmarked in subprocesses,
 each one process), kept as a baseline with its noise floor and gated one run at a time.
 
-The benchmark sleeps 2 ms a round; the planted slowdown sleeps 1.45 times as long, so the
-timings depend on the scheduler's wake-ups rather than on the load of a shared machine."""
+The benchmark adds up 100000 integers a round; the planted slowdown adds up 1.45 times as
+many. Timed by the process's CPU time (--benchmark-timer time.process_time, as `ab --clock
+cpu`), so the seven processes, run side by side on a shared machine, are not timed while
+they wait for a core."""
 
 from __future__ import annotations
 
@@ -16,28 +18,33 @@ import pytest
 
 BENCH = '''
 import os
-import time
 
-FACTOR = float(os.environ["EB_FACTOR"])
+N = int(100000 * float(os.environ["EB_FACTOR"]))
 
 
 def work():
-    time.sleep(0.002 * FACTOR)
+    total = 0
+    for i in range(N):
+        total += i
+    return total
 
 
 def test_work(benchmark):
-    benchmark.extra_info.update({"kernel": "work", "case": "sleep 2 ms"})
-    benchmark.pedantic(work, rounds=15, iterations=1, warmup_rounds=1)
+    benchmark.extra_info.update({"kernel": "work", "case": "sum of 100000 ints"})
+    benchmark.pedantic(work, rounds=41, iterations=1, warmup_rounds=1)
 '''
 
 
 def start(tmp: Path, factor: float, args: list[str]) -> subprocess.Popen:
-    """pytest-benchmark on the sleep in a fresh process, only its own plugin loaded."""
-    env = os.environ | {"EB_FACTOR": str(factor), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    """pytest-benchmark on the loop in a fresh process, only its own plugin loaded, and
+    none of this session's pytest variables (an xdist worker's would stop it saving)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env |= {"EB_FACTOR": str(factor), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "pytest_benchmark.plugin",
-                             "-p", "no:cacheprovider", "--rootdir", str(tmp), "-c",
+                             "-p", "no:cacheprovider", "--benchmark-timer", "time.process_time",
+                             "--rootdir", str(tmp), "-c",
                              str(tmp / "pytest.ini"), "--benchmark-save-data", *args,
-                             str(tmp / "test_sleep.py")],
+                             str(tmp / "test_loop.py")],
                             cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -46,7 +53,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Five runs of the kernel as it was, one more of it unchanged (saved by --benchmark-save
     into a storage folder) and one of it 1.45x slower: seven processes, run side by side."""
     tmp = tmp_path_factory.mktemp("pytest-benchmark")
-    (tmp / "test_sleep.py").write_text(BENCH)
+    (tmp / "test_loop.py").write_text(BENCH)
     (tmp / "pytest.ini").write_text("[pytest]\n")
     procs = {f"base{i}": start(tmp, 1.0, [f"--benchmark-json={tmp / f'base{i}.json'}"])
              for i in range(5)}
@@ -71,7 +78,7 @@ def gate_row(cli, baseline: Path, current: Path, out: Path) -> tuple[int, dict]:
 def test_a_five_run_baseline_gates_one_run_at_a_time(cli, runs, tmp_path):
     base = [str(runs[f"base{i}"]) for i in range(5)]
     raw = json.loads(runs["base0"].read_text())
-    assert len(raw["benchmarks"][0]["stats"]["data"]) == 15  # pytest-benchmark's own file
+    assert len(raw["benchmarks"][0]["stats"]["data"]) == 41  # pytest-benchmark's own file
     r = cli("baseline", "save", *base, "--dir", str(tmp_path))
     assert r.code == 0, r.err
     assert "saved 1 benchmarks" in r.out and "noise floors of 1 series from 5 run(s)" in r.out
@@ -79,19 +86,21 @@ def test_a_five_run_baseline_gates_one_run_at_a_time(cli, runs, tmp_path):
     [floor] = saved["noise_floor"]
     assert floor["benchmark"] == raw["benchmarks"][0]["fullname"]
     assert floor["df"] == 4 and floor["run_df"] == 0  # five processes, one a run
-    assert 0 < floor["sd_log"]["time"] < 0.1
+    assert 0 < floor["sd_log"]["time"] < 0.2  # 1-7% measured at load averages 7-10
     assert saved["saved_baseline"]["from"] == base and saved["benchmarks"] == raw["benchmarks"]
 
     baseline = tmp_path / "pytest-benchmark.json"
     code, row = gate_row(cli, baseline, runs["slow"], tmp_path / "slow.json")
     e = row["estimate"]
     assert code == 1 and row["verdict"] == "slower" and row["regression"], row
-    assert 1.3 < e["ratio"] < 1.6 and e["lo"] > 1.1 and e["processes"] == [1, 1]
+    # CPU time still moves with a shared machine's load (1.31x-1.85x measured for the 1.45x
+    # at load averages 7-10), hence the loose bounds on the ratios; the verdicts are the test
+    assert 1.25 < e["ratio"] < 2.0 and e["lo"] > 1.1 and e["processes"] == [1, 1]
     assert e["noise_sd_log"] >= floor["sd_log"]["time"]
 
     code, row = gate_row(cli, baseline, runs["same"], tmp_path / "same.json")
     assert code == 0 and not row["regression"] and row["verdict"] != "inconclusive", row
-    assert 0.9 < row["estimate"]["ratio"] < 1.1 and row["estimate"]["lo"] < 1.1
+    assert 0.75 < row["estimate"]["ratio"] < 1.3 and row["estimate"]["lo"] < 1.1
 
     # without the baseline's floor, one file a side has no verdict
     code, row = gate_row(cli, runs["base0"], runs["slow"], tmp_path / "one.json")

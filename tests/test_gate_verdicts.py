@@ -118,7 +118,9 @@ def md_rows(md: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("alpha", ["1e-05", "0.01", "0.1"])
-def test_gate_outputs_agree_with_their_intervals(cli, tmp_path: Path, alpha: str):
+def test_gate_outputs_agree_with_their_intervals(cli, tmp_path: Path, alpha: str,
+                                                 monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("COLUMNS", "250")  # the table whole, titles and headers unwrapped
     scales = [0.7, 0.85, 0.93, 1.0, 1.05, 1.1, 1.2, 1.45]
     base = write_run(tmp_path / "b.json", [rec(f"k{i}", i, procs=3, between=0.06)
                                            for i in range(len(scales))])
