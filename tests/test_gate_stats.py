@@ -169,7 +169,11 @@ def test_judge_rules():
 
     assert judge(est(1.3, 1.2, 1.4, 1e-5), 0.01, 0.1)[:2] == ("slower", True)
     assert judge(est(1.3, 1.05, 1.6, 1e-5), 0.01, 0.1)[:2] == ("slower", False)  # CI in band
-    assert judge(est(1.3, 1.2, 1.4, 0.02), 0.01, 0.1)[:2] == ("same", False)  # not significant
+    # the interval excludes 1, p does not reach alpha: named for what it is, never "same"
+    verdict, regression, reason = judge(est(1.3, 1.2, 1.4, 0.02), 0.01, 0.1)
+    assert (verdict, regression, reason) == ("not significant", False, "p 0.02 >= alpha 0.01")
+    assert judge(est(0.8, 0.7, 0.95, 0.02), 0.01, 0.1)[0] == "not significant"
+    assert judge(est(1.05, 0.98, 1.2, 0.2), 0.01, 0.1)[:2] == ("same", False)
     assert judge(est(0.8, 0.7, 0.9, 1e-5), 0.01, 0.1)[:2] == ("faster", False)
     assert judge(est(1.3, 1.2, 1.4, 1e-5), 0.01, 0.25)[:2] == ("slower", False)
 

@@ -25,10 +25,12 @@ def baseline() -> None:
 def save(results, name, directory, force) -> None:
     """Copy a complete, clean results file to <dir>/<name>.json.
 
-    Given several runs of one plan (five, ideally on different days, each with
-    --processes 3), the first is kept and all of them give each kernel and case a noise
-    floor: the spread between the processes of a run, which a gate against this baseline
-    never assumes to be smaller, and the shift between runs, which it adds (docs/gates.md).
+    RESULTS are elasticbench run or verify files, or pytest-benchmark JSON saved with
+    --benchmark-save-data. Given several runs of one plan (five, ideally on different days,
+    each with --processes 3; each pytest-benchmark file is one run of one process), the
+    first is kept and all of them give each kernel and case a noise floor: the spread
+    between the processes of a run, which a gate against this baseline never assumes to be
+    smaller, and the shift between runs, which it adds (docs/gates.md).
     """
     try:
         out, doc = save_baseline([Path(r) for r in results], name, Path(directory), force)
@@ -39,6 +41,8 @@ def save(results, name, directory, force) -> None:
     except OSError as e:
         fail(f"cannot write the baseline: {e.strerror or e}")
     floors = doc.get("noise_floor") or []
-    console().print(f"saved {len(doc['records'])} records of {results[0]} as baseline {out}"
+    count = (f"{len(doc['records'])} records" if "records" in doc
+             else f"{len(doc['benchmarks'])} benchmarks")
+    console().print(f"saved {count} of {results[0]} as baseline {out}"
                     + (f", with noise floors of {len(floors)} series from {len(results)} "
                        "run(s)" if floors else ""))

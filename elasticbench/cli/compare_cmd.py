@@ -30,7 +30,8 @@ def comparison_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="time: seconds per call; bandwidth-fraction: the share of the run's "
                           "own copy bandwidth reached (for baselines from another machine)."),
         click.option("--alpha", type=float, default=0.01, show_default=True,
-                     help="Significance level of the test on raw samples."),
+                     help="Significance level of the test over processes; the printed "
+                          "interval is the 95% one (1 - alpha above 0.05)."),
         click.option("--max-slowdown", "max_slowdown", default="10%", show_default=True,
                      metavar="PCT", help="Slowdown the gate tolerates, e.g. 10%."),
         click.option("--ci", "method", type=click.Choice(METHODS), default="t",
@@ -88,13 +89,16 @@ def to_json(cmp: Comparison) -> dict[str, Any]:
                                            else r.est.noise.sd_log,
                                            "noise_run_sd_log": None if r.est.noise is None
                                            else r.est.noise.run_sd_log,
+                                           "confidence": r.est.confidence,
                                            "method": r.est.method}
     return {
         "schema": "elasticbench.compare/1", "base": cmp.base_path, "current": cmp.current_path,
-        "metric": cmp.metric, "alpha": cmp.alpha, "max_slowdown": cmp.max_slowdown,
+        "metric": cmp.metric, "alpha": cmp.alpha, "confidence": cmp.confidence,
+        "max_slowdown": cmp.max_slowdown,
         "paired": cmp.paired, "failed": cmp.failed, "warnings": cmp.warnings,
         "rows": [{"kernel": r.kernel, "case": r.case, "base": r.base, "current": r.current,
-                  "estimate": est(r), "verdict": r.verdict, "regression": r.regression,
+                  "estimate": est(r), "verdict": r.verdict, "direction": r.direction,
+                  "regression": r.regression,
                   "reason": r.reason} for r in cmp.rows],
         "rollups": [{"kernel": k.kernel, "geomean_ratio": k.ratio, "cases": k.cases,
                      "counts": k.counts} for k in cmp.rollups],
@@ -123,8 +127,9 @@ def compare_(files, more_base, more_current, metric, alpha, max_slowdown, method
              json_path) -> None:
     """Compare results files (run, verify or pytest-benchmark JSON) case by case.
 
-    For each kernel and case: the medians, the ratio current/base with a 95% interval over
-    the processes that measured it, its p-value and a verdict (slower, faster, same,
+    For each kernel and case: the medians, the ratio current/base with its interval over the
+    processes that measured it (95%, or 1 - alpha for alpha above 0.05), its p-value and a
+    verdict that never contradicts that interval (slower, faster, not significant, same,
     inconclusive, not comparable); then the geometric mean of the ratios per kernel. Always
     exits 0 on usable input; `elasticbench gate` turns the same comparison into an exit code.
     """

@@ -18,8 +18,8 @@ def gate(files, more_base, more_current, metric, alpha, max_slowdown, method, ma
          json_path, timing) -> None:
     """Fail (exit 1) when CURRENT regressed against BASE; exit 0 otherwise.
 
-    A timing regression is a case slower with p < alpha whose whole 95% interval of the ratio
-    lies above 1 + max-slowdown; the interval spans the spread between processes, and a case
+    A timing regression is a case slower with p < alpha whose whole printed interval of the
+    ratio (95%, or 1 - alpha for alpha above 0.05) lies above 1 + max-slowdown; the interval spans the spread between processes, and a case
     whose spread is unknown (one process per side, no noise floor) is inconclusive, never a
     failure. A numerics regression is a verification that passed and now fails, or a worst
     error that grew past its budget. Unusable input exits 2.

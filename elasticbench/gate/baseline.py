@@ -4,6 +4,10 @@ Saved from several runs of one plan, a baseline also keeps a noise floor per ker
 the spread of the per-process medians within a run, and the shift between runs that every
 process of a run shares (runs on other days see spread that the processes of one run
 cannot). Its records are the first run's.
+
+pytest-benchmark files (JSON with raw rounds, --benchmark-save-data) make baselines the same
+way: each file is one run of one process, the first file is kept, and the noise floor of
+each benchmark is the spread of the files' medians.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ from typing import Any
 
 from ..records import (
     IDENTITY_FIELDS,
+    BenchmarkNoiseFloorEntry,
     NoiseFloorEntry,
+    read_json,
     read_results,
     record_key,
     write_json_atomic,
 )
-from .load import METRICS, load
+from .load import METRICS, benchmark_name, file_kind, load
 from .stats import noise_floor_of_runs
 
 DEFAULT_DIR = Path("results") / "baselines"
@@ -76,28 +82,81 @@ def noise_floors(runs: list[Path]) -> list[dict[str, Any]]:
     return out
 
 
-def save_baseline(results: list[Path], name: str | None = None, directory: Path = DEFAULT_DIR,
-                  force: bool = False) -> tuple[Path, dict[str, Any]]:
-    """Copy the first of one or more complete runs of one plan to directory/<name>.json, with
-    a note of its origin and the noise floor all of them measure."""
-    docs = [_clean_results(Path(p)) for p in results]
-    doc = docs[0]
-    for path, other in zip(results[1:], docs[1:], strict=True):
-        if other.get("kind") != doc.get("kind"):
-            raise ValueError(f"{path} is a {other.get('kind')} file, {results[0]} a "
-                             f"{doc.get('kind')} file: a baseline is made of runs of one plan")
-        mine = {record_key(r) for r in doc["records"]}
-        theirs = {record_key(r) for r in other["records"]}
-        if mine != theirs:
-            odd = sorted(map(str, mine ^ theirs))[0]
+def _pytest_benchmark_doc(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """raw if every benchmark of it kept its raw rounds; ValueError otherwise."""
+    if not raw["benchmarks"]:
+        raise ValueError(f"{path} has no benchmarks")
+    bare = [benchmark_name(b) for b in raw["benchmarks"]
+            if not (isinstance(b, dict) and isinstance((b.get("stats") or {}).get("data"), list)
+                    and b["stats"]["data"])]
+    if bare:
+        raise ValueError(f"{path}: {len(bare)} benchmark(s) without raw rounds (first: "
+                         f"{bare[0]}); run pytest with --benchmark-save-data for a baseline")
+    return raw
+
+
+def benchmark_floors(files: list[Path]) -> list[dict[str, Any]]:
+    """Per benchmark of pytest-benchmark files (each one run of one process): the spread of
+    the files' log medians (docs/gates.md); left out with fewer than two files."""
+    per_run: dict[tuple, list] = {}
+    for path in files:
+        for key, s in load(path).series.items():
+            if s.groups:
+                per_run.setdefault(key, []).append(s.groups)
+    out = []
+    for key, runs in per_run.items():
+        floor = noise_floor_of_runs(runs)
+        if floor is not None:
+            out.append(BenchmarkNoiseFloorEntry(
+                benchmark=key[1], sd_log={"time": floor.sd_log}, df=floor.df,
+                run_sd_log={"time": floor.run_sd_log}, run_df=floor.run_df).to_dict())
+    return out
+
+
+def _check_same_plan(results: list[Path], keys: list[set]) -> None:
+    """ValueError unless every file measured the first file's series."""
+    for path, theirs in zip(results[1:], keys[1:], strict=True):
+        if theirs != keys[0]:
+            odd = sorted(map(str, keys[0] ^ theirs))[0]
             raise ValueError(f"{path} is not a run of the plan of {results[0]} "
                              f"(first difference: {odd})")
-    out = Path(directory) / f"{baseline_name(doc, name)}.json"
+
+
+def _kinds(results: list[Path]) -> tuple[str, list[Any]]:
+    """The one kind of all the files, and their JSON; ValueError when they mix kinds."""
+    raws = [read_json(p) for p in results]
+    kinds = [file_kind(raw, p) for raw, p in zip(raws, results, strict=True)]
+    for path, kind in zip(results[1:], kinds[1:], strict=True):
+        if kind != kinds[0]:
+            raise ValueError(f"{path} is a {kind} file, {results[0]} a {kinds[0]} file: a "
+                             "baseline is made of runs of one plan")
+    return kinds[0], raws
+
+
+def save_baseline(results: list[Path], name: str | None = None, directory: Path = DEFAULT_DIR,
+                  force: bool = False) -> tuple[Path, dict[str, Any]]:
+    """Copy the first of one or more complete runs of one plan (elasticbench run files, verify
+    files or pytest-benchmark files with raw rounds) to directory/<name>.json, with a note of
+    its origin and the noise floor all of them measure."""
+    results = [Path(p) for p in results]
+    kind, raws = _kinds(results)
+    if kind == "pytest-benchmark":
+        docs = [_pytest_benchmark_doc(p, raw) for p, raw in zip(results, raws, strict=True)]
+        _check_same_plan(results, [{benchmark_name(b) for b in d["benchmarks"]} for d in docs])
+        default = "pytest-benchmark"
+    else:
+        docs = [_clean_results(p) for p in results]
+        _check_same_plan(results, [{record_key(r) for r in d["records"]} for d in docs])
+        default = None
+    doc = docs[0]
+    out = Path(directory) / f"{baseline_name(doc, name or default)}.json"
     if out.exists() and not force:
         raise ValueError(f"{out} exists; pass --force to replace it")
     doc["saved_baseline"] = {"name": out.stem, "from": [str(p) for p in results],
                              "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    if doc.get("kind") == "run":
-        doc["noise_floor"] = noise_floors([Path(p) for p in results])
+    if kind == "run":
+        doc["noise_floor"] = noise_floors(results)
+    elif kind == "pytest-benchmark":
+        doc["noise_floor"] = benchmark_floors(results)
     write_json_atomic(out, doc)
     return out, doc

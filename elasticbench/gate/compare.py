@@ -1,19 +1,25 @@
 """Compare two datasets case by case, and decide whether a gate passes.
 
-Timing verdict of a case (ratio = current cost / base cost; > 1 is slower):
+Every row prints one interval of the ratio (current cost / base cost; > 1 is slower): the
+interval at level interval_level(alpha), 95% for alpha <= 0.05 and 1 - alpha above it. Each
+method's interval inverts its own test, so for alpha >= 0.05 the interval excludes 1 exactly
+when p < alpha. The timing verdict of a case never contradicts that interval:
 
-* `slower`: p < alpha and the whole 95% interval of the ratio lies above 1;
+* `slower`: p < alpha and the whole interval lies above 1;
 * `faster`: p < alpha and the whole interval lies below 1;
-* `same`: neither;
+* `not significant` (with its direction): the interval excludes 1, p is not below alpha
+  (alpha <= p < 0.05 at 95%): a difference the interval shows at its level and
+  the test does not confirm at alpha;
+* `same`: the interval contains 1;
 * `inconclusive`: both sides measured, but the spread between processes is unknown (one
   process per side and no noise floor), so no interval can be trusted;
 * `not comparable`: a side is missing or failed to run, or the samples are too few for p to
   ever reach alpha (then no verdict would mean anything).
 
-The gate fails on timing only for a *regression*: `slower` AND the lower end of the interval
-above 1 + max_slowdown (criterion's rule: the interval entirely outside the noise band; asv's
-adds the significance test). It fails on numerics when a verification that passed now fails,
-or the worst error's share of its budget crossed 1.
+The gate fails on timing only for a *regression*: `slower` AND the lower end of the printed
+interval above 1 + max_slowdown (criterion's rule: the interval entirely outside the noise
+band; asv's adds the significance test). It fails on numerics when a verification that
+passed now fails, or the worst error's share of its budget crossed 1.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from dataclasses import dataclass, field
 from .load import Dataset, Series, Verdict, machine_differences
 from .stats import NoiseFloor, RatioEstimate, estimate, geomean
 
-VERDICTS = ("slower", "faster", "same", "inconclusive", "not comparable")
+VERDICTS = ("slower", "faster", "not significant", "same", "inconclusive", "not comparable")
+MIN_LEVEL = 0.95  # the interval is never printed at a level below this
 
 
 @dataclass
@@ -38,6 +45,22 @@ class Row:
     verdict: str
     reason: str | None = None
     regression: bool = False
+
+    @property
+    def direction(self) -> str | None:
+        """The side of 1 the interval lies on ("slower" above, "faster" below); None when it
+        contains 1 or there is none."""
+        e = self.est
+        if e is None or e.inconclusive:
+            return None
+        return "slower" if e.lo > 1 else "faster" if e.hi < 1 else None
+
+    @property
+    def label(self) -> str:
+        """The verdict as printed: `not significant` names its direction."""
+        if self.verdict == "not significant" and self.direction:
+            return f"not significant, {self.direction}"
+        return self.verdict
 
 
 @dataclass
@@ -79,6 +102,11 @@ class Comparison:
     timing_advisory: bool = False
 
     @property
+    def confidence(self) -> float:
+        """The level of every interval in the comparison."""
+        return interval_level(self.alpha)
+
+    @property
     def timing_regressions(self) -> list[Row]:
         return [r for r in self.rows if r.regression]
 
@@ -93,18 +121,27 @@ class Comparison:
         return timing or bool(self.numerics_regressions)
 
 
+def interval_level(alpha: float) -> float:
+    """The level of the printed interval: 95%, or 1 - alpha when alpha is above 0.05 (so a
+    p below alpha always means an interval that excludes 1)."""
+    return min(MIN_LEVEL, 1 - alpha)
+
+
 def judge(est: RatioEstimate, alpha: float, max_slowdown: float) -> tuple[str, bool, str | None]:
-    """(verdict, regression, reason) of one ratio estimate."""
+    """(verdict, regression, reason) of one ratio estimate, its interval at the level
+    interval_level(alpha): the verdict never says what its interval contradicts."""
     if est.inconclusive:
         return "inconclusive", False, est.inconclusive
     if est.min_p >= alpha:
         return ("not comparable", False,
                 f"{est.n_base}+{est.n_current} samples cannot reach p < {alpha:g}")
-    significant = est.p < alpha
-    if significant and est.lo > 1:
+    above, below = est.lo > 1, est.hi < 1
+    if est.p < alpha and above:
         return "slower", est.lo > 1 + max_slowdown, None
-    if significant and est.hi < 1:
+    if est.p < alpha and below:
         return "faster", False, None
+    if above or below:
+        return "not significant", False, f"p {est.p:.2g} >= alpha {alpha:g}"
     return "same", False, None
 
 
@@ -124,7 +161,7 @@ def compare_series(base: Series | None, current: Series | None, *, alpha: float,
         row.reason = "no raw samples (statistics only)"
     else:
         row.est = estimate(base.groups, current.groups, paired=paired, method=method,
-                           floors=floors)
+                           floors=floors, confidence=interval_level(alpha))
         row.verdict, row.regression, row.reason = judge(row.est, alpha, max_slowdown)
     return row
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..records import (
+    BenchmarkNoiseFloorEntry,
     NoiseFloorEntry,
     RecordError,
     ResultsFileError,
@@ -164,9 +165,9 @@ def _noise_floors(doc: dict[str, Any], metric: str, path: str) -> dict[tuple, No
             raise ResultsFileError(f"results file {path}: noise_floor entry {i}: "
                                    f"{'field ' + err.field + ' ' if err.field else ''}"
                                    f"{err.problem}") from None
-        if metric in e.sd_log:
-            out[("run", *record_key(raw))] = NoiseFloor(
-                e.sd_log[metric], e.df, e.run_sd_log.get(metric, 0.0), e.run_df)
+        floor = _floor(e, metric)
+        if floor is not None:
+            out[("run", *record_key(raw))] = floor
     return out
 
 
@@ -197,6 +198,33 @@ def _verify_numerics(doc: dict[str, Any]) -> dict[tuple, Verdict]:
     return out
 
 
+def _floor(e: NoiseFloorEntry | BenchmarkNoiseFloorEntry, metric: str) -> NoiseFloor | None:
+    if metric not in e.sd_log:
+        return None
+    return NoiseFloor(e.sd_log[metric], e.df, e.run_sd_log.get(metric, 0.0), e.run_df)
+
+
+def _benchmark_floors(doc: dict[str, Any], path: str) -> dict[tuple, NoiseFloor]:
+    """A pytest-benchmark baseline's noise floors, keyed like its series."""
+    out: dict[tuple, NoiseFloor] = {}
+    for i, raw in enumerate(doc.get("noise_floor") or []):
+        try:
+            e = BenchmarkNoiseFloorEntry.from_dict(raw)
+        except RecordError as err:
+            raise ResultsFileError(f"{path}: noise_floor entry {i}: "
+                                   f"{'field ' + err.field + ' ' if err.field else ''}"
+                                   f"{err.problem}") from None
+        floor = _floor(e, "time")
+        if floor is not None:
+            out[("pytest-benchmark", e.benchmark)] = floor
+    return out
+
+
+def benchmark_name(b: dict[str, Any]) -> str:
+    """How a pytest-benchmark entry is keyed: its fullname, else its name."""
+    return str(b.get("fullname") or b.get("name"))
+
+
 def _pytest_benchmark(doc: dict[str, Any], metric: str, path: str) -> Dataset:
     if metric != "time":
         raise ResultsFileError(f"{path} is a pytest-benchmark file: only --metric time applies")
@@ -211,7 +239,7 @@ def _pytest_benchmark(doc: dict[str, Any], metric: str, path: str) -> Dataset:
         if not isinstance(b, dict) or "stats" not in b:
             raise ResultsFileError(f"{path}: a benchmark entry has no stats")
         extra = b.get("extra_info") or {}
-        name = str(b.get("fullname") or b.get("name"))
+        name = benchmark_name(b)
         kernel = str(extra.get("kernel") or str(b.get("name", name)).split("[")[0])
         case = str(extra.get("case") or b.get("param") or "")
         key = ("pytest-benchmark", name)
@@ -225,7 +253,26 @@ def _pytest_benchmark(doc: dict[str, Any], metric: str, path: str) -> Dataset:
     if missing:
         ds.notes.append(f"{path}: {missing} benchmark(s) without raw data; save with "
                         "--benchmark-save-data to test them for significance")
+    ds.noise = _benchmark_floors(doc, path)
     return ds
+
+
+EXPECTED = ("an elasticbench run or verify file (schema elasticbench.run/1 or "
+            "elasticbench.verify/1) or pytest-benchmark JSON (a benchmarks list, from "
+            "--benchmark-json or --benchmark-save)")
+
+
+def file_kind(raw: Any, path: Path) -> str:
+    """'pytest-benchmark', 'run' or 'verify'; ResultsFileError, naming what was expected,
+    for JSON of any other kind. A run or verify file is checked in full."""
+    if isinstance(raw, dict) and isinstance(raw.get("benchmarks"), list) and "schema" not in raw:
+        return "pytest-benchmark"
+    if not isinstance(raw, dict) or not isinstance(raw.get("records"), list):
+        what = (f"has schema {raw.get('schema')!r}" if isinstance(raw, dict) and "schema" in raw
+                else "is neither")
+        raise ResultsFileError(f"{path} {what}: expected {EXPECTED}")
+    doc = check_results(raw, path)  # checks the schema and every record; one line otherwise
+    return str(doc["schema"]).split(".", 1)[1].split("/")[0]
 
 
 def load(path: str | Path, metric: str = "time") -> Dataset:
@@ -234,10 +281,10 @@ def load(path: str | Path, metric: str = "time") -> Dataset:
         raise ValueError(f"unknown metric {metric!r} (choose from {', '.join(METRICS)})")
     p = Path(path)
     raw = read_json(p)
-    if isinstance(raw, dict) and isinstance(raw.get("benchmarks"), list) and "schema" not in raw:
+    kind = file_kind(raw, p)
+    if kind == "pytest-benchmark":
         return _pytest_benchmark(raw, metric, str(p))
-    doc = check_results(raw, p)  # checks the schema; one-line error otherwise
-    kind = str(doc["schema"]).split(".", 1)[1].split("/")[0]  # schema checked: run | verify
+    doc = raw
     ds = Dataset(str(p), kind,
                  dict(doc.get("machine") or {}), metric, commit=doc.get("commit"))
     if ds.kind == "run":

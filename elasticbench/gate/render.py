@@ -9,7 +9,8 @@ from rich.table import Table
 
 from .compare import VERDICTS, Comparison, NumericsRow, Row
 
-MARK = {"slower": "🔴", "faster": "🟢", "same": "⚪", "inconclusive": "❔", "not comparable": "⚫"}
+MARK = {"slower": "🔴", "faster": "🟢", "not significant": "🟡", "same": "⚪", "inconclusive": "❔",
+        "not comparable": "⚫"}
 
 
 def fmt_cost(value: float | None, metric: str) -> str:
@@ -24,13 +25,32 @@ def fmt_cost(value: float | None, metric: str) -> str:
     return f"{value * 1e9:.3g} ns"
 
 
-def fmt_ratio(row: Row) -> str:
+def fmt_bound(value: float, marks: tuple[float, ...] = (1.0,)) -> str:
+    """An interval end to 3 decimals, or more where 3 would round it onto or across one of
+    the marks (1, and the gate's threshold): the printed end lies on the same side of each
+    mark as the end itself."""
+    for digits in range(3, 10):
+        text = f"{value:.{digits}f}"
+        shown = float(text)
+        if all((shown > m) == (value > m) and (shown < m) == (value < m) for m in marks):
+            return text
+    return repr(value)
+
+
+def fmt_ratio(row: Row, max_slowdown: float | None = None) -> str:
+    """'ratio [lo, hi]'; the ends are printed on the right side of 1 and of 1 + max_slowdown."""
     if row.est is None:
         return "—"
     e = row.est
     if e.inconclusive:
         return f"{e.ratio:.3f} [—]"
-    return f"{e.ratio:.3f} [{e.lo:.3f}, {e.hi:.3f}]"
+    marks = (1.0,) if max_slowdown is None else (1.0, 1 + max_slowdown)
+    return f"{e.ratio:.3f} [{fmt_bound(e.lo, marks)}, {fmt_bound(e.hi, marks)}]"
+
+
+def level(cmp: Comparison) -> str:
+    """The level of the comparison's intervals, e.g. '95%'."""
+    return f"{100 * cmp.confidence:g}%"
 
 
 def fmt_p(row: Row) -> str:
@@ -75,19 +95,21 @@ def render_text(cmp: Comparison, console: Console, gate: bool = False) -> None:
         console.print(f"warning: {w}")
     if cmp.rows:
         t = Table(title=f"{cmp.metric}: current vs base "
-                        f"({'paired rounds' if cmp.paired else 'independent runs'})")
-        for col in ("kernel", "case", "base", "current", "ratio [95% CI]", "p", "processes",
-                    "verdict"):
+                        f"({'paired rounds' if cmp.paired else 'independent runs'}), "
+                        f"ratio with its {level(cmp)} interval, alpha {cmp.alpha:g}")
+        for col in ("kernel", "case", "base", "current", f"ratio [{level(cmp)} CI]", "p",
+                    "processes", "verdict"):
             t.add_column(col, justify="right" if col in ("base", "current", "p") else "left")
         for r in cmp.rows:
-            verdict = r.verdict + (" REGRESSION" if r.regression else "") + (
+            verdict = r.label + (" REGRESSION" if r.regression else "") + (
                 f" ({r.reason})" if r.reason else "")
             t.add_row(r.kernel, r.case, fmt_cost(r.base, cmp.metric),
-                      fmt_cost(r.current, cmp.metric), fmt_ratio(r), fmt_p(r),
+                      fmt_cost(r.current, cmp.metric), fmt_ratio(r, cmp.max_slowdown), fmt_p(r),
                       fmt_processes(r), verdict)
         console.print(t)
         roll = Table(title="per kernel (geometric mean of ratios)")
-        for col in ("kernel", "ratio", "cases", "slower", "faster", "same", "inconcl.", "n/c"):
+        for col in ("kernel", "ratio", "cases", "slower", "faster", "n.s.", "same", "inconcl.",
+                    "n/c"):
             roll.add_column(col)
         for k in cmp.rollups:
             roll.add_row(k.kernel, "—" if k.cases == 0 else f"{k.ratio:.3f}", str(k.cases),
@@ -117,7 +139,8 @@ def render_markdown(cmp: Comparison) -> str:
     """A PR comment: the decision first, then only what matters, full tables folded."""
     lines = [f"### elasticbench gate: {'❌' if cmp.failed else '✅'} {headline(cmp)}", ""]
     lines.append(f"Metric **{cmp.metric}**, threshold {100 * cmp.max_slowdown:g}% slower, "
-                 f"alpha {cmp.alpha:g}, {'paired A/B rounds' if cmp.paired else 'two runs'}; "
+                 f"alpha {cmp.alpha:g}, {level(cmp)} intervals, "
+                 f"{'paired A/B rounds' if cmp.paired else 'two runs'}; "
                  f"base `{cmp.base_path}`, current `{cmp.current_path}`.")
     for w in cmp.warnings:
         lines.append(f"> ⚠️ {w}")
@@ -126,13 +149,14 @@ def render_markdown(cmp: Comparison) -> str:
     if bad_n:
         lines += ["**Numerics regressions**", "", "| kernel | case | base | current | change |",
                   "|---|---|---|---|---|", *map(_md_numerics, bad_n), ""]
-    header = ["| | kernel | case | base | current | ratio [95% CI] | p | processes |",
+    header = [f"| | kernel | case | base | current | ratio [{level(cmp)} CI] | p | processes |",
               "|---|---|---|---|---|---|---|---|"]
 
     def md_row(r: Row) -> str:
-        mark = MARK[r.verdict] + (" **regression**" if r.regression else "")
+        mark = MARK[r.verdict] + (f" {r.label}" if r.verdict == "not significant" else "") + (
+            " **regression**" if r.regression else "")
         return (f"| {mark} | {r.kernel} | {r.case} | {fmt_cost(r.base, cmp.metric)} | "
-                f"{fmt_cost(r.current, cmp.metric)} | {fmt_ratio(r)} | {fmt_p(r)} | "
+                f"{fmt_cost(r.current, cmp.metric)} | {fmt_ratio(r, cmp.max_slowdown)} | {fmt_p(r)} | "
                 f"{fmt_processes(r)} |")
 
     notable = [r for r in cmp.rows if r.verdict in ("slower", "faster")]
@@ -153,7 +177,9 @@ def render_markdown(cmp: Comparison) -> str:
         lines.append(f"❔ {inconclusive} case(s) inconclusive: one process per side and no "
                      "noise floor, so the spread between processes is unknown.")
         lines.append("")
-    lines.append("Ratio = current / base cost (> 1 is slower). A regression needs p < alpha "
-                 "and the whole 95% interval above 1 + threshold; processes: per side, with "
-                 "the spread between processes the interval assumed.")
+    lines.append(f"Ratio = current / base cost (> 1 is slower), with its {level(cmp)} interval. "
+                 "Slower or faster: p < alpha and the interval on that side of 1; 🟡 not "
+                 "significant: the interval excludes 1 but p is not below alpha; a regression "
+                 "needs slower and the whole interval above 1 + threshold; processes: per "
+                 "side, with the spread between processes the interval assumed.")
     return "\n".join(lines) + "\n"

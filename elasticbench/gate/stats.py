@@ -68,6 +68,7 @@ class RatioEstimate:
     processes: tuple[int, int] = (1, 1)
     noise: NoiseFloor | None = None  # the between-process spread the interval assumed
     inconclusive: str | None = None
+    confidence: float = 0.95  # the level of [lo, hi]
 
     @property
     def resolvable(self) -> bool:
@@ -198,7 +199,7 @@ def ratio_processes(base: Groups, current: Groups, floors: Sequence[NoiseFloor |
         p = float(2 * stats.t.sf(abs(shift) / se, df))
         half = float(stats.t.ppf(0.5 + confidence / 2, df)) * se
     return RatioEstimate(math.exp(shift), math.exp(shift - half), math.exp(shift + half), p,
-                         n_b, n_c, method, 0.0, procs, spread)
+                         n_b, n_c, method, 0.0, procs, spread, confidence=confidence)
 
 
 def ratio_hierarchical_bootstrap(base: Groups, current: Groups, confidence: float = 0.95,
@@ -228,32 +229,88 @@ def ratio_hierarchical_bootstrap(base: Groups, current: Groups, confidence: floa
                              1.0, procs, None,
                              "the bootstrap needs two processes per side; the default t "
                              "interval can use a baseline's noise floor instead")
-    d = draws(gc) - draws(gb)
-    lo, hi = np.quantile(d, [(1 - confidence) / 2, (1 + confidence) / 2])
+    d = np.sort(draws(gc) - draws(gb))
+    lo, hi = _bootstrap_interval(d, confidence)
     p = float(min(1.0, max(2 * min(np.mean(d <= 0), np.mean(d >= 0)), 1 / resamples)))
     return RatioEstimate(math.exp(shift), math.exp(lo), math.exp(hi), p, n_b, n_c, method,
-                         1 / resamples, procs)
+                         1 / resamples, procs, confidence=confidence)
+
+
+def _bootstrap_interval(d: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The shifts s that the bootstrap test does not reject at 1 - confidence (at least
+    that share of the sorted draws d on each side of s, counting draws equal to s): the
+    interval excludes 0 exactly when the test's p is below 1 - confidence."""
+    tail = max(1, math.ceil((1 - confidence) / 2 * d.size - 1e-9))
+    return float(d[tail - 1]), float(d[d.size - tail])
+
+
+def _signed_rank_method(r: np.ndarray) -> str:
+    """scipy's exact signed-rank distribution when it applies to every shift of r tried
+    (50 rounds or fewer, no tied or zero log ratios), else its normal approximation: one
+    method for the p-value and the interval, so that they agree."""
+    exact = r.size <= 50 and np.unique(np.abs(r)).size == r.size and not np.any(r == 0)
+    return "exact" if exact else "asymptotic"
+
+
+def _signed_rank_p(r: np.ndarray, shift: float, method: str) -> float:
+    """Two-sided Wilcoxon signed-rank p-value of the log ratios r - shift."""
+    return float(stats.wilcoxon(r - shift, zero_method="pratt", alternative="two-sided",
+                                method=method).pvalue)
+
+
+def _signed_rank_interval(r: np.ndarray, walsh: np.ndarray, centre: float, confidence: float,
+                          method: str) -> tuple[float, float]:
+    """The shifts the signed-rank test does not reject at 1 - confidence: between two
+    consecutive Walsh averages the test's statistic is constant, so the interval runs from
+    the first accepted gap's lower Walsh average to the last accepted gap's upper one (found
+    by bisection: p rises towards the centre and falls after it)."""
+    u = np.unique(walsh)
+    if u.size == 1:
+        return float(u[0]), float(u[0])
+    mids = (u[:-1] + u[1:]) / 2
+    ok = [None] * mids.size
+
+    def accepted(k: int) -> bool:
+        if ok[k] is None:
+            ok[k] = _signed_rank_p(r, float(mids[k]), method) >= 1 - confidence
+        return bool(ok[k])
+
+    c = int(np.clip(np.searchsorted(mids, centre), 0, mids.size - 1))
+    if not accepted(c):
+        return centre, centre
+    a, b = 0, c  # first accepted gap in [a, b]
+    while a < b:
+        m = (a + b) // 2
+        a, b = (a, m) if accepted(m) else (m + 1, b)
+    first = a
+    a, b = c, mids.size - 1  # last accepted gap in [a, b]
+    while a < b:
+        m = (a + b + 1) // 2
+        a, b = (m, b) if accepted(m) else (a, m - 1)
+    return float(u[first]), float(u[a + 1])
 
 
 def ratio_paired(base: Samples, current: Samples, confidence: float = 0.95) -> RatioEstimate:
-    """current/base from paired rounds: Walsh-average median ratio, its CI, Wilcoxon p."""
+    """current/base from paired rounds: the median of the Walsh averages of the per-round log
+    ratios, the Wilcoxon signed-rank p-value (scipy), and the interval that inverts the same
+    test, so the interval excludes 1 exactly when p < 1 - confidence."""
     a, b = _clean(base, "base"), _clean(current, "current")
     if a.size != b.size:
         raise ValueError("paired samples need as many base as current samples")
     r = np.log(b) - np.log(a)
     n = r.size
-    if np.all(r == 0):
-        p = 1.0
-    else:
-        p = float(stats.wilcoxon(r, zero_method="pratt", alternative="two-sided").pvalue)
     i, j = np.triu_indices(n)
     w = np.sort((r[i] + r[j]) / 2)
-    N = w.size
-    z = stats.norm.ppf(0.5 + confidence / 2)
-    k = math.floor(n * (n + 1) / 4 - z * math.sqrt(n * (n + 1) * (2 * n + 1) / 24))
-    k = min(max(k, 1), (N + 1) // 2)
-    return RatioEstimate(math.exp(float(np.median(w))), math.exp(w[k - 1]), math.exp(w[N - k]),
-                         p, n, n, "Walsh median / Wilcoxon signed-rank", min_p_paired(n))
+    centre = float(np.median(w))
+    if np.all(r == 0):
+        p, lo, hi = 1.0, 0.0, 0.0
+    else:
+        method = _signed_rank_method(r)
+        p = _signed_rank_p(r, 0.0, method)
+        lo, hi = _signed_rank_interval(r, w, centre, confidence, method)
+    return RatioEstimate(math.exp(centre), math.exp(lo), math.exp(hi), p, n, n,
+                         "Walsh median / Wilcoxon signed-rank", min_p_paired(n),
+                         confidence=confidence)
 
 
 METHODS = ("t", "bootstrap")

@@ -21,13 +21,19 @@ from .files import (
     write_json_atomic,
 )
 from .identity import IDENTITY_FIELDS, record_key
-from .run import NoiseFloorEntry, QuickVerdict, RunRecord, TimingRecord
+from .run import (
+    BenchmarkNoiseFloorEntry,
+    NoiseFloorEntry,
+    QuickVerdict,
+    RunRecord,
+    TimingRecord,
+)
 from .verify import VerifyRecord
 
 Record = RunRecord | VerifyRecord
 
-__all__ = ["IDENTITY_FIELDS", "KINDS", "RECORD_TYPES", "SCHEMA_VERSION", "NoiseFloorEntry",
-           "QuickVerdict",
+__all__ = ["IDENTITY_FIELDS", "KINDS", "RECORD_TYPES", "SCHEMA_VERSION",
+           "BenchmarkNoiseFloorEntry", "NoiseFloorEntry", "QuickVerdict",
            "Record", "RecordError", "ResultsFileError", "ResultsWriter", "RunRecord", "TimingRecord",
            "VerifyRecord", "check_record", "check_results", "check_writable", "read_json",
            "read_results", "record_key", "resume_writer", "schema_name", "write_json_atomic"]

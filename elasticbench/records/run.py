@@ -130,3 +130,16 @@ class NoiseFloorEntry(JSONRecord):
     df: int = entry(check=positive)
     run_sd_log: dict[str, float] = entry(factory=dict, check=nonnegative)
     run_df: int = entry(0, check=nonnegative)
+
+
+@dataclass(kw_only=True)
+class BenchmarkNoiseFloorEntry(JSONRecord):
+    """A pytest-benchmark baseline's noise floor for one benchmark, named as the gate keys it
+    (its fullname, else its name); the fields after it are NoiseFloorEntry's (each file of
+    the baseline is one run of one process, docs/gates.md)."""
+
+    benchmark: str
+    sd_log: dict[str, float] = entry(check=nonnegative)
+    df: int = entry(check=positive)
+    run_sd_log: dict[str, float] = entry(factory=dict, check=nonnegative)
+    run_df: int = entry(0, check=nonnegative)
