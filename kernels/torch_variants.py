@@ -6,10 +6,10 @@ Python, so inductor cannot merge passes: a pass is exactly one sweep over the (r
 array in memory. Inside a pass, rows are cut into blocks of BLOCK = 2048 elements and a last
 block of 1 to BLOCK; what a pass does to one block (its max, then its exponentials) stays in
 L1, so the block-level work costs no extra memory traffic. Every sum over a row is a sum of
-block sums, and the block sums are added by eager torch (pairwise): inductor's reductions
-over a dynamic length are one serial chain per vector lane, whose error grows like n u
-where the budgets allow log2(n) u (docs/numerics.md section 3). The declared models
-(elasticbench.passes):
+block sums, added by eager torch (pairwise; within compiled_elastic's single function, by
+inductor): inductor sums a row of dynamic length as one serial chain per vector lane, whose
+error grows like n u where the budgets allow log2(n) u (docs/numerics.md section 3). The
+declared models (elasticbench.passes):
 
 | kernel               | passes over memory                              | R | W | exps |
 |----------------------|-------------------------------------------------|---|---|------|
@@ -150,8 +150,8 @@ def _pass_pairs_out(x: torch.Tensor, k: torch.Tensor, tau: torch.Tensor, hi: tor
 
 @_compile
 def _pass_block_store(x: torch.Tensor, tau: torch.Tensor):
-    """The exps of the whole blocks and of the last block (two buffers: the blocks differ in
-    length), with every block's max and sum."""
+    """Every block's exps, stored as (rows, q + 1, BLOCK) (the last block padded with 0),
+    with every block's max and sum."""
     def store(b):
         s = _kept(b, tau.dtype)
         bm = s.amax(-1, keepdim=True)
@@ -161,14 +161,14 @@ def _pass_block_store(x: torch.Tensor, tau: torch.Tensor):
     head, last = _split(x)
     eh, bmh, bsh = store(head)
     el, bml, bsl = store(last)
-    return eh, el, torch.cat([bmh, bml], 1), torch.cat([bsh, bsl], 1)
+    e = torch.cat([eh, torch.nn.functional.pad(el, (0, BLOCK - el.shape[-1]))], 1)
+    return e, torch.cat([bmh, bml], 1), torch.cat([bsh, bsl], 1)
 
 
 @_compile
-def _pass_scale(eh: torch.Tensor, el: torch.Tensor, scale: torch.Tensor, like: torch.Tensor
-                ) -> torch.Tensor:
-    y = torch.cat([(eh * scale[:, :-1]).flatten(1), (el * scale[:, -1:]).flatten(1)], 1)
-    return y.to(like.dtype)
+def _pass_scale(e: torch.Tensor, scale: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    # contiguous: inductor may hand back a slice of a padded buffer
+    return (e * scale).flatten(1)[:, : like.shape[1]].to(like.dtype).contiguous()
 
 
 @_compile
@@ -176,10 +176,9 @@ def _fused(x: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor) -> torch.Tens
     s = _kept(x, tau.dtype)
     m = s.amax(-1, keepdim=True)
     m0 = torch.where(m.isfinite(), m, 0)
-    big = s == math.inf
-    nbig = big.to(tau.dtype).sum(-1, keepdim=True)
-    # per block (_split), so that each block's sum comes with its exps and the row's sum is
-    # a sum of block sums; y is written block by block from the stored exps
+    nbig = (s == math.inf).to(tau.dtype).sum(-1, keepdim=True)
+    # block by block (_split): each block's exps are summed as they are stored, the row's
+    # sum is a sum of n / BLOCK block sums, and y is written from the stored exps
     blocks = _split(s)
     es = [torch.exp((b - m0.unsqueeze(1)) / tau) for b in blocks]
     sums = torch.cat([e.sum(-1, keepdim=True) for e in es], 1)
@@ -276,10 +275,10 @@ def elastic_exp_once(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
     """Exp-once: block-shifted exponentials stored with their sums; then one scaling sweep."""
     wd = _work_dtype(x)
     t = _scalar(tau, wd)
-    eh, el, bm, bs = _pass_block_store(x, t)
+    e, bm, bs = _pass_block_store(x, t)
     m, m0, s, w = _combine(bm, bs, t)
     scale = w / (s + beta * torch.exp(-m0 / t)).unsqueeze(1)
-    y = _pass_scale(eh, el, scale, x)
+    y = _pass_scale(e, scale, x)
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
 
 
