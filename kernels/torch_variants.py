@@ -3,9 +3,13 @@ reference points: torch.softmax and torch.compile's fusion of the safe softmax.
 
 Each pass below is one torch.compile'd function (inductor's C++ backend), called from
 Python, so inductor cannot merge passes: a pass is exactly one sweep over the (rows, n)
-array in memory. Inside a pass, rows are cut into blocks of B <= 2048 elements (B divides
-n); what a pass does to one block (its max, then its exponentials) stays in L1, so the
-block-level work costs no extra memory traffic. The declared models (elasticbench.passes):
+array in memory. Inside a pass, rows are cut into blocks of BLOCK = 2048 elements and a last
+block of 1 to BLOCK; what a pass does to one block (its max, then its exponentials) stays in
+L1, so the block-level work costs no extra memory traffic. Every sum over a row is a sum of
+block sums, added by eager torch (pairwise; within compiled_elastic's single function, by
+inductor): inductor sums a row of dynamic length as one serial chain per vector lane, whose
+error grows like n u where the budgets allow log2(n) u (docs/numerics.md section 3). The
+declared models (elasticbench.passes):
 
 | kernel               | passes over memory                              | R | W | exps |
 |----------------------|-------------------------------------------------|---|---|------|
@@ -67,18 +71,23 @@ def _kept(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(xw < 0, -math.inf, xw)
 
 
-def _block(n: int) -> int:
-    """Largest power of two <= BLOCK dividing n; a whole row when that is small."""
-    b = BLOCK
-    while b >= 256 and n % b:
-        b //= 2
-    return b if b >= 256 else n
+def _split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, n) as its whole blocks but the last, (rows, q, BLOCK), and the last block
+    (rows, 1, r) with 1 <= r <= BLOCK: never empty, so its max is defined."""
+    rows, n = t.shape
+    q = (n - 1) // BLOCK
+    return t[:, : q * BLOCK].reshape(rows, q, BLOCK), t[:, q * BLOCK :].unsqueeze(1)
 
 
-def _blocks(x: torch.Tensor) -> torch.Tensor:
-    rows, n = x.shape
-    b = _block(n)
-    return x.reshape(rows, n // b, b)
+def _per_block(t: torch.Tensor, f: Callable) -> tuple[torch.Tensor, ...]:
+    """f's per-block results (each (rows, blocks, 1)) on t's blocks, joined: (rows, q + 1, 1)."""
+    head, last = _split(t)
+    return tuple(torch.cat(pair, 1) for pair in zip(f(head), f(last), strict=True))
+
+
+def _row_sum(block_sums: torch.Tensor) -> torch.Tensor:
+    """(rows, blocks, 1) block sums to (rows, 1) row sums, added pairwise by eager torch."""
+    return block_sums.squeeze(-1).sum(-1, keepdim=True)
 
 
 def _scalar(v: float, dtype: torch.dtype) -> torch.Tensor:
@@ -95,7 +104,10 @@ def _pass_max(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 @_compile
 def _pass_sum(x: torch.Tensor, m0: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
-    return torch.exp((_kept(x, tau.dtype) - m0) / tau).sum(-1, keepdim=True)
+    def sums(b):
+        return (torch.exp((_kept(b, tau.dtype) - m0.unsqueeze(1)) / tau).sum(-1, keepdim=True),)
+
+    return _per_block(x, sums)[0]
 
 
 @_compile
@@ -105,22 +117,28 @@ def _pass_out(x: torch.Tensor, m0: torch.Tensor, tau: torch.Tensor, d: torch.Ten
 
 
 @_compile
-def _pass_block_online(xb: torch.Tensor, tau: torch.Tensor):
-    s = _kept(xb, tau.dtype)
-    bm = s.amax(-1, keepdim=True)
-    bm0 = torch.where(bm == -math.inf, 0, bm)
-    return bm, torch.exp((s - bm0) / tau).sum(-1, keepdim=True)
+def _pass_block_online(x: torch.Tensor, tau: torch.Tensor):
+    def max_and_sum(b):
+        s = _kept(b, tau.dtype)
+        bm = s.amax(-1, keepdim=True)
+        bm0 = torch.where(bm == -math.inf, 0, bm)
+        return bm, torch.exp((s - bm0) / tau).sum(-1, keepdim=True)
+
+    return _per_block(x, max_and_sum)
 
 
 @_compile
-def _pass_block_pairs(xb: torch.Tensor, tau: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor):
+def _pass_block_pairs(x: torch.Tensor, tau: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor):
     # exponent k of the block (a power of two >= its largest term), mantissa sum below it;
     # the reduction (s - k*hi - k*lo)/tau keeps the argument exact: k*hi is exact.
-    s = _kept(xb, tau.dtype)
-    bm = s.amax(-1, keepdim=True)
-    k = torch.ceil(torch.where(bm == -math.inf, 0, bm) / tau * LOG2E)  # inf: row redone
-    r = ((s - k * hi) - k * lo) / tau
-    return bm, k, torch.exp(r).sum(-1, keepdim=True)
+    def pairs(b):
+        s = _kept(b, tau.dtype)
+        bm = s.amax(-1, keepdim=True)
+        k = torch.ceil(torch.where(bm == -math.inf, 0, bm) / tau * LOG2E)  # inf: row redone
+        r = ((s - k * hi) - k * lo) / tau
+        return bm, k, torch.exp(r).sum(-1, keepdim=True)
+
+    return _per_block(x, pairs)
 
 
 @_compile
@@ -131,16 +149,26 @@ def _pass_pairs_out(x: torch.Tensor, k: torch.Tensor, tau: torch.Tensor, hi: tor
 
 
 @_compile
-def _pass_block_store(xb: torch.Tensor, tau: torch.Tensor):
-    s = _kept(xb, tau.dtype)
-    bm = s.amax(-1, keepdim=True)
-    e = torch.exp((s - torch.where(bm == -math.inf, 0, bm)) / tau)
-    return e, bm, e.sum(-1, keepdim=True)
+def _pass_block_store(x: torch.Tensor, tau: torch.Tensor):
+    """Every block's exps, stored as (rows, q + 1, BLOCK) (the last block padded with 0),
+    with every block's max and sum."""
+    def store(b):
+        s = _kept(b, tau.dtype)
+        bm = s.amax(-1, keepdim=True)
+        e = torch.exp((s - torch.where(bm == -math.inf, 0, bm)) / tau)
+        return e, bm, e.sum(-1, keepdim=True)
+
+    head, last = _split(x)
+    eh, bmh, bsh = store(head)
+    el, bml, bsl = store(last)
+    e = torch.cat([eh, torch.nn.functional.pad(el, (0, BLOCK - el.shape[-1]))], 1)
+    return e, torch.cat([bmh, bml], 1), torch.cat([bsh, bsl], 1)
 
 
 @_compile
 def _pass_scale(e: torch.Tensor, scale: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return (e * scale).to(like.dtype)
+    # contiguous: inductor may hand back a slice of a padded buffer
+    return (e * scale).flatten(1)[:, : like.shape[1]].to(like.dtype).contiguous()
 
 
 @_compile
@@ -148,12 +176,21 @@ def _fused(x: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor) -> torch.Tens
     s = _kept(x, tau.dtype)
     m = s.amax(-1, keepdim=True)
     m0 = torch.where(m.isfinite(), m, 0)
-    e = torch.exp((s - m0) / tau)
-    d = e.sum(-1, keepdim=True) + beta * torch.exp(-m0 / tau)
-    y = torch.where(d == 0, 0, e / d)
-    big = (s == math.inf).to(tau.dtype)
-    y = torch.where(m == math.inf, big / big.sum(-1, keepdim=True), y)
-    return y.to(x.dtype)
+    nbig = (s == math.inf).to(tau.dtype).sum(-1, keepdim=True)
+    # block by block (_split): each block's exps are summed as they are stored, the row's
+    # sum is a sum of n / BLOCK block sums, and y is written from the stored exps
+    blocks = _split(s)
+    es = [torch.exp((b - m0.unsqueeze(1)) / tau) for b in blocks]
+    sums = torch.cat([e.sum(-1, keepdim=True) for e in es], 1)
+    d = (sums.sum(1) + beta * torch.exp(-m0 / tau)).unsqueeze(1)
+    m3, nbig3 = m.unsqueeze(1), nbig.unsqueeze(1)
+
+    def out(b: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        y = torch.where(d == 0, 0, e / d)
+        y = torch.where(m3 == math.inf, (b == math.inf).to(tau.dtype) / nbig3, y)
+        return y.to(x.dtype).flatten(1)
+
+    return torch.cat([out(b, e) for b, e in zip(blocks, es, strict=True)], 1)
 
 
 @_compile
@@ -178,7 +215,7 @@ def _combine(bm: torch.Tensor, bs: torch.Tensor, tau: torch.Tensor):
     m = bm.amax(1)
     m0 = torch.where(m.isfinite(), m, 0)
     w = torch.exp((torch.where(bm == -math.inf, 0, bm) - m0.unsqueeze(1)) / tau)
-    return m, m0, (bs * w).sum(1), w
+    return m, m0, _row_sum(bs * w), w
 
 
 def _cody_waite(tau: float, dtype: torch.dtype) -> tuple[float, float, int]:
@@ -198,7 +235,7 @@ def elastic_three_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Ten
     t = _scalar(tau, wd)
     m = _pass_max(x, t)
     m0 = torch.where(m.isfinite(), m, 0)
-    d = _pass_sum(x, m0, t) + beta * torch.exp(-m0 / t)
+    d = _row_sum(_pass_sum(x, m0, t)) + beta * torch.exp(-m0 / t)
     y = _pass_out(x, m0, t, d)
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
 
@@ -209,7 +246,7 @@ def elastic_online(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Online two-pass (Milakov & Gimelshein): max and rescaled sum in one sweep, then output."""
     wd = _work_dtype(x)
     t = _scalar(tau, wd)
-    bm, bs = _pass_block_online(_blocks(x), t)
+    bm, bs = _pass_block_online(x, t)
     m, m0, s, _ = _combine(bm, bs, t)
     y = _pass_out(x, m0, t, s + beta * torch.exp(-m0 / t))
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
@@ -223,9 +260,9 @@ def elastic_two_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
     t = _scalar(tau, wd)
     hi_f, lo_f, limit = _cody_waite(tau, wd)
     hi, lo = _scalar(hi_f, wd), _scalar(lo_f, wd)
-    bm, k, bs = _pass_block_pairs(_blocks(x), t, hi, lo)
+    bm, k, bs = _pass_block_pairs(x, t, hi, lo)
     big_k = k.amax(1)
-    s = torch.ldexp(bs, k - big_k.unsqueeze(1)).sum(1)  # exact power-of-two rescaling
+    s = _row_sum(torch.ldexp(bs, k - big_k.unsqueeze(1)))  # exact power-of-two rescaling
     d = s + torch.ldexp(_scalar(beta, wd), -big_k)
     y = _pass_pairs_out(x, big_k, t, hi, lo, d)
     m = bm.amax(1)
@@ -238,10 +275,10 @@ def elastic_exp_once(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
     """Exp-once: block-shifted exponentials stored with their sums; then one scaling sweep."""
     wd = _work_dtype(x)
     t = _scalar(tau, wd)
-    e, bm, bs = _pass_block_store(_blocks(x), t)
+    e, bm, bs = _pass_block_store(x, t)
     m, m0, s, w = _combine(bm, bs, t)
     scale = w / (s + beta * torch.exp(-m0 / t)).unsqueeze(1)
-    y = _pass_scale(e, scale, x).reshape(x.shape)
+    y = _pass_scale(e, scale, x)
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
 
 
