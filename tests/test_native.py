@@ -168,6 +168,23 @@ def test_without_a_compiler_the_backend_says_why_in_one_line(tmp_path):
     assert built.returncode == 0 and "skipped, no C++ compiler" in built.stdout
 
 
+def test_two_copies_of_the_same_sources_never_share_a_build_directory(tmp_path, monkeypatch):
+    """An installed wheel and a checkout hold byte-identical sources; torch writes absolute
+    source paths into the build directory's ninja file, so one directory for both would
+    rebuild on every switch between them. The key covers the sources' directory too."""
+    copies = [tmp_path / "checkout" / "cpp", tmp_path / "site-packages" / "cpp"]
+    for copy in copies:
+        shutil.copytree(native.source_dir(), copy)
+    keys = []
+    for copy in copies:
+        monkeypatch.setattr(native, "source_dir", lambda copy=copy: copy)
+        keys.append(native.build_key())
+        assert native.build_key() == keys[-1]  # the same copy: the same directory, every time
+    assert keys[0] != keys[1]
+    (copies[1] / "rows.h").write_text((copies[1] / "rows.h").read_text() + "\n")
+    assert native.build_key() != keys[1]  # and an edited header in the same place: a new one
+
+
 def test_the_first_compiler_error_is_the_reason():
     log = "ninja: build stopped\n/src/rows.h:12:3: error: 'vexp' was not declared\nmore"
     assert native._first_error(log) == "/src/rows.h:12:3: error: 'vexp' was not declared"
