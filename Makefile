@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.elasticbench-installed
 
-.PHONY: run test selftest lint lock clean native
+.PHONY: run test selftest verify lint lock clean native
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,12 @@ test: native
 # machine, so `make test` checks the numpy and cpp kernels this way and CI runs this too).
 selftest: native
 	$(BIN)/elasticbench selftest
+
+# The whole default verification matrix, forward and backward, every built-in kernel and
+# dtype (CI runs it after selftest, whose torch.compile variants warm inductor's cache).
+verify: native
+	mkdir -p $(CI_OUT)
+	$(BIN)/elasticbench verify --mode both --failures 5 --json $(CI_OUT)/verify.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -112,8 +112,9 @@ def _report(job: HuntJob, path: Path, complete: bool) -> None:
     for h in job.results:
         name = f"{h.spec.name}{'' if h.spec.mode == 'fwd' else ' (bwd)'}"
         if h.found is None:
-            click.echo(f"pass {name}: {h.trials} configurations in {h.seconds:.0f}s, none "
-                       f"failed (at most {h.best_fraction:.0%} of the error budget)")
+            click.echo(f"pass {name}: {h.trials} configurations in {h.seconds:.0f}s "
+                       f"({rate(h.trials, h.seconds)}), none failed (at most "
+                       f"{h.best_fraction:.0%} of the error budget)")
             continue
         first = h.found.trial.record
         click.echo(f"FAIL {name}: {first.reason}")
@@ -132,10 +133,17 @@ def _report(job: HuntJob, path: Path, complete: bool) -> None:
         if h.case_path is not None:
             click.echo(f"  case file {h.case_path}")
             click.echo(f"  reproduce: {replay_command(h.spec, h.case_path)}")
-    line = (f"{len(failed)} of {len(job.results)} kernels failed; "
-            f"{sum(h.trials for h in job.results)} configurations in {path}")
+    trials = sum(h.trials for h in job.results)
+    seconds = sum(h.seconds for h in job.results)
+    line = (f"{len(failed)} of {len(job.results)} kernels failed; {trials} configurations "
+            f"({rate(trials, seconds)}) in {path}")
     if not complete:
         click.echo(f"interrupted: {line}", err=True)
         sys.exit(EXIT_INTERRUPTED)
     click.echo(line)
     sys.exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+def rate(trials: int, seconds: float) -> str:
+    """Configurations judged per second, for the summary."""
+    return f"{trials / seconds:.1f} configurations/s" if seconds > 0 else "-"

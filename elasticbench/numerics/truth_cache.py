@@ -222,6 +222,11 @@ def _chunks(job: TruthJob) -> list[tuple]:
 
 def fast_phase(job: TruthJob) -> tuple[Truth, np.ndarray]:
     """The certified truth of a job's rows, and which rows (positions) it certified."""
+    with np.errstate(all="ignore"):  # masked lanes hold inf and NaN; they are never read
+        return _fast_phase(job)
+
+
+def _fast_phase(job: TruthJob) -> tuple[Truth, np.ndarray]:
     fn = get_function(job.function)
     fmt = get_format(job.dtype)
     params = dict(job.params)

@@ -1,0 +1,186 @@
+"""The certified fast reference against the mpmath oracle (docs/numerics.md section 6).
+
+Wherever the double-double evaluation certifies a value, mpmath at 256 bits must lie within
+its bound (forward) or within 2^-12 ulp (dx, the parameter gradients): the claim the fast
+phase makes, tested on the adversarial generators, mixes with values near every threshold,
+every function, forward and backward, every dtype. ELASTICBENCH_PROPERTY_ELEMENTS sets how
+many elements each function and mode sees (CI runs 10^6).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from elasticbench.functions import FUNCTION_NAMES, get_function
+from elasticbench.inputs.generators import GENERATORS, generate
+from elasticbench.numerics import certified, certified_grad, dd
+from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format
+from elasticbench.numerics.truth import evaluate_rows
+from elasticbench.numerics.ulp import ulp_of
+
+ELEMENTS = int(float(os.environ.get("ELASTICBENCH_PROPERTY_ELEMENTS", "6000")))
+ROW = 96  # elements of one drawn row: examples = ELEMENTS / (rows * ROW)
+ORACLE_BITS = 256
+GRADIENT_FUNCTIONS = [f for f in FUNCTION_NAMES if get_function(f).gradient_row is not None]
+
+
+def test_exp_is_within_its_bound():
+    rng = np.random.default_rng(1)
+    z = -np.concatenate([rng.uniform(0, 1, 3000), rng.uniform(0, 760, 3000),
+                         rng.exponential(1e-3, 1000),
+                         [0.0, 1e-300, 745.13, 745.2, 744.4, 708.4, 708.3, 700.0,
+                          math.log(2) / 2048, 759.99, 760.0, 760.01]])
+    zl = z * rng.uniform(-1, 1, z.size) * 2.0**-54
+    h, lo = dd.exp(z, zl)
+    with mpmath.workprec(320):
+        for i in range(z.size):
+            v = mpmath.exp(mpmath.mpf(z[i]) + mpmath.mpf(zl[i]))
+            err = abs(mpmath.mpf(h[i]) + mpmath.mpf(lo[i]) - v)
+            cut = z[i] < dd.EXP_MIN
+            allowed = v if cut else dd.EXP_REL * v + dd.EXP_ABS
+            assert err <= allowed, (z[i], float(err), float(allowed))
+
+
+def test_the_operations_meet_their_stated_bounds():
+    """Each dd operation, on random operands of mixed signs and sizes, within its bound."""
+    rng = np.random.default_rng(2)
+    n = 4000
+    a = rng.standard_normal(n) * 2.0 ** rng.integers(-40, 40, n)
+    b = rng.standard_normal(n) * 2.0 ** rng.integers(-40, 40, n)
+    al, bl = a * rng.uniform(-1, 1, n) * 2.0**-54, b * rng.uniform(-1, 1, n) * 2.0**-54
+    cases = {
+        "add": (dd.add(a, al, b, bl), lambda x, y: x + y, dd.ADD_DD),
+        "mul": (dd.mul(a, al, b, bl), lambda x, y: x * y, dd.MUL_DD),
+        "div": (dd.div(a, al, b, bl), lambda x, y: x / y, dd.DIV_DD),
+        "mul_d": (dd.mul_d(a, al, b), None, dd.MUL_D),
+        "div_d": (dd.div_d(a, al, b), None, dd.DIV_D),
+        "add_d": (dd.add_d(a, al, b), None, dd.ADD_D),
+    }
+    with mpmath.workprec(320):
+        for name, ((h, lo), op, bound) in cases.items():
+            for i in range(0, n, 7):
+                x = mpmath.mpf(a[i]) + mpmath.mpf(al[i])
+                y = mpmath.mpf(b[i]) + (mpmath.mpf(bl[i]) if op is not None else 0)
+                exact = {"add": x + y, "mul": x * y, "div": x / y, "mul_d": x * y,
+                         "div_d": x / y, "add_d": x + y}[name]
+                err = abs(mpmath.mpf(h[i]) + mpmath.mpf(lo[i]) - exact)
+                assert err <= bound * dd.U2 * abs(exact), (name, i)
+
+
+# ---------------------------------------------------------------------------------------
+# Property tests: drawn inputs, certified values against the oracle.
+
+THRESHOLDS = {  # values next to which something changes, per format (filled in per draw)
+    "exp_range": lambda fmt: [fmt.ln_max, -fmt.ln_max, 745.13, 708.4, 88.72, 11.09],
+    "zeros": lambda fmt: [0.0, -0.0, 2.0 ** (fmt.emin - fmt.p + 1), 2.0**fmt.emin],
+    "huge": lambda fmt: [fmt.max, -fmt.max, fmt.max / 2],
+    "specials": lambda fmt: [np.inf, -np.inf, np.nan],
+}
+
+
+@st.composite
+def drawn_input(draw, functions: list[str]):
+    fn = get_function(draw(st.sampled_from(functions)))
+    dtype = draw(st.sampled_from(DTYPE_NAMES))
+    fmt = get_format(dtype)
+    rows = draw(st.integers(1, 4))
+    n = draw(st.sampled_from([1, 2, 3, 7, 64, ROW, 257, 1000]))
+    x = generate(draw(st.sampled_from(sorted(GENERATORS))), dtype, (rows, n),
+                 draw(st.integers(0, 2**31)))
+    x = x.astype(np.float64)
+    if draw(st.booleans()):  # values at the thresholds, in random places
+        kind = draw(st.sampled_from(sorted(THRESHOLDS)))
+        values = THRESHOLDS[kind](fmt)
+        k = draw(st.integers(1, max(1, x.size // 8)))
+        rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+        flat = x.reshape(-1)
+        flat[rng.choice(x.size, size=k)] = rng.choice(values, size=k)
+        x = fmt.cast(flat.reshape(x.shape)).astype(np.float64)
+    if draw(st.booleans()):  # ties: a quarter of each row equal to its first value
+        x[:, : max(1, n // 4)] = x[:, :1]
+    params = {}
+    for p in fn.params:
+        lo, hi = p.span
+        v = float(np.exp(draw(st.floats(math.log(lo), math.log(hi)))))
+        params[p.name] = draw(st.sampled_from([v, *p.grid]))
+    params = fn.validate_params(params)
+    return fn, fmt, x, params
+
+
+def _examples(per_example: int) -> int:
+    return max(10, ELEMENTS // per_example)
+
+
+@settings(max_examples=_examples(2 * ROW), deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(drawn_input(list(FUNCTION_NAMES)))
+def test_certified_outputs_hold_against_mpmath(case):
+    fn, fmt, x, params = case
+    with np.errstate(all="ignore"):
+        out = certified.forward(fn, params, x)
+    ok = certified.certified_rows(out, fmt)
+    oracle = evaluate_rows(fn.name, params, x, np.arange(x.shape[0]), ORACLE_BITS)
+    assert (out.kind == oracle.kind).all()
+    for k in np.flatnonzero(ok):
+        if oracle.kind[k] == "nan":
+            assert np.isnan(out.hi[k]).all()
+            continue
+        assert (out.zero[k] == oracle.zero[k]).all()
+        diff = np.abs((out.hi[k] - oracle.hi[k]) + (out.lo[k] - oracle.lo[k]))
+        slack = np.abs(oracle.hi[k]) * 2.0 ** -(ORACLE_BITS - 2)
+        assert (diff <= out.bound[k] + slack).all(), (fn.name, fmt.name, params, x[k])
+        assert (out.bound[k] <= certified.CERTIFY_ULP * ulp_of(oracle.hi[k], oracle.lo[k], fmt)
+                + slack).all()
+
+
+@settings(max_examples=_examples(2 * ROW), deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(drawn_input(GRADIENT_FUNCTIONS), st.integers(0, 2**31))
+def test_certified_gradients_hold_against_mpmath(case, seed):
+    fn, fmt, x, params = case
+    g = fmt.cast(np.random.default_rng(seed).standard_normal(x.shape)).astype(np.float64)
+    rows = np.arange(x.shape[0])
+    with np.errstate(all="ignore"):
+        truth, ok, params_ok = certified_grad.gradient_truth(fn, params, x, g, rows, fmt)
+    oracle = evaluate_rows(fn.name, params, x, rows, ORACLE_BITS, g)
+    ulp = ulp_of(np.nan_to_num(oracle.dx_hi), np.nan_to_num(oracle.dx_lo), fmt)
+    for k in np.flatnonzero(ok):
+        if oracle.kind[k] == "nan":
+            assert np.isnan(truth.dx_hi[k]).all()
+            continue
+        assert (truth.dzero[k] == oracle.dzero[k]).all()
+        diff = np.abs((truth.dx_hi[k] - oracle.dx_hi[k]) + (truth.dx_lo[k] - oracle.dx_lo[k]))
+        assert (diff <= certified.CERTIFY_ULP * ulp[k]
+                + np.abs(oracle.dx_hi[k]) * 2.0 ** -(ORACLE_BITS - 2)).all(), (
+            fn.name, fmt.name, params, x[k], g[k])
+    if params_ok and (oracle.kind != "nan").all():
+        uw, tiny = (2.0**-53, 2.0**-1022) if fmt.name == "fp64" else (2.0**-24, 2.0**-126)
+        for j in range(len(fn.params)):
+            want = math.fsum([*oracle.dp_hi[:, j], *oracle.dp_lo[:, j]])
+            got = math.fsum([*truth.dp_hi[:, j], *truth.dp_lo[:, j]])
+            assert abs(got - want) <= certified.CERTIFY_ULP * uw * max(abs(want), tiny)
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+def test_the_default_matrix_is_nearly_all_certified(dtype):
+    """What makes the reference fast: on the verify matrix's inputs, mpmath is left with a
+    small share (the fp64 underflow band, single-element rows, overflowing sums)."""
+    total = fallback = 0
+    for name in ("normal", "uniform", "dominant", "ties_max", "relu_zeros", "flat"):
+        x = generate(name, dtype, (4, 1000), 7).astype(np.float64)
+        for f in FUNCTION_NAMES:
+            fn = get_function(f)
+            for params in fn.param_grid()[:4]:
+                with np.errstate(all="ignore"):
+                    out = certified.forward(fn, params, x)
+                ok = certified.certified_rows(out, get_format(dtype))
+                total += x.size
+                fallback += int((~ok).sum()) * x.shape[1]
+    assert fallback <= 0.1 * total
