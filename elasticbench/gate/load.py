@@ -157,17 +157,26 @@ def split_processes(costs: np.ndarray, counts: Any) -> list[np.ndarray]:
 
 def _noise_floors(doc: dict[str, Any], metric: str, path: str) -> dict[tuple, NoiseFloor]:
     """A baseline's noise floors in the metric, keyed like its records' series."""
-    out: dict[tuple, NoiseFloor] = {}
+    return {("run", *record_key(raw)): floor
+            for raw, floor in _floor_entries(doc, NoiseFloorEntry, metric,
+                                             f"results file {path}")}
+
+
+def _floor_entries(doc: dict[str, Any], entry: Any, metric: str,
+                   where: str) -> list[tuple[dict[str, Any], NoiseFloor]]:
+    """(raw entry, its floor in the metric) for each noise_floor entry of a baseline that
+    has one; a malformed entry is one line naming it (ResultsFileError)."""
+    out = []
     for i, raw in enumerate(doc.get("noise_floor") or []):
         try:
-            e = NoiseFloorEntry.from_dict(raw)
+            e = entry.from_dict(raw)
         except RecordError as err:
-            raise ResultsFileError(f"results file {path}: noise_floor entry {i}: "
+            raise ResultsFileError(f"{where}: noise_floor entry {i}: "
                                    f"{'field ' + err.field + ' ' if err.field else ''}"
                                    f"{err.problem}") from None
         floor = _floor(e, metric)
         if floor is not None:
-            out[("run", *record_key(raw))] = floor
+            out.append((raw, floor))
     return out
 
 
@@ -206,18 +215,8 @@ def _floor(e: NoiseFloorEntry | BenchmarkNoiseFloorEntry, metric: str) -> NoiseF
 
 def _benchmark_floors(doc: dict[str, Any], path: str) -> dict[tuple, NoiseFloor]:
     """A pytest-benchmark baseline's noise floors, keyed like its series."""
-    out: dict[tuple, NoiseFloor] = {}
-    for i, raw in enumerate(doc.get("noise_floor") or []):
-        try:
-            e = BenchmarkNoiseFloorEntry.from_dict(raw)
-        except RecordError as err:
-            raise ResultsFileError(f"{path}: noise_floor entry {i}: "
-                                   f"{'field ' + err.field + ' ' if err.field else ''}"
-                                   f"{err.problem}") from None
-        floor = _floor(e, "time")
-        if floor is not None:
-            out[("pytest-benchmark", e.benchmark)] = floor
-    return out
+    return {("pytest-benchmark", raw["benchmark"]): floor
+            for raw, floor in _floor_entries(doc, BenchmarkNoiseFloorEntry, "time", path)}
 
 
 def benchmark_name(b: dict[str, Any]) -> str:

@@ -14,11 +14,12 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -96,15 +97,11 @@ class TruthStats:
         return self.fallback_elements / self.elements if self.elements else 0.0
 
     def to_dict(self) -> dict[str, float]:
-        return {"elements": self.elements, "fallback_elements": self.fallback_elements,
-                "fallback_rows": self.fallback_rows, "cached_elements": self.cached_elements,
-                "fallback_share": self.fallback_share, "fast_s": round(self.fast_s, 3),
-                "fallback_s": round(self.fallback_s, 3)}
+        return {**asdict(self), "fallback_share": self.fallback_share}
 
     @classmethod
     def from_dict(cls, d: dict) -> TruthStats:
-        return cls(**{k: d[k] for k in ("elements", "fallback_elements", "fallback_rows",
-                                         "cached_elements", "fast_s", "fallback_s")})
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
 
     def summary(self) -> str:
         """One line for a run's summary."""
@@ -294,7 +291,11 @@ def _fallback(rest: list[tuple[int, TruthJob, np.ndarray]], results: list[Truth]
     if workers > 1 and work >= PARALLEL_MIN_ELEMENTS:
         # fork: no re-import of the caller's __main__ (scripts without a main guard work).
         # Workers only touch NumPy and mpmath, never torch's thread pools or a GPU.
-        with ProcessPoolExecutor(workers, mp_context=get_context(_START_METHOD)) as pool:
+        # forked from a thread other than the main one, a child could inherit locks that
+        # the other threads hold: there, a fork server starts the workers instead
+        method = _START_METHOD if threading.current_thread() is threading.main_thread() \
+            else "forkserver" if sys.platform.startswith("linux") else "spawn"
+        with ProcessPoolExecutor(workers, mp_context=get_context(method)) as pool:
             futures = {i: [pool.submit(_evaluate, c) for c in pieces[i]] for i, _, _ in todo}
             try:
                 for i, job, where in todo:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -28,7 +29,7 @@ from .backward import (
 from .check import CheckResult, check_output
 from .matrix import MAX_ROWS, VerifyCase
 
-BATCH_ELEMENTS = 1 << 23  # checked elements of the cases prepared and solved together
+BATCH_ELEMENTS = 1 << 22  # checked elements of the cases prepared and solved together
 
 
 def rows_to_check(shape: tuple[int, int], max_elements: int, seed: int,
@@ -196,15 +197,27 @@ def run_verification(
     cases = [c for c in cases if todo(c)]
     compiled = compile_checks([(spec, case) for case in cases for spec in todo(case)])
     one = verify_backward_one if mode == "bwd" else verify_one
-    for batch in batches(cases, max_elements):
-        # a batch at a time: inputs and truths of the whole matrix never sit in memory at once
+
+    def solved(batch: list[VerifyCase]) -> tuple[list[Prepared], list]:
         prepared = prepare(batch, max_elements, precision, mode, max_rows)
-        truths = solve([p.job for p in prepared], store, workers, on_truth, stats)
-        for prep, truth in zip(prepared, truths, strict=True):
-            for spec in todo(prep.case):
-                record = one(spec, prep, truth, isolation)
-                with_compile_check(record, compiled.get(call_key(spec, prep.case)))
-                on_record(record)
+        return prepared, solve([p.job for p in prepared], store, workers, on_truth, stats)
+
+    # A batch at a time, so that the inputs and truths of the whole matrix never sit in
+    # memory at once; the next batch's reference is computed on a second thread while this
+    # one's kernels run (NumPy and torch both let go of the interpreter in their loops).
+    work = batches(cases, max_elements)
+    with ThreadPoolExecutor(1) as ahead:
+        pending = ahead.submit(solved, work[0]) if work else None
+        for i in range(len(work)):
+            assert pending is not None
+            prepared, truths = pending.result()
+            pending = ahead.submit(solved, work[i + 1]) if i + 1 < len(work) else None
+            for prep, truth in zip(prepared, truths, strict=True):
+                for spec in todo(prep.case):
+                    record = one(spec, prep, truth, isolation)
+                    with_compile_check(record, compiled.get(call_key(spec, prep.case)))
+                    on_record(record)
+            del prepared, truths
 
 
 def batches(cases: list[VerifyCase], max_elements: int,
