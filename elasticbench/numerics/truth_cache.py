@@ -138,6 +138,7 @@ class TruthStore:
     def __init__(self, directory: Path | None, max_mb: float | None = None):
         self.dir = None if directory is None else Path(directory) / "truth"
         self.max_bytes = int((default_cache_mb() if max_mb is None else max_mb) * 1e6)
+        self._bytes: int | None = None  # what the cache holds, counted once, then kept up
 
     def _path(self, key: str) -> Path:
         assert self.dir is not None
@@ -165,7 +166,12 @@ class TruthStore:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, **truth.arrays())
             os.replace(tmp, path)
-            self.trim()
+            if self._bytes is None:
+                self._bytes = self.size()
+            else:
+                self._bytes += path.stat().st_size
+            if self._bytes > self.max_bytes:
+                self.trim()
         except OSError:
             pass  # a read-only cache only costs time
 
@@ -197,6 +203,7 @@ class TruthStore:
                 total -= size
             except OSError:
                 pass
+        self._bytes = total
 
 
 def _evaluate(job: tuple) -> Truth:
