@@ -56,10 +56,8 @@ def floor_of(v: np.ndarray, *factors: np.ndarray) -> np.ndarray:
     """Absolute slack where a computed value lies in float64's subnormal tail, or is 0 while
     the factors it is the product of are not (it underflowed)."""
     live = v != 0
-    for f in factors:
-        live = live | (f != 0)
     if factors:
-        live &= np.logical_and.reduce([np.asarray(f) != 0 for f in factors]) | (v != 0)
+        live = live | np.logical_and.reduce([np.asarray(f) != 0 for f in factors])
     return np.where(live & (np.abs(v) < TINY), ABS_FLOOR, 0.0)
 
 
@@ -187,7 +185,8 @@ def _dtau(x, g, sh: Shift, yh, yl, by, th, tl, bt, qh, ql, bq):
     bz = np.abs(zh) * dd.DIV_D * dd.U2 + subnormal_floor(dh) / tau
     cut = np.where(kept & ~live, CUT, 0.0)  # |y z| of the terms whose exp is below 2^-1096
     uh, ul = dd.mul(yh, yl, zh, zl)
-    bu = np.abs(zh) * by + np.abs(yh) * bz + np.abs(uh) * dd.MUL_DD * dd.U2 + floor_of(uh, yh, zh) + cut
+    bu = (np.abs(zh) * by + np.abs(yh) * bz + np.abs(uh) * dd.MUL_DD * dd.U2
+          + floor_of(uh, yh, zh) + cut)
     a = tree_sum(uh, ul, bu)
     # the offset's share w = offset exp(-m/tau) / S, times m/tau
     mt_h, mt_l = scaled(sh.m, np.zeros(r), tau)
@@ -195,8 +194,9 @@ def _dtau(x, g, sh: Shift, yh, yl, by, th, tl, bt, qh, ql, bq):
     wh, wl = dd.mul_d(qh, ql, sh.offset)
     bw = sh.offset * bq + np.abs(wh) * dd.MUL_D * dd.U2
     b_h, b_l = dd.mul(wh, wl, np.where(near, mt_h, 0.0), np.where(near, mt_l, 0.0))
-    bb = (np.abs(wh) * np.abs(mt_h) * dd.DIV_D * dd.U2 + np.abs(mt_h) * bw
-          + np.abs(b_h) * dd.MUL_DD * dd.U2 + np.where(near, 0.0, CUT * max(sh.offset, 1.0)))
+    # beyond 2^11, w m/tau < offset exp(-m/tau) m/tau is below CUT * offset, and b is 0
+    bb = np.where(near, np.abs(wh) * np.abs(mt_h) * dd.DIV_D * dd.U2 + np.abs(mt_h) * bw
+                  + np.abs(b_h) * dd.MUL_DD * dd.U2, CUT * max(sh.offset, 1.0))
     mean_h, mean_l = dd.add(a.h, a.lo, -b_h, -b_l)
     bmean = a.bound + bb + np.abs(mean_h) * dd.ADD_DD * dd.U2
     # the terms g y (mean - z)
@@ -204,7 +204,8 @@ def _dtau(x, g, sh: Shift, yh, yl, by, th, tl, bt, qh, ql, bq):
                     np.broadcast_to(mean_l[:, None], (r, n)), -zh, -zl)
     bf = bmean[:, None] + bz + np.abs(fh) * dd.ADD_DD * dd.U2
     vh, vl = dd.mul(th, tl, fh, fl)
-    bv = np.abs(th) * bf + np.abs(fh) * bt + np.abs(vh) * dd.MUL_DD * dd.U2 + floor_of(vh, th, fh)
+    bv = (np.abs(th) * bf + np.abs(fh) * bt + np.abs(vh) * dd.MUL_DD * dd.U2
+          + floor_of(vh, th, fh))
     vh, vl, bv = (np.where(live, v, 0.0) for v in (vh, vl, bv))
     # a term whose exp was cut: |g y (mean - z)| <= |g| exp(z) (|mean| + |z|) <= |g| CUT (1 + |mean|)
     s = tree_sum(vh, vl, bv + cut * np.abs(g) * (1 + np.abs(mean_h[:, None])))
