@@ -84,7 +84,7 @@ def certify(hi: np.ndarray, lo: np.ndarray, bound: np.ndarray, fmt: FloatFormat,
     of two, so only its size is checked)."""
     a = np.abs(hi)
     with np.errstate(invalid="ignore", over="ignore"):
-        small = bound <= CERTIFY_ULP * ulp_in(hi, fmt)
+        small = bound <= CERTIFY_ULP * ulp_in(hi, fmt) * np.where(sided, 0.5, 1.0)
         _, e = np.frexp(a)
         low = np.ldexp(1.0, e.astype(np.int64) - 1)  # the power of two at or below |hi|
         toward = np.where(hi < 0, -lo, lo)  # lo in the direction of |y|
