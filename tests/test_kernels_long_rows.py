@@ -12,7 +12,7 @@ from elasticbench.execute import call_kernel
 from elasticbench.inputs import generate
 from elasticbench.numerics.budget import budget_for
 from elasticbench.numerics.dtypes import get_format
-from elasticbench.numerics.truth import evaluate_rows
+from elasticbench.numerics.truth_cache import TruthJob, TruthStore, solve
 from elasticbench.registry import get_kernel
 from elasticbench.verify.check import check_output
 
@@ -25,7 +25,9 @@ PARAMS = {"tau": 1.0, "beta": 1.0}
                                               ("fp32", (2, 6145))])
 def test_long_rows_stay_within_the_log2_budget(dtype, shape):
     x = generate("coarse", dtype, shape, 20261121)
-    truth = evaluate_rows("elastic", PARAMS, x.astype(np.float64), np.arange(shape[0]))
+    job = TruthJob("elastic", tuple(PARAMS.items()), dtype, x.astype(np.float64),
+                   np.arange(shape[0]), 128)
+    (truth,) = solve([job], TruthStore(None), workers=1)
     fmt = get_format(dtype)
     for name in VARIANTS:
         out = call_kernel(get_kernel(name), x, PARAMS)
