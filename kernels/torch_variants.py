@@ -50,10 +50,14 @@ def _compile(fn: Callable) -> Callable:
         if c is None:
             import torch._dynamo
 
+            # Every dtype, layout, size-1 dimension and block count compiles its own graph:
+            # the whole default matrix (make verify) needs more than 64 of them for one
+            # function, and past the limit dynamo would run the rest eagerly, so that the
+            # compiled kernel a record names would not be the code it judged.
             cfg = torch._dynamo.config
             for name in ("recompile_limit", "cache_size_limit"):
                 if hasattr(cfg, name):
-                    setattr(cfg, name, max(getattr(cfg, name), 64))
+                    setattr(cfg, name, max(getattr(cfg, name), 1024))
             c = _compiled[fn.__name__] = torch.compile(fn, dynamic=True)
         return c(*args)
 
