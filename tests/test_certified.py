@@ -25,8 +25,8 @@ from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format
 from elasticbench.numerics.truth import evaluate_rows
 from elasticbench.numerics.ulp import ulp_of
 
-ELEMENTS = int(float(os.environ.get("ELASTICBENCH_PROPERTY_ELEMENTS", "6000")))
-ROW = 96  # elements of one drawn row: examples = ELEMENTS / (rows * ROW)
+ELEMENTS = int(float(os.environ.get("ELASTICBENCH_PROPERTY_ELEMENTS", "3000")))
+ROW = 96  # one of the drawn row lengths
 ORACLE_BITS = 256
 GRADIENT_FUNCTIONS = [f for f in FUNCTION_NAMES if get_function(f).gradient_row is not None]
 
@@ -90,8 +90,8 @@ def drawn_input(draw, functions: list[str]):
     fn = get_function(draw(st.sampled_from(functions)))
     dtype = draw(st.sampled_from(DTYPE_NAMES))
     fmt = get_format(dtype)
-    rows = draw(st.integers(1, 4))
-    n = draw(st.sampled_from([1, 2, 3, 7, 64, ROW, 257, 1000]))
+    rows = draw(st.integers(*ROWS))
+    n = draw(st.sampled_from(COLUMNS))
     x = generate(draw(st.sampled_from(sorted(GENERATORS))), dtype, (rows, n),
                  draw(st.integers(0, 2**31)))
     x = x.astype(np.float64)
@@ -114,11 +114,17 @@ def drawn_input(draw, functions: list[str]):
     return fn, fmt, x, params
 
 
-def _examples(per_example: int) -> int:
-    return max(10, ELEMENTS // per_example)
+ROWS = (1, 4)
+COLUMNS = [1, 2, 3, 7, 64, ROW, 257, 1000]
+MEAN_ELEMENTS = (ROWS[0] + ROWS[1]) / 2 * sum(COLUMNS) / len(COLUMNS)  # of one drawn input
 
 
-@settings(max_examples=_examples(2 * ROW), deadline=None, derandomize=True,
+def _examples(functions: list[str]) -> int:
+    """Examples for ELEMENTS elements per function, on average, over these functions."""
+    return max(10, math.ceil(ELEMENTS * len(functions) / MEAN_ELEMENTS))
+
+
+@settings(max_examples=_examples(list(FUNCTION_NAMES)), deadline=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 @given(drawn_input(list(FUNCTION_NAMES)))
 def test_certified_outputs_hold_against_mpmath(case):
@@ -140,7 +146,7 @@ def test_certified_outputs_hold_against_mpmath(case):
                 + slack).all()
 
 
-@settings(max_examples=_examples(2 * ROW), deadline=None, derandomize=True,
+@settings(max_examples=_examples(GRADIENT_FUNCTIONS), deadline=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 @given(drawn_input(GRADIENT_FUNCTIONS), st.integers(0, 2**31))
 def test_certified_gradients_hold_against_mpmath(case, seed):
