@@ -2,13 +2,13 @@
 each one process), kept as a baseline with its noise floor and gated one run at a time.
 
 The benchmark adds up 100000 integers a round; the planted slowdown adds up four times as
-many. The five base processes run side by side with the rest of the suite, so their
-spread, the baseline's noise floor, is whatever the load makes it (up to 20% seen): a
-planted 1.45x read 1.31x-1.36x and a planted 2x read 2.07x and were, rightly, `not
-significant` against such a floor. A test that asserts a verdict needs a slowdown no load
-on this machine hides; docs/gates.md has the 1.45x figures of an idle machine. Timed by the process's CPU time (--benchmark-timer time.process_time, as `ab --clock
-cpu`), so the seven processes, run side by side on a shared machine, are not timed while
-they wait for a core."""
+many. The five base processes run side by side with the rest of the suite, so their spread,
+the baseline's noise floor, is whatever the load makes it: a planted 1.45x read 1.31x-1.36x
+and a planted 2x read 2.07x, and were, rightly, `not significant` against such a floor. A
+test that asserts a verdict needs a slowdown no load on this machine hides; docs/gates.md
+has the 1.45x figures of an idle machine. Timed by the process's CPU time
+(--benchmark-timer time.process_time, as `ab --clock cpu`), so the seven processes, run side
+by side on a shared machine, are not timed while they wait for a core."""
 
 from __future__ import annotations
 
