@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from elasticbench.functions import FUNCTION_NAMES, get_function
 from elasticbench.inputs.generators import GENERATORS, generate
 from elasticbench.numerics import certified, certified_grad, dd
-from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format
+from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format, work_format
 from elasticbench.numerics.truth import evaluate_rows
 from elasticbench.numerics.ulp import ulp_of
 
@@ -124,8 +124,10 @@ def _examples(functions: list[str]) -> int:
     return max(10, math.ceil(ELEMENTS * len(functions) / MEAN_ELEMENTS))
 
 
-@settings(max_examples=_examples(list(FUNCTION_NAMES)), deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
+PROPERTY = settings(deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
+@settings(PROPERTY, max_examples=_examples(list(FUNCTION_NAMES)))
 @given(drawn_input(list(FUNCTION_NAMES)))
 def test_certified_outputs_hold_against_mpmath(case):
     fn, fmt, x, params = case
@@ -146,8 +148,7 @@ def test_certified_outputs_hold_against_mpmath(case):
                 + slack).all()
 
 
-@settings(max_examples=_examples(GRADIENT_FUNCTIONS), deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
+@settings(PROPERTY, max_examples=_examples(GRADIENT_FUNCTIONS))
 @given(drawn_input(GRADIENT_FUNCTIONS), st.integers(0, 2**31))
 def test_certified_gradients_hold_against_mpmath(case, seed):
     fn, fmt, x, params = case
@@ -167,7 +168,7 @@ def test_certified_gradients_hold_against_mpmath(case, seed):
                 + np.abs(oracle.dx_hi[k]) * 2.0 ** -(ORACLE_BITS - 2)).all(), (
             fn.name, fmt.name, params, x[k], g[k])
     if params_ok and (oracle.kind != "nan").all():
-        uw, tiny = (2.0**-53, 2.0**-1022) if fmt.name == "fp64" else (2.0**-24, 2.0**-126)
+        uw, tiny, _ = work_format(fmt)
         for j in range(len(fn.params)):
             want = math.fsum([*oracle.dp_hi[:, j], *oracle.dp_lo[:, j]])
             got = math.fsum([*truth.dp_hi[:, j], *truth.dp_lo[:, j]])

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -69,28 +70,35 @@ def sum_depth(n: int) -> int:
     return dd.depth(min(n, BLOCK)) + dd.depth(blocks_per_row(n))
 
 
-def ulp_in(hi: np.ndarray, fmt: FloatFormat) -> np.ndarray:
-    """ulp of values whose binade is hi's, in fmt (subnormal spacing below the normals)."""
-    _, e = np.frexp(hi)
-    e = np.where(hi == 0, fmt.emin, e.astype(np.int64) - 1)
-    return np.ldexp(1.0, np.maximum(e, fmt.emin) - fmt.p + 1)
-
-
 def certify(hi: np.ndarray, lo: np.ndarray, bound: np.ndarray, fmt: FloatFormat,
             sided: np.ndarray | bool = False) -> np.ndarray:
     """True where hi + lo +- bound is within CERTIFY_ULP ulps of fmt and inside one binade
     (crossing a power of two at or below 2^emin changes no ulp, so it is allowed; an exact
     value, bound 0, is always certified; a `sided` value is known to lie below hi, a power
-    of two, so only its size is checked)."""
+    of two, so only its size is checked, against the lower binade's ulp)."""
     a = np.abs(hi)
     with np.errstate(invalid="ignore", over="ignore"):
-        small = bound <= CERTIFY_ULP * ulp_in(hi, fmt) * np.where(sided, 0.5, 1.0)
         _, e = np.frexp(a)
-        low = np.ldexp(1.0, e.astype(np.int64) - 1)  # the power of two at or below |hi|
+        binade = np.where(a == 0, fmt.emin, e.astype(np.int64) - 1)
+        ulp = np.ldexp(1.0, np.maximum(binade, fmt.emin) - fmt.p + 1)
+        small = bound <= CERTIFY_ULP * ulp * np.where(sided, 0.5, 1.0)
+        low = np.ldexp(1.0, binade)  # the power of two at or below |hi|
         toward = np.where(hi < 0, -lo, lo)  # lo in the direction of |y|
         above_low = ((a - low) + toward >= bound) | (low <= 2.0**fmt.emin) | (a == 0)
         below_high = ((2 * low - a) - toward > bound) | (2 * low <= 2.0**fmt.emin) | (a == 0)
     return (small & ((above_low & below_high) | sided) & np.isfinite(bound)) | (bound == 0)
+
+
+def power_of_two(k: np.ndarray) -> np.ndarray:
+    """Whether each positive integer count is a power of two (1/k is then exact)."""
+    k = np.asarray(k, dtype=np.int64)
+    return (k > 0) & ((k & (k - 1)) == 0)
+
+
+def rows_of(record: Any, sl: slice) -> Any:
+    """The same record for the rows sl: every array field cut along its first axis."""
+    return replace(record, **{f.name: getattr(record, f.name)[sl] for f in fields(record)
+                              if isinstance(getattr(record, f.name), np.ndarray)})
 
 
 # ---------------------------------------------------------------------------------------
@@ -103,6 +111,7 @@ class Shift:
 
     kind: np.ndarray  # (r,) str
     kept: np.ndarray  # (r, n) bool, kept and in a finite row
+    big: np.ndarray  # (r, n) bool, the kept +inf logits (in any row)
     m: np.ndarray  # (r,) the shift (0 outside finite rows)
     tau: float
     offset: float
@@ -114,12 +123,13 @@ def exp_shift(fn: Function, params: Mapping[str, float], x: np.ndarray) -> Shift
     with np.errstate(invalid="ignore"):
         kept = np.asarray(fn.kept(x), dtype=bool)
     nan_row = np.isnan(x).any(axis=1)
-    inf_row = (kept & (x == np.inf)).any(axis=1) & ~nan_row
+    big = kept & (x == np.inf)
+    inf_row = big.any(axis=1) & ~nan_row
     m = np.maximum(np.where(kept, x, -np.inf).max(axis=1, initial=-np.inf), fn.shift_floor)
     kind = np.where(nan_row, ROW_NAN, np.where(inf_row, ROW_INF, np.where(
         m == -np.inf, ROW_MASKED, ROW_FINITE))).astype("U8")
     finite = kind == ROW_FINITE
-    return Shift(kind, kept & finite[:, None], np.where(finite, m, 0.0),
+    return Shift(kind, kept & finite[:, None], big, np.where(finite, m, 0.0),
                  fn.temperature(params), fn.offset(params))
 
 
@@ -226,9 +236,7 @@ def exp_forward(fn: Function, params: Mapping[str, float], x: np.ndarray
         lo[rows, cols] = np.where(keep, yl, 0.0)
         bound[rows, cols] = np.where(keep, blk, 0.0)
     zero = ~sh.kept & finite[:, None]
-    with np.errstate(invalid="ignore"):
-        big = np.asarray(fn.kept(x), dtype=bool) & (x == np.inf)
-    special_rows(sh.kind, big, hi, lo, bound, zero)
+    special_rows(sh.kind, sh.big, hi, lo, bound, zero)
     out = Bounded(hi, lo, bound, zero, zabs, zbar, sh.kind, trusted,
                   np.zeros((r, n), dtype=bool))
     top_values(top, sh.kept, rest.sum(axis=1) + ch, s_h, sh.offset, out)
@@ -244,7 +252,7 @@ def top_values(top: np.ndarray, kept: np.ndarray, rest: np.ndarray, s_h: np.ndar
     underflowed); and it is below 1/c exactly when there is another term at all, so its
     binade is known by structure (out.sided), however small the gap."""
     c = top.sum(axis=1)
-    power = (c > 0) & ((c & (c - 1)) == 0)
+    power = power_of_two(c)
     if not power.any():
         return
     others = kept.sum(axis=1) - c
@@ -286,8 +294,7 @@ def special_rows(kind: np.ndarray, big: np.ndarray, hi: np.ndarray, lo: np.ndarr
         sh, sl = dd.div_d(np.ones_like(k), np.zeros_like(k), k)
         hi[inf] = np.where(b, sh, 0.0)
         lo[inf] = np.where(b, sl, 0.0)
-        exact = (k.astype(np.int64) & (k.astype(np.int64) - 1)) == 0  # 1/2^j is exact
-        bound[inf] = np.where(b & ~exact, SLACK * dd.DIV_D * dd.U2 * sh, 0.0)
+        bound[inf] = np.where(b & ~power_of_two(k), SLACK * dd.DIV_D * dd.U2 * sh, 0.0)
         zero[inf] = ~b
 
 

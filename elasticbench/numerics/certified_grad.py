@@ -35,10 +35,11 @@ from .certified import (
     certified_rows,
     certify,
     exp_forward,
+    rows_of,
     scaled,
     subnormal_floor,
 )
-from .dtypes import FloatFormat
+from .dtypes import FloatFormat, work_format
 from .truth import GradTruth
 
 CHUNK = 1 << 18  # elements of whole rows handled at once (a longer row is one chunk)
@@ -228,12 +229,7 @@ def gradient_truth(fn: Function, params: Mapping[str, float], x64: np.ndarray,
     ok = certified_rows(out, fmt)
     if den is not None:
         for sl in row_chunks(r, n):
-            sub = Bounded(out.hi[sl], out.lo[sl], out.bound[sl], out.zero[sl], out.zabs[sl],
-                          out.zbar[sl], out.kind[sl], out.trusted[sl], out.sided[sl])
-            shs = Shift(sh.kind[sl], sh.kept[sl], sh.m[sl], sh.tau, sh.offset)
-            dens = Denominator(den.s_h[sl], den.s_l[sl], den.eps[sl], den.offset_h[sl],
-                               den.offset_l[sl])
-            gc = _chunk(fn, x[sl], g[sl], sub, shs, dens)
+            gc = _chunk(fn, x[sl], g[sl], rows_of(out, sl), rows_of(sh, sl), rows_of(den, sl))
             dx_h[sl], dx_l[sl], dx_b[sl] = gc.dx_h, gc.dx_l, gc.dx_bound
             dp_h[sl], dp_l[sl], dp_b[sl] = gc.dp_h, gc.dp_l, gc.dp_bound
     finite = sh.kind == ROW_FINITE
@@ -253,7 +249,7 @@ def params_certified(dp_h: np.ndarray, dp_l: np.ndarray, dp_b: np.ndarray,
                      finite: np.ndarray, fmt: FloatFormat) -> bool:
     """Whether every parameter gradient, summed over the rows, is known to CERTIFY_ULP
     units of the working precision (fp64 for fp64, fp32 below) relative to its size."""
-    uw, tiny = (2.0**-53, 2.0**-1022) if fmt.name == "fp64" else (2.0**-24, 2.0**-126)
+    uw, tiny, _ = work_format(fmt)
     for j in range(dp_h.shape[1]):
         h, lo, b = dp_h[finite, j], dp_l[finite, j], dp_b[finite, j]
         total = abs(math.fsum([*h.tolist(), *lo.tolist()]))  # as the checker sums them

@@ -190,7 +190,7 @@ def depth(n: int) -> int:
 def sum_rows(h: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sum the dd values (r, n) along the last axis, pairwise: the error of each partial sum
     is at most ADD_DD * U2 times the sum of the absolute values below it, per level."""
-    h, lo = np.array(h, dtype=np.float64), np.array(lo, dtype=np.float64)
+    h, lo = np.asarray(h, dtype=np.float64), np.asarray(lo, dtype=np.float64)
     while h.shape[-1] > 1:
         n = h.shape[-1]
         half = n // 2

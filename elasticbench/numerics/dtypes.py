@@ -76,6 +76,14 @@ def get_format(name: str) -> FloatFormat:
         ) from None
 
 
+def work_format(fmt: FloatFormat) -> tuple[float, float, float]:
+    """(unit roundoff, smallest normal, smallest subnormal) of the precision kernels
+    accumulate in: fp64 for fp64, fp32 for the rest."""
+    if fmt.name == "fp64":
+        return 2.0**-53, 2.0**-1022, 2.0**-1074
+    return 2.0**-24, 2.0**-126, 2.0**-149
+
+
 def format_of(array: np.ndarray) -> FloatFormat:
     """The format of a NumPy array's dtype."""
     for fmt in FORMATS.values():

@@ -339,13 +339,7 @@ def _finish_one(i: int, job: TruthJob, where: np.ndarray, parts: list[Truth],
 def _merge(into: Truth, part: Truth, where: np.ndarray) -> None:
     """Put the rows of part at positions `where` of into (same fields)."""
     for f in into.FIELDS:
-        if f == "rows":
-            continue
-        target = getattr(into, f)
-        values = getattr(part, f)
-        if f == "kind":
-            target = target.astype("U8")
-            setattr(into, f, target)
-        target[where] = values
+        if f != "rows":  # kind is "U8" on both sides (certified.py, truth.py)
+            getattr(into, f)[where] = getattr(part, f)
 
 

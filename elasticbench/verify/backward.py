@@ -26,7 +26,7 @@ from ..functions import Function, get_function
 from ..functions.base import OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE
 from ..inputs.generators import stream_seed
 from ..inputs.layouts import PACKED
-from ..numerics.dtypes import FloatFormat
+from ..numerics.dtypes import FloatFormat, work_format
 from ..numerics.truth import GradTruth
 from ..numerics.ulp import ulp_error, ulp_of
 from ..registry import KernelSpec
@@ -50,14 +50,6 @@ class GradBudget:
 
 
 GRAD_BUDGET = GradBudget()
-
-
-def work_format(fmt: FloatFormat) -> tuple[float, float, float]:
-    """(unit roundoff, smallest normal, smallest subnormal) of the precision kernels
-    accumulate in: fp64 for fp64, fp32 for the rest."""
-    if fmt.name == "fp64":
-        return 2.0**-53, 2.0**-1022, 2.0**-1074
-    return 2.0**-24, 2.0**-126, 2.0**-149
 
 
 def upstream(case_seed: int, generator: str, fmt: FloatFormat, shape: tuple[int, int],
