@@ -191,3 +191,14 @@ def test_the_default_matrix_is_nearly_all_certified(dtype):
                 total += x.size
                 fallback += int((~ok).sum()) * x.shape[1]
     assert fallback <= 0.1 * total
+
+
+def test_the_allocator_keeps_freed_memory_on_glibc():
+    """The command line's one allocator setting (docs/numerics.md 6.5) takes on Linux/glibc."""
+    import platform
+    import sys
+
+    from elasticbench.allocator import keep_freed_memory
+
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert keep_freed_memory() is glibc

@@ -10,6 +10,7 @@ import sys
 import click
 
 from .. import __version__
+from ..allocator import keep_freed_memory
 from ..numerics.truth_cache import default_cache_mb
 from .common import fail
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         default_cache_mb()  # a bad ELASTICBENCH_CACHE_MB is one line, before any work
     except ValueError as e:
         fail(str(e))
+    keep_freed_memory()  # the reference's temporaries reuse memory instead of faulting it in
     try:
         code = cli.main(args=argv, prog_name="elasticbench", standalone_mode=False)
     except click.exceptions.Abort:

@@ -42,7 +42,7 @@ from .certified import (
 from .dtypes import FloatFormat, work_format
 from .truth import GradTruth
 
-CHUNK = 1 << 18  # elements of whole rows handled at once (a longer row is one chunk)
+CHUNK = 1 << 13  # elements of whole rows handled at once (a longer row is one chunk)
 TINY = 2.0**-960  # below this a dd's lo part is subnormal
 CUT = 2.0**-1086  # exp(z) |z| for every z below dd.EXP_MIN, where the exps are 0
 

@@ -7,7 +7,9 @@ Evaluation runs mpmath at `precision` bits (at least 128).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import mpmath
 import numpy as np
@@ -33,6 +35,14 @@ class Truth:
     kind: np.ndarray  # str (r,): finite / nan / inf / masked
 
     FIELDS = ("rows", "hi", "lo", "zero", "zabs", "zbar", "kind")
+
+    def derived(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """make(), computed once per truth and key: what scoring derives from the truth (ulps,
+        allowances) is the same for every kernel judged against it."""
+        memo = self.__dict__.setdefault("_derived", {})
+        if key not in memo:
+            memo[key] = make()
+        return memo[key]
 
     def arrays(self) -> dict[str, np.ndarray]:
         out = {f: getattr(self, f) for f in self.FIELDS}

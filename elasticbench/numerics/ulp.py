@@ -13,24 +13,24 @@ from .dtypes import FloatFormat
 
 
 def binade(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-    """floor(log2|hi + lo|) for nonzero values; hi alone can sit one binade too high."""
-    mant, exp = np.frexp(hi)  # hi = mant * 2**exp, 0.5 <= |mant| < 1
-    e = exp.astype(np.int64) - 1
+    """floor(log2|hi + lo|) (int32) for nonzero values; hi alone can sit one binade too high."""
+    mant, e = np.frexp(hi)  # hi = mant * 2**e, 0.5 <= |mant| < 1; e is int32
     # hi a power of two and the tail pointing towards zero: the true value is one binade lower.
-    at_power = np.abs(mant) == 0.5
-    below = at_power & (lo != 0) & (np.sign(lo) != np.sign(hi))
-    return e - below.astype(np.int64)
+    below = (np.abs(mant) == 0.5) & (lo != 0) & (np.signbit(lo) != np.signbit(hi))
+    return e - 1 - below
 
 
 def ulp_of(hi: np.ndarray, lo: np.ndarray, fmt: FloatFormat) -> np.ndarray:
     """ulp of the exact value hi + lo in format fmt (subnormal spacing below the normals)."""
-    e = np.where(hi == 0, fmt.emin, binade(np.where(hi == 0, 1.0, hi), lo))
-    e = np.maximum(e, fmt.emin)
-    return np.ldexp(1.0, (e - fmt.p + 1).astype(np.int64))
+    e = np.maximum(np.where(hi == 0, fmt.emin, binade(hi, lo)), fmt.emin)
+    # int32 exponents: NumPy's ldexp is several times slower on int64 ones
+    return np.ldexp(1.0, (e - (fmt.p - 1)).astype(np.int32))
 
 
-def ulp_error(got: np.ndarray, hi: np.ndarray, lo: np.ndarray, fmt: FloatFormat) -> np.ndarray:
-    """|got - (hi + lo)| / ulp(hi + lo), elementwise, in float64.
+def ulp_error(got: np.ndarray, hi: np.ndarray, lo: np.ndarray, fmt: FloatFormat,
+              ulp: np.ndarray | None = None) -> np.ndarray:
+    """|got - (hi + lo)| / ulp(hi + lo), elementwise, in float64 (ulp: ulp_of(hi, lo, fmt),
+    when the caller has it already).
 
     got is the kernel output in any of the formats (converted exactly to float64).
     NaN where either side is NaN; inf where got is infinite and the reference is not.
@@ -40,4 +40,5 @@ def ulp_error(got: np.ndarray, hi: np.ndarray, lo: np.ndarray, fmt: FloatFormat)
         # g - hi is exact whenever g is within a factor of two of hi (Sterbenz);
         # otherwise the error is enormous and a relative rounding of it changes nothing.
         diff = np.abs((g - hi) - lo)
-        return diff / ulp_of(hi, lo, fmt)  # may overflow to inf: an infinitely bad output
+        # may overflow to inf: an infinitely bad output
+        return diff / (ulp_of(hi, lo, fmt) if ulp is None else ulp)

@@ -16,6 +16,7 @@ import math
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -235,15 +236,18 @@ def check_backward(
     if dx.dtype != fmt.numpy:
         return CheckResult(False, f"returned dx of dtype {dx.dtype}, expected {fmt.numpy}"), {}
     fn = get_function(function)
-    rows = _Rows(x, g, truth, fmt, fn, params)
+    # what depends on the case alone (the truth, x, g) is derived once for every kernel
+    key = (fmt.name, function, tuple(sorted(params.items())), budget)
+    rows = truth.derived(("rows", *key), lambda: _Rows(x, g, truth, fmt, fn, params))
+    allowed = truth.derived(("dx_allowed", *key), lambda: rows.dx_allowed(truth, fmt, budget))
+    ulp = truth.derived(("dx_ulp", fmt.name), lambda: ulp_of(truth.dx_hi, truth.dx_lo, fmt))
+    want_nan = truth.derived("dx_nan", lambda: np.isnan(truth.dx_hi))
     got = dx[truth.rows].astype(np.float64)
-    want_nan = np.isnan(truth.dx_hi)
     got_nan = np.isnan(got)
     missing_nan = want_nan & ~got_nan
     zero_broken = truth.dzero & (got != 0)
-    err = np.where(want_nan, 0.0, ulp_error(got, truth.dx_hi, truth.dx_lo, fmt))
+    err = np.where(want_nan, 0.0, ulp_error(got, truth.dx_hi, truth.dx_lo, fmt, ulp))
     err = np.where(~want_nan & got_nan, np.inf, err)
-    allowed = rows.dx_allowed(truth, fmt, budget)
     with np.errstate(invalid="ignore"):
         frac = err / allowed
     frac = np.where(np.isnan(frac), np.inf, frac)  # inf / inf: an infinite dx is never fine
@@ -256,7 +260,8 @@ def check_backward(
         if p.role not in BOUNDS:
             raise ValueError(f"{fn.name}: parameter {p.name} has no gradient bound "
                              "(declare its role: temperature or offset)")
-        checks[p.name] = _check_param(p.name, dparams[p.name], truth, j, BOUNDS[p.role](rows),
+        bound = truth.derived(("bound", p.role, *key), partial(BOUNDS[p.role], rows))
+        checks[p.name] = _check_param(p.name, dparams[p.name], truth, j, bound,
                                       x.shape[0], rows.uw, rows.tiny, budget)
     bad_params = [c for c in checks.values() if not c.passed]
     for name, c in checks.items():
@@ -267,15 +272,14 @@ def check_backward(
     finite = ~want_nan & ~zero_broken  # a policy failure is reported apart from accuracy
     max_ulp = float(err[finite].max()) if finite.any() else 0.0
     max_frac = float(frac[finite].max()) if finite.any() else 0.0
-    x64 = x.astype(np.float64)
     special = missing_nan | zero_broken
     special_params = [c for c in bad_params if c.reason.startswith("special")]
     if special.any() or special_params:
         if special.any():
             k, j = np.argwhere(special)[0]
-            worst = position(x64, got, truth, k, j, truth.dx_hi, truth.dx_lo, err[k, j],
+            worst = position(x, got, truth, k, j, truth.dx_hi, truth.dx_lo, err[k, j],
                              allowed[k, j])
-            place = zero_place(str(truth.kind[k]), float(x64[truth.rows[k], j]),
+            place = zero_place(str(truth.kind[k]), float(x[truth.rows[k], j]),
                                gradient=True)
             reason = (f"special: NaN in row {worst['row']} not propagated to dx"
                       if missing_nan[k, j] else
@@ -286,7 +290,7 @@ def check_backward(
     worst = None
     if finite.any():
         k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
-        worst = position(x64, got, truth, k, j, truth.dx_hi, truth.dx_lo, err[k, j],
+        worst = position(x, got, truth, k, j, truth.dx_hi, truth.dx_lo, err[k, j],
                          allowed[k, j])
     if over.any():
         assert worst is not None

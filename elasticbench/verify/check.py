@@ -16,7 +16,7 @@ from ..functions.base import ROW_FINITE, ROW_INF, ROW_MASKED
 from ..numerics.budget import Budget
 from ..numerics.dtypes import FloatFormat
 from ..numerics.truth import Truth
-from ..numerics.ulp import ulp_error
+from ..numerics.ulp import ulp_error, ulp_of
 
 
 @dataclass
@@ -78,18 +78,20 @@ def check_output(
         return CheckResult(False, f"returned shape {out.shape}, expected {x.shape}")
     if out.dtype != fmt.numpy:
         return CheckResult(False, f"returned dtype {out.dtype}, expected {fmt.numpy} ({fmt.name})")
-    x64 = x.astype(np.float64)
     got = out[truth.rows].astype(np.float64)
     n = x.shape[1]
 
-    want_nan = np.isnan(truth.hi)
+    # what depends on the truth alone is derived once for every kernel judged against it
+    want_nan = truth.derived("nan", lambda: np.isnan(truth.hi))
+    ulp = truth.derived(("ulp", fmt.name), lambda: ulp_of(truth.hi, truth.lo, fmt))
+    allowed = truth.derived(("allowed", fmt.name, budget),
+                            lambda: budget.allowance(truth.zabs, truth.zbar, n, fmt))
     got_nan = np.isnan(got)
     special_row = (truth.kind != ROW_FINITE)[:, None]
     missing_nan = want_nan & ~got_nan
     zero_broken = truth.zero & (got != 0)
-    err = np.where(want_nan, 0.0, ulp_error(got, truth.hi, truth.lo, fmt))
+    err = np.where(want_nan, 0.0, ulp_error(got, truth.hi, truth.lo, fmt, ulp))
     err = np.where(~want_nan & got_nan, np.inf, err)
-    allowed = budget.allowance(truth.zabs, truth.zbar, n, fmt)
     frac = err / allowed
     over = frac > 1
     special_fail = missing_nan | zero_broken | (over & special_row)
@@ -111,13 +113,13 @@ def check_output(
     if special_fail.any():
         k, j = np.argwhere(special_fail)[0]
         if missing_nan[k, j]:
-            worst = position(x64, got, truth, k, j, truth.hi, truth.lo)
+            worst = position(x, got, truth, k, j, truth.hi, truth.lo)
             reason = f"special: NaN in row {worst['row']} not propagated (got {worst['got']})"
         else:
-            worst = position(x64, got, truth, k, j, truth.hi, truth.lo, err[k, j],
+            worst = position(x, got, truth, k, j, truth.hi, truth.lo, err[k, j],
                              allowed[k, j])
             if zero_broken[k, j]:
-                place = zero_place(str(truth.kind[k]), float(x64[truth.rows[k], j]))
+                place = zero_place(str(truth.kind[k]), float(x[truth.rows[k], j]))
                 reason = f"special: expected exactly 0 {place}, got {worst['got']}"
             else:
                 reason = (f"special: expected {worst['expected']} at an infinite weight (the "
@@ -126,7 +128,7 @@ def check_output(
 
     if finite.any():
         k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
-        worst = position(x64, got, truth, k, j, truth.hi, truth.lo, err[k, j], allowed[k, j])
+        worst = position(x, got, truth, k, j, truth.hi, truth.lo, err[k, j], allowed[k, j])
     else:
         worst = None
     if accuracy_fail.any():
