@@ -79,7 +79,7 @@ def certify(hi: np.ndarray, lo: np.ndarray, bound: np.ndarray, fmt: FloatFormat,
     a = np.abs(hi)
     with np.errstate(invalid="ignore", over="ignore"):
         _, e = np.frexp(a)
-        binade = np.where(a == 0, fmt.emin, e.astype(np.int64) - 1)
+        binade = np.where(a == 0, fmt.emin, e - 1).astype(np.int32)  # ldexp is slow on int64
         ulp = np.ldexp(1.0, np.maximum(binade, fmt.emin) - fmt.p + 1)
         small = bound <= CERTIFY_ULP * ulp * np.where(sided, 0.5, 1.0)
         low = np.ldexp(1.0, binade)  # the power of two at or below |hi|
