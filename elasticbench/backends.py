@@ -9,7 +9,6 @@ and never branches on a backend's name or probes for a GPU itself.
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -30,9 +29,10 @@ class Backend:
     to_numpy: Callable[[Any], np.ndarray]  # TypeError when given something else
     same_memory: Callable[[Any, Any], bool]
     calling: Callable[[], AbstractContextManager[Any]] = nullcontext  # what verified calls run in
-    # (spec, CallRequest) pairs -> a CallCheck or None each: whether the kernels compile for
-    # the devices they are written for, where verification cannot show it (audit/kernel_files)
-    compile_check: Callable[[list[tuple[Any, Any]]], list[Any]] | None = None
+    # whether its kernels run here in an interpreter standing in for the device they are
+    # written for, which accepts code that device's compiler rejects (verify then compiles
+    # them: elasticbench.verify.compile_check)
+    interpreted: Callable[[], bool] = lambda: False
     device: Callable[[], str] = lambda: devices.HOST  # where its arrays live and kernels run
     # the 2-D view a placement describes, into a native copy of its buffer (inputs/layouts.py)
     view: Callable[[Any, Placement], Any] = view_of
@@ -182,26 +182,6 @@ def _triton_calling() -> AbstractContextManager[Any]:
     return nullcontext()
 
 
-def _triton_compile_check(pairs: list[tuple[Any, Any]]) -> list[Any]:
-    """Under the interpreter, compile the kernel files' Triton kernels for sm_90/sm_80 (the
-    interpreter runs code the compiler rejects); built-ins are audited in the test suite, and
-    on a GPU the runs themselves compile."""
-    from .audit.kernel_files import CallCheck, check_calls
-
-    out: list[Any] = [None] * len(pairs)
-    mine = [i for i, (spec, _) in enumerate(pairs) if spec.source != "builtin"]
-    if not _interpreted() or not mine:
-        return out
-    files = sorted({pairs[i][0].source for i in mine})
-    try:
-        checks = check_calls(files, [pairs[i][1] for i in mine])
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
-        checks = [CallCheck([], f"the compile check could not run: {e}")] * len(mine)
-    for i, check in zip(mine, checks, strict=True):
-        out[i] = check
-    return out
-
-
 BACKENDS: dict[str, Backend] = {
     "numpy": Backend(
         "numpy",
@@ -240,7 +220,7 @@ BACKENDS: dict[str, Backend] = {
         _torch_to_numpy,
         _torch_same_memory,
         calling=_triton_calling,
-        compile_check=_triton_compile_check,
+        interpreted=_interpreted,
         device=_triton_device,
         view=_torch_view,
         # a Triton kernel gets its rows through a row stride; elements of a row are adjacent
