@@ -121,52 +121,18 @@ def _torch_view(base: Any, placement: Placement) -> Any:
     return base.as_strided(placement.shape, placement.strides, placement.offset)
 
 
-def _torch_unavailable() -> str | None:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return "torch is not installed"
-    return None
-
-
-def _cpp_unavailable() -> str | None:
-    """The native kernels run where torch is installed and they build (elasticbench.native)."""
-    if why := _torch_unavailable():
-        return why
-    from .native import unavailable
-
-    return unavailable()
-
-
 def _cpp_exp_probe() -> Callable[[Any], Any] | None:
     """The native tier's exp+sum, the exponential its row kernels use (None unbuilt)."""
-    if _cpp_unavailable() is not None:
+    if devices.native_unavailable() is not None:
         return None
     from .native import load
 
     return load().exp_sum
 
 
-def _triton_unavailable() -> str | None:
-    """Triton runs on a CUDA GPU, or on the CPU in its interpreter (TRITON_INTERPRET=1)."""
-    try:
-        import torch
-        import triton  # noqa: F401
-    except ImportError:
-        return "Triton (or torch) is not installed"
-    if torch.cuda.is_available() or _interpreted():
-        return None
-    return ("Triton needs a CUDA GPU, or TRITON_INTERPRET=1 to run its kernels on the CPU "
-            "in Triton's interpreter")
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _triton_device() -> str:
     """A CUDA GPU; the host when Triton's interpreter runs the kernels (even beside a GPU)."""
-    return devices.HOST if _interpreted() else "cuda"
+    return devices.HOST if devices.triton_interpreted() else "cuda"
 
 
 def _triton_to_native(a: np.ndarray) -> Any:
@@ -175,7 +141,7 @@ def _triton_to_native(a: np.ndarray) -> Any:
 
 def _triton_calling() -> AbstractContextManager[Any]:
     """Under Triton's interpreter, exact bf16 for the kernel (elasticbench.triton_interpreter)."""
-    if _interpreted():
+    if devices.triton_interpreted():
         from .triton_interpreter import exact_bf16
 
         return exact_bf16()
@@ -194,7 +160,7 @@ BACKENDS: dict[str, Backend] = {
     "torch": Backend(
         "torch",
         "torch tensors (CPU by default; $ELASTICBENCH_TORCH_DEVICE=cuda for a GPU)",
-        _torch_unavailable,
+        devices.torch_unavailable,
         _torch_to_native,
         _torch_to_numpy,
         _torch_same_memory,
@@ -205,7 +171,7 @@ BACKENDS: dict[str, Backend] = {
     "cpp": Backend(
         "cpp",
         "native C++ kernels on CPU torch tensors, built through torch's extension API",
-        _cpp_unavailable,
+        devices.native_unavailable,
         _cpu_tensor,
         _torch_to_numpy,
         _torch_same_memory,
@@ -215,12 +181,12 @@ BACKENDS: dict[str, Backend] = {
     "triton": Backend(
         "triton",
         "Triton kernels on a CUDA GPU (or the CPU under TRITON_INTERPRET=1); torch tensors",
-        _triton_unavailable,
+        devices.triton_unavailable,
         _triton_to_native,
         _torch_to_numpy,
         _torch_same_memory,
         calling=_triton_calling,
-        interpreted=_interpreted,
+        interpreted=devices.triton_interpreted,
         device=_triton_device,
         view=_torch_view,
         # a Triton kernel gets its rows through a row stride; elements of a row are adjacent
