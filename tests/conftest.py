@@ -26,21 +26,21 @@ NEEDS: dict[str, Callable[[], str | None]] = {
     "native": lambda: (f"cannot build here: {why}"  # a build can be tried (and must succeed)
                        if (why := devices.native_unbuildable()) else None),
 }
-_answers: dict[str, str | None] = {}
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Skip a test marked `needs(what, ...)` before its fixtures, unless this machine has all
-    of them (each asked once per session)."""
-    for mark in item.iter_markers("needs"):
-        for what in mark.args:
-            if what not in NEEDS:
-                raise pytest.UsageError(f"needs({what!r}): choose from {', '.join(NEEDS)}")
-            if what not in _answers:
-                _answers[what] = NEEDS[what]()
-            if _answers[what] is not None:
-                pytest.skip(_answers[what])
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip each test marked `needs(what, ...)` unless this machine has all of them (each
+    asked once per session)."""
+    answers: dict[str, str | None] = {}
+    for item in items:
+        for mark in item.iter_markers("needs"):
+            for what in mark.args:
+                if what not in NEEDS:
+                    raise pytest.UsageError(f"needs({what!r}): choose from {', '.join(NEEDS)}")
+                if what not in answers:
+                    answers[what] = NEEDS[what]()
+                if answers[what] is not None:
+                    item.add_marker(pytest.mark.skip(reason=answers[what]))
 
 
 @pytest.fixture
