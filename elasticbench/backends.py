@@ -9,7 +9,6 @@ and never branches on a backend's name or probes for a GPU itself.
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -30,9 +29,10 @@ class Backend:
     to_numpy: Callable[[Any], np.ndarray]  # TypeError when given something else
     same_memory: Callable[[Any, Any], bool]
     calling: Callable[[], AbstractContextManager[Any]] = nullcontext  # what verified calls run in
-    # (spec, CallRequest) pairs -> a CallCheck or None each: whether the kernels compile for
-    # the devices they are written for, where verification cannot show it (audit/kernel_files)
-    compile_check: Callable[[list[tuple[Any, Any]]], list[Any]] | None = None
+    # whether its kernels run here in an interpreter standing in for the device they are
+    # written for, which accepts code that device's compiler rejects (verify then compiles
+    # them: elasticbench.verify.compile_check)
+    interpreted: Callable[[], bool] = lambda: False
     device: Callable[[], str] = lambda: devices.HOST  # where its arrays live and kernels run
     # the 2-D view a placement describes, into a native copy of its buffer (inputs/layouts.py)
     view: Callable[[Any, Placement], Any] = view_of
@@ -121,52 +121,18 @@ def _torch_view(base: Any, placement: Placement) -> Any:
     return base.as_strided(placement.shape, placement.strides, placement.offset)
 
 
-def _torch_unavailable() -> str | None:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return "torch is not installed"
-    return None
-
-
-def _cpp_unavailable() -> str | None:
-    """The native kernels run where torch is installed and they build (elasticbench.native)."""
-    if why := _torch_unavailable():
-        return why
-    from .native import unavailable
-
-    return unavailable()
-
-
 def _cpp_exp_probe() -> Callable[[Any], Any] | None:
     """The native tier's exp+sum, the exponential its row kernels use (None unbuilt)."""
-    if _cpp_unavailable() is not None:
+    if devices.native_unavailable() is not None:
         return None
     from .native import load
 
     return load().exp_sum
 
 
-def _triton_unavailable() -> str | None:
-    """Triton runs on a CUDA GPU, or on the CPU in its interpreter (TRITON_INTERPRET=1)."""
-    try:
-        import torch
-        import triton  # noqa: F401
-    except ImportError:
-        return "Triton (or torch) is not installed"
-    if torch.cuda.is_available() or _interpreted():
-        return None
-    return ("Triton needs a CUDA GPU, or TRITON_INTERPRET=1 to run its kernels on the CPU "
-            "in Triton's interpreter")
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _triton_device() -> str:
     """A CUDA GPU; the host when Triton's interpreter runs the kernels (even beside a GPU)."""
-    return devices.HOST if _interpreted() else "cuda"
+    return devices.HOST if devices.triton_interpreted() else "cuda"
 
 
 def _triton_to_native(a: np.ndarray) -> Any:
@@ -175,31 +141,11 @@ def _triton_to_native(a: np.ndarray) -> Any:
 
 def _triton_calling() -> AbstractContextManager[Any]:
     """Under Triton's interpreter, exact bf16 for the kernel (elasticbench.triton_interpreter)."""
-    if _interpreted():
+    if devices.triton_interpreted():
         from .triton_interpreter import exact_bf16
 
         return exact_bf16()
     return nullcontext()
-
-
-def _triton_compile_check(pairs: list[tuple[Any, Any]]) -> list[Any]:
-    """Under the interpreter, compile the kernel files' Triton kernels for sm_90/sm_80 (the
-    interpreter runs code the compiler rejects); built-ins are audited in the test suite, and
-    on a GPU the runs themselves compile."""
-    from .audit.kernel_files import CallCheck, check_calls
-
-    out: list[Any] = [None] * len(pairs)
-    mine = [i for i, (spec, _) in enumerate(pairs) if spec.source != "builtin"]
-    if not _interpreted() or not mine:
-        return out
-    files = sorted({pairs[i][0].source for i in mine})
-    try:
-        checks = check_calls(files, [pairs[i][1] for i in mine])
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
-        checks = [CallCheck([], f"the compile check could not run: {e}")] * len(mine)
-    for i, check in zip(mine, checks, strict=True):
-        out[i] = check
-    return out
 
 
 BACKENDS: dict[str, Backend] = {
@@ -214,7 +160,7 @@ BACKENDS: dict[str, Backend] = {
     "torch": Backend(
         "torch",
         "torch tensors (CPU by default; $ELASTICBENCH_TORCH_DEVICE=cuda for a GPU)",
-        _torch_unavailable,
+        devices.torch_unavailable,
         _torch_to_native,
         _torch_to_numpy,
         _torch_same_memory,
@@ -225,7 +171,7 @@ BACKENDS: dict[str, Backend] = {
     "cpp": Backend(
         "cpp",
         "native C++ kernels on CPU torch tensors, built through torch's extension API",
-        _cpp_unavailable,
+        devices.native_unavailable,
         _cpu_tensor,
         _torch_to_numpy,
         _torch_same_memory,
@@ -235,12 +181,12 @@ BACKENDS: dict[str, Backend] = {
     "triton": Backend(
         "triton",
         "Triton kernels on a CUDA GPU (or the CPU under TRITON_INTERPRET=1); torch tensors",
-        _triton_unavailable,
+        devices.triton_unavailable,
         _triton_to_native,
         _torch_to_numpy,
         _torch_same_memory,
         calling=_triton_calling,
-        compile_check=_triton_compile_check,
+        interpreted=devices.triton_interpreted,
         device=_triton_device,
         view=_torch_view,
         # a Triton kernel gets its rows through a row stride; elements of a row are adjacent

@@ -11,6 +11,10 @@ are not flushed: a cold CPU measurement rotates through input copies larger than
 instead (docs/benchmarking.md section 2). The host's last-level cache is the largest cache it
 reports, or ELASTICBENCH_LLC_BYTES where that is wrong for the job (a VM that reports its
 host's whole L3, shared with other tenants).
+
+It is also the one place that asks what this machine has: a CUDA GPU, Triton (on that GPU or
+in its CPU interpreter), the native C++ tier. Backends, the environment recorded with
+results, the Triton kernels and the tests' `needs` marker (tests/conftest.py) ask here.
 """
 
 from __future__ import annotations
@@ -18,14 +22,97 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
-
-from .environment import cache_sizes
 
 HOST = "cpu"
 DEFAULT_LLC_BYTES = 32 << 20  # when the host's cache sizes cannot be read
 LLC_ENV = "ELASTICBENCH_LLC_BYTES"  # the host's last-level cache, instead of the detected one
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?)?\s*$", re.IGNORECASE)
+INTERPRET_ENV = "TRITON_INTERPRET"  # "1": Triton runs kernels in its CPU interpreter
+
+
+# ---------------------------------------------------------------------------------------
+# What this machine has
+
+
+def has_gpu() -> bool:
+    """Whether torch sees a CUDA GPU (False where torch is not installed)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def triton_interpreted() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1), even beside a
+    GPU."""
+    return os.environ.get(INTERPRET_ENV) == "1"
+
+
+def interpreter_env(on: bool, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of env (by default this process's environment) with Triton's interpreter
+    switched on, or off: for a child process that runs Triton kernels on the CPU, or one
+    that compiles them."""
+    out = {k: v for k, v in (os.environ if env is None else env).items() if k != INTERPRET_ENV}
+    if on:
+        out[INTERPRET_ENV] = "1"
+    return out
+
+
+def torch_unavailable() -> str | None:
+    """Why torch cannot be used here, in one line; None when it can."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "torch is not installed"
+    return None
+
+
+def triton_installed() -> bool:
+    """Whether Triton and torch (whose tensors its kernels take) are installed: enough to
+    compile Triton kernels for a GPU without one (elasticbench.audit)."""
+    try:
+        import torch  # noqa: F401
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def triton_unavailable() -> str | None:
+    """Why Triton kernels cannot run in this process, in one line; None when they can: on a
+    CUDA GPU, or on the CPU in Triton's interpreter (TRITON_INTERPRET=1)."""
+    if not triton_installed():
+        return "Triton (or torch) is not installed"
+    if has_gpu() or triton_interpreted():
+        return None
+    return ("Triton needs a CUDA GPU, or TRITON_INTERPRET=1 to run its kernels on the CPU "
+            "in Triton's interpreter")
+
+
+def native_unavailable() -> str | None:
+    """Why the native C++ tier cannot run here, in one line; None when it is built (the first
+    call builds it, elasticbench.native)."""
+    if why := torch_unavailable():
+        return why
+    from . import native
+
+    return native.unavailable()
+
+
+def native_unbuildable() -> str | None:
+    """Why no build of the native tier can even be tried here (no compiler, say); None when
+    the tools are present, and then a build that fails is an error, not an absence."""
+    from . import native
+
+    return native.missing_tools()
+
+
+# ---------------------------------------------------------------------------------------
+# Waiting, caches, clocks
 
 
 class Clock(Protocol):
@@ -52,6 +139,26 @@ def synchronize(device: str) -> None:
         import torch
 
         torch.cuda.synchronize(device)
+
+
+def cache_sizes() -> dict[str, int]:
+    """The host's data and unified cache sizes in bytes by level name (L1d, L2, L3), from
+    sysfs."""
+    sizes: dict[str, int] = {}
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for idx in sorted(base.glob("index*")):
+        try:
+            kind = (idx / "type").read_text().strip()
+            if kind == "Instruction":
+                continue
+            level = (idx / "level").read_text().strip()
+            text = (idx / "size").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1], 1)
+        size = int(text.rstrip("KMG")) * mult
+        sizes[f"L{level}{'d' if kind == 'Data' else ''}"] = size
+    return sizes
 
 
 def llc_bytes(device: str) -> int:

@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from .devices import cache_sizes, has_gpu
+
 
 def _cpu_model() -> str:
     try:
@@ -18,25 +20,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def cache_sizes() -> dict[str, int]:
-    """Data and unified cache sizes in bytes by level name (L1d, L2, L3), from sysfs."""
-    sizes: dict[str, int] = {}
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    for idx in sorted(base.glob("index*")):
-        try:
-            kind = (idx / "type").read_text().strip()
-            if kind == "Instruction":
-                continue
-            level = (idx / "level").read_text().strip()
-            text = (idx / "size").read_text().strip()
-        except OSError:
-            continue
-        mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1], 1)
-        size = int(text.rstrip("KMG")) * mult
-        sizes[f"L{level}{'d' if kind == 'Data' else ''}"] = size
-    return sizes
 
 
 def _version(dist: str) -> str | None:
@@ -74,12 +57,10 @@ def describe(include_gpu: bool = True) -> dict[str, Any]:
         for name in ("elasticbench", "numpy", "torch", "triton", "mpmath", "gmpy2", "ml_dtypes")
     }
     versions["python"] = platform.python_version()
-    if include_gpu and versions["torch"]:
+    if include_gpu and versions["torch"] and has_gpu():
         import torch
 
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            machine["gpu"] = {"name": props.name, "memory": props.total_memory,
-                              "sms": props.multi_processor_count,
-                              "cuda": torch.version.cuda}
+        props = torch.cuda.get_device_properties(0)
+        machine["gpu"] = {"name": props.name, "memory": props.total_memory,
+                          "sms": props.multi_processor_count, "cuda": torch.version.cuda}
     return {"machine": machine, "versions": versions, "commit": git_commit()}

@@ -97,116 +97,86 @@ def _scan(x: np.ndarray, axis: int, op: Callable[[np.ndarray, np.ndarray], np.nd
     return np.moveaxis(a, -1, axis)
 
 
-class _Patches:
-    """Attributes of the interpreter replaced inside `exact_bf16` and restored after."""
+class ExactBf16:
+    """The interpreter patch: one method per function of Triton's interpreter that it
+    replaces, named after that function. Each takes the object the interpreter called it on
+    first (a builder, a tensor handle, a reduce or scan op; nothing for `_get_np_dtype`, a
+    module function), then that function's own arguments, and hands every dtype but bf16 to
+    the original. `install` sets them all; `undo` puts the originals back."""
+
+    BUILDER = ("create_masked_load", "create_masked_store", "cast_impl", "create_fp_to_fp",
+               "create_bitcast", "create_fabs", "create_fma", "create_atomic_rmw",
+               "create_atomic_cas")
 
     def __init__(self) -> None:
+        self.original: dict[str, Any] = {}  # the replaced functions by name
         self._saved: list[tuple[Any, str, Any]] = []
 
-    def set(self, owner: Any, name: str, value: Any) -> None:
-        self._saved.append((owner, name, owner.__dict__[name]))
-        setattr(owner, name, value)
+    def install(self) -> None:
+        _import_triton()
+        self._set(it, "_get_np_dtype", self._get_np_dtype)
+        self._set(it.TensorHandle, "__post_init__", _method(self.__post_init__))
+        for name in self.BUILDER:
+            self._set(it.InterpreterBuilder, name, _method(getattr(self, name)))
+        self._set(it.ReduceOps, "sum", _method(self.sum))
+        self._set(it.ScanOps, "cumsum", _method(self.cumsum))
+        self._set(it.ScanOps, "cumprod", _method(self.cumprod))
 
     def undo(self) -> None:
         for owner, name, value in reversed(self._saved):
             setattr(owner, name, value)
         self._saved.clear()
+        self.original.clear()
 
+    def _set(self, owner: Any, name: str, value: Any) -> None:
+        self.original[name] = owner.__dict__[name]
+        self._saved.append((owner, name, self.original[name]))
+        setattr(owner, name, value)
 
-def _install(patches: _Patches) -> None:
-    import triton.language as tl
-    from triton.runtime import interpreter as it
+    # ---- types and handles --------------------------------------------------------------
 
-    bf16 = tl.bfloat16
-    Handle, Builder = it.TensorHandle, it.InterpreterBuilder
-    orig_np_dtype = it._get_np_dtype
-    orig_post_init = Handle.__post_init__
-    orig = {name: Builder.__dict__[name] for name in (
-        "create_masked_load", "create_masked_store", "cast_impl", "create_fp_to_fp",
-        "create_bitcast", "create_fabs", "create_fma", "create_atomic_rmw", "create_atomic_cas")}
-
-    def is_bf16(t: Any) -> bool:
-        while isinstance(t, (tl.block_type, tl.pointer_type)):
-            t = t.element_ty
-        return t == bf16
-
-    def np_dtype(tt_dtype: Any) -> np.dtype:
-        if not isinstance(tt_dtype, tl.pointer_type) and is_bf16(tt_dtype):
+    def _get_np_dtype(self, tt_dtype: Any) -> np.dtype:
+        if not isinstance(tt_dtype, tl.pointer_type) and _is_bf16(tt_dtype):
             return np.dtype(np.float32)
-        return orig_np_dtype(tt_dtype)
+        return self.original["_get_np_dtype"](tt_dtype)
 
-    def post_init(self: Any) -> None:
+    def __post_init__(self, handle: Any) -> None:
         # every bf16 handle holds float32 bf16 numbers: bits are decoded, values rounded; a
         # comparison's bool result also arrives typed bf16 (the operands' type) and stays
-        if self.dtype != bf16:
-            return orig_post_init(self)
-        data = np.asarray(self.data)
+        if handle.dtype != tl.bfloat16:
+            return self.original["__post_init__"](handle)
+        data = np.asarray(handle.data)
         if data.dtype.kind == "f":
-            self.data = round_bf16(data)
+            handle.data = round_bf16(data)
         elif data.dtype.kind in "iu" and data.dtype.itemsize == 2:
-            self.data = bf16_values(data)
+            handle.data = bf16_values(data)
 
-    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
-        if not is_bf16(ptrs.get_element_ty()):
-            return orig["create_masked_load"](self, ptrs, mask, other, cache_policy, is_volatile)
+    # ---- memory -------------------------------------------------------------------------
+
+    def create_masked_load(self, builder, ptrs, mask, other, cache_policy, is_volatile):
+        if not _is_bf16(ptrs.get_element_ty()):
+            return self.original["create_masked_load"](builder, ptrs, mask, other, cache_policy,
+                                                       is_volatile)
         other_bits = (np.zeros_like(ptrs.data, dtype=U16) if other is None
                       else np.broadcast_to(bf16_bits(other.data), ptrs.data.shape))
         bits = it._interpreter.load(ptrs.data, mask.data, np.ascontiguousarray(other_bits),
                                     np.dtype(U16))
-        return Handle(bits, bf16)
+        return it.TensorHandle(bits, tl.bfloat16)
 
-    def masked_store(self, ptrs, value, mask, cache_policy):
-        if not is_bf16(ptrs.get_element_ty()):
-            return orig["create_masked_store"](self, ptrs, value, mask, cache_policy)
+    def create_masked_store(self, builder, ptrs, value, mask, cache_policy):
+        if not _is_bf16(ptrs.get_element_ty()):
+            return self.original["create_masked_store"](builder, ptrs, value, mask, cache_policy)
         bits = np.ascontiguousarray(np.broadcast_to(bf16_bits(value.data), ptrs.data.shape))
         return it._interpreter.store(ptrs.data, bits, mask.data)
 
-    def cast_impl(self, src, dst_type):
-        if is_bf16(dst_type):  # from fp64 exactly, so that integers and fp32 round once
-            return Handle(bf16_bits(np.asarray(src.data).astype(np.float64)), bf16)
-        if is_bf16(src.dtype):
-            with np.errstate(invalid="ignore", over="ignore"):
-                return Handle(np.asarray(src.data).astype(np_dtype(dst_type)), dst_type.scalar)
-        return orig["cast_impl"](self, src, dst_type)
-
-    def fp_to_fp(self, src, dst_type, rounding_mode):
-        if not (is_bf16(src.dtype) or is_bf16(dst_type)):
-            return orig["create_fp_to_fp"](self, src, dst_type, rounding_mode)
-        values = src.data
-        if src.dtype.scalar.primitive_bitwidth == 8:  # fp8: its own decoder, to fp32
-            values = orig["create_fp_to_fp"](self, src, tl.float32, rounding_mode).data
-        if is_bf16(dst_type):
-            toward_zero = rounding_mode == it._ir.ROUNDING_MODE.RTZ
-            return Handle(bf16_bits(np.asarray(values), toward_zero), bf16)
-        as_fp32 = Handle(np.asarray(values, dtype=np.float32), tl.float32)
-        return orig["create_fp_to_fp"](self, as_fp32, dst_type, rounding_mode)
-
-    def bitcast(self, src, dst_type):
-        if is_bf16(src.dtype) and not isinstance(src.dtype, tl.pointer_type):
-            src = Handle(bf16_bits(src.data), tl.uint16)
-        if is_bf16(dst_type) and not isinstance(dst_type, tl.pointer_type):
-            return Handle(np.asarray(src.data).view(U16), bf16)
-        return orig["create_bitcast"](self, src, dst_type)
-
-    def fabs(self, arg):
-        if arg.dtype == bf16:
-            return Handle(np.abs(arg.data), bf16)
-        return orig["create_fabs"](self, arg)
-
-    def fma(self, x, y, z):
-        if z.dtype == bf16:  # x * y is exact in fp64; the sum rounds once more, harmlessly
-            product = np.multiply(x.data, y.data, dtype=np.float64)
-            return Handle(np.add(product, z.data, dtype=np.float64), bf16)
-        return orig["create_fma"](self, x, y, z)
-
-    rmw_ops = {it._interpreter.RMW_OP.FADD: np.add, it._interpreter.RMW_OP.MAX: np.maximum,
+    def create_atomic_rmw(self, builder, rmw_op, ptr, val, mask, sem, scope):
+        if not _is_bf16(ptr.get_element_ty()):
+            return self.original["create_atomic_rmw"](builder, rmw_op, ptr, val, mask, sem,
+                                                      scope)
+        ops = {it._interpreter.RMW_OP.FADD: np.add, it._interpreter.RMW_OP.MAX: np.maximum,
                it._interpreter.RMW_OP.MIN: np.minimum,
                it._interpreter.RMW_OP.XCHG: lambda old, new: new}
-
-    def atomic_rmw(self, rmw_op, ptr, val, mask, sem, scope):
-        if not is_bf16(ptr.get_element_ty()):
-            return orig["create_atomic_rmw"](self, rmw_op, ptr, val, mask, sem, scope)
-        op = rmw_ops.get(self.ir_rmw_op_to_interpreter_rmw_op.get(rmw_op))
+        op = ops.get(builder.ir_rmw_op_to_interpreter_rmw_op.get(rmw_op))
         if op is None:
             raise ValueError(f"atomic {rmw_op} is not defined on bf16")
         # element by element: several lanes may hit the same address
@@ -217,54 +187,121 @@ def _install(patches: _Patches) -> None:
                                           strict=True)):
             if not m:
                 continue
-            one = Handle(np.array([p], dtype=np.uint64), ptr.dtype)
-            on = Handle(np.array([True]), tl.int1)
-            old[i] = masked_load(self, one, on, None, None, True).data[0]
-            new = Handle(np.asarray([op(old[i], v)], dtype=np.float32), bf16)
-            masked_store(self, one, new, on, None)
-        return Handle(old.reshape(ptr.data.shape), bf16)
+            one = it.TensorHandle(np.array([p], dtype=np.uint64), ptr.dtype)
+            on = it.TensorHandle(np.array([True]), tl.int1)
+            old[i] = self.create_masked_load(builder, one, on, None, None, True).data[0]
+            new = it.TensorHandle(np.asarray([op(old[i], v)], dtype=np.float32), tl.bfloat16)
+            self.create_masked_store(builder, one, new, on, None)
+        return it.TensorHandle(old.reshape(ptr.data.shape), tl.bfloat16)
 
-    def atomic_cas(self, ptr, cmp, val, sem, scope):
-        if not is_bf16(ptr.get_element_ty()):
-            return orig["create_atomic_cas"](self, ptr, cmp, val, sem, scope)
-        cmp_bits = Handle(bf16_bits(cmp.data), tl.uint16)
-        val_bits = Handle(bf16_bits(val.data), tl.uint16)
-        u16_ptr = Handle(ptr.data, tl.pointer_type(tl.uint16))
-        old = orig["create_atomic_cas"](self, u16_ptr, cmp_bits, val_bits, sem, scope)
-        return Handle(old.data, bf16)
+    def create_atomic_cas(self, builder, ptr, cmp, val, sem, scope):
+        cas = self.original["create_atomic_cas"]
+        if not _is_bf16(ptr.get_element_ty()):
+            return cas(builder, ptr, cmp, val, sem, scope)
+        cmp_bits = it.TensorHandle(bf16_bits(cmp.data), tl.uint16)
+        val_bits = it.TensorHandle(bf16_bits(val.data), tl.uint16)
+        u16_ptr = it.TensorHandle(ptr.data, tl.pointer_type(tl.uint16))
+        old = cas(builder, u16_ptr, cmp_bits, val_bits, sem, scope)
+        return it.TensorHandle(old.data, tl.bfloat16)
 
-    def reduce_sum(self, input):
-        if input.dtype.scalar == bf16:
-            total = _pairwise_sum(input.handle.data, self.axis, self.keep_dims)
-            return self.to_tensor(total, input.dtype.scalar)
-        return orig_sum(self, input)
+    # ---- conversions --------------------------------------------------------------------
 
-    def cumsum(self, input):
-        if input.dtype.scalar == bf16:
-            return [self.to_tensor(_scan(input.handle.data, self.axis, np.add), bf16)]
-        return orig_cumsum(self, input)
+    def cast_impl(self, builder, src, dst_type):
+        if _is_bf16(dst_type):  # from fp64 exactly, so that integers and fp32 round once
+            return it.TensorHandle(bf16_bits(np.asarray(src.data).astype(np.float64)),
+                                   tl.bfloat16)
+        if _is_bf16(src.dtype):
+            with np.errstate(invalid="ignore", over="ignore"):
+                data = np.asarray(src.data).astype(self._get_np_dtype(dst_type))
+            return it.TensorHandle(data, dst_type.scalar)
+        return self.original["cast_impl"](builder, src, dst_type)
 
-    def cumprod(self, input):
-        if input.dtype.scalar == bf16:
-            return [self.to_tensor(_scan(input.handle.data, self.axis, np.multiply), bf16)]
-        return orig_cumprod(self, input)
+    def create_fp_to_fp(self, builder, src, dst_type, rounding_mode):
+        fp_to_fp = self.original["create_fp_to_fp"]
+        if not (_is_bf16(src.dtype) or _is_bf16(dst_type)):
+            return fp_to_fp(builder, src, dst_type, rounding_mode)
+        values = src.data
+        if src.dtype.scalar.primitive_bitwidth == 8:  # fp8: its own decoder, to fp32
+            values = fp_to_fp(builder, src, tl.float32, rounding_mode).data
+        if _is_bf16(dst_type):
+            toward_zero = rounding_mode == it._ir.ROUNDING_MODE.RTZ
+            return it.TensorHandle(bf16_bits(np.asarray(values), toward_zero), tl.bfloat16)
+        as_fp32 = it.TensorHandle(np.asarray(values, dtype=np.float32), tl.float32)
+        return fp_to_fp(builder, as_fp32, dst_type, rounding_mode)
 
-    orig_sum = it.ReduceOps.__dict__["sum"]
-    orig_cumsum, orig_cumprod = it.ScanOps.__dict__["cumsum"], it.ScanOps.__dict__["cumprod"]
+    def create_bitcast(self, builder, src, dst_type):
+        if _is_bf16(src.dtype) and not isinstance(src.dtype, tl.pointer_type):
+            src = it.TensorHandle(bf16_bits(src.data), tl.uint16)
+        if _is_bf16(dst_type) and not isinstance(dst_type, tl.pointer_type):
+            return it.TensorHandle(np.asarray(src.data).view(U16), tl.bfloat16)
+        return self.original["create_bitcast"](builder, src, dst_type)
 
-    patches.set(it, "_get_np_dtype", np_dtype)
-    patches.set(Handle, "__post_init__", post_init)
-    for name, fn in (("create_masked_load", masked_load), ("create_masked_store", masked_store),
-                     ("cast_impl", cast_impl), ("create_fp_to_fp", fp_to_fp),
-                     ("create_bitcast", bitcast), ("create_fabs", fabs), ("create_fma", fma),
-                     ("create_atomic_rmw", atomic_rmw), ("create_atomic_cas", atomic_cas)):
-        patches.set(Builder, name, fn)
-    patches.set(it.ReduceOps, "sum", reduce_sum)
-    patches.set(it.ScanOps, "cumsum", cumsum)
-    patches.set(it.ScanOps, "cumprod", cumprod)
+    # ---- arithmetic ---------------------------------------------------------------------
+
+    def create_fabs(self, builder, arg):
+        if arg.dtype == tl.bfloat16:
+            return it.TensorHandle(np.abs(arg.data), tl.bfloat16)
+        return self.original["create_fabs"](builder, arg)
+
+    def create_fma(self, builder, x, y, z):
+        if z.dtype == tl.bfloat16:  # x * y is exact in fp64; the sum rounds once more, harmlessly
+            product = np.multiply(x.data, y.data, dtype=np.float64)
+            return it.TensorHandle(np.add(product, z.data, dtype=np.float64), tl.bfloat16)
+        return self.original["create_fma"](builder, x, y, z)
+
+    # ---- reductions and scans -----------------------------------------------------------
+
+    def sum(self, reduce_op, input):
+        if input.dtype.scalar == tl.bfloat16:
+            total = _pairwise_sum(input.handle.data, reduce_op.axis, reduce_op.keep_dims)
+            return reduce_op.to_tensor(total, input.dtype.scalar)
+        return self.original["sum"](reduce_op, input)
+
+    def cumsum(self, scan_op, input):
+        if input.dtype.scalar == tl.bfloat16:
+            return [scan_op.to_tensor(_scan(input.handle.data, scan_op.axis, np.add),
+                                      tl.bfloat16)]
+        return self.original["cumsum"](scan_op, input)
+
+    def cumprod(self, scan_op, input):
+        if input.dtype.scalar == tl.bfloat16:
+            return [scan_op.to_tensor(_scan(input.handle.data, scan_op.axis, np.multiply),
+                                      tl.bfloat16)]
+        return self.original["cumprod"](scan_op, input)
 
 
-_ACTIVE = _Patches()
+# Triton's language and interpreter modules, imported when the patch is first installed (this
+# module imports without Triton: its rounding helpers need only NumPy)
+tl: Any = None
+it: Any = None
+
+
+def _import_triton() -> None:
+    global tl, it
+    import triton.language
+    from triton.runtime import interpreter
+
+    tl, it = triton.language, interpreter
+
+
+def _is_bf16(t: Any) -> bool:
+    """Whether a Triton type is bf16, or a block or a pointer of bf16."""
+    while isinstance(t, (tl.block_type, tl.pointer_type)):
+        t = t.element_ty
+    return t == tl.bfloat16
+
+
+def _method(bound: Callable[..., Any]) -> Callable[..., Any]:
+    """A plain function calling `bound` with its own `self` first: set on a class, it is a
+    method whose instance reaches the patch's method as its first argument."""
+
+    def method(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        return bound(obj, *args, **kwargs)
+
+    return method
+
+
+_ACTIVE = ExactBf16()
 _depth = 0
 
 
@@ -279,7 +316,7 @@ def exact_bf16() -> Iterator[None]:
         yield
         return
     if _depth == 0:
-        _install(_ACTIVE)
+        _ACTIVE.install()
     _depth += 1
     try:
         yield

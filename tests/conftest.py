@@ -1,14 +1,65 @@
-"""Shared test fixtures: an isolated reference cache and a CLI runner with real exit codes."""
+"""Shared test fixtures: an isolated reference cache, a CLI runner with real exit codes, the
+`needs` marker for what a test needs of this machine, and a child pytest under Triton's
+interpreter."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from elasticbench import devices
 from elasticbench.cli import main
+
+# What `@pytest.mark.needs(...)` can ask for (pyproject.toml registers the marker): each gives
+# None when this machine has it, else the reason the test is skipped. elasticbench.devices
+# answers; no test asks the machine itself.
+NEEDS: dict[str, Callable[[], str | None]] = {
+    "gpu": lambda: None if devices.has_gpu() else "no CUDA GPU here",
+    "no_gpu": lambda: "Triton runs on this GPU" if devices.has_gpu() else None,
+    "triton": lambda: None if devices.triton_installed() else "Triton is not installed",
+    "native": lambda: (f"cannot build here: {why}"  # a build can be tried (and must succeed)
+                       if (why := devices.native_unbuildable()) else None),
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip each test marked `needs(what, ...)` unless this machine has all of them (each
+    asked once per session)."""
+    answers: dict[str, str | None] = {}
+    for item in items:
+        for mark in item.iter_markers("needs"):
+            for what in mark.args:
+                if what not in NEEDS:
+                    raise pytest.UsageError(f"needs({what!r}): choose from {', '.join(NEEDS)}")
+                if what not in answers:
+                    answers[what] = NEEDS[what]()
+                if answers[what] is not None:
+                    item.add_marker(pytest.mark.skip(reason=answers[what]))
+
+
+@pytest.fixture
+def under_interpreter() -> Callable[..., None]:
+    """Run a test module again in a child pytest with Triton's interpreter on, and require
+    that its tests pass: the interpreter must be on before `triton.jit` decorates a kernel,
+    and importing the Triton kernels would change what every other test of this process
+    sees in the registry. Called as under_interpreter(__file__, *pytest_args, timeout=s)."""
+
+    def run(test_file: str, *args: str, timeout: float = 600) -> None:
+        cmd = [sys.executable, "-m", "pytest", str(Path(test_file)), "-q", "-p",
+               "no:cacheprovider", "-W", "ignore::RuntimeWarning", *args]
+        child = subprocess.run(cmd, env=devices.interpreter_env(on=True), capture_output=True,
+                               text=True, timeout=timeout)
+        tail = (child.stdout + child.stderr)[-6000:]
+        assert child.returncode == 0, tail
+        assert " passed" in child.stdout and " failed" not in child.stdout, tail
+
+    return run
 
 
 @pytest.fixture(autouse=True, scope="session")

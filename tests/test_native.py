@@ -17,23 +17,19 @@ from elasticbench import functional as F
 from elasticbench import native
 from elasticbench.functional import exp_normalize_backward, exp_normalize_forward
 
-TOOLS = native.missing_tools()
-needs_build = pytest.mark.skipif(TOOLS is not None, reason=f"cannot build here: {TOOLS}")
 FUSED, ACCURATE = 2, 3
 TOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
+@pytest.mark.needs("native")
 def test_the_tier_builds_wherever_a_compiler_exists():
     """A compile error in the project's own sources fails here, with the compiler's line."""
-    if TOOLS is not None:
-        pytest.skip(TOOLS)
     assert native.unavailable() is None
 
 
 @pytest.fixture(scope="module")
 def ext():
-    if TOOLS is not None:
-        pytest.skip(TOOLS)
+    """The built extension: tests that take it are marked needs("native")."""
     module = native.load()
     yield module
     module.set_isa(module.isas()[0])
@@ -62,7 +58,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     assert ((g - w).abs() / w.abs().clamp_min(tiny)).max().item() <= TOL[dtype]
 
 
-@needs_build
+@pytest.mark.needs("native")
 @pytest.mark.parametrize("dtype", list(TOL))
 def test_every_instruction_set_matches_the_reference(ext, dtype):
     for isa in ext.isas():
@@ -99,7 +95,7 @@ def test_every_instruction_set_matches_the_reference(ext, dtype):
             assert torch.equal(x, before) or torch.equal(x.isnan(), before.isnan())
 
 
-@needs_build
+@pytest.mark.needs("native")
 @pytest.mark.parametrize("shape", [(3, 1 << 18), (1, 1 << 20)])
 def test_long_rows_split_across_threads_agree_with_whole_rows(ext, shape):
     """On two threads, rows of 2^18 (1 MiB) are taken by both threads together, row by row,
@@ -142,7 +138,7 @@ def test_long_rows_split_across_threads_agree_with_whole_rows(ext, shape):
         assert out[2][0][1][-5] == 1.0 and out[2][0][1].sum() == 1.0
 
 
-@needs_build
+@pytest.mark.needs("native")
 def test_functional_and_nn_run_the_native_kernels(ext):
     x = torch.randn(4, 6, 33, dtype=torch.float64, requires_grad=True)
     tau = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
@@ -190,7 +186,7 @@ def test_the_first_compiler_error_is_the_reason():
     assert native._first_error(log) == "/src/rows.h:12:3: error: 'vexp' was not declared"
 
 
-@needs_build
+@pytest.mark.needs("native")
 def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load(ext, tmp_path):
     """torch's build lock is a plain file: a build killed halfway leaves it, and torch then
     waits for it forever. Loads hold an flock instead and clear such a leftover. (On a copy
@@ -206,7 +202,7 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load(ext, tmp_path
     assert not stale.exists()
 
 
-@needs_build
+@pytest.mark.needs("native")
 def test_backward_without_parameter_gradients_reads_x_only_where_y_cannot_tell(ext):
     """y alone settles a row with two different nonzero outputs; a +inf row (outputs 1/k),
     a one-hot or tied finite row and a NaN row need x, and get it."""
@@ -251,6 +247,7 @@ def test_the_exponential_polynomial_is_the_one_the_script_derives():
     assert coef[:2] == [1.0, 1.0] and max(err, err_float) < 2.0**-26
 
 
+@pytest.mark.needs("native")
 def test_dtau_sums_follow_a_max_that_grows_in_every_block(ext):
     """Pass 1 forms sum y (x - r) and sum g y (x - r) against the running max r and shifts
     them when r grows: rows rising block after block (and one rising, then falling) with a
@@ -277,6 +274,7 @@ def test_dtau_sums_follow_a_max_that_grows_in_every_block(ext):
     ext.set_isa(ext.isas()[0])
 
 
+@pytest.mark.needs("native")
 def test_the_exp_probe_sums_exponentials_on_every_instruction_set(ext):
     """The roofline's native exp+sum probe is the row kernels' exp: sum exp(x), x <= 0."""
     x64 = torch.linspace(-30, 0, 100_003, dtype=torch.float64)  # a tail past every width
@@ -290,6 +288,7 @@ def test_the_exp_probe_sums_exponentials_on_every_instruction_set(ext):
     ext.set_isa(ext.isas()[0])
 
 
+@pytest.mark.needs("native")
 def test_the_host_roofline_takes_the_native_probe_instead_of_inductor(ext):
     from elasticbench.bench.runner import measure_ceilings
     from elasticbench.bench.timing import Policy

@@ -17,8 +17,7 @@ from elasticbench.attention.contract import backward_step, forward_output, kerne
 from elasticbench.functional import elastic_attention
 from elasticbench.registry import get_kernel
 
-TOOLS = native.missing_tools()
-pytestmark = pytest.mark.skipif(TOOLS is not None, reason=f"cannot build here: {TOOLS}")
+pytestmark = pytest.mark.needs("native")
 F64 = torch.float64
 
 

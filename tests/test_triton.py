@@ -10,29 +10,20 @@ with `TRITON_INTERPRET=1 pytest tests/test_triton.py`, or on a machine with CUDA
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-RUN_HERE = INTERPRETED or torch.cuda.is_available()
+from elasticbench import devices
 
-if not RUN_HERE:
+if devices.triton_unavailable() is not None:  # neither a GPU nor the interpreter here
 
     # two halves in their own interpreter processes, so that pytest-xdist's workers share them
     @pytest.mark.parametrize("half", ["flushing_two_ulp", "not flushing_two_ulp"])
-    def test_triton_kernels_under_the_interpreter(half: str) -> None:
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        cmd = [sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-p",
-               "no:cacheprovider", "-W", "ignore::RuntimeWarning", "-k", half]
-        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        tail = (run.stdout + run.stderr)[-6000:]
-        assert run.returncode == 0, tail
-        assert " passed" in run.stdout and " failed" not in run.stdout, tail
+    def test_triton_kernels_under_the_interpreter(half: str, under_interpreter) -> None:
+        under_interpreter(__file__, "-k", half, timeout=900)
 
 else:
     from elasticbench.kernels import triton_kernels as registered
@@ -55,7 +46,7 @@ else:
     # inf - inf and 0/0 it then throws away.
     pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-    DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+    DEVICE = "cuda" if devices.has_gpu() else devices.HOST
     DTYPES = (torch.float32, torch.float16, torch.bfloat16)
     # fused: the defaults; online: every row longer than 16 streams in chunks of 16
     PATHS = {"fused": (16384, 4096), "online": (16, 16)}
@@ -320,7 +311,7 @@ else:
 
     def test_budgets_hold_with_a_flushing_two_ulp_exp2() -> None:
         # the CLI's way in: $ELASTICBENCH_TRITON_EXP2_ULPS
-        env = {**os.environ, "TRITON_INTERPRET": "1", "ELASTICBENCH_TRITON_EXP2_ULPS": "2"}
+        env = {**devices.interpreter_env(on=True), "ELASTICBENCH_TRITON_EXP2_ULPS": "2"}
         cmd = [sys.executable, "-W", "ignore", "-m", "elasticbench", "verify", "--backend",
                "triton", "--quick", "-d", "fp32", "--mode", "both"]
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

@@ -6,29 +6,18 @@ kernel, so in an ordinary run one test re-runs this module with TRITON_INTERPRET
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-pytest.importorskip("triton")
+from elasticbench import devices
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+pytestmark = pytest.mark.needs("triton")
 
 
-if not INTERPRETED:
+if not devices.triton_interpreted():
 
-    def test_triton_attention_under_the_interpreter() -> None:
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        cmd = [sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-p",
-               "no:cacheprovider", "-W", "ignore::RuntimeWarning"]
-        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        tail = (run.stdout + run.stderr)[-6000:]
-        assert run.returncode == 0, tail
-        assert " passed" in run.stdout and " failed" not in run.stdout, tail
+    def test_triton_attention_under_the_interpreter(under_interpreter) -> None:
+        under_interpreter(__file__)
 
     @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
     @pytest.mark.parametrize(("dtype", "causal", "arch"), [(torch.float32, True, 90),

@@ -11,20 +11,20 @@ the compiler rejects).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-pytest.importorskip("triton")
+from elasticbench import devices
+
+pytestmark = pytest.mark.needs("triton")
 
 
 @pytest.fixture(scope="module")
 def audits(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("audit") / "audit.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    env = {**devices.interpreter_env(on=False), "TRITON_DEFAULT_FP_FUSION": "1"}
     cmd = [sys.executable, "-m", "elasticbench.audit", "--gpu", "h100-sxm",
            "-d", "fp32,bf16", "--sizes", "4096,65536", "--json", str(out)]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

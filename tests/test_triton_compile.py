@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from elasticbench import devices
 from elasticbench.audit.capture import capture_launches
 from elasticbench.audit.kernel_files import (
     CallRequest,
@@ -106,7 +107,7 @@ def test_capture_records_every_autotune_config_and_runs_nothing() -> None:
 
 
 def test_the_check_runs_without_the_interpreter_even_when_called_under_it(monkeypatch) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as in `TRITON_INTERPRET=1 elasticbench verify`
+    monkeypatch.setenv(devices.INTERPRET_ENV, "1")  # as in `TRITON_INTERPRET=1 elasticbench verify`
     requests = [CallRequest("interpreter_only_softmax", "fwd", "bf16", (2, 16)),
                 CallRequest("thirdparty_softmax", "bwd", "fp16", (2, 16))]
     bad, good = check_calls([str(INTERPRETER_ONLY), str(BF16)], requests)
@@ -119,7 +120,7 @@ def test_verify_under_the_interpreter_fails_a_kernel_that_does_not_compile(tmp_p
     cmd = [sys.executable, "-W", "ignore", "-m", "elasticbench", "verify", "--kernel-file",
            str(INTERPRETER_ONLY), "--kernel-file", str(BF16), "--quick", "-d", "fp32,bf16",
            "--input", "normal", "--json", str(out)]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "COLUMNS": "300"}
+    env = {**devices.interpreter_env(on=True), "COLUMNS": "300"}
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     records = json.loads(out.read_text())["records"]
@@ -147,7 +148,7 @@ def test_verify_under_the_interpreter_fails_a_kernel_that_does_not_compile(tmp_p
                              "interpreter_only_softmax --dtype fp32,bf16 --input normal --size ")
                for ln in printed)
     line = printed[0]
-    env.pop("TRITON_INTERPRET")
+    env = devices.interpreter_env(on=False, env=env)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     again = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True,
                            timeout=600)

@@ -8,9 +8,6 @@ an ordinary run re-runs this module in a subprocess with the interpreter on.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -18,11 +15,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from elasticbench import devices
 from elasticbench.triton_interpreter import bf16_bits, bf16_values
 
-pytest.importorskip("triton")
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 FIXTURE = Path(__file__).parent / "fixtures" / "triton_bf16.py"
 
 
@@ -72,16 +67,11 @@ def test_fp64_to_bf16_rounds_once() -> None:
     assert np.array_equal(rtz, [nearest_bf16(v, toward_zero=True) for v in x])
 
 
-if not INTERPRETED:
+if not devices.triton_interpreted():
 
-    def test_kernels_under_the_interpreter() -> None:
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        cmd = [sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-p",
-               "no:cacheprovider", "-W", "ignore::RuntimeWarning", "-k", "interpreted"]
-        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        tail = (run.stdout + run.stderr)[-6000:]
-        assert run.returncode == 0, tail
-        assert " passed" in run.stdout and " failed" not in run.stdout, tail
+    @pytest.mark.needs("triton")
+    def test_kernels_under_the_interpreter(under_interpreter) -> None:
+        under_interpreter(__file__, "-k", "interpreted")
 
 else:
     from types import SimpleNamespace

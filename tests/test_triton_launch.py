@@ -6,7 +6,6 @@ kernels' package registers nothing).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ import pytest
 
 pytest.importorskip("triton")
 
+from elasticbench import devices
 from elasticbench.kernels.triton.launch import (
     LaunchOptions,
     SMLimits,
@@ -78,8 +78,7 @@ def test_the_autograd_path_imports_the_kernels_without_registering_them() -> Non
              "from elasticbench import functional\n"
              "assert functional._triton() is not None\n"
              "print('elasticbench.kernels.triton_kernels' in sys.modules)\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run([sys.executable, "-c", probe], env=devices.interpreter_env(on=False),
+                         capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["False"]

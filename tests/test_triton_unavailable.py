@@ -6,19 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
+from elasticbench import devices
 from elasticbench.backends import BACKENDS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "triton_bf16.py"
 REASON = "Triton needs a CUDA GPU, or TRITON_INTERPRET=1"
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="Triton runs on this GPU")
+pytestmark = pytest.mark.needs("no_gpu")
 
 
 @pytest.fixture(autouse=True)
 def _no_interpreter(monkeypatch) -> None:
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv(devices.INTERPRET_ENV, raising=False)
 
 
 def test_list_backends_says_why_triton_is_unavailable(cli) -> None:

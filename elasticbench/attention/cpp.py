@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import native
+from .. import devices, native
 from . import special
 
 # Queries and keys per tile: a 256 x 512 fp32 score tile (512 KiB; the backward keeps two)
@@ -22,7 +22,7 @@ BLOCK_K = 512
 
 def accepts(q: torch.Tensor) -> bool:
     """CPU tensors, when the native tier is built here."""
-    return q.device.type == "cpu" and native.unavailable() is None
+    return q.device.type == "cpu" and devices.native_unavailable() is None
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..devices import interpreter_env
+
 ARCHS = (90, 80)
 VERSION = 2  # of the cached results' meaning
 
@@ -199,10 +201,9 @@ def check_calls(kernel_files: list[str], requests: list[CallRequest],
     interpreter). The kernels are looked up by name after loading kernel_files."""
     payload = {"kernel_files": kernel_files, "archs": list(archs),
                "requests": [asdict(r) for r in requests]}
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-m", "elasticbench.audit.kernel_files"],
-                         input=json.dumps(payload), capture_output=True, text=True, env=env,
-                         timeout=timeout)
+                         input=json.dumps(payload), capture_output=True, text=True,
+                         env=interpreter_env(on=False), timeout=timeout)
     if run.returncode != 0:
         tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"the compile check failed: {tail}")

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import numpy as np
 
@@ -27,6 +26,7 @@ from .backward import (
     upstream,
 )
 from .check import CheckResult, check_output
+from .compile_check import call_key, compile_checks, with_compile_check
 from .matrix import MAX_ROWS, VerifyCase
 
 BATCH_ELEMENTS = 1 << 22  # checked elements of the cases prepared and solved together
@@ -234,37 +234,6 @@ def batches(cases: list[VerifyCase], max_elements: int,
         out[-1].append(case)
         size += elements
     return [b for b in out if b]
-
-
-def compile_checks(pairs: list[tuple[KernelSpec, VerifyCase]]) -> dict[tuple, Any]:
-    """call_key -> what compiling that call said, for kernels whose backend checks compilation
-    (it depends on the call's kernel, dtype, shape and parameters, not on the input's values,
-    so each distinct call is asked once)."""
-    from ..audit.kernel_files import CallRequest
-
-    calls = {call_key(spec, case): (spec, CallRequest(spec.name, spec.mode, case.dtype,
-                                                      case.shape, case.param_dict))
-             for spec, case in pairs if get_backend(spec.backend).compile_check is not None}
-    out: dict[tuple, Any] = {}
-    for backend in {spec.backend for spec, _ in calls.values()}:
-        keys = [k for k, (spec, _) in calls.items() if spec.backend == backend]
-        check = get_backend(backend).compile_check
-        assert check is not None
-        out.update(zip(keys, check([calls[k] for k in keys]), strict=True))
-    return out
-
-
-def call_key(spec: KernelSpec, case: VerifyCase) -> tuple:
-    return (spec.name, spec.mode, case.dtype, case.shape, tuple(sorted(case.param_dict.items())))
-
-
-def with_compile_check(record: VerifyRecord, check: Any) -> None:
-    """Add what compiling said to a record; a kernel that does not compile fails the case."""
-    record.compile = None if check is None else check.to_dict()
-    failure = None if check is None else check.failure()
-    if failure:
-        record.passed = False
-        record.reason = "; ".join([failure] + ([record.reason] if record.reason else []))
 
 
 def case_key(spec: KernelSpec, case: VerifyCase) -> tuple:

@@ -16,9 +16,8 @@ from typing import Any
 
 import torch
 
+from elasticbench.devices import triton_interpreted
 from elasticbench.triton_interpreter import exact_bf16
-
-from .memory import interpreted
 
 DTYPES = ("fp32", "fp16", "bf16")  # fp64 is not a GPU softmax format; the suite skips it
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -141,7 +140,7 @@ def _programs(kernel: Any, rows: int, args: tuple, warps: int, consts: dict) -> 
     Resident programs per SM come from the compiled kernel's registers and shared memory;
     under the interpreter a handful of programs is enough to exercise the row loop.
     """
-    if interpreted() or not args[0].is_cuda:
+    if triton_interpreted() or not args[0].is_cuda:
         return max(1, min(rows, 4))
     dev = args[0].device
     key = (kernel, dev.index, warps, args[0].dtype, tuple(sorted(consts.items())))
@@ -168,7 +167,7 @@ def _programs(kernel: Any, rows: int, args: tuple, warps: int, consts: dict) -> 
 def run(kernel: Any, grid: tuple[int], args: tuple, warps: int, consts: dict) -> None:
     """Launch kernel[grid](*args); under the interpreter with the GPU's bf16 (the audit records
     these launches instead, elasticbench.audit.capture)."""
-    with exact_bf16() if interpreted() else nullcontext():
+    with exact_bf16() if triton_interpreted() else nullcontext():
         kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **consts)
 
 
@@ -206,7 +205,7 @@ def plan(n: int, max_fused: int, chunk: int) -> tuple[bool, int]:
 
 def exp2_model_ulps(options: LaunchOptions) -> int:
     """The ex2 model's ulps for a kernel launch: only under the interpreter, else -1."""
-    return options.exp2_ulps if interpreted() else -1
+    return options.exp2_ulps if triton_interpreted() else -1
 
 
 def normalize_rows(x: torch.Tensor, fused_kernel: Any, online_kernel: Any,

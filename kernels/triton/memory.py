@@ -9,19 +9,13 @@ Python, so the NaN-propagating maximum takes a vectorized form there.
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
-
-def interpreted() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
+from elasticbench.devices import triton_interpreted
 
 # read when this module is imported, as Triton reads TRITON_INTERPRET when `triton.jit` decorates
-INTERPRETED = tl.constexpr(interpreted())
+INTERPRETED = tl.constexpr(triton_interpreted())
 
 
 @triton.jit

@@ -1,0 +1,90 @@
+"""No import cycle among elasticbench's modules (elasticbench/ and kernels/, installed as
+elasticbench.kernels). Every import counts, those inside functions too: a lazy import does
+not remove a cycle, it only postpones it to the call that needs it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"elasticbench": ROOT / "elasticbench", "elasticbench.kernels": ROOT / "kernels"}
+
+
+def modules() -> dict[str, Path]:
+    """Module name -> file, for every Python file of the two packages."""
+    out: dict[str, Path] = {}
+    for package, directory in PACKAGES.items():
+        for path in directory.rglob("*.py"):
+            parts = [p for p in path.relative_to(directory).with_suffix("").parts
+                     if p != "__init__"]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def imported(module: str, node: ast.Import | ast.ImportFrom, known: dict[str, Path]) -> list[str]:
+    """The modules of `known` that an import statement in `module` names: `from p import x`
+    names the submodule p.x where there is one, else p itself."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            package = module if known[module].name == "__init__.py" else module.rpartition(".")[0]
+            for _ in range(node.level - 1):
+                package = package.rpartition(".")[0]
+            base = f"{package}.{base}" if base else package
+        names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                 for alias in node.names]
+    out = []
+    for name in names:
+        while name and name not in known:  # an attribute of a module, or a module outside
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            out.append(name)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {m: {dep for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, (ast.Import, ast.ImportFrom))
+                for dep in imported(m, node, known)}
+            for m, path in known.items()}
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as a path that ends where it starts, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                return [*path[path.index(dep):], dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    graph = import_graph()
+    assert "elasticbench.registry" in graph and "elasticbench.kernels.triton.launch" in graph
+    found = cycle(graph)
+    assert found is None, "import cycle: " + " -> ".join(found or [])
+
+
+def test_the_check_finds_a_cycle() -> None:
+    graph = import_graph()
+    graph["elasticbench.devices"] = graph["elasticbench.devices"] | {"elasticbench.registry"}
+    found = cycle(graph)
+    assert found is not None and found[0] == found[-1] and "elasticbench.devices" in found
