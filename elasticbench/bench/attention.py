@@ -49,7 +49,7 @@ from ..backends import get_backend
 from ..execute import guarded_call
 from ..functions import ATTENTION, get_attention_function
 from ..inputs.attention import generate_qkv
-from ..numerics.dtypes import DTYPE_NAMES, get_format
+from ..numerics.dtypes import check_dtypes, get_format
 from ..records import QuickVerdict, RunRecord
 from ..registry import KernelSpec, get_kernel
 from ..session import Job, Session
@@ -129,9 +129,7 @@ def load_attention_run(path: Path) -> AttentionRunCase:
                         if k in fn.row_params}
         kw["timing"] = Policy(**table.get("timing", {}))
         case = AttentionRunCase(**kw)
-        for d in case.dtypes:
-            if d not in DTYPE_NAMES:
-                raise ValueError(f"unknown dtype {d!r}")
+        check_dtypes(case.dtypes)
         for m in case.modes:
             if m not in ("fwd", "bwd"):
                 raise ValueError(f"modes are fwd and bwd, got {m!r}")

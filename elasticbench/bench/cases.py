@@ -33,7 +33,7 @@ from typing import Any
 
 from ..functions import get_function
 from ..inputs import get_generator
-from ..numerics.dtypes import DTYPE_NAMES
+from ..numerics.dtypes import check_dtypes
 from ..registry import MODES
 from ..verify.matrix import CaseFileError, builtin_case, read_toml
 from .timing import Policy
@@ -111,9 +111,7 @@ def parse_run_table(table: Any, where: str, name: str) -> RunCase:
     try:
         for f in kw.get("functions", ()):
             get_function(f)
-        for d in kw.get("dtypes", ()):
-            if d not in DTYPE_NAMES:
-                raise ValueError(f"unknown dtype {d!r} (choose from {', '.join(DTYPE_NAMES)})")
+        check_dtypes(kw.get("dtypes", ()))
         for g in (table.get("generator", "normal"), *kw.get("verify_inputs", ())):
             get_generator(g)
     except ValueError as e:

@@ -8,7 +8,7 @@ from ..bench.cases import load_run_case, parse_size
 from ..gate.ab import ABPolicy, run_ab, versions_from_files, versions_from_revision
 from ..gate.compare import compare, parse_fraction
 from ..gate.render import render_text
-from ..numerics.dtypes import DTYPE_NAMES
+from ..numerics.dtypes import check_dtypes
 from ..records import ResultsWriter
 from ..registry import KernelFileError
 from ..verify.matrix import CaseFileError, builtin_case
@@ -57,10 +57,7 @@ def ab(kernel_files, rev, only, case_file, dtypes, sizes, rounds, seed, threads,
         if not 0 < alpha < 1:
             raise ValueError(f"--alpha must be between 0 and 1, got {alpha:g}")
         shapes = [parse_size(s) for s in split_names(sizes)]
-        dts = split_names(dtypes)
-        for d in dts:
-            if d not in DTYPE_NAMES:
-                raise ValueError(f"unknown dtype {d!r} (choose from {', '.join(DTYPE_NAMES)})")
+        dts = check_dtypes(split_names(dtypes))
         case = load_run_case(builtin_case("quick") if case_file is None else case_file)
         if rev:
             pairs = versions_from_revision(rev, list(kernel_files), only)

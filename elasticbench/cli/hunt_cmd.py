@@ -15,7 +15,7 @@ from ..environment import describe
 from ..execute import Isolation
 from ..hunt.job import HuntJob
 from ..hunt.space import MAX_ELEMENTS
-from ..numerics.dtypes import DTYPE_NAMES
+from ..numerics.dtypes import DTYPE_NAMES, check_dtypes
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..registry import KernelSpec
 from ..session import Session, SessionError
@@ -73,9 +73,10 @@ def hunt(functions, backends, dtypes, only, kernel_files, mode, budget, seed, js
     """
     functions, backends, dtypes = split_names(functions), split_names(backends), split_names(dtypes)
     only = split_names(only)
-    for d in dtypes:
-        if d not in DTYPE_NAMES:
-            fail(f"unknown dtype {d!r} (choose from {', '.join(DTYPE_NAMES)})")
+    try:
+        check_dtypes(dtypes)
+    except ValueError as e:
+        fail(str(e))
     if mode not in ("fwd", "bwd"):
         fail(f"unknown --mode {mode!r} (choose from fwd, bwd)")
     if not budget > 0:

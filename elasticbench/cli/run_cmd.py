@@ -18,7 +18,7 @@ from ..bench.runner import pin_heap, plan_units, resolve_baseline, set_threads
 from ..environment import describe
 from ..execute import Isolation
 from ..functions import get_function
-from ..numerics.dtypes import DTYPE_NAMES
+from ..numerics.dtypes import check_dtypes
 from ..registry import get_kernel, list_kernels
 from ..verify.matrix import CaseFileError, read_toml
 from .common import (
@@ -61,9 +61,7 @@ def run(case_file, quick, functions, backends, dtypes, sizes, mode, only, kernel
     try:
         for f in functions:
             get_function(f)
-        for d in dtypes:
-            if d not in DTYPE_NAMES:
-                raise ValueError(f"unknown dtype {d!r} (choose from {', '.join(DTYPE_NAMES)})")
+        check_dtypes(dtypes)
         shapes = [parse_size(s) for s in split_names(sizes)]
     except ValueError as e:
         fail(str(e))

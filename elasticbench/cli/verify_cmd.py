@@ -14,7 +14,7 @@ from ..functions import ATTENTION, function_kind, get_attention_function, get_fu
 from ..inputs import get_generator
 from ..inputs.attention import get_attention_generator
 from ..inputs.layouts import check_layout
-from ..numerics.dtypes import DTYPE_NAMES
+from ..numerics.dtypes import check_dtypes
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..registry import KernelSpec
@@ -83,9 +83,7 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     try:
         for f in functions:
             function_kind(f)
-        for d in dtypes:
-            if d not in DTYPE_NAMES:
-                raise ValueError(f"unknown dtype {d!r} (choose from {', '.join(DTYPE_NAMES)})")
+        check_dtypes(dtypes)
     except ValueError as e:
         fail(str(e))
     if precision < MIN_PRECISION:

@@ -6,6 +6,7 @@ Every other module asks this one for a format's precision, exponent range, NumPy
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -74,6 +75,14 @@ def get_format(name: str) -> FloatFormat:
         raise ValueError(
             f"unknown dtype {name!r} (choose from {', '.join(DTYPE_NAMES)})"
         ) from None
+
+
+def check_dtypes(names: Iterable[str]) -> tuple[str, ...]:
+    """The names, each checked to be a format's (ValueError naming the first that is not)."""
+    names = tuple(names)
+    for name in names:
+        get_format(name)
+    return names
 
 
 def work_format(fmt: FloatFormat) -> tuple[float, float, float]:

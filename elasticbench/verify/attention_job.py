@@ -38,7 +38,7 @@ from ..inputs.attention import Shape, generate_qkv, get_attention_generator
 from ..inputs.generators import stream_seed
 from ..numerics.attention_budget import ATTENTION_BUDGETS, Conditioning
 from ..numerics.attention_truth import AttentionTruth, cached_evaluate
-from ..numerics.dtypes import DTYPE_NAMES, get_format
+from ..numerics.dtypes import DTYPE_NAMES, check_dtypes, get_format
 from ..records import VerifyRecord
 from ..registry import KernelSpec
 from ..session import Job, Session
@@ -123,10 +123,10 @@ def load_attention_matrix(path: Path) -> AttentionMatrix:
     if not isinstance(table, dict):
         raise CaseFileError(f"{where}: no [{TABLE}] table (attention kernels are verified on "
                             f"an attention matrix, like cases/verify-attention.toml)")
-    dtypes = tuple(table.get("dtypes", DTYPE_NAMES))
-    for d in dtypes:
-        if d not in DTYPE_NAMES:
-            raise CaseFileError(f"{where}: unknown dtype {d!r}")
+    try:
+        dtypes = check_dtypes(table.get("dtypes", DTYPE_NAMES))
+    except ValueError as e:
+        raise CaseFileError(f"{where}: {e}") from None
     inputs = []
     for i, item in enumerate(table.get("inputs", [])):
         w = f"{where}: inputs[{i}]"
