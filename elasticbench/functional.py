@@ -194,7 +194,6 @@ def _use_native(x: torch.Tensor, *params: Scalar):
 
 
 _NATIVE_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-_FUSED = 2  # kernels/cpp/table.h: Structure
 
 
 def _reduce_to(grad_rows: torch.Tensor, like: torch.Tensor, dim: int, ndim: int) -> torch.Tensor:
@@ -219,7 +218,7 @@ class _ElasticSoftmax(torch.autograd.Function):
             y = tk.forward(xr.reshape(-1, shape[-1]).contiguous(), float(t), float(b))
             y = y.reshape(shape)
         elif native is not None:
-            y = native.exp_forward(xr, _FUSED, True, -math.inf, float(t), float(b))
+            y = native.exp_forward(xr, native.Structure.FUSED, True, -math.inf, float(t), float(b))
         else:
             y = elastic_forward_rows(xr, t, b)
         ctx.save_for_backward(x, y)
@@ -285,7 +284,7 @@ class _NormalizedExp(torch.autograd.Function):
         floor = 0.0 if one else -math.inf
         native = _use_native(x)
         if native is not None:
-            y = native.exp_forward(xr, _FUSED, False, floor, 1.0, 1.0 if one else 0.0)
+            y = native.exp_forward(xr, native.Structure.FUSED, False, floor, 1.0, 1.0 if one else 0.0)
         else:
             y = exp_normalize_forward(xr, xr > -math.inf, 1.0, 1.0 if one else None, floor)
         ctx.save_for_backward(x, y)
