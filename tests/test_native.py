@@ -15,7 +15,8 @@ import torch
 
 from elasticbench import functional as F
 from elasticbench import native
-from elasticbench.functional import exp_normalize_backward, exp_normalize_forward
+from elasticbench.rows.exp_normalize import exp_normalize_backward, exp_normalize_forward
+from elasticbench.rows.tiers import ExpSpec, choose
 
 TOOLS = native.missing_tools()
 needs_build = pytest.mark.skipif(TOOLS is not None, reason=f"cannot build here: {TOOLS}")
@@ -153,14 +154,15 @@ def test_functional_and_nn_run_the_native_kernels(ext):
     x = torch.randn(4, 6, 33, dtype=torch.float64, requires_grad=True)
     tau = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
     beta = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
-    assert F._use_native(x, tau, beta) is not None
+    assert choose(x, ExpSpec(True, tau=tau.detach(), offset=beta.detach())).name == "cpp"
     y = F.elastic_softmax(x, tau, beta, dim=1)
     direct = ext.exp_forward(x.detach().movedim(1, -1), ext.Structure.FUSED, True, -math.inf,
                              0.7, 0.3)
     assert torch.equal(y.detach(), direct.movedim(-1, 1))
     assert torch.autograd.gradcheck(lambda a, t, b: F.elastic_softmax(a, t, b, dim=1), (x, tau, beta))
     assert torch.autograd.gradcheck(lambda a: F.softmax1(a, dim=0), (x,))
-    assert F._use_native(x, torch.ones(6, 1, 1), beta) is None  # per-row tau: the torch code
+    per_row = ExpSpec(True, tau=torch.ones(6, 1, 1), offset=0.3)
+    assert choose(x, per_row).name == "torch"  # per-row tau: the torch code
 
 
 def test_without_a_compiler_the_backend_says_why_in_one_line(tmp_path):
