@@ -43,7 +43,7 @@ def source_dir() -> Path:
 
 
 def sources() -> list[Path]:
-    names = ["ops.cpp", "isa_generic.cpp", "attention.cpp", "attention_isa_generic.cpp"]
+    names = ["ops.cpp", "cpu.cpp", "isa_generic.cpp", "attention.cpp", "attention_isa_generic.cpp"]
     if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
         names += X86_SOURCES
     return [source_dir() / n for n in names]

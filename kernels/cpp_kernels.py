@@ -24,11 +24,11 @@ import torch
 from elasticbench import PassModel, register_kernel
 from elasticbench.native import load
 
-THREE_PASS, ONLINE, FUSED, ACCURATE = range(4)
 _ext = load()
+Structure = _ext.Structure  # the pass structures of kernels/cpp/table.h
 
 
-def _elastic(x: torch.Tensor, structure: int, tau: float, beta: float) -> torch.Tensor:
+def _elastic(x: torch.Tensor, structure: object, tau: float, beta: float) -> torch.Tensor:
     return _ext.exp_forward(x, structure, True, -math.inf, float(tau), float(beta))
 
 
@@ -36,21 +36,21 @@ def _elastic(x: torch.Tensor, structure: int, tau: float, beta: float) -> torch.
                  model=PassModel("fused", reads=2, writes=2, exps=1))
 def cpp_elastic(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Native Elastic-Softmax, fused: one exponential per element, y rescaled in cache."""
-    return _elastic(x, FUSED, tau, beta)
+    return _elastic(x, Structure.FUSED, tau, beta)
 
 
 @register_kernel(function="elastic", backend="cpp", name="cpp_elastic_online",
                  model=PassModel("online", reads=2, writes=1, exps=2))
 def cpp_elastic_online(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Native Elastic-Softmax, online: block max and rescaled sum in one sweep, then write."""
-    return _elastic(x, ONLINE, tau, beta)
+    return _elastic(x, Structure.ONLINE, tau, beta)
 
 
 @register_kernel(function="elastic", backend="cpp", name="cpp_elastic_three_pass",
                  model=PassModel("three-pass", reads=3, writes=1, exps=2))
 def cpp_elastic_three_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Native Elastic-Softmax, three sweeps: max, sum of exps, write."""
-    return _elastic(x, THREE_PASS, tau, beta)
+    return _elastic(x, Structure.THREE_PASS, tau, beta)
 
 
 @register_kernel(function="elastic", backend="cpp", name="cpp_elastic_accurate",
@@ -58,21 +58,21 @@ def cpp_elastic_three_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch
                  model=PassModel("online", reads=2, writes=1, exps=2, compute="fp64"))
 def cpp_elastic_accurate(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Native Elastic-Softmax computed in fp64 and rounded once: <= 1 ulp in fp32."""
-    return _elastic(x, ACCURATE, tau, beta)
+    return _elastic(x, Structure.ACCURATE, tau, beta)
 
 
 @register_kernel(function="softmax", backend="cpp", name="cpp_softmax",
                  model=PassModel("fused", reads=2, writes=2, exps=1))
 def cpp_softmax(x: torch.Tensor) -> torch.Tensor:
     """Native safe softmax (fused); an all -inf row gives zeros."""
-    return _ext.exp_forward(x, FUSED, False, -math.inf, 1.0, 0.0)
+    return _ext.exp_forward(x, Structure.FUSED, False, -math.inf, 1.0, 0.0)
 
 
 @register_kernel(function="softmax1", backend="cpp", name="cpp_softmax1",
                  model=PassModel("fused", reads=2, writes=2, exps=1))
 def cpp_softmax1(x: torch.Tensor) -> torch.Tensor:
     """Native softmax1 (fused): shift max(max x, 0), the 1 rescaled to exp(-m)."""
-    return _ext.exp_forward(x, FUSED, False, 0.0, 1.0, 1.0)
+    return _ext.exp_forward(x, Structure.FUSED, False, 0.0, 1.0, 1.0)
 
 
 @register_kernel(function="stablemax", backend="cpp", name="cpp_stablemax",

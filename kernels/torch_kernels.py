@@ -1,7 +1,8 @@
 """torch kernels for the whole family. Device-agnostic: the same code runs on CUDA tensors.
 
-The exp-normalize members share their forward and backward with elasticbench.functional
-(the autograd path), so the kernel verified here is the code a model runs.
+The exp-normalize members are elasticbench.rows.exp_normalize's forward and backward, the
+torch tier of elasticbench.functional's autograd path, so the kernel verified here is the
+code a model runs.
 
 fp64 and fp32 compute in their own precision; fp16 and bf16 compute and accumulate in
 fp32 and round once at the end. Special values follow docs/definitions.md section 3.
@@ -14,7 +15,7 @@ import math
 import torch
 
 from elasticbench import register_kernel
-from elasticbench.functional import exp_normalize_backward, exp_normalize_forward
+from elasticbench.rows.exp_normalize import exp_normalize_backward, exp_normalize_forward
 
 
 def _work(x: torch.Tensor) -> torch.Tensor:
@@ -75,7 +76,7 @@ def torch_symax(x: torch.Tensor, *, eta: float) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------
 # Backward kernels (mode="bwd"): fn(x, y, g, **params) -> dx, or (dx, dtau, dbeta) for
-# elastic. They are the very code behind elasticbench.functional's autograd backward.
+# elastic. They are the very code of elasticbench.functional's backward on the torch tier.
 
 
 @register_kernel(function="elastic", backend="torch", name="torch_elastic_bwd", mode="bwd")

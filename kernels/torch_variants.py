@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from elasticbench import PassModel, register_kernel
-from elasticbench.functional import exp_normalize_forward
 from elasticbench.kernels.torch_kernels import torch_elastic
+from elasticbench.rows.exp_normalize import exp_normalize_forward
 
 LOG2E = 1.0 / math.log(2.0)
 BLOCK = 2048

@@ -15,9 +15,9 @@ import torch
 
 from elasticbench import functional as F
 from elasticbench import native
-from elasticbench.functional import exp_normalize_backward, exp_normalize_forward
+from elasticbench.rows.exp_normalize import exp_normalize_backward, exp_normalize_forward
+from elasticbench.rows.tiers import ExpSpec, choose
 
-FUSED, ACCURATE = 2, 3
 TOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
@@ -33,6 +33,11 @@ def ext():
     module = native.load()
     yield module
     module.set_isa(module.isas()[0])
+
+
+def _structures(ext) -> list:
+    """The forward's pass structures, in table.h's order (three-pass, online, fused, accurate)."""
+    return sorted(ext.Structure.__members__.values(), key=int)
 
 
 def _rows(dtype: torch.dtype, n: int) -> torch.Tensor:
@@ -67,9 +72,11 @@ def test_every_instruction_set_matches_the_reference(ext, dtype):
             x = _rows(dtype, n)
             xd, before = x.double(), x.clone()
             elastic = exp_normalize_forward(xd, xd >= 0, 0.5, 0.25)
-            for structure in range(4 if dtype in (torch.float64, torch.float32) else 3):
+            for structure in _structures(ext):
+                if dtype in (torch.float16, torch.bfloat16) and structure == ext.Structure.ACCURATE:
+                    continue  # fp64 and fp32 only
                 _close(ext.exp_forward(x, structure, True, -math.inf, 0.5, 0.25), elastic, dtype)
-            _close(ext.exp_forward(x, FUSED, False, 0.0, 1.0, 1.0),
+            _close(ext.exp_forward(x, ext.Structure.FUSED, False, 0.0, 1.0, 1.0),
                    exp_normalize_forward(xd, xd > -math.inf, 1.0, 1.0, 0.0), dtype)
             w = xd.abs()
             at_inf = (w == math.inf).double()
@@ -113,7 +120,7 @@ def test_long_rows_split_across_threads_agree_with_whole_rows(ext, shape):
         out = {}
         for t in (1, 2):
             torch.set_num_threads(t)
-            out[t] = [ext.exp_forward(x, s, True, -math.inf, 0.7, 0.5) for s in range(4)]
+            out[t] = [ext.exp_forward(x, s, True, -math.inf, 0.7, 0.5) for s in _structures(ext)]
             out[t] += [ext.weight_forward(x, False, 0.0)]
             y = out[t][0]
             out[t] += list(ext.exp_backward(x, y, g, True, 0.7, 0.5, True))
@@ -129,7 +136,7 @@ def test_long_rows_split_across_threads_agree_with_whole_rows(ext, shape):
     # every structure agrees with the three-pass one (the fused kernels keep such rows' exps
     # apart from y); the arguments (x - m)/tau round differently with each block's shift, by
     # |z| 2^-24 relative, and |z| reaches 40 here
-    for structure in (1, 2, 3):
+    for structure in range(1, len(_structures(ext))):
         for t in (1, 2):
             assert torch.allclose(out[t][structure], out[t][0], rtol=1e-5, atol=1e-30,
                                   equal_nan=True), (structure, t)
@@ -143,13 +150,15 @@ def test_functional_and_nn_run_the_native_kernels(ext):
     x = torch.randn(4, 6, 33, dtype=torch.float64, requires_grad=True)
     tau = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
     beta = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
-    assert F._use_native(x, tau, beta) is not None
+    assert choose(x, ExpSpec(True, tau=tau.detach(), offset=beta.detach())).name == "cpp"
     y = F.elastic_softmax(x, tau, beta, dim=1)
-    direct = ext.exp_forward(x.detach().movedim(1, -1), FUSED, True, -math.inf, 0.7, 0.3)
+    direct = ext.exp_forward(x.detach().movedim(1, -1), ext.Structure.FUSED, True, -math.inf,
+                             0.7, 0.3)
     assert torch.equal(y.detach(), direct.movedim(-1, 1))
     assert torch.autograd.gradcheck(lambda a, t, b: F.elastic_softmax(a, t, b, dim=1), (x, tau, beta))
     assert torch.autograd.gradcheck(lambda a: F.softmax1(a, dim=0), (x,))
-    assert F._use_native(x, torch.ones(6, 1, 1), beta) is None  # per-row tau: the torch code
+    per_row = ExpSpec(True, tau=torch.ones(6, 1, 1), offset=0.3)
+    assert choose(x, per_row).name == "torch"  # per-row tau: the torch code
 
 
 def test_without_a_compiler_the_backend_says_why_in_one_line(tmp_path):
@@ -215,7 +224,7 @@ def test_backward_without_parameter_gradients_reads_x_only_where_y_cannot_tell(e
                       [1.0, 1.0, 1.0, 1.0], [0.3, -1.0, 2.0, 0.7]])
     for isa in ext.isas():
         ext.set_isa(isa)
-        y = ext.exp_forward(x, FUSED, True, -math.inf, 1.0, 0.0)
+        y = ext.exp_forward(x, ext.Structure.FUSED, True, -math.inf, 1.0, 0.0)
         assert torch.equal(y[0], torch.tensor([0.5, 0.5, 0.0, 0.0])) and torch.equal(y[1], y[0])
         dx = ext.exp_backward(x, y, g, True, 1.0, 0.0, False)[0]
         assert torch.equal(dx[0], torch.zeros(4)), isa

@@ -1,12 +1,14 @@
 // The interface between the instruction-set builds of the row kernels (isa_*.cpp, plain
-// C++ on raw pointers) and the torch binding (ops.cpp). No torch header is included here.
+// C++ on raw pointers) and the torch binding (ops.cpp, with cpu.cpp and merge.h). No torch
+// header is included here.
 #pragma once
 #include <cstdint>
 
 namespace eb {
 
 enum Dtype : int { F64 = 0, F32 = 1, F16 = 2, BF16 = 3, NUM_DTYPES = 4 };
-// Pass structures of the exp-family forward (docs/native.md).
+// Pass structures of the exp-family forward (docs/native.md), bound by name as the
+// extension's Structure (ops.cpp): Python never spells them as numbers.
 enum Structure : int { THREE_PASS = 0, ONLINE = 1, FUSED = 2, ACCURATE = 3, NUM_STRUCTURES = 4 };
 // What a row's reductions found (docs/definitions.md section 3).
 enum RowClass : int { ROW_FINITE = 0, ROW_NAN = 1, ROW_INF = 2, ROW_EMPTY = 3 };

@@ -6,9 +6,11 @@
 - `rows`: pieces every row kernel shares (special rows, the quotient's rounding);
 - `exp_family`: elastic, softmax and softmax1 forward, and the exponential they share;
 - `weight_family`: stablemax and symax forward;
-- `elastic_backward`: the Elastic-Softmax backward.
+- `elastic_backward`: the Elastic-Softmax backward;
+- `tier`: the tier of elasticbench.functional's autograd path on CUDA tensors, which it
+  registers with elasticbench.rows.tiers on import.
 
-Importing these registers nothing; docs/triton.md describes the design. A new kernel (or
+Importing these registers no kernel; docs/triton.md describes the design. A new kernel (or
 family) goes into a module of its own here, and its registration into a module of the
 kernels package named `triton_<anything>`.
 """

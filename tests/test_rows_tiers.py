@@ -1,0 +1,99 @@
+"""elasticbench.rows.tiers: one tier chosen per call, kept for the backward; tiers register
+themselves and decline what they cannot take."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from elasticbench import functional as F
+from elasticbench import native
+from elasticbench.rows import tiers
+from elasticbench.rows.tiers import SOFTMAX, SOFTMAX1, ExpSpec, Tier
+
+
+def _x(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+
+
+class _Counting:
+    """A tier that runs the torch code and counts its calls and the specs it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ExpSpec]] = []
+        self.tier = Tier("counting", lambda x, spec: True, self.forward, self.backward)
+
+    def forward(self, x, spec):
+        self.calls.append(("fwd", spec))
+        return tiers.TORCH.forward(x, spec)
+
+    def backward(self, x, y, g, spec, params):
+        self.calls.append(("bwd", spec))
+        return tiers.TORCH.backward(x, y, g, spec, params)
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    c = _Counting()
+    tiers.tiers()  # the tier modules imported first, so that the fake comes before them
+    monkeypatch.setattr(tiers, "_registered", {"counting": c.tier, **tiers._registered})
+    return c
+
+
+def test_the_backward_runs_on_the_tier_the_forward_chose(counting, monkeypatch):
+    x = _x(3, 11).requires_grad_()
+    tau = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    y = F.elastic_softmax(x, tau, 0.4)
+    monkeypatch.setattr(tiers, "_registered", {})  # a later choice would take the torch code
+    y.backward(_x(3, 11))
+    assert [kind for kind, _ in counting.calls] == ["fwd", "bwd"]
+    fwd, bwd = (spec for _, spec in counting.calls)
+    assert fwd is bwd and fwd.mask_negative and fwd.offset == 0.4
+    assert torch.equal(fwd.tau, torch.tensor(0.7, dtype=torch.float64))
+    want = x.detach().requires_grad_()  # the torch tier itself: the same numbers
+    wtau = tau.detach().requires_grad_()
+    ref = F.elastic_softmax(want, wtau, 0.4)
+    ref.backward(_x(3, 11))
+    assert torch.equal(y.detach(), ref.detach()) and torch.equal(x.grad, want.grad)
+    assert torch.equal(tau.grad, wtau.grad)
+
+
+@pytest.mark.parametrize(("fn", "spec"), [(F.softmax, SOFTMAX), (F.softmax1, SOFTMAX1)])
+def test_softmax_and_softmax1_pass_their_spec(counting, fn, spec):
+    x = _x(2, 5, 6).requires_grad_()
+    fn(x, dim=1).sum().backward()
+    (_, got), (_, again) = counting.calls
+    assert got is again
+    assert (got.mask_negative, got.floor, got.tau, got.offset) == \
+        (spec.mask_negative, spec.floor, spec.tau, spec.offset)
+
+
+def test_per_row_parameters_take_the_torch_code_and_scalars_a_native_tier():
+    x = _x(4, 6, 9)
+    per_row = ExpSpec(True, tau=torch.full((4, 6, 1), 0.5), offset=1.0)
+    assert not per_row.scalar() and tiers.choose(x, per_row) is tiers.TORCH
+    scalar = ExpSpec(True, tau=torch.tensor(0.5), offset=1.0)
+    assert scalar.scalar()
+    assert tiers.choose(x, scalar).name == ("cpp" if native.unavailable() is None else "torch")
+    assert tiers.choose(x.float(), scalar).name == tiers.choose(x, scalar).name
+    assert tiers.choose(x.int(), scalar) is tiers.TORCH  # not a dtype the native kernels take
+    names = [t.name for t in tiers.tiers()]
+    assert names[-1] == "torch" and names.count("torch") == 1
+
+
+def test_the_triton_tier_declines_cpu_tensors_and_softmax():
+    pytest.importorskip("elasticbench.kernels.triton.tier")
+    from elasticbench.kernels.triton import tier
+
+    x = _x(2, 8)
+    assert not tier.accepts(x, ExpSpec(True, tau=1.0, offset=1.0))
+    assert not tier.accepts(x, SOFTMAX)
+    assert tier.TRITON in tiers.tiers()
+
+
+def test_the_keep_mask_of_each_spec():
+    x = torch.tensor([-1.0, -0.0, 0.0, 2.0, -math.inf, math.inf, math.nan])
+    assert ExpSpec(True).keep(x).tolist() == [False, True, True, True, False, True, False]
+    assert SOFTMAX.keep(x).tolist() == [True, True, True, True, False, True, False]
