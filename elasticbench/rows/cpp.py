@@ -10,7 +10,7 @@ from types import ModuleType
 
 import torch
 
-from .. import native
+from .. import devices, native
 from .tiers import Backward, ExpSpec, Tier, register_tier
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -19,7 +19,7 @@ DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 @functools.lru_cache(maxsize=1)
 def extension() -> ModuleType | None:
     """The native C++ kernels, or None where they do not build."""
-    return None if native.unavailable() else native.load()
+    return None if devices.native_unavailable() else native.load()
 
 
 def accepts(x: torch.Tensor, spec: ExpSpec) -> bool:
