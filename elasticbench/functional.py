@@ -31,7 +31,7 @@ import torch
 
 from .functions import get_function
 from .rows.layout import Scalar, as_rows, reduce_to, work_dtype
-from .rows.tiers import ELASTIC, SOFTMAX, SOFTMAX1, ExpSpec, choose
+from .rows.tiers import ELASTIC, SOFTMAX, SOFTMAX1, TORCH, ExpSpec, choose
 
 
 class _ExpFamily(torch.autograd.Function):
@@ -44,18 +44,27 @@ class _ExpFamily(torch.autograd.Function):
         wd = work_dtype(x.dtype)
         spec = replace(spec, tau=as_rows(tau, x, dim, wd), offset=as_rows(offset, x, dim, wd))
         tier = choose(x, spec)
-        y = tier.forward(x.movedim(dim, -1), spec)
-        ctx.save_for_backward(x, y)
+        y = tier.forward(x.movedim(dim, -1), spec).movedim(-1, dim)
+        ctx.save_for_backward(x, y)  # the output itself: a second order differentiates it
         ctx.dim, ctx.spec, ctx.tier = dim, spec, tier
         ctx.likes = [p if isinstance(p, torch.Tensor) else None for p in (tau, offset)]
-        return y.movedim(-1, dim)
+        return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         x, y = ctx.saved_tensors
-        dim = ctx.dim
-        dx, *rows = ctx.tier.backward(x.movedim(dim, -1), y, grad.movedim(dim, -1), ctx.spec,
-                                      any(ctx.needs_input_grad[1:3]))
+        dim, spec, tier = ctx.dim, ctx.spec, ctx.tier
+        if torch.is_grad_enabled():
+            # create_graph: this gradient will be differentiated again (second order), so it
+            # is the torch code's, on tensors that keep their graph: x, the output y (whose
+            # own backward is this one) and tau and the offset as the caller passed them.
+            # A fused tier's gradient is a constant to autograd, its second order silently 0.
+            tier, wd = TORCH, work_dtype(x.dtype)
+            spec = replace(spec, **{name: as_rows(like, x, dim, wd, keep_graph=True)
+                                    for name, like in zip(("tau", "offset"), ctx.likes,
+                                                          strict=True) if like is not None})
+        dx, *rows = tier.backward(x.movedim(dim, -1), y.movedim(dim, -1), grad.movedim(dim, -1), spec,
+                                  any(ctx.needs_input_grad[1:3]))
         dparams = [reduce_to(r, like, dim, x.ndim) if need and like is not None else None
                    for r, like, need in zip(rows, ctx.likes, ctx.needs_input_grad[1:3],
                                             strict=True)]

@@ -61,10 +61,13 @@ class ElasticAttentionFunction(torch.autograd.Function):
         ctx.impl, ctx.scale, ctx.causal = impl, scale, causal
         ctx.tau_like = tau if isinstance(tau, torch.Tensor) else None
         ctx.beta_like = beta if isinstance(beta, torch.Tensor) else None
+        ctx.params = (tau, beta)
         return out
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
+        if torch.is_grad_enabled():
+            return _differentiable_backward(ctx, grad)
         q, k, v, out, m, den, t, b = ctx.saved_tensors
         dq, dk, dv, dtau_bh, dbeta_bh = ctx.impl.backward(
             q, k, v, out, grad.contiguous(), m, den, t, b, ctx.scale, ctx.causal)
@@ -74,3 +77,27 @@ class ElasticAttentionFunction(torch.autograd.Function):
         if ctx.needs_input_grad[4] and ctx.beta_like is not None:
             dbeta = reduce_to(dbeta_bh, ctx.beta_like)
         return dq, dk, dv, dtau, dbeta, None, None
+
+
+def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
+    """The gradients when autograd is asked to build their graph (create_graph: a gradient
+    penalty, a Hessian-vector product): autograd through the composite (scores,
+    elastic_softmax, @ v), whose own backward is differentiable, so that the second order
+    is exact, at the composite's O(length^2) memory. A fused kernel's gradient is a constant
+    to autograd: its second order would silently be 0."""
+    from .composite import elastic_attention_composite
+
+    q, k, v = ctx.saved_tensors[:3]
+    tau, beta = ctx.params
+    inputs = (q, k, v, tau, beta)
+    wanted = [i for i, need in enumerate(ctx.needs_input_grad[:5])
+              if need and isinstance(inputs[i], torch.Tensor)]
+    with torch.enable_grad():
+        out = elastic_attention_composite(q, k, v, tau=tau, beta=beta, scale=ctx.scale,
+                                          causal=ctx.causal)
+        got = torch.autograd.grad(out, [inputs[i] for i in wanted], grad, create_graph=True,
+                                  allow_unused=True)
+    grads: list[torch.Tensor | None] = [None] * 7
+    for i, g in zip(wanted, got, strict=True):
+        grads[i] = g if g is not None else torch.zeros_like(inputs[i])
+    return tuple(grads)

@@ -80,7 +80,8 @@ def exp_normalize_backward(
     dx = torch.where(kept, yk * ((gw - c) / tau), 0).masked_fill(nan_row, math.nan).to(x.dtype)
     if not params:
         return dx, None, None
-    z = torch.where(kept, (s - m0) / tau, 0)
+    # (m0 where not kept: the -inf of masked positions would make the second order NaN)
+    z = (torch.where(kept, s, m0) - m0) / tau
     live = yk != 0  # y = 0 where z = -inf: keep 0 * inf out of the sums
     yz = torch.where(live, yk * z, 0).sum(dim=-1, keepdim=True)
     gyz = torch.where(live, gy * z, 0).sum(dim=-1, keepdim=True)

@@ -17,11 +17,13 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float64, torch.float32) else torch.float32
 
 
-def as_rows(v: Scalar | None, x: torch.Tensor, dim: int, dtype: torch.dtype) -> Scalar | None:
-    """tau/beta laid out for rows-last x: a float (or None) stays, a tensor becomes (..., 1)."""
+def as_rows(v: Scalar | None, x: torch.Tensor, dim: int, dtype: torch.dtype,
+            keep_graph: bool = False) -> Scalar | None:
+    """tau/beta laid out for rows-last x: a float (or None) stays, a tensor becomes (..., 1)
+    (detached from autograd's graph unless keep_graph)."""
     if not isinstance(v, torch.Tensor):
         return v
-    t = v.detach().to(device=x.device, dtype=dtype)
+    t = (v if keep_graph else v.detach()).to(device=x.device, dtype=dtype)
     if t.ndim == 0:
         return t
     if t.ndim > x.ndim:
