@@ -7,8 +7,11 @@ Parametrization (documented contract): with tau0, beta0 the values given at cons
 
 exp(0) is exactly 1, so the module computes with exactly tau0 and beta0 at init; tau stays
 > 0 and beta >= 0 whatever the optimizer does, and both learn on a log scale, which suits
-scale parameters spanning orders of magnitude. A learnable beta therefore needs beta0 > 0
-(beta0 = 0 could never move); use learnable=False, or a small beta0 such as 1e-3.
+scale parameters spanning orders of magnitude. The trainable tensors are `log_tau_scale`
+and `log_beta_scale` (nn.Parameter when learned, buffers when fixed). `learnable` says
+whether both are learned; `learn_tau` and `learn_beta`, when given, decide for one each
+(learn_beta=False keeps beta fixed, at 0 if asked). A learned beta needs beta0 > 0 (beta0 = 0
+could never move): pass learn_beta=False, or a small beta0 such as 1e-3.
 The log-scales are clamped to [-40, 40] (a factor of about 2e17 either way), so that no
 optimizer step, however violent, can round tau to 0 or to inf; at the clamp the gradient
 stops pushing further out.
@@ -28,22 +31,26 @@ LOG_SCALE_LIMIT = 40.0
 class _LearnableTauBeta(nn.Module):
     """tau = tau0 exp(log_tau_scale), beta = beta0 exp(log_beta_scale) (see module doc)."""
 
-    def __init__(self, tau: float, beta: float, learnable: bool, param_shape: tuple[int, ...]):
+    def __init__(self, tau: float, beta: float, learnable: bool, param_shape: tuple[int, ...],
+                 learn_tau: bool | None = None, learn_beta: bool | None = None):
         super().__init__()
         checked = get_function("elastic").validate_params({"tau": tau, "beta": beta})
-        if learnable and checked["beta"] == 0:
-            raise ValueError("a learnable beta needs beta > 0 (it is learned on a log scale); "
-                             "pass learnable=False or a small beta such as 1e-3")
-        self.learnable = learnable
+        self.learn_tau = learnable if learn_tau is None else learn_tau
+        self.learn_beta = learnable if learn_beta is None else learn_beta
+        if self.learn_beta and checked["beta"] == 0:
+            raise ValueError("a learned beta needs beta > 0 (it is learned on a log scale); "
+                             "pass learn_beta=False to keep it at 0, or a small beta such as "
+                             "1e-3")
+        self.learnable = self.learn_tau and self.learn_beta
         self.register_buffer("tau0", torch.full(param_shape, checked["tau"]))
         self.register_buffer("beta0", torch.full(param_shape, checked["beta"]))
-        scale = torch.zeros(param_shape)
-        if learnable:
-            self.log_tau_scale = nn.Parameter(scale.clone())
-            self.log_beta_scale = nn.Parameter(scale.clone())
-        else:
-            self.register_buffer("log_tau_scale", scale.clone())
-            self.register_buffer("log_beta_scale", scale.clone())
+        for name, learned in (("log_tau_scale", self.learn_tau),
+                              ("log_beta_scale", self.learn_beta)):
+            scale = torch.zeros(param_shape)
+            if learned:
+                setattr(self, name, nn.Parameter(scale))
+            else:
+                self.register_buffer(name, scale)
 
     @property
     def tau(self) -> torch.Tensor:
@@ -57,18 +64,21 @@ class _LearnableTauBeta(nn.Module):
     def _params_repr(self) -> str:
         t, b = self.tau.detach(), self.beta.detach()
         show = (lambda v: f"{v.item():.4g}") if t.ndim == 0 else (lambda v: f"shape {tuple(v.shape)}")
-        return f"tau={show(t)}, beta={show(b)}, learnable={self.learnable}"
+        return (f"tau={show(t)}, beta={show(b)}, learn_tau={self.learn_tau}, "
+                f"learn_beta={self.learn_beta}")
 
 
 class ElasticSoftmax(_LearnableTauBeta):
     """Elastic-Softmax along `dim` with learnable tau > 0 and beta >= 0 (see module doc).
 
     param_shape: () for one tau/beta, e.g. (H, 1, 1) for one per head of scores (B, H, L, L).
+    learn_tau, learn_beta: which of the two to learn, when not both (learnable).
     """
 
     def __init__(self, dim: int = -1, tau: float = 1.0, beta: float = 1.0,
-                 learnable: bool = True, param_shape: tuple[int, ...] = ()):
-        super().__init__(tau, beta, learnable, param_shape)
+                 learnable: bool = True, param_shape: tuple[int, ...] = (), *,
+                 learn_tau: bool | None = None, learn_beta: bool | None = None):
+        super().__init__(tau, beta, learnable, param_shape, learn_tau, learn_beta)
         self.dim = dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,8 +97,9 @@ class ElasticAttention(_LearnableTauBeta):
 
     def __init__(self, tau: float = 1.0, beta: float = 1.0, learnable: bool = True,
                  param_shape: tuple[int, ...] = (), scale: float | None = None,
-                 causal: bool = False):
-        super().__init__(tau, beta, learnable, param_shape)
+                 causal: bool = False, *, learn_tau: bool | None = None,
+                 learn_beta: bool | None = None):
+        super().__init__(tau, beta, learnable, param_shape, learn_tau, learn_beta)
         self.scale, self.causal = scale, causal
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

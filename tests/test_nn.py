@@ -34,10 +34,24 @@ def test_parameters_stay_in_range_under_violent_steps(seed):
 
 
 def test_learnable_beta_zero_is_refused_and_fixed_is_fixed():
-    with pytest.raises(ValueError, match="learnable beta needs beta > 0"):
+    with pytest.raises(ValueError, match="learned beta needs beta > 0"):
         ElasticSoftmax(beta=0.0)
     m = ElasticSoftmax(beta=0.0, learnable=False)
     assert list(m.parameters()) == [] and m.beta.item() == 0.0
+
+
+def test_tau_learned_with_beta_kept_at_zero():
+    m = ElasticSoftmax(tau=1.0, beta=0.0, learn_beta=False)
+    assert [n for n, _ in m.named_parameters()] == ["log_tau_scale"]
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    for _ in range(3):
+        opt.zero_grad()
+        (m(torch.randn(4, 16) * 3) ** 2).sum().backward()
+        opt.step()
+    assert m.tau.item() != 1.0 and m.beta.item() == 0.0
+    fixed_tau = ElasticSoftmax(tau=2.0, beta=0.5, learn_tau=False)
+    assert [n for n, _ in fixed_tau.named_parameters()] == ["log_beta_scale"]
+    assert "learn_tau=False, learn_beta=True" in repr(fixed_tau)
 
 
 def test_per_head_parameters_get_per_head_gradients():
@@ -79,3 +93,22 @@ def test_tiny_attention_trains_and_learns_tau_and_beta():
     assert losses[-1] < 0.5 * losses[0]
     assert abs(student.attn.tau.item() - 1.0) > 1e-3
     assert abs(student.attn.beta.item() - 1.0) > 1e-3
+
+
+def test_training_example_runs_both_attentions(tmp_path):
+    """examples/train.py, briefly: both models print finite losses; Elastic prints tau, beta."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+    out = subprocess.run([sys.executable, str(script), "--steps", "4", "--every", "2",
+                          "--length", "8", "--batch", "4"], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    rows = re.findall(r"^(sdpa|elastic)\s+step\s+(\d+)\s+loss (\S+)\s+acc\s+(\S+)%(.*)$", out,
+                      re.M)
+    assert [(k, int(s)) for k, s, *_ in rows] == [("sdpa", 2), ("sdpa", 4), ("elastic", 2),
+                                                  ("elastic", 4)]
+    assert all(0 < float(loss) < 10 for _, _, loss, _, _ in rows)
+    assert all("tau" in rest and "beta" in rest for k, *_, rest in rows if k == "elastic")
