@@ -25,51 +25,13 @@ of elasticbench.kernels.triton when they import; everything else the torch code.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 
 from .functions import get_function
-from .rows.layout import Scalar, as_rows, reduce_to, work_dtype
-from .rows.tiers import ELASTIC, SOFTMAX, SOFTMAX1, TORCH, ExpSpec, choose
-
-
-class _ExpFamily(torch.autograd.Function):
-    """The exp family along dim (spec: elastic's mask, softmax1's floor and offset),
-    differentiable in x and in tau and the offset where they are tensors."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, tau: Scalar, offset: Scalar | None, dim: int,  # type: ignore[override]
-                spec: ExpSpec) -> torch.Tensor:
-        wd = work_dtype(x.dtype)
-        spec = replace(spec, tau=as_rows(tau, x, dim, wd), offset=as_rows(offset, x, dim, wd))
-        tier = choose(x, spec)
-        y = tier.forward(x.movedim(dim, -1), spec).movedim(-1, dim)
-        ctx.save_for_backward(x, y)  # the output itself: a second order differentiates it
-        ctx.dim, ctx.spec, ctx.tier = dim, spec, tier
-        ctx.likes = [p if isinstance(p, torch.Tensor) else None for p in (tau, offset)]
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        x, y = ctx.saved_tensors
-        dim, spec, tier = ctx.dim, ctx.spec, ctx.tier
-        if torch.is_grad_enabled():
-            # create_graph: this gradient will be differentiated again (second order), so it
-            # is the torch code's, on tensors that keep their graph: x, the output y (whose
-            # own backward is this one) and tau and the offset as the caller passed them.
-            # A fused tier's gradient is a constant to autograd, its second order silently 0.
-            tier, wd = TORCH, work_dtype(x.dtype)
-            spec = replace(spec, **{name: as_rows(like, x, dim, wd, keep_graph=True)
-                                    for name, like in zip(("tau", "offset"), ctx.likes,
-                                                          strict=True) if like is not None})
-        dx, *rows = tier.backward(x.movedim(dim, -1), y.movedim(dim, -1), grad.movedim(dim, -1), spec,
-                                  any(ctx.needs_input_grad[1:3]))
-        dparams = [reduce_to(r, like, dim, x.ndim) if need and like is not None else None
-                   for r, like, need in zip(rows, ctx.likes, ctx.needs_input_grad[1:3],
-                                            strict=True)]
-        return dx.movedim(-1, dim), *dparams, None, None
-
+from .rows.layout import Scalar
+from .rows.ops import along
+from .rows.tiers import ELASTIC, SOFTMAX, SOFTMAX1
 
 
 def _check_float(name: str, value: Scalar) -> Scalar:
@@ -86,7 +48,7 @@ def elastic_softmax(x: torch.Tensor, tau: Scalar = 1.0, beta: Scalar = 1.0, dim:
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
     tau, beta = _check_float("tau", tau), _check_float("beta", beta)
-    return _ExpFamily.apply(x, tau, beta, dim % max(x.ndim, 1), ELASTIC)
+    return along(x, tau, beta, dim % max(x.ndim, 1), ELASTIC)
 
 
 def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau: Scalar,
@@ -114,12 +76,12 @@ def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau:
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Safe softmax along dim (all -inf rows give zeros) with a hand-written backward."""
-    return _ExpFamily.apply(x, SOFTMAX.tau, SOFTMAX.offset, dim % max(x.ndim, 1), SOFTMAX)
+    return along(x, SOFTMAX.tau, SOFTMAX.offset, dim % max(x.ndim, 1), SOFTMAX)
 
 
 def softmax1(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """exp(x) / (1 + sum exp(x)) along dim, stable, with a hand-written backward."""
-    return _ExpFamily.apply(x, SOFTMAX1.tau, SOFTMAX1.offset, dim % max(x.ndim, 1), SOFTMAX1)
+    return along(x, SOFTMAX1.tau, SOFTMAX1.offset, dim % max(x.ndim, 1), SOFTMAX1)
 
 
 __all__ = ["elastic_attention", "elastic_softmax", "softmax", "softmax1"]

@@ -15,7 +15,8 @@ import math
 
 import torch
 
-from ..functional import elastic_softmax
+from ..rows.ops import along
+from ..rows.tiers import ELASTIC
 from .layout import Scalar, default_scale, head_params, visible, work_dtype
 
 
@@ -37,7 +38,7 @@ def elastic_attention_composite(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     b, h = q.shape[:2]
     t = tau if not isinstance(tau, torch.Tensor) else _as_4d(tau, b, h)
     bt = beta if not isinstance(beta, torch.Tensor) else _as_4d(beta, b, h)
-    w = elastic_softmax(s, t, bt)
+    w = along(s, t, bt, -1, ELASTIC)  # elastic_softmax's op, below the public API
     out = w @ v.to(s.dtype)
     # a query with no kept key gives 0 even where v holds NaN or inf (0 @ NaN is NaN)
     live = (s >= 0).any(-1, keepdim=True) | s.isnan().any(-1, keepdim=True)
