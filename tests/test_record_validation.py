@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticbench.records import RunRecord, VerifyRecord, read_results
+from elasticbench.records import RunRecord, VerifyRecord, load_results, read_results, record_key
 from elasticbench.records.fields import RecordError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -101,6 +101,35 @@ def test_the_fixtures_are_valid_and_round_trip():
         for r in doc["records"]:
             typed = kind.from_dict(r)
             assert kind.from_dict(typed.to_dict()) == typed
+
+
+def test_the_typed_key_is_the_key_of_the_record_as_written():
+    # verify --resume keys the cases it plans from JSON objects, merge and gates key typed
+    # records: both must agree, defaults (mode fwd, layout packed) included
+    for doc, kind in ((RUN, RunRecord), (VERIFY, VerifyRecord)):
+        keys = [kind.from_dict(r).key for r in doc["records"]]
+        assert keys == [record_key(r) for r in doc["records"]]
+        assert len(set(keys)) == len(keys)
+    assert {k[7] for k in keys} == {"packed"} and "layout" not in VERIFY["records"][0]
+
+
+def test_a_run_record_without_its_measurement_is_gated_but_not_reported(cli, tmp_path):
+    doc = copy.deepcopy(RUN)
+    del doc["records"][TIMED]["gbps"], doc["records"][TIMED]["binding"]
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps(doc))
+    typed = load_results(path).records
+    assert typed[TIMED].gbps is None and typed[TIMED].timing is not None
+    with pytest.raises(RecordError, match=r"^lacks gbps, binding$"):
+        typed[TIMED].check_measured()
+    for r in typed:  # the others hold their measurement, or raised and need none
+        if r is not typed[TIMED]:
+            r.check_measured()
+    assert sum(r.error is not None for r in typed) == 2
+    _one_line(cli("report", str(path)), path, TIMED, RUN["records"][TIMED]["kernel"],
+              "lacks gbps, binding")
+    r = cli("gate", str(path), str(path))
+    assert r.code == 0 and "PASS" in r.out, r.out + r.err
 
 
 def test_the_record_types_read_back_what_the_files_hold():

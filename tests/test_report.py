@@ -102,17 +102,19 @@ def test_quiet_prints_only_the_summary_line(capsys):
 
 
 def test_quiet_terminal_silences_the_verify_and_run_tables():
+    from elasticbench.records import load_results
     from elasticbench.report.run_table import render_run
     from elasticbench.report.terminal import Terminal
     from elasticbench.report.verify_table import render
 
+    verify, run = load_results(VERIFY).records, load_results(RUN).records
     buf = io.StringIO()
     quiet = Terminal(file=buf, summary_only=True)
-    summary = render(records(VERIFY), quiet)
-    render_run(records(RUN), None, quiet)
+    summary = render(verify, quiet)
+    render_run(run, None, quiet)
     assert buf.getvalue() == "" and (summary.cases, summary.failed) == (30, 8)
     loud = Terminal(file=buf, width=120)
-    render(records(VERIFY), loud)
+    render(verify, loud)
     assert "unscaled_beta" in buf.getvalue()
 
 

@@ -29,21 +29,21 @@ def test_each_mutant_is_caught_where_its_bug_lives():
     matrix = load_matrix(builtin_case("verify-quick"))
     outcomes = {o.name: o for o in run_selftest(MUTANTS, [], matrix, TruthStore(default_cache_dir()))}
     assert all(o.ok for o in outcomes.values())
-    assert outcomes["nan_masked"].caught_by["input"] == "specials"
-    assert outcomes["strict_mask"].caught_by["input"] in {"all_zero", "relu_zeros"}
-    assert outcomes["low_precision_sum"].caught_by["dtype"] in {"fp16", "bf16"}
-    assert outcomes["input_modified"].caught_by["reason"].startswith("modified its input")
-    assert outcomes["zero_over_zero"].caught_by["special_ok"] is False
-    assert outcomes["beta_not_rescaled"].caught_by["params"]["beta"] > 1e-10
-    assert outcomes["bwd_forgets_mask"].caught_by["mode"] == "bwd"
-    assert outcomes["bwd_offset_not_rescaled"].caught_by["mode"] == "bwd"
+    assert outcomes["nan_masked"].caught_by.input == "specials"
+    assert outcomes["strict_mask"].caught_by.input in {"all_zero", "relu_zeros"}
+    assert outcomes["low_precision_sum"].caught_by.dtype in {"fp16", "bf16"}
+    assert outcomes["input_modified"].caught_by.reason.startswith("modified its input")
+    assert outcomes["zero_over_zero"].caught_by.special_ok is False
+    assert outcomes["beta_not_rescaled"].caught_by.params["beta"] > 1e-10
+    assert outcomes["bwd_forgets_mask"].caught_by.mode == "bwd"
+    assert outcomes["bwd_offset_not_rescaled"].caught_by.mode == "bwd"
     # wrong on one path only: caught on that path
-    assert outcomes["multi_block_unscaled"].caught_by["shape"][1] > 65536
-    assert outcomes["row_block_stale_max"].caught_by["shape"][0] > 512
-    assert 2 < outcomes["tau_table"].caught_by["params"]["tau"] < 8
-    assert outcomes["packed_rows"].caught_by["layout"] != "packed"
+    assert outcomes["multi_block_unscaled"].caught_by.shape[1] > 65536
+    assert outcomes["row_block_stale_max"].caught_by.shape[0] > 512
+    assert 2 < outcomes["tau_table"].caught_by.params["tau"] < 8
+    assert outcomes["packed_rows"].caught_by.layout != "packed"
     exp_band = outcomes["exp_band"].caught_by
-    assert exp_band["reason"].startswith("accuracy")
+    assert exp_band.reason.startswith("accuracy")
 
 
 def test_a_mutant_that_is_not_wrong_is_reported_missed():

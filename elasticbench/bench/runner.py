@@ -375,13 +375,3 @@ def _measure_or_error(unit: Unit, case: RunCase, policy: Policy, params: dict[st
         return measure_unit(unit, case, policy, params)
     except Exception as e:  # a kernel that cannot run is a result, not a crash
         return f"raised {type(e).__name__}: {e}".splitlines()[0]
-
-
-def fill_speedups(records: list[dict[str, Any]]) -> None:
-    """Give run records (JSON objects) that lack a speedup the one their cell's baseline
-    among them implies: for merging shard files written before each shard kept whole cells."""
-    typed = [RunRecord.from_dict(r) for r in records]
-    baselines = BaselineTimes(typed)
-    for r, t in zip(records, typed, strict=True):
-        if "speedup" not in r and (s := baselines.speedup(t)) is not None:
-            r["speedup"] = s

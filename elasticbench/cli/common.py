@@ -13,6 +13,7 @@ from rich.console import Console
 from ..backends import BACKEND_NAMES, get_backend
 from ..numerics.dtypes import DTYPE_NAMES
 from ..numerics.truth_cache import TruthError, TruthStats
+from ..records import ResultsFile
 from ..registry import (
     KernelFileError,
     KernelSpec,
@@ -20,7 +21,7 @@ from ..registry import (
     load_kernel_file,
     select_kernels,
 )
-from ..report.build import Results, section
+from ..report.build import section
 from ..report.failures import EVERY_FAILURE, NoteOptions
 from ..report.terminal import Terminal, print_tables
 from ..session import Job, Session, SessionError
@@ -241,7 +242,8 @@ def run_session(job: Job, path: Path | None, meta: dict[str, Any], *,
         complete = session.run(job, shard)
     except TruthError as e:  # the file is closed with what finished
         fail(f"{e}" + (f"; the finished records are in {path}" if path else ""))
-    summary = section(Results(str(path or ""), job.kind, session.header), notes)
+    summary = section(ResultsFile(str(path or ""), job.kind, session.header, session.records),
+                      notes)
     print_tables(summary.sheets, summary.notes, console())
     if "reference" in session.header:
         click.echo(TruthStats.from_dict(session.header["reference"]).summary())

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..records import ResultsFileError, check_writable
-from ..report.build import Results, load, section
+from ..records import ResultsFile, ResultsFileError, check_writable
+from ..report.build import load, section
 from ..report.formats import to_csv, to_html, to_json, to_markdown
 from ..report.plots import INSTALL_HINT, Plot, PlotsUnavailable, plots_for, require_matplotlib
 from ..report.sheet import Section
@@ -19,7 +19,7 @@ from .common import console, fail, failures_shown, note_options
 FORMATS = ("table", "markdown", "csv", "json", "html")
 
 
-def _stem(results: Results, taken: set[str]) -> str:
+def _stem(results: ResultsFile, taken: set[str]) -> str:
     """A plot-name prefix for a results file, unique within this report."""
     stem = Path(results.source).stem or "results"
     name, i = stem, 2
@@ -35,6 +35,32 @@ def _plain_table(sections: list[Section]) -> str:
     print_sections(sections, Terminal(file=buf, width=NO_WRAP, color_system=None,
                                       force_terminal=False, highlight=False))
     return buf.getvalue()
+
+
+def _plots(loaded: list[ResultsFile], fmt: str, plot_dir: str | None
+           ) -> tuple[list[Plot], str, list[str]]:
+    """The files' plots when --plot or an HTML page wants them, written into plot_dir if
+    given (exit 2 if they cannot be); the page's note when matplotlib is missing; what was
+    written."""
+    plots: list[Plot] = []
+    plot_note = ""
+    if plot_dir or fmt == "html":
+        try:
+            taken: set[str] = set()
+            plots = [p for r in loaded for p in plots_for(_stem(r, taken), r)]
+        except PlotsUnavailable:
+            plot_note = f"No plots: {INSTALL_HINT}."
+    written: list[str] = []
+    if plot_dir:
+        d = Path(plot_dir)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            for p in plots:
+                (d / f"{p.name}.png").write_bytes(p.png)
+        except OSError as e:
+            fail(f"cannot write plots into {plot_dir}: {e.strerror or e}")
+        written.append(f"{len(plots)} plots in {plot_dir}")
+    return plots, plot_note, written
 
 
 @click.command()
@@ -70,25 +96,7 @@ def report(results: tuple[str, ...], fmt: str, output: str | None, plot_dir: str
             fail(f"cannot write report {output}: {e.strerror or e}")
     notes = failures_shown(failures, traceback)
     sections = [section(r, notes) for r in loaded]
-
-    plots: list[Plot] = []
-    plot_note = ""
-    if plot_dir or fmt == "html":
-        try:
-            taken: set[str] = set()
-            plots = [p for r in loaded for p in plots_for(_stem(r, taken), r.kind, r.doc)]
-        except PlotsUnavailable:
-            plot_note = f"No plots: {INSTALL_HINT}."
-    written: list[str] = []
-    if plot_dir:
-        d = Path(plot_dir)
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            for p in plots:
-                (d / f"{p.name}.png").write_bytes(p.png)
-        except OSError as e:
-            fail(f"cannot write plots into {plot_dir}: {e.strerror or e}")
-        written.append(f"{len(plots)} plots in {plot_dir}")
+    plots, plot_note, written = _plots(loaded, fmt, plot_dir)
 
     out = console()
     summary = "; ".join(f"{s.source}: {s.summary}" for s in sections)

@@ -32,7 +32,7 @@ from ..bench.runner import params_for, set_threads, verify_quickly
 from ..devices import HOST, ThreadCPUClock
 from ..inputs import generate
 from ..numerics.dtypes import get_format
-from ..records import QuickVerdict, record_key
+from ..records import QuickVerdict, RunRecord
 from ..registry import KernelFileError, KernelSpec, load_kernel_file, scoped_kernels
 from .load import Dataset, Series, Verdict, case_label
 
@@ -222,10 +222,11 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
                                       "clock": "thread_time_ns" if policy.clock == "cpu"
                                       else None},
                            "median_s": float(np.median(samples[side])) * 1e-9}
-                    records.append(rec)
-                    key = ("run", *record_key(rec))
+                    records.append(rec)  # written as A/B files always had it
+                    typed = RunRecord.from_dict(rec)
+                    key = ("run", *typed.key)
                     costs = np.asarray(samples[side]) * 1e-9
-                    ds.series[key] = Series(key, p.name, case_label(rec), costs,
+                    ds.series[key] = Series(key, p.name, case_label(typed), costs,
                                             float(np.median(costs)))
     return ABResult(base, current, records, threads["threads"])
 

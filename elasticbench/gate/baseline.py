@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from ..records import (
-    IDENTITY_FIELDS,
     BenchmarkNoiseFloorEntry,
     NoiseFloorEntry,
+    ResultsFile,
+    RunRecord,
+    load_results,
     read_json,
-    read_results,
-    record_key,
     write_json_atomic,
 )
-from .load import METRICS, benchmark_name, file_kind, load
+from .load import METRICS, benchmark_name, check_file, load
 from .stats import noise_floor_of_runs
 
 DEFAULT_DIR = Path("results") / "baselines"
@@ -42,18 +42,19 @@ def baseline_name(doc: dict[str, Any], name: str | None) -> str:
     return name
 
 
-def _clean_results(results: Path) -> dict[str, Any]:
-    doc = read_results(results)
-    if doc.get("complete") is False:
-        raise ValueError(f"{results} is an interrupted run; finish it before making it a "
+def _clean_results(path: Path, results: ResultsFile) -> ResultsFile:
+    """results (the file at path) if it is complete and no kernel of it raised."""
+    if results.doc.get("complete") is False:
+        raise ValueError(f"{path} is an interrupted run; finish it before making it a "
                          "baseline")
-    if not doc["records"]:
-        raise ValueError(f"{results} has no records")
-    errors = [r.get("kernel") for r in doc["records"] if "error" in r]
+    if not results.records:
+        raise ValueError(f"{path} has no records")
+    errors = [r.kernel for r in results.records
+              if isinstance(r, RunRecord) and r.error is not None]
     if errors:
-        raise ValueError(f"{results}: {len(errors)} record(s) raised (first: {errors[0]}); "
+        raise ValueError(f"{path}: {len(errors)} record(s) raised (first: {errors[0]}); "
                          "a baseline must be clean")
-    return doc
+    return results
 
 
 def noise_floors(runs: list[Path]) -> list[dict[str, Any]]:
@@ -66,7 +67,7 @@ def noise_floors(runs: list[Path]) -> list[dict[str, Any]]:
             for key, s in load(path, metric).series.items():
                 if s.groups:
                     pooled[metric].setdefault(key, []).append(s.groups)
-    first = {("run", *record_key(r)): r for r in read_results(runs[0])["records"]}
+    first = {("run", *r.key): r for r in load_results(runs[0]).records}
     out = []
     for key, per_run in pooled["time"].items():
         floor = noise_floor_of_runs(per_run)
@@ -76,9 +77,8 @@ def noise_floors(runs: list[Path]) -> list[dict[str, Any]]:
         bw = noise_floor_of_runs(pooled["bandwidth-fraction"].get(key) or [])
         if bw is not None:
             sd["bandwidth-fraction"], run_sd["bandwidth-fraction"] = bw.sd_log, bw.run_sd_log
-        identity = {f: first[key][f] for f in IDENTITY_FIELDS if f in first[key]}
-        out.append(NoiseFloorEntry(**identity, sd_log=sd, df=floor.df, run_sd_log=run_sd,
-                                   run_df=floor.run_df).to_dict())
+        out.append(NoiseFloorEntry(**first[key].identity, sd_log=sd, df=floor.df,
+                                   run_sd_log=run_sd, run_df=floor.run_df).to_dict())
     return out
 
 
@@ -122,15 +122,17 @@ def _check_same_plan(results: list[Path], keys: list[set]) -> None:
                              f"(first difference: {odd})")
 
 
-def _kinds(results: list[Path]) -> tuple[str, list[Any]]:
-    """The one kind of all the files, and their JSON; ValueError when they mix kinds."""
-    raws = [read_json(p) for p in results]
-    kinds = [file_kind(raw, p) for raw, p in zip(raws, results, strict=True)]
-    for path, kind in zip(results[1:], kinds[1:], strict=True):
+def _kinds(paths: list[Path]) -> tuple[str, list[Any]]:
+    """The one kind of all the files, and each one's checked ResultsFile (the JSON of a
+    pytest-benchmark file); ValueError when they mix kinds."""
+    raws = [read_json(p) for p in paths]
+    files = [check_file(raw, p) or raw for raw, p in zip(raws, paths, strict=True)]
+    kinds = [f.kind if isinstance(f, ResultsFile) else "pytest-benchmark" for f in files]
+    for path, kind in zip(paths[1:], kinds[1:], strict=True):
         if kind != kinds[0]:
-            raise ValueError(f"{path} is a {kind} file, {results[0]} a {kinds[0]} file: a "
+            raise ValueError(f"{path} is a {kind} file, {paths[0]} a {kinds[0]} file: a "
                              "baseline is made of runs of one plan")
-    return kinds[0], raws
+    return kinds[0], files
 
 
 def save_baseline(results: list[Path], name: str | None = None, directory: Path = DEFAULT_DIR,
@@ -139,14 +141,15 @@ def save_baseline(results: list[Path], name: str | None = None, directory: Path 
     files or pytest-benchmark files with raw rounds) to directory/<name>.json, with a note of
     its origin and the noise floor all of them measure."""
     results = [Path(p) for p in results]
-    kind, raws = _kinds(results)
+    kind, files = _kinds(results)
     if kind == "pytest-benchmark":
-        docs = [_pytest_benchmark_doc(p, raw) for p, raw in zip(results, raws, strict=True)]
+        docs = [_pytest_benchmark_doc(p, raw) for p, raw in zip(results, files, strict=True)]
         _check_same_plan(results, [{benchmark_name(b) for b in d["benchmarks"]} for d in docs])
         default = "pytest-benchmark"
     else:
-        docs = [_clean_results(p) for p in results]
-        _check_same_plan(results, [{record_key(r) for r in d["records"]} for d in docs])
+        clean = [_clean_results(p, f) for p, f in zip(results, files, strict=True)]
+        _check_same_plan(results, [{r.key for r in f.records} for f in clean])
+        docs = [f.doc for f in clean]  # the first is copied as it was written
         default = None
     doc = docs[0]
     out = Path(directory) / f"{baseline_name(doc, name or default)}.json"

@@ -17,6 +17,7 @@ a comparison (load_side): their processes are pooled per series.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,14 @@ import numpy as np
 from ..records import (
     BenchmarkNoiseFloorEntry,
     NoiseFloorEntry,
+    QuickVerdict,
+    Record,
     RecordError,
+    ResultsFile,
     ResultsFileError,
+    VerifyRecord,
     check_results,
     read_json,
-    record_key,
 )
 from .stats import NoiseFloor
 
@@ -83,18 +87,18 @@ class Dataset:
     noise: dict[tuple, NoiseFloor] = field(default_factory=dict)  # a baseline's noise floors
 
 
-def case_label(record: dict[str, Any]) -> str:
+def case_label(record: Record) -> str:
     """A short human name of a record's case: dtype, shape, non-default bits."""
-    shape = record.get("shape") or []
-    parts = [str(record.get("dtype", "?"))]
+    shape = record.shape
+    parts = [record.dtype]
     if len(shape) == 2:
         parts.append(f"{shape[0]}x{shape[1]}")
-    if record.get("mode", "fwd") != "fwd":
-        parts.append(record["mode"])
-    gen = record.get("input") or record.get("generator")
+    if record.mode != "fwd":
+        parts.append(record.mode)
+    gen = record.generated_by
     if gen and gen != "normal":
         parts.append(gen)
-    params = record.get("params") or {}
+    params = record.params
     if params:
         parts.append(",".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}"
                               for k, v in sorted(params.items())))
@@ -102,70 +106,63 @@ def case_label(record: dict[str, Any]) -> str:
 
 
 def _float(v: Any) -> float | None:
+    """A header's number, or None."""
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
     return float(v)
 
 
-def _run_series(doc: dict[str, Any], metric: str, path: str) -> dict[tuple, Series]:
-    copy_gbps = _float((doc.get("ceilings") or {}).get("copy_gbps"))
+def _finite(v: float | None) -> float | None:
+    """A record's number where it is finite; None for none, and for 'inf' and 'nan' (as
+    results files store them), which no comparison of worst errors can use."""
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _run_series(results: ResultsFile, metric: str) -> dict[tuple, Series]:
+    copy_gbps = _float((results.doc.get("ceilings") or {}).get("copy_gbps"))
     out: dict[tuple, Series] = {}
-    for r in doc["records"]:
-        if not isinstance(r, dict) or "kernel" not in r:
-            raise ResultsFileError(f"results file {path} has a record without a kernel")
-        key = ("run", *record_key(r))
-        s = Series(key, r["kernel"], case_label(r), None, None)
+    for r in results.records:
+        key = ("run", *r.key)
+        s = Series(key, r.kernel, case_label(r), None, None)
         out[key] = s
-        if "error" in r:
-            s.error = str(r["error"])
+        if r.error is not None:
+            s.error = r.error
             continue
-        samples = (r.get("timing") or {}).get("samples_ns")
-        if not isinstance(samples, list) or not samples:
+        if r.timing is None:
             s.error = "no raw samples"
             continue
         scale = 1e-9
         if metric == "bandwidth-fraction":
-            min_bytes = _float(r.get("min_bytes"))
-            gbps = _float(r.get("copy_gbps")) or copy_gbps  # merged shards carry their own
-            if not gbps or not min_bytes:
+            gbps = r.copy_gbps or copy_gbps  # merged shards carry their own
+            if not gbps or not r.min_bytes:
                 s.error = "no copy bandwidth or byte count for bandwidth-fraction"
                 continue
-            scale = 1e-9 * gbps * 1e9 / min_bytes
-        s.costs = np.asarray(samples, dtype=np.float64) * scale
+            scale = 1e-9 * gbps * 1e9 / r.min_bytes
+        s.costs = np.asarray(r.timing.samples_ns, dtype=np.float64) * scale
         s.median = float(np.median(s.costs))
-        try:
-            s.groups = split_processes(s.costs, (r.get("timing") or {}).get("processes"))
-        except ValueError as e:
-            raise ResultsFileError(f"results file {path}: {r['kernel']} {s.case}: {e}") from None
+        s.groups = split_processes(s.costs, r.timing.processes)
     return out
 
 
-def split_processes(costs: np.ndarray, counts: Any) -> list[np.ndarray]:
+def split_processes(costs: np.ndarray, counts: list[int] | None) -> list[np.ndarray]:
     """Samples one process after another, split by the count each process gave (a record
-    without counts came from one process)."""
+    without counts came from one process; TimingRecord checks that the counts add up)."""
     if counts is None:
         return [costs]
-    if (not isinstance(counts, list) or not counts
-            or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0
-                       for c in counts)):
-        raise ValueError("timing.processes must be a list of sample counts, each >= 1")
-    if sum(counts) != costs.size:
-        raise ValueError(f"timing.processes counts {sum(counts)} samples, "
-                         f"samples_ns holds {costs.size}")
     return np.split(costs, np.cumsum(counts)[:-1])
 
 
 def _noise_floors(doc: dict[str, Any], metric: str, path: str) -> dict[tuple, NoiseFloor]:
     """A baseline's noise floors in the metric, keyed like its records' series."""
-    return {("run", *record_key(raw)): floor
-            for raw, floor in _floor_entries(doc, NoiseFloorEntry, metric,
-                                             f"results file {path}")}
+    return {("run", *e.key): floor
+            for e, floor in _floor_entries(doc, NoiseFloorEntry, metric,
+                                           f"results file {path}")}
 
 
 def _floor_entries(doc: dict[str, Any], entry: Any, metric: str,
-                   where: str) -> list[tuple[dict[str, Any], NoiseFloor]]:
-    """(raw entry, its floor in the metric) for each noise_floor entry of a baseline that
-    has one; a malformed entry is one line naming it (ResultsFileError)."""
+                   where: str) -> list[tuple[Any, NoiseFloor]]:
+    """(entry, its floor in the metric) for each noise_floor entry of a baseline that has
+    one; a malformed entry is one line naming it (ResultsFileError)."""
     out = []
     for i, raw in enumerate(doc.get("noise_floor") or []):
         try:
@@ -176,34 +173,42 @@ def _floor_entries(doc: dict[str, Any], entry: Any, metric: str,
                                    f"{err.problem}") from None
         floor = _floor(e, metric)
         if floor is not None:
-            out.append((raw, floor))
+            out.append((e, floor))
     return out
 
 
-def _run_numerics(doc: dict[str, Any]) -> dict[tuple, Verdict]:
+def _header_verdict(v: Any) -> tuple[Any, Any, Any]:
+    """(status, max_ulp, reason) of a verdict in a run file's header, read as leniently as
+    the header is (it is not a record: nothing checked it)."""
+    return v.get("status"), _float(v.get("max_ulp")), v.get("reason")
+
+
+def _quick_verdict(v: QuickVerdict) -> tuple[Any, Any, Any]:
+    return v.status, _finite(v.max_ulp), v.reason
+
+
+def _run_numerics(results: ResultsFile) -> dict[tuple, Verdict]:
     """(kernel, dtype) -> the quick verification verdict a run file carries."""
-    found: dict[str, dict[str, Any]] = dict(doc.get("verification") or {})
-    for r in doc["records"]:
-        if isinstance(r.get("verify"), dict) and r.get("kernel") and r.get("dtype"):
-            found.setdefault(f"{r['kernel']}/{r['dtype']}", r["verify"])
+    found = {name: _header_verdict(v)
+             for name, v in (results.doc.get("verification") or {}).items()}
+    for r in results.records:
+        if r.verify is not None:
+            found.setdefault(f"{r.kernel}/{r.dtype}", _quick_verdict(r.verify))
     out: dict[tuple, Verdict] = {}
-    for name, v in found.items():
+    for name, (status, max_ulp, reason) in found.items():
         kernel, _, dtype = name.rpartition("/")
-        status = v.get("status")
         passed = True if status == "pass" else False if status == "FAIL" else None
         key = ("numerics", kernel, dtype)
-        out[key] = Verdict(key, kernel, dtype, passed, _float(v.get("max_ulp")), None,
-                           v.get("reason"))
+        out[key] = Verdict(key, kernel, dtype, passed, max_ulp, None, reason)
     return out
 
 
-def _verify_numerics(doc: dict[str, Any]) -> dict[tuple, Verdict]:
+def _verify_numerics(records: list[VerifyRecord]) -> dict[tuple, Verdict]:
     out: dict[tuple, Verdict] = {}
-    for r in doc["records"]:
-        key = ("verify", *record_key(r))
-        out[key] = Verdict(key, str(r.get("kernel")), case_label(r), bool(r.get("passed")),
-                           _float(r.get("max_ulp")), _float(r.get("max_budget_frac")),
-                           r.get("reason"))
+    for r in records:
+        key = ("verify", *r.key)
+        out[key] = Verdict(key, r.kernel, case_label(r), r.passed, _finite(r.max_ulp),
+                           _finite(r.max_budget_frac), r.reason)
     return out
 
 
@@ -215,8 +220,8 @@ def _floor(e: NoiseFloorEntry | BenchmarkNoiseFloorEntry, metric: str) -> NoiseF
 
 def _benchmark_floors(doc: dict[str, Any], path: str) -> dict[tuple, NoiseFloor]:
     """A pytest-benchmark baseline's noise floors, keyed like its series."""
-    return {("pytest-benchmark", raw["benchmark"]): floor
-            for raw, floor in _floor_entries(doc, BenchmarkNoiseFloorEntry, "time", path)}
+    return {("pytest-benchmark", e.benchmark): floor
+            for e, floor in _floor_entries(doc, BenchmarkNoiseFloorEntry, "time", path)}
 
 
 def benchmark_name(b: dict[str, Any]) -> str:
@@ -261,17 +266,21 @@ EXPECTED = ("an elasticbench run or verify file (schema elasticbench.run/1 or "
             "--benchmark-json or --benchmark-save)")
 
 
-def file_kind(raw: Any, path: Path) -> str:
-    """'pytest-benchmark', 'run' or 'verify'; ResultsFileError, naming what was expected,
-    for JSON of any other kind. A run or verify file is checked in full."""
-    if isinstance(raw, dict) and isinstance(raw.get("benchmarks"), list) and "schema" not in raw:
-        return "pytest-benchmark"
+def _is_pytest_benchmark(raw: Any) -> bool:
+    return isinstance(raw, dict) and isinstance(raw.get("benchmarks"), list) and "schema" not in raw
+
+
+def check_file(raw: Any, path: Path) -> ResultsFile | None:
+    """The checked results file raw is, or None for pytest-benchmark JSON; ResultsFileError,
+    naming what was expected, for JSON of any other kind. A run or verify file is checked in
+    full."""
+    if _is_pytest_benchmark(raw):
+        return None
     if not isinstance(raw, dict) or not isinstance(raw.get("records"), list):
         what = (f"has schema {raw.get('schema')!r}" if isinstance(raw, dict) and "schema" in raw
                 else "is neither")
         raise ResultsFileError(f"{path} {what}: expected {EXPECTED}")
-    doc = check_results(raw, path)  # checks the schema and every record; one line otherwise
-    return str(doc["schema"]).split(".", 1)[1].split("/")[0]
+    return check_results(raw, path)  # checks the schema and every record; one line otherwise
 
 
 def load(path: str | Path, metric: str = "time") -> Dataset:
@@ -280,20 +289,20 @@ def load(path: str | Path, metric: str = "time") -> Dataset:
         raise ValueError(f"unknown metric {metric!r} (choose from {', '.join(METRICS)})")
     p = Path(path)
     raw = read_json(p)
-    kind = file_kind(raw, p)
-    if kind == "pytest-benchmark":
+    results = check_file(raw, p)
+    if results is None:
         return _pytest_benchmark(raw, metric, str(p))
-    doc = raw
-    ds = Dataset(str(p), kind,
+    doc = results.doc
+    ds = Dataset(str(p), results.kind,
                  dict(doc.get("machine") or {}), metric, commit=doc.get("commit"))
     if ds.kind == "run":
-        ds.series = _run_series(doc, metric, str(p))
-        ds.numerics = _run_numerics(doc)
+        ds.series = _run_series(results, metric)
+        ds.numerics = _run_numerics(results)
         ds.noise = _noise_floors(doc, metric, str(p))
         if doc.get("complete") is False:
             ds.notes.append(f"{p}: the run was interrupted; only its finished records count")
     else:
-        ds.numerics = _verify_numerics(doc)
+        ds.numerics = _verify_numerics(results.records)
     return ds
 
 

@@ -9,11 +9,14 @@ from .files import (
     KINDS,
     RECORD_TYPES,
     SCHEMA_VERSION,
+    Record,
+    ResultsFile,
     ResultsFileError,
     ResultsWriter,
     check_record,
     check_results,
     check_writable,
+    load_results,
     read_json,
     read_results,
     resume_writer,
@@ -30,10 +33,9 @@ from .run import (
 )
 from .verify import VerifyRecord
 
-Record = RunRecord | VerifyRecord
-
 __all__ = ["IDENTITY_FIELDS", "KINDS", "RECORD_TYPES", "SCHEMA_VERSION",
            "BenchmarkNoiseFloorEntry", "NoiseFloorEntry", "QuickVerdict",
-           "Record", "RecordError", "ResultsFileError", "ResultsWriter", "RunRecord", "TimingRecord",
-           "VerifyRecord", "check_record", "check_results", "check_writable", "read_json",
-           "read_results", "record_key", "resume_writer", "schema_name", "write_json_atomic"]
+           "Record", "RecordError", "ResultsFile", "ResultsFileError", "ResultsWriter", "RunRecord",
+           "TimingRecord", "VerifyRecord", "check_record", "check_results", "check_writable",
+           "load_results", "read_json", "read_results", "record_key", "resume_writer",
+           "schema_name", "write_json_atomic"]

@@ -87,6 +87,7 @@ def optional(f: dataclasses.Field) -> bool:
     return f.default is not MISSING or f.default_factory is not MISSING
 
 
+@cache
 def timed_names(cls: type) -> tuple[str, ...]:
     """The measured fields of a record type (see Meta.timed)."""
     return tuple(f.name for f in fields(cls) if _meta(f).timed)

@@ -2,8 +2,9 @@
 
 Reports and gates read these files, never live objects. A file is always complete JSON:
 each flush writes a temporary file and renames it over the old one. Reading a file checks
-every record against its record type: a file that does not fit is refused with one line
-naming the file, the record and the field, never half-read.
+every record against its record type and gives the typed records (a ResultsFile): a file
+that does not fit is refused with one line naming the file, the record and the field, never
+half-read.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from .run import RunRecord
 from .verify import VerifyRecord
 
 SCHEMA_VERSION = 1
+Record = RunRecord | VerifyRecord
 RECORD_TYPES: dict[str, type] = {"verify": VerifyRecord, "run": RunRecord}
 KINDS = tuple(RECORD_TYPES)
 
@@ -129,8 +132,21 @@ def read_json(path: Path) -> Any:
         raise ResultsFileError(f"results file {path} is not valid JSON: {e}") from None
 
 
-def check_results(doc: Any, path: Path, kind: str | None = None) -> dict[str, Any]:
-    """doc if it is a results document (of `kind`, if given); else ResultsFileError."""
+@dataclass
+class ResultsFile:
+    """A results file read and checked: its document as written (the header, and the records
+    as JSON objects, for copying on unchanged) and its records as typed records, in order."""
+
+    source: str  # the path as given
+    kind: str  # verify | run
+    doc: dict[str, Any]
+    records: list[Record]  # one per doc["records"], of the kind's record type
+
+
+def check_results(doc: Any, path: Path | str, kind: str | None = None, *,
+                  measured: bool = False) -> ResultsFile:
+    """doc as a results file (of `kind`, if given); else ResultsFileError. With measured,
+    each record must also hold what tables of it are drawn from (check_measured)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
         raise ResultsFileError(f"results file {path} has no records list")
     expected = {schema_name(k) for k in ([kind] if kind else KINDS)}
@@ -140,9 +156,9 @@ def check_results(doc: Any, path: Path, kind: str | None = None) -> dict[str, An
             f"expected {' or '.join(sorted(expected))}"
         )
     kind_of = str(doc["schema"]).split(".", 1)[1].split("/")[0]
-    for i, record in enumerate(doc["records"]):
-        check_record(record, kind_of, path, i)
-    return doc
+    records = [check_record(record, kind_of, path, i, measured=measured)
+               for i, record in enumerate(doc["records"])]
+    return ResultsFile(str(path), kind_of, doc, records)
 
 
 def record_label(record: Any, index: int) -> str:
@@ -151,10 +167,14 @@ def record_label(record: Any, index: int) -> str:
     return f"record {index}" + (f" ({kernel})" if isinstance(kernel, str) else "")
 
 
-def check_record(record: Any, kind: str, path: Path | str, index: int) -> Any:
+def check_record(record: Any, kind: str, path: Path | str, index: int, *,
+                 measured: bool = False) -> Record:
     """The typed record of a results file's record; ResultsFileError names the bad field."""
     try:
-        return from_dict(RECORD_TYPES[kind], record)
+        typed = from_dict(RECORD_TYPES[kind], record)
+        if measured:
+            typed.check_measured()
+        return typed
     except RecordError as e:
         where = f"results file {path}: {record_label(record, index)}"
         if e.field:
@@ -162,6 +182,15 @@ def check_record(record: Any, kind: str, path: Path | str, index: int) -> Any:
         raise ResultsFileError(f"{where} {e.problem}") from None
 
 
-def read_results(path: Path, kind: str | None = None) -> dict[str, Any]:
-    """Load and check a results file; ResultsFileError says what is wrong in one line."""
-    return check_results(read_json(path), Path(path), kind)
+def load_results(path: Path | str, kind: str | None = None, *,
+                 measured: bool = False) -> ResultsFile:
+    """Load and check a results file (see check_results); ResultsFileError says what is
+    wrong in one line."""
+    results = check_results(read_json(path), Path(path), kind, measured=measured)
+    results.source = str(path)  # as given: how a report names the file
+    return results
+
+
+def read_results(path: Path | str, kind: str | None = None) -> dict[str, Any]:
+    """The document of a results file as written, checked (see load_results)."""
+    return load_results(path, kind).doc

@@ -10,8 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .fields import JSONRecord, RecordError, duration_ns, duration_s, entry, nonnegative, positive
-from .identity import KernelCase
+from .fields import (
+    JSONRecord,
+    RecordError,
+    duration_ns,
+    duration_s,
+    entry,
+    nonnegative,
+    positive,
+    timed_names,
+)
+from .identity import Identified, KernelCase
 
 Status = Literal["pass", "FAIL", "unverified"]
 
@@ -96,6 +105,23 @@ class RunRecord(KernelCase):
     speedup: float | None = entry(None, check=positive)  # baseline median / own median
 
     @property
+    def generated_by(self) -> str | None:
+        return self.generator
+
+    @property
+    def status(self) -> Status:
+        """The quick verification's verdict: "unverified" when there was none."""
+        return "unverified" if self.verify is None else self.verify.status
+
+    def check_measured(self) -> None:
+        """RecordError unless the record holds every timed field, or says why it has none
+        (error): what tables and plots of timings are drawn from. (A/B files keep the
+        samples alone, and gates read no more.)"""
+        missing = [n for n in timed_names(type(self)) if getattr(self, n) is None]
+        if missing and self.error is None:
+            raise RecordError("", f"lacks {', '.join(missing)}")
+
+    @property
     def cell(self) -> tuple[str, tuple[int, int], str]:
         """The cell a record competes in: its baseline is the baseline's record of it."""
         return (self.dtype, tuple(self.shape), self.mode)
@@ -113,7 +139,7 @@ class RunRecord(KernelCase):
 
 
 @dataclass(kw_only=True)
-class NoiseFloorEntry(JSONRecord):
+class NoiseFloorEntry(JSONRecord, Identified):
     """A baseline's noise floor for one timed series (docs/gates.md): the series' identity
     (IDENTITY_FIELDS, as its record has them) and, per metric, the spread of its processes'
     log medians within a run and the shift between runs, with their degrees of freedom."""

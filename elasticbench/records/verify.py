@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .fields import duration_s, entry, nonnegative
-from .identity import KernelCase, record_key
+from .identity import KernelCase
 
 
 @dataclass(kw_only=True)
@@ -36,9 +36,8 @@ class VerifyRecord(KernelCase):
     hunt: dict[str, Any] | None = None  # a hunt's trial: its number, phase, configuration
 
     @property
-    def key(self) -> tuple:
-        """What this record is a result for (see identity.record_key)."""
-        return record_key(self.to_dict())
+    def generated_by(self) -> str | None:
+        return self.input
 
     @property
     def failed(self) -> bool:

@@ -1,4 +1,4 @@
-"""Plots drawn from records alone (matplotlib, the optional `plot` extra).
+"""Plots drawn from the typed records alone (matplotlib, the optional `plot` extra).
 
 - roofline, per mode and dtype: achieved GB/s against bytes per row; the measured copy
   bandwidth is the roof, the exp ceiling is drawn as the bandwidth it would allow, cache
@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from ..records import ResultsFile, RunRecord, VerifyRecord
+from .failures import as_float
 
 INSTALL_HINT = "plots need matplotlib: pip install 'elasticbench[plot]'"
 DPI = 110
 MARKERS = "osD^vP*Xhp<>"
 FAIL_COLOR = "#d62728"  # outline of a failed heatmap cell
 OVER_COLOR = "#e8575a"  # a heatmap cell over its budget
+R = TypeVar("R", RunRecord, VerifyRecord)
 
 
 class PlotsUnavailable(RuntimeError):
@@ -83,24 +87,27 @@ def _style_of(kernels: Iterable[str]) -> dict[str, tuple[Any, str]]:
     return {k: (cmap(i % 10), MARKERS[i % len(MARKERS)]) for i, k in enumerate(kernels)}
 
 
-def _timed(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if "error" not in r and r.get("median_s")]
+def _timed(records: list[RunRecord]) -> list[RunRecord]:
+    return [r for r in records if r.error is None and r.median_s]
 
 
-def _by(records: list[dict[str, Any]], *keys: str) -> dict[tuple, list[dict[str, Any]]]:
-    out: dict[tuple, list[dict[str, Any]]] = {}
+def _by(records: list[R], key: Callable[[R], tuple]) -> dict[tuple, list[R]]:
+    out: dict[tuple, list[R]] = {}
     for r in records:
-        out.setdefault(tuple(r.get(k, "fwd" if k == "mode" else None) for k in keys),
-                       []).append(r)
+        out.setdefault(key(r), []).append(r)
     return out
 
 
-def _kernel_label(r: dict[str, Any]) -> str:
+def _mode_dtype(r: RunRecord) -> tuple[str, str]:
+    return (r.mode, r.dtype)
+
+
+def _kernel_label(r: RunRecord) -> str:
     """The kernel's legend entry: says when it is the baseline or failed verification."""
-    notes = ["baseline"] if r.get("baseline") else []
-    if (r.get("verify") or {}).get("status") == "FAIL":
+    notes = ["baseline"] if r.baseline else []
+    if r.status == "FAIL":
         notes.append("failed verification")
-    return r["kernel"] + (f" ({', '.join(notes)})" if notes else "")
+    return r.kernel + (f" ({', '.join(notes)})" if notes else "")
 
 
 # ---------------------------------------------------------------- roofline
@@ -112,17 +119,35 @@ def _cache_marks(doc: dict[str, Any]) -> dict[str, int]:
     return {k: int(v) for k, v in caches.items() if isinstance(v, int | float) and v > 0}
 
 
-def roofline(doc: dict[str, Any], mode: str, dtype: str, records: list[dict[str, Any]]) -> Any:
+def _roofs(ceilings: dict[str, Any], mode: str, dtype: str, records: list[RunRecord]
+           ) -> list[tuple[float, str, str]]:
+    """(GB/s, label, line style) of each roof: the copy bandwidth, and forward the bandwidth
+    the exp ceiling of the records' usual compute dtype allows."""
+    roofs = []
+    if ceilings.get("copy_gbps"):
+        roofs.append((ceilings["copy_gbps"], f"copy roof {ceilings['copy_gbps']:.3g} GB/s", "-"))
+    if mode == "fwd" and ceilings.get("exp_geps"):
+        cdts = [r.compute_dtype for r in records if r.compute_dtype]
+        cdt = max(set(cdts), key=cdts.count) if cdts else dtype
+        rate = ceilings["exp_geps"].get(cdt)
+        if rate:
+            per_element = records[0].min_bytes / (records[0].shape[0] * records[0].shape[1])
+            gbps = rate * per_element
+            roofs.append((gbps, f"exp roof {gbps:.3g} GB/s (1 exp/element, {cdt})", "--"))
+    return roofs
+
+
+def roofline(doc: dict[str, Any], mode: str, dtype: str, records: list[RunRecord]) -> Any:
     """Achieved GB/s against bytes per row for every kernel, under the measured roofs."""
     ceilings = doc.get("ceilings") or {}
     fig = _figure(8.5, 5.2)
     ax = fig.add_subplot()
     kernels = list(dict.fromkeys(_kernel_label(r) for r in records))
     style = _style_of(kernels)
-    xs = [r["min_bytes"] / r["shape"][0] for r in records]
-    ys = [r["gbps"] for r in records]
+    xs = [r.min_bytes / r.shape[0] for r in records]
+    ys = [r.gbps for r in records]
     for k in kernels:
-        pts = sorted((r["min_bytes"] / r["shape"][0], r["gbps"], r.get("cache") == "in-cache")
+        pts = sorted((r.min_bytes / r.shape[0], r.gbps, r.cache == "in-cache")
                      for r in records if _kernel_label(r) == k)
         color, marker = style[k]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=1.2, alpha=0.7,
@@ -130,17 +155,7 @@ def roofline(doc: dict[str, Any], mode: str, dtype: str, records: list[dict[str,
         for x, y, in_cache in pts:
             ax.plot([x], [y], marker=marker, markersize=8, color=color,
                     markerfacecolor=color if in_cache else "white", markeredgewidth=1.6)
-    roofs = []
-    if ceilings.get("copy_gbps"):
-        roofs.append((ceilings["copy_gbps"], f"copy roof {ceilings['copy_gbps']:.3g} GB/s", "-"))
-    if mode == "fwd" and ceilings.get("exp_geps"):
-        cdts = [r.get("compute_dtype") for r in records if r.get("compute_dtype")]
-        cdt = max(set(cdts), key=cdts.count) if cdts else dtype
-        rate = ceilings["exp_geps"].get(cdt)
-        if rate:
-            per_element = records[0]["min_bytes"] / (records[0]["shape"][0] * records[0]["shape"][1])
-            gbps = rate * per_element
-            roofs.append((gbps, f"exp roof {gbps:.3g} GB/s (1 exp/element, {cdt})", "--"))
+    roofs = _roofs(ceilings, mode, dtype, records)
     marks = _cache_marks(doc)
     lo = min([*xs, *marks.values()]) / 2
     hi = max([*xs, *marks.values()]) * 2
@@ -186,31 +201,31 @@ def roofline(doc: dict[str, Any], mode: str, dtype: str, records: list[dict[str,
 
 # ---------------------------------------------------------------- time against n
 
-def time_vs_n(records: list[dict[str, Any]], ceilings: dict[str, Any] | None) -> Any:
+def time_vs_n(records: list[RunRecord], ceilings: dict[str, Any] | None) -> Any:
     """Median time per row against row length n, per kernel, one panel per (mode, dtype)."""
-    groups = _by(records, "mode", "dtype")
+    groups = _by(records, _mode_dtype)
     fig = _figure(5.2 * len(groups) + 2.6, 4.8)
     axes = fig.subplots(1, len(groups), squeeze=False)[0]
     kernels = list(dict.fromkeys(_kernel_label(r) for r in records))
     style = _style_of(kernels)
     for ax, ((mode, dtype), recs) in zip(axes, groups.items(), strict=True):
         for k in kernels:
-            mine = sorted((r for r in recs if _kernel_label(r) == k), key=lambda r: r["shape"][1])
+            mine = sorted((r for r in recs if _kernel_label(r) == k), key=lambda r: r.shape[1])
             if not mine:
                 continue
-            n = [r["shape"][1] for r in mine]
-            rows = [r["shape"][0] for r in mine]
-            med = [r["median_s"] * 1e6 / m for r, m in zip(mine, rows, strict=True)]
-            lo = [max(0.0, v - r["timing"]["q1_ns"] * 1e-3 / m) if "timing" in r else 0.0
+            n = [r.shape[1] for r in mine]
+            rows = [r.shape[0] for r in mine]
+            med = [r.median_s * 1e6 / m for r, m in zip(mine, rows, strict=True)]
+            lo = [max(0.0, v - r.timing.q1_ns * 1e-3 / m) if r.timing is not None else 0.0
                   for v, r, m in zip(med, mine, rows, strict=True)]
-            hi = [max(0.0, r["timing"]["q3_ns"] * 1e-3 / m - v) if "timing" in r else 0.0
+            hi = [max(0.0, r.timing.q3_ns * 1e-3 / m - v) if r.timing is not None else 0.0
                   for v, r, m in zip(med, mine, rows, strict=True)]
             color, marker = style[k]
             ax.errorbar(n, med, yerr=[lo, hi], color=color, marker=marker, markersize=6,
                         capsize=3, lw=1.3, ls="--" if "baseline" in k else "-", label=k)
         if ceilings and ceilings.get("copy_gbps"):
-            ns = sorted({r["shape"][1] for r in recs})
-            per_el = recs[0]["min_bytes"] / (recs[0]["shape"][0] * recs[0]["shape"][1])
+            ns = sorted({r.shape[1] for r in recs})
+            per_el = recs[0].min_bytes / (recs[0].shape[0] * recs[0].shape[1])
             floor = [n * per_el / (ceilings["copy_gbps"] * 1e9) * 1e6 for n in ns]
             ax.plot(ns, floor, color="black", lw=1.2, ls=":", label="copy roof (time floor)")
         ax.set_xscale("log", base=2)
@@ -219,7 +234,7 @@ def time_vs_n(records: list[dict[str, Any]], ceilings: dict[str, Any] | None) ->
         ax.set_ylabel("median time per row (µs)")
         ax.set_title(f"{dtype} {mode}", loc="left")
         ax.grid(True, which="major", alpha=0.25)
-        ns = sorted({r["shape"][1] for r in recs})
+        ns = sorted({r.shape[1] for r in recs})
         ax.set_xticks(ns, [_count_label(n) for n in ns], fontsize=8)
         ax.minorticks_off()
         if len(ns) == 1:
@@ -235,11 +250,10 @@ def time_vs_n(records: list[dict[str, Any]], ceilings: dict[str, Any] | None) ->
 
 # ---------------------------------------------------------------- accuracy heatmap
 
-def _frac(r: dict[str, Any]) -> float:
-    v = r.get("max_budget_frac")
-    if v is None:
-        return math.inf if not r.get("passed") else 0.0
-    return float(v) if not isinstance(v, str) else math.inf
+def _frac(r: VerifyRecord) -> float:
+    if r.max_budget_frac is None:
+        return math.inf if not r.passed else 0.0
+    return as_float(r.max_budget_frac)
 
 
 def _frac_text(f: float) -> str:
@@ -252,22 +266,22 @@ def _frac_text(f: float) -> str:
     return f"{f:.3g}x" if f < 1e4 else f"{f:.0e}x".replace("e+0", "e").replace("e+", "e")
 
 
-def accuracy_heatmap(records: list[dict[str, Any]], mode: str) -> Any:
+def accuracy_heatmap(records: list[VerifyRecord], mode: str) -> Any:
     """Kernel x input -> the worst error over dtypes, parameters and shapes, as a fraction of
     the budget (100% = at the budget); failed cells are outlined and marked."""
     from matplotlib import colormaps
     from matplotlib.colors import LogNorm, to_rgba
 
-    kernels = list(dict.fromkeys(r["kernel"] for r in records))
-    inputs = list(dict.fromkeys(r["input"] for r in records))
+    kernels = list(dict.fromkeys(r.kernel for r in records))
+    inputs = list(dict.fromkeys(r.input for r in records))
     worst: dict[tuple[str, str], float] = {}
     failed: dict[tuple[str, str], int] = {}
     cases: dict[tuple[str, str], int] = {}
     for r in records:
-        key = (r["kernel"], r["input"])
+        key = (r.kernel, r.input)
         worst[key] = max(worst.get(key, 0.0), _frac(r))
         cases[key] = cases.get(key, 0) + 1
-        failed[key] = failed.get(key, 0) + (not r["passed"])
+        failed[key] = failed.get(key, 0) + (not r.passed)
     # Blue deepens as the error nears its budget; over budget is red, a missing cell grey.
     cmap = colormaps["Blues"].with_extremes(over=OVER_COLOR, bad="#eeeeee")
     norm = LogNorm(vmin=1e-3, vmax=1.0)
@@ -315,15 +329,15 @@ def _outline(x: int, y: int) -> Any:
 
 # ---------------------------------------------------------------- all plots of a file
 
-def plots_for(stem: str, kind: str, doc: dict[str, Any]) -> list[Plot]:
+def plots_for(stem: str, results: ResultsFile) -> list[Plot]:
     """Every plot one results file supports; names start with `stem`."""
     require_matplotlib()
     out = []
-    records = doc["records"]
-    if kind == "run":
+    doc, records = results.doc, results.records
+    if results.kind == "run":
         timed = _timed(records)
-        for (mode, dtype), recs in _by(timed, "mode", "dtype").items():
-            kernels = ", ".join(dict.fromkeys(r["kernel"] for r in recs))
+        for (mode, dtype), recs in _by(timed, _mode_dtype).items():
+            kernels = ", ".join(dict.fromkeys(r.kernel for r in recs))
             out.append(Plot(f"{stem}-roofline-{mode}-{dtype}", f"Roofline, {dtype} {mode}",
                             f"Achieved GB/s against bytes per row for {kernels}, under the "
                             f"measured copy roof", _png(roofline(doc, mode, dtype, recs))))
@@ -332,7 +346,7 @@ def plots_for(stem: str, kind: str, doc: dict[str, Any]) -> list[Plot]:
                             "Median time per row against n, log-log, per kernel",
                             _png(time_vs_n(timed, doc.get("ceilings")))))
     else:
-        for (mode,), recs in _by(records, "mode").items():
+        for (mode,), recs in _by(records, lambda r: (r.mode,)).items():
             out.append(Plot(f"{stem}-accuracy-{mode}",
                             f"Accuracy heatmap ({'backward' if mode == 'bwd' else 'forward'})",
                             "Kernel by input: worst error as a share of the budget; failed "

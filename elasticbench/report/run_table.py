@@ -1,5 +1,6 @@
 """Run tables: per function, kernel x size -> median, GB/s, % of copy bandwidth, % of roof,
-speedup over the baseline, verdict. Works on records alone (a saved file renders the same).
+speedup over the baseline, verdict. Works on the typed records alone (a saved file renders
+the same); every record holds its measurement or its error (RunRecord.check_measured).
 `run_sheets` is the tabulation every format shares; `render_run` prints it to a terminal.
 """
 
@@ -36,29 +37,29 @@ def format_time(s: float) -> str:
     return f"{s * 1e6:.1f}µs"
 
 
-def _size(r: dict[str, Any], dtypes: int) -> Entry:
-    rows, n = r["shape"]
-    text = f"{rows}x{n}" + (f" {r['dtype']}" if dtypes > 1 else "")
-    text += "*" if r.get("cache") == "in-cache" else ""
-    return entry(text, values=(rows, n, r["dtype"], r.get("cache")))
+def _size(r: RunRecord, dtypes: int) -> Entry:
+    rows, n = r.shape
+    text = f"{rows}x{n}" + (f" {r.dtype}" if dtypes > 1 else "")
+    text += "*" if r.cache == "in-cache" else ""
+    return entry(text, values=(rows, n, r.dtype, r.cache))
 
 
-def _verdict(r: dict[str, Any]) -> Entry:
-    status = r.get("verify", {}).get("status", "unverified")
-    if "error" in r:
+def _verdict(r: RunRecord) -> Entry:
+    status = r.status
+    if r.error is not None:
         return entry("ERROR", "fail")
-    if r.get("baseline"):
+    if r.baseline:
         return entry("base", values=(status,)) if status == "pass" else \
             entry("base*", "warn", values=(status,))
     tag = {"pass": "ok", "FAIL": "fail"}.get(status, "dim")
     return entry(status, tag)
 
 
-def group_records(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def group_records(records: list[RunRecord]) -> dict[str, list[RunRecord]]:
     """Records by table: "<function> (<mode>)", in first-seen order."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[RunRecord]] = {}
     for r in records:
-        groups.setdefault(f"{r['function']} ({r.get('mode', 'fwd')})", []).append(r)
+        groups.setdefault(f"{r.function} ({r.mode})", []).append(r)
     return groups
 
 
@@ -79,62 +80,61 @@ ATTENTION_COLUMNS = [
 ]
 
 
-def _attention_size(r: dict[str, Any], dtypes: int) -> Entry:
-    b, h, lq, lk, d = r["shape"]
-    causal = bool(r.get("params", {}).get("causal"))
+def _attention_size(r: RunRecord, dtypes: int) -> Entry:
+    b, h, lq, lk, d = r.shape
+    causal = bool(r.params.get("causal"))
     text = f"{b}x{h}x{lq}{'' if lq == lk else f'x{lk}'}x{d}" + (" causal" if causal else "")
-    text += f" {r['dtype']}" if dtypes > 1 else ""
-    return entry(text, values=(list(r["shape"]), causal, r["dtype"]))
+    text += f" {r.dtype}" if dtypes > 1 else ""
+    return entry(text, values=(list(r.shape), causal, r.dtype))
 
 
 def _mib(v: int | None) -> Entry:
     return EMPTY if v is None else entry(f"{v / 2**20:.0f} MiB", values=(v,))
 
 
-def attention_sheet(name: str, recs: list[dict[str, Any]]) -> Sheet:
+def attention_sheet(name: str, recs: list[RunRecord]) -> Sheet:
     """A row per timed attention (kernel, size, causal): time, FLOP rate, roof, memory."""
-    ndt = len({r["dtype"] for r in recs})
+    ndt = len({r.dtype for r in recs})
     sheet = Sheet(name, name, list(ATTENTION_COLUMNS), caption=ATTENTION_CAPTION, compact=True)
     for r in recs:
-        if "error" in r:
-            sheet.add(entry(r["kernel"]), _attention_size(r, ndt), *[EMPTY] * 6, _verdict(r))
+        if r.error is not None:
+            sheet.add(entry(r.kernel), _attention_size(r, ndt), *[EMPTY] * 6, _verdict(r))
             continue
-        sp = r.get("speedup")
-        binding = {"matmul": "m", "memory": "M"}.get(r["binding"], r["binding"][0])
+        sp = r.speedup
+        binding = {"matmul": "m", "memory": "M"}.get(r.binding, r.binding[0])
         sheet.add(
-            entry(r["kernel"]), _attention_size(r, ndt),
-            entry(format_time(r["median_s"]), values=(r["median_s"],)),
-            entry(f"{r['gflops']:.1f}", values=(r["gflops"],)),
-            entry(f"{r['pct_matmul']:.0f}%", values=(r["pct_matmul"],)),
-            entry(f"{r['pct_roof']:.0f}% {binding}", values=(r["pct_roof"], r["binding"])),
-            _mib(r.get("peak_bytes")),
+            entry(r.kernel), _attention_size(r, ndt),
+            entry(format_time(r.median_s), values=(r.median_s,)),
+            entry(f"{r.gflops:.1f}", values=(r.gflops,)),
+            entry(f"{r.pct_matmul:.0f}%", values=(r.pct_matmul,)),
+            entry(f"{r.pct_roof:.0f}% {binding}", values=(r.pct_roof, r.binding)),
+            _mib(r.peak_bytes),
             entry(f"{sp:.2f}", values=(sp,)) if sp else EMPTY,
             _verdict(r),
         )
     return sheet
 
 
-def run_sheets(records: list[dict[str, Any]]) -> list[Sheet]:
+def run_sheets(records: list[RunRecord]) -> list[Sheet]:
     """One sheet per function and mode: a row per timed (kernel, size)."""
     sheets = []
     for name, recs in group_records(records).items():
-        if len(recs[0]["shape"]) == 5:  # attention (docs/attention.md section 6)
+        if len(recs[0].shape) == 5:  # attention (docs/attention.md section 6)
             sheets.append(attention_sheet(name, recs))
             continue
-        ndt = len({r["dtype"] for r in recs})
+        ndt = len({r.dtype for r in recs})
         sheet = Sheet(name, name, list(COLUMNS), caption=CAPTION, compact=True)
         for r in recs:
-            if "error" in r:
-                sheet.add(entry(r["kernel"]), _size(r, ndt), *[EMPTY] * 5, _verdict(r))
+            if r.error is not None:
+                sheet.add(entry(r.kernel), _size(r, ndt), *[EMPTY] * 5, _verdict(r))
                 continue
-            sp = r.get("speedup")
+            sp = r.speedup
             sheet.add(
-                entry(r["kernel"]), _size(r, ndt),
-                entry(format_time(r["median_s"]), values=(r["median_s"],)),
-                entry(f"{r['gbps']:.2f}", values=(r["gbps"],)),
-                entry(f"{r['pct_copy']:.0f}%", values=(r["pct_copy"],)),
-                entry(f"{r['pct_roof']:.0f}% {r['binding'][0]}",
-                      values=(r["pct_roof"], r["binding"])),
+                entry(r.kernel), _size(r, ndt),
+                entry(format_time(r.median_s), values=(r.median_s,)),
+                entry(f"{r.gbps:.2f}", values=(r.gbps,)),
+                entry(f"{r.pct_copy:.0f}%", values=(r.pct_copy,)),
+                entry(f"{r.pct_roof:.0f}% {r.binding[0]}", values=(r.pct_roof, r.binding)),
                 entry(f"{sp:.2f}", values=(sp,)) if sp else EMPTY,
                 _verdict(r),
             )
@@ -142,7 +142,7 @@ def run_sheets(records: list[dict[str, Any]]) -> list[Sheet]:
     return sheets
 
 
-def run_notes(records: list[dict[str, Any]], ceilings: dict[str, Any] | None,
+def run_notes(records: list[RunRecord], ceilings: dict[str, Any] | None,
               skipped: list[str] | None = None) -> list[Note]:
     """The ceilings, what the case left out, then errors, unranked failures and noisy
     timings."""
@@ -157,24 +157,25 @@ def run_notes(records: list[dict[str, Any]], ceilings: dict[str, Any] | None,
                           f"exp G elements/s: {exp}"))
     notes += [note(Span("skipped", "warn"), f" {s}") for s in skipped or []]
     for r in records:
-        if "error" in r:
-            notes.append(note(Span("ERROR", "fail"), f" {r['kernel']} {r['shape']}: {r['error']}"))
-        elif r.get("verify", {}).get("status") == "FAIL" and not r.get("baseline"):
-            notes.append(note(Span("FAIL", "fail"), f" {r['kernel']} {r['dtype']} (not ranked): "
-                                                    f"{r['verify'].get('reason')}"))
-        warning = r.get("timing", {}).get("warning") if "timing" in r else None
+        shape = list(r.shape)  # as the file writes it: [rows, n]
+        if r.error is not None:
+            notes.append(note(Span("ERROR", "fail"), f" {r.kernel} {shape}: {r.error}"))
+        elif r.status == "FAIL" and not r.baseline:
+            notes.append(note(Span("FAIL", "fail"), f" {r.kernel} {r.dtype} (not ranked): "
+                                                    f"{r.verify.reason}"))
+        warning = r.timing.warning if r.timing is not None else None
         if warning:
-            notes.append(note(Span("noisy", "warn"), f" {r['kernel']} {r['shape']}: {warning}"))
+            notes.append(note(Span("noisy", "warn"), f" {r.kernel} {shape}: {warning}"))
     seen: set[str] = set()  # a kernel failing verification fails it at every size: say it once
     return [n for n in notes if not (n.text in seen or seen.add(n.text))]
 
 
-def run_failures(records: list[dict[str, Any]]) -> int:
+def run_failures(records: list[RunRecord]) -> int:
     """Timed kernels (not the baseline) that raised or failed verification (RunRecord.failed)."""
-    return sum(RunRecord.from_dict(r).failed for r in records)
+    return sum(r.failed for r in records)
 
 
-def render_run(records: list[dict[str, Any]], ceilings: dict[str, Any] | None,
+def render_run(records: list[RunRecord], ceilings: dict[str, Any] | None,
                console: Console) -> None:
     """Print one table per function, then the ceilings and what went wrong."""
     from .terminal import print_tables

@@ -1,6 +1,6 @@
 """Verification tables: per function, kernel x dtype -> worst ulp error, share of budget.
 
-Works on records alone, so a saved results file renders exactly like a live run.
+Works on the typed records alone, so a saved results file renders exactly like a live run.
 `verify_sheets` is the tabulation every format shares; `render` prints it to a terminal.
 """
 
@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from ..numerics.dtypes import DTYPE_NAMES
+from ..records import VerifyRecord
 from .failures import (
     EVERY_FAILURE,
     NoteOptions,
@@ -45,24 +46,24 @@ class Cell:
     param_rel: dict[str, float] = field(default_factory=dict)  # backward: worst d<param>
     compile: list[dict[str, Any]] = field(default_factory=list)  # what compiling said, per case
 
-    def add(self, r: dict[str, Any]) -> None:
+    def add(self, r: VerifyRecord) -> None:
         self.cases += 1
-        if r.get("compile"):
-            self.compile.append(r["compile"])
-        for name, p in (r.get("dparams") or {}).items():
+        if r.compile:
+            self.compile.append(r.compile)
+        for name, p in (r.dparams or {}).items():
             if p.get("expected") != "nan":
                 self.param_rel[name] = max(self.param_rel.get(name, 0.0), as_float(p.get("rel_err")))
-        if r.get("max_ulp") is not None:
+        if r.max_ulp is not None:
             self.measured = True
-        self.max_ulp = max(self.max_ulp, as_float(r.get("max_ulp")))
-        self.max_frac = max(self.max_frac, as_float(r.get("max_budget_frac")))
-        if r.get("special_ok") is not None:
+        self.max_ulp = max(self.max_ulp, as_float(r.max_ulp))
+        self.max_frac = max(self.max_frac, as_float(r.max_budget_frac))
+        if r.special_ok is not None:
             self.special_judged += 1
-        if not r["passed"]:
+        if not r.passed:
             self.failed += 1
-            if r.get("special_ok") is False:
+            if r.special_ok is False:
                 self.special_failed += 1
-            if r.get("raised"):
+            if r.raised:
                 self.raised += 1
             elif no_output(r):
                 self.no_result += 1
@@ -85,27 +86,27 @@ class Summary:
         return f"{self.cases} cases, {self.cases - self.failed} passed, {self.failed} failed"
 
 
-def group_of(r: dict[str, Any]) -> str:
+def group_of(r: VerifyRecord) -> str:
     """The table a record belongs to: its function, "<function> (bwd)" for backward."""
-    return r["function"] if r.get("mode", "fwd") == "fwd" else f"{r['function']} (bwd)"
+    return r.function if r.mode == "fwd" else f"{r.function} (bwd)"
 
 
-def summarize(records: Iterable[dict[str, Any]]) -> Summary:
+def summarize(records: Iterable[VerifyRecord]) -> Summary:
     s = Summary()
     for r in records:
         cell = (
             s.cells.setdefault(group_of(r), {})
-            .setdefault(r["kernel"], {})
-            .setdefault(r["dtype"], Cell())
+            .setdefault(r.kernel, {})
+            .setdefault(r.dtype, Cell())
         )
         cell.add(r)
     return s
 
 
-def describe_case(r: dict[str, Any]) -> str:
-    params = " ".join(f"{k}={v:g}" for k, v in r.get("params", {}).items())
-    shape = "x".join(str(v) for v in r["shape"])
-    return f"{r['input']} {shape} {r['dtype']} seed={r['seed']} {params}".strip()
+def describe_case(r: VerifyRecord) -> str:
+    params = " ".join(f"{k}={v:g}" for k, v in r.params.items())
+    shape = "x".join(str(v) for v in r.shape)
+    return f"{r.input} {shape} {r.dtype} seed={r.seed} {params}".strip()
 
 
 def _cell_entry(c: Cell) -> Entry:
@@ -198,14 +199,14 @@ def compile_notes(summary: Summary) -> list[Note]:
     return notes
 
 
-def verify_notes(records: list[dict[str, Any]], summary: Summary, header: dict[str, Any],
+def verify_notes(records: list[VerifyRecord], summary: Summary, header: dict[str, Any],
                  options: NoteOptions = EVERY_FAILURE) -> list[Note]:
     """Every failing case (grouped, worst first), what compiling said, what kernels warned."""
     return (failure_notes(records, header, options) + compile_notes(summary)
             + warning_notes(records))
 
 
-def render(records: list[dict[str, Any]], console: Console,
+def render(records: list[VerifyRecord], console: Console,
            header: dict[str, Any] | None = None) -> Summary:
     """Print one table per function, then every failing case, what compiling said and what
     the kernels warned."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..numerics.truth import DEFAULT_PRECISION
 from ..numerics.truth_cache import TruthStore
+from ..records import VerifyRecord
 from ..registry import KernelSpec
 from ..report.verify_table import describe_case
 from ..verify.attention_job import (
@@ -30,18 +30,18 @@ class SelftestOutcome:
     expected_to_fail: bool
     failed_cases: int
     cases: int
-    caught_by: dict[str, Any] | None  # the first failing record
+    caught_by: VerifyRecord | None  # the first failing record
 
     @property
     def ok(self) -> bool:
         return (self.failed_cases > 0) == self.expected_to_fail
 
 
-def _verify(spec: KernelSpec, matrix: VerifyMatrix, store: TruthStore) -> list[dict]:
-    records: list[dict] = []
+def _verify(spec: KernelSpec, matrix: VerifyMatrix, store: TruthStore) -> list[VerifyRecord]:
+    records: list[VerifyRecord] = []
     cases = expand(matrix, [spec.function])
     run_verification([spec], cases, max_elements=matrix.max_elements, store=store,
-                     on_record=lambda r: records.append(r.to_dict()), mode=spec.mode,
+                     on_record=records.append, mode=spec.mode,
                      max_rows=matrix.max_rows)
     return records
 
@@ -58,7 +58,7 @@ def run_selftest(
     outcomes = []
     for spec, bug, expect_fail in plan:
         records = _verify(spec, matrix, store)
-        failed = [r for r in records if not r["passed"]]
+        failed = [r for r in records if r.failed]
         o = SelftestOutcome(spec.name, bug, expect_fail, len(failed), len(records),
                     failed[0] if failed else None)
         on_outcome(o)
@@ -71,8 +71,8 @@ def caught_by_text(o: SelftestOutcome) -> str:
     if o.caught_by is None:
         return "-"
     r = o.caught_by
-    case = describe_case(r).replace(f" seed={r['seed']}", "")
-    return f"{case}: {r['reason'].split(':')[0]}"
+    case = describe_case(r).replace(f" seed={r.seed}", "")
+    return f"{case}: {r.reason.split(':')[0]}"
 
 
 def run_attention_selftest(
@@ -84,7 +84,7 @@ def run_attention_selftest(
 ) -> list[SelftestOutcome]:
     """run_selftest for attention kernels, on an attention matrix (each case's truth once)."""
     plan = [(m.spec, m.bug, True) for m in mutants] + [(k, "", False) for k in correct]
-    records: dict[int, list[dict]] = {i: [] for i in range(len(plan))}
+    records: dict[int, list[VerifyRecord]] = {i: [] for i in range(len(plan))}
     for mode in ("fwd", "bwd"):
         mine = [i for i, (spec, _, _) in enumerate(plan) if spec.mode == mode]
         functions = sorted({plan[i][0].function for i in mine})
@@ -95,10 +95,10 @@ def run_attention_selftest(
                 if spec.function != case.function or not spec.supports(case.dtype):
                     continue
                 prep = prep or prepare(case, mode, cache_dir, DEFAULT_PRECISION)
-                records[i].append(verify_attention_one(spec, prep).to_dict())
+                records[i].append(verify_attention_one(spec, prep))
     outcomes = []
     for i, (spec, bug, expect_fail) in enumerate(plan):
-        failed = [r for r in records[i] if not r["passed"]]
+        failed = [r for r in records[i] if r.failed]
         o = SelftestOutcome(spec.name if spec.mode == "fwd" else f"{spec.name} (bwd)", bug,
                             expect_fail, len(failed), len(records[i]),
                             failed[0] if failed else None)
