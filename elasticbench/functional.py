@@ -62,7 +62,7 @@ def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau:
     Differentiable in q, k, v, tau and beta with a tiled backward that recomputes the
     weights from two saved statistics per query (docs/attention.md).
     """
-    from .attention.autograd import ElasticAttentionFunction
+    from .attention.autograd import elastic_attention_op
     from .attention.layout import check_operands, default_scale
 
     check_operands(q, k, v)
@@ -71,7 +71,7 @@ def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau:
         scale = default_scale(q.shape[-1])
     elif not (isinstance(scale, int | float) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
-    return ElasticAttentionFunction.apply(q, k, v, tau, beta, float(scale), bool(causal))
+    return elastic_attention_op(q, k, v, tau, beta, float(scale), bool(causal))
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -1,9 +1,17 @@
-"""The autograd function of Elastic attention, and the choice of implementation.
+"""Elastic attention as torch custom ops, and the choice of implementation.
 
-Every implementation has the contract of `flash` (forward -> (out, m, den), backward from
-those row statistics); the first whose `accepts` says yes runs: the fused native kernel
-on CPU tensors when it is built, the Triton kernel on CUDA tensors, else the tiled torch
-code. The forward saves q, k, v, out, m and den: O(length) beyond the inputs and output.
+    elasticbench::attention(q, k, v, tau, beta, scale, causal) -> (out, m, den)
+    elasticbench::attention_backward(q, k, v, out, dout, m, den, tau, beta, scale, causal)
+        -> (dq, dk, dv, dtau, dbeta)
+
+tau and beta are (batch, heads) tensors in the working precision (bh_params lays a float,
+a per-head or a per-(batch, head) parameter out so, keeping its graph). Every
+implementation has the contract of `flash` (forward -> (out, m, den), backward from those
+row statistics); the first whose `accepts` says yes runs: the fused native kernel on CPU
+tensors when it is built, the Triton kernel on CUDA tensors, else the tiled torch code.
+The forward saves q, k, v, out, m and den: O(length) beyond the inputs and output. With
+create_graph, the gradient comes from autograd through the composite, so that second
+orders are exact (docs/gradients.md section 6).
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from . import cpp, flash
-from .layout import Scalar, head_params, reduce_to, work_dtype
+from .layout import Scalar, head_params, work_dtype
 
 
 @dataclass(frozen=True)
@@ -43,40 +51,70 @@ def choose(q: torch.Tensor) -> Implementation:
 
 
 def bh_params(value: Scalar, q: torch.Tensor) -> torch.Tensor:
-    """tau or beta as a contiguous (batch, heads) tensor in q's working precision."""
+    """tau or beta as a contiguous (batch, heads) tensor in q's working precision, keeping
+    the autograd graph of a tensor (its gradient flows back through the layout)."""
     b, h = q.shape[:2]
-    p = head_params(value, b, h, work_dtype(q.dtype), q.device)
-    if isinstance(p, float):
-        return torch.full((b, h), p, dtype=work_dtype(q.dtype), device=q.device)
-    return p[:, :, 0, 0].expand(b, h).contiguous()
+    wd = work_dtype(q.dtype)
+    if not isinstance(value, torch.Tensor):
+        return torch.full((b, h), float(value), dtype=wd, device=q.device)
+    head_params(value, b, h, wd, q.device)  # checks the shape, one line on a bad one
+    t = value.to(device=q.device, dtype=wd)
+    if t.ndim == 1:  # one value per head
+        t = t.reshape(1, -1)
+    else:  # as head_params lays it out against (batch, heads, 1, 1)
+        t = t.reshape((1,) * (4 - t.ndim) + tuple(t.shape))[:, :, 0, 0]
+    return t.expand(b, h).contiguous()
 
 
-class ElasticAttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, tau, beta, scale: float, causal: bool):  # type: ignore[override]
-        impl = choose(q)
-        t, b = bh_params(tau, q), bh_params(beta, q)
-        out, m, den = impl.forward(q, k, v, t, b, scale, causal)
-        ctx.save_for_backward(q, k, v, out, m, den, t, b)
-        ctx.impl, ctx.scale, ctx.causal = impl, scale, causal
-        ctx.tau_like = tau if isinstance(tau, torch.Tensor) else None
-        ctx.beta_like = beta if isinstance(beta, torch.Tensor) else None
-        ctx.params = (tau, beta)
-        return out
+@torch.library.custom_op("elasticbench::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
+              beta: torch.Tensor, scale: float, causal: bool
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, m, den): the output in q's dtype and each query's two statistics (work dtype),
+    by the implementation `choose` picks; tau and beta are (batch, heads)."""
+    out, m, den = choose(q).forward(q, k, v, tau, beta, scale, causal)
+    return out.contiguous(), m.contiguous(), den.contiguous()
 
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        if torch.is_grad_enabled():
-            return _differentiable_backward(ctx, grad)
-        q, k, v, out, m, den, t, b = ctx.saved_tensors
-        dq, dk, dv, dtau_bh, dbeta_bh = ctx.impl.backward(
-            q, k, v, out, grad.contiguous(), m, den, t, b, ctx.scale, ctx.causal)
-        dtau = dbeta = None
-        if ctx.needs_input_grad[3] and ctx.tau_like is not None:
-            dtau = reduce_to(dtau_bh, ctx.tau_like)
-        if ctx.needs_input_grad[4] and ctx.beta_like is not None:
-            dbeta = reduce_to(dbeta_bh, ctx.beta_like)
-        return dq, dk, dv, dtau, dbeta, None, None
+
+@attention.register_fake
+def _attention_fake(q, k, v, tau, beta, scale, causal):
+    stats = q.new_empty(q.shape[:3], dtype=tau.dtype)
+    return q.new_empty((*q.shape[:3], v.shape[3])), stats, stats.new_empty(stats.shape)
+
+
+@torch.library.custom_op("elasticbench::attention_backward", mutates_args=())
+def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       grad: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
+                       tau: torch.Tensor, beta: torch.Tensor, scale: float, causal: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                  torch.Tensor]:
+    """(dq, dk, dv, dtau, dbeta) from the forward's two statistics; dtau, dbeta per
+    (batch, head)."""
+    parts = choose(q).backward(q, k, v, out, grad, m, den, tau, beta, scale, causal)
+    return tuple(p.contiguous() for p in parts)  # type: ignore[return-value]
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(q, k, v, out, grad, m, den, tau, beta, scale, causal):
+    # contiguous, as the real op returns them (empty_like would copy a view's strides)
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, tau, beta))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, tau, beta, scale, causal = inputs
+    out, m, den = output
+    ctx.save_for_backward(q, k, v, out, m, den, tau, beta)
+    ctx.scale, ctx.causal = scale, causal
+
+
+def _backward(ctx, grad, _grad_m, _grad_den):
+    if torch.is_grad_enabled():
+        return _differentiable_backward(ctx, grad)
+    q, k, v, out, m, den, t, b = ctx.saved_tensors
+    dq, dk, dv, dtau, dbeta = attention_backward(q, k, v, out, grad.contiguous(), m, den, t,
+                                                 b, ctx.scale, ctx.causal)
+    need = ctx.needs_input_grad
+    return (dq, dk, dv, dtau if need[3] else None, dbeta if need[4] else None, None, None)
 
 
 def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
@@ -87,13 +125,12 @@ def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
     to autograd: its second order would silently be 0."""
     from .composite import elastic_attention_composite
 
-    q, k, v = ctx.saved_tensors[:3]
-    tau, beta = ctx.params
-    inputs = (q, k, v, tau, beta)
-    wanted = [i for i, need in enumerate(ctx.needs_input_grad[:5])
-              if need and isinstance(inputs[i], torch.Tensor)]
+    q, k, v, _, _, _, t, b = ctx.saved_tensors
+    inputs = (q, k, v, t, b)
+    wanted = [i for i, need in enumerate(ctx.needs_input_grad[:5]) if need]
     with torch.enable_grad():
-        out = elastic_attention_composite(q, k, v, tau=tau, beta=beta, scale=ctx.scale,
+        out = elastic_attention_composite(q, k, v, tau=t[:, :, None, None],
+                                          beta=b[:, :, None, None], scale=ctx.scale,
                                           causal=ctx.causal)
         got = torch.autograd.grad(out, [inputs[i] for i in wanted], grad, create_graph=True,
                                   allow_unused=True)
@@ -101,3 +138,13 @@ def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
     for i, g in zip(wanted, got, strict=True):
         grads[i] = g if g is not None else torch.zeros_like(inputs[i])
     return tuple(grads)
+
+
+attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def elastic_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: Scalar,
+                         beta: Scalar, scale: float, causal: bool) -> torch.Tensor:
+    """Elastic attention through the custom op, differentiable in q, k, v, tau and beta."""
+    out, _, _ = attention(q, k, v, bh_params(tau, q), bh_params(beta, q), scale, causal)
+    return out

@@ -60,13 +60,15 @@ def exp_family_backward(x: Tensor, y: Tensor, g: Tensor, tau: Tensor, offset: Te
     """dx, dtau, doffset of the rows of x given the output y and the upstream gradient g."""
     spec = _spec(tau, offset, mask_negative, floor)
     dx, dtau, doffset = choose(x, spec).backward(x, y, g, spec, params)
-    return dx.contiguous(), _fit(dtau, tau, tau), _fit(doffset, offset, tau)
+    return (dx.contiguous(), _fit(dtau, tau, tau).contiguous(),
+            _fit(doffset, offset, tau).contiguous())
 
 
 @exp_family_backward.register_fake
 def _exp_family_backward_fake(x, y, g, tau, offset, mask_negative, floor, params):
-    return (x.new_empty(x.shape), torch.empty_like(tau),
-            tau.new_empty((0,)) if offset is None else torch.empty_like(offset))
+    # contiguous, as the real op returns them (empty_like would copy a view's strides)
+    return (x.new_empty(x.shape), tau.new_empty(tau.shape),
+            tau.new_empty((0,) if offset is None else offset.shape))
 
 
 def _setup_context(ctx, inputs, output) -> None:
