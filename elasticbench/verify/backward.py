@@ -31,7 +31,7 @@ from ..numerics.dtypes import FloatFormat, work_format
 from ..numerics.truth import GradTruth
 from ..numerics.ulp import ulp_error, ulp_of
 from ..registry import KernelSpec
-from .check import CheckResult, json_float, position, zero_place
+from .check import CheckResult, json_float, position, worst_within, zero_place
 
 
 @dataclass(frozen=True)
@@ -225,6 +225,21 @@ def _check_param(name: str, got: float, truth: GradTruth, j: int, bound: np.ndar
     return ParamCheck(got, expected, rel, allowed_rel, ok, reason)
 
 
+def _param_checks(fn: Function, dparams: dict[str, float], truth: GradTruth, rows: _Rows,
+                  key: tuple, rows_total: int, budget: GradBudget) -> dict[str, ParamCheck]:
+    """Each parameter's gradient judged against its bound (by the role the Function gives
+    the parameter), the bound derived once per case (key)."""
+    checks: dict[str, ParamCheck] = {}
+    for j, p in enumerate(fn.params):
+        if p.role not in BOUNDS:
+            raise ValueError(f"{fn.name}: parameter {p.name} has no gradient bound "
+                             "(declare its role: temperature or offset)")
+        bound = truth.derived(("bound", p.role, *key), partial(BOUNDS[p.role], rows))
+        checks[p.name] = _check_param(p.name, dparams[p.name], truth, j, bound, rows_total,
+                                      rows.uw, rows.tiny, budget)
+    return checks
+
+
 def check_backward(
     x: np.ndarray, g: np.ndarray, dx: np.ndarray, dparams: dict[str, float], truth: GradTruth,
     fmt: FloatFormat, function: str, params: dict[str, float],
@@ -255,26 +270,19 @@ def check_backward(
     failures = {"nan_not_propagated": int(missing_nan.sum()),
                 "masked_not_zero": int(zero_broken.sum()), "over_budget": int(over.sum())}
 
-    checks: dict[str, ParamCheck] = {}
-    for j, p in enumerate(fn.params):
-        if p.role not in BOUNDS:
-            raise ValueError(f"{fn.name}: parameter {p.name} has no gradient bound "
-                             "(declare its role: temperature or offset)")
-        bound = truth.derived(("bound", p.role, *key), partial(BOUNDS[p.role], rows))
-        checks[p.name] = _check_param(p.name, dparams[p.name], truth, j, bound,
-                                      x.shape[0], rows.uw, rows.tiny, budget)
+    checks = _param_checks(fn, dparams, truth, rows, key, x.shape[0], budget)
     bad_params = [c for c in checks.values() if not c.passed]
     for name, c in checks.items():
         if not c.passed:
             failures[f"d{name}"] = 1
     failures = {k: v for k, v in failures.items() if v}
 
-    finite = ~want_nan & ~zero_broken  # a policy failure is reported apart from accuracy
-    max_ulp = float(err[finite].max()) if finite.any() else 0.0
-    max_frac = float(frac[finite].max()) if finite.any() else 0.0
+    # a policy failure is reported apart from accuracy
+    max_ulp, max_frac, at = worst_within(err, frac, ~want_nan & ~zero_broken)
     special = missing_nan | zero_broken
     special_params = [c for c in bad_params if c.reason.startswith("special")]
     if special.any() or special_params:
+        worst, reason = None, special_params[0].reason if special_params else ""
         if special.any():
             k, j = np.argwhere(special)[0]
             worst = position(x, got, truth, k, j, truth.dx_hi, truth.dx_lo, err[k, j],
@@ -284,22 +292,14 @@ def check_backward(
             reason = (f"special: NaN in row {worst['row']} not propagated to dx"
                       if missing_nan[k, j] else
                       f"special: dx not exactly 0 {place} (got {worst['got']})")
-        else:
-            worst, reason = None, special_params[0].reason
         return CheckResult(False, reason, max_ulp, max_frac, False, worst, failures), checks
-    worst = None
-    if finite.any():
-        k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
-        worst = position(x, got, truth, k, j, truth.dx_hi, truth.dx_lo, err[k, j],
-                         allowed[k, j])
+    worst = None if at is None else position(x, got, truth, *at, truth.dx_hi, truth.dx_lo,
+                                             err[at], allowed[at])
     if over.any():
-        assert worst is not None
-        k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
-        return CheckResult(False, f"accuracy: dx {float(err[k, j]):.4g} ulp > budget "
-                       f"{float(allowed[k, j]):.4g}", max_ulp, max_frac, True, worst,
-                       failures), checks
-    if bad_params:
-        return CheckResult(False, bad_params[0].reason, max_ulp, max_frac, True, worst,
-                       failures), checks
-    return CheckResult(True, "", max_ulp, max_frac, True, worst, failures), checks
-
+        assert at is not None
+        reason = f"accuracy: dx {float(err[at]):.4g} ulp > budget {float(allowed[at]):.4g}"
+    elif bad_params:
+        reason = bad_params[0].reason
+    else:
+        return CheckResult(True, "", max_ulp, max_frac, True, worst, failures), checks
+    return CheckResult(False, reason, max_ulp, max_frac, True, worst, failures), checks

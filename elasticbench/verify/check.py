@@ -70,6 +70,31 @@ def position(x: np.ndarray, got: np.ndarray, truth: Truth, k: int, j: int, hi: n
     }
 
 
+def worst_within(err: np.ndarray, frac: np.ndarray, judged: np.ndarray
+                 ) -> tuple[float, float, tuple[int, int] | None]:
+    """The largest error and budget share over the judged elements, and where the largest
+    share is (None when nothing is judged)."""
+    if not judged.any():
+        return 0.0, 0.0, None
+    k, j = np.unravel_index(np.argmax(np.where(judged, frac, -1)), frac.shape)
+    return float(err[judged].max()), float(frac[judged].max()), (int(k), int(j))
+
+
+def _special_reason(x: np.ndarray, got: np.ndarray, truth: Truth, k: int, j: int,
+                    err: np.ndarray, allowed: np.ndarray, missing_nan: np.ndarray,
+                    zero_broken: np.ndarray) -> tuple[str, dict[str, Any]]:
+    """Why the output at (k, j) breaks the special-value policy, and that position."""
+    if missing_nan[k, j]:
+        worst = position(x, got, truth, k, j, truth.hi, truth.lo)
+        return f"special: NaN in row {worst['row']} not propagated (got {worst['got']})", worst
+    worst = position(x, got, truth, k, j, truth.hi, truth.lo, err[k, j], allowed[k, j])
+    if zero_broken[k, j]:
+        place = zero_place(str(truth.kind[k]), float(x[truth.rows[k], j]))
+        return f"special: expected exactly 0 {place}, got {worst['got']}", worst
+    return (f"special: expected {worst['expected']} at an infinite weight (the limit: an "
+            f"equal share each), got {worst['got']}"), worst
+
+
 def check_output(
     x: np.ndarray, out: np.ndarray, truth: Truth, fmt: FloatFormat, budget: Budget
 ) -> CheckResult:
@@ -106,31 +131,14 @@ def check_output(
     failures = {k: v for k, v in failures.items() if v}
     # The worst error where the special-value policy held: a policy failure (a NaN where 0
     # is due, say) is reported apart and does not hide how accurate the rest is.
-    finite = ~want_nan & ~special_fail
-    max_ulp = float(err[finite].max()) if finite.any() else 0.0
-    max_frac = float(frac[finite].max()) if finite.any() else 0.0
-
+    max_ulp, max_frac, at = worst_within(err, frac, ~want_nan & ~special_fail)
     if special_fail.any():
         k, j = np.argwhere(special_fail)[0]
-        if missing_nan[k, j]:
-            worst = position(x, got, truth, k, j, truth.hi, truth.lo)
-            reason = f"special: NaN in row {worst['row']} not propagated (got {worst['got']})"
-        else:
-            worst = position(x, got, truth, k, j, truth.hi, truth.lo, err[k, j],
-                             allowed[k, j])
-            if zero_broken[k, j]:
-                place = zero_place(str(truth.kind[k]), float(x[truth.rows[k], j]))
-                reason = f"special: expected exactly 0 {place}, got {worst['got']}"
-            else:
-                reason = (f"special: expected {worst['expected']} at an infinite weight (the "
-                          f"limit: an equal share each), got {worst['got']}")
+        reason, worst = _special_reason(x, got, truth, k, j, err, allowed, missing_nan,
+                                        zero_broken)
         return CheckResult(False, reason, max_ulp, max_frac, False, worst, failures)
-
-    if finite.any():
-        k, j = np.unravel_index(np.argmax(np.where(finite, frac, -1)), frac.shape)
-        worst = position(x, got, truth, k, j, truth.hi, truth.lo, err[k, j], allowed[k, j])
-    else:
-        worst = None
+    worst = None if at is None else position(x, got, truth, *at, truth.hi, truth.lo,
+                                             err[at], allowed[at])
     if accuracy_fail.any():
         reason = (f"accuracy: {worst['ulp']:.4g} ulp > budget {worst['allowed_ulp']:.4g}"
                   if worst and isinstance(worst["ulp"], float)
