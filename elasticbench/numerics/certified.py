@@ -222,25 +222,34 @@ def exp_forward(fn: Function, params: Mapping[str, float], x: np.ndarray
         eps_s = (zbar * dd.DIV_D * dd.U2 + dd.EXP_REL + 2.0**-1070 / tau * tiny_diff
                  + sum_depth(n + 1) * dd.ADD_DD * dd.U2 + dd.MUL_D * dd.U2
                  + (n + 1 + sh.offset) * dd.EXP_ABS / np.where(finite, s_h, 1.0))
-    bound = np.zeros((r, n))
-    for rows, cols, _ in blocks((r, n)):
-        keep = sh.kept[rows, cols]
-        if not keep.any():
-            continue
-        sb_h = np.broadcast_to(s_h[rows, None], keep.shape)
-        sb_l = np.broadcast_to(s_l[rows, None], keep.shape)
-        yh, yl = dd.div(hi[rows, cols], lo[rows, cols], sb_h, sb_l)
-        rel = (arg_rel(zabs[rows, cols], tau) + eps_s[rows, None] + dd.DIV_DD * dd.U2)
-        blk = SLACK * (np.abs(yh) * rel + tiny_slack(hi[rows, cols], yh, zabs[rows, cols]))
-        hi[rows, cols] = np.where(keep, yh, 0.0)
-        lo[rows, cols] = np.where(keep, yl, 0.0)
-        bound[rows, cols] = np.where(keep, blk, 0.0)
+    den = Denominator(s_h, s_l, eps_s, ch, cl)
+    bound = divide(hi, lo, zabs, sh, den)
     zero = ~sh.kept & finite[:, None]
     special_rows(sh.kind, sh.big, hi, lo, bound, zero)
     out = Bounded(hi, lo, bound, zero, zabs, zbar, sh.kind, trusted,
                   np.zeros((r, n), dtype=bool))
     top_values(top, sh.kept, rest.sum(axis=1) + ch, s_h, sh.offset, out)
-    return out, sh, Denominator(s_h, s_l, eps_s, ch, cl)
+    return out, sh, den
+
+
+def divide(hi: np.ndarray, lo: np.ndarray, zabs: np.ndarray, sh: Shift,
+           den: Denominator) -> np.ndarray:
+    """y = e / S in place of the exponentials e = hi + lo (kept positions; 0 elsewhere), block
+    by block, and each output's absolute error bound (returned)."""
+    bound = np.zeros(hi.shape)
+    for rows, cols, _ in blocks(hi.shape):
+        keep = sh.kept[rows, cols]
+        if not keep.any():
+            continue
+        sb_h = np.broadcast_to(den.s_h[rows, None], keep.shape)
+        sb_l = np.broadcast_to(den.s_l[rows, None], keep.shape)
+        yh, yl = dd.div(hi[rows, cols], lo[rows, cols], sb_h, sb_l)
+        rel = (arg_rel(zabs[rows, cols], sh.tau) + den.eps[rows, None] + dd.DIV_DD * dd.U2)
+        blk = SLACK * (np.abs(yh) * rel + tiny_slack(hi[rows, cols], yh, zabs[rows, cols]))
+        hi[rows, cols] = np.where(keep, yh, 0.0)
+        lo[rows, cols] = np.where(keep, yl, 0.0)
+        bound[rows, cols] = np.where(keep, blk, 0.0)
+    return bound
 
 
 def top_values(top: np.ndarray, kept: np.ndarray, rest: np.ndarray, s_h: np.ndarray,

@@ -29,9 +29,9 @@ from ..inputs.generators import stream_seed
 from ..inputs.layouts import PACKED
 from ..numerics.dtypes import FloatFormat, work_format
 from ..numerics.truth import GradTruth
-from ..numerics.ulp import ulp_error, ulp_of
+from ..numerics.ulp import ulp_of
 from ..registry import KernelSpec
-from .check import CheckResult, json_float, position, worst_within, zero_place
+from .check import CheckResult, json_float, position, score, worst_within, zero_place
 
 
 @dataclass(frozen=True)
@@ -246,10 +246,10 @@ def check_backward(
     budget: GradBudget = GRAD_BUDGET,
 ) -> tuple[CheckResult, dict[str, ParamCheck]]:
     """Score dx in ulps (and dtau, dbeta relatively) against the exact gradients."""
-    if dx.shape != x.shape:
-        return CheckResult(False, f"returned dx of shape {dx.shape}, expected {x.shape}"), {}
-    if dx.dtype != fmt.numpy:
-        return CheckResult(False, f"returned dx of dtype {dx.dtype}, expected {fmt.numpy}"), {}
+    for bad, why in ((dx.shape != x.shape, f"shape {dx.shape}, expected {x.shape}"),
+                     (dx.dtype != fmt.numpy, f"dtype {dx.dtype}, expected {fmt.numpy}")):
+        if bad:
+            return CheckResult(False, f"returned dx of {why}"), {}
     fn = get_function(function)
     # what depends on the case alone (the truth, x, g) is derived once for every kernel
     key = (fmt.name, function, tuple(sorted(params.items())), budget)
@@ -258,11 +258,8 @@ def check_backward(
     ulp = truth.derived(("dx_ulp", fmt.name), lambda: ulp_of(truth.dx_hi, truth.dx_lo, fmt))
     want_nan = truth.derived("dx_nan", lambda: np.isnan(truth.dx_hi))
     got = dx[truth.rows].astype(np.float64)
-    got_nan = np.isnan(got)
-    missing_nan = want_nan & ~got_nan
-    zero_broken = truth.dzero & (got != 0)
-    err = np.where(want_nan, 0.0, ulp_error(got, truth.dx_hi, truth.dx_lo, fmt, ulp))
-    err = np.where(~want_nan & got_nan, np.inf, err)
+    s = score(got, truth.dx_hi, truth.dx_lo, truth.dzero, want_nan, ulp, fmt)
+    err, missing_nan, zero_broken = s.err, s.missing_nan, s.zero_broken
     with np.errstate(invalid="ignore"):
         frac = err / allowed
     frac = np.where(np.isnan(frac), np.inf, frac)  # inf / inf: an infinite dx is never fine
@@ -272,9 +269,7 @@ def check_backward(
 
     checks = _param_checks(fn, dparams, truth, rows, key, x.shape[0], budget)
     bad_params = [c for c in checks.values() if not c.passed]
-    for name, c in checks.items():
-        if not c.passed:
-            failures[f"d{name}"] = 1
+    failures.update({f"d{name}": 1 for name, c in checks.items() if not c.passed})
     failures = {k: v for k, v in failures.items() if v}
 
     # a policy failure is reported apart from accuracy

@@ -70,6 +70,25 @@ def position(x: np.ndarray, got: np.ndarray, truth: Truth, k: int, j: int, hi: n
     }
 
 
+@dataclass
+class Scored:
+    """A kernel's outputs against exact values: the error in ulps (0 where NaN is due, inf
+    where a NaN came instead of a number) and the special-value breaches."""
+
+    err: np.ndarray
+    missing_nan: np.ndarray  # NaN due, a number given
+    zero_broken: np.ndarray  # exactly 0 due, something else given
+
+
+def score(got: np.ndarray, hi: np.ndarray, lo: np.ndarray, zero: np.ndarray,
+          want_nan: np.ndarray, ulp: np.ndarray, fmt: FloatFormat) -> Scored:
+    """got (float64) scored against hi + lo, whose ulps in fmt are ulp."""
+    got_nan = np.isnan(got)
+    err = np.where(want_nan, 0.0, ulp_error(got, hi, lo, fmt, ulp))
+    return Scored(np.where(~want_nan & got_nan, np.inf, err), want_nan & ~got_nan,
+                  zero & (got != 0))
+
+
 def worst_within(err: np.ndarray, frac: np.ndarray, judged: np.ndarray
                  ) -> tuple[float, float, tuple[int, int] | None]:
     """The largest error and budget share over the judged elements, and where the largest
@@ -111,12 +130,9 @@ def check_output(
     ulp = truth.derived(("ulp", fmt.name), lambda: ulp_of(truth.hi, truth.lo, fmt))
     allowed = truth.derived(("allowed", fmt.name, budget),
                             lambda: budget.allowance(truth.zabs, truth.zbar, n, fmt))
-    got_nan = np.isnan(got)
+    s = score(got, truth.hi, truth.lo, truth.zero, want_nan, ulp, fmt)
+    err, missing_nan, zero_broken = s.err, s.missing_nan, s.zero_broken
     special_row = (truth.kind != ROW_FINITE)[:, None]
-    missing_nan = want_nan & ~got_nan
-    zero_broken = truth.zero & (got != 0)
-    err = np.where(want_nan, 0.0, ulp_error(got, truth.hi, truth.lo, fmt, ulp))
-    err = np.where(~want_nan & got_nan, np.inf, err)
     frac = err / allowed
     over = frac > 1
     special_fail = missing_nan | zero_broken | (over & special_row)
