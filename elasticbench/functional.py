@@ -17,8 +17,8 @@ exactly 0, fully masked rows and rows with +inf (whose output no finite change o
 input moves) give exactly zero gradients, and a NaN row gives a NaN row in dx and NaN
 dtau and dbeta. fp16/bf16 compute and accumulate in fp32; fp64 and fp32 in their own
 precision. Each call picks one implementation for its forward and backward
-(elasticbench.rows.tiers): with scalar tau and beta, CPU tensors use the native C++ kernels
-(elasticbench.native, docs/native.md) where they build, and CUDA tensors the Triton kernels
+(elasticbench.rows.tiers): CPU tensors use the native C++ kernels, tau and beta scalar or per
+row (elasticbench.native, docs/native.md), where they build, and CUDA tensors the Triton kernels
 of elasticbench.kernels.triton when they import; everything else the torch code.
 """
 

@@ -158,7 +158,10 @@ def test_functional_and_nn_run_the_native_kernels(ext):
     assert torch.autograd.gradcheck(lambda a, t, b: F.elastic_softmax(a, t, b, dim=1), (x, tau, beta))
     assert torch.autograd.gradcheck(lambda a: F.softmax1(a, dim=0), (x,))
     per_row = ExpSpec(True, tau=torch.ones(6, 1, 1), offset=0.3)
-    assert choose(x, per_row).name == "torch"  # per-row tau: the torch code
+    assert choose(x, per_row).name == "cpp"  # per-row tau: the native kernels too
+    per_head = torch.full((6, 1), 0.7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, t: F.elastic_softmax(a, t, 0.3, dim=2),
+                                    (x, per_head))
 
 
 def test_without_a_compiler_the_backend_says_why_in_one_line(tmp_path):

@@ -72,13 +72,14 @@ def test_softmax_and_softmax1_pass_their_spec(counting, fn, spec):
     assert [kind for kind, _ in counting.calls] == ["fwd", "bwd"]
 
 
-def test_per_row_parameters_take_the_torch_code_and_scalars_a_native_tier():
+def test_per_row_and_scalar_parameters_take_the_native_tier():
     x = _x(4, 6, 9)
+    native_tier = "cpp" if native.unavailable() is None else "torch"
     per_row = ExpSpec(True, tau=torch.full((4, 6, 1), 0.5), offset=1.0)
-    assert not per_row.scalar() and tiers.choose(x, per_row) is tiers.TORCH
+    assert not per_row.scalar() and tiers.choose(x, per_row).name == native_tier
     scalar = ExpSpec(True, tau=torch.tensor(0.5), offset=1.0)
     assert scalar.scalar()
-    assert tiers.choose(x, scalar).name == ("cpp" if native.unavailable() is None else "torch")
+    assert tiers.choose(x, scalar).name == native_tier
     assert tiers.choose(x.float(), scalar).name == tiers.choose(x, scalar).name
     assert tiers.choose(x.int(), scalar) is tiers.TORCH  # not a dtype the native kernels take
     names = [t.name for t in tiers.tiers()]
@@ -99,3 +100,30 @@ def test_the_keep_mask_of_each_spec():
     x = torch.tensor([-1.0, -0.0, 0.0, 2.0, -math.inf, math.inf, math.nan])
     assert ExpSpec(True).keep(x).tolist() == [False, True, True, True, False, True, False]
     assert SOFTMAX.keep(x).tolist() == [True, True, True, True, False, True, False]
+
+
+@pytest.mark.needs("native")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_native_per_row_parameters_are_the_scalar_kernel_row_by_row(dtype):
+    """Per-head tau and per-batch beta reach the native kernels: each row's output is
+    bitwise the scalar kernel's with that row's pair, and the gradients match the torch
+    code's (docs/native.md)."""
+    from elasticbench.rows import cpp
+
+    wd = torch.float64 if dtype == torch.float64 else torch.float32
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 3, 5, 40, generator=g) * 3).to(dtype)
+    tau = (torch.rand(1, 3, 1, 1, generator=g) + 0.3).to(wd)
+    beta = torch.rand(2, 1, 1, 1, generator=g).to(wd)
+    spec = ExpSpec(True, tau=tau, offset=beta)
+    y = cpp.forward(x, spec)
+    for b in range(2):
+        for h in range(3):
+            one = ExpSpec(True, tau=float(tau[0, h, 0, 0]), offset=float(beta[b, 0, 0, 0]))
+            assert torch.equal(cpp.forward(x[b, h], one), y[b, h])
+    up = torch.randn(x.shape, generator=g).to(dtype)
+    got = cpp.backward(x, y, up, spec, True)
+    want = tiers.TORCH.backward(x, y, up, spec, True)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 1e-2)
+    for a, b_ in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b_.double(), rtol=tol, atol=tol)

@@ -1,6 +1,7 @@
 """The native C++ tier (elasticbench.native, docs/native.md): CPU tensors of the four float
-dtypes with one tau and offset for every row (per-row ones take the torch code), where the
-extension builds. The forward is the fused pass structure.
+dtypes, with one tau and offset for every row or one per row (per head, say: the kernels
+read row r's from fp64 arrays), where the extension builds. The forward is the fused pass
+structure.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from types import ModuleType
 import torch
 
 from .. import devices, native
+from .layout import Scalar
 from .tiers import Backward, ExpSpec, Tier, register_tier
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -23,27 +25,50 @@ def extension() -> ModuleType | None:
 
 
 def accepts(x: torch.Tensor, spec: ExpSpec) -> bool:
-    return (x.device.type == "cpu" and spec.scalar() and x.dtype in DTYPES
-            and extension() is not None)
+    return x.device.type == "cpu" and x.dtype in DTYPES and extension() is not None
 
 
-def _offset(spec: ExpSpec) -> float:
-    return 0.0 if spec.offset is None else float(spec.offset)
+def _per_row(v: Scalar | None, x: torch.Tensor) -> torch.Tensor | None:
+    """A per-row parameter ((..., 1), broadcasting against x) as one fp64 value per row;
+    None for a float or a 0-d tensor (the kernels' scalar path)."""
+    if not isinstance(v, torch.Tensor) or v.ndim == 0:
+        return None
+    return v.detach().expand(*x.shape[:-1], 1).reshape(-1).to(torch.float64).contiguous()
+
+
+def _scalar(v: Scalar | None) -> float:
+    return 0.0 if v is None else float(v)
+
+
+def _rows(x: torch.Tensor, spec: ExpSpec) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """tau and the offset per row, where either is per row."""
+    tau, offset = _per_row(spec.tau, x), _per_row(spec.offset, x)
+    if tau is None and offset is None:
+        return None
+    rows = x.numel() // max(x.shape[-1], 1) if x.ndim else 1
+    full = x.new_empty(rows, dtype=torch.float64)
+    return (full.fill_(_scalar(spec.tau)) if tau is None else tau,
+            torch.full_like(full, _scalar(spec.offset)) if offset is None else offset)
 
 
 def forward(x: torch.Tensor, spec: ExpSpec) -> torch.Tensor:
     ext = extension()
     assert ext is not None
+    if (per := _rows(x, spec)) is not None:
+        return ext.exp_forward_rows(x, spec.mask_negative, spec.floor, *per)
     return ext.exp_forward(x, ext.Structure.FUSED, spec.mask_negative, spec.floor,
-                           float(spec.tau), _offset(spec))
+                           _scalar(spec.tau), _scalar(spec.offset))
 
 
 def backward(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, spec: ExpSpec,
              params: bool) -> Backward:
     ext = extension()
     assert ext is not None
-    dx, dtau, doffset = ext.exp_backward(x, y, g, spec.mask_negative, float(spec.tau),
-                                         _offset(spec), params)
+    if (per := _rows(x, spec)) is not None:
+        dx, dtau, doffset = ext.exp_backward_rows(x, y, g, spec.mask_negative, *per, params)
+    else:
+        dx, dtau, doffset = ext.exp_backward(x, y, g, spec.mask_negative, _scalar(spec.tau),
+                                             _scalar(spec.offset), params)
     if not params:
         return dx, None, None
     rows = (*x.shape[:-1], 1)

@@ -51,10 +51,47 @@ char* mptr(at::Tensor& t, int64_t row, int64_t n, int64_t i0) {
   return static_cast<char*>(t.data_ptr()) + (row * n + i0) * t.element_size();
 }
 
-at::Tensor exp_forward(const at::Tensor& x_in, eb::Structure structure, bool mask_negative,
-                       double floor, double tau, double offset) {
-  TORCH_CHECK(structure >= 0 && structure < eb::NUM_STRUCTURES, "unknown pass structure");
-  TORCH_CHECK(tau > 0 && std::isfinite(tau), "tau must be finite and > 0");
+// Rows of x along its last dimension (without making x contiguous, as rows_of does).
+int64_t row_count(const at::Tensor& x) {
+  const int64_t n = x.dim() ? x.size(-1) : 1;
+  return n ? x.numel() / n : 0;
+}
+
+// tau and offset of each row: one pair for every row, or per-row (rows,) fp64 tensors.
+struct RowParams {
+  double tau, offset;
+  at::Tensor tau_rows, offset_rows;  // undefined: the scalars serve every row
+  const double* t = nullptr;
+  const double* o = nullptr;
+
+  RowParams(double tau_, double offset_, const at::Tensor& tr, const at::Tensor& orows, int64_t rows)
+      : tau(tau_), offset(offset_) {
+    if (tr.defined()) {
+      TORCH_CHECK(tr.scalar_type() == at::kDouble && tr.numel() == rows && tr.device().is_cpu(),
+                  "per-row tau: a CPU float64 tensor of one value per row");
+      tau_rows = tr.contiguous();
+      t = tau_rows.data_ptr<double>();
+      for (int64_t r = 0; r < rows; ++r)
+        TORCH_CHECK(t[r] > 0 && std::isfinite(t[r]), "tau must be finite and > 0");
+    } else {
+      TORCH_CHECK(tau > 0 && std::isfinite(tau), "tau must be finite and > 0");
+    }
+    if (orows.defined()) {
+      TORCH_CHECK(orows.scalar_type() == at::kDouble && orows.numel() == rows && orows.device().is_cpu(),
+                  "per-row offset: a CPU float64 tensor of one value per row");
+      offset_rows = orows.contiguous();
+      o = offset_rows.data_ptr<double>();
+    }
+  }
+  double tau_of(int64_t r) const { return t ? t[r] : tau; }
+  double offset_of(int64_t r) const { return o ? o[r] : offset; }
+  eb::ExpSpec spec(int mask_negative, double floor, int64_t r) const {
+    return eb::ExpSpec{mask_negative, floor, tau_of(r), offset_of(r)};
+  }
+};
+
+at::Tensor exp_forward_impl(const at::Tensor& x_in, eb::Structure structure, bool mask_negative,
+                            double floor, const RowParams& rp) {
   Rows in = rows_of(x_in);
   const Table* t = eb::current_table();
   auto partial_fn = t->exp_partial[structure][in.dt];
@@ -62,7 +99,7 @@ at::Tensor exp_forward(const at::Tensor& x_in, eb::Structure structure, bool mas
   TORCH_CHECK(partial_fn && write_fn, "this pass structure does not take ", x_in.scalar_type());
   at::Tensor y = at::empty_like(in.x);
   if (in.x.numel() == 0) return y;
-  const eb::ExpSpec spec{mask_negative ? 1 : 0, floor, tau, offset};
+  const int mneg = mask_negative ? 1 : 0;
   const int64_t n = in.n;
   const eb::Plan how = eb::plan(in.rows, n, 2 * in.x.element_size());  // x, and y (the fused exps)
   const int64_t per = eb::fused_scratch(eb::segment_length(n, how.s), in.dt, structure);
@@ -70,13 +107,31 @@ at::Tensor exp_forward(const at::Tensor& x_in, eb::Structure structure, bool mas
   eb::drive<eb::ExpPartial>(
       in.rows, n, how, per,
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double* scratch) {
-        return partial_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, spec, scratch);
+        return partial_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, rp.spec(mneg, floor, r),
+                          scratch);
       },
-      [&](int64_t r, const eb::ExpPartial* p, int64_t count) { verdict[r] = eb::finish_exp(p, count, spec); },
+      [&](int64_t r, const eb::ExpPartial* p, int64_t count) {
+        verdict[r] = eb::finish_exp(p, count, rp.spec(mneg, floor, r));
+      },
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double* scratch) {
-        write_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, spec, verdict[r], scratch);
+        write_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, rp.spec(mneg, floor, r), verdict[r],
+                 scratch);
       });
   return y;
+}
+
+at::Tensor exp_forward(const at::Tensor& x_in, eb::Structure structure, bool mask_negative,
+                       double floor, double tau, double offset) {
+  TORCH_CHECK(structure >= 0 && structure < eb::NUM_STRUCTURES, "unknown pass structure");
+  return exp_forward_impl(x_in, structure, mask_negative, floor,
+                          RowParams(tau, offset, at::Tensor(), at::Tensor(), 0));
+}
+
+// The fused forward with a tau and an offset per row (fp64 tensors of one value per row).
+at::Tensor exp_forward_rows(const at::Tensor& x_in, bool mask_negative, double floor,
+                            const at::Tensor& tau_rows, const at::Tensor& offset_rows) {
+  return exp_forward_impl(x_in, eb::FUSED, mask_negative, floor,
+                          RowParams(1.0, 0.0, tau_rows, offset_rows, row_count(x_in)));
 }
 
 at::Tensor weight_forward(const at::Tensor& x_in, bool symax, double constant) {
@@ -105,10 +160,9 @@ at::Tensor weight_forward(const at::Tensor& x_in, bool symax, double constant) {
 }
 
 // dx, and per-row (rows,) fp64 contributions to dtau and doffset when params.
-std::vector<at::Tensor> exp_backward(const at::Tensor& x_in, const at::Tensor& y_in,
-                                     const at::Tensor& g_in, bool mask_negative, double tau,
-                                     double offset, bool params) {
-  TORCH_CHECK(tau > 0 && std::isfinite(tau), "tau must be finite and > 0");
+std::vector<at::Tensor> exp_backward_impl(const at::Tensor& x_in, const at::Tensor& y_in,
+                                          const at::Tensor& g_in, bool mask_negative,
+                                          const RowParams& rp, bool params) {
   TORCH_CHECK(x_in.sizes() == y_in.sizes() && x_in.sizes() == g_in.sizes(),
               "x, y and g must have one shape");
   TORCH_CHECK(x_in.scalar_type() == y_in.scalar_type() && x_in.scalar_type() == g_in.scalar_type(),
@@ -142,18 +196,35 @@ std::vector<at::Tensor> exp_backward(const at::Tensor& x_in, const at::Tensor& y
         eb::BwdPartial row = eb::merge_bwd(p, count);
         if (y_only && eb::needs_census(row))
           row = partial_fn(ptr(in.x, r, n, 0), ptr(y, r, n, 0), ptr(g, r, n, 0), n, mneg);
-        verdict[r] = eb::finish_bwd(row, p, count, !y_only, tau);
+        verdict[r] = eb::finish_bwd(row, p, count, !y_only, rp.tau_of(r));
       },
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
         write_fn(ptr(y, r, n, i0), ptr(g, r, n, i0), mptr(dx, r, n, i0), i1 - i0, verdict[r].cls,
-                 verdict[r].c, tau);
+                 verdict[r].c, rp.tau_of(r));
       });
   if (params) {
     double* dt = dtau.data_ptr<double>();
     double* db = doff.data_ptr<double>();
-    for (int64_t r = 0; r < in.rows; ++r) eb::param_grads(verdict[r], tau, offset, dt[r], db[r]);
+    for (int64_t r = 0; r < in.rows; ++r)
+      eb::param_grads(verdict[r], rp.tau_of(r), rp.offset_of(r), dt[r], db[r]);
   }
   return {dx, dtau, doff};
+}
+
+std::vector<at::Tensor> exp_backward(const at::Tensor& x_in, const at::Tensor& y_in,
+                                     const at::Tensor& g_in, bool mask_negative, double tau,
+                                     double offset, bool params) {
+  return exp_backward_impl(x_in, y_in, g_in, mask_negative,
+                           RowParams(tau, offset, at::Tensor(), at::Tensor(), 0), params);
+}
+
+// The backward with a tau and an offset per row (fp64 tensors of one value per row).
+std::vector<at::Tensor> exp_backward_rows(const at::Tensor& x_in, const at::Tensor& y_in,
+                                          const at::Tensor& g_in, bool mask_negative,
+                                          const at::Tensor& tau_rows, const at::Tensor& offset_rows,
+                                          bool params) {
+  return exp_backward_impl(x_in, y_in, g_in, mask_negative,
+                           RowParams(1.0, 0.0, tau_rows, offset_rows, row_count(x_in)), params);
 }
 
 // sum(exp(x)) over a contiguous x <= 0, in chunks over the threads: the exp ceiling's probe.
@@ -189,6 +260,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("exp_forward", &exp_forward, "exp-family forward (elastic, softmax, softmax1)");
   m.def("weight_forward", &weight_forward, "weight-family forward (stablemax, symax)");
   m.def("exp_backward", &exp_backward, "exp-family backward: dx and per-row dtau, doffset");
+  m.def("exp_forward_rows", &exp_forward_rows, "fused exp-family forward, tau and offset per row");
+  m.def("exp_backward_rows", &exp_backward_rows, "exp-family backward, tau and offset per row");
   m.def("exp_sum", &exp_sum, "sum of exp(x) over x <= 0: the roofline's exp probe");
   m.def("isa", &isa, "the instruction set in use");
   m.def("isas", &eb::isas, "instruction sets this CPU can run, widest first");
