@@ -52,17 +52,22 @@ def elastic_softmax(x: torch.Tensor, tau: Scalar = 1.0, beta: Scalar = 1.0, dim:
 
 
 def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau: Scalar,
-                      beta: Scalar, scale: float | None = None, causal: bool = False
+                      beta: Scalar, scale: float | None = None, causal: bool = False,
+                      attn_mask: torch.Tensor | None = None, is_causal: bool = False
                       ) -> torch.Tensor:
     """Elastic-Softmax attention, as scaled_dot_product_attention with Elastic weights.
 
     q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv) -> (B, H, Lq, Dv); scale defaults to
-    1/sqrt(D); causal hides key j from query i when j > i (top-left, as SDPA). tau and beta
-    are floats, 0-d tensors or per-head tensors ((H,) or broadcasting against (B, H, 1, 1)).
-    Differentiable in q, k, v, tau and beta with a tiled backward that recomputes the
-    weights from two saved statistics per query (docs/attention.md).
+    1/sqrt(D); causal (or is_causal, SDPA's spelling) hides key j from query i when j > i
+    (top-left, as SDPA). tau and beta are floats, 0-d tensors or per-head tensors ((H,) or
+    broadcasting against (B, H, 1, 1)). attn_mask, broadcastable to (B, H, Lq, Lk), as SDPA
+    takes it: a bool mask (True takes part) or a float mask added to the scores before the
+    negative scores are dropped; a query left with no key gives zeros. Differentiable in q,
+    k, v, tau and beta; without a mask, a tiled backward recomputes the weights from two
+    saved statistics per query (docs/attention.md); with one, the scores are materialized.
     """
     from .attention.autograd import elastic_attention_op
+    from .attention.composite import elastic_attention_composite
     from .attention.layout import check_operands, default_scale
 
     check_operands(q, k, v)
@@ -71,7 +76,11 @@ def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau:
         scale = default_scale(q.shape[-1])
     elif not (isinstance(scale, int | float) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
-    return elastic_attention_op(q, k, v, tau, beta, float(scale), bool(causal))
+    causal = bool(causal or is_causal)
+    if attn_mask is not None:
+        return elastic_attention_composite(q, k, v, tau=tau, beta=beta, scale=float(scale),
+                                           causal=causal, attn_mask=attn_mask)
+    return elastic_attention_op(q, k, v, tau, beta, float(scale), causal)
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -102,9 +102,12 @@ class ElasticAttention(_LearnableTauBeta):
         super().__init__(tau, beta, learnable, param_shape, learn_tau, learn_beta)
         self.scale, self.causal = scale, causal
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        """As elastic_attention: attn_mask (bool, True takes part, or float, added to the
+        scores) broadcastable to (B, H, Lq, Lk); is_causal adds the causal mask."""
         return elastic_attention(q, k, v, tau=self.tau, beta=self.beta, scale=self.scale,
-                                 causal=self.causal)
+                                 causal=self.causal or is_causal, attn_mask=attn_mask)
 
     def extra_repr(self) -> str:
         return f"{self._params_repr()}, scale={self.scale}, causal={self.causal}"

@@ -29,12 +29,31 @@ def scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> torc
     return s
 
 
+def with_mask(s: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+    """Scores s (B, H, Lq, Lk) under an SDPA-style mask: bool (True takes part: the others
+    at -inf) or float (added, so a key whose masked score is negative is dropped)."""
+    try:
+        torch.broadcast_shapes(attn_mask.shape, s.shape)
+    except RuntimeError:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast "
+                         f"against the scores {tuple(s.shape)}") from None
+    if attn_mask.dtype == torch.bool:
+        return s.masked_fill(~attn_mask, -math.inf)
+    if not attn_mask.is_floating_point():
+        raise TypeError(f"attn_mask must be bool or floating point, got {attn_mask.dtype}")
+    return s + attn_mask.to(s.dtype)
+
+
 def elastic_attention_composite(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                                 tau: Scalar, beta: Scalar, scale: float | None = None,
-                                causal: bool = False) -> torch.Tensor:
-    """Elastic attention by materializing the scores (differentiable through autograd)."""
+                                causal: bool = False, attn_mask: torch.Tensor | None = None
+                                ) -> torch.Tensor:
+    """Elastic attention by materializing the scores (differentiable through autograd),
+    under attn_mask where one is given (see with_mask)."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     s = scores(q, k, scale, causal)
+    if attn_mask is not None:
+        s = with_mask(s, attn_mask)
     b, h = q.shape[:2]
     t = tau if not isinstance(tau, torch.Tensor) else _as_4d(tau, b, h)
     bt = beta if not isinstance(beta, torch.Tensor) else _as_4d(beta, b, h)
