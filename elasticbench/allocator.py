@@ -2,7 +2,7 @@
 
 glibc returns freed memory at the top of its heap to the system as soon as more than 128 KiB
 is free there, and serves allocations above a (dynamic) threshold by mmap; every new block
-of double-double temporaries then faults its pages in again (docs/numerics.md section 6.5).
+of double-double temporaries then faults its pages in again (docs/numerics.md section 6.6).
 Kept memory is reused by the next block, so the peak is about the same: what changes is
 when memory goes back to the system.
 """

@@ -194,7 +194,7 @@ def test_the_default_matrix_is_nearly_all_certified(dtype):
 
 
 def test_the_allocator_keeps_freed_memory_on_glibc():
-    """The command line's one allocator setting (docs/numerics.md 6.5) takes on Linux/glibc."""
+    """The command line's one allocator setting (docs/numerics.md 6.6) takes on Linux/glibc."""
     import platform
     import sys
 

@@ -1,10 +1,15 @@
-"""Ground truth for attention: exact outputs and gradients in mpmath, per batch and head.
+"""Ground truth for attention: exact outputs and gradients, certified or from mpmath.
 
-The scores s_ij = scale * q_i . k_j are formed exactly (mpmath at `precision` bits from the
-exact inputs), each query's weights are its row function's exact reference over the keys it
-sees (functions/), and out_i = sum_j w_ij v_j is summed exactly. The gradients for an
-upstream dO are the row function's exact gradients with g_j = dO_i . v_j (docs/attention.md
-section 2), carried to q, k and v, and summed over the queries for the row parameters.
+The exact values are those of numerics/attention_oracle.py: scores s_ij = scale * q_i . k_j
+formed exactly, each query's weights its row function's exact reference over the keys it
+sees, out_i = sum_j w_ij v_j, and for an upstream dO the row function's exact gradients
+with g_j = dO_i . v_j carried to q, k and v and summed over the queries for the row
+parameters (docs/attention.md section 2). They are obtained as the row truths are (Ziv's
+strategy, docs/numerics.md section 6): the certified double-double phase first
+(numerics/certified_attention.py, certified_attention_grad.py), then mpmath, the oracle,
+for the query rows (forward) or heads (gradients) whose bound does not certify in the
+output format. Only truths that needed mpmath are kept on disk (numerics/truth_cache.py
+TruthStore), and TruthStats counts the values and the share mpmath computed.
 Values are stored as double-doubles (hi + lo) like the row truths (numerics/truth.py).
 
 Beside the values, the truth keeps what the error budget is built from (numerics/
@@ -15,19 +20,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
-import mpmath
 import numpy as np
 
 from ..functions import AttentionFunction
-from ..functions.base import ROW_MASKED, ROW_NAN
-from .truth import split_double
-from .truth_cache import TruthStore
+from . import attention_oracle, certified_attention, certified_attention_grad
+from .dtypes import FloatFormat, get_format
+from .truth_cache import TruthStats, TruthStore
 
-ATTENTION_TRUTH_VERSION = 2
+ATTENTION_TRUTH_VERSION = 3  # 3: the certified phase first, keys name the format
+BLOCK_ELEMENTS = 1 << 20  # a certified block holds heads up to this many (Lq, Lk, dim) values
+FORWARD_FIELDS = ("out_hi", "out_lo", "out_zero", "out_nan_ok", "w", "zabs", "zbar", "kind")
 
 
 @dataclass
@@ -71,130 +78,152 @@ class AttentionTruth:
 AttentionTruth.FIELDS = tuple(f.name for f in fields(AttentionTruth))
 
 
+def empty_truth(q: np.ndarray, k: np.ndarray, v: np.ndarray, npar: int, grads: bool
+                ) -> AttentionTruth:
+    """An AttentionTruth of the inputs' shapes, every value 0 (gradients empty without dO),
+    grad_nan_ok already set: the heads with a non-finite q, k or v."""
+    b_, h_, lq, _ = q.shape
+    lk, dv = k.shape[2], v.shape[3]
+    z = np.zeros
+    gshape = (lambda s: s) if grads else (lambda s: (0,))
+    finite = (np.isfinite(q).all(axis=(2, 3)) & np.isfinite(k).all(axis=(2, 3))
+              & np.isfinite(v).all(axis=(2, 3)))
+    return AttentionTruth(
+        z((b_, h_, lq, dv)), z((b_, h_, lq, dv)), z((b_, h_, lq, dv), bool),
+        z((b_, h_, lq, dv), bool), z((b_, h_, lq, lk)), z((b_, h_, lq, lk)), z((b_, h_, lq)),
+        np.full((b_, h_, lq), "", dtype="U8"),
+        z(gshape(q.shape)), z(gshape(q.shape)), z(gshape(k.shape)), z(gshape(k.shape)),
+        z(gshape(v.shape)), z(gshape(v.shape)), *(z(gshape(t.shape), bool) for t in (q, k, v)),
+        z((b_, h_, npar)), z((b_, h_, npar)), ~finite)
 
-def _mp(a: np.ndarray) -> list:
-    return [[mpmath.mpf(float(x)) for x in row] for row in a]
+
+def oracle_evaluate(fn: AttentionFunction, params: dict[str, float], q: np.ndarray,
+                    k: np.ndarray, v: np.ndarray, scale: float, dout: np.ndarray | None = None,
+                    precision: int = 128) -> AttentionTruth:
+    """The truth of fn on float64 copies of q, k, v (and dO) from mpmath alone."""
+    truth = empty_truth(q, k, v, len(fn.row_params), dout is not None)
+    b_, h_, lq = q.shape[:3]
+    if dout is None:
+        rows = ((b, h, i) for b in range(b_) for h in range(h_) for i in range(lq))
+        attention_oracle.forward_rows(truth, fn, params, q, k, v, scale, rows, precision)
+    else:
+        heads = ((b, h) for b in range(b_) for h in range(h_))
+        attention_oracle.gradient_heads(truth, fn, params, q, k, v, dout, scale, heads,
+                                        precision)
+    return truth
 
 
 def evaluate(fn: AttentionFunction, params: dict[str, float], q: np.ndarray, k: np.ndarray,
              v: np.ndarray, scale: float, dout: np.ndarray | None = None,
-             precision: int = 128) -> AttentionTruth:
-    """The exact truth of fn on float64 copies of q, k, v (and dO for gradients)."""
-    b_, h_, lq, _ = q.shape
-    lk, dv_ = k.shape[2], v.shape[3]
-    causal = bool(params.get("causal", 0.0))
-    rowp = {n: params[n] for n in fn.row_params}
-    grads = dout is not None
-    f64 = np.float64
-    out_hi, out_lo = np.zeros((b_, h_, lq, dv_)), np.zeros((b_, h_, lq, dv_))
-    out_zero = np.zeros((b_, h_, lq, dv_), bool)
-    nan_ok = np.zeros((b_, h_, lq, dv_), bool)
-    w = np.zeros((b_, h_, lq, lk))
-    zabs = np.zeros((b_, h_, lq, lk))
-    zbar = np.zeros((b_, h_, lq))
-    kind = np.empty((b_, h_, lq), dtype="U8")
-    gshape = (lambda s: s) if grads else (lambda s: (0,))
-    dq_hi, dq_lo = np.zeros(gshape(q.shape)), np.zeros(gshape(q.shape))
-    dk_hi, dk_lo = np.zeros(gshape(k.shape)), np.zeros(gshape(k.shape))
-    dv_hi, dv_lo = np.zeros(gshape(v.shape)), np.zeros(gshape(v.shape))
-    dzq, dzk, dzv = (np.zeros(gshape(t.shape), bool) for t in (q, k, v))
-    npar = len(fn.row_params)
-    dp_hi, dp_lo = np.zeros((b_, h_, npar)), np.zeros((b_, h_, npar))
-    grad_nan_ok = np.zeros((b_, h_), bool)
-    with mpmath.workprec(precision):
-        sc = mpmath.mpf(float(scale))
-        zero = mpmath.mpf(0)
-        for b in range(b_):
-            for h in range(h_):
-                Q, K, V = _mp(q[b, h]), _mp(k[b, h]), _mp(v[b, h])
-                bad_v = ~np.isfinite(v[b, h])  # (Lk, Dv)
-                DO = _mp(dout[b, h]) if grads else None
-                DQ = [[zero] * q.shape[3] for _ in range(lq)]
-                DK = [[zero] * k.shape[3] for _ in range(lk)]
-                DV = [[zero] * dv_ for _ in range(lk)]
-                touched_k = np.zeros(lk, bool)
-                touched_v = np.zeros(lk, bool)
-                touched_q = np.zeros(lq, bool)
-                dpar = [[] for _ in range(npar)]
-                grad_nan_ok[b, h] = not (np.isfinite(q[b, h]).all() and np.isfinite(k[b, h]).all()
-                                         and not bad_v.any())
-                for i in range(lq):
-                    nvis = min(i + 1, lk) if causal else lk
-                    s = [sc * mpmath.fdot(Q[i], K[j]) for j in range(nvis)]
-                    rt = fn.row.reference_row(s, **rowp)
-                    kind[b, h, i] = rt.kind
-                    zbar[b, h, i] = rt.zbar
-                    for j in range(nvis):
-                        zabs[b, h, i, j] = rt.zabs[j]
-                        w[b, h, i, j] = float(rt.y[j]) if rt.y[j] is not None else np.nan
-                    live = [j for j in range(nvis) if rt.y[j] is not None and rt.y[j] != 0]
-                    for e in range(dv_):
-                        if rt.kind == ROW_NAN:
-                            split_double(None, out_hi, out_lo, (b, h, i, e))
-                            continue
-                        if rt.kind == ROW_MASKED:
-                            out_zero[b, h, i, e] = True
-                            continue
-                        o = mpmath.fsum(rt.y[j] * V[j][e] for j in live)
-                        split_double(o, out_hi, out_lo, (b, h, i, e))
-                        nan_ok[b, h, i, e] = any(bad_v[j, e] for j in range(lk)
-                                                 if j not in live)
-                    if not grads:
-                        continue
-                    if rt.kind == ROW_NAN:
-                        touched_q[i] = True
-                        for j in range(nvis):
-                            DK[j] = [mpmath.nan] * k.shape[3]
-                            DV[j] = [mpmath.nan] * dv_
-                            touched_k[j] = touched_v[j] = True
-                        DQ[i] = [mpmath.nan] * q.shape[3]
-                        for p in dpar:
-                            p.append(mpmath.nan)
-                        continue
-                    g = [mpmath.fdot(DO[i], V[j]) if j in live else zero for j in range(nvis)]
-                    rg = fn.row.gradient_row(s, g, **rowp)
-                    for j in live:  # dv_j += w_ij dO_i (the +inf limit included)
-                        touched_v[j] = True
-                        DV[j] = [a + rt.y[j] * d for a, d in zip(DV[j], DO[i], strict=True)]
-                    for n, name in enumerate(fn.row_params):
-                        dpar[n].append(rg.dparams[name])
-                    for j in live:  # exactly 0 by structure only where nothing is kept
-                        touched_q[i] = touched_k[j] = True
-                    for j in range(nvis):
-                        ds = rg.dx[j]
-                        if rg.zero[j] or ds == 0:
-                            continue
-                        DQ[i] = [a + sc * ds * kk for a, kk in zip(DQ[i], K[j], strict=True)]
-                        DK[j] = [a + sc * ds * qq for a, qq in zip(DK[j], Q[i], strict=True)]
-                if not grads:
-                    continue
-                for i in range(lq):
-                    dzq[b, h, i] = not touched_q[i]
-                    for d in range(q.shape[3]):
-                        split_double(DQ[i][d], dq_hi, dq_lo, (b, h, i, d))
-                for j in range(lk):
-                    dzk[b, h, j] = not touched_k[j]
-                    dzv[b, h, j] = not touched_v[j]
-                    for d in range(k.shape[3]):
-                        split_double(DK[j][d], dk_hi, dk_lo, (b, h, j, d))
-                    for e in range(dv_):
-                        split_double(DV[j][e], dv_hi, dv_lo, (b, h, j, e))
-                for n in range(npar):
-                    vals = dpar[n]
-                    total = (None if any(x is None for x in vals)
-                             else mpmath.fsum(vals) if vals else zero)
-                    split_double(total, dp_hi, dp_lo, (b, h, n))
-    return AttentionTruth(out_hi.astype(f64), out_lo, out_zero, nan_ok, w, zabs, zbar, kind,
-                          dq_hi, dq_lo, dk_hi, dk_lo, dv_hi, dv_lo, dzq, dzk, dzv, dp_hi,
-                          dp_lo, grad_nan_ok)
+             precision: int = 128, fmt: FloatFormat | None = None,
+             stats: TruthStats | None = None, store: TruthStore | None = None
+             ) -> AttentionTruth:
+    """The exact truth of fn on float64 copies of q, k, v (and dO for gradients): certified
+    where the bound allows in fmt (fp64, the strictest, unless given), from mpmath (or from
+    store, which keeps the truths that needed it) elsewhere: the query rows whose outputs
+    are not certified, the heads whose gradients are not. stats, if given, counts the
+    values, those mpmath computed and the seconds of each phase."""
+    fmt = fmt or get_format("fp64")
+    stats = stats if stats is not None else TruthStats()
+    started = time.perf_counter()
+    cert = certified_phase(fn, params, q, k, v, scale, dout, fmt)
+    stats.fast_s += time.perf_counter() - started
+    truth = cert.truth
+    heads = ~cert.ok_heads if dout is not None else np.zeros(q.shape[:2], dtype=bool)
+    rows = ~cert.ok_rows & ~heads[..., None]
+    per_row, per_head = _values(truth)
+    stats.elements += per_head * heads.size
+    if not (rows.any() or heads.any()):
+        return truth
+    started = time.perf_counter()
+    stats.fallback_elements += per_row * int(rows.sum()) + per_head * int(heads.sum())
+    stats.fallback_rows += int(rows.sum()) + q.shape[2] * int(heads.sum())
+    arrays = [q, k, v] + ([dout] if dout is not None else [])
+    key = truth_key(fn, params, arrays, scale, precision, fmt) + "-attention"
+    cached = store.get(key, AttentionTruth) if store is not None else None  # type: ignore
+    if cached is not None:  # the certified part is the same: take it whole
+        stats.cached_elements += per_row * int(rows.sum()) + per_head * int(heads.sum())
+        truth = cached  # type: ignore[assignment]
+    else:
+        _oracle(truth, rows, heads, fn, params, q, k, v, scale, dout, precision)
+        if store is not None:
+            store.put(key, truth)  # type: ignore[arg-type]
+    stats.fallback_s += time.perf_counter() - started
+    return truth
+
+
+def _values(truth: AttentionTruth) -> tuple[int, int]:
+    """How many values a query row's forward holds, and a head's (gradients included)."""
+    return truth.out_hi.shape[3], sum(int(np.prod(a.shape[2:])) for a in (
+        truth.out_hi, truth.dq_hi, truth.dk_hi, truth.dv_hi) if a.ndim == 4)
+
+
+def _oracle(truth: AttentionTruth, rows: np.ndarray, heads: np.ndarray, fn: AttentionFunction,
+            params: dict[str, float], q: np.ndarray, k: np.ndarray, v: np.ndarray,
+            scale: float, dout: np.ndarray | None, precision: int) -> None:
+    """mpmath for the query rows (B, H, Lq) and the heads (B, H, forward and gradients)
+    where rows and heads hold, in place (their forward values reset first: the oracle
+    writes only what is not 0)."""
+    for name in FORWARD_FIELDS[:-1]:
+        getattr(truth, name)[rows] = 0
+        getattr(truth, name)[heads] = 0
+    attention_oracle.forward_rows(truth, fn, params, q, k, v, scale,
+                                  map(tuple, np.argwhere(rows)), precision)
+    if dout is not None:
+        attention_oracle.gradient_heads(truth, fn, params, q, k, v, dout, scale,
+                                        map(tuple, np.argwhere(heads)), precision)
+
+
+@dataclass
+class Certified:
+    """The certified phase's truth, with the absolute bound of every value it holds, which
+    query rows (B, H, Lq) it certified (their outputs) and which heads (B, H; their
+    gradients): the others hold values that must not be used."""
+
+    truth: AttentionTruth
+    bounds: dict[str, np.ndarray]  # out, dq, dk, dv, dp like out_hi, ...; w, zabs, zbar
+    ok_rows: np.ndarray
+    ok_heads: np.ndarray
+    trusted_rows: np.ndarray  # where the bounds hold (certified or not)
+    trusted_heads: np.ndarray
+
+
+def certified_phase(fn: AttentionFunction, params: dict[str, float], q: np.ndarray,
+                    k: np.ndarray, v: np.ndarray, scale: float, dout: np.ndarray | None,
+                    fmt: FloatFormat) -> Certified:
+    """The certified truth, a block of heads at a time (numerics/certified_attention.py)."""
+    b_, h_, lq, d = q.shape
+    lk, dv = k.shape[2], v.shape[3]
+    truth = empty_truth(q, k, v, len(fn.row_params), dout is not None)
+    bounds = {name: np.zeros_like(getattr(truth, f"{name}_hi"))
+              for name in ("out", "dq", "dk", "dv", "dp")}
+    bounds.update({name: np.zeros_like(getattr(truth, name)) for name in ("w", "zabs", "zbar")})
+    flat = [a.reshape(b_ * h_, *a.shape[2:]) for a in (q, k, v)]
+    dflat = None if dout is None else dout.reshape(b_ * h_, lq, dv)
+    ok_rows, trusted_rows = np.zeros(b_ * h_ * lq, bool), np.zeros(b_ * h_ * lq, bool)
+    ok_heads, trusted_heads = np.zeros(b_ * h_, bool), np.zeros(b_ * h_, bool)
+    per = max(1, BLOCK_ELEMENTS // (lq * lk * max(d, dv)))
+    for start in range(0, b_ * h_, per):
+        heads = slice(start, min(b_ * h_, start + per))
+        rows = slice(heads.start * lq, heads.stop * lq)
+        block = [a[heads] for a in flat]
+        fw = certified_attention.forward_block(fn, params, *block, scale, fmt)
+        certified_attention.write_forward(truth, bounds, heads, fw)
+        ok_rows[rows], trusted_rows[rows] = fw.ok, fw.trusted
+        if dflat is not None:
+            trusted_heads[heads], ok_heads[heads] = certified_attention_grad.gradient_block(
+                truth, bounds, heads, fn, params, *block, dflat[heads], scale, fmt, fw)
+    return Certified(truth, bounds, ok_rows.reshape(b_, h_, lq), ok_heads.reshape(b_, h_),
+                     trusted_rows.reshape(b_, h_, lq), trusted_heads.reshape(b_, h_))
 
 
 def truth_key(fn: AttentionFunction, params: dict[str, float], arrays: list[np.ndarray],
-              scale: float, precision: int) -> str:
-    """A content hash of the question: function, params, scale, precision, input bytes."""
+              scale: float, precision: int, fmt: FloatFormat) -> str:
+    """A content hash of the question: function, params, scale, precision, the format it is
+    certified in, input bytes."""
     h = hashlib.sha256()
     meta = [ATTENTION_TRUTH_VERSION, fn.name, sorted(params.items()), scale, precision,
-            [list(a.shape) for a in arrays]]
+            fmt.name, [list(a.shape) for a in arrays]]
     h.update(json.dumps(meta).encode())
     for a in arrays:
         h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
@@ -203,13 +232,9 @@ def truth_key(fn: AttentionFunction, params: dict[str, float], arrays: list[np.n
 
 def cached_evaluate(directory: Path | None, fn: AttentionFunction, params: dict[str, float],
                     q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
-                    dout: np.ndarray | None, precision: int) -> AttentionTruth:
-    """evaluate, through the truths' content-addressed disk cache (None: no disk)."""
-    arrays = [q, k, v] + ([dout] if dout is not None else [])
-    key = truth_key(fn, params, arrays, scale, precision) + "-attention"
-    store = TruthStore(directory)
-    truth = store.get(key, AttentionTruth)  # type: ignore[arg-type]
-    if truth is None:
-        truth = evaluate(fn, params, q, k, v, scale, dout, precision)
-        store.put(key, truth)  # type: ignore[arg-type]
-    return truth  # type: ignore[return-value]
+                    dout: np.ndarray | None, precision: int, fmt: FloatFormat | None = None,
+                    stats: TruthStats | None = None) -> AttentionTruth:
+    """evaluate, with the mpmath part kept in the truths' content-addressed disk cache
+    (None: no disk)."""
+    return evaluate(fn, params, q, k, v, scale, dout, precision, fmt, stats,
+                    TruthStore(directory))

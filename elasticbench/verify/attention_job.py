@@ -14,9 +14,11 @@ The matrix is the [attention_verify] table of a case file (cases/verify-attentio
     shapes = [[1, 2, 16, 16, 8]]                    # batch, heads, length_q, length_k, dim
     params.elastic_attention = { causal = [1] }     # optional, per input
 
-Each case's exact truth is computed once (mpmath, cached on disk by content) for all its
-kernels; every kernel call gets fresh copies of q, k, v (and dO), so a kernel that writes
-its inputs is caught, and the record is a VerifyRecord whose shape is the five sizes.
+Each case's exact truth is computed once for all its kernels (certified in double-double,
+mpmath where that cannot decide, the mpmath part cached on disk by content:
+numerics/attention_truth.py); every kernel call gets fresh copies of q, k, v (and dO), so
+a kernel that writes its inputs is caught, and the record is a VerifyRecord whose shape is
+the five sizes.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ..inputs.generators import stream_seed
 from ..numerics.attention_budget import ATTENTION_BUDGETS, Conditioning
 from ..numerics.attention_truth import AttentionTruth, cached_evaluate
 from ..numerics.dtypes import DTYPE_NAMES, check_dtypes, get_format
+from ..numerics.truth_cache import TruthStats
 from ..records import VerifyRecord
 from ..registry import KernelSpec
 from ..session import Job, Session
@@ -241,15 +244,17 @@ class PreparedCase:
 
 
 def prepare(case: AttentionCase, mode: str, cache_dir: Path | None,
-            precision: int) -> PreparedCase:
-    """Inputs, upstream gradient, exact truth and conditioning of one case."""
+            precision: int, stats: TruthStats | None = None) -> PreparedCase:
+    """Inputs, upstream gradient, exact truth and conditioning of one case (stats counts
+    the truth's values and those mpmath computed)."""
     fn = get_attention_function(case.function)
     fmt = get_format(case.dtype)
     q, k, v = generate_qkv(case.generator, case.dtype, case.shape, case.seed)
     dout = upstream_gradient(case, (*q.shape[:3], v.shape[3])) if mode == "bwd" else None
     f64 = [a.astype(np.float64) for a in (q, k, v)]
     truth = cached_evaluate(cache_dir, fn, case.param_dict, *f64, case.scale,
-                            None if dout is None else dout.astype(np.float64), precision)
+                            None if dout is None else dout.astype(np.float64), precision,
+                            fmt, stats)
     cond = Conditioning(fn, case.param_dict, *f64, case.scale, truth, fmt,
                         ATTENTION_BUDGETS[case.dtype])
     return PreparedCase(case, q, k, v, dout, truth, cond)
@@ -328,11 +333,13 @@ class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
     def work(self, items: list[tuple[str, AttentionCase]], session: Session) -> None:
         done = {r.key for r in session.records}
         todo = [(m, c, ks) for m, c in items if (ks := self._todo(m, c, done))]
-        references = session.task("reference (mpmath)", len(todo))
+        references = session.task("reference", len(todo))
         checks = session.task("kernels", sum(len(ks) for _, _, ks in todo))
+        stats = TruthStats()
         for mode, case, specs in todo:
-            prep = prepare(case, mode, self.cache_dir, self.precision)
+            prep = prepare(case, mode, self.cache_dir, self.precision, stats)
             references.advance()
             for spec in specs:
                 session.add(verify_attention_one(spec, prep, self.isolation))
                 checks.advance()
+        session.header["reference"] = stats.to_dict()

@@ -1,0 +1,200 @@
+"""The attention oracle: exact outputs and gradients in mpmath, per query row or per head.
+
+The scores s_ij = scale * q_i . k_j are formed exactly (mpmath at `precision` bits from the
+exact inputs), each query's weights are its row function's exact reference over the keys it
+sees (functions/), and out_i = sum_j w_ij v_j is summed exactly. The gradients for an
+upstream dO are the row function's exact gradients with g_j = dO_i . v_j (docs/attention.md
+section 2), carried to q, k and v, and summed over the queries for the row parameters.
+
+This is the accurate phase of the attention reference (numerics/attention_truth.py): it
+answers the query rows (forward) and the heads (gradients) that the certified phase
+(numerics/certified_attention.py) leaves, and it is the oracle the certified phase is tested
+against (tests/test_certified_attention.py). Its results are written into an AttentionTruth
+in place, as double-doubles (numerics/truth.py split_double).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import mpmath
+import numpy as np
+
+from ..functions import AttentionFunction
+from ..functions.base import ROW_MASKED, ROW_NAN, RowTruth
+from .truth import split_double
+
+if TYPE_CHECKING:
+    from .attention_truth import AttentionTruth
+
+
+def _mp(a: np.ndarray) -> list:
+    return [[mpmath.mpf(float(x)) for x in row] for row in a]
+
+
+@dataclass
+class Head:
+    """One (batch, head) of the inputs in mpmath, and what its query rows share."""
+
+    b: int
+    h: int
+    Q: list
+    K: list
+    V: list
+    bad_v: np.ndarray  # (Lk, Dv) bool: v not finite
+    sc: Any  # the scale as an mpf
+    causal: bool
+    rows: dict[int, tuple[list, RowTruth, list[int]]] = field(default_factory=dict)
+
+    def visible(self, i: int) -> int:
+        """How many keys query i sees (the first ones)."""
+        return min(i + 1, len(self.K)) if self.causal else len(self.K)
+
+
+def _head(q: np.ndarray, k: np.ndarray, v: np.ndarray, b: int, h: int, scale: float,
+          causal: bool) -> Head:
+    return Head(b, h, _mp(q[b, h]), _mp(k[b, h]), _mp(v[b, h]), ~np.isfinite(v[b, h]),
+                mpmath.mpf(float(scale)), causal)
+
+
+def _forward_row(truth: AttentionTruth, fn: AttentionFunction, rowp: dict[str, float],
+                 head: Head, i: int) -> None:
+    """Query i of a head: its scores, its row's exact weights, out_i; kept in head.rows."""
+    b, h, nvis = head.b, head.h, head.visible(i)
+    s = [head.sc * mpmath.fdot(head.Q[i], head.K[j]) for j in range(nvis)]
+    rt = fn.row.reference_row(s, **rowp)
+    truth.kind[b, h, i] = rt.kind
+    truth.zbar[b, h, i] = rt.zbar
+    for j in range(nvis):
+        truth.zabs[b, h, i, j] = rt.zabs[j]
+        truth.w[b, h, i, j] = float(rt.y[j]) if rt.y[j] is not None else np.nan
+    live = [j for j in range(nvis) if rt.y[j] is not None and rt.y[j] != 0]
+    head.rows[i] = (s, rt, live)
+    for e in range(head.bad_v.shape[1]):
+        if rt.kind == ROW_NAN:
+            split_double(None, truth.out_hi, truth.out_lo, (b, h, i, e))
+            continue
+        if rt.kind == ROW_MASKED:
+            truth.out_zero[b, h, i, e] = True
+            continue
+        o = mpmath.fsum(rt.y[j] * head.V[j][e] for j in live)
+        split_double(o, truth.out_hi, truth.out_lo, (b, h, i, e))
+        truth.out_nan_ok[b, h, i, e] = any(head.bad_v[j, e] for j in range(len(head.K))
+                                           if j not in live)
+
+
+def forward_rows(truth: AttentionTruth, fn: AttentionFunction, params: dict[str, float],
+                 q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                 rows: Iterable[tuple[int, int, int]], precision: int) -> None:
+    """The exact forward of the given query rows (b, h, i), written into truth."""
+    heads: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for b, h, i in rows:
+        heads[(b, h)].append(i)
+    rowp = {n: params[n] for n in fn.row_params}
+    causal = bool(params.get("causal", 0.0))
+    with mpmath.workprec(precision):
+        for (b, h), queries in heads.items():
+            head = _head(q, k, v, b, h, scale, causal)
+            for i in queries:
+                _forward_row(truth, fn, rowp, head, i)
+
+
+@dataclass
+class Accumulators:
+    """A head's gradients as they are summed over its queries, and what each one reached."""
+
+    DQ: list
+    DK: list
+    DV: list
+    touched_q: np.ndarray
+    touched_k: np.ndarray
+    touched_v: np.ndarray
+    dpar: list[list]
+
+    @classmethod
+    def zeros(cls, lq: int, dq: int, lk: int, dv: int, npar: int) -> Accumulators:
+        zero = mpmath.mpf(0)
+        return cls([[zero] * dq for _ in range(lq)], [[zero] * dq for _ in range(lk)],
+                   [[zero] * dv for _ in range(lk)], np.zeros(lq, bool), np.zeros(lk, bool),
+                   np.zeros(lk, bool), [[] for _ in range(npar)])
+
+
+def _nan_row(acc: Accumulators, i: int, nvis: int) -> None:
+    """A NaN query: its dq, the dk and dv of every key it sees and the parameters are NaN."""
+    acc.touched_q[i] = True
+    for j in range(nvis):
+        acc.DK[j] = [mpmath.nan] * len(acc.DK[j])
+        acc.DV[j] = [mpmath.nan] * len(acc.DV[j])
+        acc.touched_k[j] = acc.touched_v[j] = True
+    acc.DQ[i] = [mpmath.nan] * len(acc.DQ[i])
+    for p in acc.dpar:
+        p.append(mpmath.nan)
+
+
+def _gradient_row(acc: Accumulators, fn: AttentionFunction, rowp: dict[str, float],
+                  head: Head, DO: list, i: int) -> None:
+    """Query i's share of the head's gradients: ds = the row gradient for g_j = dO_i . v_j."""
+    s, rt, live = head.rows[i]
+    nvis = head.visible(i)
+    if rt.kind == ROW_NAN:
+        _nan_row(acc, i, nvis)
+        return
+    zero = mpmath.mpf(0)
+    g = [mpmath.fdot(DO[i], head.V[j]) if j in live else zero for j in range(nvis)]
+    rg = fn.row.gradient_row(s, g, **rowp)
+    for j in live:  # dv_j += w_ij dO_i (the +inf limit included)
+        acc.touched_v[j] = True
+        acc.DV[j] = [a + rt.y[j] * d for a, d in zip(acc.DV[j], DO[i], strict=True)]
+    for n, name in enumerate(fn.row_params):
+        acc.dpar[n].append(rg.dparams[name])
+    for j in live:  # exactly 0 by structure only where nothing is kept
+        acc.touched_q[i] = acc.touched_k[j] = True
+    sc = head.sc
+    for j in range(nvis):
+        ds = rg.dx[j]
+        if rg.zero[j] or ds == 0:
+            continue
+        acc.DQ[i] = [a + sc * ds * kk for a, kk in zip(acc.DQ[i], head.K[j], strict=True)]
+        acc.DK[j] = [a + sc * ds * qq for a, qq in zip(acc.DK[j], head.Q[i], strict=True)]
+
+
+def _store_gradients(truth: AttentionTruth, head: Head, acc: Accumulators) -> None:
+    """The head's summed gradients into truth, with what nothing reached (exactly 0)."""
+    b, h = head.b, head.h
+    for i, row in enumerate(acc.DQ):
+        truth.dzero_q[b, h, i] = not acc.touched_q[i]
+        for d, value in enumerate(row):
+            split_double(value, truth.dq_hi, truth.dq_lo, (b, h, i, d))
+    for j in range(len(acc.DK)):
+        truth.dzero_k[b, h, j] = not acc.touched_k[j]
+        truth.dzero_v[b, h, j] = not acc.touched_v[j]
+        for d, value in enumerate(acc.DK[j]):
+            split_double(value, truth.dk_hi, truth.dk_lo, (b, h, j, d))
+        for e, value in enumerate(acc.DV[j]):
+            split_double(value, truth.dv_hi, truth.dv_lo, (b, h, j, e))
+    for n, vals in enumerate(acc.dpar):
+        total = (None if any(x is None for x in vals)
+                 else mpmath.fsum(vals) if vals else mpmath.mpf(0))
+        split_double(total, truth.dp_hi, truth.dp_lo, (b, h, n))
+
+
+def gradient_heads(truth: AttentionTruth, fn: AttentionFunction, params: dict[str, float],
+                   q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, scale: float,
+                   heads: Iterable[tuple[int, int]], precision: int) -> None:
+    """The exact forward and gradients of the given heads (b, h), written into truth."""
+    rowp = {n: params[n] for n in fn.row_params}
+    causal = bool(params.get("causal", 0.0))
+    lq, lk = q.shape[2], k.shape[2]
+    with mpmath.workprec(precision):
+        for b, h in heads:
+            head = _head(q, k, v, b, h, scale, causal)
+            for i in range(lq):
+                _forward_row(truth, fn, rowp, head, i)
+            DO = _mp(dout[b, h])
+            acc = Accumulators.zeros(lq, q.shape[3], lk, v.shape[3], len(fn.row_params))
+            for i in range(lq):
+                _gradient_row(acc, fn, rowp, head, DO, i)
+            _store_gradients(truth, head, acc)
