@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..functions import AttentionFunction
-from .attention_truth import AttentionTruth
+from .attention_values import AttentionTruth
 from .dtypes import FloatFormat
 
 

@@ -28,7 +28,7 @@ from ..functions.base import ROW_MASKED, ROW_NAN, RowTruth
 from .truth import split_double
 
 if TYPE_CHECKING:
-    from .attention_truth import AttentionTruth
+    from .attention_values import AttentionTruth
 
 
 def _mp(a: np.ndarray) -> list:

@@ -27,7 +27,7 @@ from .certified_grad import floor_of
 from .dtypes import FloatFormat
 
 if TYPE_CHECKING:
-    from .attention_truth import AttentionTruth
+    from .attention_values import AttentionTruth
 
 INPUT_MAX = 2.0**480  # finite inputs up to this: every product and dot product stays in range
 SCORE_MIN = 2.0**-900  # a kept score nonzero below this has an inaccurate lo part: mpmath

@@ -46,7 +46,7 @@ from .certified_attention import (
 from .dtypes import FloatFormat, work_format
 
 if TYPE_CHECKING:
-    from .attention_truth import AttentionTruth
+    from .attention_values import AttentionTruth
 
 
 def _swap(x: Bdd) -> Bdd:
