@@ -4,7 +4,9 @@
 
 The backward is docs/gradients.md section 2 evaluated in one pass over the saved output y
 (and x, for the mask and the exponent arguments), never autograd through the composite;
-elasticbench.rows.exp_normalize spells out the formulas.
+elasticbench.rows.exp_normalize spells out the formulas. Each function is a torch custom op
+(elasticbench.rows.ops); when autograd builds the gradient's graph (create_graph), the
+gradient is the torch code's, so that second orders are exact (docs/gradients.md section 6).
 
 Broadcasting of tau and beta: each is a Python float, a 0-d tensor, or a tensor that
 broadcasts against x like an elementwise operand and has size 1 along `dim` (one value per

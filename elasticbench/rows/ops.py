@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .layout import as_rows, work_dtype
 from .tiers import TORCH, ExpSpec, choose
 
 
@@ -98,8 +99,6 @@ def rows_param(value: float | Tensor | None, x: Tensor, dim: int, dtype: torch.d
                ) -> Tensor | None:
     """tau or offset as the ops take it: a 0-d tensor for a float, a tensor laid out per row
     (keeping its autograd graph) for a tensor; None stays None."""
-    from .layout import as_rows
-
     if value is None:
         return None
     if not isinstance(value, Tensor):
@@ -114,8 +113,6 @@ def along(x: Tensor, tau: float | Tensor, offset: float | Tensor | None, dim: in
           spec: ExpSpec) -> Tensor:
     """The exp family (spec's mask and floor) of x along dim through the custom op,
     differentiable in x and in tau and the offset where they are tensors."""
-    from .layout import work_dtype
-
     wd = work_dtype(x.dtype)
     y = exp_family(x.movedim(dim, -1), rows_param(tau, x, dim, wd),
                    rows_param(offset, x, dim, wd), spec.mask_negative, spec.floor)
