@@ -25,7 +25,7 @@ from ..verify.attention_job import (
     parse_attention_size,
 )
 from ..verify.job import VerifyJob
-from ..verify.matrix import CaseFileError, builtin_case, expand, load_matrix
+from ..verify.matrix import CaseFileError, VerifyMatrix, builtin_case, expand, load_matrix
 from .common import (
     case_path,
     check_survival,
@@ -80,18 +80,7 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     """
     functions, backends, dtypes = split_names(functions), split_names(backends), split_names(dtypes)
     only, inputs = split_names(only), split_names(inputs)
-    try:
-        for f in functions:
-            function_kind(f)
-        check_dtypes(dtypes)
-    except ValueError as e:
-        fail(str(e))
-    if precision < MIN_PRECISION:
-        fail(f"--precision must be at least {MIN_PRECISION} bits, got {precision}")
-    if jobs is not None and jobs < 1:
-        fail(f"--jobs must be at least 1, got {jobs}")
-    if mode not in MODE_CHOICES:
-        fail(f"unknown --mode {mode!r} (choose from {', '.join(MODE_CHOICES)})")
+    _check_options(functions, dtypes, precision, jobs, mode)
     shard_kn = check_survival(timeout, resume_path, json_path, shard)
     notes = failures_shown(failures, traceback)
     out_path = Path(resume_path or json_path) if (resume_path or json_path) else None
@@ -106,29 +95,8 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     if ATTENTION in kinds:
         _verify_attention(by_mode, case_file, dtypes, inputs, sizes, fixed, precision,
                           no_cache, isolate, timeout, out_path, shard_kn, resume_path, notes)
-    try:
-        shapes = [parse_size(v) for v in split_names(sizes)]
-        layouts = [check_layout(v) for v in split_names(layouts)]
-    except ValueError as e:
-        fail(str(e))
     path = case_path(case_file, quick, "verify-quick", "verify")
-    try:
-        matrix = load_matrix(path)
-    except CaseFileError as e:
-        fail(str(e))
-    named = {spec.generator for spec in matrix.inputs if spec.explicit is not None}
-    for g in inputs:
-        if g not in named:
-            try:
-                get_generator(g)
-            except ValueError as e:
-                fail(str(e))
-    cases_by_mode = {
-        m: [c for c in expand(matrix, sorted({k.function for k in ks}), dtypes or None,
-                              inputs or None, shapes or None, fixed)
-            if not layouts or c.layout in layouts]
-        for m, ks in by_mode.items()
-    }
+    matrix, cases_by_mode = _row_cases(path, by_mode, dtypes, inputs, sizes, layouts, fixed)
     if not any(cases_by_mode.values()):
         fail(f"the matrix {path} has no case for the chosen kernels, dtypes and inputs")
     meta = _header(path, None if case_file else ("verify-quick" if quick else "verify"),
@@ -139,6 +107,48 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
                     max_rows=matrix.max_rows)
     run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path),
                 notes=notes)
+
+
+def _check_options(functions: list[str], dtypes: list[str], precision: int,
+                   jobs: int | None, mode: str) -> None:
+    """The options that need no kernel or matrix to check: one line and exit 2 if bad."""
+    try:
+        for f in functions:
+            function_kind(f)
+        check_dtypes(dtypes)
+    except ValueError as e:
+        fail(str(e))
+    if precision < MIN_PRECISION:
+        fail(f"--precision must be at least {MIN_PRECISION} bits, got {precision}")
+    if jobs is not None and jobs < 1:
+        fail(f"--jobs must be at least 1, got {jobs}")
+    if mode not in MODE_CHOICES:
+        fail(f"unknown --mode {mode!r} (choose from {', '.join(MODE_CHOICES)})")
+
+
+def _row_cases(path: Path, by_mode: dict, dtypes: list[str], inputs: list[str], sizes,
+               layouts, fixed: dict[str, float]) -> tuple[VerifyMatrix, dict]:
+    """The row matrix at path and its cases per mode, restricted as the options say (a bad
+    size, layout, generator or case file: one line and exit 2)."""
+    try:
+        shapes = [parse_size(v) for v in split_names(sizes)]
+        chosen_layouts = [check_layout(v) for v in split_names(layouts)]
+        matrix = load_matrix(path)
+    except (ValueError, CaseFileError) as e:
+        fail(str(e))
+    named = {spec.generator for spec in matrix.inputs if spec.explicit is not None}
+    try:
+        for g in inputs:
+            if g not in named:
+                get_generator(g)
+    except ValueError as e:
+        fail(str(e))
+    return matrix, {
+        m: [c for c in expand(matrix, sorted({k.function for k in ks}), dtypes or None,
+                              inputs or None, shapes or None, fixed)
+            if not chosen_layouts or c.layout in chosen_layouts]
+        for m, ks in by_mode.items()
+    }
 
 
 def _verify_attention(by_mode, case_file, dtypes, inputs, sizes, fixed, precision, no_cache,
