@@ -142,16 +142,26 @@ def parse_run_table(table: Any, where: str, name: str) -> RunCase:
         if not isinstance(b, str):
             raise CaseFileError(f"{where}: run.baseline must be a kernel name or \"\"")
         kw["baseline"] = b or None
-    params = table.get("params", {})
+    kw["params"] = _run_params(table.get("params", {}), where)
+    kw["timing"] = _timing(table.get("timing", {}), where)
+    return RunCase(**kw)
+
+
+def _run_params(params: Any, where: str) -> dict[str, dict[str, float]]:
+    """run.params: each function's parameters, checked by the function."""
     if not isinstance(params, dict):
         raise CaseFileError(f"{where}: run.params must be a table of functions")
-    kw["params"] = {}
+    out = {}
     for fname, values in params.items():
         try:
-            kw["params"][fname] = get_function(fname).validate_params(values)
+            out[fname] = get_function(fname).validate_params(values)
         except (ValueError, TypeError) as e:
             raise CaseFileError(f"{where}: run.params.{fname}: {e}") from None
-    timing = table.get("timing", {})
+    return out
+
+
+def _timing(timing: Any, where: str) -> Policy:
+    """run.timing: the timing policy's fields, checked by Policy."""
     if not isinstance(timing, dict):
         raise CaseFileError(f"{where}: run.timing must be a table")
     allowed = {f.name for f in fields(Policy)}
@@ -160,10 +170,9 @@ def parse_run_table(table: Any, where: str, name: str) -> RunCase:
         raise CaseFileError(f"{where}: run.timing has no key {bad[0]!r} "
                             f"(keys: {', '.join(sorted(allowed))})")
     try:
-        kw["timing"] = Policy(**timing)
+        return Policy(**timing)
     except (ValueError, TypeError) as e:
         raise CaseFileError(f"{where}: run.timing: {e}") from None
-    return RunCase(**kw)
 
 
 def load_run_case(path: Path) -> RunCase:
