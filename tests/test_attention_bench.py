@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from elasticbench.bench.attention import attention_bytes, attention_flops, load_attention_run
+from elasticbench.bench.attention import attention_bytes, attention_flops
+from elasticbench.bench.attention_case import load_attention_run
 from elasticbench.verify.matrix import CaseFileError
 
 TINY = """

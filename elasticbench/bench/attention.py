@@ -36,10 +36,7 @@ memory growth is the process's resident-set peak during one call above its size 
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +44,8 @@ from .. import devices
 from ..attention.contract import backward_step, kernel_arguments
 from ..backends import get_backend
 from ..execute import guarded_call
-from ..functions import ATTENTION, get_attention_function
 from ..inputs.attention import generate_qkv
-from ..numerics.dtypes import check_dtypes, get_format
+from ..numerics.dtypes import get_format
 from ..records import QuickVerdict, RunRecord
 from ..registry import KernelSpec, get_kernel
 from ..session import Job, Session
@@ -61,89 +57,11 @@ from ..verify.attention_job import (
     upstream_gradient,
     verify_attention_one,
 )
-from ..verify.matrix import CaseFileError, builtin_case, read_toml
+from ..verify.matrix import builtin_case
+from .attention_case import GIB, AttentionRunCase
+from .memory import peak_growth
 from .roofline import measure_copy
 from .timing import Policy, time_calls
-
-TABLE = "attention_run"
-GIB = 1 << 30
-
-
-@dataclass(frozen=True)
-class AttentionRunCase:
-    """A validated [attention_run] table."""
-
-    name: str
-    description: str = ""
-    kernels: tuple[str, ...] = ()
-    baseline: str | None = "sdpa"
-    dtypes: tuple[str, ...] = ("fp32",)
-    batch: int = 1
-    heads: int = 8
-    head_dim: int = 64
-    lengths: tuple[int, ...] = (512,)
-    causal: tuple[int, ...] = (0, 1)
-    modes: tuple[str, ...] = ("fwd", "bwd")
-    quadratic: tuple[str, ...] = ()
-    quadratic_limit_gib: float = 4.0
-    max_length: dict[str, int] = field(default_factory=dict)  # kernel -> longest timed
-    seed: int = 0
-    verify: str = "verify-attention-quick"
-    params: dict[str, float] = field(default_factory=dict)
-    timing: Policy = field(default_factory=Policy)
-
-
-def load_attention_run(path: Path) -> AttentionRunCase:
-    """Read and validate the [attention_run] table; CaseFileError names the key at fault."""
-    table = read_toml(Path(path)).get(TABLE)
-    where = str(path)
-    if not isinstance(table, dict):
-        raise CaseFileError(f"{where}: no [{TABLE}] table")
-    known = {f.name for f in fields(AttentionRunCase)} - {"name"}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise CaseFileError(f"{where}: [{TABLE}] has no key {unknown[0]!r} "
-                            f"(keys: {', '.join(sorted(known))})")
-    kw: dict[str, Any] = {"name": Path(path).stem}
-    try:
-        for key in ("kernels", "dtypes", "modes", "quadratic"):
-            if key in table:
-                kw[key] = tuple(str(v) for v in table[key])
-        for key in ("lengths", "causal"):
-            if key in table:
-                kw[key] = tuple(int(v) for v in table[key])
-        for key in ("batch", "heads", "head_dim", "seed"):
-            if key in table:
-                kw[key] = int(table[key])
-        for key in ("description", "verify"):
-            if key in table:
-                kw[key] = str(table[key])
-        if "baseline" in table:
-            kw["baseline"] = str(table["baseline"]) or None
-        if "max_length" in table:
-            kw["max_length"] = {str(k): int(v) for k, v in dict(table["max_length"]).items()}
-        if "quadratic_limit_gib" in table:
-            kw["quadratic_limit_gib"] = float(table["quadratic_limit_gib"])
-        fn = get_attention_function("elastic_attention")
-        kw["params"] = {k: v for k, v in fn.validate_params(table.get("params", {})).items()
-                        if k in fn.row_params}
-        kw["timing"] = Policy(**table.get("timing", {}))
-        case = AttentionRunCase(**kw)
-        check_dtypes(case.dtypes)
-        for m in case.modes:
-            if m not in ("fwd", "bwd"):
-                raise ValueError(f"modes are fwd and bwd, got {m!r}")
-        if min((*case.lengths, case.batch, case.heads, case.head_dim)) < 1:
-            raise ValueError("batch, heads, head_dim and lengths must be >= 1")
-        if not set(case.causal) <= {0, 1}:
-            raise ValueError("causal takes 0 and 1")
-        for name in (*case.kernels, *([case.baseline] if case.baseline else [])):
-            for mode in case.modes:
-                if get_kernel(name, mode).kind != ATTENTION:
-                    raise ValueError(f"{name} is not an attention kernel")
-    except (TypeError, ValueError) as e:
-        raise CaseFileError(f"{where}: {TABLE}: {e}".splitlines()[0]) from None
-    return case
 
 
 def attention_flops(b: int, h: int, lq: int, lk: int, d: int, causal: bool, mode: str) -> float:
@@ -184,41 +102,6 @@ def measure_matmul(device: str, dtype: str, case: AttentionRunCase, policy: Poli
         out[name] = flops / t.stats.min_ns
     out["ceiling"] = max(out.values())
     return out
-
-
-def _rss_kib(field_name: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _trim_heap() -> None:
-    """Give glibc's free heap memory back to the system, so that the resident size before a
-    call is what is live and a call that reuses freed memory still shows its peak."""
-    with contextlib.suppress(OSError, AttributeError, TypeError):
-        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
-
-
-def peak_growth(call: Any) -> int | None:
-    """Bytes the process's resident peak rose above its size before call() (None where
-    Linux's VmHWM cannot be reset)."""
-    _trim_heap()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return None
-    before = _rss_kib("VmRSS")
-    call()
-    after = _rss_kib("VmHWM")
-    if before is None or after is None:
-        return None
-    return max(0, after - before) * 1024
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ import click
 
 from .. import devices
 from ..backends import device_of
-from ..bench.attention import TABLE as ATTENTION_TABLE
-from ..bench.attention import AttentionRunJob, load_attention_run
+from ..bench.attention import AttentionRunJob
+from ..bench.attention_case import TABLE as ATTENTION_TABLE
+from ..bench.attention_case import load_attention_run
 from ..bench.cases import load_run_case, parse_size
 from ..bench.job import RunJob
 from ..bench.runner import pin_heap, plan_units, resolve_baseline, set_threads
