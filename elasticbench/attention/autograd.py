@@ -57,13 +57,9 @@ def bh_params(value: Scalar, q: torch.Tensor) -> torch.Tensor:
     wd = work_dtype(q.dtype)
     if not isinstance(value, torch.Tensor):
         return torch.full((b, h), float(value), dtype=wd, device=q.device)
-    head_params(value, b, h, wd, q.device)  # checks the shape, one line on a bad one
-    t = value.to(device=q.device, dtype=wd)
-    if t.ndim == 1:  # one value per head
-        t = t.reshape(1, -1)
-    else:  # as head_params lays it out against (batch, heads, 1, 1)
-        t = t.reshape((1,) * (4 - t.ndim) + tuple(t.shape))[:, :, 0, 0]
-    return t.expand(b, h).contiguous()
+    t = head_params(value, b, h, wd, q.device)
+    assert isinstance(t, torch.Tensor)
+    return t[:, :, 0, 0].expand(b, h).contiguous()
 
 
 @torch.library.custom_op("elasticbench::attention", mutates_args=())

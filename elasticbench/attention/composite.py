@@ -55,18 +55,10 @@ def elastic_attention_composite(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if attn_mask is not None:
         s = with_mask(s, attn_mask)
     b, h = q.shape[:2]
-    t = tau if not isinstance(tau, torch.Tensor) else _as_4d(tau, b, h)
-    bt = beta if not isinstance(beta, torch.Tensor) else _as_4d(beta, b, h)
+    t, bt = (head_params(p, b, h, s.dtype, s.device) for p in (tau, beta))
     w = along(s, t, bt, -1, ELASTIC)  # elastic_softmax's op, below the public API
     out = w @ v.to(s.dtype)
     # a query with no kept key gives 0 even where v holds NaN or inf (0 @ NaN is NaN)
     live = (s >= 0).any(-1, keepdim=True) | s.isnan().any(-1, keepdim=True)
     return torch.where(live, out, 0).to(q.dtype)
 
-
-def _as_4d(value: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
-    """A per-head parameter reshaped (not detached) to broadcast against (B, H, Lq, Lk)."""
-    head_params(value, batch, heads, value.dtype, value.device)  # checks the shape
-    if value.ndim == 1:
-        return value.reshape(-1, 1, 1)
-    return value

@@ -51,10 +51,11 @@ def default_scale(head_dim: int) -> float:
 def head_params(value: Scalar, batch: int, heads: int, dtype: torch.dtype,
                 device: torch.device) -> torch.Tensor | float:
     """tau or beta laid out against (batch, heads, 1, 1): a float stays a float, a tensor
-    becomes a detached 4-d tensor in `dtype` that broadcasts against it."""
+    becomes a 4-d tensor in `dtype` that broadcasts against it, keeping its autograd graph
+    (a gradient flows back through the layout)."""
     if not isinstance(value, torch.Tensor):
         return float(value)
-    t = value.detach().to(device=device, dtype=dtype)
+    t = value.to(device=device, dtype=dtype)
     if t.ndim == 0:
         return t.reshape(1, 1, 1, 1)
     if t.ndim == 1:
@@ -71,17 +72,6 @@ def head_params(value: Scalar, batch: int, heads: int, dtype: torch.dtype,
         raise ValueError(f"a parameter of shape {tuple(value.shape)} does not broadcast "
                          f"against (batch={batch}, heads={heads})") from None
     return t
-
-
-def reduce_to(grad_bh: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Sum per-(batch, head) contributions (batch, heads) onto a parameter of like's shape."""
-    if like.ndim == 0:
-        return grad_bh.sum().to(like.dtype)
-    g = grad_bh[:, :, None, None]
-    if like.ndim == 1:
-        return g.sum(dim=(0, 2, 3)).sum_to_size(like.shape).to(like.dtype)
-    padded = (1,) * (4 - like.ndim) + tuple(like.shape)
-    return g.sum_to_size(padded).reshape(like.shape).to(like.dtype)
 
 
 def visible(length_q: int, length_k: int, device: torch.device, q0: int = 0,

@@ -46,9 +46,8 @@ def _rows(x: torch.Tensor, spec: ExpSpec) -> tuple[torch.Tensor, torch.Tensor] |
     if tau is None and offset is None:
         return None
     rows = x.numel() // max(x.shape[-1], 1) if x.ndim else 1
-    full = x.new_empty(rows, dtype=torch.float64)
-    return (full.fill_(_scalar(spec.tau)) if tau is None else tau,
-            torch.full_like(full, _scalar(spec.offset)) if offset is None else offset)
+    return tuple(torch.full((rows,), _scalar(v), dtype=torch.float64) if t is None else t
+                 for t, v in ((tau, spec.tau), (offset, spec.offset)))  # type: ignore[return-value]
 
 
 def forward(x: torch.Tensor, spec: ExpSpec) -> torch.Tensor:

@@ -42,11 +42,3 @@ def as_rows(v: Scalar | None, x: torch.Tensor, dim: int, dtype: torch.dtype,
         ) from None
     return t.movedim(dim, -1)
 
-
-def reduce_to(grad_rows: torch.Tensor, like: torch.Tensor, dim: int, ndim: int) -> torch.Tensor:
-    """Sum per-row (..., 1) contributions back onto a parameter of like's shape."""
-    if like.ndim == 0:
-        return grad_rows.sum().to(like.dtype)
-    g = grad_rows.movedim(-1, dim)
-    padded = (1,) * (ndim - like.ndim) + tuple(like.shape)
-    return g.sum_to_size(padded).reshape(like.shape).to(like.dtype)
