@@ -49,14 +49,8 @@ from ..numerics.dtypes import get_format
 from ..records import QuickVerdict, RunRecord
 from ..registry import KernelSpec, get_kernel
 from ..session import Job, Session
-from ..verify.attention_job import (
-    AttentionCase,
-    expand_attention,
-    load_attention_matrix,
-    prepare,
-    upstream_gradient,
-    verify_attention_one,
-)
+from ..verify.attention_job import prepare, upstream_gradient, verify_attention_one
+from ..verify.attention_matrix import AttentionCase, expand_attention, load_attention_matrix
 from ..verify.matrix import builtin_case
 from .attention_case import GIB, AttentionRunCase
 from .memory import peak_growth

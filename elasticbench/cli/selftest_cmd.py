@@ -15,7 +15,7 @@ from ..registry import list_kernels
 from ..selftest.attention_mutants import ATTENTION_CONTROL, ATTENTION_MUTANTS
 from ..selftest.mutants import MUTANTS
 from ..selftest.runner import caught_by_text, run_attention_selftest, run_selftest
-from ..verify.attention_job import load_attention_matrix
+from ..verify.attention_matrix import load_attention_matrix
 from ..verify.matrix import builtin_case, load_matrix
 from .common import EXIT_FAILED, EXIT_OK, console, fail, quiet, split_names
 

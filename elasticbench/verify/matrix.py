@@ -26,6 +26,7 @@ from ..inputs import get_generator
 from ..inputs.explicit import Explicit, parse
 from ..inputs.layouts import LAYOUTS, PACKED, check_layout
 from ..numerics.dtypes import DTYPE_NAMES, get_format
+from .case import Case
 
 MAX_ROWS = 256  # rows checked at most per input; more rows are checked on a sample
 
@@ -58,21 +59,15 @@ class VerifyMatrix:
 
 
 @dataclass(frozen=True)
-class VerifyCase:
-    """One input of one function: the unit the reference is computed for."""
+class VerifyCase(Case):
+    """A row case: the input is (rows, n), laid out as `layout`, generated or explicit."""
 
-    function: str
-    generator: str
     shape: tuple[int, int]
-    dtype: str
-    params: tuple[tuple[str, float], ...]
-    seed: int
     layout: str = PACKED
     explicit: Explicit | None = None
 
-    @property
-    def param_dict(self) -> dict[str, float]:
-        return dict(self.params)
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "layout": self.layout}
 
     def label(self) -> str:
         p = " ".join(f"{k}={v:g}" for k, v in self.params)
