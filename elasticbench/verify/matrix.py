@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tomllib
 
 from ..functions import get_function
 from ..functions.base import Function
@@ -27,12 +26,9 @@ from ..inputs.explicit import Explicit, parse
 from ..inputs.layouts import LAYOUTS, PACKED, check_layout
 from ..numerics.dtypes import DTYPE_NAMES, get_format
 from .case import Case
+from .tables import CaseFileError, read_toml
 
 MAX_ROWS = 256  # rows checked at most per input; more rows are checked on a sample
-
-
-class CaseFileError(ValueError):
-    """A case file is missing, unreadable or says something invalid."""
 
 
 @dataclass(frozen=True)
@@ -86,18 +82,6 @@ class VerifyCase(Case):
 def builtin_case(name: str) -> Path:
     """Path of a case file shipped with the package (cases/<name>.toml)."""
     return Path(str(resources.files("elasticbench.cases").joinpath(f"{name}.toml")))
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise CaseFileError(f"case file {path} does not exist") from None
-    except OSError as e:
-        raise CaseFileError(f"case file {path} cannot be read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise CaseFileError(f"case file {path} is not valid TOML: {e}") from None
 
 
 def _shape(value: Any, where: str) -> tuple[int, int]:

@@ -1,0 +1,70 @@
+"""Case files: reading one, and reading a table of it into a typed record (a dataclass whose
+fields are checked as records/fields.py checks a results file's), so that a bad case file
+gets one line naming the file, the table and the key."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+import tomllib
+
+from ..records.fields import RecordError, from_dict
+
+R = TypeVar("R")
+
+
+class CaseFileError(ValueError):
+    """A case file is missing, unreadable or says something invalid."""
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The whole case file; CaseFileError when it is missing, unreadable or not TOML."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise CaseFileError(f"case file {path} does not exist") from None
+    except OSError as e:
+        raise CaseFileError(f"case file {path} cannot be read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CaseFileError(f"case file {path} is not valid TOML: {e}") from None
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _unknown_key(cls: type, table: dict[str, Any], path: str,
+                 given: frozenset[str] = frozenset()) -> str | None:
+    """The first key of table (or of a table under it) that cls does not declare, or that
+    the caller gives, as the message that says so; None when there is none."""
+    hints = _hints(cls)
+    for key in sorted(table):
+        if key not in hints or key in given:
+            known = ", ".join(sorted(f.name for f in dataclasses.fields(cls)
+                                     if f.name not in given))
+            return f"[{path}] has no key {key!r} (keys: {known})"
+        if dataclasses.is_dataclass(hints[key]) and isinstance(table[key], dict):
+            found = _unknown_key(hints[key], table[key], f"{path}.{key}")
+            if found:
+                return found
+    return None
+
+
+def read_table(cls: type[R], table: Any, where: str, table_name: str, **given: Any) -> R:
+    """Table `table_name` of case file `where` as a record of type cls (the fields in
+    `given` set by the caller, not the file): CaseFileError, one line, for a table that is
+    missing, has a key cls does not declare, or a value not of its field's type or range."""
+    if not isinstance(table, dict):
+        raise CaseFileError(f"{where}: no [{table_name}] table")
+    unknown = _unknown_key(cls, table, table_name, frozenset(given))
+    if unknown:
+        raise CaseFileError(f"{where}: {unknown}")
+    try:
+        return from_dict(cls, {**table, **given})
+    except RecordError as e:
+        raise CaseFileError(f"{where}: {table_name}{'.' if e.field else ': '}{e}") from None
