@@ -24,26 +24,65 @@ from typing import Any
 from ..functions import ATTENTION_FUNCTIONS, get_attention_function
 from ..inputs.attention import Shape, get_attention_generator
 from ..numerics.dtypes import DTYPE_NAMES, check_dtypes
+from ..records.fields import RecordError, entry, positive
 from .case import Case
-from .matrix import CaseFileError, read_toml
+from .tables import CaseFileError, read_table, read_toml
 
 TABLE = "attention_verify"
 
 
+Grid = dict[str, list[float] | float]  # a parameter's values (one value: a list of one)
+
+
 @dataclass(frozen=True)
 class AttentionInputs:
+    """One [[attention_verify.inputs]]: a generator, its shapes, its own grids (optional)."""
+
     generator: str
-    shapes: tuple[Shape, ...]
-    params: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    shapes: tuple[tuple[int, int, int, int, int], ...] = entry((), check=positive)
+    params: dict[str, Grid] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            get_attention_generator(self.generator)
+        except ValueError as e:
+            raise RecordError("generator", str(e)) from None
+        if not self.shapes:
+            raise RecordError("shapes", "needs at least one shape")
+        object.__setattr__(self, "params", _grids(self.params))
 
 
 @dataclass(frozen=True)
 class AttentionMatrix:
+    """A validated [attention_verify] table."""
+
     name: str
-    seed: int
-    dtypes: tuple[str, ...]
-    params: dict[str, dict[str, list[float]]]
-    inputs: tuple[AttentionInputs, ...]
+    seed: int = 0
+    dtypes: tuple[str, ...] = DTYPE_NAMES
+    params: dict[str, Grid] = field(default_factory=dict)
+    inputs: tuple[AttentionInputs, ...] = ()
+
+    def __post_init__(self) -> None:
+        try:
+            check_dtypes(self.dtypes)
+        except ValueError as e:
+            raise RecordError("dtypes", str(e)) from None
+        if not self.inputs:
+            raise RecordError("inputs", "lists no inputs")
+        object.__setattr__(self, "params", _grids(self.params))
+
+
+def _grids(value: dict[str, Grid]) -> dict[str, dict[str, list[float]]]:
+    """Each attention function's parameter grid, as lists, checked by the function."""
+    out = {}
+    for fname, grid in value.items():
+        lists = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
+        try:
+            get_attention_function(fname).param_grid(lists)
+        except ValueError as e:
+            raise RecordError(f"params.{fname}", str(e)) from None
+        out[fname] = lists
+    return out
 
 
 @dataclass(frozen=True)
@@ -71,55 +110,13 @@ def parse_attention_size(text: Any) -> Shape:
     return values  # type: ignore[return-value]
 
 
-def _grids(value: Any, where: str) -> dict[str, dict[str, list[float]]]:
-    if not isinstance(value, dict):
-        raise CaseFileError(f"{where}: params must be a table of attention functions")
-    out = {}
-    for fname, grid in value.items():
-        try:
-            fn = get_attention_function(fname)
-            if not isinstance(grid, dict):
-                raise ValueError(f"params.{fname} must map names to lists")
-            lists = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
-            fn.param_grid(lists)
-        except ValueError as e:
-            raise CaseFileError(f"{where}: {e}") from None
-        out[fname] = lists
-    return out
-
-
 def load_attention_matrix(path: Path) -> AttentionMatrix:
     """Read and validate the [attention_verify] table of a case file."""
     table = read_toml(path).get(TABLE)
-    where = str(path)
     if not isinstance(table, dict):
-        raise CaseFileError(f"{where}: no [{TABLE}] table (attention kernels are verified on "
+        raise CaseFileError(f"{path}: no [{TABLE}] table (attention kernels are verified on "
                             f"an attention matrix, like cases/verify-attention.toml)")
-    try:
-        dtypes = check_dtypes(table.get("dtypes", DTYPE_NAMES))
-    except ValueError as e:
-        raise CaseFileError(f"{where}: {e}") from None
-    inputs = []
-    for i, item in enumerate(table.get("inputs", [])):
-        w = f"{where}: inputs[{i}]"
-        if not isinstance(item, dict) or "generator" not in item:
-            raise CaseFileError(f"{w}: needs a generator name")
-        try:
-            get_attention_generator(item["generator"])
-            shapes = tuple(parse_attention_size(s) for s in item.get("shapes", []))
-        except ValueError as e:
-            raise CaseFileError(f"{w}: {e}") from None
-        if not shapes:
-            raise CaseFileError(f"{w}: needs at least one shape")
-        inputs.append(AttentionInputs(item["generator"], shapes,
-                                      _grids(item.get("params", {}), w)))
-    if not inputs:
-        raise CaseFileError(f"{where}: [{TABLE}] lists no inputs")
-    seed = table.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise CaseFileError(f"{where}: seed must be a whole number")
-    return AttentionMatrix(Path(path).stem, seed, dtypes, _grids(table.get("params", {}), where),
-                           tuple(inputs))
+    return read_table(AttentionMatrix, table, str(path), TABLE, name=Path(path).stem)
 
 
 def expand_attention(matrix: AttentionMatrix, functions: list[str],

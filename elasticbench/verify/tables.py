@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
 import tomllib
 
@@ -48,10 +48,20 @@ def _unknown_key(cls: type, table: dict[str, Any], path: str,
             known = ", ".join(sorted(f.name for f in dataclasses.fields(cls)
                                      if f.name not in given))
             return f"[{path}] has no key {key!r} (keys: {known})"
-        if dataclasses.is_dataclass(hints[key]) and isinstance(table[key], dict):
-            found = _unknown_key(hints[key], table[key], f"{path}.{key}")
-            if found:
-                return found
+        found = _unknown_below(hints[key], table[key], f"{path}.{key}")
+        if found:
+            return found
+    return None
+
+
+def _unknown_below(tp: Any, value: Any, path: str) -> str | None:
+    """_unknown_key for the tables under a key: one of record type tp, or a list of them."""
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        return _unknown_key(tp, value, path)  # type: ignore[arg-type]
+    args = get_args(tp)
+    if get_origin(tp) in (list, tuple) and args and isinstance(value, list):
+        return next((found for i, item in enumerate(value)
+                     if (found := _unknown_below(args[0], item, f"{path}[{i}]"))), None)
     return None
 
 
