@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..registry import KernelSpec
-from ..verify.matrix import read_toml
+from ..verify.tables import read_toml
 from .attention import ATTENTION_KIND
 from .base import Kind, RunOptions, VerifyOptions
 from .rows import ROWS

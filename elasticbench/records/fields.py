@@ -146,7 +146,7 @@ def from_dict(cls: type[R], data: Any, path: str = "") -> R:
 
 
 def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
+    return f"{path}.{name}" if path and name else path or name
 
 
 def _show(v: Any) -> str:

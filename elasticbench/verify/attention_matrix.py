@@ -68,7 +68,7 @@ class AttentionMatrix:
         except ValueError as e:
             raise RecordError("dtypes", str(e)) from None
         if not self.inputs:
-            raise RecordError("inputs", "lists no inputs")
+            raise RecordError("inputs", "lists none")
         object.__setattr__(self, "params", _grids(self.params))
 
 

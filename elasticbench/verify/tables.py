@@ -38,15 +38,21 @@ def _hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls)
 
 
+@cache
+def _keys(cls: type) -> frozenset[str]:
+    """The keys a table of record type cls may hold: its fields set at construction."""
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+
+
 def _unknown_key(cls: type, table: dict[str, Any], path: str,
                  given: frozenset[str] = frozenset()) -> str | None:
     """The first key of table (or of a table under it) that cls does not declare, or that
     the caller gives, as the message that says so; None when there is none."""
     hints = _hints(cls)
     for key in sorted(table):
-        if key not in hints or key in given:
+        if key not in _keys(cls) or key in given:
             known = ", ".join(sorted(f.name for f in dataclasses.fields(cls)
-                                     if f.name not in given))
+                                     if f.init and f.name not in given))
             return f"[{path}] has no key {key!r} (keys: {known})"
         found = _unknown_below(hints[key], table[key], f"{path}.{key}")
         if found:
