@@ -26,12 +26,9 @@ from ..inputs.attention import Shape, get_attention_generator
 from ..numerics.dtypes import DTYPE_NAMES, check_dtypes
 from ..records.fields import RecordError, entry, positive
 from .case import Case
-from .tables import CaseFileError, read_table, read_toml
+from .tables import CaseFileError, Grid, checked, param_grids, read_table, read_toml
 
 TABLE = "attention_verify"
-
-
-Grid = dict[str, list[float] | float]  # a parameter's values (one value: a list of one)
 
 
 @dataclass(frozen=True)
@@ -43,13 +40,10 @@ class AttentionInputs:
     params: dict[str, Grid] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        try:
-            get_attention_generator(self.generator)
-        except ValueError as e:
-            raise RecordError("generator", str(e)) from None
+        checked("generator", get_attention_generator, self.generator)
         if not self.shapes:
             raise RecordError("shapes", "needs at least one shape")
-        object.__setattr__(self, "params", _grids(self.params))
+        object.__setattr__(self, "params", param_grids(self.params, get_attention_function))
 
 
 @dataclass(frozen=True)
@@ -63,26 +57,10 @@ class AttentionMatrix:
     inputs: tuple[AttentionInputs, ...] = ()
 
     def __post_init__(self) -> None:
-        try:
-            check_dtypes(self.dtypes)
-        except ValueError as e:
-            raise RecordError("dtypes", str(e)) from None
+        checked("dtypes", check_dtypes, self.dtypes)
         if not self.inputs:
             raise RecordError("inputs", "lists none")
-        object.__setattr__(self, "params", _grids(self.params))
-
-
-def _grids(value: dict[str, Grid]) -> dict[str, dict[str, list[float]]]:
-    """Each attention function's parameter grid, as lists, checked by the function."""
-    out = {}
-    for fname, grid in value.items():
-        lists = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
-        try:
-            get_attention_function(fname).param_grid(lists)
-        except ValueError as e:
-            raise RecordError(f"params.{fname}", str(e)) from None
-        out[fname] = lists
-    return out
+        object.__setattr__(self, "params", param_grids(self.params, get_attention_function))
 
 
 @dataclass(frozen=True)

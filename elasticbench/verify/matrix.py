@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -28,13 +27,9 @@ from ..inputs.layouts import LAYOUTS, PACKED, check_layout
 from ..numerics.dtypes import DTYPE_NAMES, check_dtypes
 from ..records.fields import RecordError, entry, nonnegative, positive
 from .case import Case
-from .tables import read_table, read_toml
+from .tables import Grid, checked, param_grids, read_table, read_toml
 
-T = TypeVar("T")
 MAX_ROWS = 256  # rows checked at most per input; more rows are checked on a sample
-
-
-Grid = dict[str, list[float] | float]  # a parameter's values (one value: a list of one)
 
 
 @dataclass(frozen=True)
@@ -81,11 +76,11 @@ class InputSpec:
 
     def __post_init__(self) -> None:
         if self.generator is not None:
-            _checked("generator", get_generator, self.generator)
+            checked("generator", get_generator, self.generator)
             shapes = self.shapes + (self.columns.shapes(self.rows) if self.columns else ())
         elif self.name:
             given = {k: getattr(self, k) for k in ("values", "shape", "fill", "set")}
-            explicit = _checked("", parse, {k: v for k, v in given.items() if v is not None},
+            explicit = checked("", parse, {k: v for k, v in given.items() if v is not None},
                                 "explicit values")
             object.__setattr__(self, "explicit", explicit)
             object.__setattr__(self, "generator", self.name)
@@ -97,11 +92,11 @@ class InputSpec:
         object.__setattr__(self, "shapes", shapes)
         if not self.layouts:
             raise RecordError("layouts", f"is a list of layouts ({', '.join(LAYOUTS)})")
-        _checked("layouts", lambda v: [check_layout(x) for x in v], self.layouts)
+        checked("layouts", lambda v: [check_layout(x) for x in v], self.layouts)
         if self.dtypes is not None and not self.dtypes:
             raise RecordError("dtypes", "is a list of formats")
-        _checked("dtypes", check_dtypes, self.dtypes or ())
-        object.__setattr__(self, "params", _param_table(self.params))
+        checked("dtypes", check_dtypes, self.dtypes or ())
+        object.__setattr__(self, "params", param_grids(self.params, get_function))
 
 
 @dataclass(frozen=True)
@@ -118,34 +113,10 @@ class VerifyMatrix:
     max_rows: int = entry(MAX_ROWS, check=positive)
 
     def __post_init__(self) -> None:
-        _checked("dtypes", check_dtypes, self.dtypes)
+        checked("dtypes", check_dtypes, self.dtypes)
         if not self.inputs:
             raise RecordError("inputs", "lists none")
-        object.__setattr__(self, "params", _param_table(self.params))
-
-
-def _checked(key: str, check: Callable[..., T], *args: Any) -> T:
-    """check(*args), its ValueError turned into a RecordError of field `key`."""
-    try:
-        return check(*args)
-    except ValueError as e:
-        raise RecordError(key, str(e)) from None
-
-
-def _param_table(value: dict[str, Grid]) -> dict[str, dict[str, list[float]]]:
-    """Each function's parameter grid, as lists, every name and value checked."""
-    out: dict[str, dict[str, list[float]]] = {}
-    for fname, grid in value.items():
-        fn = _checked(f"params.{fname}", get_function, fname)
-        lists = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
-        try:
-            fn.param_grid(lists)  # validates names and values
-            for k in lists:
-                fn.validate_params({k: lists[k][0]})
-        except (ValueError, IndexError) as e:
-            raise RecordError(f"params.{fname}", str(e)) from None
-        out[fname] = lists
-    return out
+        object.__setattr__(self, "params", param_grids(self.params, get_function))
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ gets one line naming the file, the table and the key."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin, get_type_hints
@@ -14,6 +15,8 @@ import tomllib
 from ..records.fields import RecordError, from_dict
 
 R = TypeVar("R")
+T = TypeVar("T")
+Grid = dict[str, list[float] | float]  # a parameter's values (one value: a list of one)
 
 
 class CaseFileError(ValueError):
@@ -84,3 +87,30 @@ def read_table(cls: type[R], table: Any, where: str, table_name: str, **given: A
         return from_dict(cls, {**table, **given})
     except RecordError as e:
         raise CaseFileError(f"{where}: {table_name}{'.' if e.field else ': '}{e}") from None
+
+
+def checked(key: str, check: Callable[..., T], *args: Any) -> T:
+    """check(*args), its ValueError turned into a RecordError of field `key` (for a record
+    type's __post_init__: read_table then names the key)."""
+    try:
+        return check(*args)
+    except ValueError as e:
+        raise RecordError(key, str(e)) from None
+
+
+def param_grids(value: dict[str, Grid], function: Callable[[str], Any]
+                ) -> dict[str, dict[str, list[float]]]:
+    """A `params` table: each function's (looked up by `function`) parameter grid, as lists,
+    every name and value checked by the function."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for fname, grid in value.items():
+        fn = checked(f"params.{fname}", function, fname)
+        lists = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
+        try:
+            fn.param_grid(lists)  # validates names and values
+            for k in lists:
+                fn.validate_params({k: lists[k][0]})
+        except (ValueError, IndexError) as e:
+            raise RecordError(f"params.{fname}", str(e)) from None
+        out[fname] = lists
+    return out
