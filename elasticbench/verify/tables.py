@@ -16,7 +16,7 @@ from ..records.fields import RecordError, from_dict
 
 R = TypeVar("R")
 T = TypeVar("T")
-Grid = dict[str, list[float] | float]  # a parameter's values (one value: a list of one)
+Grid = dict[str, Any]  # a parameter -> its value or list of values, checked by its function
 
 
 class CaseFileError(ValueError):
