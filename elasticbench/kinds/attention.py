@@ -18,8 +18,11 @@ from ..functions import ATTENTION, AttentionFunction, get_attention_function
 from ..inputs.attention import get_attention_generator
 from ..numerics.truth_cache import default_cache_dir
 from ..registry import KernelSpec, get_kernel
+from ..selftest.attention_mutants import ATTENTION_CONTROL, ATTENTION_MUTANTS
+from ..selftest.runner import SelftestOutcome, run_attention_selftest
 from ..verify.attention_job import AttentionVerifyJob
 from ..verify.attention_matrix import expand_attention, load_attention_matrix, parse_attention_size
+from ..verify.matrix import builtin_case
 from .base import Kind, RunOptions, VerifyOptions, no_cases
 
 
@@ -60,6 +63,11 @@ class Attention(Kind):
                 "sizes": [[case.batch, case.heads, n, n, case.head_dim] for n in case.lengths],
                 "baseline": case.baseline, "policy": case.timing.__dict__, **describe()}
         return AttentionRunJob(case, device), meta
+
+    def selftest(self, correct: list[KernelSpec], cache: Path | None) -> list[SelftestOutcome]:
+        matrix = load_attention_matrix(builtin_case(self.quick_matrix))
+        return run_attention_selftest(ATTENTION_MUTANTS, [ATTENTION_CONTROL, *correct], matrix,
+                                      cache)
 
 
 ATTENTION_KIND = Attention()

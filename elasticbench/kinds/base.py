@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from ..execute import Isolation
 from ..registry import KernelSpec
+from ..selftest.runner import SelftestOutcome
 from ..session import Job
 
 Chooser = Callable[[list[str], list[str], list[str], list[str], str], list[KernelSpec]]
@@ -69,6 +70,11 @@ class Kind(ABC):
     @abstractmethod
     def run_job(self, path: Path, options: RunOptions) -> tuple[Job, dict[str, Any]]:
         """The job that times the run case at path, and its results file's header."""
+
+    @abstractmethod
+    def selftest(self, correct: list[KernelSpec], cache: Path | None) -> list[SelftestOutcome]:
+        """This kind's mutants, each of which must fail, and the correct kernels, which must
+        pass, verified on its quick matrix (the mpmath references cached under cache)."""
 
 
 def no_cases(path: Path) -> ValueError:

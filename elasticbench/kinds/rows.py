@@ -19,8 +19,10 @@ from ..inputs import get_generator
 from ..inputs.layouts import check_layout
 from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..registry import KernelSpec, list_kernels
+from ..selftest.mutants import MUTANTS
+from ..selftest.runner import SelftestOutcome, run_selftest
 from ..verify.job import VerifyJob
-from ..verify.matrix import expand, load_matrix
+from ..verify.matrix import builtin_case, expand, load_matrix
 from .base import Kind, RunOptions, VerifyOptions, no_cases
 
 
@@ -81,6 +83,11 @@ class Rows(Kind):
         job = RunJob(case, plan_units(kernels, baseline, case, dtypes, shapes), dtypes, device,
                      options.isolation)
         return job, meta
+
+
+    def selftest(self, correct: list[KernelSpec], cache: Path | None) -> list[SelftestOutcome]:
+        return run_selftest(MUTANTS, correct, load_matrix(builtin_case(self.quick_matrix)),
+                            TruthStore(cache))
 
 
 def _run_kernels(case: RunCase, options: RunOptions, mode: str
