@@ -61,7 +61,7 @@ class InputSpec:
 
     generator: str | None = None
     name: str | None = None
-    shapes: tuple[tuple[int, int], ...] = entry((), check=positive)
+    shapes: tuple[Any, ...] = ()  # each [rows, n]: checked by _shape
     rows: int = entry(1, check=positive)
     columns: Columns | None = None
     params: dict[str, Grid] = field(default_factory=dict)  # per function
@@ -77,7 +77,8 @@ class InputSpec:
     def __post_init__(self) -> None:
         if self.generator is not None:
             checked("generator", get_generator, self.generator)
-            shapes = self.shapes + (self.columns.shapes(self.rows) if self.columns else ())
+            shapes = tuple(checked("shapes", _shape, s) for s in self.shapes)
+            shapes += self.columns.shapes(self.rows) if self.columns else ()
         elif self.name:
             given = {k: getattr(self, k) for k in ("values", "shape", "fill", "set")}
             explicit = checked("", parse, {k: v for k, v in given.items() if v is not None},
@@ -97,6 +98,14 @@ class InputSpec:
             raise RecordError("dtypes", "is a list of formats")
         checked("dtypes", check_dtypes, self.dtypes or ())
         object.__setattr__(self, "params", param_grids(self.params, get_function))
+
+
+def _shape(value: Any) -> tuple[int, int]:
+    """[rows, n] -> (rows, n); ValueError unless both are whole numbers >= 1."""
+    if not (isinstance(value, list) and len(value) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)):
+        raise ValueError(f"a shape is [rows, n] with both >= 1, got {value!r}")
+    return (value[0], value[1])
 
 
 @dataclass(frozen=True)
