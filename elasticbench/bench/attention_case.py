@@ -32,6 +32,7 @@ class AttentionRunCase:
     head_dim: int = 64
     lengths: tuple[int, ...] = (512,)
     causal: tuple[int, ...] = (0, 1)
+    padded: tuple[float, ...] = (0.0,)  # shares of each batch's keys padded (0: no mask)
     modes: tuple[str, ...] = ("fwd", "bwd")
     quadratic: tuple[str, ...] = ()
     quadratic_limit_gib: float = 4.0
@@ -71,6 +72,8 @@ def load_attention_run(path: Path) -> AttentionRunCase:
             kw["baseline"] = str(table["baseline"]) or None
         if "max_length" in table:
             kw["max_length"] = {str(k): int(v) for k, v in dict(table["max_length"]).items()}
+        if "padded" in table:
+            kw["padded"] = tuple(float(v) for v in table["padded"])
         if "quadratic_limit_gib" in table:
             kw["quadratic_limit_gib"] = float(table["quadratic_limit_gib"])
         fn = get_attention_function("elastic_attention")
@@ -86,6 +89,8 @@ def load_attention_run(path: Path) -> AttentionRunCase:
             raise ValueError("batch, heads, head_dim and lengths must be >= 1")
         if not set(case.causal) <= {0, 1}:
             raise ValueError("causal takes 0 and 1")
+        if not all(0 <= p < 1 for p in case.padded):
+            raise ValueError("padded takes shares in [0, 1)")
         for name in (*case.kernels, *([case.baseline] if case.baseline else [])):
             for mode in case.modes:
                 if get_kernel(name, mode).kind != ATTENTION:

@@ -60,8 +60,12 @@ def _keys(keep_ptr, bh, heads, lk, offs_n, col_ok, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def _key_end(kend_ptr, bh, heads, end, HAS_MASK: tl.constexpr):
-    """end cut after the batch's last kept key (key blocks past it are not visited)."""
+def _key_end(kend_ptr, bh, heads, lk, q_end, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
+    """One past the last key a query block ending at q_end visits: causally no key past its
+    last query, and none after the batch's last kept key (key padding)."""
+    end = lk
+    if CAUSAL:
+        end = tl.minimum(lk, q_end)
     if HAS_MASK:
         end = tl.minimum(end, tl.load(kend_ptr + bh // heads))
     return end
@@ -101,10 +105,7 @@ def attention_forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     nan_row = tl.zeros([BLOCK_M], dtype=tl.int32)
     inf_row = tl.zeros([BLOCK_M], dtype=tl.int32)
-    end = lk
-    if CAUSAL:
-        end = tl.minimum(lk, (pid_m + 1) * BLOCK_M)
-    end = _key_end(kend_ptr, bh, heads, end, HAS_MASK)
+    end = _key_end(kend_ptr, bh, heads, lk, (pid_m + 1) * BLOCK_M, CAUSAL, HAS_MASK)
     for start in range(0, end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         col_ok = _keys(keep_ptr, bh, heads, lk, offs_n, offs_n < lk, HAS_MASK)
@@ -283,10 +284,7 @@ def attention_dq_kernel(
     tau = tl.load(tau_ptr + bh)
     kk = LOG2E / tau
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    end = lk
-    if CAUSAL:
-        end = tl.minimum(lk, (pid_m + 1) * BLOCK_M)
-    end = _key_end(kend_ptr, bh, heads, end, HAS_MASK)
+    end = _key_end(kend_ptr, bh, heads, lk, (pid_m + 1) * BLOCK_M, CAUSAL, HAS_MASK)
     for start in range(0, end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         col_ok = _keys(keep_ptr, bh, heads, lk, offs_n, offs_n < lk, HAS_MASK)
