@@ -54,6 +54,7 @@ from ..session import Job, Session
 from .attention_check import check_backward, check_forward
 from .check import CheckResult
 from .matrix import CaseFileError, read_toml
+from .second_order import second_order
 
 TABLE = "attention_verify"
 
@@ -306,6 +307,7 @@ def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
         record.dparams = {n: c.to_dict() for n, c in checks.items()}
         rels = [c.rel_err for c in checks.values() if math.isfinite(c.rel_err)]
         record.max_param_rel = max(rels) if rels else None
+        record.second_order = second_order(spec, isolation)
     return record
 
 
