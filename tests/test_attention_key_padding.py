@@ -120,3 +120,26 @@ def test_second_order_through_key_padding_matches_the_composite():
     want = penalty(lambda *a, **kw: elastic_attention_composite(*a, scale=0.5, **kw))
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.needs("native")
+def test_both_native_backward_schedules_give_the_same_bits_under_key_padding(small_tiles):
+    """With fewer (batch, head) pairs than threads the backward spreads key blocks over
+    the threads; the skipped and cut blocks must be the same in both schedules."""
+    q, k, v = _qkv()
+    tau, beta = torch.full((3, 2), 0.8, dtype=F64), torch.full((3, 2), 0.6, dtype=F64)
+    do = torch.randn(3, 2, 7, 4, generator=torch.Generator().manual_seed(7), dtype=F64)
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for n in (1, 8):  # 6 pairs: one head per thread, then key blocks spread over 8
+            torch.set_num_threads(n)
+            out, m, den = cpp.forward(q, k, v, tau, beta, 0.5, True, KEEP)
+            runs.append((out, *cpp.backward(q, k, v, out, do, m, den, tau, beta, 0.5, True,
+                                            KEEP)))
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    _, grads = _reference(q, k, v, tau, beta, True, do)
+    torch.testing.assert_close(runs[1][1], grads[0], rtol=1e-10, atol=1e-12)
