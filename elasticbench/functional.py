@@ -65,12 +65,13 @@ def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau:
     broadcasting against (B, H, 1, 1)). attn_mask, broadcastable to (B, H, Lq, Lk), as SDPA
     takes it: a bool mask (True takes part) or a float mask added to the scores before the
     negative scores are dropped; a query left with no key gives zeros. Differentiable in q,
-    k, v, tau and beta; without a mask, a tiled backward recomputes the weights from two
-    saved statistics per query (docs/attention.md); with one, the scores are materialized.
+    k, v, tau and beta; without a mask, or with a bool key-padding mask ((B, 1, 1, Lk)),
+    a tiled backward recomputes the weights from two saved statistics per query
+    (docs/attention.md); with any other mask, the scores are materialized.
     """
     from .attention.autograd import elastic_attention_op
     from .attention.composite import elastic_attention_composite
-    from .attention.layout import check_operands, default_scale
+    from .attention.layout import check_operands, default_scale, key_padding
 
     check_operands(q, k, v)
     tau, beta = _check_float("tau", tau), _check_float("beta", beta)
@@ -79,10 +80,11 @@ def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau:
     elif not (isinstance(scale, int | float) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
     causal = bool(causal or is_causal)
-    if attn_mask is not None:
+    key_mask = None if attn_mask is None else key_padding(attn_mask, q, k)
+    if attn_mask is not None and key_mask is None:
         return elastic_attention_composite(q, k, v, tau=tau, beta=beta, scale=float(scale),
                                            causal=causal, attn_mask=attn_mask)
-    return elastic_attention_op(q, k, v, tau, beta, float(scale), causal)
+    return elastic_attention_op(q, k, v, tau, beta, float(scale), causal, key_mask)
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

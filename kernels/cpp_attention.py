@@ -16,17 +16,19 @@ from elasticbench.attention import cpp
 
 @register_kernel(function="elastic_attention", backend="cpp", name="cpp_attention")
 def cpp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau: torch.Tensor,
-                  beta: torch.Tensor, scale: float, causal: bool):
-    """Fused forward: (out, m, den), out in q's dtype."""
-    return cpp.forward(q, k, v, tau, beta, scale, causal)
+                  beta: torch.Tensor, scale: float, causal: bool,
+                  key_mask: torch.Tensor | None = None):
+    """Fused forward: (out, m, den), out in q's dtype; key_mask hides padded keys."""
+    return cpp.forward(q, k, v, tau, beta, scale, causal, key_mask)
 
 
 @register_kernel(function="elastic_attention", backend="cpp", mode="bwd", name="cpp_attention")
 def cpp_attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau: torch.Tensor,
-                      beta: torch.Tensor, scale: float, causal: bool):
+                      beta: torch.Tensor, scale: float, causal: bool,
+                      key_mask: torch.Tensor | None = None):
     """Fused forward (untimed), then step(dout): the backward from its two statistics."""
-    out, m, den = cpp.forward(q, k, v, tau, beta, scale, causal)
+    out, m, den = cpp.forward(q, k, v, tau, beta, scale, causal, key_mask)
 
     def step(dout: torch.Tensor):
-        return cpp.backward(q, k, v, out, dout, m, den, tau, beta, scale, causal)
+        return cpp.backward(q, k, v, out, dout, m, den, tau, beta, scale, causal, key_mask)
     return step

@@ -76,3 +76,18 @@ def test_bad_attention_case_is_one_line(cli, tmp_path):
     with pytest.raises(CaseFileError, match="not an attention kernel"):
         case.write_text(TINY.replace('"torch_attention_flash",', '"torch_elastic",'))
         load_attention_run(case)
+
+
+def test_padded_cells_give_sdpa_and_the_kernels_the_same_key_padding(cli, tmp_path):
+    case = tmp_path / "pad.toml"
+    case.write_text(TINY.replace("lengths = [16, 48]", "lengths = [16]\npadded = [0.5]")
+                    .replace("causal = [0, 1]", "causal = [0]"))
+    out = tmp_path / "run.json"
+    r = cli("run", "--case", str(case), "--json", str(out))
+    assert r.code == 0, r.out + r.err
+    recs = json.loads(out.read_text())["records"]
+    assert {x["kernel"] for x in recs} == {"sdpa", "torch_attention_flash",
+                                           "torch_attention_composite"}
+    assert all(x["params"]["padded"] == 0.5 for x in recs)
+    assert all(x["speedup"] > 0 for x in recs if not x["baseline"])
+    assert "padded" in r.out  # the size column says so (wrapped to the terminal)

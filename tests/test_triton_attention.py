@@ -20,9 +20,10 @@ if not devices.triton_interpreted():
         under_interpreter(__file__)
 
     @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-    @pytest.mark.parametrize(("dtype", "causal", "arch"), [(torch.float32, True, 90),
-                                                           (torch.bfloat16, False, 80)])
-    def test_triton_attention_compiles_for_the_gpus_it_is_written_for(dtype, causal, arch):
+    @pytest.mark.parametrize(("dtype", "causal", "arch", "padded"), [
+        (torch.float32, True, 90, True), (torch.bfloat16, False, 80, False)])
+    def test_triton_attention_compiles_for_the_gpus_it_is_written_for(dtype, causal, arch,
+                                                                       padded):
         from elasticbench.audit.capture import capture_launches
         from elasticbench.audit.kernel_files import CompileCache, compile_one
         from elasticbench.kernels.triton.attention import attention_backward, attention_forward
@@ -30,9 +31,11 @@ if not devices.triton_interpreted():
         q = torch.zeros(1, 8, 1024, 64, dtype=dtype)
         heads = torch.ones(1, 8)
         stats = torch.zeros(1, 8, 1024)
+        keep = (torch.arange(1024) < 700)[None] if padded else None
         with capture_launches() as launches:
-            attention_forward(q, q, q, heads, heads, 0.125, causal)
-            attention_backward(q, q, q, q, q, stats, stats + 1, heads, heads, 0.125, causal)
+            attention_forward(q, q, q, heads, heads, 0.125, causal, keep)
+            attention_backward(q, q, q, q, q, stats, stats + 1, heads, heads, 0.125, causal,
+                               keep)
         assert [launch.name for launch in launches] == [
             "attention_forward_kernel", "attention_dkdv_kernel", "attention_dq_kernel"]
         for launch in launches:
@@ -62,6 +65,28 @@ else:
         record = verify_attention_one(get_kernel("triton_attention", mode),
                                       prepare(case, mode, None, 128))
         assert record.passed, record.reason
+
+    @pytest.mark.parametrize("causal", [False, True])
+    def test_key_padding_matches_the_tiled_torch_code(causal):
+        from elasticbench.attention import flash
+        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+
+        g = torch.Generator().manual_seed(3)
+        q, k, v, do = (torch.randn(2, 2, n, 8, generator=g) for n in (40, 70, 70, 40))
+        keep = torch.arange(70)[None, :] < torch.tensor([[37], [0]])  # batch 1: no key
+        keep[0, 5] = False  # a hole; keys 37-69 padded (block 64-69 is not visited)
+        tau, beta = torch.full((2, 2), 0.7), torch.full((2, 2), 0.4)
+        got = attention_forward(q, k, v, tau, beta, 0.35, causal, keep)
+        want = flash.forward(q, k, v, tau, beta, 0.35, causal, keep)
+        torch.testing.assert_close(got[0], want[0], rtol=2e-5, atol=1e-6)
+        assert torch.equal(got[0][1], torch.zeros_like(got[0][1]))
+        grads = attention_backward(q, k, v, got[0], do, got[1], got[2], tau, beta, 0.35,
+                                   causal, keep)
+        wants = flash.backward(q, k, v, want[0], do, want[1], want[2], tau, beta, 0.35, causal,
+                               keep)
+        for name, a, b in zip(("dq", "dk", "dv", "dtau", "dbeta"), grads, wants, strict=True):
+            torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5, msg=name)
+        assert not grads[1][0, :, 37:].any() and not grads[2][1].any()
 
     def test_an_infinite_score_gives_the_mean_of_its_values():
         from elasticbench.kernels.triton.attention import attention_forward

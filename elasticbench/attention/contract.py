@@ -8,7 +8,11 @@ A kernel registered with function="elastic_attention" (or "softmax_attention") i
 q, k, v (batch, heads, length, dim) and dout arrive in the backend's array type and the
 case's dtype; every row parameter (tau and beta for elastic) arrives as a (batch, heads)
 array of the backend's type in the working precision (fp64 for fp64 inputs, else fp32);
-scale is a float, causal a bool. out has q's dtype and shape (batch, heads, length_q,
+scale is a float, causal a bool. A case with a mask passes it to the kernels that declare
+a parameter for it: `attn_mask` takes any mask as SDPA does (bool, True takes part, or float,
+added to the scores; (batch, heads, length_q, length_k) or broadcastable), `key_mask` only a
+key-padding one, as a (batch, length_k) bool array; other kernels are not given the case.
+out has q's dtype and shape (batch, heads, length_q,
 value_dim). A backward kernel does whatever forward it needs in its first call, which a
 benchmark leaves untimed, and returns `step`; step(dout) returns (dq, dk, dv, *dparams), the
 parameter gradients per (batch, head) in the row function's order (dtau, dbeta). The kernel
@@ -17,6 +21,7 @@ must not write its inputs. docs/attention.md section 4 says the same for kernel 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -40,15 +45,32 @@ def head_arrays(params: dict[str, float], row_params: tuple[str, ...], batch: in
     return {name: np.full((batch, heads), params[name], dtype=wd) for name in row_params}
 
 
+def mask_argument(spec: KernelSpec, mask: np.ndarray | None) -> dict[str, np.ndarray] | None:
+    """The keyword the kernel takes this mask by ({} for no mask), or None where it takes
+    none that fits: `attn_mask` as it is, `key_mask` (batch, length_k) for key padding."""
+    if mask is None:
+        return {}
+    takes = inspect.signature(spec.fn).parameters
+    if "attn_mask" in takes:
+        return {"attn_mask": mask}
+    if "key_mask" in takes and mask.dtype == bool and mask.shape[1:3] == (1, 1):
+        return {"key_mask": np.ascontiguousarray(mask[:, 0, 0, :])}
+    return None
+
+
 def kernel_arguments(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                     params: dict[str, float], dtype: str, scale: float
+                     params: dict[str, float], dtype: str, scale: float,
+                     mask: np.ndarray | None = None
                      ) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
-    """Fresh backend copies of q, k, v and the keyword arguments of the contract."""
+    """Fresh backend copies of q, k, v and the keyword arguments of the contract (the mask
+    by mask_argument; a kernel that takes none that fits is never given a masked case)."""
     backend = get_backend(spec.backend)
     fn = get_attention_function(spec.function)
     heads = head_arrays(params, fn.row_params, q.shape[0], q.shape[1], dtype)
     kw: dict[str, Any] = {name: backend.to_native(a) for name, a in heads.items()}
     kw.update(scale=float(scale), causal=bool(params.get("causal", 0.0)))
+    kw.update({name: backend.to_native(a)
+               for name, a in (mask_argument(spec, mask) or {}).items()})
     return (backend.to_native(q), backend.to_native(k), backend.to_native(v)), kw
 
 

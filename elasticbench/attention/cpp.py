@@ -2,7 +2,7 @@
 
 forward(q, k, v, tau, beta, scale, causal) -> (out in q's dtype, m, den) and
 backward(q, k, v, out, dO, m, den, tau, beta, scale, causal) -> (dq, dk, dv, dtau, dbeta),
-exactly as `flash`; the C++ kernel flags +inf queries by m = +inf and NaN ones by m = NaN,
+exactly as `flash`, each with an optional (batch, length_k) bool key_mask; the C++ kernel flags +inf queries by m = +inf and NaN ones by m = NaN,
 and `special` finishes the +inf ones here, as it does for every kernel. fp16 and bf16 are
 converted to fp32 once, computed in fp32 and rounded once. docs/native.md section 5.
 """
@@ -26,21 +26,22 @@ def accepts(q: torch.Tensor) -> bool:
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
-            beta: torch.Tensor, scale: float, causal: bool
+            beta: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in the work dtype."""
+    """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in the work dtype;
+    key_mask (batch, length_k) bool hides the keys where it is False inside the fused loop."""
     out, m, den = native.load().attention_forward(q, k, v, tau, beta, scale, causal,
-                                                  BLOCK_Q, BLOCK_K)
-    special.fix_forward(q, k, v, out, m, den, scale, causal)
+                                                  BLOCK_Q, BLOCK_K, key_mask)
+    special.fix_forward(q, k, v, out, m, den, scale, causal, key_mask)
     return out.to(q.dtype), m, den
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
              do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, tau: torch.Tensor,
-             beta: torch.Tensor, scale: float, causal: bool
+             beta: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in q's dtype and (dtau, dbeta) per (batch, head) in the work dtype."""
     dq, dk, dv, dtau, dbeta = native.load().attention_backward(
-        q, k, v, out, do, m, den, tau, beta, scale, causal, BLOCK_Q, BLOCK_K)
-    special.fix_backward(q, k, do, dv, m, scale, causal)
+        q, k, v, out, do, m, den, tau, beta, scale, causal, BLOCK_Q, BLOCK_K, key_mask)
+    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dtau, dbeta

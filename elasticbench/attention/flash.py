@@ -20,7 +20,8 @@ backward recomputes the weights p = exp((s - m)/tau) / den from them tile by til
 tau and beta arrive as (batch, heads) tensors in the working precision. This is the same
 contract as the native and Triton kernels: forward(q, k, v, tau, beta, scale, causal) ->
 (out, m, den) and backward(q, k, v, out, dO, m, den, tau, beta, scale, causal) ->
-(dq, dk, dv, dtau, dbeta) with dtau and dbeta per (batch, head).
+(dq, dk, dv, dtau, dbeta) with dtau and dbeta per (batch, head), each taking an optional
+(batch, length_k) bool key_mask (True: the key takes part) applied tile by tile.
 """
 
 from __future__ import annotations
@@ -42,17 +43,22 @@ def _key_end(q1: int, length_k: int, causal: bool) -> int:
 
 
 def _scores(qb: torch.Tensor, kb: torch.Tensor, scale: float, causal: bool, q0: int,
-            k0: int) -> torch.Tensor:
+            k0: int, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """The tile's scores, keys hidden causally or by key_mask (batch, length_k) at -inf."""
     s = (qb @ kb.transpose(-1, -2)) * scale
     if causal and k0 + s.shape[-1] - 1 > q0:  # the tile crosses the diagonal
         s = s.masked_fill(~visible(s.shape[-2], s.shape[-1], s.device, q0, k0), -math.inf)
+    if key_mask is not None:
+        keep = key_mask[:, None, None, k0:k0 + s.shape[-1]].to(device=s.device, dtype=torch.bool)
+        s = s.masked_fill(~keep, -math.inf)
     return s
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
-            beta: torch.Tensor, scale: float, causal: bool
+            beta: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in the work dtype."""
+    """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in the work dtype;
+    key_mask (batch, length_k) bool: the keys where it is False take no part."""
     wd = work_dtype(q.dtype)
     bsz, heads, lq, _ = q.shape
     lk = k.shape[2]
@@ -71,7 +77,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor
         inf_row = torch.zeros_like(nan_row)
         for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
             k1 = min(lk, k0 + BLOCK_K)
-            s = _scores(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0)
+            s = _scores(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
             nan_row |= s.isnan().any(-1)
             inf_row |= (s == math.inf).any(-1)
             s = s.masked_fill(~((s >= 0) & (s < math.inf)), -math.inf)  # kept, finite
@@ -86,13 +92,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor
         out[:, :, q0:q1] = o.masked_fill(nan_row[..., None], math.nan)
         m_all[:, :, q0:q1] = torch.where(inf_row, math.inf, m).masked_fill(nan_row, math.nan)
         den_all[:, :, q0:q1] = den.masked_fill(nan_row, math.nan)
-    special.fix_forward(q, k, v, out, m_all, den_all, scale, causal)
+    special.fix_forward(q, k, v, out, m_all, den_all, scale, causal, key_mask)
     return out.to(q.dtype), m_all, den_all
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
              do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, tau: torch.Tensor,
-             beta: torch.Tensor, scale: float, causal: bool
+             beta: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in q's dtype and (dtau, dbeta) per (batch, head) in the work dtype."""
     wd = work_dtype(q.dtype)
@@ -119,8 +125,8 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
             k1 = min(lk, k0 + BLOCK_K)
             kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
-            s = _scores(qb, kb, scale, causal, q0, k0)
-            keep = ((s >= 0) | rows) & ~skip
+            s = _scores(qb, kb, scale, causal, q0, k0, key_mask)
+            keep = ((s >= 0) | (rows & (s != -math.inf))) & ~skip
             z = torch.where(keep, (s - mb) / t4, 0)
             p = torch.where(keep, torch.exp(z) * rb, 0)
             dp = dob @ vb.transpose(-1, -2)
@@ -136,5 +142,5 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     wm = torch.where(w != 0, w * (m0 / t3), 0)  # w underflows long before m/tau overflows
     dtau -= torch.where(finite, c * wm / t3, 0).sum(-1)
     dbeta = -torch.where(finite, c * e * r, 0).sum(-1)
-    special.fix_backward(q, k, do, dv, m, scale, causal)
+    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dtau, dbeta

@@ -74,6 +74,19 @@ def head_params(value: Scalar, batch: int, heads: int, dtype: torch.dtype,
     return t
 
 
+def key_padding(attn_mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+                ) -> torch.Tensor | None:
+    """A bool attn_mask that only hides keys, the same for every head and query ((B, 1, 1,
+    Lk), (1, 1, 1, Lk), (1, Lk) or (Lk,)), as a contiguous (batch, length_k) bool tensor for
+    the fused kernels; None for any other mask (it takes the materialized path)."""
+    if attn_mask.dtype != torch.bool or not 1 <= attn_mask.ndim <= 4:
+        return None
+    m = attn_mask.reshape((1,) * (4 - attn_mask.ndim) + tuple(attn_mask.shape))
+    if m.shape[1:3] != (1, 1) or m.shape[3] != k.shape[2] or m.shape[0] not in (1, q.shape[0]):
+        return None
+    return m[:, 0, 0, :].to(q.device).expand(q.shape[0], k.shape[2]).contiguous()
+
+
 def visible(length_q: int, length_k: int, device: torch.device, q0: int = 0,
             k0: int = 0) -> torch.Tensor:
     """(length_q, length_k) bool: key k0 + j is visible to query q0 + i (causal, top-left)."""

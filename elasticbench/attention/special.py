@@ -15,7 +15,8 @@ import torch
 
 
 def _infinite_scores(q: torch.Tensor, k: torch.Tensor, m: torch.Tensor, scale: float,
-                     causal: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+                     causal: bool, key_mask: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(indices (n, 3) of the +inf queries, their (n, length_k) float hit matrix / count)."""
     idx = (m == math.inf).nonzero()
     if idx.numel() == 0:
@@ -26,14 +27,17 @@ def _infinite_scores(q: torch.Tensor, k: torch.Tensor, m: torch.Tensor, scale: f
     if causal:
         s = s.masked_fill(~(torch.arange(k.shape[2], device=q.device)[None, :] <= i[:, None]),
                           -math.inf)
+    if key_mask is not None:  # (batch, length_k): padded keys do not exist for the query
+        s = s.masked_fill(~key_mask.to(device=s.device, dtype=torch.bool)[b], -math.inf)
     hits = (s == math.inf).to(wd)
     return idx, hits / hits.sum(-1, keepdim=True)
 
 
 def fix_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                m: torch.Tensor, den: torch.Tensor, scale: float, causal: bool) -> None:
+                m: torch.Tensor, den: torch.Tensor, scale: float, causal: bool,
+                key_mask: torch.Tensor | None = None) -> None:
     """Overwrite out and den (in place) at the queries whose m is +inf."""
-    found = _infinite_scores(q, k, m, scale, causal)
+    found = _infinite_scores(q, k, m, scale, causal, key_mask)
     if found is None:
         return
     idx, share = found
@@ -43,9 +47,11 @@ def fix_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
 
 
 def fix_backward(q: torch.Tensor, k: torch.Tensor, do: torch.Tensor, dv: torch.Tensor,
-                 m: torch.Tensor, scale: float, causal: bool) -> None:
-    """Add the +inf queries' dO / k to dv of their +inf keys (in place, dv in work dtype)."""
-    found = _infinite_scores(q, k, m, scale, causal)
+                 m: torch.Tensor, scale: float, causal: bool,
+                 key_mask: torch.Tensor | None = None) -> None:
+    """Add the +inf queries' dO / k to dv of their +inf keys (in place, dv in work dtype);
+    key_mask (batch, length_k) bool, True where a key takes part, as the kernels take it."""
+    found = _infinite_scores(q, k, m, scale, causal, key_mask)
     if found is None:
         return
     idx, share = found

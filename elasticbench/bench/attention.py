@@ -12,6 +12,7 @@ A case file's [attention_run] table says what to time (docs/attention.md section
     head_dim = 64
     lengths = [512, 1024]              # length_q = length_k
     causal = [0, 1]
+    padded = [0, 0.5]                  # optional: the share of each batch's keys padded
     modes = ["fwd", "bwd"]
     quadratic = ["torch_attention_composite"]   # kernels that hold the L x L scores
     quadratic_limit_gib = 4.0          # ... skipped (and said so) where they would need more
@@ -24,7 +25,10 @@ A case file's [attention_run] table says what to time (docs/attention.md section
     [attention_run.timing]             # bench.timing.Policy
     min_reps = 3
 
-Each cell (dtype, length, causal, mode) times the baseline first, then the kernels; the
+`padded` > 0 gives the baseline and the kernels the same (batch, 1, 1, length) bool
+key-padding mask (the last keys of each batch hidden) as attn_mask or key_mask, whichever a
+kernel declares (attention/contract.py); a kernel that takes neither is not timed there.
+Each cell (dtype, length, causal, padded, mode) times the baseline first, then the kernels; the
 backward is timed as step(dO) alone, after the kernel's untimed first call (the attention
 contract, docs/attention.md section 4). The ceilings: copy bandwidth (the bytes a fused
 kernel must move: q, k, v and out forward; q, k, v, out, dO and dq, dk, dv backward) and
@@ -41,12 +45,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import devices
-from ..attention.contract import backward_step, kernel_arguments
+from ..attention.contract import backward_step, kernel_arguments, mask_argument
 from ..backends import get_backend
 from ..execute import Call, guarded_call
 from ..functions import get_attention_function
-from ..inputs.attention import generate_qkv
+from ..inputs.attention import generate_qkv, padding_mask
 from ..numerics.dtypes import get_format
 from ..records import QuickVerdict, RunRecord
 from ..registry import KernelSpec, get_kernel
@@ -102,17 +108,30 @@ def measure_matmul(device: str, dtype: str, case: AttentionRunCase, policy: Poli
 
 @dataclass(frozen=True)
 class AttentionUnit:
-    """One timed (kernel, mode, dtype, length, causal)."""
+    """One timed (kernel, mode, dtype, length, causal, padded)."""
 
     spec: KernelSpec
     dtype: str
     length: int
     causal: int
     baseline: bool
+    padded: float = 0.0
 
     @property
     def key(self) -> tuple:
-        return (self.spec.name, self.spec.mode, self.dtype, self.length, self.causal)
+        return (self.spec.name, self.spec.mode, self.dtype, self.length, self.causal,
+                self.padded)
+
+    @property
+    def cell(self) -> tuple:
+        """What the baseline and the kernels share: mode, dtype, length, causal, padded."""
+        return (self.spec.mode, self.dtype, self.length, self.causal, self.padded)
+
+
+def _record_cell(r: RunRecord) -> tuple:
+    """A record's AttentionUnit.cell."""
+    return (r.mode, r.dtype, r.shape[2], int(r.params.get("causal", 0)),
+            float(r.params.get("padded", 0.0)))
 
 
 class AttentionRunJob(Job[AttentionUnit]):
@@ -155,22 +174,37 @@ class AttentionRunJob(Job[AttentionUnit]):
         for mode in c.modes:
             for dtype in c.dtypes:
                 for length in c.lengths:
-                    for causal in c.causal:
+                    for causal, padded in ((a, p) for a in c.causal for p in c.padded):
                         names = ([(c.baseline, True)] if c.baseline else []) + \
                             [(k, False) for k in c.kernels]
                         for name, base in names:
                             spec = get_kernel(name, mode)
-                            if spec.supports(dtype) and self._fits(spec, dtype, length):
-                                units.append(AttentionUnit(spec, dtype, length, causal, base))
+                            if (spec.supports(dtype) and self._fits(spec, dtype, length)
+                                    and self._takes(spec, padded)):
+                                units.append(AttentionUnit(spec, dtype, length, causal, base,
+                                                           padded))
         return units
 
+    def _mask(self, length: int, padded: float) -> np.ndarray | None:
+        """The case's key-padding mask at this length (None where nothing is padded)."""
+        c = self.case
+        return padding_mask(c.batch, length, padded) if padded else None
+
+    def _takes(self, spec: KernelSpec, padded: float) -> bool:
+        """Whether the kernel takes the key-padding mask (said in the header if not)."""
+        if mask_argument(spec, self._mask(2, padded)) is not None:
+            return True
+        why = f"{spec.name} {spec.mode}: takes no key-padding mask (padded {padded:g})"
+        if why not in self.skipped:
+            self.skipped.append(why)
+        return False
+
     def shard_key(self, unit: AttentionUnit) -> Any:
-        return [unit.spec.mode, unit.dtype, unit.length, unit.causal]
+        return [unit.spec.mode, unit.dtype, unit.length, unit.causal, unit.padded]
 
     def work(self, units: list[AttentionUnit], session: Session) -> None:
         case = self.case
-        done = {(r.kernel, r.mode, r.dtype, r.shape[2], int(r.params.get("causal", 0)))
-                for r in session.records}
+        done = {(r.kernel, *_record_cell(r)) for r in session.records}
         units = [u for u in units if u.key not in done]
         session.header["skipped"] = self.skipped
         task = session.task(f"{case.name} · ceilings", len(units) + 2)
@@ -186,14 +220,14 @@ class AttentionRunJob(Job[AttentionUnit]):
                                           for (k, m, d), v in verdicts.items()}
         task.advance()
         base_median: dict[tuple, float] = {
-            (r.mode, r.dtype, r.shape[2], int(r.params.get("causal", 0))): r.median_s
-            for r in session.records if r.baseline and r.median_s}
+            _record_cell(r): r.median_s for r in session.records if r.baseline and r.median_s}
         for u in units:
             task.describe(f"{case.name} · {u.spec.name} {u.spec.mode} {u.dtype} "
-                          f"L={u.length}{' causal' if u.causal else ''}")
+                          f"L={u.length}{' causal' if u.causal else ''}"
+                          f"{f' padded {u.padded:g}' if u.padded else ''}")
             record = self._time(u, copy_bps, matmul[u.dtype]["ceiling"],
                                 verdicts[(u.spec.name, u.spec.mode, u.dtype)])
-            cell = (u.spec.mode, u.dtype, u.length, u.causal)
+            cell = u.cell
             if u.baseline and record.median_s:
                 base_median[cell] = record.median_s
             elif record.median_s and cell in base_median:
@@ -229,14 +263,16 @@ class AttentionRunJob(Job[AttentionUnit]):
         c, spec = self.case, u.spec
         shape = self.shape(u.length)
         row = get_attention_function(spec.function).row_params
-        params = {**{k: v for k, v in c.params.items() if k in row}, "causal": float(u.causal)}
+        params = {**{k: v for k, v in c.params.items() if k in row}, "causal": float(u.causal),
+                  **({"padded": u.padded} if u.padded else {})}
         record = RunRecord(kernel=spec.name, function=spec.function, backend=spec.backend,
                            source=spec.source, mode=spec.mode, dtype=u.dtype, shape=shape,
                            params=params, generator="normal", seed=c.seed, baseline=u.baseline,
                            verify=verdict)
         backend = get_backend(spec.backend)
         call = self._call(spec, AttentionCase(spec.function, "normal", shape, u.dtype,
-                                              tuple(params.items()), c.seed))
+                                              tuple(params.items()), c.seed),
+                          self._mask(u.length, u.padded))
         once = call if isinstance(call, Call) else guarded_call(
             backend, lambda: peak_growth(lambda: (call(0), backend.synchronize())))
         if once.raised is not None:
@@ -247,12 +283,14 @@ class AttentionRunJob(Job[AttentionUnit]):
         _measured(record, timing, once.value, copy_bps, matmul_gflops, backend.llc_bytes())
         return record
 
-    def _call(self, spec: KernelSpec, case: AttentionCase) -> Callable[[int], Any] | Call:
+    def _call(self, spec: KernelSpec, case: AttentionCase, mask: np.ndarray | None
+              ) -> Callable[[int], Any] | Call:
         """What one timed call runs (the forward, or step(dO) after an untimed forward), or
-        the failed forward call."""
+        the failed forward call; mask is the key-padding mask, if any."""
         backend = get_backend(spec.backend)
         q, k, v = generate_qkv(case.generator, case.dtype, case.shape, case.seed)
-        args, kw = kernel_arguments(spec, q, k, v, case.param_dict, case.dtype, case.scale)
+        args, kw = kernel_arguments(spec, q, k, v, case.param_dict, case.dtype, case.scale,
+                                    mask)
         if spec.mode == "fwd":
             return lambda i: spec.fn(*args, **kw)
         shape = case.shape

@@ -19,6 +19,11 @@ TABLE = "attention_run"
 GIB = 1 << 30
 
 
+def share(v: float) -> str | None:
+    """A share of each batch's keys padded: in [0, 1) (0: no mask; 1 would leave no key)."""
+    return None if 0 <= v < 1 else f"must be in [0, 1), got {v!r}"
+
+
 @dataclass(frozen=True)
 class AttentionRunCase:
     """A validated [attention_run] table (its fields are checked as records' are)."""
@@ -33,6 +38,7 @@ class AttentionRunCase:
     head_dim: int = entry(64, check=positive)
     lengths: tuple[int, ...] = entry((512,), check=positive)
     causal: tuple[Literal[0, 1], ...] = (0, 1)
+    padded: tuple[float, ...] = entry((0.0,), check=share)  # each batch's keys padded (0: no mask)
     modes: tuple[Literal["fwd", "bwd"], ...] = ("fwd", "bwd")
     quadratic: tuple[str, ...] = ()
     quadratic_limit_gib: float = entry(4.0, check=positive)
@@ -72,3 +78,5 @@ def load_attention_run(path: Path) -> AttentionRunCase:
     if isinstance(table, dict) and table.get("baseline") == "":
         table = {**table, "baseline": None}
     return read_table(AttentionRunCase, table, str(path), TABLE, name=Path(path).stem)
+
+

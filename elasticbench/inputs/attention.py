@@ -9,7 +9,9 @@ each input is for (docs/attention.md section 5):
   query whose only visible key is negative while later keys are positive (a kernel that
   masks after shifting, or that ignores the causal mask when keeping, differs there);
 - ties (equal keys), huge scores (the shift must keep every exponential finite), a NaN in
-  q, in k or in v, placed so that it reaches some queries and not others.
+  q, in k or in v, placed so that it reaches some queries and not others;
+- masks (`generate_mask`): key padding, a random bool mask, a finite float mask that flips
+  scores' signs, each leaving some queries with no key.
 """
 
 from __future__ import annotations
@@ -105,6 +107,86 @@ def _nan_v(rng, fmt, shape):
     q, k, v = _normal(rng, shape)
     v[-1, 0, shape[3] - 1, 0] = np.nan
     return q, k, v
+
+
+# Masks (docs/attention.md section 5). An input with a mask draws it from its own seed stream,
+# so its q, k, v are those of `normal`; the mask is SDPA's attn_mask: bool (True takes part)
+# or float (added to the scores), broadcastable to (batch, heads, length_q, length_k).
+MaskDraw = Callable[[np.random.Generator, Shape], np.ndarray]
+ATTENTION_MASKS: dict[str, MaskDraw] = {}
+
+
+def _masked(name: str, summary: str) -> Callable[[MaskDraw], MaskDraw]:
+    """Register an input of normal q, k, v under a mask drawn by the decorated function."""
+    def deco(fn: MaskDraw) -> MaskDraw:
+        ATTENTION_GENERATORS[name] = AttentionGenerator(name, summary, _normal_qkv)
+        ATTENTION_MASKS[name] = fn
+        return fn
+    return deco
+
+
+@_masked("key_padding", "a (B, 1, 1, Lk) key-padding mask: a kept prefix with a hole per "
+         "batch, the last batch (of several) keeping no key")
+def _key_padding(rng, shape):
+    b, _, _, lk, _ = shape
+    keep = np.arange(lk)[None, :] < rng.integers(1, lk + 1, size=(b, 1))
+    keep[:, rng.integers(0, lk)] = False  # a hole (or one more padded key)
+    if b > 1:
+        keep[-1] = False
+    return keep[:, None, None, :]
+
+
+@_masked("bool_mask", "a random (B, H, Lq, Lk) bool mask, query 0 of every head keeping no key")
+def _bool_mask(rng, shape):
+    b, h, lq, lk, _ = shape
+    keep = rng.random((b, h, lq, lk)) < 0.6
+    keep[:, :, 0] = False
+    return keep
+
+
+@_masked("additive_mask", "a finite float mask added to the scores, flipping their signs; "
+         "-1024 on query 0, which keeps no key")
+def _additive_mask(rng, shape):
+    b, h, lq, lk, _ = shape
+    add = rng.standard_normal((b, h, lq, lk)) * 1.5
+    add[:, :, 0] = -1024.0  # exact in every format
+    return add
+
+
+def generate_mask(name: str, dtype: str, shape: Shape, seed: int) -> np.ndarray | None:
+    """The attn_mask of input `name` (None for an input without one), reproducible from
+    seed; a float mask is rounded to the format, so the kernels get it exactly."""
+    draw = ATTENTION_MASKS.get(name)
+    if draw is None:
+        return None
+    mask = draw(np.random.default_rng(stream_seed(seed, f"attention/{name}/mask", dtype,
+                                                  shape)), shape)
+    return mask if mask.dtype == bool else get_format(dtype).cast(mask)
+
+
+def mask_bias(mask: np.ndarray | None, shape: Shape) -> np.ndarray | None:
+    """A mask as the reference takes it: float64 (B, H, Lq, Lk), -inf where a key is hidden,
+    the value added to the score elsewhere (0 for a bool mask's kept keys)."""
+    if mask is None:
+        return None
+    b, h, lq, lk, _ = shape
+    bias = (np.where(mask, 0.0, -np.inf) if mask.dtype == bool
+            else np.asarray(mask, dtype=np.float64))
+    return np.ascontiguousarray(np.broadcast_to(bias, (b, h, lq, lk)))
+
+
+def padding_mask(batch: int, length: int, padded: float) -> np.ndarray:
+    """(batch, 1, 1, length) bool: the last round(padded * length) keys of each batch
+    hidden (a benchmark's key padding)."""
+    kept = length - round(padded * length)
+    return np.broadcast_to(np.arange(length) < kept, (batch, 1, 1, length)).copy()
+
+
+def key_padding_of(mask: np.ndarray | None) -> np.ndarray | None:
+    """The (B, Lk) bool key-padding mask of a (B, 1, 1, Lk) bool mask; None for others."""
+    if mask is None or mask.dtype != bool or mask.shape[1:3] != (1, 1):
+        return None
+    return np.ascontiguousarray(mask[:, 0, 0, :])
 
 
 def get_attention_generator(name: str) -> AttentionGenerator:

@@ -68,7 +68,9 @@ class Conditioning:
 
     def __init__(self, fn: AttentionFunction, params: dict[str, float], q: np.ndarray,
                  k: np.ndarray, v: np.ndarray, scale: float, truth: AttentionTruth,
-                 fmt: FloatFormat, budget: AttentionBudget):
+                 fmt: FloatFormat, budget: AttentionBudget, bias: np.ndarray | None = None):
+        """bias: a mask's (B, H, Lq, Lk), -inf where hidden; its finite values are added to
+        the scores, and their magnitude joins sigma (the kernel's addition rounds once)."""
         self.fmt, self.bud, self.scale = fmt, budget, scale
         self.uw, self.uo = work_unit(fmt), fmt.unit_roundoff
         self.sub = 2.0**-149 if self.uw > 2.0**-53 else 2.0**-1074  # the work's subnormal step
@@ -84,7 +86,8 @@ class Conditioning:
         self.v0 = np.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
         self.av = np.abs(self.v0)
         self.aq, self.ak = aq, ak
-        self.sigma = scale * aq @ np.swapaxes(ak, -1, -2)  # (B, H, Lq, Lk)
+        add = 0.0 if bias is None else np.where(np.isfinite(bias), bias, 0.0)
+        self.sigma = scale * aq @ np.swapaxes(ak, -1, -2) + np.abs(add)  # (B, H, Lq, Lk)
         total = self.w.sum(-1)
         self.sigbar = np.where(total > 0, (self.w * self.sigma).sum(-1) /
                                np.where(total > 0, total, 1), 0.0)
@@ -96,6 +99,7 @@ class Conditioning:
                     + budget.d * math.log2(max(lk, 1)))
         # m_i / tau and each query's sink share, from float64 scores (for bounds only)
         s = scale * np.nan_to_num(q, nan=0.0) @ np.swapaxes(np.nan_to_num(k, nan=0.0), -1, -2)
+        s = s + add
         kept = self.w > 0
         self.kept = kept.astype(np.float64)
         m = np.maximum(np.where(kept, s, -np.inf).max(-1, initial=-np.inf), 0.0)

@@ -47,32 +47,44 @@ class Head:
     bad_v: np.ndarray  # (Lk, Dv) bool: v not finite
     sc: Any  # the scale as an mpf
     causal: bool
-    rows: dict[int, tuple[list, RowTruth, list[int]]] = field(default_factory=dict)
+    bias: np.ndarray | None = None  # (Lq, Lk) a mask's: -inf hides a key, else added
+    # query i: (the keys it sees, its scores over them, its row truth, the positions among
+    # them of its live keys)
+    rows: dict[int, tuple[list[int], list, RowTruth, list[int]]] = field(default_factory=dict)
 
-    def visible(self, i: int) -> int:
-        """How many keys query i sees (the first ones)."""
-        return min(i + 1, len(self.K)) if self.causal else len(self.K)
+    def keys(self, i: int) -> list[int]:
+        """The keys query i sees: causally the first i + 1, less those the mask hides."""
+        n = min(i + 1, len(self.K)) if self.causal else len(self.K)
+        if self.bias is None:
+            return list(range(n))
+        return [j for j in range(n) if self.bias[i, j] != -np.inf]
+
+    def score(self, i: int, j: int) -> Any:
+        """s_ij exactly: scale q_i . k_j, plus the mask's finite value."""
+        s = self.sc * mpmath.fdot(self.Q[i], self.K[j])
+        return s if self.bias is None else s + mpmath.mpf(float(self.bias[i, j]))
 
 
 def _head(q: np.ndarray, k: np.ndarray, v: np.ndarray, b: int, h: int, scale: float,
-          causal: bool) -> Head:
+          causal: bool, bias: np.ndarray | None) -> Head:
     return Head(b, h, _mp(q[b, h]), _mp(k[b, h]), _mp(v[b, h]), ~np.isfinite(v[b, h]),
-                mpmath.mpf(float(scale)), causal)
+                mpmath.mpf(float(scale)), causal, None if bias is None else bias[b, h])
 
 
 def _forward_row(truth: AttentionTruth, fn: AttentionFunction, rowp: dict[str, float],
                  head: Head, i: int) -> None:
     """Query i of a head: its scores, its row's exact weights, out_i; kept in head.rows."""
-    b, h, nvis = head.b, head.h, head.visible(i)
-    s = [head.sc * mpmath.fdot(head.Q[i], head.K[j]) for j in range(nvis)]
+    b, h, keys = head.b, head.h, head.keys(i)
+    s = [head.score(i, j) for j in keys]
     rt = fn.row.reference_row(s, **rowp)
     truth.kind[b, h, i] = rt.kind
     truth.zbar[b, h, i] = rt.zbar
-    for j in range(nvis):
-        truth.zabs[b, h, i, j] = rt.zabs[j]
-        truth.w[b, h, i, j] = float(rt.y[j]) if rt.y[j] is not None else np.nan
-    live = [j for j in range(nvis) if rt.y[j] is not None and rt.y[j] != 0]
-    head.rows[i] = (s, rt, live)
+    for p, j in enumerate(keys):
+        truth.zabs[b, h, i, j] = rt.zabs[p]
+        truth.w[b, h, i, j] = float(rt.y[p]) if rt.y[p] is not None else np.nan
+    live = [p for p in range(len(keys)) if rt.y[p] is not None and rt.y[p] != 0]
+    head.rows[i] = (keys, s, rt, live)
+    live_keys = {keys[p] for p in live}
     for e in range(head.bad_v.shape[1]):
         if rt.kind == ROW_NAN:
             split_double(None, truth.out_hi, truth.out_lo, (b, h, i, e))
@@ -80,16 +92,18 @@ def _forward_row(truth: AttentionTruth, fn: AttentionFunction, rowp: dict[str, f
         if rt.kind == ROW_MASKED:
             truth.out_zero[b, h, i, e] = True
             continue
-        o = mpmath.fsum(rt.y[j] * head.V[j][e] for j in live)
+        o = mpmath.fsum(rt.y[p] * head.V[keys[p]][e] for p in live)
         split_double(o, truth.out_hi, truth.out_lo, (b, h, i, e))
         truth.out_nan_ok[b, h, i, e] = any(head.bad_v[j, e] for j in range(len(head.K))
-                                           if j not in live)
+                                           if j not in live_keys)
 
 
 def forward_rows(truth: AttentionTruth, fn: AttentionFunction, params: dict[str, float],
                  q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
-                 rows: Iterable[tuple[int, int, int]], precision: int) -> None:
-    """The exact forward of the given query rows (b, h, i), written into truth."""
+                 rows: Iterable[tuple[int, int, int]], precision: int,
+                 bias: np.ndarray | None = None) -> None:
+    """The exact forward of the given query rows (b, h, i), written into truth; bias
+    (B, H, Lq, Lk) a mask's, or None."""
     heads: dict[tuple[int, int], list[int]] = defaultdict(list)
     for b, h, i in rows:
         heads[(b, h)].append(i)
@@ -97,7 +111,7 @@ def forward_rows(truth: AttentionTruth, fn: AttentionFunction, params: dict[str,
     causal = bool(params.get("causal", 0.0))
     with mpmath.workprec(precision):
         for (b, h), queries in heads.items():
-            head = _head(q, k, v, b, h, scale, causal)
+            head = _head(q, k, v, b, h, scale, causal, bias)
             for i in queries:
                 _forward_row(truth, fn, rowp, head, i)
 
@@ -122,10 +136,10 @@ class Accumulators:
                    np.zeros(lk, bool), [[] for _ in range(npar)])
 
 
-def _nan_row(acc: Accumulators, i: int, nvis: int) -> None:
+def _nan_row(acc: Accumulators, i: int, keys: list[int]) -> None:
     """A NaN query: its dq, the dk and dv of every key it sees and the parameters are NaN."""
     acc.touched_q[i] = True
-    for j in range(nvis):
+    for j in keys:
         acc.DK[j] = [mpmath.nan] * len(acc.DK[j])
         acc.DV[j] = [mpmath.nan] * len(acc.DV[j])
         acc.touched_k[j] = acc.touched_v[j] = True
@@ -137,25 +151,25 @@ def _nan_row(acc: Accumulators, i: int, nvis: int) -> None:
 def _gradient_row(acc: Accumulators, fn: AttentionFunction, rowp: dict[str, float],
                   head: Head, DO: list, i: int) -> None:
     """Query i's share of the head's gradients: ds = the row gradient for g_j = dO_i . v_j."""
-    s, rt, live = head.rows[i]
-    nvis = head.visible(i)
+    keys, s, rt, live = head.rows[i]
     if rt.kind == ROW_NAN:
-        _nan_row(acc, i, nvis)
+        _nan_row(acc, i, keys)
         return
     zero = mpmath.mpf(0)
-    g = [mpmath.fdot(DO[i], head.V[j]) if j in live else zero for j in range(nvis)]
+    g = [mpmath.fdot(DO[i], head.V[j]) if p in live else zero for p, j in enumerate(keys)]
     rg = fn.row.gradient_row(s, g, **rowp)
-    for j in live:  # dv_j += w_ij dO_i (the +inf limit included)
+    for p in live:  # dv_j += w_ij dO_i (the +inf limit included)
+        j = keys[p]
         acc.touched_v[j] = True
-        acc.DV[j] = [a + rt.y[j] * d for a, d in zip(acc.DV[j], DO[i], strict=True)]
+        acc.DV[j] = [a + rt.y[p] * d for a, d in zip(acc.DV[j], DO[i], strict=True)]
     for n, name in enumerate(fn.row_params):
         acc.dpar[n].append(rg.dparams[name])
-    for j in live:  # exactly 0 by structure only where nothing is kept
-        acc.touched_q[i] = acc.touched_k[j] = True
+    for p in live:  # exactly 0 by structure only where nothing is kept
+        acc.touched_q[i] = acc.touched_k[keys[p]] = True
     sc = head.sc
-    for j in range(nvis):
-        ds = rg.dx[j]
-        if rg.zero[j] or ds == 0:
+    for p, j in enumerate(keys):
+        ds = rg.dx[p]
+        if rg.zero[p] or ds == 0:
             continue
         acc.DQ[i] = [a + sc * ds * kk for a, kk in zip(acc.DQ[i], head.K[j], strict=True)]
         acc.DK[j] = [a + sc * ds * qq for a, qq in zip(acc.DK[j], head.Q[i], strict=True)]
@@ -183,14 +197,16 @@ def _store_gradients(truth: AttentionTruth, head: Head, acc: Accumulators) -> No
 
 def gradient_heads(truth: AttentionTruth, fn: AttentionFunction, params: dict[str, float],
                    q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, scale: float,
-                   heads: Iterable[tuple[int, int]], precision: int) -> None:
-    """The exact forward and gradients of the given heads (b, h), written into truth."""
+                   heads: Iterable[tuple[int, int]], precision: int,
+                   bias: np.ndarray | None = None) -> None:
+    """The exact forward and gradients of the given heads (b, h), written into truth; bias
+    (B, H, Lq, Lk) a mask's, or None."""
     rowp = {n: params[n] for n in fn.row_params}
     causal = bool(params.get("causal", 0.0))
     lq, lk = q.shape[2], k.shape[2]
     with mpmath.workprec(precision):
         for b, h in heads:
-            head = _head(q, k, v, b, h, scale, causal)
+            head = _head(q, k, v, b, h, scale, causal, bias)
             for i in range(lq):
                 _forward_row(truth, fn, rowp, head, i)
             DO = _mp(dout[b, h])

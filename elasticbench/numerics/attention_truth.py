@@ -36,34 +36,37 @@ ATTENTION_TRUTH_VERSION = 3  # 3: the certified phase first, keys name the forma
 BLOCK_ELEMENTS = 1 << 20  # a certified block holds heads up to this many (Lq, Lk, dim) values
 def oracle_evaluate(fn: AttentionFunction, params: dict[str, float], q: np.ndarray,
                     k: np.ndarray, v: np.ndarray, scale: float, dout: np.ndarray | None = None,
-                    precision: int = 128) -> AttentionTruth:
-    """The truth of fn on float64 copies of q, k, v (and dO) from mpmath alone."""
+                    precision: int = 128, bias: np.ndarray | None = None) -> AttentionTruth:
+    """The truth of fn on float64 copies of q, k, v (and dO) from mpmath alone; bias, a
+    mask as inputs.attention.mask_bias lays it out, or None."""
     truth = empty_truth(q, k, v, len(fn.row_params), dout is not None)
     b_, h_, lq = q.shape[:3]
     if dout is None:
         rows = ((b, h, i) for b in range(b_) for h in range(h_) for i in range(lq))
-        attention_oracle.forward_rows(truth, fn, params, q, k, v, scale, rows, precision)
+        attention_oracle.forward_rows(truth, fn, params, q, k, v, scale, rows, precision,
+                                      bias)
     else:
         heads = ((b, h) for b in range(b_) for h in range(h_))
         attention_oracle.gradient_heads(truth, fn, params, q, k, v, dout, scale, heads,
-                                        precision)
+                                        precision, bias)
     return truth
 
 
 def evaluate(fn: AttentionFunction, params: dict[str, float], q: np.ndarray, k: np.ndarray,
              v: np.ndarray, scale: float, dout: np.ndarray | None = None,
              precision: int = 128, fmt: FloatFormat | None = None,
-             stats: TruthStats | None = None, store: TruthStore | None = None
-             ) -> AttentionTruth:
+             stats: TruthStats | None = None, store: TruthStore | None = None,
+             bias: np.ndarray | None = None) -> AttentionTruth:
     """The exact truth of fn on float64 copies of q, k, v (and dO for gradients): certified
     where the bound allows in fmt (fp64, the strictest, unless given), from mpmath (or from
     store, which keeps the truths that needed it) elsewhere: the query rows whose outputs
     are not certified, the heads whose gradients are not. stats, if given, counts the
-    values, those mpmath computed and the seconds of each phase."""
+    values, those mpmath computed and the seconds of each phase. bias: a mask, float64
+    (B, H, Lq, Lk), -inf where a key is hidden, else added to the score (None: no mask)."""
     fmt = fmt or get_format("fp64")
     stats = stats if stats is not None else TruthStats()
     started = time.perf_counter()
-    cert = certified_phase(fn, params, q, k, v, scale, dout, fmt)
+    cert = certified_phase(fn, params, q, k, v, scale, dout, fmt, bias)
     stats.fast_s += time.perf_counter() - started
     truth = cert.truth
     heads = ~cert.ok_heads if dout is not None else np.zeros(q.shape[:2], dtype=bool)
@@ -75,14 +78,15 @@ def evaluate(fn: AttentionFunction, params: dict[str, float], q: np.ndarray, k: 
     started = time.perf_counter()
     stats.fallback_elements += per_row * int(rows.sum()) + per_head * int(heads.sum())
     stats.fallback_rows += int(rows.sum()) + q.shape[2] * int(heads.sum())
-    arrays = [q, k, v] + ([dout] if dout is not None else [])
+    arrays = [q, k, v] + ([dout] if dout is not None else []) + ([bias] if bias is not None
+                                                                 else [])
     key = truth_key(fn, params, arrays, scale, precision, fmt) + "-attention"
     cached = store.get(key, AttentionTruth) if store is not None else None  # type: ignore
     if cached is not None:  # the certified part is the same: take it whole
         stats.cached_elements += per_row * int(rows.sum()) + per_head * int(heads.sum())
         truth = cached  # type: ignore[assignment]
     else:
-        _oracle(truth, rows, heads, fn, params, q, k, v, scale, dout, precision)
+        _oracle(truth, rows, heads, fn, params, q, k, v, scale, dout, precision, bias)
         if store is not None:
             store.put(key, truth)  # type: ignore[arg-type]
     stats.fallback_s += time.perf_counter() - started
@@ -97,7 +101,8 @@ def _values(truth: AttentionTruth) -> tuple[int, int]:
 
 def _oracle(truth: AttentionTruth, rows: np.ndarray, heads: np.ndarray, fn: AttentionFunction,
             params: dict[str, float], q: np.ndarray, k: np.ndarray, v: np.ndarray,
-            scale: float, dout: np.ndarray | None, precision: int) -> None:
+            scale: float, dout: np.ndarray | None, precision: int,
+            bias: np.ndarray | None = None) -> None:
     """mpmath for the query rows (B, H, Lq) and the heads (B, H, forward and gradients)
     where rows and heads hold, in place (their forward values reset first: the oracle
     writes only what is not 0)."""
@@ -105,10 +110,10 @@ def _oracle(truth: AttentionTruth, rows: np.ndarray, heads: np.ndarray, fn: Atte
         getattr(truth, name)[rows] = 0
         getattr(truth, name)[heads] = 0
     attention_oracle.forward_rows(truth, fn, params, q, k, v, scale,
-                                  map(tuple, np.argwhere(rows)), precision)
+                                  map(tuple, np.argwhere(rows)), precision, bias)
     if dout is not None:
         attention_oracle.gradient_heads(truth, fn, params, q, k, v, dout, scale,
-                                        map(tuple, np.argwhere(heads)), precision)
+                                        map(tuple, np.argwhere(heads)), precision, bias)
 
 
 @dataclass
@@ -127,7 +132,7 @@ class Certified:
 
 def certified_phase(fn: AttentionFunction, params: dict[str, float], q: np.ndarray,
                     k: np.ndarray, v: np.ndarray, scale: float, dout: np.ndarray | None,
-                    fmt: FloatFormat) -> Certified:
+                    fmt: FloatFormat, bias: np.ndarray | None = None) -> Certified:
     """The certified truth, a block of heads at a time (numerics/certified_attention.py)."""
     b_, h_, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[3]
@@ -137,6 +142,7 @@ def certified_phase(fn: AttentionFunction, params: dict[str, float], q: np.ndarr
     bounds.update({name: np.zeros_like(getattr(truth, name)) for name in ("w", "zabs", "zbar")})
     flat = [a.reshape(b_ * h_, *a.shape[2:]) for a in (q, k, v)]
     dflat = None if dout is None else dout.reshape(b_ * h_, lq, dv)
+    bflat = None if bias is None else bias.reshape(b_ * h_, lq, lk)
     ok_rows, trusted_rows = np.zeros(b_ * h_ * lq, bool), np.zeros(b_ * h_ * lq, bool)
     ok_heads, trusted_heads = np.zeros(b_ * h_, bool), np.zeros(b_ * h_, bool)
     per = max(1, BLOCK_ELEMENTS // (lq * lk * max(d, dv)))
@@ -144,7 +150,8 @@ def certified_phase(fn: AttentionFunction, params: dict[str, float], q: np.ndarr
         heads = slice(start, min(b_ * h_, start + per))
         rows = slice(heads.start * lq, heads.stop * lq)
         block = [a[heads] for a in flat]
-        fw = certified_attention.forward_block(fn, params, *block, scale, fmt)
+        fw = certified_attention.forward_block(fn, params, *block, scale, fmt,
+                                               None if bflat is None else bflat[heads])
         certified_attention.write_forward(truth, bounds, heads, fw)
         ok_rows[rows], trusted_rows[rows] = fw.ok, fw.trusted
         if dflat is not None:
@@ -170,8 +177,9 @@ def truth_key(fn: AttentionFunction, params: dict[str, float], arrays: list[np.n
 def cached_evaluate(directory: Path | None, fn: AttentionFunction, params: dict[str, float],
                     q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
                     dout: np.ndarray | None, precision: int, fmt: FloatFormat | None = None,
-                    stats: TruthStats | None = None) -> AttentionTruth:
+                    stats: TruthStats | None = None, bias: np.ndarray | None = None
+                    ) -> AttentionTruth:
     """evaluate, with the mpmath part kept in the truths' content-addressed disk cache
     (None: no disk)."""
     return evaluate(fn, params, q, k, v, scale, dout, precision, fmt, stats,
-                    TruthStore(directory))
+                    TruthStore(directory), bias)

@@ -127,14 +127,18 @@ def _not_big(x: np.ndarray) -> np.ndarray:
     return (~np.isfinite(x) | (np.abs(x) <= INPUT_MAX)).all(axis=-1)
 
 
-def scores(q: np.ndarray, k: np.ndarray, scale: float, visible: np.ndarray) -> Scores:
-    """Scores of the query rows q (r, D) over the keys k (r, n, D) (each row's own keys).
+def scores(q: np.ndarray, k: np.ndarray, scale: float, visible: np.ndarray,
+           add: np.ndarray | None = None) -> Scores:
+    """Scores of the query rows q (r, D) over the keys k (r, n, D) (each row's own keys),
+    plus add (r, n), a finite float mask's exact doubles, where one is given.
     A NaN score is found in IEEE arithmetic, which agrees with mpmath's where no finite
     product can overflow (a NaN or inf * 0 in the inputs, inf - inf among the products)."""
     qs, ks = np.nan_to_num(q, nan=0.0, posinf=0.0, neginf=0.0), np.nan_to_num(
         k, nan=0.0, posinf=0.0, neginf=0.0)
     t = dot(qs[:, None, :], ks)
     s = bmul_d(t, scale)
+    if add is not None:
+        s = badd(s, Bdd.exact(add))
     s.b *= SLACK
     with np.errstate(invalid="ignore", over="ignore"):
         plain = np.einsum("rd,rnd->rn", q, k)
@@ -339,17 +343,33 @@ def visibility(lq: int, lk: int, causal: bool) -> np.ndarray:
     return j <= i if causal else np.ones((lq, lk), dtype=bool)
 
 
+def masked(visible: np.ndarray, bias: np.ndarray | None
+           ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Visibility under a mask's bias (-inf hides a key) and the finite bias to add (None
+    where there is nothing to add: no mask, or a bool mask's zeros)."""
+    if bias is None:
+        return visible, None
+    shown = np.isfinite(bias)
+    add = np.where(shown, bias, 0.0)
+    return visible & shown, add if add.any() else None
+
+
 def forward_block(fn: AttentionFunction, params: dict[str, float], q: np.ndarray,
-                  k: np.ndarray, v: np.ndarray, scale: float, fmt: FloatFormat) -> Forward:
-    """The certified forward of g heads: q (g, Lq, D), k (g, Lk, D), v (g, Lk, Dv)."""
+                  k: np.ndarray, v: np.ndarray, scale: float, fmt: FloatFormat,
+                  bias: np.ndarray | None = None) -> Forward:
+    """The certified forward of g heads: q (g, Lq, D), k (g, Lk, D), v (g, Lk, Dv); bias
+    (g, Lq, Lk) a mask's (-inf hides a key, a finite value is added to its score)."""
     g, lq, _ = q.shape
     lk = k.shape[1]
     visible = np.broadcast_to(visibility(lq, lk, bool(params.get("causal", 0.0))),
-                              (g, lq, lk)).reshape(g * lq, lk)
+                              (g, lq, lk))
+    visible, add = masked(visible, bias)
+    visible = visible.reshape(g * lq, lk)
     head = np.repeat(np.arange(g), lq)
     keys = k[head]
     with np.errstate(all="ignore"):  # masked lanes compute garbage that is never kept
-        sc = scores(q.reshape(g * lq, -1), keys, scale, visible)
+        sc = scores(q.reshape(g * lq, -1), keys, scale, visible,
+                    None if add is None else add.reshape(g * lq, lk))
         w = weights(fn, params, sc, keys)
         out, trusted, nan_ok = outputs(w, v[head])
         trusted &= w.trusted

@@ -28,6 +28,7 @@ class VerifyRecord(KernelCase):
     failures: dict[str, int] = entry(factory=dict, check=nonnegative)  # kind -> positions
     dparams: dict[str, dict[str, Any]] | None = None  # backward: per-parameter checks
     max_param_rel: float | None = entry(None, nonfinite=True)
+    second_order: str | None = None  # backward: "yes", "no", "wrong" (verify/second_order.py)
     compile: dict[str, Any] | None = None  # what compiling the call said, where checked
     raised: dict[str, Any] | None = None  # the exception the kernel raised (execute.py)
     warnings: list[dict[str, Any]] | None = None  # what the kernel warned, counted

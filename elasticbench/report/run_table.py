@@ -84,6 +84,8 @@ def _attention_size(r: RunRecord, dtypes: int) -> Entry:
     b, h, lq, lk, d = r.shape
     causal = bool(r.params.get("causal"))
     text = f"{b}x{h}x{lq}{'' if lq == lk else f'x{lk}'}x{d}" + (" causal" if causal else "")
+    if r.params.get("padded"):
+        text += f" {r.params['padded']:.0%} padded"
     text += f" {r.dtype}" if dtypes > 1 else ""
     return entry(text, values=(list(r.shape), causal, r.dtype))
 

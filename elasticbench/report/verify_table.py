@@ -45,9 +45,12 @@ class Cell:
     max_frac: float = 0.0
     param_rel: dict[str, float] = field(default_factory=dict)  # backward: worst d<param>
     compile: list[dict[str, Any]] = field(default_factory=list)  # what compiling said, per case
+    second_order: set[str] = field(default_factory=set)  # backward: the kernel's answers
 
     def add(self, r: VerifyRecord) -> None:
         self.cases += 1
+        if r.second_order:
+            self.second_order.add(r.second_order)
         if r.compile:
             self.compile.append(r.compile)
         for name, p in (r.dparams or {}).items():
@@ -143,6 +146,9 @@ def verify_sheets(summary: Summary) -> list[Sheet]:
         if param_names:
             columns.append(Column("worst rel. " + ", ".join(f"d{n}" for n in param_names),
                                   tuple(f"worst rel d{n}" for n in param_names), align="right"))
+        orders = any(c.second_order for k in kernels.values() for c in k.values())
+        if orders:
+            columns.append(Column("2nd order", ("second order",), align="center"))
         columns += [Column("special", align="center", wrap=False),
                     Column("verdict", align="center", wrap=False)]
         sheet = Sheet(function, f"{function}: {what} in ulps (share of budget)", columns,
@@ -155,6 +161,9 @@ def verify_sheets(summary: Summary) -> list[Sheet]:
                 worst = [max(c.param_rel.get(n, 0.0) for c in by_dtype.values())
                          for n in param_names]
                 params = [entry(" ".join(f"{w:.2g}" for w in worst), values=worst)]
+            if orders:
+                said = sorted({a for c in by_dtype.values() for a in c.second_order})
+                params.append(entry(", ".join(said) or "-", values=(", ".join(said),)))
             sheet.add(
                 entry(kernel),
                 *[_cell_entry(c) if c else EMPTY for c in cells],

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from ..attention.contract import backward_step, forward_output, kernel_arguments
+from ..attention.contract import backward_step, forward_output, kernel_arguments, mask_argument
 from ..backends import get_backend
 from ..execute import IN_PROCESS, Isolation, guarded_call
 from ..functions import get_attention_function
-from ..inputs.attention import generate_qkv
+from ..inputs.attention import generate_mask, generate_qkv, mask_bias
 from ..inputs.generators import stream_seed
 from ..numerics.attention_budget import ATTENTION_BUDGETS, Conditioning
 from ..numerics.attention_truth import AttentionTruth, cached_evaluate
@@ -37,6 +37,7 @@ from .attention_matrix import AttentionCase
 from .case import case_key, shard_key
 from .check import CheckResult
 from .record import verify_record
+from .second_order import second_order
 
 
 def upstream_gradient(case: AttentionCase, shape: tuple[int, ...]) -> np.ndarray:
@@ -60,11 +61,11 @@ class AttentionOutcome:
 
 def call_attention(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                    params: dict[str, float], dtype: str, scale: float,
-                   dout: np.ndarray | None) -> AttentionOutcome:
+                   dout: np.ndarray | None, mask: np.ndarray | None = None) -> AttentionOutcome:
     """Run spec on fresh native copies by the contract (attention/contract.py): the forward's
     out, or step(dO)'s gradients, brought back as NumPy arrays."""
     backend = get_backend(spec.backend)
-    args, kw = kernel_arguments(spec, q, k, v, params, dtype, scale)
+    args, kw = kernel_arguments(spec, q, k, v, params, dtype, scale, mask)
 
     def run() -> Any:
         value = spec.fn(*args, **kw)
@@ -104,6 +105,7 @@ class PreparedCase:
     dout: np.ndarray | None
     truth: AttentionTruth
     cond: Conditioning
+    mask: np.ndarray | None = None  # the input's attn_mask (inputs.attention.generate_mask)
 
 
 def prepare(case: AttentionCase, mode: str, cache_dir: Path | None,
@@ -113,14 +115,16 @@ def prepare(case: AttentionCase, mode: str, cache_dir: Path | None,
     fn = get_attention_function(case.function)
     fmt = get_format(case.dtype)
     q, k, v = generate_qkv(case.generator, case.dtype, case.shape, case.seed)
+    mask = generate_mask(case.generator, case.dtype, case.shape, case.seed)
+    bias = mask_bias(mask, case.shape)
     dout = upstream_gradient(case, (*q.shape[:3], v.shape[3])) if mode == "bwd" else None
     f64 = [a.astype(np.float64) for a in (q, k, v)]
     truth = cached_evaluate(cache_dir, fn, case.param_dict, *f64, case.scale,
                             None if dout is None else dout.astype(np.float64), precision,
-                            fmt, stats)
+                            fmt, stats, bias)
     cond = Conditioning(fn, case.param_dict, *f64, case.scale, truth, fmt,
-                        ATTENTION_BUDGETS[case.dtype])
-    return PreparedCase(case, q, k, v, dout, truth, cond)
+                        ATTENTION_BUDGETS[case.dtype], bias)
+    return PreparedCase(case, q, k, v, dout, truth, cond, mask)
 
 
 def _judge(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat
@@ -141,7 +145,8 @@ def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
     """Run one attention kernel on one case and return its record."""
     case, fmt = prep.case, get_format(prep.case.dtype)
     outcome = isolation.run(partial(call_attention, spec, prep.q, prep.k, prep.v,
-                                    case.param_dict, case.dtype, case.scale, prep.dout),
+                                    case.param_dict, case.dtype, case.scale, prep.dout,
+                                    prep.mask),
                             _failed)
     verdict, checks = _judge(outcome, prep, fmt) if outcome.outputs is not None else (None, {})
     b, h, lq = case.shape[:3]
@@ -153,6 +158,7 @@ def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
         record.dparams = {n: c.to_dict() for n, c in checks.items()}
         rels = [c.rel_err for c in checks.values() if math.isfinite(c.rel_err)]
         record.max_param_rel = max(rels) if rels else None
+        record.second_order = second_order(spec, isolation)
     return record
 
 
@@ -174,8 +180,10 @@ class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
         return shard_key(*item)
 
     def _todo(self, mode: str, case: AttentionCase, done: set) -> list[KernelSpec]:
+        mask = generate_mask(case.generator, case.dtype, case.shape, case.seed)
         return [k for k in self.kernels.get(mode, []) if k.function == case.function
-                and k.supports(case.dtype) and case_key(k, case) not in done]
+                and k.supports(case.dtype) and mask_argument(k, mask) is not None
+                and case_key(k, case) not in done]
 
     def work(self, items: list[tuple[str, AttentionCase]], session: Session) -> None:
         done = {r.key for r in session.records}

@@ -29,6 +29,7 @@ from .check import CheckResult, check_output
 from .compile_check import call_key, compile_checks, with_compile_check
 from .matrix import MAX_ROWS, VerifyCase
 from .record import verify_record
+from .second_order import second_order
 
 BATCH_ELEMENTS = 1 << 22  # checked elements of the cases prepared and solved together
 
@@ -148,6 +149,7 @@ def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
     record.dparams = {k: c.to_dict() for k, c in checks.items()}
     rels = [c.rel_err for c in checks.values()]
     record.max_param_rel = max(rels) if rels else None
+    record.second_order = second_order(spec, isolation)
     return record
 
 

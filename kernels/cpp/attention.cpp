@@ -5,8 +5,10 @@
 // keeps one score tile per thread and two statistics per query, never a length x length
 // matrix. The backward recomputes p tile by tile from (m, den), in one of two schedules with
 // the same arithmetic (backward_impl), so dq, dk, dv, dtau and dbeta are the same bits
-// whatever the thread count. NaN and +inf queries are flagged by their statistics (m NaN, m = +inf) and
-// finished in Python (elasticbench/attention/special.py).
+// whatever the thread count. An optional (batch, length_k) key-padding mask hides keys inside
+// the loop: key blocks it hides whole are skipped, the tile is cut after the last kept key,
+// and hidden keys inside it get -inf scores. NaN and +inf queries are flagged by their
+// statistics (m NaN, m = +inf) and finished in Python (elasticbench/attention/special.py).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -99,16 +101,61 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, C alpha, const C* a
   out.copy_(r);
 }
 
+// A key-padding mask, (batch, length_k) bool (true: the key takes part), summarized per
+// (batch, key block): how many of the block's columns reach its last kept key (0: none is
+// kept, the block is skipped) and whether a key before that is hidden (the tile then gets
+// -inf at the hidden columns). No length_q x length_k mask is ever built.
+struct KeyMask {
+  const bool* keep = nullptr;  // null: every key takes part
+  std::vector<int64_t> cols;
+  std::vector<char> partial;
+  KeyMask() = default;
+  KeyMask(const bool* k, int64_t batch, int64_t lk, int64_t bk) : keep(k) {
+    const int64_t nkb = (lk + bk - 1) / bk;
+    cols.assign(batch * nkb, 0);
+    partial.assign(batch * nkb, 0);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const bool* row = k + b * lk + kb * bk;
+        const int64_t n = std::min(bk, lk - kb * bk);
+        int64_t last = 0, kept = 0;
+        for (int64_t j = 0; j < n; ++j)
+          if (row[j]) last = j + 1, ++kept;
+        cols[b * nkb + kb] = last;
+        partial[b * nkb + kb] = kept != last;
+      }
+  }
+};
+
 struct Shape {
   int64_t bh, lq, lk, d, dv;
   double scale;
   bool causal;
   int64_t bq, bk;
+  int64_t heads = 1;
+  KeyMask mask;
   // Keys at or past key_end(q1) are hidden from every query before q1 (causal).
   int64_t key_end(int64_t q1) const { return causal ? std::min(lk, q1) : lk; }
   // How many of the keys [k0, k0 + cols) query qi sees.
   int64_t visible(int64_t qi, int64_t k0, int64_t cols) const {
     return causal ? std::clamp<int64_t>(qi - k0 + 1, 0, cols) : cols;
+  }
+  int64_t block(int64_t bh_, int64_t k0) const {
+    return (bh_ / heads) * ((lk + bk - 1) / bk) + k0 / bk;
+  }
+  // The columns of key block k0 that head bh_ visits: nc (the causal limit) cut after the
+  // block's last kept key; 0 when the mask hides the whole block.
+  int64_t cols(int64_t bh_, int64_t k0, int64_t nc) const {
+    return mask.keep ? std::min(nc, mask.cols[block(bh_, k0)]) : nc;
+  }
+  // Hidden keys of a partially masked block: `fill` at their columns of the nr rows of s.
+  template <typename C>
+  void hide(int64_t bh_, int64_t k0, int64_t nr, int64_t nc, C* s, C fill) const {
+    if (!mask.keep || !mask.partial[block(bh_, k0)]) return;
+    const bool* keep = mask.keep + (bh_ / heads) * lk + k0;
+    for (int64_t i = 0; i < nr; ++i)
+      for (int64_t j = 0; j < nc; ++j)
+        if (!keep[j]) s[i * bk + j] = fill;
   }
 };
 
@@ -150,9 +197,11 @@ void forward_impl(const C* q, const C* k, const C* v, const C* tau, const C* bet
       std::fill(has_inf.begin(), has_inf.end(), 0);
       const int64_t kend = sh.key_end(q0 + nr);
       for (int64_t k0 = 0; k0 < kend; k0 += sh.bk) {
-        const int64_t nc = std::min(sh.bk, kend - k0);
+        const int64_t nc = sh.cols(bh, k0, std::min(sh.bk, kend - k0));
+        if (nc == 0) continue;
         gemm<C>(false, true, nr, nc, sh.d, C(sh.scale), qb, sh.d, kh + k0 * sh.d, sh.d, C(0),
                 s, sh.bk);
+        sh.hide(bh, k0, nr, nc, s, -inf);
         for (int64_t i = 0; i < nr; ++i) {
           const C m_old = m[i];
           const AttnRowSum r = rows.fwd(s + i * sh.bk, sh.visible(q0 + i, k0, nc), nc,
@@ -227,7 +276,9 @@ template <typename C> struct Backward {
             C(0), s, sh.bk);
     gemm<C>(false, true, nr, nc, sh.dv, C(1), dout + row0 * sh.dv, sh.dv, vh + k0 * sh.dv, sh.dv,
             C(0), dp, sh.bk);
+    sh.hide(b.bh, k0, nr, nc, s, -std::numeric_limits<C>::infinity());
     double sum = 0;
+    bool nan_rows = false;
     for (int64_t i = 0; i < nr; ++i) {
       C* si = s + i * sh.bk;
       C* dpi = dp + i * sh.bk;
@@ -236,8 +287,13 @@ template <typename C> struct Backward {
         std::fill(dpi, dpi + nc, C(0));
         continue;
       }
+      nan_rows |= b.cls[i] == 1;
       sum += rows.bwd(si, dpi, sh.visible(b.q0 + i, k0, nc), nc, b.m0[i], b.r[i], b.c[i],
                       inv_tau, b.cls[i] == 1);
+    }
+    if (nan_rows) {  // a NaN query's p and ds are NaN at the keys it sees, 0 at hidden ones
+      sh.hide(b.bh, k0, nr, nc, s, C(0));
+      sh.hide(b.bh, k0, nr, nc, dp, C(0));
     }
     return sum;
   }
@@ -289,7 +345,8 @@ void backward_impl(const Backward<C>& bw, C* dtau, C* dbeta) {
           const int64_t kend = sh.key_end(b.q0 + b.nr);
           double sum = 0;
           for (int64_t k0 = 0; k0 < kend; k0 += sh.bk) {
-            const int64_t nc = std::min(sh.bk, kend - k0);
+            const int64_t nc = sh.cols(bh, k0, std::min(sh.bk, kend - k0));
+            if (nc == 0) continue;
             sum += bw.tile(b, k0, nc, s.p, dp.p);
             bw.key_grads(b, k0, nc, s.p, dp.p);
             bw.query_grads(b, k0, nc, dp.p);
@@ -307,8 +364,9 @@ void backward_impl(const Backward<C>& bw, C* dtau, C* dbeta) {
         for (int64_t qb = 0; qb < nqb; ++qb) {
           const int64_t q0 = qb * sh.bq, kend = sh.key_end(std::min(sh.lq, q0 + sh.bq));
           if (k0 >= kend) continue;
+          const int64_t nc = sh.cols(bh, k0, std::min(sh.bk, kend - k0));
+          if (nc == 0) continue;
           bw.load(b, bh, q0);
-          const int64_t nc = std::min(sh.bk, kend - k0);
           bw.tile(b, k0, nc, s.p, dp.p);
           bw.key_grads(b, k0, nc, s.p, dp.p);
         }
@@ -322,7 +380,8 @@ void backward_impl(const Backward<C>& bw, C* dtau, C* dbeta) {
         const int64_t kend = sh.key_end(b.q0 + b.nr);
         double sum = 0;
         for (int64_t k0 = 0; k0 < kend; k0 += sh.bk) {
-          const int64_t nc = std::min(sh.bk, kend - k0);
+          const int64_t nc = sh.cols(b.bh, k0, std::min(sh.bk, kend - k0));
+          if (nc == 0) continue;
           sum += bw.tile(b, k0, nc, s.p, dp.p);
           bw.query_grads(b, k0, nc, dp.p);
         }
@@ -344,11 +403,14 @@ void backward_impl(const Backward<C>& bw, C* dtau, C* dbeta) {
 struct Operands {
   at::ScalarType wd;
   Shape sh;
+  at::Tensor keep;  // the key-padding mask sh.mask reads (undefined: none)
 };
+
+using OptTensor = c10::optional<at::Tensor>;
 
 Operands check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                const at::Tensor& tau, const at::Tensor& beta, double scale, bool causal,
-               int64_t block_q, int64_t block_k) {
+               int64_t block_q, int64_t block_k, const OptTensor& key_mask) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
               "the native attention kernels take CPU tensors");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be 4-d");
@@ -363,7 +425,17 @@ Operands check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(q.size(3) < (1 << 30) && v.size(3) < (1 << 30) && block_k < (1 << 30),
               "dimensions too large for the BLAS");
   const at::ScalarType wd = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  return {wd, {bh, q.size(2), k.size(2), q.size(3), v.size(3), scale, causal, block_q, block_k}};
+  Operands o{wd, {bh, q.size(2), k.size(2), q.size(3), v.size(3), scale, causal, block_q,
+                  block_k}, at::Tensor()};
+  o.sh.heads = q.size(1);
+  if (key_mask.has_value() && key_mask->defined()) {
+    TORCH_CHECK(key_mask->dim() == 2 && key_mask->size(0) == q.size(0) &&
+                    key_mask->size(1) == k.size(2),
+                "key_mask must be (batch, length_k)");
+    o.keep = key_mask->to(at::kCPU, at::kBool).contiguous();
+    o.sh.mask = KeyMask(o.keep.data_ptr<bool>(), q.size(0), k.size(2), block_k);
+  }
+  return o;
 }
 
 at::Tensor work(const at::Tensor& t, at::ScalarType wd) { return t.to(wd).contiguous(); }
@@ -371,8 +443,9 @@ at::Tensor work(const at::Tensor& t, at::ScalarType wd) { return t.to(wd).contig
 std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& v, const at::Tensor& tau,
                                           const at::Tensor& beta, double scale, bool causal,
-                                          int64_t block_q, int64_t block_k) {
-  const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k);
+                                          int64_t block_q, int64_t block_k,
+                                          const OptTensor& key_mask) {
+  const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k, key_mask);
   const at::Tensor qc = work(q, o.wd), kc = work(k, o.wd), vc = work(v, o.wd);
   const at::Tensor tc = work(tau, o.wd), bc = work(beta, o.wd);
   const auto opts = q.options().dtype(o.wd);
@@ -394,8 +467,9 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
                                            const at::Tensor& dout, const at::Tensor& m,
                                            const at::Tensor& den, const at::Tensor& tau,
                                            const at::Tensor& beta, double scale, bool causal,
-                                           int64_t block_q, int64_t block_k) {
-  const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k);
+                                           int64_t block_q, int64_t block_k,
+                                           const OptTensor& key_mask) {
+  const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k, key_mask);
   TORCH_CHECK(out.sizes() == dout.sizes() && out.size(2) == q.size(2) && out.size(3) == v.size(3),
               "out and dout must be (batch, heads, length_q, value_dim)");
   TORCH_CHECK(m.numel() == o.sh.bh * o.sh.lq && den.numel() == m.numel(),
@@ -428,11 +502,11 @@ void bind_attention(pybind11::module_& m, const char* (*isa)()) {
   m.def("attention_forward", &attention_forward,
         "fused Elastic attention forward: (out, m, den) in the working dtype",
         "q"_a, "k"_a, "v"_a, "tau"_a, "beta"_a, "scale"_a, "causal"_a, "block_q"_a = 256,
-        "block_k"_a = 512);
+        "block_k"_a = 512, "key_mask"_a = pybind11::none());
   m.def("attention_backward", &attention_backward,
         "fused Elastic attention backward: (dq, dk, dv, dtau, dbeta) in the working dtype",
         "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "m"_a, "den"_a, "tau"_a, "beta"_a, "scale"_a,
-        "causal"_a, "block_q"_a = 256, "block_k"_a = 512);
+        "causal"_a, "block_q"_a = 256, "block_k"_a = 512, "key_mask"_a = pybind11::none());
   m.def("attention_use_blas", [](bool on) {
     const bool was = use_blas;
     use_blas = on;

@@ -50,6 +50,28 @@ def _tile_t(base, width, offs_r, ok_r, offs_c):
 
 
 @triton.jit
+def _keys(keep_ptr, bh, heads, lk, offs_n, col_ok, HAS_MASK: tl.constexpr):
+    """The columns offs_n that take part (in range, and kept by the (batch, length_k)
+    key-padding mask where there is one)."""
+    if HAS_MASK:
+        keep = tl.load(keep_ptr + (bh // heads) * lk + offs_n, mask=col_ok, other=0)
+        col_ok = col_ok & (keep != 0)
+    return col_ok
+
+
+@triton.jit
+def _key_end(kend_ptr, bh, heads, lk, q_end, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
+    """One past the last key a query block ending at q_end visits: causally no key past its
+    last query, and none after the batch's last kept key (key padding)."""
+    end = lk
+    if CAUSAL:
+        end = tl.minimum(lk, q_end)
+    if HAS_MASK:
+        end = tl.minimum(end, tl.load(kend_ptr + bh // heads))
+    return end
+
+
+@triton.jit
 def _query_stats(m_ptr, r_ptr, c_ptr, at, row_ok):
     """A query block's forward statistics and c: (m with non-finite rows set to 0, r, c,
     the NaN rows, the +inf rows)."""
@@ -63,10 +85,10 @@ def _query_stats(m_ptr, r_ptr, c_ptr, at, row_ok):
 
 @triton.jit
 def attention_forward_kernel(
-    q_ptr, k_ptr, v_ptr, tau_ptr, beta_ptr, out_ptr, m_ptr, den_ptr,
-    lq, lk, d, dv, scale,
+    q_ptr, k_ptr, v_ptr, tau_ptr, beta_ptr, out_ptr, m_ptr, den_ptr, keep_ptr, kend_ptr,
+    lq, lk, d, dv, scale, heads,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -83,12 +105,10 @@ def attention_forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     nan_row = tl.zeros([BLOCK_M], dtype=tl.int32)
     inf_row = tl.zeros([BLOCK_M], dtype=tl.int32)
-    end = lk
-    if CAUSAL:
-        end = tl.minimum(lk, (pid_m + 1) * BLOCK_M)
+    end = _key_end(kend_ptr, bh, heads, lk, (pid_m + 1) * BLOCK_M, CAUSAL, HAS_MASK)
     for start in range(0, end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < lk
+        col_ok = _keys(keep_ptr, bh, heads, lk, offs_n, offs_n < lk, HAS_MASK)
         kt = tl.load(*_tile_t(k_ptr + bh * lk * d, d, offs_n, col_ok, offs_d), other=0.0)
         if IEEE:  # noqa: SIM108 (a constexpr branch: the compiler keeps one side)
             s = tl.dot(q, kt, input_precision="ieee") * scale
@@ -128,12 +148,25 @@ def _pow2(n: int, least: int = 16) -> int:
     return max(least, 1 << max(0, (n - 1).bit_length()))
 
 
+def _key_mask(key_mask: torch.Tensor | None, batch: int, lk: int, device: torch.device
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' key-padding operands: (batch, length_k) int8 keep flags and, per batch,
+    one past the last kept key (int32); placeholders when there is no mask."""
+    if key_mask is None:
+        dummy = torch.zeros(1, dtype=torch.int32, device=device)
+        return dummy.to(torch.int8), dummy
+    keep = key_mask.to(device=device, dtype=torch.bool).reshape(batch, lk)
+    last = torch.where(keep, torch.arange(1, lk + 1, device=device), 0).amax(-1)
+    return keep.to(torch.int8).contiguous(), last.to(torch.int32).contiguous()
+
+
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
                       beta: torch.Tensor, scale: float, causal: bool,
-                      block_m: int = 32, block_n: int = 32
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      key_mask: torch.Tensor | None = None, block_m: int = 32,
+                      block_n: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in fp32; q, k, v
-    (batch, heads, length, dim) in fp32, fp16 or bf16; tau, beta (batch, heads)."""
+    (batch, heads, length, dim) in fp32, fp16 or bf16; tau, beta (batch, heads); key_mask
+    (batch, length_k) bool, True where a key takes part, or None."""
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"the triton attention kernel takes fp32, fp16 or bf16, not {q.dtype}")
     b, h, lq, d = q.shape
@@ -145,13 +178,15 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: to
     m = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
     den = torch.empty_like(m)
     grid = (triton.cdiv(lq, block_m), b * h)
+    keep, kend = _key_mask(key_mask, b, lk, q.device)
     run(attention_forward_kernel, grid,
-        (qc, kc, vc, tau32, beta32, out, m, den, lq, lk, d, dv, float(scale)), 4,
-        {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": _pow2(d),
-         "BLOCK_DV": _pow2(dv), "CAUSAL": bool(causal), "IEEE": q.dtype == torch.float32})
+        (qc, kc, vc, tau32, beta32, out, m, den, keep, kend, lq, lk, d, dv, float(scale), h),
+        4, {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": _pow2(d),
+            "BLOCK_DV": _pow2(dv), "CAUSAL": bool(causal), "IEEE": q.dtype == torch.float32,
+            "HAS_MASK": key_mask is not None})
     if (m == math.inf).any():
         out32 = out.to(torch.float32)
-        special.fix_forward(q, k, v, out32, m, den, scale, causal)
+        special.fix_forward(q, k, v, out32, m, den, scale, causal, key_mask)
         out = out32.to(q.dtype)
     return out, m, den
 
@@ -177,9 +212,9 @@ def _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok, scale,
 @triton.jit
 def attention_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, r_ptr, c_ptr, tau_ptr, dk_ptr, dv_ptr, dtau_ptr,
-    lq, lk, d, dv, scale, n_kblocks,
+    keep_ptr, kend_ptr, lq, lk, d, dv, scale, n_kblocks, heads,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
     """dk and dv of one block of keys over every query that sees them, and the block's
     share of sum ds z (dtau's first term)."""
@@ -189,8 +224,9 @@ def attention_dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_DV)
     col_ok = offs_n < lk
-    kt = tl.load(*_tile_t(k_ptr + bh * lk * d, d, offs_n, col_ok, offs_d), other=0.0)
-    vt = tl.load(*_tile_t(v_ptr + bh * lk * dv, dv, offs_n, col_ok, offs_e), other=0.0)
+    key_ok = _keys(keep_ptr, bh, heads, lk, offs_n, col_ok, HAS_MASK)
+    kt = tl.load(*_tile_t(k_ptr + bh * lk * d, d, offs_n, key_ok, offs_d), other=0.0)
+    vt = tl.load(*_tile_t(v_ptr + bh * lk * dv, dv, offs_n, key_ok, offs_e), other=0.0)
     tau = tl.load(tau_ptr + bh)
     kk = LOG2E / tau
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -199,13 +235,16 @@ def attention_dkdv_kernel(
     begin = 0
     if CAUSAL:
         begin = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
-    for start in range(begin, lq, BLOCK_M):
+    stop = lq  # a key block past the batch's last kept key visits no query
+    if HAS_MASK:
+        stop = tl.where(pid_n * BLOCK_N < tl.load(kend_ptr + bh // heads), lq, begin)
+    for start in range(begin, stop, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
         row_ok = offs_m < lq
         q = tl.load(*_tile(q_ptr + bh * lq * d, d, offs_m, row_ok, offs_d), other=0.0)
         do = tl.load(*_tile(do_ptr + bh * lq * dv, dv, offs_m, row_ok, offs_e), other=0.0)
         m, r, c, nan_q, inf_q = _query_stats(m_ptr, r_ptr, c_ptr, bh * lq + offs_m, row_ok)
-        keep, z, p = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok,
+        keep, z, p = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, key_ok,
                                 scale, kk, tau, CAUSAL, IEEE)
         if IEEE:
             dp = tl.dot(do, vt, input_precision="ieee")
@@ -227,10 +266,10 @@ def attention_dkdv_kernel(
 
 @triton.jit
 def attention_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, r_ptr, c_ptr, tau_ptr, dq_ptr,
-    lq, lk, d, dv, scale,
+    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, r_ptr, c_ptr, tau_ptr, dq_ptr, keep_ptr, kend_ptr,
+    lq, lk, d, dv, scale, heads,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
     """dq of one block of queries over every key it sees."""
     pid_m = tl.program_id(0)
@@ -245,12 +284,10 @@ def attention_dq_kernel(
     tau = tl.load(tau_ptr + bh)
     kk = LOG2E / tau
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    end = lk
-    if CAUSAL:
-        end = tl.minimum(lk, (pid_m + 1) * BLOCK_M)
+    end = _key_end(kend_ptr, bh, heads, lk, (pid_m + 1) * BLOCK_M, CAUSAL, HAS_MASK)
     for start in range(0, end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < lk
+        col_ok = _keys(keep_ptr, bh, heads, lk, offs_n, offs_n < lk, HAS_MASK)
         kt = tl.load(*_tile_t(k_ptr + bh * lk * d, d, offs_n, col_ok, offs_d), other=0.0)
         vt = tl.load(*_tile_t(v_ptr + bh * lk * dv, dv, offs_n, col_ok, offs_e), other=0.0)
         keep, _z, p = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok,
@@ -270,7 +307,8 @@ def attention_dq_kernel(
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        dout: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
                        tau: torch.Tensor, beta: torch.Tensor, scale: float, causal: bool,
-                       block_m: int = 32, block_n: int = 32) -> tuple[torch.Tensor, ...]:
+                       key_mask: torch.Tensor | None = None, block_m: int = 32,
+                       block_n: int = 32) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv) in q's dtype and (dtau, dbeta) per (batch, head) in fp32, from the
     forward's (out, m, den): docs/attention.md section 2, as the tiled torch code does."""
     b, h, lq, d = q.shape
@@ -286,12 +324,15 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     nk = triton.cdiv(lk, block_n)
     dtau_parts = torch.zeros(b * h, nk, dtype=torch.float32, device=q.device)
     consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": _pow2(d),
-              "BLOCK_DV": _pow2(dv_), "CAUSAL": bool(causal), "IEEE": q.dtype == torch.float32}
+              "BLOCK_DV": _pow2(dv_), "CAUSAL": bool(causal), "IEEE": q.dtype == torch.float32,
+              "HAS_MASK": key_mask is not None}
+    keep, kend = _key_mask(key_mask, b, lk, q.device)
     run(attention_dkdv_kernel, (nk, b * h),
-        (qc, kc, vc, doc, m32, r, c, tau32, dk, dv, dtau_parts, lq, lk, d, dv_, float(scale),
-         nk), 4, consts)
+        (qc, kc, vc, doc, m32, r, c, tau32, dk, dv, dtau_parts, keep, kend, lq, lk, d, dv_,
+         float(scale), nk, h), 4, consts)
     run(attention_dq_kernel, (triton.cdiv(lq, block_m), b * h),
-        (qc, kc, vc, doc, m32, r, c, tau32, dq, lq, lk, d, dv_, float(scale)), 4, consts)
+        (qc, kc, vc, doc, m32, r, c, tau32, dq, keep, kend, lq, lk, d, dv_, float(scale), h),
+        4, consts)
     finite = torch.isfinite(m32) | m32.isnan()
     m0 = torch.where(finite & ~m32.isnan(), m32, 0)
     t3, b3 = tau32[..., None], beta32[..., None]
@@ -301,5 +342,5 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     fin = m32 != math.inf
     dtau = -dtau_parts.reshape(b, h, nk).sum(-1) - torch.where(fin, c * wm / t3, 0).sum(-1)
     dbeta = -torch.where(fin, c * e * r, 0).sum(-1)
-    special.fix_backward(q, k, dout, dv, m32, scale, causal)
+    special.fix_backward(q, k, dout, dv, m32, scale, causal, key_mask)
     return dq, dk.to(q.dtype), dv.to(q.dtype), dtau, dbeta

@@ -54,6 +54,18 @@ def _bwd_t(s, m, y, k, PRE: tl.constexpr):
 
 
 @triton.jit
+def _bwd_params(k, tau, inv_tau, beta, rp_ptr, rows, row, PER_ROW: tl.constexpr):
+    """(k, tau, 1/tau, beta) of a row: the launch's scalars, or row `row`'s from the
+    exp_family.row_param_table at rp_ptr."""
+    if PER_ROW:
+        k = tl.load(rp_ptr + row)
+        beta = tl.load(rp_ptr + rows + row)
+        tau = tl.load(rp_ptr + 2 * rows + row)
+        inv_tau = tl.load(rp_ptr + 3 * rows + row)
+    return k, tau, inv_tau, beta
+
+
+@triton.jit
 def _regular(top):
     """Something kept and no NaN or +inf (top: the row's NaN-propagating kept max)."""
     return ordinary(top) & (top > float("-inf"))
@@ -90,13 +102,16 @@ def _bwd_row_partials(c, a2, b2, den, top, shift, k, tau, beta, PRE: tl.constexp
 
 @triton.jit
 def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
-                             k, tau, inv_tau, beta, PRE: tl.constexpr, EXACT: tl.constexpr,
-                             EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+                             k0, tau0, inv_tau0, beta0, rp_ptr, PRE: tl.constexpr,
+                             EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
+                             EVEN: tl.constexpr, PER_ROW: tl.constexpr):
     """x, y, g read once into registers; dx written once."""
     offs = tl.arange(0, BLOCK)
     inside = offs < n
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
         r = tl.cast(row, tl.int64)
+        k, tau, inv_tau, beta = _bwd_params(k0, tau0, inv_tau0, beta0, rp_ptr, rows, row,
+                                            PER_ROW)
         x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, offs, inside, EVEN)
         s = keep(x, True)
         top = max_nan(s)
@@ -116,12 +131,15 @@ def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx,
 
 @triton.jit
 def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
-                              k, tau, inv_tau, beta, PRE: tl.constexpr, EXACT: tl.constexpr,
-                              EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+                              k0, tau0, inv_tau0, beta0, rp_ptr, PRE: tl.constexpr,
+                              EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
+                              EVEN: tl.constexpr, PER_ROW: tl.constexpr):
     """Rows streamed in BLOCK-wide chunks: x, y, g read twice, dx written once."""
     offs = tl.arange(0, BLOCK)
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
         r = tl.cast(row, tl.int64)
+        k, tau, inv_tau, beta = _bwd_params(k0, tau0, inv_tau0, beta0, rp_ptr, rows, row,
+                                            PER_ROW)
         # pass 1: max and D' online (as the forward) and c = sum g y
         top = float("-inf")
         den = 0.0
@@ -169,8 +187,33 @@ def elastic_backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, tau: f
                      beta: float, options: LaunchOptions | None = None,
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dtau, dbeta) of sum(g * elastic(x)); dtau, dbeta 0-d fp32 tensors, deterministic."""
-    options = options or current_options()
     check_tau_beta(tau, beta)
+    dx, part = _backward(y, g, x2d, tau, beta, None, options)
+    out = torch.zeros(2, dtype=torch.float32, device=x2d.device)
+    rows = x2d.shape[0]
+    if part is not None:
+        rblock = min(pow2_at_least(rows), 1024)
+        run(sum_rows_kernel, (2,), (part, out, rows), 4, {"BLOCK": rblock})
+    return dx, out[0], out[1]
+
+
+def elastic_backward_rows(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor,
+                          table: torch.Tensor, options: LaunchOptions | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dtau, dbeta) with row r's tau and beta from exp_family.row_param_table; dtau and
+    dbeta per row (rows,) fp32, the caller reduces them to its parameters' shape."""
+    dx, part = _backward(y, g, x2d, 1.0, 0.0, table, options)
+    rows = x2d.shape[0]
+    if part is None:
+        part = torch.zeros(2 * rows, dtype=torch.float32, device=x2d.device)
+    return dx, part[:rows], part[rows:]
+
+
+def _backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, tau: float, beta: float,
+              table: torch.Tensor | None, options: LaunchOptions | None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """dx, and the per-row (dtau, dbeta) partials concatenated (None for an empty x)."""
+    options = options or current_options()
     rows, n = check_rows(x2d)
     if y.shape != x2d.shape or g.shape != x2d.shape:
         raise ValueError(f"x, y and g must have one shape, got {tuple(x2d.shape)}, "
@@ -179,17 +222,17 @@ def elastic_backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, tau: f
         raise TypeError(f"x, y and g must have one dtype, got {x2d.dtype}, {y.dtype}, {g.dtype}")
     x2d, y, g = x2d.contiguous(), y.contiguous(), g.contiguous()
     dx = torch.empty_like(x2d)
-    out = torch.zeros(2, dtype=torch.float32, device=x2d.device)
-    if rows and n:
-        part = torch.empty(2 * rows, dtype=torch.float32, device=x2d.device)
-        # three arrays live in registers: half the forward's fused rows, or it spills
-        fused, block = plan(n, options.max_fused // 2, options.chunk)
-        kernel = elastic_bwd_fused_kernel if fused else elastic_bwd_online_kernel
-        k, pre = exp2_scale(tau)
-        args = (x2d, y, g, dx, part, rows, n, x2d.stride(0), y.stride(0), g.stride(0),
-                dx.stride(0), k, float(tau), 1.0 / tau, float(beta))
-        launch_rows(kernel, rows, args, block, BLOCK=block, EVEN=n % block == 0,
-                    PRE=pre, EXACT=x2d.dtype == torch.float32, EXP2_ULPS=exp2_model_ulps(options))
-        rblock = min(pow2_at_least(rows), 1024)
-        run(sum_rows_kernel, (2,), (part, out, rows), 4, {"BLOCK": rblock})
-    return dx, out[0], out[1]
+    if not (rows and n):
+        return dx, None
+    part = torch.empty(2 * rows, dtype=torch.float32, device=x2d.device)
+    # three arrays live in registers: half the forward's fused rows, or it spills
+    fused, block = plan(n, options.max_fused // 2, options.chunk)
+    kernel = elastic_bwd_fused_kernel if fused else elastic_bwd_online_kernel
+    k, pre = (1.0, 1.0) if table is not None else exp2_scale(tau)
+    rp = table if table is not None else torch.zeros(1, device=x2d.device)
+    args = (x2d, y, g, dx, part, rows, n, x2d.stride(0), y.stride(0), g.stride(0),
+            dx.stride(0), k, float(tau), 1.0 / tau, float(beta), rp)
+    launch_rows(kernel, rows, args, block, BLOCK=block, EVEN=n % block == 0, PRE=pre,
+                EXACT=x2d.dtype == torch.float32, EXP2_ULPS=exp2_model_ulps(options),
+                PER_ROW=table is not None)
+    return dx, part

@@ -83,6 +83,16 @@ def exp2_scaled(d, k, PRE: tl.constexpr, SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.
 
 
 @triton.jit
+def row_params(k, beta, rp_ptr, rows, row, PER_ROW: tl.constexpr):
+    """(k, beta) of a row: the launch's scalars, or row `row`'s from rp_ptr (k per row in
+    [0, rows), beta in [rows, 2 rows); row_param_table lays them out)."""
+    if PER_ROW:
+        k = tl.load(rp_ptr + row)
+        beta = tl.load(rp_ptr + rows + row)
+    return k, beta
+
+
+@triton.jit
 def keep(x, NONNEG: tl.constexpr):
     """NVM: x < 0 becomes -inf; NaN and -0.0 stay (NaN flags the row, -0.0 is kept)."""
     s = tl.where(x < 0.0, float("-inf"), x) if NONNEG else x
@@ -118,15 +128,17 @@ def online_step(top, den, s, k, PRE: tl.constexpr, EXP2_ULPS: tl.constexpr):
 
 
 @triton.jit
-def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
+def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, beta0, rp_ptr,
                      NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
                      PRE: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
-                     EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+                     EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                     PER_ROW: tl.constexpr):
     """The whole row in registers: one read and one write per element."""
     offs = tl.arange(0, BLOCK)
     inside = offs < n
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
         r = tl.cast(row, tl.int64)
+        k, beta = row_params(k0, beta0, rp_ptr, rows, row, PER_ROW)
         x = ld(x_ptr + r * sx + offs, inside, float("-inf"), EVEN)
         s = keep(x, NONNEG)
         top = max_nan(s)
@@ -142,14 +154,16 @@ def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
 
 
 @triton.jit
-def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
+def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, beta0, rp_ptr,
                       NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
                       PRE: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
-                      EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+                      EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                      PER_ROW: tl.constexpr):
     """Rows streamed in BLOCK-wide chunks: two reads and one write per element."""
     offs = tl.arange(0, BLOCK)
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
         r = tl.cast(row, tl.int64)
+        k, beta = row_params(k0, beta0, rp_ptr, rows, row, PER_ROW)
         xrow = x_ptr + r * sx
         yrow = y_ptr + r * sy
         # pass 1: running NaN-propagating max and den = sum exp((s - max)/tau), rescaled by
@@ -184,18 +198,33 @@ def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k, beta,
                 st(yrow + idx, special_y(x == float("inf"), n_inf, top), inside, EVEN)
 
 
+def row_param_table(tau: torch.Tensor, beta: torch.Tensor) -> torch.Tensor | None:
+    """Per-row tau and beta (rows,) as the kernels read them: fp32 [k = log2(e)/tau (rounded
+    once from fp64), beta, tau, 1/tau], concatenated; None where some row's k would leave
+    fp32's normal range by exp2_scale's margin, or a tau or beta out of its domain (those
+    take the torch code)."""
+    t64, b64 = tau.to(torch.float64), beta.to(torch.float64)
+    k = LOG2E / t64
+    ok = (k > 2.0**-99) & (k < 2.0**99) & (b64 >= 0) & (b64 < math.inf)
+    if not bool(ok.all()):  # also tau <= 0, NaN, or a negative or infinite beta
+        return None
+    return torch.cat([k, b64, t64, 1.0 / t64]).to(torch.float32).contiguous()
+
+
 def exp_normalize(x: torch.Tensor, *, tau: float, beta: float, nonneg: bool, floor0: bool,
                   offset: bool, options: LaunchOptions | None = None,
-                  subnormal: bool | None = None) -> torch.Tensor:
+                  subnormal: bool | None = None, per_row: torch.Tensor | None = None
+                  ) -> torch.Tensor:
     """The exp family's forward on the rows of x. subnormal: form exp2 results below 2^-126
     (default: for fp32 and bf16 outputs; fp16's subnormals end at 2^-24, where a flushed exp2
-    is exact)."""
+    is exact). per_row: row_param_table's table, whose k and beta replace tau and beta."""
     options = options or current_options()
-    k, pre = exp2_scale(tau)
-    return normalize_rows(x, exp_fused_kernel, exp_online_kernel, (k, float(beta)), options,
-                          NONNEG=nonneg, FLOOR0=floor0, OFFSET=offset, PRE=pre,
+    k, pre = (1.0, 1.0) if per_row is not None else exp2_scale(tau)
+    rp = per_row if per_row is not None else torch.zeros(1, device=x.device)
+    return normalize_rows(x, exp_fused_kernel, exp_online_kernel, (k, float(beta), rp),
+                          options, NONNEG=nonneg, FLOOR0=floor0, OFFSET=offset, PRE=pre,
                           SUBNORMAL=x.dtype != torch.float16 if subnormal is None else subnormal,
-                          EXP2_ULPS=exp2_model_ulps(options))
+                          EXP2_ULPS=exp2_model_ulps(options), PER_ROW=per_row is not None)
 
 
 def check_tau_beta(tau: float, beta: float) -> None:
@@ -212,6 +241,13 @@ def elastic_forward(x2d: torch.Tensor, tau: float, beta: float,
     check_tau_beta(tau, beta)
     return exp_normalize(x2d, tau=tau, beta=beta, nonneg=True, floor0=False, offset=beta > 0,
                          options=options)
+
+
+def elastic_forward_rows(x2d: torch.Tensor, table: torch.Tensor,
+                         options: LaunchOptions | None = None) -> torch.Tensor:
+    """Elastic-Softmax of a 2-D tensor with row r's tau and beta from row_param_table."""
+    return exp_normalize(x2d, tau=1.0, beta=0.0, nonneg=True, floor0=False, offset=True,
+                         options=options, per_row=table)
 
 
 def softmax_forward(x2d: torch.Tensor, options: LaunchOptions | None = None) -> torch.Tensor:
