@@ -20,7 +20,6 @@ import numpy as np
 
 from ..functions.base import ROW_FINITE, ROW_INF, ROW_MASKED, ROW_NAN, Function
 from . import dd
-from .binade import exponent, power_of_two_at
 from .dtypes import FloatFormat
 from .truth import Truth
 
@@ -79,10 +78,11 @@ def certify(hi: np.ndarray, lo: np.ndarray, bound: np.ndarray, fmt: FloatFormat,
     of two, so only its size is checked, against the lower binade's ulp)."""
     a = np.abs(hi)
     with np.errstate(invalid="ignore", over="ignore"):
-        binade = np.where(a == 0, fmt.emin, exponent(a))
-        ulp = power_of_two_at(np.maximum(binade, fmt.emin) - fmt.p + 1)
+        _, e = np.frexp(a)
+        binade = np.where(a == 0, fmt.emin, e - 1).astype(np.int32)  # ldexp is slow on int64
+        ulp = np.ldexp(1.0, np.maximum(binade, fmt.emin) - fmt.p + 1)
         small = bound <= CERTIFY_ULP * ulp * np.where(sided, 0.5, 1.0)
-        low = power_of_two_at(binade)  # the power of two at or below |hi|
+        low = np.ldexp(1.0, binade)  # the power of two at or below |hi|
         toward = np.where(hi < 0, -lo, lo)  # lo in the direction of |y|
         above_low = ((a - low) + toward >= bound) | (low <= 2.0**fmt.emin) | (a == 0)
         below_high = ((2 * low - a) - toward > bound) | (2 * low <= 2.0**fmt.emin) | (a == 0)

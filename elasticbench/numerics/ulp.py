@@ -9,23 +9,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from .binade import exponent, power_of_two_at
 from .dtypes import FloatFormat
 
 
 def binade(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """floor(log2|hi + lo|) (int32) for nonzero values; hi alone can sit one binade too high."""
-    a = np.abs(hi)
-    e = exponent(a)  # floor(log2|hi|), as np.frexp's exponent - 1
+    mant, e = np.frexp(hi)  # hi = mant * 2**e, 0.5 <= |mant| < 1; e is int32
     # hi a power of two and the tail pointing towards zero: the true value is one binade lower.
-    below = (power_of_two_at(e) == a) & (lo != 0) & (np.signbit(lo) != np.signbit(hi))
-    return e - below
+    below = (np.abs(mant) == 0.5) & (lo != 0) & (np.signbit(lo) != np.signbit(hi))
+    return e - 1 - below
 
 
 def ulp_of(hi: np.ndarray, lo: np.ndarray, fmt: FloatFormat) -> np.ndarray:
     """ulp of the exact value hi + lo in format fmt (subnormal spacing below the normals)."""
     e = np.maximum(np.where(hi == 0, fmt.emin, binade(hi, lo)), fmt.emin)
-    return power_of_two_at(e - (fmt.p - 1))
+    # int32 exponents: NumPy's ldexp is several times slower on int64 ones
+    return np.ldexp(1.0, (e - (fmt.p - 1)).astype(np.int32))
 
 
 def ulp_error(got: np.ndarray, hi: np.ndarray, lo: np.ndarray, fmt: FloatFormat,
