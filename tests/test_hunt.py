@@ -72,6 +72,12 @@ def test_hunt_passes_a_correct_kernel_and_exits_0(cli, tmp_path):
     doc = json.loads(out.read_text())
     assert len(doc["records"]) == 25 and all(rec["passed"] for rec in doc["records"])
     assert not list(tmp_path.glob("*.toml"))
+    # the reference's fallback share, as verify reports it: every checked value counted once
+    ref = doc["reference"]
+    assert ref["elements"] == sum(rec["rows_checked"] * rec["shape"][1]
+                                  for rec in doc["records"])
+    assert ref["fallback_share"] == ref["fallback_elements"] / ref["elements"]
+    assert f"reference: {ref['elements']:,} values, " in r.out
 
 
 def test_hunt_is_reproducible_from_its_seed():
