@@ -252,3 +252,22 @@ def test_verify_records_the_layout_and_checks_padded_inputs(cli, tmp_path):
     recs = json.loads(out.read_text())["records"]
     assert {(x["kernel"], x["layout"]) for x in recs} >= {("numpy_softmax", "padded"),
                                                          ("torch_safe_softmax", "transposed")}
+
+
+def test_telling_rows_are_the_first_and_last_holding_each_special_and_extreme():
+    """telling_rows names, per kind (NaN, +inf, -inf, the largest and the smallest finite
+    value), the first and the last row holding it, on rows mixing all of them."""
+    import numpy as np
+
+    from elasticbench.verify.runner import telling_rows
+
+    x = np.zeros((10, 4))
+    x[2, 1] = x[5, 0] = np.nan
+    x[3, 3] = np.inf
+    x[1, 2] = x[8, 1] = -np.inf
+    x[4, 0] = x[6, 2] = 7.0  # largest finite
+    x[0, 3] = -9.0  # smallest finite
+    x[9] = np.nan  # a row of NaN only
+    assert telling_rows(x) == [2, 9, 3, 3, 1, 8, 4, 6, 0, 0]
+    assert telling_rows(np.full((3, 2), np.nan)) == [0, 2]  # nothing finite
+    assert telling_rows(np.array([[1.0, -0.0], [0.0, 1.0]])) == [0, 1, 0, 1]

@@ -72,6 +72,12 @@ def test_hunt_passes_a_correct_kernel_and_exits_0(cli, tmp_path):
     doc = json.loads(out.read_text())
     assert len(doc["records"]) == 25 and all(rec["passed"] for rec in doc["records"])
     assert not list(tmp_path.glob("*.toml"))
+    # the reference's fallback share, as verify reports it: every checked value counted once
+    ref = doc["reference"]
+    assert ref["elements"] == sum(rec["rows_checked"] * rec["shape"][1]
+                                  for rec in doc["records"])
+    assert ref["fallback_share"] == ref["fallback_elements"] / ref["elements"]
+    assert f"reference: {ref['elements']:,} values, " in r.out
 
 
 def test_hunt_is_reproducible_from_its_seed():
@@ -190,3 +196,26 @@ def test_shrinking_keeps_a_residue_of_the_column_count_that_bisection_cannot():
         shrunk = Shrinker(lambda i, phase: judge(i, "fp32", phase), "fp32", "elastic", start,
                           first, time.monotonic() + 60).run()
     assert shrunk.input.x.shape == (1, 103)  # the shortest row with n % 16 == 7 past 100
+
+
+def test_sorted_rows_are_sorted_in_every_format():
+    """Rows are sorted ascending with NaN last in every format: NumPy 2.4's own sort leaves
+    a 2^22-element fp16 row unsorted, and puts bfloat16 NaNs anywhere. A palette row is
+    sorted by counting its picks, the same values as sorting the row."""
+    from elasticbench.hunt.space import sorted_picks, sorted_rows
+    from elasticbench.numerics.dtypes import get_format
+
+    rng = np.random.default_rng(3)
+    row = -np.abs(rng.normal(size=(1, 1 << 22))).astype(np.float16)
+    got = sorted_rows(row).astype(np.float64)
+    assert (np.diff(got, axis=1) >= 0).all()
+    assert np.array_equal(np.sort(got, axis=1), np.sort(row.astype(np.float64), axis=1))
+    bf = get_format("bf16").numpy
+    with_nan = np.array([[2.0, np.nan, -1.0, -np.inf, 0.5, np.inf]]).astype(bf)
+    assert np.array_equal(sorted_rows(with_nan).astype(np.float64)[0, :5],
+                          [-np.inf, -1.0, 0.5, 2.0, np.inf])
+    assert np.isnan(float(sorted_rows(with_nan)[0, 5]))
+    palette = rng.normal(size=(3, 40)).astype(np.float32)
+    pick = rng.integers(0, 40, (3, 5000))
+    want = np.sort(np.take_along_axis(palette, pick, axis=1), axis=1)
+    assert np.array_equal(sorted_picks(palette, pick), want)

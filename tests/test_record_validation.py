@@ -153,3 +153,25 @@ def test_a_record_error_names_the_nested_field():
     del r["input"], r["seed"]
     with pytest.raises(RecordError, match="lacks input, seed"):
         VerifyRecord.from_dict(r)
+
+
+def test_the_writer_encodes_each_record_once_and_writes_what_json_dumps_would(tmp_path):
+    """Records are encoded as they arrive and kept; the file is byte for byte the whole
+    document's JSON, header keys added after the records included."""
+    import json
+
+    from elasticbench.records import files
+
+    path = tmp_path / "r.json"
+    w = files.ResultsWriter(path, "verify", {"machine": {"cpu": "x"}}, every=0.0)
+    w.flush()
+    assert path.read_text() == json.dumps(w.doc, indent=1) + "\n"
+    for i in range(3):
+        w.add({"kernel": f"k{i}", "max_ulp": float("inf") if i else 0.5,
+               "worst": {"row": i, "got": [1.0, float("nan")]}, "failures": {}, "none": []})
+    w.doc["reference"] = {"elements": 3}
+    w.close()
+    expected = json.dumps(files._clean(w.doc), indent=1, allow_nan=False) + "\n"
+    assert path.read_text() == expected
+    assert len(w._encoded) == 3
+    assert json.loads(path.read_text())["records"][1]["max_ulp"] == "inf"

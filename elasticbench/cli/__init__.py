@@ -12,7 +12,11 @@ import click
 from .. import __version__
 from ..allocator import keep_freed_memory
 from ..numerics.truth_cache import default_cache_mb
+from ..threads import passive_openmp
 from .common import fail
+
+# before the commands' modules load torch (and with it OpenMP, which reads this once)
+passive_openmp(sys.argv)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

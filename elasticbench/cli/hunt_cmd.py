@@ -134,6 +134,7 @@ def _report(job: HuntJob, path: Path, complete: bool) -> None:
         if h.case_path is not None:
             click.echo(f"  case file {h.case_path}")
             click.echo(f"  reproduce: {replay_command(h.spec, h.case_path)}")
+    click.echo(job.stats.summary())
     trials = sum(h.trials for h in job.results)
     seconds = sum(h.seconds for h in job.results)
     line = (f"{len(failed)} of {len(job.results)} kernels failed; {trials} configurations "

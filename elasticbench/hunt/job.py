@@ -14,6 +14,7 @@ import numpy as np
 from ..backends import get_backend
 from ..execute import IN_PROCESS, Isolation
 from ..numerics.truth import DEFAULT_PRECISION
+from ..numerics.truth_cache import TruthStats
 from ..registry import KernelSpec
 from ..session import Job, Session
 from .reproducer import save_case
@@ -67,6 +68,7 @@ class HuntJob(Job[KernelSpec]):
     max_elements: int = MAX_ELEMENTS  # of one configuration
     replay: Callable[[KernelSpec, Path], str] = lambda spec, path: ""  # the command to rerun
     results: list[Hunted] = field(default_factory=list)
+    stats: TruthStats = field(default_factory=TruthStats)  # the reference, every kernel's trials
 
     kind = "verify"
 
@@ -96,6 +98,7 @@ class HuntJob(Job[KernelSpec]):
             finally:  # the header says what each kernel came to, interrupted or not
                 session.header.setdefault("hunt", {})["kernels"] = [
                     h.summary() for h in self.results]
+                session.header["reference"] = self.stats.to_dict()
         tick()
 
     def _hunt(self, spec: KernelSpec, hunted: Hunted, session: Session, deadline: float,
@@ -104,7 +107,8 @@ class HuntJob(Job[KernelSpec]):
         dtypes = [d for d in self.dtypes if spec.supports(d)]
         layouts = list(get_backend(spec.backend).layouts)
         space = Space(spec.function, dtypes, layouts, self.max_elements)
-        judge = Judge(spec, precision=self.precision, isolation=self.isolation)
+        judge = Judge(spec, precision=self.precision, isolation=self.isolation,
+                      stats=self.stats)
         rng = np.random.default_rng([self.seed, *spec.name.encode()])
 
         def keep(trial: Trial) -> None:

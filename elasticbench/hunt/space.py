@@ -84,14 +84,37 @@ def make_input(c: Config) -> np.ndarray:
             window = max(1, width // 4)
             local = np.random.default_rng([seed, 1]).integers(0, window, (rows.size, c.n))
             pick = (np.arange(c.n) * width // c.n + local) % width
-            values = np.take_along_axis(values, pick, axis=1)
-        if c.order:
-            values = np.sort(values, axis=1)
-            values = values if c.order == "ascending" else values[:, ::-1]
-        x[rows] = values
+            values = (np.take_along_axis(values, pick, axis=1) if not c.order
+                      else sorted_picks(values, pick))
+        elif c.order:
+            values = sorted_rows(values)
+        x[rows] = values if c.order != "descending" else values[:, ::-1]
     for r, col, kind in c.spikes:
         x[r % c.rows, col % c.n] = fmt.cast(np.array([spike_value(kind, c.dtype)]))[0]
     return x
+
+
+def sorted_rows(values: np.ndarray) -> np.ndarray:
+    """Each row sorted ascending, NaN last, as np.sort sorts it (but for the order of +0 and
+    -0 among themselves); a 16-bit format through float32, which holds it exactly and which
+    NumPy sorts several times faster than ml_dtypes' bfloat16."""
+    if values.dtype.itemsize < 4:
+        return np.sort(values.astype(np.float32), axis=1).astype(values.dtype)
+    return np.sort(values, axis=1)
+
+
+def sorted_picks(palette: np.ndarray, pick: np.ndarray) -> np.ndarray:
+    """Each row of palette[pick] (taken along rows) sorted ascending: the palette's row
+    sorted, each value repeated as often as it is picked (a counting sort over at most
+    MAX_PALETTE values instead of a sort of the whole row)."""
+    order = np.argsort(palette, axis=1, kind="stable")
+    out = np.empty(pick.shape, dtype=palette.dtype)
+    for i in range(pick.shape[0]):
+        rank = np.empty(order.shape[1], dtype=np.int64)
+        rank[order[i]] = np.arange(order.shape[1])
+        counts = np.bincount(rank[pick[i]], minlength=order.shape[1])
+        out[i] = np.repeat(palette[i, order[i]], counts)
+    return out
 
 
 def _near_power_of_two(rng: np.random.Generator, lo: int, hi: int) -> int:

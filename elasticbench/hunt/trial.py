@@ -16,7 +16,7 @@ import numpy as np
 
 from ..execute import IN_PROCESS, Isolation
 from ..numerics.truth import DEFAULT_PRECISION
-from ..numerics.truth_cache import TruthStore, solve
+from ..numerics.truth_cache import TruthStats, TruthStore, solve
 from ..records import VerifyRecord
 from ..registry import KernelSpec
 from ..verify.matrix import VerifyCase
@@ -74,8 +74,9 @@ class Judge:
     """Runs trials of one kernel (forward or backward) and numbers them."""
 
     def __init__(self, spec: KernelSpec, *, precision: int = DEFAULT_PRECISION,
-                 isolation: Isolation = IN_PROCESS):
+                 isolation: Isolation = IN_PROCESS, stats: TruthStats | None = None):
         self.spec, self.precision, self.isolation = spec, precision, isolation
+        self.stats = stats if stats is not None else TruthStats()  # how truths were obtained
         self.count = 0
 
     def case(self, inp: Input, dtype: str) -> VerifyCase:
@@ -87,7 +88,7 @@ class Judge:
         case = self.case(inp, dtype)
         prep = prepare_input(case, inp.x, MAX_CHECKED, self.precision, self.spec.mode,
                              MAX_CHECKED_ROWS)
-        (truth,) = solve([prep.job], TruthStore(None), workers=1)
+        (truth,) = solve([prep.job], TruthStore(None), workers=1, stats=self.stats)
         one = verify_backward_one if self.spec.mode == "bwd" else verify_one
         self.count += 1
         record = one(self.spec, prep, truth, self.isolation)

@@ -77,8 +77,14 @@ def check_writable(path: Path) -> None:
     os.unlink(tmp)
 
 
+_SLOT = "\x00records\x00"  # where the records go in the header's JSON
+WRITE_SHARE = 20  # a flush waits at least this many times as long as the last one took
+
+
 class ResultsWriter:
-    """Collects records and keeps `path` a complete results file at most `every` s behind."""
+    """Collects records and keeps `path` a complete results file at most `every` s behind
+    (or WRITE_SHARE times the last write, for a file so large that writing it takes long).
+    Records are never changed once added, so each is encoded to JSON once."""
 
     def __init__(self, path: Path | None, kind: str, meta: dict[str, Any], every: float = 2.0):
         if kind not in KINDS:
@@ -87,7 +93,9 @@ class ResultsWriter:
         self.doc: dict[str, Any] = {"schema": schema_name(kind), "kind": kind, **meta,
                                     "complete": False, "records": []}
         self.every = every
+        self._gap = every
         self._last = 0.0
+        self._encoded: list[str] = []  # the first records' JSON, as they sit in the file
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -95,13 +103,26 @@ class ResultsWriter:
 
     def add(self, record: dict[str, Any]) -> None:
         self.records.append(record)
-        if time.monotonic() - self._last >= self.every:
+        if time.monotonic() - self._last >= self._gap:
             self.flush()
 
     def flush(self) -> None:
+        started = time.monotonic()
         if self.path is not None:
-            write_json_atomic(self.path, self.doc)
+            write_text_atomic(self.path, self.text())
         self._last = time.monotonic()
+        self._gap = max(self.every, WRITE_SHARE * (self._last - started))
+
+    def text(self) -> str:
+        """The file's text: what write_json_atomic writes for doc, byte for byte."""
+        records = self.records
+        if not records:
+            return json.dumps(_clean(self.doc), indent=1, allow_nan=False) + "\n"
+        for r in records[len(self._encoded):]:
+            lines = json.dumps(_clean(r), indent=1, allow_nan=False).split("\n")
+            self._encoded.append("\n".join("  " + line for line in lines))
+        head = json.dumps(_clean({**self.doc, "records": [_SLOT]}), indent=1, allow_nan=False)
+        return head.replace(f"  {json.dumps(_SLOT)}", ",\n".join(self._encoded), 1) + "\n"
 
     def close(self, complete: bool = True) -> None:
         self.doc["complete"] = complete

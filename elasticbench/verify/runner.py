@@ -58,13 +58,19 @@ def telling_rows(x: np.ndarray) -> list[int]:
     a -inf, the largest finite value and the smallest (a kernel that mishandles a special
     value on some rows only, say past a launch boundary, fails on one of them)."""
     x64 = np.asarray(x, dtype=np.float64)  # no copy when x is already float64
-    finite = np.isfinite(x64)
-    marks = [np.isnan(x64), x64 == np.inf, x64 == -np.inf]
-    if finite.any():
-        marks += [finite & (x64 == x64[finite].max()), finite & (x64 == x64[finite].min())]
+    with np.errstate(invalid="ignore"):  # a row of NaN only: NaN, never a hit below
+        top, bottom = np.fmax.reduce(x64, axis=1), np.fmin.reduce(x64, axis=1)
+    marks = [np.isnan(x64).any(axis=1), top == np.inf, bottom == -np.inf]
+    if marks[1].any() or marks[2].any():  # each row's finite extremes: pass again
+        finite = np.isfinite(x64)
+        top = np.where(finite, x64, -np.inf).max(axis=1)
+        bottom = np.where(finite, x64, np.inf).min(axis=1)
+    if np.isfinite(top).any():
+        marks += [top == np.nanmax(np.where(np.isfinite(top), top, np.nan)),
+                  bottom == np.nanmin(np.where(np.isfinite(bottom), bottom, np.nan))]
     out: list[int] = []
     for mark in marks:
-        hit = np.flatnonzero(mark.any(axis=1))
+        hit = np.flatnonzero(mark)
         if hit.size:
             out += [int(hit[0]), int(hit[-1])]
     return out
