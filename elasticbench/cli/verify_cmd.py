@@ -14,6 +14,7 @@ from ..functions import ATTENTION, function_kind, get_attention_function, get_fu
 from ..inputs import get_generator
 from ..inputs.attention import get_attention_generator
 from ..inputs.layouts import check_layout
+from ..numerics.contract import parse_scale
 from ..numerics.dtypes import check_dtypes
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..numerics.truth_cache import TruthStore, default_cache_dir
@@ -65,11 +66,13 @@ ATTENTION_MATRIX = "verify-attention"  # the built-in matrix of attention kernel
 @click.option("--no-cache", is_flag=True, help="Recompute references instead of reading the cache.")
 @click.option("--mode", "mode", default="fwd", show_default=True, metavar="fwd|bwd|both",
               help="Verify forward kernels, backward (gradient) kernels, or both.")
+@click.option("--budget-scale", "budget_scale", default="1", show_default=True, metavar="X",
+              help="Multiply every error budget of the run by X (X > 0).")
 @survival_options("case")
 @note_options
 def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, quick, sizes,
-           params, layouts, json_path, precision, jobs, no_cache, mode, isolate, timeout, resume_path,
-           shard, failures, traceback) -> None:
+           params, layouts, json_path, precision, jobs, no_cache, mode, budget_scale, isolate,
+           timeout, resume_path, shard, failures, traceback) -> None:
     """Check kernels against mpmath ground truth on adversarial inputs, in ulps.
 
     Exit code 0 when every case passes, 1 when any fails, 2 for bad usage or input, 130 when
@@ -81,6 +84,10 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     functions, backends, dtypes = split_names(functions), split_names(backends), split_names(dtypes)
     only, inputs = split_names(only), split_names(inputs)
     _check_options(functions, dtypes, precision, jobs, mode)
+    try:
+        scale = parse_scale(budget_scale)
+    except ValueError as e:
+        fail(str(e))
     shard_kn = check_survival(timeout, resume_path, json_path, shard)
     notes = failures_shown(failures, traceback)
     out_path = Path(resume_path or json_path) if (resume_path or json_path) else None
@@ -94,7 +101,8 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     fixed = parse_params(params, chosen)
     if ATTENTION in kinds:
         _verify_attention(by_mode, case_file, dtypes, inputs, sizes, fixed, precision,
-                          no_cache, isolate, timeout, out_path, shard_kn, resume_path, notes)
+                          no_cache, isolate, timeout, out_path, shard_kn, resume_path, notes,
+                          scale)
     path = case_path(case_file, quick, "verify-quick", "verify")
     matrix, cases_by_mode = _row_cases(path, by_mode, dtypes, inputs, sizes, layouts, fixed)
     if not any(cases_by_mode.values()):
@@ -104,7 +112,7 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     job = VerifyJob(by_mode, cases_by_mode, max_elements=matrix.max_elements,
                     store=TruthStore(None if no_cache else default_cache_dir()),
                     precision=precision, workers=jobs, isolation=Isolation(isolate, timeout),
-                    max_rows=matrix.max_rows)
+                    max_rows=matrix.max_rows, scale=scale)
     run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path),
                 notes=notes)
 
@@ -152,7 +160,8 @@ def _row_cases(path: Path, by_mode: dict, dtypes: list[str], inputs: list[str], 
 
 
 def _verify_attention(by_mode, case_file, dtypes, inputs, sizes, fixed, precision, no_cache,
-                      isolate, timeout, out_path, shard_kn, resume_path, notes) -> None:
+                      isolate, timeout, out_path, shard_kn, resume_path, notes,
+                      scale: float) -> None:
     """verify for attention kernels: their matrix (cases/verify-attention.toml unless
     --case), their inputs and BxHxLQxLKxD sizes; the same session, records and report."""
     try:
@@ -174,7 +183,7 @@ def _verify_attention(by_mode, case_file, dtypes, inputs, sizes, fixed, precisio
     meta = _header(path, None if case_file else ATTENTION_MATRIX, precision)
     cache = None if no_cache else default_cache_dir()
     job = AttentionVerifyJob(by_mode, cases_by_mode, cache_dir=cache, precision=precision,
-                             isolation=Isolation(isolate, timeout))
+                             isolation=Isolation(isolate, timeout), scale=scale)
     run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path), notes=notes)
 
 

@@ -261,8 +261,9 @@ def prepare(case: AttentionCase, mode: str, cache_dir: Path | None,
 
 
 def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
-                         isolation: Isolation = IN_PROCESS) -> VerifyRecord:
-    """Run one attention kernel on one case and return its record."""
+                         isolation: Isolation = IN_PROCESS, scale: float = 1.0) -> VerifyRecord:
+    """Run one attention kernel on one case and return its record (allowances times
+    scale)."""
     case, fmt = prep.case, get_format(prep.case.dtype)
     outcome = isolation.run(partial(call_attention, spec, prep.q, prep.k, prep.v,
                                     case.param_dict, case.dtype, case.scale, prep.dout),
@@ -271,13 +272,13 @@ def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
     if outcome.outputs is None:
         verdict = CheckResult(False, outcome.error or "no output")
     elif prep.dout is None:
-        verdict = check_forward(outcome.outputs[0], prep.truth, prep.cond, fmt)
+        verdict = check_forward(outcome.outputs[0], prep.truth, prep.cond, fmt, scale)
     else:
         # c_i = dO_i . out_i uses the output a model saved: the exact one, in the format
         saved = fmt.cast(np.nan_to_num(prep.truth.out_hi)).astype(np.float64)
         verdict, checks = check_backward(outcome.outputs, prep.truth, prep.cond,
                                          get_attention_function(case.function),
-                                         prep.dout.astype(np.float64), saved, fmt)
+                                         prep.dout.astype(np.float64), saved, fmt, scale)
     reason = verdict.reason
     if outcome.modified_input:
         reason = "; ".join(["modified its input"] + ([reason] if reason else []))
@@ -286,7 +287,8 @@ def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
         kernel=spec.name, function=spec.function, backend=spec.backend, source=spec.source,
         mode=spec.mode, dtype=case.dtype, input=case.generator, seed=case.seed,
         shape=case.shape, params=case.param_dict, rows_checked=b * h * lq,
-        budget=ATTENTION_BUDGETS[case.dtype].to_dict(), seconds=outcome.seconds,
+        budget=ATTENTION_BUDGETS[case.dtype].to_dict(), budget_scale=scale,
+        seconds=outcome.seconds,
         passed=verdict.passed and not outcome.modified_input, reason=reason,
         max_ulp=verdict.max_ulp, max_budget_frac=verdict.max_budget_frac,
         special_ok=verdict.special_ok, worst=verdict.worst, failures=verdict.failures,
@@ -315,9 +317,10 @@ class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
 
     def __init__(self, kernels: dict[str, list[KernelSpec]],
                  cases: dict[str, list[AttentionCase]], *, cache_dir: Path | None,
-                 precision: int, isolation: Isolation):
+                 precision: int, isolation: Isolation, scale: float = 1.0):
         self.kernels, self.cases = kernels, cases
         self.cache_dir, self.precision, self.isolation = cache_dir, precision, isolation
+        self.scale = scale
 
     def plan(self) -> list[tuple[str, AttentionCase]]:
         return [(m, c) for m, cases in self.cases.items() for c in cases]
@@ -340,6 +343,6 @@ class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
             prep = prepare(case, mode, self.cache_dir, self.precision, stats)
             references.advance()
             for spec in specs:
-                session.add(verify_attention_one(spec, prep, self.isolation))
+                session.add(verify_attention_one(spec, prep, self.isolation, self.scale))
                 checks.advance()
         session.header["reference"] = stats.to_dict()
