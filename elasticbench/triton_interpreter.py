@@ -30,7 +30,9 @@ in every dtype, as later interpreters do.
 
 The patch finds what it replaces by feature, not by version, and works on every Triton from
 3.4 on: load and store hints are passed on in whatever number they come, and where
-`TensorHandle` has no `__post_init__` (3.4) its `__init__` is wrapped instead. It is applied
+`TensorHandle` has no `__post_init__` (3.4) its `__init__` is wrapped instead, and a tensor
+used as an index (`tl.range(tl.program_id(0), ...)`) is read with `.item()`, which the older
+interpreters' `int(data)` fails under NumPy 2 for one-element arrays. It is applied
 for the duration of the block and then undone; it changes nothing else for other dtypes, nor
 on a GPU (where the interpreter is not used).
 """
@@ -131,6 +133,7 @@ class ExactBf16:
             self._set(it.TensorHandle, "__init__", _method(self.handle_init))
         for name in self.BUILDER:
             self._set(it.InterpreterBuilder, name, _method(getattr(self, name)))
+        self._set(it, "_patch_lang_tensor", self._patch_lang_tensor)
         for name, op in self.NAN_DROPPING:
             if name in it.InterpreterBuilder.__dict__:
                 self._set(it.InterpreterBuilder, name, _nan_dropping(op))
@@ -169,6 +172,13 @@ class ExactBf16:
         self.original["__init__"](handle, *args, **kwargs)
         if handle.dtype == tl.bfloat16:
             _as_bf16_values(handle)
+
+    def _patch_lang_tensor(self, tensor: Any, *scope: Any) -> None:
+        # The interpreter makes a tensor an index (tl.range's bounds) with int(data), which
+        # NumPy 2 refuses for the one-element 1-D arrays of program_id in Triton 3.4 to 3.6;
+        # .item() takes any one-element array (restored with the interpreter's own patches)
+        self.original["_patch_lang_tensor"](tensor, *scope)
+        tensor.__index__ = lambda t: int(np.asarray(t.handle.data).item())
 
     # ---- memory -------------------------------------------------------------------------
 
