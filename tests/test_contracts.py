@@ -105,6 +105,12 @@ def test_the_honest_16_bit_kernels_pass_under_their_contract_on_long_rows(cli, t
     assert "| own16_elastic | own |" in cli("report", str(out), "-F", "markdown").out
 
 
+def test_list_names_a_kernel_files_contract(cli):
+    out = cli("list", "kernels", "--kernel-file", str(EXAMPLE)).out.splitlines()
+    assert any(ln.startswith("own16_elastic ") and ln.endswith("[accuracy: own]") for ln in out)
+    assert not any(ln.startswith("numpy_elastic ") and "accuracy" in ln for ln in out)
+
+
 def _judged(accuracy: str, names: tuple[str, ...]) -> dict[str, list[VerifyRecord]]:
     specs = [s for s in load_kernel_file(EXAMPLE) if s.name in names]
     matrix = load_matrix(builtin_case("verify-quick"))
