@@ -93,6 +93,15 @@ def test_the_scale_divides_the_share_of_the_budget_used(cli, tmp_path):
     assert "| numpy_elastic | wide x2.5 |" in report.out
 
 
+def test_a_resumed_run_keeps_its_budget_scale(cli, tmp_path):
+    out = tmp_path / "scaled.json"
+    args = ("verify", "--quick", "--only", "numpy_elastic", "-d", "fp32", "--input", "normal")
+    assert cli(*args, "--budget-scale", "3", "--json", str(out)).code == 0
+    r = cli(*args, "--resume", str(out))
+    assert r.code == 2 and "judged at --budget-scale 3: resume it at that scale, not 1" in r.err
+    assert cli(*args, "--budget-scale", "3", "--resume", str(out)).code == 0
+
+
 def test_the_honest_16_bit_kernels_pass_under_their_contract_on_long_rows(cli, tmp_path):
     # past 65504 columns, with a beta beyond fp16's range: the sum must not overflow
     out = tmp_path / "long.json"

@@ -18,6 +18,7 @@ from ..numerics.contract import parse_scale
 from ..numerics.dtypes import check_dtypes
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
 from ..numerics.truth_cache import TruthStore, default_cache_dir
+from ..records import ResultsFileError, VerifyRecord, load_results
 from ..registry import KernelSpec
 from ..verify.attention_job import (
     AttentionVerifyJob,
@@ -88,6 +89,7 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
         scale = parse_scale(budget_scale)
     except ValueError as e:
         fail(str(e))
+    _check_resumed_scale(resume_path, scale)
     shard_kn = check_survival(timeout, resume_path, json_path, shard)
     notes = failures_shown(failures, traceback)
     out_path = Path(resume_path or json_path) if (resume_path or json_path) else None
@@ -132,6 +134,21 @@ def _check_options(functions: list[str], dtypes: list[str], precision: int,
         fail(f"--jobs must be at least 1, got {jobs}")
     if mode not in MODE_CHOICES:
         fail(f"unknown --mode {mode!r} (choose from {', '.join(MODE_CHOICES)})")
+
+
+def _check_resumed_scale(resume_path: str | None, scale: float) -> None:
+    """A resumed run keeps the budget scale its records were judged at (one line, exit 2
+    otherwise); a file that cannot be read is left to the resume itself to report."""
+    if not resume_path or not Path(resume_path).is_file():
+        return
+    try:
+        records = load_results(resume_path, "verify").records
+    except ResultsFileError:
+        return
+    scales = sorted({r.budget_scale for r in records if isinstance(r, VerifyRecord)})
+    if scales and scales != [scale]:
+        fail(f"{resume_path} was judged at --budget-scale "
+             f"{', '.join(f'{v:g}' for v in scales)}: resume it at that scale, not {scale:g}")
 
 
 def _row_cases(path: Path, by_mode: dict, dtypes: list[str], inputs: list[str], sizes,
