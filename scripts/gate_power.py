@@ -60,7 +60,8 @@ from elasticbench.cli.common import choose_kernels
 from elasticbench.gate.ab import ABPolicy, run_ab, versions_from_files
 from elasticbench.gate.compare import compare, judge, parse_fraction
 from elasticbench.gate.stats import ratio_hierarchical_bootstrap, ratio_processes
-from elasticbench.verify.matrix import builtin_case, read_toml
+from elasticbench.verify.matrix import builtin_case
+from elasticbench.verify.tables import read_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 AB = ROOT / "examples" / "ab"

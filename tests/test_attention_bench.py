@@ -9,7 +9,7 @@ import pytest
 
 from elasticbench.bench.attention import attention_bytes, attention_flops
 from elasticbench.bench.attention_case import load_attention_run
-from elasticbench.verify.matrix import CaseFileError
+from elasticbench.verify.tables import CaseFileError
 
 TINY = """
 [attention_run]

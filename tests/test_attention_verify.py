@@ -21,7 +21,7 @@ from elasticbench.records import RecordError, VerifyRecord
 from elasticbench.selftest.attention_mutants import ATTENTION_CONTROL, ATTENTION_MUTANTS
 from elasticbench.selftest.runner import run_attention_selftest
 from elasticbench.verify.attention_check import check_backward, check_forward
-from elasticbench.verify.attention_job import (
+from elasticbench.verify.attention_matrix import (
     AttentionInputs,
     AttentionMatrix,
     parse_attention_size,

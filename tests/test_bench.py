@@ -24,7 +24,7 @@ from elasticbench.devices import HostClock
 from elasticbench.passes import PassModel
 from elasticbench.records import RunRecord
 from elasticbench.registry import KernelSpec, get_kernel
-from elasticbench.verify.matrix import CaseFileError
+from elasticbench.verify.tables import CaseFileError
 
 
 def test_summarize_on_synthetic_samples():

@@ -17,8 +17,9 @@ from elasticbench.inputs.explicit import Explicit
 from elasticbench.inputs.layouts import LAYOUTS, place
 from elasticbench.numerics.truth import evaluate_rows
 from elasticbench.registry import KernelSpec, get_kernel
-from elasticbench.verify.matrix import CaseFileError, builtin_case, expand, load_matrix
+from elasticbench.verify.matrix import builtin_case, expand, load_matrix
 from elasticbench.verify.runner import rows_to_check
+from elasticbench.verify.tables import CaseFileError
 
 ROOT = Path(__file__).resolve().parent.parent
 

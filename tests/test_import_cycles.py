@@ -88,3 +88,45 @@ def test_the_check_finds_a_cycle() -> None:
     graph["elasticbench.devices"] = graph["elasticbench.devices"] | {"elasticbench.registry"}
     found = cycle(graph)
     assert found is not None and found[0] == found[-1] and "elasticbench.devices" in found
+
+
+def readme_layers() -> dict[str, int]:
+    """Top-level package or module of elasticbench -> its layer in the README's picture
+    (section Architecture: a number starts a layer, a line without one continues it)."""
+    text = (ROOT / "README.md").read_text().split("## Architecture", 1)[1]
+    lines = text.split("```", 2)[1].strip("\n").splitlines()
+    cut = lines[0].index("what they are")
+    out: dict[str, int] = {}
+    layer = 0
+    for line in lines[1:]:
+        head, names = line[:cut].split(maxsplit=1) if line[:7].strip() else ("", line[:cut])
+        layer = int(head) if head else layer
+        out.update({name: layer for name in names.split()})
+    return out
+
+
+def top(module: str) -> str:
+    """The README's name for a module: elasticbench's package or module right under it."""
+    parts = module.split(".")
+    return "elasticbench" if len(parts) == 1 else "kernels" if parts[1] == "kernels" else parts[1]
+
+
+def upward(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    """Every import of a module in a layer above the importer's, as 'importer -> imported'."""
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                  if layers[top(d)] > layers[top(m)])
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    layers = readme_layers()
+    graph = import_graph()
+    unplaced = sorted({top(m) for m in graph} - set(layers))
+    assert not unplaced, f"place these in README's architecture picture: {unplaced}"
+    found = upward(graph, layers)
+    assert not found, "imports of a layer above: " + "; ".join(found)
+
+
+def test_the_check_finds_an_upward_import() -> None:
+    graph = import_graph()
+    graph["elasticbench.records"] = graph["elasticbench.records"] | {"elasticbench.kinds"}
+    assert upward(graph, readme_layers()) == ["elasticbench.records -> elasticbench.kinds"]

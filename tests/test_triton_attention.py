@@ -41,7 +41,8 @@ if not devices.triton_interpreted():
 
 else:
     from elasticbench.registry import get_kernel
-    from elasticbench.verify.attention_job import AttentionCase, prepare, verify_attention_one
+    from elasticbench.verify.attention_job import prepare, verify_attention_one
+    from elasticbench.verify.attention_matrix import AttentionCase
 
     # fp16 takes bf16's code path (products in the format, p and ds rounded to it); the
     # whole matrix in all three formats is `TRITON_INTERPRET=1 elasticbench verify --only

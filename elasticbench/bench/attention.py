@@ -36,6 +36,7 @@ memory growth is the process's resident-set peak during one call above its size 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,25 +44,20 @@ from typing import Any
 from .. import devices
 from ..attention.contract import backward_step, kernel_arguments
 from ..backends import get_backend
-from ..execute import guarded_call
+from ..execute import Call, guarded_call
+from ..functions import get_attention_function
 from ..inputs.attention import generate_qkv
 from ..numerics.dtypes import get_format
 from ..records import QuickVerdict, RunRecord
 from ..registry import KernelSpec, get_kernel
 from ..session import Job, Session
-from ..verify.attention_job import (
-    AttentionCase,
-    expand_attention,
-    load_attention_matrix,
-    prepare,
-    upstream_gradient,
-    verify_attention_one,
-)
+from ..verify.attention_job import prepare, upstream_gradient, verify_attention_one
+from ..verify.attention_matrix import AttentionCase, expand_attention, load_attention_matrix
 from ..verify.matrix import builtin_case
 from .attention_case import GIB, AttentionRunCase
 from .memory import peak_growth
 from .roofline import measure_copy
-from .timing import Policy, time_calls
+from .timing import Policy, Timing, time_calls
 
 
 def attention_flops(b: int, h: int, lq: int, lk: int, d: int, causal: bool, mode: str) -> float:
@@ -229,63 +225,72 @@ class AttentionRunJob(Job[AttentionUnit]):
 
     def _time(self, u: AttentionUnit, copy_bps: float, matmul_gflops: float,
               verdict: QuickVerdict) -> RunRecord:
+        """One unit timed: its record, measured, or with the error that stopped it."""
         c, spec = self.case, u.spec
         shape = self.shape(u.length)
-        params = {**(c.params if spec.function == "elastic_attention" else {}),
-                  "causal": float(u.causal)}
-        acase = AttentionCase(spec.function, "normal", shape, u.dtype, tuple(params.items()),
-                              c.seed)
-        q, k, v = generate_qkv("normal", u.dtype, shape, c.seed)
-        backend = get_backend(spec.backend)
-        args, kw = kernel_arguments(spec, q, k, v, params, u.dtype, acase.scale)
+        row = get_attention_function(spec.function).row_params
+        params = {**{k: v for k, v in c.params.items() if k in row}, "causal": float(u.causal)}
         record = RunRecord(kernel=spec.name, function=spec.function, backend=spec.backend,
                            source=spec.source, mode=spec.mode, dtype=u.dtype, shape=shape,
                            params=params, generator="normal", seed=c.seed, baseline=u.baseline,
                            verify=verdict)
-        if spec.mode == "fwd":
-            def call(i: int) -> Any:
-                return spec.fn(*args, **kw)
-        else:
-            dout = backend.to_native(upstream_gradient(acase, (*shape[:3], shape[4])))
-            first = guarded_call(backend, spec.fn, *args, **kw)
-            if first.raised is not None:
-                record.error = first.error
-                return record
-            step = backward_step(first.value)
-
-            def call(i: int) -> Any:
-                return step(dout)
-        once = guarded_call(backend, lambda: peak_growth(lambda: (call(0),
-                                                                   backend.synchronize())))
+        backend = get_backend(spec.backend)
+        call = self._call(spec, AttentionCase(spec.function, "normal", shape, u.dtype,
+                                              tuple(params.items()), c.seed))
+        once = call if isinstance(call, Call) else guarded_call(
+            backend, lambda: peak_growth(lambda: (call(0), backend.synchronize())))
         if once.raised is not None:
             record.error = once.error
             return record
+        assert not isinstance(call, Call)
         timing = time_calls(call, c.timing, backend.clock())
-        median = timing.stats.median_ns * 1e-9
-        fmt = get_format(u.dtype)
-        flops = attention_flops(*shape[:4], shape[4], bool(u.causal), spec.mode)
-        nbytes = attention_bytes(*shape[:4], shape[4], fmt.itemsize, spec.mode)
-        t_flop, t_mem = flops / (matmul_gflops * 1e9), nbytes / copy_bps
-        record.compute_dtype = "fp64" if u.dtype == "fp64" else "fp32"
-        record.cache = "in-cache" if nbytes <= backend.llc_bytes() // 2 else "out-of-cache"
-        record.footprint_bytes = nbytes
-        record.rotated_buffers = 1
-        record.model = {"structure": "attention", "gemms": 2 if spec.mode == "fwd" else 5,
-                        "declared": False}
-        record.model_bytes = float(nbytes)
-        record.elements_per_s = shape[0] * shape[1] * shape[2] * shape[3] / median  # scores/s
-        record.roof = {"flop_s": t_flop, "memory_s": t_mem, "matmul_gflops": matmul_gflops,
-                       "copy_gbps": copy_bps / 1e9}
-        record.min_bytes = nbytes
-        record.timing = timing.to_record()
-        record.median_s = median
-        record.gbps = nbytes / median / 1e9
-        record.pct_copy = 100 * t_mem / median
-        record.flops = flops
-        record.gflops = flops / median / 1e9
-        record.pct_matmul = 100 * t_flop / median
-        record.binding = "matmul" if t_flop >= t_mem else "memory"
-        record.pct_roof = 100 * max(t_flop, t_mem) / median
-        record.copy_gbps = copy_bps / 1e9
-        record.peak_bytes = once.value
+        _measured(record, timing, once.value, copy_bps, matmul_gflops, backend.llc_bytes())
         return record
+
+    def _call(self, spec: KernelSpec, case: AttentionCase) -> Callable[[int], Any] | Call:
+        """What one timed call runs (the forward, or step(dO) after an untimed forward), or
+        the failed forward call."""
+        backend = get_backend(spec.backend)
+        q, k, v = generate_qkv(case.generator, case.dtype, case.shape, case.seed)
+        args, kw = kernel_arguments(spec, q, k, v, case.param_dict, case.dtype, case.scale)
+        if spec.mode == "fwd":
+            return lambda i: spec.fn(*args, **kw)
+        shape = case.shape
+        dout = backend.to_native(upstream_gradient(case, (*shape[:3], shape[4])))
+        first = guarded_call(backend, spec.fn, *args, **kw)
+        if first.raised is not None:
+            return first
+        step = backward_step(first.value)
+        return lambda i: step(dout)
+
+
+def _measured(record: RunRecord, timing: Timing, peak_bytes: int, copy_bps: float,
+              matmul_gflops: float, llc_bytes: int) -> None:
+    """Fill in a timed record: time, FLOP and byte rates against the two ceilings, memory."""
+    shape, mode = record.shape, record.mode
+    median = timing.stats.median_ns * 1e-9
+    flops = attention_flops(*shape[:4], shape[4], bool(record.params["causal"]), mode)
+    nbytes = attention_bytes(*shape[:4], shape[4], get_format(record.dtype).itemsize, mode)
+    t_flop, t_mem = flops / (matmul_gflops * 1e9), nbytes / copy_bps
+    record.compute_dtype = "fp64" if record.dtype == "fp64" else "fp32"
+    record.cache = "in-cache" if nbytes <= llc_bytes // 2 else "out-of-cache"
+    record.footprint_bytes = nbytes
+    record.rotated_buffers = 1
+    record.model = {"structure": "attention", "gemms": 2 if mode == "fwd" else 5,
+                    "declared": False}
+    record.model_bytes = float(nbytes)
+    record.elements_per_s = shape[0] * shape[1] * shape[2] * shape[3] / median  # scores/s
+    record.roof = {"flop_s": t_flop, "memory_s": t_mem, "matmul_gflops": matmul_gflops,
+                   "copy_gbps": copy_bps / 1e9}
+    record.min_bytes = nbytes
+    record.timing = timing.to_record()
+    record.median_s = median
+    record.gbps = nbytes / median / 1e9
+    record.pct_copy = 100 * t_mem / median
+    record.flops = flops
+    record.gflops = flops / median / 1e9
+    record.pct_matmul = 100 * t_flop / median
+    record.binding = "matmul" if t_flop >= t_mem else "memory"
+    record.pct_roof = 100 * max(t_flop, t_mem) / median
+    record.copy_gbps = copy_bps / 1e9
+    record.peak_bytes = peak_bytes

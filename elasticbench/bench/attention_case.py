@@ -4,14 +4,15 @@ for attention kernels, validated into an AttentionRunCase (bench/attention.py ti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 from ..functions import ATTENTION, get_attention_function
 from ..numerics.dtypes import check_dtypes
+from ..records.fields import entry, nonnegative, positive
 from ..registry import get_kernel
-from ..verify.matrix import CaseFileError, read_toml
+from ..verify.tables import read_table, read_toml
 from .timing import Policy
 
 TABLE = "attention_run"
@@ -20,78 +21,54 @@ GIB = 1 << 30
 
 @dataclass(frozen=True)
 class AttentionRunCase:
-    """A validated [attention_run] table."""
+    """A validated [attention_run] table (its fields are checked as records' are)."""
 
     name: str
     description: str = ""
     kernels: tuple[str, ...] = ()
-    baseline: str | None = "sdpa"
+    baseline: str | None = "sdpa"  # "" in the file: none
     dtypes: tuple[str, ...] = ("fp32",)
-    batch: int = 1
-    heads: int = 8
-    head_dim: int = 64
-    lengths: tuple[int, ...] = (512,)
-    causal: tuple[int, ...] = (0, 1)
-    modes: tuple[str, ...] = ("fwd", "bwd")
+    batch: int = entry(1, check=positive)
+    heads: int = entry(8, check=positive)
+    head_dim: int = entry(64, check=positive)
+    lengths: tuple[int, ...] = entry((512,), check=positive)
+    causal: tuple[Literal[0, 1], ...] = (0, 1)
+    modes: tuple[Literal["fwd", "bwd"], ...] = ("fwd", "bwd")
     quadratic: tuple[str, ...] = ()
-    quadratic_limit_gib: float = 4.0
-    max_length: dict[str, int] = field(default_factory=dict)  # kernel -> longest timed
-    seed: int = 0
+    quadratic_limit_gib: float = entry(4.0, check=positive)
+    max_length: dict[str, int] = entry(factory=dict, check=positive)  # kernel -> longest timed
+    seed: int = entry(0, check=nonnegative)
     verify: str = "verify-attention-quick"
-    params: dict[str, float] = field(default_factory=dict)
+    params: dict[str, float] = field(default_factory=dict)  # the kernels' row parameters
     timing: Policy = field(default_factory=Policy)
+
+    def __post_init__(self) -> None:
+        check_dtypes(self.dtypes)
+        for name in (*self.kernels, *([self.baseline] if self.baseline else [])):
+            for mode in self.modes:
+                if get_kernel(name, mode).kind != ATTENTION:
+                    raise ValueError(f"{name} is not an attention kernel")
+        functions = {get_kernel(n, m).function for n in (*self.kernels, self.baseline or "")
+                     if n for m in self.modes}
+        object.__setattr__(self, "params", row_params(self.params, sorted(functions)))
+
+
+def row_params(values: dict[str, float], functions: list[str]) -> dict[str, float]:
+    """The row parameters (tau, beta) of these attention functions at the given values, each
+    checked by every function that takes it, defaults filled in."""
+    out: dict[str, float] = {}
+    for fn in map(get_attention_function, functions):
+        taken = {k: v for k, v in values.items() if k in fn.row_params}
+        out.update({k: v for k, v in fn.validate_params(taken).items() if k in fn.row_params})
+    unknown = sorted(set(values) - set(out))
+    if unknown:
+        raise ValueError(f"params: no kernel's function has a parameter {unknown[0]!r}")
+    return out
 
 
 def load_attention_run(path: Path) -> AttentionRunCase:
     """Read and validate the [attention_run] table; CaseFileError names the key at fault."""
     table = read_toml(Path(path)).get(TABLE)
-    where = str(path)
-    if not isinstance(table, dict):
-        raise CaseFileError(f"{where}: no [{TABLE}] table")
-    known = {f.name for f in fields(AttentionRunCase)} - {"name"}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise CaseFileError(f"{where}: [{TABLE}] has no key {unknown[0]!r} "
-                            f"(keys: {', '.join(sorted(known))})")
-    kw: dict[str, Any] = {"name": Path(path).stem}
-    try:
-        for key in ("kernels", "dtypes", "modes", "quadratic"):
-            if key in table:
-                kw[key] = tuple(str(v) for v in table[key])
-        for key in ("lengths", "causal"):
-            if key in table:
-                kw[key] = tuple(int(v) for v in table[key])
-        for key in ("batch", "heads", "head_dim", "seed"):
-            if key in table:
-                kw[key] = int(table[key])
-        for key in ("description", "verify"):
-            if key in table:
-                kw[key] = str(table[key])
-        if "baseline" in table:
-            kw["baseline"] = str(table["baseline"]) or None
-        if "max_length" in table:
-            kw["max_length"] = {str(k): int(v) for k, v in dict(table["max_length"]).items()}
-        if "quadratic_limit_gib" in table:
-            kw["quadratic_limit_gib"] = float(table["quadratic_limit_gib"])
-        fn = get_attention_function("elastic_attention")
-        kw["params"] = {k: v for k, v in fn.validate_params(table.get("params", {})).items()
-                        if k in fn.row_params}
-        kw["timing"] = Policy(**table.get("timing", {}))
-        case = AttentionRunCase(**kw)
-        check_dtypes(case.dtypes)
-        for m in case.modes:
-            if m not in ("fwd", "bwd"):
-                raise ValueError(f"modes are fwd and bwd, got {m!r}")
-        if min((*case.lengths, case.batch, case.heads, case.head_dim)) < 1:
-            raise ValueError("batch, heads, head_dim and lengths must be >= 1")
-        if not set(case.causal) <= {0, 1}:
-            raise ValueError("causal takes 0 and 1")
-        for name in (*case.kernels, *([case.baseline] if case.baseline else [])):
-            for mode in case.modes:
-                if get_kernel(name, mode).kind != ATTENTION:
-                    raise ValueError(f"{name} is not an attention kernel")
-    except (TypeError, ValueError) as e:
-        raise CaseFileError(f"{where}: {TABLE}: {e}".splitlines()[0]) from None
-    return case
-
-
+    if isinstance(table, dict) and table.get("baseline") == "":
+        table = {**table, "baseline": None}
+    return read_table(AttentionRunCase, table, str(path), TABLE, name=Path(path).stem)

@@ -27,15 +27,17 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..functions import get_function
 from ..inputs import get_generator
 from ..numerics.dtypes import check_dtypes
-from ..registry import MODES
-from ..verify.matrix import CaseFileError, builtin_case, read_toml
+from ..records.fields import RecordError, entry, nonnegative
+from ..verify.matrix import builtin_case
+from ..verify.tables import CaseFileError, read_table, read_toml
 from .timing import Policy
 
 _SIZE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
@@ -59,7 +61,7 @@ def parse_size(text: Any) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class RunCase:
-    """A validated [run] table."""
+    """A validated [run] table (its fields are checked as records' are)."""
 
     name: str
     description: str = ""
@@ -67,112 +69,65 @@ class RunCase:
     backends: tuple[str, ...] = ()
     kernels: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    baseline: str | None = "torch_softmax"
+    baseline: str | None = "torch_softmax"  # "" in the file: none
     dtypes: tuple[str, ...] = ("fp32",)
     sizes: tuple[tuple[int, int], ...] = ((64, 262144),)
-    mode: str = "fwd"
+    mode: Literal["fwd", "bwd"] = "fwd"
     generator: str = "normal"
-    seed: int = 0
-    threads: int = 0
+    seed: int = entry(0, check=nonnegative)
+    threads: int = entry(0, check=nonnegative)
     verify: str = "verify-quick"
     verify_inputs: tuple[str, ...] = ()
     params: dict[str, dict[str, float]] = field(default_factory=dict)
     timing: Policy = field(default_factory=Policy)
+
+    def __post_init__(self) -> None:
+        checks: tuple[tuple[str, Callable[[Any], object]], ...] = (
+            ("functions", lambda v: [get_function(f) for f in v]), ("dtypes", check_dtypes),
+            ("generator", get_generator), ("verify_inputs", lambda v: [get_generator(g) for g in v]))
+        for key, check in checks:
+            try:
+                check(getattr(self, key))
+            except ValueError as e:
+                raise RecordError(key, str(e)) from None
+        params = {}
+        for fname, values in self.params.items():
+            try:
+                params[fname] = get_function(fname).validate_params(values)
+            except (ValueError, TypeError) as e:
+                raise RecordError(f"params.{fname}", str(e)) from None
+        object.__setattr__(self, "params", params)
 
     def verify_path(self) -> Path:
         p = Path(self.verify)
         return p if p.suffix == ".toml" else builtin_case(self.verify)
 
 
-_LISTS = ("functions", "backends", "kernels", "exclude", "dtypes", "verify_inputs")
-_KNOWN = {f.name for f in fields(RunCase)} - {"name"}
-
-
-def _strings(value: Any, where: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise CaseFileError(f"{where} must be a list of names")
-    return tuple(value)
-
-
 def parse_run_table(table: Any, where: str, name: str) -> RunCase:
     """Validate a [run] table; CaseFileError names the file and the key at fault."""
-    if not isinstance(table, dict):
-        raise CaseFileError(f"{where}: no [run] table")
-    unknown = sorted(set(table) - _KNOWN)
-    if unknown:
-        raise CaseFileError(f"{where}: [run] has no key {unknown[0]!r} "
-                            f"(keys: {', '.join(sorted(_KNOWN))})")
-    kw: dict[str, Any] = {"name": name}
-    for key in _LISTS:
-        if key in table:
-            kw[key] = _strings(table[key], f"{where}: run.{key}")
+    if isinstance(table, dict):
+        table = dict(table)
+        for key, value in table.items():  # a list of names may be a single name
+            if key in _LISTS and isinstance(value, str):
+                table[key] = [value]
+        if table.get("baseline") == "":
+            table["baseline"] = None
+        if "sizes" in table:
+            table["sizes"] = _sizes(table["sizes"], where)
+    return read_table(RunCase, table, where, "run", name=name)
+
+
+def _sizes(sizes: Any, where: str) -> list[tuple[int, int]]:
+    """run.sizes: ROWSxN strings or [rows, n] pairs, at least one."""
+    if not isinstance(sizes, list) or not sizes:
+        raise CaseFileError(f"{where}: run.sizes must be a non-empty list")
     try:
-        for f in kw.get("functions", ()):
-            get_function(f)
-        check_dtypes(kw.get("dtypes", ()))
-        for g in (table.get("generator", "normal"), *kw.get("verify_inputs", ())):
-            get_generator(g)
+        return [parse_size(s) for s in sizes]
     except ValueError as e:
-        raise CaseFileError(f"{where}: {e}") from None
-    if "sizes" in table:
-        if not isinstance(table["sizes"], list) or not table["sizes"]:
-            raise CaseFileError(f"{where}: run.sizes must be a non-empty list")
-        try:
-            kw["sizes"] = tuple(parse_size(s) for s in table["sizes"])
-        except ValueError as e:
-            raise CaseFileError(f"{where}: run.sizes: {e}") from None
-    mode = table.get("mode", "fwd")
-    if mode not in MODES:
-        raise CaseFileError(f"{where}: run.mode must be one of {', '.join(MODES)}, got {mode!r}")
-    kw["mode"] = mode
-    for key in ("seed", "threads"):
-        v = table.get(key, 0)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise CaseFileError(f"{where}: run.{key} must be a whole number >= 0, got {v!r}")
-        kw[key] = v
-    for key in ("description", "generator", "verify"):
-        if key in table:
-            if not isinstance(table[key], str):
-                raise CaseFileError(f"{where}: run.{key} must be a string")
-            kw[key] = table[key]
-    if "baseline" in table:
-        b = table["baseline"]
-        if not isinstance(b, str):
-            raise CaseFileError(f"{where}: run.baseline must be a kernel name or \"\"")
-        kw["baseline"] = b or None
-    kw["params"] = _run_params(table.get("params", {}), where)
-    kw["timing"] = _timing(table.get("timing", {}), where)
-    return RunCase(**kw)
+        raise CaseFileError(f"{where}: run.sizes: {e}") from None
 
 
-def _run_params(params: Any, where: str) -> dict[str, dict[str, float]]:
-    """run.params: each function's parameters, checked by the function."""
-    if not isinstance(params, dict):
-        raise CaseFileError(f"{where}: run.params must be a table of functions")
-    out = {}
-    for fname, values in params.items():
-        try:
-            out[fname] = get_function(fname).validate_params(values)
-        except (ValueError, TypeError) as e:
-            raise CaseFileError(f"{where}: run.params.{fname}: {e}") from None
-    return out
-
-
-def _timing(timing: Any, where: str) -> Policy:
-    """run.timing: the timing policy's fields, checked by Policy."""
-    if not isinstance(timing, dict):
-        raise CaseFileError(f"{where}: run.timing must be a table")
-    allowed = {f.name for f in fields(Policy)}
-    bad = sorted(set(timing) - allowed)
-    if bad:
-        raise CaseFileError(f"{where}: run.timing has no key {bad[0]!r} "
-                            f"(keys: {', '.join(sorted(allowed))})")
-    try:
-        return Policy(**timing)
-    except (ValueError, TypeError) as e:
-        raise CaseFileError(f"{where}: run.timing: {e}") from None
+_LISTS = ("functions", "backends", "kernels", "exclude", "dtypes", "verify_inputs")
 
 
 def load_run_case(path: Path) -> RunCase:

@@ -325,26 +325,8 @@ def run_units(
 
     try:
         for p in range(passes):
-            worker = Worker() if passes > 1 else None
-            try:
-                for i, unit in enumerate(units):
-                    on_start(unit)
-                    if i not in failed:
-                        params = params_for(case, unit.spec.function)
-                        call = partial(_measure_or_error, unit, case, per_process, params,
-                                       case.threads if worker else None)
-                        got = (worker.call(call, isolation.timeout, _failure) if worker
-                               else isolation.run(call, _failure))
-                        if isinstance(got, str):
-                            failed[i] = got
-                        else:
-                            measured.setdefault(i, []).append(got)
-                    on_measured()
-                    if p == passes - 1:
-                        finish(i)
-            finally:
-                if worker is not None:
-                    worker.stop()
+            _one_pass(units, case, per_process, passes > 1, isolation, measured, failed,
+                      on_start, on_measured, finish if p == passes - 1 else None)
     except KeyboardInterrupt:
         done = {r.plan_position for r in records}
         for i, unit in enumerate(units):
@@ -352,6 +334,35 @@ def run_units(
                 finish(i)
         raise
     return records
+
+
+def _one_pass(units: list[Unit], case: RunCase, policy: Policy, fresh: bool,
+              isolation: Isolation, measured: dict[int, list[Measurement]],
+              failed: dict[int, str], on_start: Callable[[Unit], None],
+              on_measured: Callable[[], None], finish: Callable[[int], None] | None) -> None:
+    """One pass over the units (in one fresh worker process when `fresh`): each unit that
+    has not failed measured once more, into measured or failed; finish(i) after each unit
+    when given (the last pass)."""
+    worker = Worker() if fresh else None
+    try:
+        for i, unit in enumerate(units):
+            on_start(unit)
+            if i not in failed:
+                params = params_for(case, unit.spec.function)
+                call = partial(_measure_or_error, unit, case, policy, params,
+                               case.threads if worker else None)
+                got = (worker.call(call, isolation.timeout, _failure) if worker
+                       else isolation.run(call, _failure))
+                if isinstance(got, str):
+                    failed[i] = got
+                else:
+                    measured.setdefault(i, []).append(got)
+            on_measured()
+            if finish is not None:
+                finish(i)
+    finally:
+        if worker is not None:
+            worker.stop()
 
 
 def _failure(why: str, seconds: float = 0.0) -> str:

@@ -11,7 +11,8 @@ from ..gate.render import render_text
 from ..numerics.dtypes import check_dtypes
 from ..records import ResultsWriter
 from ..registry import KernelFileError
-from ..verify.matrix import CaseFileError, builtin_case
+from ..verify.matrix import builtin_case
+from ..verify.tables import CaseFileError
 from .common import EXIT_FAILED, EXIT_OK, console, fail, split_names
 from .compare_cmd import write_outputs
 

@@ -9,14 +9,11 @@ import click
 from rich.table import Table
 
 from ..backends import get_backend
-from ..functions import ATTENTION, ROW
-from ..numerics.truth_cache import TruthStore, default_cache_dir
+from ..kinds import KINDS
+from ..numerics.truth_cache import default_cache_dir
 from ..registry import list_kernels
-from ..selftest.attention_mutants import ATTENTION_CONTROL, ATTENTION_MUTANTS
 from ..selftest.mutants import MUTANTS
-from ..selftest.runner import LOOSEST, caught_by_text, run_attention_selftest, run_selftest
-from ..verify.attention_job import load_attention_matrix
-from ..verify.matrix import builtin_case, load_matrix
+from ..selftest.runner import LOOSEST, caught_by_text
 from .common import EXIT_FAILED, EXIT_OK, console, fail, quiet, split_names
 
 
@@ -35,19 +32,11 @@ def selftest(backends: tuple[str, ...], no_cache: bool) -> None:
             get_backend(name)
         except ValueError as e:
             fail(str(e))
-    matrix = load_matrix(builtin_case("verify-quick"))
-    store = TruthStore(None if no_cache else default_cache_dir())
-
-    def correct(kind: str) -> list:
-        return [k for k in list_kernels() if k.source == "builtin" and not k.baseline
-                and k.kind == kind and (not chosen or k.backend in chosen)]
-
-    outcomes = run_selftest(MUTANTS, correct(ROW), matrix, store)
-    attention = correct(ATTENTION)
-    outcomes += run_attention_selftest(
-        ATTENTION_MUTANTS, [ATTENTION_CONTROL, *attention],
-        load_attention_matrix(builtin_case("verify-attention-quick")),
-        None if no_cache else default_cache_dir())
+    outcomes = []
+    for kind in KINDS.values():
+        correct = [k for k in list_kernels() if k.source == "builtin" and not k.baseline
+                   and k.kind == kind.name and (not chosen or k.backend in chosen)]
+        outcomes += kind.selftest(correct, None if no_cache else default_cache_dir())
     table = Table(title="mutation self-test", title_justify="left")
     table.add_column("mutant / kernel", no_wrap=True, style="bold")
     table.add_column("verdict", no_wrap=True)

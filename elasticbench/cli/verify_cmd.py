@@ -7,27 +7,15 @@ from pathlib import Path
 
 import click
 
-from ..bench.cases import parse_size
 from ..environment import describe
 from ..execute import Isolation
-from ..functions import ATTENTION, function_kind, get_attention_function, get_function
-from ..inputs import get_generator
-from ..inputs.attention import get_attention_generator
-from ..inputs.layouts import check_layout
+from ..functions import function_kind
+from ..kinds import Kind, VerifyOptions, kind_of
 from ..numerics.contract import parse_scale
 from ..numerics.dtypes import check_dtypes
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
-from ..numerics.truth_cache import TruthStore, default_cache_dir
 from ..records import ResultsFileError, VerifyRecord, load_results
 from ..registry import KernelSpec
-from ..verify.attention_job import (
-    AttentionVerifyJob,
-    expand_attention,
-    load_attention_matrix,
-    parse_attention_size,
-)
-from ..verify.job import VerifyJob
-from ..verify.matrix import CaseFileError, VerifyMatrix, builtin_case, expand, load_matrix
 from .common import (
     case_path,
     check_survival,
@@ -42,7 +30,6 @@ from .common import (
 )
 
 MODE_CHOICES = ("fwd", "bwd", "both")
-ATTENTION_MATRIX = "verify-attention"  # the built-in matrix of attention kernels
 
 
 @click.command()
@@ -51,7 +38,8 @@ ATTENTION_MATRIX = "verify-attention"  # the built-in matrix of attention kernel
               help="Only these input generators (see `elasticbench list inputs`).")
 @click.option("--case", "case_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="Verification matrix ([verify] table of a TOML case file).")
-@click.option("--quick", is_flag=True, help="The small matrix (cases/verify-quick.toml).")
+@click.option("--quick", is_flag=True, help="The small matrix (cases/verify-quick.toml; "
+              "attention: cases/verify-attention-quick.toml).")
 @click.option("-s", "--size", "sizes", multiple=True, metavar="ROWSxN",
               help="Shapes to verify instead of the matrix's, e.g. 7x16 (attention: "
                    "BxHxLQxLKxD, e.g. 1x2x16x16x8).")
@@ -95,28 +83,21 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     out_path = Path(resume_path or json_path) if (resume_path or json_path) else None
     modes = ("fwd", "bwd") if mode == "both" else (mode,)
     by_mode = choose_kernels_by_mode(functions, backends, only, kernel_files, modes)
-    kinds = {k.kind for ks in by_mode.values() for k in ks}
-    if len(kinds) > 1:
-        fail("row kernels and attention kernels are verified apart: choose them with "
-             "--function (or --only) one kind at a time")
-    chosen = [k for ks in by_mode.values() for k in ks]
-    fixed = parse_params(params, chosen)
-    if ATTENTION in kinds:
-        _verify_attention(by_mode, case_file, dtypes, inputs, sizes, fixed, precision,
-                          no_cache, isolate, timeout, out_path, shard_kn, resume_path, notes,
-                          scale)
-    path = case_path(case_file, quick, "verify-quick", "verify")
-    matrix, cases_by_mode = _row_cases(path, by_mode, dtypes, inputs, sizes, layouts, fixed)
-    if not any(cases_by_mode.values()):
-        fail(f"the matrix {path} has no case for the chosen kernels, dtypes and inputs")
-    meta = _header(path, None if case_file else ("verify-quick" if quick else "verify"),
-                   precision)
-    job = VerifyJob(by_mode, cases_by_mode, max_elements=matrix.max_elements,
-                    store=TruthStore(None if no_cache else default_cache_dir()),
-                    precision=precision, workers=jobs, isolation=Isolation(isolate, timeout),
-                    max_rows=matrix.max_rows, scale=scale)
-    run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path),
-                notes=notes)
+    try:
+        kind = kind_of(k for ks in by_mode.values() for k in ks)
+    except ValueError as e:
+        fail(str(e))
+    fixed = parse_params(params, [k for ks in by_mode.values() for k in ks], kind)
+    path = case_path(case_file, quick, kind.quick_matrix, kind.matrix)
+    options = VerifyOptions(dtypes, inputs, split_names(sizes), split_names(layouts), fixed,
+                            precision, jobs, no_cache, Isolation(isolate, timeout), scale)
+    try:
+        job = kind.verify_job(path, by_mode, options)
+    except ValueError as e:
+        fail(str(e))
+    builtin = None if case_file else (kind.quick_matrix if quick else kind.matrix)
+    run_session(job, out_path, _header(path, builtin, precision), shard=shard_kn,
+                resume=bool(resume_path), notes=notes)
 
 
 def _check_options(functions: list[str], dtypes: list[str], precision: int,
@@ -151,71 +132,18 @@ def _check_resumed_scale(resume_path: str | None, scale: float) -> None:
              f"{', '.join(f'{v:g}' for v in scales)}: resume it at that scale, not {scale:g}")
 
 
-def _row_cases(path: Path, by_mode: dict, dtypes: list[str], inputs: list[str], sizes,
-               layouts, fixed: dict[str, float]) -> tuple[VerifyMatrix, dict]:
-    """The row matrix at path and its cases per mode, restricted as the options say (a bad
-    size, layout, generator or case file: one line and exit 2)."""
-    try:
-        shapes = [parse_size(v) for v in split_names(sizes)]
-        chosen_layouts = [check_layout(v) for v in split_names(layouts)]
-        matrix = load_matrix(path)
-    except (ValueError, CaseFileError) as e:
-        fail(str(e))
-    named = {spec.generator for spec in matrix.inputs if spec.explicit is not None}
-    try:
-        for g in inputs:
-            if g not in named:
-                get_generator(g)
-    except ValueError as e:
-        fail(str(e))
-    return matrix, {
-        m: [c for c in expand(matrix, sorted({k.function for k in ks}), dtypes or None,
-                              inputs or None, shapes or None, fixed)
-            if not chosen_layouts or c.layout in chosen_layouts]
-        for m, ks in by_mode.items()
-    }
-
-
-def _verify_attention(by_mode, case_file, dtypes, inputs, sizes, fixed, precision, no_cache,
-                      isolate, timeout, out_path, shard_kn, resume_path, notes,
-                      scale: float) -> None:
-    """verify for attention kernels: their matrix (cases/verify-attention.toml unless
-    --case), their inputs and BxHxLQxLKxD sizes; the same session, records and report."""
-    try:
-        for g in inputs:
-            get_attention_generator(g)
-        shapes = [parse_attention_size(v) for v in split_names(sizes)]
-    except ValueError as e:
-        fail(str(e))
-    path = Path(case_file) if case_file else builtin_case(ATTENTION_MATRIX)
-    try:
-        matrix = load_attention_matrix(path)
-    except CaseFileError as e:
-        fail(str(e))
-    cases_by_mode = {m: expand_attention(matrix, sorted({k.function for k in ks}),
-                                         dtypes or None, inputs or None, shapes or None, fixed)
-                     for m, ks in by_mode.items()}
-    if not any(cases_by_mode.values()):
-        fail(f"the matrix {path} has no case for the chosen kernels, dtypes and inputs")
-    meta = _header(path, None if case_file else ATTENTION_MATRIX, precision)
-    cache = None if no_cache else default_cache_dir()
-    job = AttentionVerifyJob(by_mode, cases_by_mode, cache_dir=cache, precision=precision,
-                             isolation=Isolation(isolate, timeout), scale=scale)
-    run_session(job, out_path, meta, shard=shard_kn, resume=bool(resume_path), notes=notes)
-
-
 def _header(path: Path, builtin: str | None, precision: int) -> dict:
     """The results file's header: when, which matrix (and whether built in), the machine."""
     return {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "matrix": str(path),
             "matrix_builtin": builtin, "precision": precision, **describe(include_gpu=False)}
 
 
-def parse_params(values: tuple[str, ...], kernels: list[KernelSpec]) -> dict[str, float]:
+def parse_params(values: tuple[str, ...], kernels: list[KernelSpec], kind: Kind
+                 ) -> dict[str, float]:
     """--param NAME=VALUE options as {name: value}, each checked against the chosen kernels'
     functions (one line and exit 2 when no chosen function takes it or the value is bad)."""
     out: dict[str, float] = {}
-    functions = [get_attention_function(f) if function_kind(f) == ATTENTION else get_function(f)
-                 for f in dict.fromkeys(k.function for k in kernels)]
+    functions = [kind.function(f) for f in dict.fromkeys(k.function for k in kernels)]
     for text in values:
         name, eq, value = text.partition("=")
         name = name.strip()

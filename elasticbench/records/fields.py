@@ -141,10 +141,12 @@ def from_dict(cls: type[R], data: Any, path: str = "") -> R:
         return cls(**kw)
     except RecordError as e:  # a check across fields, in the type's __post_init__
         raise RecordError(_join(path, e.field), e.problem) from None
+    except (TypeError, ValueError) as e:  # a plain dataclass's own check of its fields
+        raise RecordError(path, str(e).splitlines()[0]) from None
 
 
 def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
+    return f"{path}.{name}" if path and name else path or name
 
 
 def _show(v: Any) -> str:

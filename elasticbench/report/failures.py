@@ -20,7 +20,8 @@ from ..records import VerifyRecord
 from .sheet import Note, Span, note
 
 # built-in case -> its option (attention kernels' own matrix is their default)
-MATRIX_OPTIONS = {"verify-quick": ["--quick"], "verify": [], "verify-attention": []}
+MATRIX_OPTIONS = {"verify-quick": ["--quick"], "verify": [], "verify-attention": [],
+                  "verify-attention-quick": ["--quick"]}
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,8 @@ from ..numerics.truth_cache import TruthStore
 from ..records import VerifyRecord
 from ..registry import KernelSpec
 from ..report.verify_table import describe_case
-from ..verify.attention_job import (
-    AttentionMatrix,
-    expand_attention,
-    prepare,
-    verify_attention_one,
-)
+from ..verify.attention_job import prepare, verify_attention_one
+from ..verify.attention_matrix import AttentionMatrix, expand_attention
 from ..verify.matrix import VerifyMatrix, expand
 from ..verify.runner import run_verification
 from .mutants import Mutant

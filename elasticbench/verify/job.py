@@ -8,6 +8,7 @@ from ..execute import Isolation
 from ..numerics.truth_cache import TruthStats, TruthStore
 from ..registry import KernelSpec
 from ..session import Job, Session
+from .case import shard_key
 from .matrix import MAX_ROWS, VerifyCase
 from .runner import run_verification
 
@@ -30,9 +31,7 @@ class VerifyJob(Job[tuple[str, VerifyCase]]):
         return [(m, c) for m, cases in self.cases.items() for c in cases]
 
     def shard_key(self, item: tuple[str, VerifyCase]) -> Any:
-        m, c = item
-        return (m, c.function, c.dtype, c.generator, list(c.shape), c.param_dict, c.seed,
-                c.layout)
+        return shard_key(*item)
 
     def work(self, items: list[tuple[str, VerifyCase]], session: Session) -> None:
         done = {r.key for r in session.records}

@@ -18,61 +18,126 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tomllib
 
 from ..functions import get_function
 from ..functions.base import Function
 from ..inputs import get_generator
 from ..inputs.explicit import Explicit, parse
 from ..inputs.layouts import LAYOUTS, PACKED, check_layout
-from ..numerics.dtypes import DTYPE_NAMES, get_format
+from ..numerics.dtypes import DTYPE_NAMES, check_dtypes
+from ..records.fields import RecordError, entry, nonnegative, positive
+from .case import Case
+from .tables import Grid, checked, param_grids, read_table, read_toml
 
 MAX_ROWS = 256  # rows checked at most per input; more rows are checked on a sample
 
 
-class CaseFileError(ValueError):
-    """A case file is missing, unreadable or says something invalid."""
+@dataclass(frozen=True)
+class Columns:
+    """`columns = { powers_of_two = [lo, hi], around = [-1, 0, 1] }`: n = 2^k + d for k in
+    lo..hi and d in around (n >= 1, each once)."""
+
+    powers_of_two: tuple[int, int]
+    around: tuple[int, ...] = (0,)
+
+    def __post_init__(self) -> None:
+        lo, hi = self.powers_of_two
+        if not 0 <= lo <= hi <= 30:
+            raise RecordError("powers_of_two", f"is [lo, hi] with 0 <= lo <= hi <= 30, got "
+                                               f"{list(self.powers_of_two)}")
+
+    def shapes(self, rows: int) -> tuple[tuple[int, int], ...]:
+        lo, hi = self.powers_of_two
+        ns = sorted({(1 << k) + d for k in range(lo, hi + 1) for d in self.around} - {0})
+        return tuple((rows, n) for n in ns if n >= 1)
 
 
 @dataclass(frozen=True)
 class InputSpec:
-    generator: str  # a generator's name, or the name of explicit values
-    shapes: tuple[tuple[int, int], ...]
-    params: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per function
+    """One [[verify.inputs]]: a generator with `shapes` (and/or `rows` and `columns`), or
+    explicit values under a `name` (`values`, or `shape`, `fill` and `set`: inputs/explicit.py).
+    Read, `generator` is the generator's name or the explicit values' name, `shapes` every
+    shape and `explicit` the values."""
+
+    generator: str | None = None
+    name: str | None = None
+    shapes: tuple[Any, ...] = ()  # each [rows, n]: checked by _shape
+    rows: int = entry(1, check=positive)
+    columns: Columns | None = None
+    params: dict[str, Grid] = field(default_factory=dict)  # per function
     layouts: tuple[str, ...] = (PACKED,)
-    draws: int | None = None  # parameter sets drawn per case; None: the matrix's
-    explicit: Explicit | None = None
+    draws: int | None = entry(None, check=nonnegative)  # drawn sets per case; None: matrix's
     dtypes: tuple[str, ...] | None = None  # only these of the matrix's dtypes
+    values: Any = None  # the explicit values' keys, checked by inputs/explicit.py
+    shape: Any = None
+    fill: Any = None
+    set: Any = None
+    explicit: Explicit | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.generator is not None:
+            checked("generator", get_generator, self.generator)
+            shapes = tuple(checked("shapes", _shape, s) for s in self.shapes)
+            shapes += self.columns.shapes(self.rows) if self.columns else ()
+        elif self.name:
+            given = {k: getattr(self, k) for k in ("values", "shape", "fill", "set")}
+            explicit = checked("", parse, {k: v for k, v in given.items() if v is not None},
+                                "explicit values")
+            object.__setattr__(self, "explicit", explicit)
+            object.__setattr__(self, "generator", self.name)
+            shapes = (explicit.shape,)
+        else:
+            raise RecordError("", "needs a generator name (or a name and explicit values)")
+        if not shapes:
+            raise RecordError("shapes", "needs at least one shape")
+        object.__setattr__(self, "shapes", shapes)
+        if not self.layouts:
+            raise RecordError("layouts", f"is a list of layouts ({', '.join(LAYOUTS)})")
+        checked("layouts", lambda v: [check_layout(x) for x in v], self.layouts)
+        if self.dtypes is not None and not self.dtypes:
+            raise RecordError("dtypes", "is a list of formats")
+        checked("dtypes", check_dtypes, self.dtypes or ())
+        object.__setattr__(self, "params", param_grids(self.params, get_function))
+
+
+def _shape(value: Any) -> tuple[int, int]:
+    """[rows, n] -> (rows, n); ValueError unless both are whole numbers >= 1."""
+    if not (isinstance(value, list) and len(value) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)):
+        raise ValueError(f"a shape is [rows, n] with both >= 1, got {value!r}")
+    return (value[0], value[1])
 
 
 @dataclass(frozen=True)
 class VerifyMatrix:
+    """A validated [verify] table."""
+
     name: str
-    seed: int
-    dtypes: tuple[str, ...]
-    max_elements: int
-    params: dict[str, dict[str, list[float]]]
-    inputs: tuple[InputSpec, ...]
-    draws: int = 0
-    max_rows: int = MAX_ROWS
+    seed: int = 0
+    dtypes: tuple[str, ...] = DTYPE_NAMES
+    max_elements: int = entry(1 << 18, check=positive)
+    params: dict[str, Grid] = field(default_factory=dict)
+    inputs: tuple[InputSpec, ...] = ()
+    draws: int = entry(0, check=nonnegative)
+    max_rows: int = entry(MAX_ROWS, check=positive)
+
+    def __post_init__(self) -> None:
+        checked("dtypes", check_dtypes, self.dtypes)
+        if not self.inputs:
+            raise RecordError("inputs", "lists none")
+        object.__setattr__(self, "params", param_grids(self.params, get_function))
 
 
 @dataclass(frozen=True)
-class VerifyCase:
-    """One input of one function: the unit the reference is computed for."""
+class VerifyCase(Case):
+    """A row case: the input is (rows, n), laid out as `layout`, generated or explicit."""
 
-    function: str
-    generator: str
     shape: tuple[int, int]
-    dtype: str
-    params: tuple[tuple[str, float], ...]
-    seed: int
     layout: str = PACKED
     explicit: Explicit | None = None
 
-    @property
-    def param_dict(self) -> dict[str, float]:
-        return dict(self.params)
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "layout": self.layout}
 
     def label(self) -> str:
         p = " ".join(f"{k}={v:g}" for k, v in self.params)
@@ -93,153 +158,10 @@ def builtin_case(name: str) -> Path:
     return Path(str(resources.files("elasticbench.cases").joinpath(f"{name}.toml")))
 
 
-def read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise CaseFileError(f"case file {path} does not exist") from None
-    except OSError as e:
-        raise CaseFileError(f"case file {path} cannot be read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise CaseFileError(f"case file {path} is not valid TOML: {e}") from None
-
-
-def _shape(value: Any, where: str) -> tuple[int, int]:
-    if (
-        not isinstance(value, list)
-        or len(value) != 2
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
-    ):
-        raise CaseFileError(f"{where}: a shape is [rows, n] with both >= 1, got {value!r}")
-    return (value[0], value[1])
-
-
-def _param_table(value: Any, where: str) -> dict[str, dict[str, list[float]]]:
-    if not isinstance(value, dict):
-        raise CaseFileError(f"{where}: params must be a table of functions")
-    out: dict[str, dict[str, list[float]]] = {}
-    for fname, grid in value.items():
-        try:
-            fn = get_function(fname)
-        except ValueError as e:
-            raise CaseFileError(f"{where}: {e}") from None
-        if not isinstance(grid, dict):
-            raise CaseFileError(f"{where}: params.{fname} must map names to lists")
-        lists = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
-        try:
-            fn.param_grid(lists)  # validates names and values
-            for k in lists:
-                fn.validate_params({k: lists[k][0]})
-        except (ValueError, IndexError) as e:
-            raise CaseFileError(f"{where}: params.{fname}: {e}") from None
-        out[fname] = lists
-    return out
-
-
-def _columns(item: dict[str, Any], where: str) -> tuple[tuple[int, int], ...]:
-    """Shapes from `rows` and `columns = { powers_of_two = [lo, hi], around = [-1, 0, 1] }`:
-    n = 2^k + d for k in lo..hi and d in around (n >= 1, each once)."""
-    spec, rows = item["columns"], item.get("rows", 1)
-    if not isinstance(spec, dict) or set(spec) - {"powers_of_two", "around"}:
-        raise CaseFileError(f"{where}: columns is {{ powers_of_two = [lo, hi], around = [...] }}")
-    span, around = spec.get("powers_of_two"), spec.get("around", [0])
-    ints = (isinstance(span, list) and len(span) == 2 and isinstance(around, list)
-            and isinstance(rows, int) and rows >= 1
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in [*span, *around]))
-    if not ints or not 0 <= span[0] <= span[1] <= 30:
-        raise CaseFileError(f"{where}: columns.powers_of_two is [lo, hi] with 0 <= lo <= hi <= 30, "
-                            "around a list of whole numbers, rows >= 1")
-    ns = sorted({(1 << k) + d for k in range(span[0], span[1] + 1) for d in around} - {0})
-    return tuple((rows, n) for n in ns if n >= 1)
-
-
-def _input(item: Any, where: str) -> InputSpec:
-    if not isinstance(item, dict) or not ("generator" in item or "name" in item):
-        raise CaseFileError(f"{where}: needs a generator name (or a name and explicit values)")
-    explicit = None
-    if "generator" in item:
-        try:
-            get_generator(item["generator"])
-        except ValueError as e:
-            raise CaseFileError(f"{where}: {e}") from None
-        name = item["generator"]
-        shapes = tuple(_shape(s, where) for s in item.get("shapes", []))
-        if "columns" in item:
-            shapes += _columns(item, where)
-    else:
-        name = item["name"]
-        if not isinstance(name, str) or not name:
-            raise CaseFileError(f"{where}: name must be a non-empty string")
-        try:
-            explicit = parse(item, where)
-        except ValueError as e:
-            raise CaseFileError(str(e)) from None
-        shapes = (explicit.shape,)
-    if not shapes:
-        raise CaseFileError(f"{where}: needs at least one shape")
-    layouts = item.get("layouts", [PACKED])
-    draws = item.get("draws")
-    try:
-        if not isinstance(layouts, list) or not layouts:
-            raise ValueError(f"layouts is a list of layouts ({', '.join(LAYOUTS)})")
-        layouts = tuple(check_layout(v) for v in layouts)
-    except ValueError as e:
-        raise CaseFileError(f"{where}: {e}") from None
-    if draws is not None and not _count(draws):
-        raise CaseFileError(f"{where}: draws must be a whole number >= 0, got {draws!r}")
-    dtypes = item.get("dtypes")
-    if dtypes is not None:
-        if not isinstance(dtypes, list) or not dtypes:
-            raise CaseFileError(f"{where}: dtypes is a list of formats")
-        for d in dtypes:
-            try:
-                get_format(d)
-            except ValueError as e:
-                raise CaseFileError(f"{where}: {e}") from None
-        dtypes = tuple(dtypes)
-    return InputSpec(name, shapes, _param_table(item.get("params", {}), where), layouts, draws,
-                     explicit, dtypes)
-
-
-def _count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
 def load_matrix(path: Path) -> VerifyMatrix:
     """Read and validate the [verify] table of a case file."""
-    data = read_toml(path)
-    table = data.get("verify")
-    where = str(path)
-    if not isinstance(table, dict):
-        raise CaseFileError(f"{where}: no [verify] table")
-    dtypes = tuple(table.get("dtypes", DTYPE_NAMES))
-    for d in dtypes:
-        try:
-            get_format(d)
-        except ValueError as e:
-            raise CaseFileError(f"{where}: {e}") from None
-    inputs = tuple(_input(item, f"{where}: inputs[{i}]")
-                   for i, item in enumerate(table.get("inputs", [])))
-    if not inputs:
-        raise CaseFileError(f"{where}: [verify] lists no inputs")
-    seed = table.get("seed", 0)
-    max_elements = table.get("max_elements", 1 << 18)
-    draws, max_rows = table.get("draws", 0), table.get("max_rows", MAX_ROWS)
-    if not isinstance(seed, int) or not isinstance(max_elements, int) or max_elements < 1:
-        raise CaseFileError(f"{where}: seed and max_elements must be whole numbers")
-    if not _count(draws) or not _count(max_rows) or max_rows < 1:
-        raise CaseFileError(f"{where}: draws must be >= 0 and max_rows >= 1 (whole numbers)")
-    return VerifyMatrix(
-        name=path.stem,
-        seed=seed,
-        dtypes=dtypes,
-        max_elements=max_elements,
-        params=_param_table(table.get("params", {}), where),
-        inputs=inputs,
-        draws=draws,
-        max_rows=max_rows,
-    )
+    return read_table(VerifyMatrix, read_toml(path).get("verify"), str(path), "verify",
+                      name=Path(path).stem)
 
 
 def draw_params(fn: Function, rng: np.random.Generator) -> dict[str, float]:

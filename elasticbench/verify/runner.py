@@ -9,14 +9,13 @@ from functools import partial
 
 import numpy as np
 
-from ..backends import get_backend
 from ..execute import IN_PROCESS, Isolation, Outcome, call_kernel, failed_outcome
 from ..numerics.budget import budget_for
 from ..numerics.contract import Judging
 from ..numerics.dtypes import get_format
 from ..numerics.truth import DEFAULT_PRECISION, GradTruth
 from ..numerics.truth_cache import TruthJob, TruthStats, TruthStore, solve
-from ..records import VerifyRecord, record_key
+from ..records import VerifyRecord
 from ..registry import KernelSpec
 from .backward import (
     BackwardOutcome,
@@ -26,9 +25,11 @@ from .backward import (
     saved_output,
     upstream,
 )
+from .case import case_key
 from .check import CheckResult, check_output
 from .compile_check import call_key, compile_checks, with_compile_check
 from .matrix import MAX_ROWS, VerifyCase
+from .record import verify_record
 
 BATCH_ELEMENTS = 1 << 22  # checked elements of the cases prepared and solved together
 
@@ -100,26 +101,11 @@ def prepare_input(case: VerifyCase, x: np.ndarray, max_elements: int, precision:
 def _record(spec: KernelSpec, case: VerifyCase, truth, budget: dict, judging: Judging,
             outcome: Outcome | BackwardOutcome, verdict: CheckResult | None,
             broken: list[str] | None = None) -> VerifyRecord:
-    """The record of spec on case: verdict None when the kernel gave nothing to judge (the
-    outcome's error says why); `broken` names contract breaches, which fail the case
-    whatever the verdict. What the call raised and warned goes in as it was recorded."""
-    error = outcome.error
-    if verdict is None:
-        verdict = CheckResult(False, error or "no output")
-    reason = verdict.reason
-    if broken:
-        reason = "; ".join(broken + ([reason] if reason else []))
-    return VerifyRecord(
-        kernel=spec.name, function=spec.function, backend=spec.backend, source=spec.source,
-        dtype=case.dtype, input=case.generator, seed=case.seed, shape=case.shape,
-        params=case.param_dict, rows_checked=len(truth.rows),
-        sampled_rows=truth.rows.tolist() if len(truth.rows) < case.shape[0] else None,
-        budget=budget, accuracy=judging.accuracy, budget_scale=judging.scale, mode=spec.mode, seconds=outcome.seconds, layout=case.layout,
-        passed=verdict.passed and not broken, reason=reason, max_ulp=verdict.max_ulp,
-        max_budget_frac=verdict.max_budget_frac, special_ok=verdict.special_ok,
-        worst=verdict.worst, failures=verdict.failures, raised=outcome.raised,
-        warnings=outcome.warnings or None,
-        env=get_backend(spec.backend).environment() or None)
+    """verify_record with what rows add: the rows checked (a sample of them) and the layout."""
+    sampled = truth.rows.tolist() if len(truth.rows) < case.shape[0] else None
+    return verify_record(spec, case, outcome, verdict, budget=budget, judging=judging,
+                         rows_checked=len(truth.rows), sampled_rows=sampled,
+                         layout=case.layout, broken=broken)
 
 
 def verify_one(spec: KernelSpec, prep: Prepared, truth,
@@ -241,11 +227,3 @@ def batches(cases: list[VerifyCase], max_elements: int,
         out[-1].append(case)
         size += elements
     return [b for b in out if b]
-
-
-def case_key(spec: KernelSpec, case: VerifyCase) -> tuple:
-    """The record_key that the record of spec on case will have."""
-    return record_key({"kernel": spec.name, "mode": spec.mode, "dtype": case.dtype,
-                       "input": case.generator, "shape": list(case.shape),
-                       "params": case.param_dict, "seed": case.seed,
-                       "layout": case.layout})

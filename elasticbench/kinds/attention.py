@@ -1,0 +1,74 @@
+"""Attention kernels (q, k, v; docs/attention.md): the [attention_verify] matrix,
+BxHxLQxLKxD sizes, the [attention_run] case timed against SDPA and the copy and matmul
+ceilings."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ..backends import device_of
+from ..bench.attention import AttentionRunJob
+from ..bench.attention_case import TABLE as RUN_TABLE
+from ..bench.attention_case import load_attention_run
+from ..bench.runner import set_threads
+from ..environment import describe
+from ..functions import ATTENTION, AttentionFunction, get_attention_function
+from ..inputs.attention import get_attention_generator
+from ..numerics.truth_cache import default_cache_dir
+from ..registry import KernelSpec, get_kernel
+from ..selftest.attention_mutants import ATTENTION_CONTROL, ATTENTION_MUTANTS
+from ..selftest.runner import SelftestOutcome, run_attention_selftest
+from ..verify.attention_job import AttentionVerifyJob
+from ..verify.attention_matrix import expand_attention, load_attention_matrix, parse_attention_size
+from ..verify.matrix import builtin_case
+from .base import Kind, RunOptions, VerifyOptions, no_cases
+
+
+class Attention(Kind):
+    """Kernels that take q, k, v (docs/attention.md section 4)."""
+
+    name = ATTENTION
+    matrix, quick_matrix, run_table = "verify-attention", "verify-attention-quick", RUN_TABLE
+
+    def function(self, name: str) -> AttentionFunction:
+        return get_attention_function(name)
+
+    def verify_job(self, path: Path, kernels: dict[str, list[KernelSpec]],
+                   options: VerifyOptions) -> AttentionVerifyJob:
+        for g in options.inputs:
+            get_attention_generator(g)
+        shapes = [parse_attention_size(v) for v in options.sizes]
+        matrix = load_attention_matrix(path)
+        cases = {m: expand_attention(matrix, sorted({k.function for k in ks}),
+                                     options.dtypes or None, options.inputs or None,
+                                     shapes or None, options.params)
+                 for m, ks in kernels.items()}
+        if not any(cases.values()):
+            raise no_cases(path)
+        return AttentionVerifyJob(kernels, cases,
+                                  cache_dir=None if options.no_cache else default_cache_dir(),
+                                  precision=options.precision, isolation=options.isolation,
+                                  scale=options.scale)
+
+    def run_job(self, path: Path, options: RunOptions) -> tuple[AttentionRunJob, dict[str, Any]]:
+        case = load_attention_run(path)
+        threads = set_threads(0)
+        specs = [get_kernel(n, m) for n in (*case.kernels, *filter(None, [case.baseline]))
+                 for m in case.modes]
+        device = device_of([s.backend for s in specs])
+        meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "case": str(path),
+                "case_name": case.name, "mode": ",".join(case.modes), "seed": case.seed,
+                "threads": threads, "dtypes": list(case.dtypes),
+                "sizes": [[case.batch, case.heads, n, n, case.head_dim] for n in case.lengths],
+                "baseline": case.baseline, "policy": case.timing.__dict__, **describe()}
+        return AttentionRunJob(case, device), meta
+
+    def selftest(self, correct: list[KernelSpec], cache: Path | None) -> list[SelftestOutcome]:
+        matrix = load_attention_matrix(builtin_case(self.quick_matrix))
+        return run_attention_selftest(ATTENTION_MUTANTS, [ATTENTION_CONTROL, *correct], matrix,
+                                      cache)
+
+
+ATTENTION_KIND = Attention()
