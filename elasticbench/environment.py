@@ -42,6 +42,25 @@ def git_commit() -> str | None:
         return None
 
 
+RECORDED = ("elasticbench", "numpy", "torch", "triton", "mpmath", "gmpy2", "ml_dtypes")
+
+
+def recorded_versions() -> dict[str, str | None]:
+    """The versions a results file records (None: not installed), Python's last."""
+    versions = {name: _version(name) for name in RECORDED}
+    versions["python"] = platform.python_version()
+    return versions
+
+
+def version_text() -> str:
+    """`elasticbench --version`: its version, then each version a results file records
+    and the git commit, one a line."""
+    versions = recorded_versions()
+    lines = [f"elasticbench {versions.pop('elasticbench') or 'unknown'}"]
+    lines += [f"  {name} {v or 'not installed'}" for name, v in versions.items()]
+    return "\n".join([*lines, f"  commit {git_commit() or 'unknown (not a git checkout)'}"])
+
+
 def describe(include_gpu: bool = True) -> dict[str, Any]:
     """Machine and software description for the header of a results file."""
     machine: dict[str, Any] = {
@@ -52,11 +71,7 @@ def describe(include_gpu: bool = True) -> dict[str, Any]:
         "os": platform.platform(),
         "gpu": None,
     }
-    versions = {
-        name: _version(name)
-        for name in ("elasticbench", "numpy", "torch", "triton", "mpmath", "gmpy2", "ml_dtypes")
-    }
-    versions["python"] = platform.python_version()
+    versions = recorded_versions()
     if include_gpu and versions["torch"] and has_gpu():
         import torch
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .backends import get_backend
 from .functions import ATTENTION, ROW, function_kind, get_function
+from .numerics.contract import WIDE, check_accuracy
 from .numerics.dtypes import get_format
 from .passes import PassModel
 
@@ -53,6 +54,7 @@ class KernelSpec:
     baseline: bool = False  # a vendor reference point: timed by run, verified only by name
     dtypes: tuple[str, ...] | None = None  # formats it accepts; None: all of them
     model: PassModel | None = None  # its declared passes; None: its function's minimum
+    accuracy: str = WIDE  # the contract its budgets come from (numerics/contract.py)
 
     @property
     def kind(self) -> str:
@@ -124,6 +126,7 @@ def register_kernel(
     baseline: bool = False,
     dtypes: Iterable[str] | None = None,
     model: PassModel | None = None,
+    accuracy: str = WIDE,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register fn as the kernel `name` (default: the function's __name__).
 
@@ -131,9 +134,15 @@ def register_kernel(
     against it, and `verify` checks it only when it is named with --only. dtypes limits the
     formats the kernel is given (fp64 for a GPU kernel, say); by default all four. model
     declares its passes over memory and its exponentials (elasticbench.passes), which give
-    it its own roof in `run`.
+    it its own roof in `run`. accuracy names the contract its budgets come from: "wide" (a
+    16-bit kernel computes in fp32 and rounds once, the default) or "own" (every step rounds
+    to its own format; row kernels only), numerics/contract.py.
     """
     kind = function_kind(function)
+    check_accuracy(accuracy)
+    if accuracy != WIDE and kind == ATTENTION:
+        raise ValueError(f"attention kernels are judged by the {WIDE!r} contract only, "
+                         f"got accuracy={accuracy!r}")
     get_backend(backend)
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
@@ -145,7 +154,7 @@ def register_kernel(
         kname = name or fn.__name__
         summary = description or (fn.__doc__ or "").strip().partition("\n")[0]
         spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline,
-                          formats, model)
+                          formats, model, accuracy)
         old = _REGISTRY.get(kname, mode)
         if _loaded_keys is not None:
             _loaded_keys.append((kname, mode))

@@ -24,8 +24,17 @@ every bf16 result once to nearest-even, as the GPU does:
 - atomics on bf16 memory are done as load, operate, round, store (the interpreter runs programs
   one at a time, so nothing interleaves).
 
-The patch is applied for the duration of the block and then undone; it changes nothing for
-other dtypes, nor on a GPU (where the interpreter is not used).
+One fix is not about bf16: `tl.maximum` / `tl.minimum` (maxnum and minnum, which drop a NaN on
+a GPU) propagate NaN in the interpreters of Triton 3.4 to 3.6; within the block they drop it,
+in every dtype, as later interpreters do.
+
+The patch finds what it replaces by feature, not by version, and works on every Triton from
+3.4 on: load and store hints are passed on in whatever number they come, and where
+`TensorHandle` has no `__post_init__` (3.4) its `__init__` is wrapped instead, and a tensor
+used as an index (`tl.range(tl.program_id(0), ...)`) is read with `.item()`, which the older
+interpreters' `int(data)` fails under NumPy 2 for one-element arrays. It is applied
+for the duration of the block and then undone; it changes nothing else for other dtypes, nor
+on a GPU (where the interpreter is not used).
 """
 
 from __future__ import annotations
@@ -107,6 +116,9 @@ class ExactBf16:
     BUILDER = ("create_masked_load", "create_masked_store", "cast_impl", "create_fp_to_fp",
                "create_bitcast", "create_fabs", "create_fma", "create_atomic_rmw",
                "create_atomic_cas")
+    # tl.maximum/minimum's default lowers to maxnum/minnum, which drop a NaN on a GPU; the
+    # interpreters of Triton 3.4 to 3.6 propagate it (np.maximum): set where they exist
+    NAN_DROPPING = (("create_maxnumf", np.fmax), ("create_minnumf", np.fmin))
 
     def __init__(self) -> None:
         self.original: dict[str, Any] = {}  # the replaced functions by name
@@ -115,9 +127,16 @@ class ExactBf16:
     def install(self) -> None:
         _import_triton()
         self._set(it, "_get_np_dtype", self._get_np_dtype)
-        self._set(it.TensorHandle, "__post_init__", _method(self.__post_init__))
+        if "__post_init__" in it.TensorHandle.__dict__:  # it checks the data's width (3.5 on)
+            self._set(it.TensorHandle, "__post_init__", _method(self.__post_init__))
+        else:  # a dataclass without one (3.4): every handle is made by __init__ alone
+            self._set(it.TensorHandle, "__init__", _method(self.handle_init))
         for name in self.BUILDER:
             self._set(it.InterpreterBuilder, name, _method(getattr(self, name)))
+        self._set(it, "_patch_lang_tensor", self._patch_lang_tensor)
+        for name, op in self.NAN_DROPPING:
+            if name in it.InterpreterBuilder.__dict__:
+                self._set(it.InterpreterBuilder, name, _nan_dropping(op))
         self._set(it.ReduceOps, "sum", _method(self.sum))
         self._set(it.ScanOps, "cumsum", _method(self.cumsum))
         self._set(it.ScanOps, "cumprod", _method(self.cumprod))
@@ -145,27 +164,39 @@ class ExactBf16:
         # comparison's bool result also arrives typed bf16 (the operands' type) and stays
         if handle.dtype != tl.bfloat16:
             return self.original["__post_init__"](handle)
-        data = np.asarray(handle.data)
-        if data.dtype.kind == "f":
-            handle.data = round_bf16(data)
-        elif data.dtype.kind in "iu" and data.dtype.itemsize == 2:
-            handle.data = bf16_values(data)
+        _as_bf16_values(handle)
+
+    def handle_init(self, handle: Any, *args: Any, **kwargs: Any) -> None:
+        # TensorHandle.__init__ where the class has no __post_init__ (the patch's own
+        # __init__ is the patch's constructor, hence the name)
+        self.original["__init__"](handle, *args, **kwargs)
+        if handle.dtype == tl.bfloat16:
+            _as_bf16_values(handle)
+
+    def _patch_lang_tensor(self, tensor: Any, *scope: Any) -> None:
+        # The interpreter makes a tensor an index (tl.range's bounds) with int(data), which
+        # NumPy 2 refuses for the one-element 1-D arrays of program_id in Triton 3.4 to 3.6;
+        # .item() takes any one-element array (restored with the interpreter's own patches)
+        self.original["_patch_lang_tensor"](tensor, *scope)
+        tensor.__index__ = lambda t: int(np.asarray(t.handle.data).item())
 
     # ---- memory -------------------------------------------------------------------------
 
-    def create_masked_load(self, builder, ptrs, mask, other, cache_policy, is_volatile):
+    # The arguments after `other` (loads) and `mask` (stores) are cache hints whose number
+    # differs between Triton versions (cache_modifier and eviction_policy up to 3.6, one
+    # cache_policy later): they are passed on as they came, never read.
+    def create_masked_load(self, builder, ptrs, mask, other, *hints):
         if not _is_bf16(ptrs.get_element_ty()):
-            return self.original["create_masked_load"](builder, ptrs, mask, other, cache_policy,
-                                                       is_volatile)
+            return self.original["create_masked_load"](builder, ptrs, mask, other, *hints)
         other_bits = (np.zeros_like(ptrs.data, dtype=U16) if other is None
                       else np.broadcast_to(bf16_bits(other.data), ptrs.data.shape))
         bits = it._interpreter.load(ptrs.data, mask.data, np.ascontiguousarray(other_bits),
                                     np.dtype(U16))
         return it.TensorHandle(bits, tl.bfloat16)
 
-    def create_masked_store(self, builder, ptrs, value, mask, cache_policy):
+    def create_masked_store(self, builder, ptrs, value, mask, *hints):
         if not _is_bf16(ptrs.get_element_ty()):
-            return self.original["create_masked_store"](builder, ptrs, value, mask, cache_policy)
+            return self.original["create_masked_store"](builder, ptrs, value, mask, *hints)
         bits = np.ascontiguousarray(np.broadcast_to(bf16_bits(value.data), ptrs.data.shape))
         return it._interpreter.store(ptrs.data, bits, mask.data)
 
@@ -189,9 +220,9 @@ class ExactBf16:
                 continue
             one = it.TensorHandle(np.array([p], dtype=np.uint64), ptr.dtype)
             on = it.TensorHandle(np.array([True]), tl.int1)
-            old[i] = self.create_masked_load(builder, one, on, None, None, True).data[0]
+            old[i] = self.create_masked_load(builder, one, on, None).data[0]
             new = it.TensorHandle(np.asarray([op(old[i], v)], dtype=np.float32), tl.bfloat16)
-            self.create_masked_store(builder, one, new, on, None)
+            self.create_masked_store(builder, one, new, on)
         return it.TensorHandle(old.reshape(ptr.data.shape), tl.bfloat16)
 
     def create_atomic_cas(self, builder, ptr, cmp, val, sem, scope):
@@ -284,6 +315,16 @@ def _import_triton() -> None:
     tl, it = triton.language, interpreter
 
 
+def _as_bf16_values(handle: Any) -> None:
+    """A bf16 handle's data as float32 bf16 numbers: 16-bit patterns decoded, floats rounded
+    (anything else, a comparison's bools typed bf16, say, stays)."""
+    data = np.asarray(handle.data)
+    if data.dtype.kind == "f":
+        handle.data = round_bf16(data)
+    elif data.dtype.kind in "iu" and data.dtype.itemsize == 2:
+        handle.data = bf16_values(data)
+
+
 def _is_bf16(t: Any) -> bool:
     """Whether a Triton type is bf16, or a block or a pointer of bf16."""
     while isinstance(t, (tl.block_type, tl.pointer_type)):
@@ -297,6 +338,15 @@ def _method(bound: Callable[..., Any]) -> Callable[..., Any]:
 
     def method(obj: Any, *args: Any, **kwargs: Any) -> Any:
         return bound(obj, *args, **kwargs)
+
+    return method
+
+
+def _nan_dropping(op: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..., Any]:
+    """A builder method computing op (np.fmax, np.fmin) elementwise, in any dtype."""
+
+    def method(builder: Any, lhs: Any, rhs: Any) -> Any:
+        return builder.binary_op(lhs, rhs, op)
 
     return method
 

@@ -148,7 +148,7 @@ def test_markdown(capsys):
     assert code == 0
     assert f"{VERIFY}: 30 cases" in err  # the summary goes to stderr: stdout is the document
     assert f"## {VERIFY}" in out and "**elastic: worst error in ulps (share of budget)**" in out
-    assert "| kernel | fp32 | bf16 | special | verdict |" in out
+    assert "| kernel | contract | fp32 | bf16 | special | verdict |" in out
     assert "|:---|---:|---:|:---:|:---:|" in out
     row = next(ln for ln in out.splitlines() if ln.startswith("| unscaled_beta |"))
     assert row.count("**FAIL**") == 2 and row.count("**3/3 failed**: inf ulp, 3 special") == 2

@@ -15,6 +15,10 @@ def test_selftest_command_catches_every_mutant(cli):
     assert r.code == 0, r.out
     n = len(MUTANTS) + len(ATTENTION_MUTANTS)
     assert f"mutation score {n}/{n}" in r.out
+    # every row mutant but the one the own contract allows, judged by its loosest budgets
+    loose = sum(not m.own_allows for m in MUTANTS)
+    assert f"under the own contract at budget scale 4: {loose}/{loose}" in r.out
+    assert "low_precision_sum (own x4)" not in r.out and "no_max_shift (own x4)" in r.out
     assert "cpp_attention (bwd)" in r.out  # attention kernels are self-tested too
     assert "MISSED" not in r.out and "FAILS" not in r.out
     assert "numpy_symax" in r.out and "compiled_elastic" not in r.out  # -b chose them
@@ -27,7 +31,9 @@ def test_selftest_rejects_an_unknown_backend_in_one_line(cli):
 
 def test_each_mutant_is_caught_where_its_bug_lives():
     matrix = load_matrix(builtin_case("verify-quick"))
-    outcomes = {o.name: o for o in run_selftest(MUTANTS, [], matrix, TruthStore(default_cache_dir()))}
+    # (the command above checks them under the loosest contract too)
+    outcomes = {o.name: o for o in run_selftest(MUTANTS, [], matrix, TruthStore(default_cache_dir()),
+                                                loosest=False)}
     assert all(o.ok for o in outcomes.values())
     assert outcomes["nan_masked"].caught_by.input == "specials"
     assert outcomes["strict_mask"].caught_by.input in {"all_zero", "relu_zeros"}
@@ -46,8 +52,19 @@ def test_each_mutant_is_caught_where_its_bug_lives():
     assert exp_band.reason.startswith("accuracy")
 
 
+def test_the_loosest_contract_judges_mutants_by_its_own_budgets():
+    matrix = load_matrix(builtin_case("verify-quick"))
+    chosen = tuple(m for m in MUTANTS if m.spec.name in ("one_not_rescaled", "low_precision_sum"))
+    outcomes = {o.name: o for o in run_selftest(chosen, [], matrix, TruthStore(default_cache_dir()))}
+    assert set(outcomes) == {"one_not_rescaled", "low_precision_sum", "one_not_rescaled (own x4)"}
+    loose = outcomes["one_not_rescaled (own x4)"]
+    assert loose.ok and loose.loosest
+    assert (loose.caught_by.accuracy, loose.caught_by.budget_scale) == ("own", 4.0)
+    assert loose.caught_by.max_budget_frac > 1
+
+
 def test_a_mutant_that_is_not_wrong_is_reported_missed():
     matrix = load_matrix(builtin_case("verify-quick"))
     fake = Mutant(get_kernel("numpy_elastic"), "not actually a bug")
-    (o,) = run_selftest((fake,), [], matrix, TruthStore(default_cache_dir()))
+    (o,) = run_selftest((fake,), [], matrix, TruthStore(default_cache_dir()), loosest=False)
     assert not o.ok and o.failed_cases == 0

@@ -149,7 +149,7 @@ def test_a_kernel_that_always_raises_is_not_drawn_as_special_ok(cli, tmp_path):
     r = cli("verify", "--quick", "--kernel-file", str(path), "-d", "fp32", "--input", "normal")
     row = next(ln for ln in r.out.splitlines() if ln.startswith("│ vr_short_rows"))
     cells = [c.strip() for c in row.split("│")[1:-1]]
-    assert cells == ["vr_short_rows", "3/3 failed: 3 raised", "-", "FAIL"]
+    assert cells == ["vr_short_rows", "wide", "3/3 failed: 3 raised", "-", "FAIL"]
 
 
 def _reproduce_lines(text: str) -> list[str]:

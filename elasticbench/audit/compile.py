@@ -28,10 +28,31 @@ def compile_launch(launch: Launch, arch: int) -> Any:
     backend = make_backend(target)
     bind = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = bind(*launch.args, **launch.kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, launch.kwargs, bound,
-                                                              specialization, options)
+    options, signature, constexprs, attrs = _pack_args(kernel, backend, launch.kwargs, bound,
+                                                       specialization, options)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton_compile(source, target=target, options=options.__dict__)
+
+
+def _pack_args(kernel: Any, backend: Any, kwargs: dict[str, Any], bound: dict[str, Any],
+               specialization: list, options: Any) -> tuple[Any, dict, dict, dict]:
+    """(options, signature, constexprs, attrs) the JIT compiles a launch with: the JIT's own
+    `_pack_args` where it has one, else the same steps, which older JITs (Triton 3.4) take
+    inline in `run`."""
+    pack = getattr(kernel, "_pack_args", None)
+    if pack is not None:
+        return pack(backend, kwargs, bound, specialization, options)
+    from triton._utils import find_paths_if, get_iterable_path
+
+    options = backend.parse_options(kwargs)
+    sigvals = [x[0] for x in specialization]
+    signature = dict(zip((p.name for p in kernel.params), sigvals, strict=True))
+    constexprs = {path: get_iterable_path(list(bound.values()), path)
+                  for path in find_paths_if(sigvals, lambda _, v: v == "constexpr")}
+    attrvals = ["" if x[0] == "constexpr" else x[1] for x in specialization]
+    attrs = {path: backend.parse_attr(get_iterable_path(attrvals, path))
+             for path in find_paths_if(attrvals, lambda _, v: isinstance(v, str))}
+    return options, signature, constexprs, attrs
 
 
 _SASS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")

@@ -80,7 +80,9 @@ class Audit:
     stg_bits: list[int]
     ptx_ex2_approx: int
     ptx_ex2_ftz: bool  # every ex2 flushes subnormal results (ex2.approx.ftz.f32)
-    ptx_div_rn: int
+    ptx_div_rn: int  # IEEE divisions, flushing or not (div.rn[.ftz].f32)
+    ptx_div_ftz: bool  # some IEEE division flushes subnormal results (Triton 3.4 lowers
+    # tl.math.div_rn to div.rn.ftz.f32; later ones to div.rn.f32)
     sass_instructions: int
     sass_per_element: float
     mufu_per_element: float
@@ -112,6 +114,7 @@ def audit_kernel(spec: KernelSpec, dtype: str, n: int, gpu: GPUModel,
     compiled = compile_launch(launch, gpu.arch)
     regs, local_bytes, ops = read_cubin(compiled.asm["cubin"])
     ex2 = re.findall(r"\bex2\.approx[.a-z0-9]*", compiled.asm["ptx"])
+    divs = re.findall(r"\bdiv\.rn(?:\.ftz)?\.f32", compiled.asm["ptx"])
     block = int(launch.kwargs["BLOCK"])
     fused = block >= n
     per_thread = block / (32 * launch.num_warps)  # elements a thread holds per row or chunk
@@ -139,7 +142,7 @@ def audit_kernel(spec: KernelSpec, dtype: str, n: int, gpu: GPUModel,
         stg_bits=sorted({opcode_width(op) for op in ops if op.startswith("STG")}),
         ptx_ex2_approx=len(ex2),
         ptx_ex2_ftz=bool(ex2) and all(".ftz" in op for op in ex2),
-        ptx_div_rn=len(re.findall(r"\bdiv\.rn\.f32", compiled.asm["ptx"])),
+        ptx_div_rn=len(divs), ptx_div_ftz=any(".ftz" in op for op in divs),
         sass_instructions=len(ops), sass_per_element=round(sass_pe, 2),
         mufu_per_element=round(mufu_pe, 3), bytes_per_element=bytes_per_element,
         issue_bound=round(bounds["issue"], 1), mufu_bound=round(bounds["mufu"], 1),

@@ -9,7 +9,6 @@ import sys
 
 import click
 
-from .. import __version__
 from ..allocator import keep_freed_memory
 from ..numerics.truth_cache import default_cache_mb
 from ..threads import passive_openmp
@@ -19,8 +18,21 @@ from .common import fail
 passive_openmp(sys.argv)
 
 
+def _print_versions(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """--version: the versions a results file records (numpy, torch, Triton, ...), then exit."""
+    if not value or ctx.resilient_parsing:
+        return
+    from ..environment import version_text
+
+    click.echo(version_text())
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="elasticbench")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_versions,
+              help="Show the versions a results file records (elasticbench, numpy, torch, "
+                   "Triton, ...) and exit.")
 @click.option("-q", "--quiet", is_flag=True,
               help="Print only each command's final summary line (and errors).")
 @click.pass_context

@@ -9,6 +9,7 @@ import click
 from ..backends import BACKENDS
 from ..functions import FUNCTIONS
 from ..inputs import GENERATORS
+from ..numerics.contract import WIDE
 from ..registry import list_kernels
 from .common import split_names
 
@@ -41,7 +42,10 @@ def list_(topic: str, kernel_files: tuple[str, ...]) -> None:
     elif topic == "kernels":
         if kernel_files:
             choose_kernels([], [], [], split_names(kernel_files))
-        rows = [(k.name, k.function, k.backend, k.mode, k.description) for k in list_kernels()]
+        # a contract other than the default is named after the description
+        rows = [(k.name, k.function, k.backend, k.mode,
+                 k.description + (f"  [accuracy: {k.accuracy}]" if k.accuracy != WIDE else ""))
+                for k in list_kernels()]
         # columns as wide as their longest entry (elastic_attention is past any fixed width)
         widths = [max((len(r[i]) for r in rows), default=0) for i in range(4)]
         for *cells, description in rows:

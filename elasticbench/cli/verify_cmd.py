@@ -11,8 +11,10 @@ from ..environment import describe
 from ..execute import Isolation
 from ..functions import function_kind
 from ..kinds import Kind, VerifyOptions, kind_of
+from ..numerics.contract import parse_scale
 from ..numerics.dtypes import check_dtypes
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
+from ..records import ResultsFileError, VerifyRecord, load_results
 from ..registry import KernelSpec
 from .common import (
     case_path,
@@ -53,11 +55,13 @@ MODE_CHOICES = ("fwd", "bwd", "both")
 @click.option("--no-cache", is_flag=True, help="Recompute references instead of reading the cache.")
 @click.option("--mode", "mode", default="fwd", show_default=True, metavar="fwd|bwd|both",
               help="Verify forward kernels, backward (gradient) kernels, or both.")
+@click.option("--budget-scale", "budget_scale", default="1", show_default=True, metavar="X",
+              help="Multiply every error budget of the run by X (X > 0).")
 @survival_options("case")
 @note_options
 def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, quick, sizes,
-           params, layouts, json_path, precision, jobs, no_cache, mode, isolate, timeout, resume_path,
-           shard, failures, traceback) -> None:
+           params, layouts, json_path, precision, jobs, no_cache, mode, budget_scale, isolate,
+           timeout, resume_path, shard, failures, traceback) -> None:
     """Check kernels against mpmath ground truth on adversarial inputs, in ulps.
 
     Exit code 0 when every case passes, 1 when any fails, 2 for bad usage or input, 130 when
@@ -69,6 +73,11 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     functions, backends, dtypes = split_names(functions), split_names(backends), split_names(dtypes)
     only, inputs = split_names(only), split_names(inputs)
     _check_options(functions, dtypes, precision, jobs, mode)
+    try:
+        scale = parse_scale(budget_scale)
+    except ValueError as e:
+        fail(str(e))
+    _check_resumed_scale(resume_path, scale)
     shard_kn = check_survival(timeout, resume_path, json_path, shard)
     notes = failures_shown(failures, traceback)
     out_path = Path(resume_path or json_path) if (resume_path or json_path) else None
@@ -81,7 +90,7 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     fixed = parse_params(params, [k for ks in by_mode.values() for k in ks], kind)
     path = case_path(case_file, quick, kind.quick_matrix, kind.matrix)
     options = VerifyOptions(dtypes, inputs, split_names(sizes), split_names(layouts), fixed,
-                            precision, jobs, no_cache, Isolation(isolate, timeout))
+                            precision, jobs, no_cache, Isolation(isolate, timeout), scale)
     try:
         job = kind.verify_job(path, by_mode, options)
     except ValueError as e:
@@ -106,6 +115,21 @@ def _check_options(functions: list[str], dtypes: list[str], precision: int,
         fail(f"--jobs must be at least 1, got {jobs}")
     if mode not in MODE_CHOICES:
         fail(f"unknown --mode {mode!r} (choose from {', '.join(MODE_CHOICES)})")
+
+
+def _check_resumed_scale(resume_path: str | None, scale: float) -> None:
+    """A resumed run keeps the budget scale its records were judged at (one line, exit 2
+    otherwise); a file that cannot be read is left to the resume itself to report."""
+    if not resume_path or not Path(resume_path).is_file():
+        return
+    try:
+        records = load_results(resume_path, "verify").records
+    except ResultsFileError:
+        return
+    scales = sorted({r.budget_scale for r in records if isinstance(r, VerifyRecord)})
+    if scales and scales != [scale]:
+        fail(f"{resume_path} was judged at --budget-scale "
+             f"{', '.join(f'{v:g}' for v in scales)}: resume it at that scale, not {scale:g}")
 
 
 def _header(path: Path, builtin: str | None, precision: int) -> dict:

@@ -49,7 +49,8 @@ class Attention(Kind):
             raise no_cases(path)
         return AttentionVerifyJob(kernels, cases,
                                   cache_dir=None if options.no_cache else default_cache_dir(),
-                                  precision=options.precision, isolation=options.isolation)
+                                  precision=options.precision, isolation=options.isolation,
+                                  scale=options.scale)
 
     def run_job(self, path: Path, options: RunOptions) -> tuple[AttentionRunJob, dict[str, Any]]:
         case = load_attention_run(path)

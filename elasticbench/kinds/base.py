@@ -31,6 +31,7 @@ class VerifyOptions:
     jobs: int | None
     no_cache: bool
     isolation: Isolation
+    scale: float = 1.0  # --budget-scale: every allowance of the run times it
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ class Rows(Kind):
         store = TruthStore(None if options.no_cache else default_cache_dir())
         return VerifyJob(kernels, cases, max_elements=matrix.max_elements, store=store,
                          precision=options.precision, workers=options.jobs,
-                         isolation=options.isolation, max_rows=matrix.max_rows)
+                         isolation=options.isolation, max_rows=matrix.max_rows,
+                         scale=options.scale)
 
     def run_job(self, path: Path, options: RunOptions) -> tuple[RunJob, dict[str, Any]]:
         for f in options.functions:

@@ -12,8 +12,10 @@ makes three kinds of error (docs/numerics.md derives them):
   plus a few roundings for the exp, the division and the final cast.
 
 So the allowance is  a + b |z_i| + c zbar + d log2(n)  ulps of the output format.
-Low-precision formats (fp16, bf16) are expected to accumulate in fp32, which makes the
-summation term vanish in their ulps; the exp may still be rounded in the low format.
+Under the default contract (numerics/contract.py) low-precision formats (fp16, bf16) are
+expected to accumulate in fp32, which makes the summation term vanish in their ulps; the exp
+may still be rounded in the low format. Under the `own` contract every step rounds to the
+16-bit format, so its budget is the fp32 one with the 16-bit unit roundoff.
 A 1e-4 relative error is 839 to 1678 fp32 ulps: far outside every fp32 allowance.
 """
 
@@ -23,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .contract import OWN, WIDE, check_accuracy
 from .dtypes import FloatFormat
 
 
@@ -52,6 +55,12 @@ class Budget:
     def describe(self) -> str:
         return f"{self.a:g} + {self.b:g}|z| + {self.c:g}·zbar + {self.d:g}·log2(n) ulp"
 
+    def scaled(self, scale: float) -> Budget:
+        """Every coefficient times scale: the allowance times scale."""
+        if scale == 1:
+            return self
+        return Budget(self.a * scale, self.b * scale, self.c * scale, self.d * scale)
+
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
 
@@ -64,5 +73,12 @@ BUDGETS: dict[str, Budget] = {
 }
 
 
-def budget_for(fmt: FloatFormat) -> Budget:
-    return BUDGETS[fmt.name]
+# Every step rounded in the kernel's own format: the analysis that gives fp32 and fp64 their
+# row, with the 16-bit unit roundoff (docs/numerics.md section 3.1).
+OWN_BUDGETS: dict[str, Budget] = {**BUDGETS, "fp16": BUDGETS["fp32"], "bf16": BUDGETS["fp32"]}
+
+
+def budget_for(fmt: FloatFormat, accuracy: str = WIDE, scale: float = 1.0) -> Budget:
+    """The budget of a kernel in fmt under its accuracy contract, times the run's scale."""
+    table = OWN_BUDGETS if check_accuracy(accuracy) == OWN else BUDGETS
+    return table[fmt.name].scaled(scale)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from .fields import duration_s, entry, nonnegative
+from .fields import duration_s, entry, nonnegative, positive
 from .identity import KernelCase
 
 
@@ -17,7 +17,9 @@ class VerifyRecord(KernelCase):
     seed: int
     rows_checked: int | None = entry(None, check=nonnegative)
     sampled_rows: list[int] | None = entry(None, check=nonnegative)  # None: every row
-    budget: dict[str, float] | None = None  # the coefficients of the error budget
+    budget: dict[str, float] | None = None  # the coefficients of the contract's budget
+    accuracy: Literal["wide", "own"] = "wide"  # the contract that judged it (older files: wide)
+    budget_scale: float = entry(1.0, check=positive)  # allowance = scale x budget (older: 1)
     seconds: float | None = entry(None, check=duration_s)
     passed: bool
     reason: str | None = None  # why it failed ("" or None when it passed)

@@ -131,7 +131,8 @@ def matrix_args(header: dict[str, Any]) -> list[str]:
 
 def reproduce_command(group: FailureGroup, header: dict[str, Any]) -> str:
     """A shell command that re-runs exactly the group's cases: the same matrix, kernel, dtypes,
-    input, shape and parameters, the kernel's file, and the environment its backend read."""
+    input, shape and parameters, the budget scale, the kernel's file, and the environment its
+    backend read."""
     r = group.first
     env = [f"{k}={shlex.quote(str(v))}" for k, v in (r.env or {}).items()]
     args = ["elasticbench", "verify", *matrix_args(header), "--only", r.kernel,
@@ -142,6 +143,8 @@ def reproduce_command(group: FailureGroup, header: dict[str, Any]) -> str:
     args += ["--layout", r.layout]
     if r.mode != "fwd":
         args += ["--mode", r.mode]
+    if r.budget_scale != 1:
+        args += ["--budget-scale", format_number(r.budget_scale)]
     if r.source != "builtin":
         args += ["--kernel-file", r.source]
     return " ".join([*env, *(shlex.quote(a) for a in args)])

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
+from ..numerics.contract import Judging
 from ..numerics.dtypes import DTYPE_NAMES
 from ..records import VerifyRecord
 from .failures import (
@@ -24,7 +25,10 @@ from .failures import (
 )
 from .sheet import EMPTY, Column, Entry, Note, Sheet, Span, entry, note
 
-LEGEND = ("cells: worst error in ulps where the special values were right (share of budget); "
+LEGEND = ("contract: the accuracy contract that judged the kernel (wide: a 16-bit kernel "
+          "computes in fp32 and rounds once; own: in its own format) and the run's budget "
+          "scale (x4); "
+          "cells: worst error in ulps where the special values were right (share of budget); "
           "failing cells: failed/cases, that worst error, then the cases that broke the "
           "special-value policy (special) and those where the kernel raised; special: the "
           "policy over all dtypes ('-': never judged)")
@@ -46,9 +50,11 @@ class Cell:
     param_rel: dict[str, float] = field(default_factory=dict)  # backward: worst d<param>
     compile: list[dict[str, Any]] = field(default_factory=list)  # what compiling said, per case
     second_order: set[str] = field(default_factory=set)  # backward: the kernel's answers
+    judged_by: set[str] = field(default_factory=set)  # contracts and scales of its cases
 
     def add(self, r: VerifyRecord) -> None:
         self.cases += 1
+        self.judged_by.add(judged_by(r))
         if r.second_order:
             self.second_order.add(r.second_order)
         if r.compile:
@@ -106,6 +112,11 @@ def summarize(records: Iterable[VerifyRecord]) -> Summary:
     return s
 
 
+def judged_by(r: VerifyRecord) -> str:
+    """The contract and budget scale that judged a record: 'wide', 'own', 'own x4'."""
+    return Judging(r.accuracy, r.budget_scale).describe()
+
+
 def describe_case(r: VerifyRecord) -> str:
     params = " ".join(f"{k}={v:g}" for k, v in r.params.items())
     shape = "x".join(str(v) for v in r.shape)
@@ -137,7 +148,7 @@ def verify_sheets(summary: Summary) -> list[Sheet]:
     for function, kernels in summary.cells.items():
         dtypes = [d for d in DTYPE_NAMES if any(d in k for k in kernels.values())]
         what = "worst dx error" if function.endswith("(bwd)") else "worst error"
-        columns = [Column("kernel", wrap=False)]
+        columns = [Column("kernel", wrap=False), Column("contract", wrap=False)]
         columns += [Column(d, (f"{d} max ulp", f"{d} budget share", f"{d} failed", f"{d} cases",
                                f"{d} special failed", f"{d} raised"),
                            align="right") for d in dtypes]
@@ -164,8 +175,9 @@ def verify_sheets(summary: Summary) -> list[Sheet]:
             if orders:
                 said = sorted({a for c in by_dtype.values() for a in c.second_order})
                 params.append(entry(", ".join(said) or "-", values=(", ".join(said),)))
+            judging = sorted({j for c in by_dtype.values() for j in c.judged_by})
             sheet.add(
-                entry(kernel),
+                entry(kernel), entry(", ".join(judging), "dim"),
                 *[_cell_entry(c) if c else EMPTY for c in cells],
                 *params,
                 _special_entry(list(by_dtype.values())),

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..numerics.contract import OWN, Judging
 from ..numerics.truth import DEFAULT_PRECISION
 from ..numerics.truth_cache import TruthStore
 from ..records import VerifyRecord
@@ -27,19 +28,40 @@ class SelftestOutcome:
     failed_cases: int
     cases: int
     caught_by: VerifyRecord | None  # the first failing record
+    loosest: bool = False  # a mutant judged by the `own` contract at budget scale 4
 
     @property
     def ok(self) -> bool:
         return (self.failed_cases > 0) == self.expected_to_fail
 
 
-def _verify(spec: KernelSpec, matrix: VerifyMatrix, store: TruthStore) -> list[VerifyRecord]:
+# The loosest judging a user can state short of a larger scale: every mutant must fail under
+# it too (its budgets are at least those of every other contract at scale 1 to 4, so a bug
+# caught here is caught under each of them).
+LOOSEST = Judging(OWN, 4.0)
+
+
+def _verify(spec: KernelSpec, matrix: VerifyMatrix, store: TruthStore,
+            scale: float = 1.0) -> list[VerifyRecord]:
     records: list[VerifyRecord] = []
     cases = expand(matrix, [spec.function])
     run_verification([spec], cases, max_elements=matrix.max_elements, store=store,
                      on_record=records.append, mode=spec.mode,
-                     max_rows=matrix.max_rows)
+                     max_rows=matrix.max_rows, scale=scale)
     return records
+
+
+def _plan(mutants: tuple[Mutant, ...], correct: list[KernelSpec], loosest: bool
+          ) -> list[tuple[KernelSpec, str, bool, float]]:
+    """(kernel, bug, expected to fail, budget scale): each mutant as it is, then (loosest)
+    judged by the `own` contract at scale 4 (those it allows left out), then the correct
+    kernels."""
+    plan = [(m.spec, m.bug, True, 1.0) for m in mutants]
+    if loosest:
+        plan += [(replace(m.spec, name=f"{m.spec.name} ({LOOSEST.describe()})",
+                          accuracy=LOOSEST.accuracy), m.bug, True, LOOSEST.scale)
+                 for m in mutants if not m.own_allows]
+    return plan + [(k, "", False, 1.0) for k in correct]
 
 
 def run_selftest(
@@ -48,15 +70,16 @@ def run_selftest(
     matrix: VerifyMatrix,
     store: TruthStore,
     on_outcome: Callable[[SelftestOutcome], None] = lambda o: None,
+    loosest: bool = True,
 ) -> list[SelftestOutcome]:
-    """Verify every mutant (each must fail somewhere) and every correct kernel (must pass)."""
-    plan = [(m.spec, m.bug, True) for m in mutants] + [(k, "", False) for k in correct]
+    """Verify every mutant (each must fail somewhere, also under the `own` contract at budget
+    scale 4 unless loosest=False) and every correct kernel (must pass)."""
     outcomes = []
-    for spec, bug, expect_fail in plan:
-        records = _verify(spec, matrix, store)
+    for spec, bug, expect_fail, scale in _plan(mutants, correct, loosest):
+        records = _verify(spec, matrix, store, scale)
         failed = [r for r in records if r.failed]
         o = SelftestOutcome(spec.name, bug, expect_fail, len(failed), len(records),
-                    failed[0] if failed else None)
+                            failed[0] if failed else None, loosest=scale != 1)
         on_outcome(o)
         outcomes.append(o)
     return outcomes

@@ -122,14 +122,15 @@ def verdict(scores: list[TensorScore], params: list[ParamCheck] | None = None) -
 
 
 def check_forward(out: np.ndarray, truth: AttentionTruth, cond: Conditioning,
-                  fmt: FloatFormat) -> CheckResult:
+                  fmt: FloatFormat, scale: float = 1.0) -> CheckResult:
+    """out in ulps of the format against its allowance times the run's budget scale."""
     if out.shape != truth.out_hi.shape:
         return CheckResult(False, f"returned shape {out.shape}, expected {truth.out_hi.shape}")
     if out.dtype != fmt.numpy:
         return CheckResult(False, f"returned dtype {out.dtype}, expected {fmt.name}")
     ulp = ulp_of(np.nan_to_num(truth.out_hi), np.nan_to_num(truth.out_lo), fmt)
     s = score("out", out, truth.out_hi, truth.out_lo, truth.out_zero, truth.out_nan_ok,
-              cond.out_allowance(ulp), fmt)
+              scale * cond.out_allowance(ulp), fmt)
     return verdict([s])
 
 
@@ -164,8 +165,10 @@ def _param_check(name: str, got: np.ndarray, hi: np.ndarray, lo: np.ndarray,
 
 def check_backward(grads: list[np.ndarray], truth: AttentionTruth, cond: Conditioning,
                    fn: AttentionFunction, dout: np.ndarray, saved_out: np.ndarray,
-                   fmt: FloatFormat) -> tuple[CheckResult, dict[str, ParamCheck]]:
-    """dq, dk, dv in ulps of the format; each row parameter's gradient relatively."""
+                   fmt: FloatFormat, scale: float = 1.0
+                   ) -> tuple[CheckResult, dict[str, ParamCheck]]:
+    """dq, dk, dv in ulps of the format; each row parameter's gradient relatively (every
+    allowance times the run's budget scale)."""
     names = ("dq", "dk", "dv")
     want = [truth.dq_hi, truth.dk_hi, truth.dv_hi]
     for n, g, w in zip(names, grads[:3], want, strict=True):
@@ -177,7 +180,7 @@ def check_backward(grads: list[np.ndarray], truth: AttentionTruth, cond: Conditi
            "dk": (truth.dk_hi, truth.dk_lo, truth.dzero_k),
            "dv": (truth.dv_hi, truth.dv_lo, truth.dzero_v)}
     ulps = {n: ulp_of(np.nan_to_num(hi), np.nan_to_num(lo), fmt) for n, (hi, lo, _) in his.items()}
-    allowed = gradient_allowance(cond, dout, saved_out, ulps)
+    allowed = {k: scale * v for k, v in gradient_allowance(cond, dout, saved_out, ulps).items()}
     head_ok = truth.grad_nan_ok[:, :, None, None]
     scores = []
     for n, g in zip(names, grads[:3], strict=True):

@@ -27,6 +27,7 @@ from ..inputs.attention import generate_mask, generate_qkv, mask_bias
 from ..inputs.generators import stream_seed
 from ..numerics.attention_budget import ATTENTION_BUDGETS, Conditioning
 from ..numerics.attention_truth import AttentionTruth, cached_evaluate
+from ..numerics.contract import Judging
 from ..numerics.dtypes import FloatFormat, get_format
 from ..numerics.truth_cache import TruthStats
 from ..records import VerifyRecord
@@ -127,31 +128,34 @@ def prepare(case: AttentionCase, mode: str, cache_dir: Path | None,
     return PreparedCase(case, q, k, v, dout, truth, cond, mask)
 
 
-def _judge(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat
+def _judge(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat, scale: float
            ) -> tuple[CheckResult, dict[str, Any]]:
-    """The verdict on what the kernel gave, and the parameters' gradient checks (backward)."""
+    """The verdict on what the kernel gave, and the parameters' gradient checks (backward),
+    every allowance times the run's budget scale."""
     assert outcome.outputs is not None
     if prep.dout is None:
-        return check_forward(outcome.outputs[0], prep.truth, prep.cond, fmt), {}
+        return check_forward(outcome.outputs[0], prep.truth, prep.cond, fmt, scale), {}
     # c_i = dO_i . out_i uses the output a model saved: the exact one, in the format
     saved = fmt.cast(np.nan_to_num(prep.truth.out_hi)).astype(np.float64)
     return check_backward(outcome.outputs, prep.truth, prep.cond,
                           get_attention_function(prep.case.function),
-                          prep.dout.astype(np.float64), saved, fmt)
+                          prep.dout.astype(np.float64), saved, fmt, scale)
 
 
 def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
-                         isolation: Isolation = IN_PROCESS) -> VerifyRecord:
-    """Run one attention kernel on one case and return its record."""
+                         isolation: Isolation = IN_PROCESS, scale: float = 1.0) -> VerifyRecord:
+    """Run one attention kernel on one case and return its record (allowances times
+    scale)."""
     case, fmt = prep.case, get_format(prep.case.dtype)
     outcome = isolation.run(partial(call_attention, spec, prep.q, prep.k, prep.v,
                                     case.param_dict, case.dtype, case.scale, prep.dout,
                                     prep.mask),
                             _failed)
-    verdict, checks = _judge(outcome, prep, fmt) if outcome.outputs is not None else (None, {})
+    verdict, checks = _judge(outcome, prep, fmt, scale) if outcome.outputs is not None else (None, {})
     b, h, lq = case.shape[:3]
     record = verify_record(spec, case, outcome, verdict,
                            budget=ATTENTION_BUDGETS[case.dtype].to_dict(),
+                           judging=Judging(spec.accuracy, scale),
                            rows_checked=b * h * lq,
                            broken=["modified its input"] if outcome.modified_input else None)
     if prep.dout is not None:
@@ -169,9 +173,10 @@ class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
 
     def __init__(self, kernels: dict[str, list[KernelSpec]],
                  cases: dict[str, list[AttentionCase]], *, cache_dir: Path | None,
-                 precision: int, isolation: Isolation):
+                 precision: int, isolation: Isolation, scale: float = 1.0):
         self.kernels, self.cases = kernels, cases
         self.cache_dir, self.precision, self.isolation = cache_dir, precision, isolation
+        self.scale = scale
 
     def plan(self) -> list[tuple[str, AttentionCase]]:
         return [(m, c) for m, cases in self.cases.items() for c in cases]
@@ -195,6 +200,6 @@ class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
             prep = prepare(case, mode, self.cache_dir, self.precision, stats)
             references.advance()
             for spec in specs:
-                session.add(verify_attention_one(spec, prep, self.isolation))
+                session.add(verify_attention_one(spec, prep, self.isolation, self.scale))
                 checks.advance()
         session.header["reference"] = stats.to_dict()

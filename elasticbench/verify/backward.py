@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -27,6 +27,7 @@ from ..functions import Function, get_function
 from ..functions.base import OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE
 from ..inputs.generators import stream_seed
 from ..inputs.layouts import PACKED
+from ..numerics.contract import OWN, Judging
 from ..numerics.dtypes import FloatFormat, work_format
 from ..numerics.truth import GradTruth
 from ..numerics.ulp import ulp_of
@@ -42,12 +43,29 @@ class GradBudget:
 
     a: float = 1.0
     b: float = 2.0
+    own: bool = False  # the `own` contract: E with the format's unit roundoff, not fp32's
+    scale: float = 1.0  # the run's budget scale: every allowance times it
 
     def describe(self) -> str:
         return f"{self.a:g} + {self.b:g}·E/ulp(dx) ulp; params {self.b:g}·E relative"
 
     def to_dict(self) -> dict[str, float]:
-        return asdict(self)
+        return {"a": self.a, "b": self.b}
+
+
+def grad_budget(judging: Judging) -> GradBudget:
+    """The backward budget of a contract and a run's scale (E is a bound whose roundoff
+    follows the contract; the scale multiplies the whole allowance)."""
+    return GradBudget(GRAD_BUDGET.a, GRAD_BUDGET.b, judging.accuracy == OWN, judging.scale)
+
+
+def working(fmt: FloatFormat, own: bool) -> tuple[float, float, float]:
+    """(unit roundoff, smallest normal, smallest subnormal) that a kernel's steps round to:
+    the format's own under the `own` contract, else work_format's."""
+    if own:
+        return fmt.unit_roundoff, 2.0 ** fmt.emin, fmt.min_ulp
+    return work_format(fmt)
+
 
 
 GRAD_BUDGET = GradBudget()
@@ -130,9 +148,9 @@ class _Rows:
     a function in the exp-normalize form (its mask, shift floor, temperature and offset)."""
 
     def __init__(self, x: np.ndarray, g: np.ndarray, truth: GradTruth, fmt: FloatFormat,
-                 function: Function, params: dict[str, float]):
+                 function: Function, params: dict[str, float], own: bool = False):
         tau, beta = function.temperature(params), function.offset(params)
-        self.uw, self.tiny, self.sub = work_format(fmt)
+        self.uw, self.tiny, self.sub = working(fmt, own)
         self.finite = truth.kind == ROW_FINITE
         f = self.finite[:, None]
         self.y = np.where(f, truth.hi, 0.0)
@@ -169,8 +187,8 @@ class _Rows:
         e = ((self.ey * np.abs(self.g - c) + self.y * (self.dc[:, None] + self.uw * (ag + np.abs(c))))
              / self.tau + 3 * self.uw * dx + self.sub / self.tau)
         with np.errstate(over="ignore"):  # a bound beyond float64 allows anything there
-            return budget.a + budget.b * e / ulp_of(np.nan_to_num(truth.dx_hi),
-                                                    np.nan_to_num(truth.dx_lo), fmt)
+            return budget.scale * (budget.a + budget.b * e / ulp_of(
+                np.nan_to_num(truth.dx_hi), np.nan_to_num(truth.dx_lo), fmt))
 
     def temperature_bound(self) -> np.ndarray:
         """First-order bound of each row's contribution to the temperature's gradient."""
@@ -211,8 +229,8 @@ def _check_param(name: str, got: float, truth: GradTruth, j: int, bound: np.ndar
     expected = math.fsum([*truth.dp_hi[:, j].tolist(), *truth.dp_lo[:, j].tolist()])
     contrib = np.abs(truth.dp_hi[:, j]).sum()
     # Contributions below the working precision's normal range may underflow: tiny covers it.
-    allowed_abs = (budget.b * float(bound.sum())
-                   + (math.log2(max(rows_total, 1)) + 2) * uw * contrib + tiny)
+    allowed_abs = budget.scale * (budget.b * float(bound.sum())
+                                  + (math.log2(max(rows_total, 1)) + 2) * uw * contrib + tiny)
     scale = max(abs(expected), tiny)
     allowed_rel = float(allowed_abs / scale)
     if not math.isfinite(got):
@@ -253,7 +271,7 @@ def check_backward(
     fn = get_function(function)
     # what depends on the case alone (the truth, x, g) is derived once for every kernel
     key = (fmt.name, function, tuple(sorted(params.items())), budget)
-    rows = truth.derived(("rows", *key), lambda: _Rows(x, g, truth, fmt, fn, params))
+    rows = truth.derived(("rows", *key), lambda: _Rows(x, g, truth, fmt, fn, params, budget.own))
     allowed = truth.derived(("dx_allowed", *key), lambda: rows.dx_allowed(truth, fmt, budget))
     ulp = truth.derived(("dx_ulp", fmt.name), lambda: ulp_of(truth.dx_hi, truth.dx_lo, fmt))
     want_nan = truth.derived("dx_nan", lambda: np.isnan(truth.dx_hi))

@@ -21,10 +21,11 @@ class VerifyJob(Job[tuple[str, VerifyCase]]):
     def __init__(self, kernels: dict[str, list[KernelSpec]],
                  cases: dict[str, list[VerifyCase]], *, max_elements: int, store: TruthStore,
                  precision: int, workers: int | None, isolation: Isolation,
-                 max_rows: int = MAX_ROWS):
+                 max_rows: int = MAX_ROWS, scale: float = 1.0):
         self.kernels, self.cases = kernels, cases
         self.max_elements, self.store, self.precision = max_elements, store, precision
         self.workers, self.isolation, self.max_rows = workers, isolation, max_rows
+        self.scale = scale  # every budget of the run times this (--budget-scale)
 
     def plan(self) -> list[tuple[str, VerifyCase]]:
         return [(m, c) for m, cases in self.cases.items() for c in cases]
@@ -43,6 +44,6 @@ class VerifyJob(Job[tuple[str, VerifyCase]]):
                 kernels, [c for mode, c in items if mode == m], max_elements=self.max_elements,
                 store=self.store, precision=self.precision, workers=self.workers, mode=m,
                 isolation=self.isolation, done=done, on_truth=references.advance,
-                max_rows=self.max_rows, stats=stats,
+                max_rows=self.max_rows, stats=stats, scale=self.scale,
                 on_record=lambda r: (session.add(r), checks.advance()))
             session.header["reference"] = stats.to_dict()

@@ -11,16 +11,17 @@ import numpy as np
 
 from ..execute import IN_PROCESS, Isolation, Outcome, call_kernel, failed_outcome
 from ..numerics.budget import budget_for
+from ..numerics.contract import Judging
 from ..numerics.dtypes import get_format
 from ..numerics.truth import DEFAULT_PRECISION, GradTruth
 from ..numerics.truth_cache import TruthJob, TruthStats, TruthStore, solve
 from ..records import VerifyRecord
 from ..registry import KernelSpec
 from .backward import (
-    GRAD_BUDGET,
     BackwardOutcome,
     call_backward,
     check_backward,
+    grad_budget,
     saved_output,
     upstream,
 )
@@ -104,38 +105,41 @@ def prepare_input(case: VerifyCase, x: np.ndarray, max_elements: int, precision:
     return Prepared(case, x, job, g)
 
 
-def _record(spec: KernelSpec, case: VerifyCase, truth, budget: dict,
+def _record(spec: KernelSpec, case: VerifyCase, truth, budget: dict, judging: Judging,
             outcome: Outcome | BackwardOutcome, verdict: CheckResult | None,
             broken: list[str] | None = None) -> VerifyRecord:
     """verify_record with what rows add: the rows checked (a sample of them) and the layout."""
     sampled = truth.rows.tolist() if len(truth.rows) < case.shape[0] else None
-    return verify_record(spec, case, outcome, verdict, budget=budget,
+    return verify_record(spec, case, outcome, verdict, budget=budget, judging=judging,
                          rows_checked=len(truth.rows), sampled_rows=sampled,
                          layout=case.layout, broken=broken)
 
 
 def verify_one(spec: KernelSpec, prep: Prepared, truth,
-               isolation: Isolation = IN_PROCESS) -> VerifyRecord:
-    """Run one kernel on one case and return its record."""
+               isolation: Isolation = IN_PROCESS, scale: float = 1.0) -> VerifyRecord:
+    """Run one kernel on one case and return its record (budgets of its contract, times
+    scale)."""
     case = prep.case
     fmt = get_format(case.dtype)
-    budget = budget_for(fmt)
+    judging = Judging(spec.accuracy, scale)
+    budget = budget_for(fmt, spec.accuracy)
     outcome = isolation.run(partial(call_kernel, spec, prep.x, case.param_dict, case.layout),
                             failed_outcome)
     if outcome.output is None:
-        return _record(spec, case, truth, budget.to_dict(), outcome, None)
-    v = check_output(prep.x, outcome.output, truth, fmt, budget)
+        return _record(spec, case, truth, budget.to_dict(), judging, outcome, None)
+    v = check_output(prep.x, outcome.output, truth, fmt, budget.scaled(scale))
     broken = [msg for bad, msg in (
         (outcome.modified_input, "modified its input"),
         (outcome.wrote_outside, "wrote outside its input (row padding or the memory before "
                                 "a view)"),
         (outcome.returned_input, "returned its input")) if bad]
-    return _record(spec, case, truth, budget.to_dict(), outcome, v, broken=broken)
+    return _record(spec, case, truth, budget.to_dict(), judging, outcome, v, broken=broken)
 
 
 def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
-                        isolation: Isolation = IN_PROCESS) -> VerifyRecord:
-    """Run one backward kernel on one case: dx in ulps, parameter gradients relatively."""
+                        isolation: Isolation = IN_PROCESS, scale: float = 1.0) -> VerifyRecord:
+    """Run one backward kernel on one case: dx in ulps, parameter gradients relatively
+    (budgets of its contract, times scale)."""
     case = prep.case
     fmt = get_format(case.dtype)
     assert prep.g is not None
@@ -143,14 +147,16 @@ def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
     outcome = isolation.run(partial(call_backward, spec, prep.x, y, prep.g, case.param_dict,
                                     case.layout),
                             lambda why, s: BackwardOutcome(None, {}, why, False, s))
-    budget = GRAD_BUDGET.to_dict()
+    judging = Judging(spec.accuracy, scale)
+    gb = grad_budget(judging)
+    budget = gb.to_dict()
     if outcome.dx is None:
-        record = _record(spec, case, truth, budget, outcome, None)
+        record = _record(spec, case, truth, budget, judging, outcome, None)
         record.dparams = {}
         return record
     v, checks = check_backward(prep.x, prep.g, outcome.dx, outcome.dparams, truth, fmt,
-                               case.function, case.param_dict)
-    record = _record(spec, case, truth, budget, outcome, v,
+                               case.function, case.param_dict, gb)
+    record = _record(spec, case, truth, budget, judging, outcome, v,
                      broken=["modified its input"] if outcome.modified_input else None)
     record.dparams = {k: c.to_dict() for k, c in checks.items()}
     rels = [c.rel_err for c in checks.values()]
@@ -174,11 +180,12 @@ def run_verification(
     done: frozenset[tuple] | set[tuple] = frozenset(),
     max_rows: int = MAX_ROWS,
     stats: TruthStats | None = None,
+    scale: float = 1.0,
 ) -> None:
     """Verify each kernel (all of `mode`) on every case of its function that it takes;
     pairs whose record_key is in `done` (a resumed run) are skipped, and a case left
     with nothing to do costs no reference. Each record goes to on_record; how the truths
-    were obtained is added to stats."""
+    were obtained is added to stats. Budgets are each kernel's contract's, times scale."""
     by_function: dict[str, list[KernelSpec]] = {}
     for k in kernels:
         by_function.setdefault(k.function, []).append(k)
@@ -208,7 +215,7 @@ def run_verification(
             pending = ahead.submit(solved, work[i + 1]) if i + 1 < len(work) else None
             for prep, truth in zip(prepared, truths, strict=True):
                 for spec in todo(prep.case):
-                    record = one(spec, prep, truth, isolation)
+                    record = one(spec, prep, truth, isolation, scale)
                     with_compile_check(record, compiled.get(call_key(spec, prep.case)))
                     on_record(record)
             del prepared, truths
