@@ -43,26 +43,34 @@ def _params(function: str):
     return st.fixed_dictionaries({p.name: st.sampled_from(p.grid) for p in fn.params})
 
 
+def _compiled(spec) -> bool:
+    return spec.fn.__module__.endswith("torch_variants")
+
+
 def _compile_elsewhere(spec, dtype: str, shape: tuple[int, ...]) -> bool:
     """torch.compile specializes a dimension of size 1, so each of the compiled variants
     compiles again for one row and for one column, in every dtype: minutes on a fresh
     machine. Those shapes are drawn for them in fp32 here; in the other dtypes `make
     selftest` covers them (its quick matrix has 3x1 and 1x65537 rows in every format)."""
-    compiled = spec.fn.__module__.endswith("torch_variants")
-    return compiled and dtype != "fp32" and min(shape) == 1
+    return _compiled(spec) and dtype != "fp32" and min(shape) == 1
 
 
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.ci)],
+                         ids=["eager", "compiled"])  # the compiled variants: .ci/run
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("function", list(FUNCTIONS))
 @settings(max_examples=30, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
-def test_builtin_kernels_match_the_reference(function, dtype, data):
+def test_builtin_kernels_match_the_reference(function, dtype, compiled, data):
     x = data.draw(rows(dtype), label="x")
     params = data.draw(_params(function), label="params")
     fmt = get_format(dtype)
     truth = evaluate_rows(function, params, x.astype(np.float64), np.arange(x.shape[0]))
-    kernels = list_kernels(function=function, mode="fwd")
+    kernels = [k for k in list_kernels(function=function, mode="fwd")
+               if _compiled(k) == compiled]
+    if compiled and not kernels:
+        pytest.skip(f"no torch.compile variant computes {function}")
     assert kernels
     # (a kernel that declares the formats it takes is given only those: Triton's, on a GPU)
     for spec in (k for k in kernels if k.source == "builtin" and not k.baseline

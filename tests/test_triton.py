@@ -21,6 +21,7 @@ from elasticbench import devices
 if devices.triton_unavailable() is not None:  # neither a GPU nor the interpreter here
 
     # two halves in their own interpreter processes, so that pytest-xdist's workers share them
+    @pytest.mark.ci
     @pytest.mark.parametrize("half", ["flushing_two_ulp", "not flushing_two_ulp"])
     def test_triton_kernels_under_the_interpreter(half: str, under_interpreter) -> None:
         under_interpreter(__file__, "-k", half, timeout=900)

@@ -26,8 +26,8 @@ from .failures import (
 from .sheet import EMPTY, Column, Entry, Note, Sheet, Span, entry, note
 
 LEGEND = ("contract: the accuracy contract that judged the kernel (wide: a 16-bit kernel "
-          "computes in fp32 and rounds once; own: in its own format) and the run's budget "
-          "scale (x4); "
+          "computes in fp32 and rounds once; own: in its own format), with the run's budget "
+          "scale where it is not 1 (own x4: the own budgets times 4); "
           "cells: worst error in ulps where the special values were right (share of budget); "
           "failing cells: failed/cases, that worst error, then the cases that broke the "
           "special-value policy (special) and those where the kernel raised; special: the "
