@@ -43,6 +43,9 @@ class Backend:
     # returns f(x) -> the sum of exp(x) over a 1-D native array of x <= 0, or None when that
     # tier is not available here
     exp_probe: Callable[[], Callable[[Any], Any] | None] | None = None
+    # whether its kernels may be torch autograd functions, whose gradients can carry a graph
+    # (verify --mode bwd then probes their second order: elasticbench.verify.second_order)
+    autograd: bool = False
 
     def available(self) -> bool:
         """Whether kernels of this backend can run here (see `unavailable` for why not)."""
@@ -167,6 +170,7 @@ BACKENDS: dict[str, Backend] = {
         device=_torch_device,
         view=_torch_view,
         env_vars=("ELASTICBENCH_TORCH_DEVICE",),
+        autograd=True,
     ),
     "cpp": Backend(
         "cpp",
@@ -177,6 +181,7 @@ BACKENDS: dict[str, Backend] = {
         _torch_same_memory,
         view=_torch_view,
         exp_probe=_cpp_exp_probe,
+        autograd=True,
     ),
     "triton": Backend(
         "triton",

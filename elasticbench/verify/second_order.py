@@ -9,8 +9,9 @@ on a few leaf tensors that require grad (rows: x, y, g; attention: q, k, v, then
 - "yes": they carry one, and torch.autograd.gradcheck of the gradients against their
   inputs (the kernel's gradgradcheck) passes;
 - "wrong": they carry one that gradcheck refutes: a second order would be silently wrong;
-- NumPy and Triton kernels answer "no" unprobed (neither is an autograd function); "not
-  probed: ..." says why a torch or native kernel could not be probed (no fp64, say).
+- kernels of a backend whose kernels are not autograd functions (NumPy, Triton: its
+  Backend.autograd is False) answer "no" unprobed; "not probed: ..." says why a torch or
+  native kernel could not be probed (no fp64, say).
 
 `verify --mode bwd` puts the answer in every backward record (`second_order`) and a column.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..backends import get_backend
 from ..execute import IN_PROCESS, Isolation
 from ..registry import KernelSpec
 
@@ -35,7 +37,7 @@ def second_order(spec: KernelSpec, isolation: Isolation = IN_PROCESS) -> str:
     declared = getattr(spec.fn, "second_order", None)
     if declared in ANSWERS:
         return str(declared)
-    if isolation.active and spec.backend in ("torch", "cpp"):
+    if isolation.active and get_backend(spec.backend).autograd:
         return "not probed: --isolate runs kernels in workers only"
     key = (spec.name, spec.mode, spec.source)
     if key not in _CACHE:
@@ -44,10 +46,8 @@ def second_order(spec: KernelSpec, isolation: Isolation = IN_PROCESS) -> str:
 
 
 def _probe(spec: KernelSpec) -> str:
-    if spec.backend in ("numpy", "triton"):
+    if not get_backend(spec.backend).autograd:
         return "no"
-    if spec.backend not in ("torch", "cpp"):
-        return f"not probed: a {spec.backend} kernel"
     if not spec.supports("fp64"):
         return "not probed: the kernel takes no fp64"
     leaves, grads_of = (_attention_call if spec.kind == "attention" else _rows_call)(spec)
