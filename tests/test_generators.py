@@ -35,7 +35,18 @@ def _claims(name, x, fmt):
         "subnormal": lambda: (np.abs(x) < 2.0**fmt.emin).all() and (x != 0).any(),
         "specials": lambda: np.isnan(x).any() and np.isposinf(x).any()
         and np.isneginf(x).all(axis=1).any() and finite.size > 0,
+        "masked_specials": lambda: _masked_specials(x),
     }[name]()
+
+
+def _masked_specials(x) -> bool:
+    """Rows 0, 1: a NaN (a +inf) in the first half, the only non-negative value last; row 2:
+    the only non-negative value first, a NaN last; row 3: the only non-negative value last."""
+    n = x.shape[1]
+    nonneg = np.where(np.isnan(x), False, x >= 0)
+    return (np.isnan(x[0, : n // 2]).sum() == 1 and np.isposinf(x[1, : n // 2]).sum() == 1
+            and np.isnan(x[2, -1]) and nonneg[2, 0] and (nonneg[[0, 3], -1]).all()
+            and (nonneg.sum(axis=1)[[0, 2, 3]] == 1).all() and nonneg[1].sum() == 2)
 
 
 @pytest.mark.parametrize("name", list(GENERATORS))

@@ -156,6 +156,26 @@ def _specials(rng, fmt, rows, n):
     return x
 
 
+@_generator("masked_specials", "negative rows (masked by elastic) with a NaN or +inf early and "
+            "one positive logit late")
+def _masked_specials(rng, fmt, rows, n):
+    # A kernel that skips the blocks where nothing is kept yet (an online max) must still
+    # see a NaN or +inf there: its sums only start at the late positive logit.
+    x = -np.abs(rng.standard_normal((rows, n))) - 0.5
+    early = rng.integers(0, max(1, n // 2), rows)
+    for r in range(rows):
+        pattern = r % 4
+        if pattern in (0, 1):
+            x[r, early[r]] = np.nan if pattern == 0 else np.inf
+        elif pattern == 2:
+            x[r, n - 1] = np.nan
+        if pattern != 2:
+            x[r, n - 1] = abs(x[r, n - 1])
+        else:
+            x[r, 0] = abs(x[r, 0])
+    return x
+
+
 GENERATOR_NAMES: tuple[str, ...] = tuple(GENERATORS)
 
 

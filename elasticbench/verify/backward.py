@@ -7,7 +7,8 @@ parameters, summed over the whole tensor). dx is scored in ulps of its format ag
 budget derived from the first-order error of the computation (docs/gradients.md); each
 parameter's gradient by relative error against the bound of its role in the exp-normalize
 form (temperature or offset, as the Function declares). Rows not checked (sampled large
-inputs) get g = 0 and y = 0, so they contribute exactly nothing to the parameter gradients.
+inputs) get g = 0 and y = 0, so they contribute exactly nothing to the parameter gradients,
+but for a NaN row: its y is NaN, as its forward's is, and it makes them NaN.
 """
 
 from __future__ import annotations
@@ -81,9 +82,12 @@ def upstream(case_seed: int, generator: str, fmt: FloatFormat, shape: tuple[int,
     return fmt.cast(np.where(mask[:, None], g, 0.0))
 
 
-def saved_output(truth: GradTruth, fmt: FloatFormat, shape: tuple[int, int]) -> np.ndarray:
-    """The exact forward output rounded to the format (0 on rows the truth does not cover)."""
-    y = np.zeros(shape)
+def saved_output(truth: GradTruth, fmt: FloatFormat, x: np.ndarray) -> np.ndarray:
+    """The exact forward output rounded to the format; on rows the truth does not cover, 0,
+    or NaN where the row holds a NaN (what its forward gives, by policy: a kernel may find
+    the NaN row through y, and a y of 0 there would hide it)."""
+    nan_row = np.isnan(x.astype(np.float64)).any(axis=1)
+    y = np.where(nan_row[:, None], np.nan, np.zeros(x.shape))
     y[truth.rows] = truth.hi + truth.lo
     return fmt.cast(y)
 
@@ -221,8 +225,11 @@ BOUNDS: dict[str, Callable[[_Rows], np.ndarray]] = {
 
 
 def _check_param(name: str, got: float, truth: GradTruth, j: int, bound: np.ndarray,
-                 rows_total: int, uw: float, tiny: float, budget: GradBudget) -> ParamCheck:
-    if (truth.kind == ROW_NAN).any():
+                 rows_total: int, uw: float, tiny: float, budget: GradBudget,
+                 nan_row: bool) -> ParamCheck:
+    """One parameter's gradient against the truth: NaN where the input has a NaN row (docs/
+    definitions.md section 3), else within its bound's budget."""
+    if nan_row:
         ok = math.isnan(got)
         return ParamCheck(got, math.nan, 0.0 if ok else math.inf, 0.0, ok,
                           "" if ok else f"special: d{name} is {got!r}, NaN expected (NaN row)")
@@ -244,7 +251,8 @@ def _check_param(name: str, got: float, truth: GradTruth, j: int, bound: np.ndar
 
 
 def _param_checks(fn: Function, dparams: dict[str, float], truth: GradTruth, rows: _Rows,
-                  key: tuple, rows_total: int, budget: GradBudget) -> dict[str, ParamCheck]:
+                  key: tuple, rows_total: int, budget: GradBudget, nan_row: bool
+                  ) -> dict[str, ParamCheck]:
     """Each parameter's gradient judged against its bound (by the role the Function gives
     the parameter), the bound derived once per case (key)."""
     checks: dict[str, ParamCheck] = {}
@@ -254,7 +262,7 @@ def _param_checks(fn: Function, dparams: dict[str, float], truth: GradTruth, row
                              "(declare its role: temperature or offset)")
         bound = truth.derived(("bound", p.role, *key), partial(BOUNDS[p.role], rows))
         checks[p.name] = _check_param(p.name, dparams[p.name], truth, j, bound, rows_total,
-                                      rows.uw, rows.tiny, budget)
+                                      rows.uw, rows.tiny, budget, nan_row)
     return checks
 
 
@@ -285,7 +293,10 @@ def check_backward(
     failures = {"nan_not_propagated": int(missing_nan.sum()),
                 "masked_not_zero": int(zero_broken.sum()), "over_budget": int(over.sum())}
 
-    checks = _param_checks(fn, dparams, truth, rows, key, x.shape[0], budget)
+    # a NaN row among those not checked makes the parameters' gradients NaN all the same
+    nan_row = truth.derived("nan_row", lambda: bool((truth.kind == ROW_NAN).any()
+                                                    or np.isnan(x.astype(np.float64)).any()))
+    checks = _param_checks(fn, dparams, truth, rows, key, x.shape[0], budget, nan_row)
     bad_params = [c for c in checks.values() if not c.passed]
     failures.update({f"d{name}": 1 for name, c in checks.items() if not c.passed})
     failures = {k: v for k, v in failures.items() if v}

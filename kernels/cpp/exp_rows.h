@@ -28,6 +28,16 @@ template <typename T, typename C> struct ExpRows {
     for (int k = 0; k < W; ++k) ninf += vinf[k];
   }
 
+  // Whether x[i0, i1) holds a NaN.
+  static bool has_nan(const T* x, int64_t i0, int64_t i1) {
+    ivec<C> vnan{};
+    for (int64_t i = i0; i < i1; i += W) {
+      vec<C> v = ld<T, C>(x, i, i1, neg_inf<T>());
+      vnan |= v != v;
+    }
+    return any<C>(vnan);
+  }
+
   // The largest kept value of x[i0, i1), merged into m. The sweep is a plain max (NaN
   // ignored): with masking, the kept max is the max when that is >= 0, else nothing is
   // kept. NaN is caught later, in the sum it turns to NaN (expv lets it through).
@@ -170,7 +180,8 @@ template <typename T, typename C> struct ExpRows {
       }
       if (m == __builtin_inf()) return by_census(x, n, p.mask_negative);
       if (fused) scratch[blk] = double(m);
-      if (m == -__builtin_inf()) {  // nothing kept yet
+      if (m == -__builtin_inf()) {  // nothing kept yet: a NaN here is in no sum to show it
+        if (has_nan(x, b0, b1)) return by_census(x, n, p.mask_negative);
         if (fused) for (int64_t i = b0; i < b1; ++i) buf[i] = C(0);
         continue;
       }
