@@ -169,3 +169,25 @@ def test_verify_reports_a_dead_reference_worker_in_one_line(cli, tmp_path, monke
     assert "Traceback" not in r.err
     doc = json.loads(out.read_text())
     assert doc["complete"] is False
+
+
+def test_a_reference_process_that_dies_is_one_clear_error(cli, tmp_path, monkeypatch):
+    """The reference runs in a process of its own beside the kernels; killed (the OOM
+    killer), it ends verify with one line naming the batch, exit 2, the records kept."""
+    import json
+    import os
+
+    from elasticbench.verify import runner
+
+    def killed(*_args, **_kw):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(runner, "prepare", killed)  # runs in the (forked) reference process
+    out = tmp_path / "v.json"
+    r = cli("verify", "--quick", "-f", "softmax", "-d", "fp32", "--only", "numpy_softmax",
+            "--json", str(out))
+    assert r.code == 2
+    last = r.err.strip().splitlines()[-1]
+    assert last.startswith("elasticbench: error: the reference process died")
+    assert "softmax fp32" in last and "Traceback" not in r.err
+    assert json.loads(out.read_text())["complete"] is False

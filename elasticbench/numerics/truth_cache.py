@@ -99,6 +99,11 @@ class TruthStats:
     def to_dict(self) -> dict[str, float]:
         return {**asdict(self), "fallback_share": self.fallback_share}
 
+    def add(self, other: TruthStats) -> None:
+        """Count other's truths in this one (a batch's, computed elsewhere)."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
     @classmethod
     def from_dict(cls, d: dict) -> TruthStats:
         return cls(**{f.name: d[f.name] for f in fields(cls)})

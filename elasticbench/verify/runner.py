@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import multiprocessing
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -14,7 +19,7 @@ from ..numerics.budget import budget_for
 from ..numerics.contract import Judging
 from ..numerics.dtypes import get_format
 from ..numerics.truth import DEFAULT_PRECISION, GradTruth
-from ..numerics.truth_cache import TruthJob, TruthStats, TruthStore, solve
+from ..numerics.truth_cache import TruthError, TruthJob, TruthStats, TruthStore, solve
 from ..records import VerifyRecord
 from ..registry import KernelSpec
 from .backward import (
@@ -81,7 +86,7 @@ def telling_rows(x: np.ndarray) -> list[int]:
 class Prepared:
     case: VerifyCase
     x: np.ndarray
-    job: TruthJob
+    job: TruthJob | None  # None once solved: the reference process sends no input copies back
     g: np.ndarray | None = None  # upstream gradient (backward verification)
 
 
@@ -198,27 +203,80 @@ def run_verification(
     cases = [c for c in cases if todo(c)]
     compiled = compile_checks([(spec, case) for case in cases for spec in todo(case)])
     one = verify_backward_one if mode == "bwd" else verify_one
-
-    def solved(batch: list[VerifyCase]) -> tuple[list[Prepared], list]:
-        prepared = prepare(batch, max_elements, precision, mode, max_rows)
-        return prepared, solve([p.job for p in prepared], store, workers, on_truth, stats)
+    solve_batch = partial(solved, max_elements=max_elements, precision=precision, mode=mode,
+                          max_rows=max_rows, store=store, workers=workers)
+    stats = stats if stats is not None else TruthStats()
 
     # A batch at a time, so that the inputs and truths of the whole matrix never sit in
-    # memory at once; the next batch's reference is computed on a second thread while this
-    # one's kernels run (NumPy and torch both let go of the interpreter in their loops).
+    # memory at once; the next batch's reference is computed by a process of its own while
+    # this one's kernels run (a thread would share the interpreter lock with torch.compile's
+    # tracing, and the two would take turns instead of running side by side).
     work = batches(cases, max_elements)
-    with ThreadPoolExecutor(1) as ahead:
-        pending = ahead.submit(solved, work[0]) if work else None
+    with reference_process() as ahead:
+        pending = ahead.submit(solve_batch, work[0]) if work else None
         for i in range(len(work)):
             assert pending is not None
-            prepared, truths = pending.result()
-            pending = ahead.submit(solved, work[i + 1]) if i + 1 < len(work) else None
+            prepared, truths, batch_stats = _result(pending, work[i][0])
+            pending = ahead.submit(solve_batch, work[i + 1]) if i + 1 < len(work) else None
+            stats.add(batch_stats)
+            if on_truth:
+                on_truth(len(prepared))
             for prep, truth in zip(prepared, truths, strict=True):
                 for spec in todo(prep.case):
                     record = one(spec, prep, truth, isolation, scale)
                     with_compile_check(record, compiled.get(call_key(spec, prep.case)))
                     on_record(record)
             del prepared, truths
+
+
+def solved(batch: list[VerifyCase], *, max_elements: int, precision: int, mode: str,
+           max_rows: int, store: TruthStore, workers: int | None
+           ) -> tuple[list[Prepared], list, TruthStats]:
+    """The batch's inputs with their truths, and how the truths were obtained (what the
+    reference process computes; the jobs are dropped, not sent back)."""
+    stats = TruthStats()
+    prepared = prepare(batch, max_elements, precision, mode, max_rows)
+    truths = solve([p.job for p in prepared if p.job], store, workers, None, stats)
+    return [replace(p, job=None) for p in prepared], truths, stats
+
+
+@contextmanager
+def reference_process() -> Iterator[Executor]:
+    """One worker process for the reference (forked where the platform can: the caller's
+    kernels and monkeypatches come along); left at once, its work dropped, on an error or
+    an interrupt."""
+    method = "fork" if sys.platform.startswith("linux") else "spawn"
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method),
+                               initializer=_leave_signals_to_the_parent)
+    try:
+        yield pool
+    except BaseException:
+        # a worker in the middle of a batch would otherwise run on, and the interpreter
+        # would wait for it at exit
+        running = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in running:
+            proc.terminate()
+        raise
+    pool.shutdown()
+
+
+def _leave_signals_to_the_parent() -> None:
+    """In the reference process: Ctrl-C is the parent's to handle (it ends this process), and
+    SIGTERM ends it without the parent's handler (inherited by fork) printing a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _result(pending, first: VerifyCase):
+    """A batch's result; a reference process that died becomes one line naming the batch."""
+    try:
+        return pending.result()
+    except BrokenProcessPool:
+        raise TruthError(
+            f"the reference process died (killed, or out of memory) while preparing or "
+            f"evaluating the batch that starts with {first.function} {first.dtype} "
+            f"{first.shape[0]}x{first.shape[1]} ({first.generator})") from None
 
 
 def batches(cases: list[VerifyCase], max_elements: int,
