@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from elasticbench.functions import FUNCTION_NAMES, get_function
 from elasticbench.inputs.generators import GENERATORS, generate
-from elasticbench.numerics import certified, certified_grad, dd
+from elasticbench.numerics import certified, certified_grad, dd, row_blocks
 from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format, work_format
 from elasticbench.numerics.truth import evaluate_rows
 from elasticbench.numerics.ulp import ulp_of
@@ -130,7 +130,17 @@ PROPERTY = settings(deadline=None, derandomize=True, suppress_health_check=list(
 @settings(PROPERTY, max_examples=_examples(list(FUNCTION_NAMES)))
 @given(drawn_input(list(FUNCTION_NAMES)))
 def test_certified_outputs_hold_against_mpmath(case):
-    fn, fmt, x, params = case
+    _forward_holds(*case)
+
+
+@settings(PROPERTY, max_examples=_examples(GRADIENT_FUNCTIONS))
+@given(drawn_input(GRADIENT_FUNCTIONS), st.integers(0, 2**31))
+def test_certified_gradients_hold_against_mpmath(case, seed):
+    _gradients_hold(*case, seed)
+
+
+def _forward_holds(fn, fmt, x, params) -> None:
+    """Wherever a row is certified, mpmath lies within every output's bound."""
     with np.errstate(all="ignore"):
         out = certified.forward(fn, params, x)
     ok = certified.certified_rows(out, fmt)
@@ -148,10 +158,9 @@ def test_certified_outputs_hold_against_mpmath(case):
                 + slack).all()
 
 
-@settings(PROPERTY, max_examples=_examples(GRADIENT_FUNCTIONS))
-@given(drawn_input(GRADIENT_FUNCTIONS), st.integers(0, 2**31))
-def test_certified_gradients_hold_against_mpmath(case, seed):
-    fn, fmt, x, params = case
+def _gradients_hold(fn, fmt, x, params, seed) -> None:
+    """Wherever a row is certified, mpmath's dx lies within 2^-12 ulp; the parameter
+    gradients, where certified, within 2^-12 units of the working precision."""
     g = fmt.cast(np.random.default_rng(seed).standard_normal(x.shape)).astype(np.float64)
     rows = np.arange(x.shape[0])
     with np.errstate(all="ignore"):
@@ -173,6 +182,80 @@ def test_certified_gradients_hold_against_mpmath(case, seed):
             want = math.fsum([*oracle.dp_hi[:, j], *oracle.dp_lo[:, j]])
             got = math.fsum([*truth.dp_hi[:, j], *truth.dp_lo[:, j]])
             assert abs(got - want) <= certified.CERTIFY_ULP * uw * max(abs(want), tiny)
+
+
+@st.composite
+def repeating_input(draw, functions: list[str]):
+    """Rows long enough to be evaluated per distinct value (numerics/row_blocks.py): a few
+    values of a generator, with threshold values among them (+-0, inf, NaN, huge...), each
+    repeated at random places; a value may be the row's maximum many times over."""
+    fn, fmt, palette, params = draw(drawn_input(functions))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    n = draw(st.sampled_from([row_blocks.FROM, row_blocks.FROM + 1, 3 * row_blocks.FROM + 5]))
+    k = draw(st.integers(1, 48))  # distinct values at most, per row
+    pick = rng.integers(0, min(k, palette.shape[1]), (palette.shape[0], n))
+    x = np.take_along_axis(palette, pick, axis=1)
+    assert all(row_blocks.distinct(row) is not None for row in x)  # the path under test
+    return fn, fmt, x, params
+
+
+LONG_EXAMPLES = max(8, min(40, ELEMENTS // 25_000))
+
+
+@settings(PROPERTY, max_examples=LONG_EXAMPLES)
+@given(repeating_input(list(FUNCTION_NAMES)))
+def test_rows_of_repeated_values_hold_against_mpmath(case):
+    _forward_holds(*case)
+
+
+@settings(PROPERTY, max_examples=LONG_EXAMPLES)
+@given(repeating_input(GRADIENT_FUNCTIONS), st.integers(0, 2**31))
+def test_gradients_on_repeated_values_hold_against_mpmath(case, seed):
+    _gradients_hold(*case, seed)
+
+
+def test_a_row_by_its_distinct_values_matches_it_element_by_element(monkeypatch):
+    """The same rows certified, the same special structure and values within both claims
+    (2^-12 ulp each), whether a long row that repeats is evaluated per distinct value or
+    per element (row_blocks.FROM out of reach)."""
+    rng = np.random.default_rng(5)
+    x = np.round(rng.standard_normal((3, 20000)) * 16) / 16
+    x[1, [5, 90]] = np.inf
+    x[2, 7] = np.nan
+    x[0, 11:40] = -0.0
+    g = rng.standard_normal(x.shape)
+    rows = np.arange(3)
+    for f in FUNCTION_NAMES:
+        fn = get_function(f)
+        params = fn.param_grid()[-1]
+        for dtype in ("fp32", "bf16"):
+            fmt = get_format(dtype)
+            with np.errstate(all="ignore"):
+                fast = certified.forward_truth(fn, params, x, rows, fmt)
+                grad = (certified_grad.gradient_truth(fn, params, x, g, rows, fmt)
+                        if fn.gradient_row is not None else None)
+                monkeypatch.setattr(row_blocks, "FROM", 1 << 40)
+                slow = certified.forward_truth(fn, params, x, rows, fmt)
+                grad_slow = (certified_grad.gradient_truth(fn, params, x, g, rows, fmt)
+                             if grad is not None else None)
+                monkeypatch.undo()
+            assert (fast[1] == slow[1]).all() and fast[1].all()
+            a, b = fast[0], slow[0]
+            assert (a.kind == b.kind).all() and (a.zero == b.zero).all()
+            _within_both_claims(a.hi, a.lo, b.hi, b.lo, fmt)
+            if grad is not None:
+                assert (grad[1] == grad_slow[1]).all() and grad[2] == grad_slow[2]
+                a, b = grad[0], grad_slow[0]
+                assert (a.dzero == b.dzero).all()
+                _within_both_claims(a.dx_hi, a.dx_lo, b.dx_hi, b.dx_lo, fmt)
+
+
+def _within_both_claims(ah, al, bh, bl, fmt) -> None:
+    finite = np.isfinite(bh)
+    assert (np.isnan(ah) == np.isnan(bh)).all()
+    ulp = ulp_of(bh[finite], bl[finite], fmt)
+    diff = np.abs((ah[finite] - bh[finite]) + (al[finite] - bl[finite]))
+    assert (diff <= 2 * certified.CERTIFY_ULP * ulp).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)

@@ -12,19 +12,18 @@ a proof, an accurate phase only where the proof cannot decide (docs/numerics.md 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..functions.base import ROW_FINITE, ROW_INF, ROW_MASKED, ROW_NAN, Function
-from . import dd
+from . import dd, row_blocks
 from .dtypes import FloatFormat
+from .row_blocks import blocks, blocks_per_row, sum_depth
 from .truth import Truth
 
 CERTIFY_ULP = 2.0**-12  # an output is certified when its bound is below this many ulps
-BLOCK = 8192  # elements per block: the temporaries of a block stay in a core's L2
 ABS_FLOOR = 2.0**-1071  # absolute slack of outputs rounded near float64's subnormals
 SLACK = 1.01  # covers the rounding of the bounds themselves (computed in float64)
 # tau outside this range (or a non-finite offset) is left to mpmath: the splits of
@@ -45,29 +44,6 @@ class Bounded:
     kind: np.ndarray  # (r,) str
     trusted: np.ndarray  # (r,) bool: False where the evaluation left its safe domain
     sided: np.ndarray  # (r, n) bool: strictly below hi (a power of two) by structure
-
-
-def blocks(shape: tuple[int, int]) -> Iterator[tuple[slice, slice, int]]:
-    """(rows, columns, block index within the row) covering an (r, n) array, BLOCK elements
-    at most: several short rows a block, or one long row in several blocks."""
-    r, n = shape
-    if n >= BLOCK:
-        for i in range(r):
-            for b, j in enumerate(range(0, n, BLOCK)):
-                yield slice(i, i + 1), slice(j, min(n, j + BLOCK)), b
-    else:
-        per = max(1, BLOCK // max(n, 1))
-        for i in range(0, r, per):
-            yield slice(i, min(r, i + per)), slice(0, n), 0
-
-
-def blocks_per_row(n: int) -> int:
-    return max(1, -(-n // BLOCK)) if n >= BLOCK else 1
-
-
-def sum_depth(n: int) -> int:
-    """Tree levels between a term and a row sum made of block sums (see blocks)."""
-    return dd.depth(min(n, BLOCK)) + dd.depth(blocks_per_row(n))
 
 
 def certify(hi: np.ndarray, lo: np.ndarray, bound: np.ndarray, fmt: FloatFormat,
@@ -93,12 +69,6 @@ def power_of_two(k: np.ndarray) -> np.ndarray:
     """Whether each positive integer count is a power of two (1/k is then exact)."""
     k = np.asarray(k, dtype=np.int64)
     return (k > 0) & ((k & (k - 1)) == 0)
-
-
-def rows_of(record: Any, sl: slice) -> Any:
-    """The same record for the rows sl: every array field cut along its first axis."""
-    return replace(record, **{f.name: getattr(record, f.name)[sl] for f in fields(record)
-                              if isinstance(getattr(record, f.name), np.ndarray)})
 
 
 # ---------------------------------------------------------------------------------------
@@ -180,10 +150,13 @@ class Denominator:
     offset_l: np.ndarray
 
 
-def exp_forward(fn: Function, params: Mapping[str, float], x: np.ndarray
-                ) -> tuple[Bounded, Shift, Denominator | None]:
-    """Outputs of an exp-normalize member on the rows x (float64), with bounds; the shift
-    and the denominator (None where nothing was evaluated: every row to mpmath)."""
+def exp_forward(fn: Function, params: Mapping[str, float], x: np.ndarray,
+                counts: np.ndarray | None = None) -> tuple[Bounded, Shift, Denominator | None]:
+    """Outputs of an exp-normalize member on the rows x (float64) with bounds, the shift and
+    the denominator (None: every row to mpmath); counts: of each value in its row (row_blocks)."""
+    if counts is None and (whole := row_blocks.by_distinct(
+            lambda v, c: exp_forward(fn, params, v, c), x)) is not None:
+        return whole
     r, n = x.shape
     sh = exp_shift(fn, params, x)
     tau = sh.tau
@@ -208,10 +181,12 @@ def exp_forward(fn: Function, params: Mapping[str, float], x: np.ndarray
         blk_h, blk_l, blk_z = (np.zeros(keep.shape) for _ in range(3))
         blk_h[keep], blk_l[keep], blk_z[keep] = eh, el, np.abs(zh)
         hi[rows, cols], lo[rows, cols], zabs[rows, cols] = blk_h, blk_l, blk_z
-        part_h[rows, b], part_l[rows, b] = dd.sum_rows(blk_h, blk_l)
-        part_z[rows, b] = (blk_h * blk_z).sum(axis=1)
-        rest[rows, b] = np.where(top[rows, cols], 0.0, blk_h).sum(axis=1)
+        th, tl = (blk_h, blk_l) if counts is None else dd.mul_d(blk_h, blk_l, counts[rows, cols])
+        part_h[rows, b], part_l[rows, b] = dd.sum_rows(th, tl)
+        part_z[rows, b] = (th * blk_z).sum(axis=1)
+        rest[rows, b] = np.where(top[rows, cols], 0.0, th).sum(axis=1)
     ch, cl, cz = offset_term(sh)
+    total = n if counts is None else counts.sum(axis=1)  # terms of each row's sum
     tiny_diff = (subnormal_floor(zabs * tau) > 0).any(axis=1)
     sh_, sl_ = dd.sum_rows(part_h, part_l)
     s_h, s_l = dd.add(sh_, sl_, ch, cl)
@@ -220,15 +195,18 @@ def exp_forward(fn: Function, params: Mapping[str, float], x: np.ndarray
         zbar = np.where(finite, (part_z.sum(axis=1) + ch * cz) / s_h, 0.0)
         # the denominator: its terms' own errors (weighted: zbar), the tree, underflows
         eps_s = (zbar * dd.DIV_D * dd.U2 + dd.EXP_REL + 2.0**-1070 / tau * tiny_diff
-                 + sum_depth(n + 1) * dd.ADD_DD * dd.U2 + dd.MUL_D * dd.U2
-                 + (n + 1 + sh.offset) * dd.EXP_ABS / np.where(finite, s_h, 1.0))
+                 + sum_depth(int(np.max(total, initial=n)) + 1) * dd.ADD_DD * dd.U2
+                 + dd.MUL_D * dd.U2
+                 + (total + 1 + sh.offset) * dd.EXP_ABS / np.where(finite, s_h, 1.0))
+        if counts is not None:  # a value's term times its count: one more rounding each
+            eps_s = eps_s + dd.MUL_D * dd.U2 + n * ABS_FLOOR / np.where(finite, s_h, 1.0)
     den = Denominator(s_h, s_l, eps_s, ch, cl)
     bound = divide(hi, lo, zabs, sh, den)
     zero = ~sh.kept & finite[:, None]
-    special_rows(sh.kind, sh.big, hi, lo, bound, zero)
+    special_rows(sh.kind, sh.big, hi, lo, bound, zero, counts)
     out = Bounded(hi, lo, bound, zero, zabs, zbar, sh.kind, trusted,
                   np.zeros((r, n), dtype=bool))
-    top_values(top, sh.kept, rest.sum(axis=1) + ch, s_h, sh.offset, out)
+    top_values(top, sh.kept, rest.sum(axis=1) + ch, s_h, sh.offset, out, counts)
     return out, sh, den
 
 
@@ -253,18 +231,20 @@ def divide(hi: np.ndarray, lo: np.ndarray, zabs: np.ndarray, sh: Shift,
 
 
 def top_values(top: np.ndarray, kept: np.ndarray, rest: np.ndarray, s_h: np.ndarray,
-               offset: float, out: Bounded) -> None:
+               offset: float, out: Bounded, counts: np.ndarray | None = None) -> None:
     """Where a row's c largest logits are equal and c is a power of two (one dominant logit,
     ties), their output 1/S lies just below the power of two 1/c, often closer to it than
     the division's bound can tell. It is written as 1/c - gap, gap = rest/(c S) with rest
     the float64 sum of the other terms (known to (others + 6) u relative, plus what
     underflowed); and it is below 1/c exactly when there is another term at all, so its
-    binade is known by structure (out.sided), however small the gap."""
-    c = top.sum(axis=1)
+    binade is known by structure (out.sided), however small the gap. counts: as in
+    exp_forward."""
+    w = 1.0 if counts is None else counts
+    c = (top * w).sum(axis=1)
     power = power_of_two(c)
     if not power.any():
         return
-    others = kept.sum(axis=1) - c
+    others = (kept * w).sum(axis=1) - c
     below = (others > 0) | (offset > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         cs = c * s_h
@@ -290,7 +270,8 @@ def tiny_slack(eh: np.ndarray, yh: np.ndarray, zabs: np.ndarray) -> np.ndarray:
 
 
 def special_rows(kind: np.ndarray, big: np.ndarray, hi: np.ndarray, lo: np.ndarray,
-                 bound: np.ndarray, zero: np.ndarray) -> None:
+                 bound: np.ndarray, zero: np.ndarray, counts: np.ndarray | None = None
+                 ) -> None:
     """Fill the rows that are not finite, as the policy has them (docs/definitions.md
     section 3): NaN rows all NaN; rows with infinite weights (big) 1/k on the k of them and
     exactly 0 elsewhere; masked rows exactly 0."""
@@ -299,7 +280,7 @@ def special_rows(kind: np.ndarray, big: np.ndarray, hi: np.ndarray, lo: np.ndarr
     hi[masked], lo[masked], bound[masked], zero[masked] = 0.0, 0.0, 0.0, True
     if inf.any():
         b = big[inf]
-        k = b.sum(axis=1, keepdims=True).astype(np.float64)
+        k = (b * (1.0 if counts is None else counts[inf])).sum(axis=1, keepdims=True)
         sh, sl = dd.div_d(np.ones_like(k), np.zeros_like(k), k)
         hi[inf] = np.where(b, sh, 0.0)
         lo[inf] = np.where(b, sl, 0.0)
@@ -320,9 +301,13 @@ def _untrusted(x: np.ndarray, kind: np.ndarray) -> Bounded:
 # weight-normalize: y_i = w(x_i) / (constant + sum_j w(x_j)), w >= 0 (stablemax, symax)
 
 
-def weight_forward(fn: Function, params: Mapping[str, float], x: np.ndarray) -> Bounded:
+def weight_forward(fn: Function, params: Mapping[str, float], x: np.ndarray,
+                   counts: np.ndarray | None = None) -> Bounded:
     """Outputs of a weight-normalize member on the rows x (float64), with bounds."""
     assert fn.weights is not None
+    if counts is None and (whole := row_blocks.by_distinct(
+            lambda v, c: weight_forward(fn, params, v, c), x)) is not None:
+        return whole
     r, n = x.shape
     constant = fn.weight_offset(params)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -334,8 +319,9 @@ def weight_forward(fn: Function, params: Mapping[str, float], x: np.ndarray) -> 
     wl = np.where(np.isfinite(wl), wl, 0.0)
     nb = blocks_per_row(n)
     part_h, part_l = np.zeros((r, nb)), np.zeros((r, nb))
+    th, tl = (wh, wl) if counts is None else dd.mul_d(wh, wl, counts)
     for rows, cols, b in blocks((r, n)):
-        part_h[rows, b], part_l[rows, b] = dd.sum_rows(wh[rows, cols], wl[rows, cols])
+        part_h[rows, b], part_l[rows, b] = dd.sum_rows(th[rows, cols], tl[rows, cols])
     s_h, s_l = dd.sum_rows(part_h, part_l)
     s_h, s_l = dd.add_d(s_h, s_l, constant)
     kind = np.where(nan_row, ROW_NAN, np.where(inf_row, ROW_INF, np.where(
@@ -345,8 +331,11 @@ def weight_forward(fn: Function, params: Mapping[str, float], x: np.ndarray) -> 
     safe_s = np.where(finite & trusted, s_h, 1.0)
     with np.errstate(invalid="ignore", over="ignore"):
         worst = np.where(wh > 0, wrel, 0.0).max(axis=1, initial=0.0)
-        eps_s = (worst + sum_depth(n + 1) * dd.ADD_DD * dd.U2 + dd.ADD_D * dd.U2
-                 + n * ABS_FLOOR / safe_s)
+        total = n if counts is None else counts.sum(axis=1)  # terms of each row's sum
+        eps_s = (worst + sum_depth(int(np.max(total, initial=n)) + 1) * dd.ADD_DD * dd.U2
+                 + dd.ADD_D * dd.U2 + total * ABS_FLOOR / safe_s)
+        if counts is not None:  # a value's term times its count: one more rounding each
+            eps_s = eps_s + dd.MUL_D * dd.U2 + n * ABS_FLOOR / safe_s
         sb_l = np.where(finite & trusted, s_l, 0.0)
         yh, yl = dd.div(wh, wl, np.broadcast_to(safe_s[:, None], wh.shape),
                         np.broadcast_to(sb_l[:, None], wh.shape))
@@ -355,16 +344,17 @@ def weight_forward(fn: Function, params: Mapping[str, float], x: np.ndarray) -> 
     hi, lo = np.where(finite[:, None], yh, 0.0), np.where(finite[:, None], yl, 0.0)
     bound = np.where(finite[:, None], bound, 0.0)
     zero = (wh == 0) & finite[:, None]  # no weight underflows: only an exact 0 is 0
-    special_rows(kind, big, hi, lo, bound, zero)
+    special_rows(kind, big, hi, lo, bound, zero, counts)
     return Bounded(hi, lo, bound, zero, np.zeros((r, n)), np.zeros(r), kind, trusted,
                    np.zeros((r, n), dtype=bool))
 
 
-def forward(fn: Function, params: Mapping[str, float], x: np.ndarray) -> Bounded:
+def forward(fn: Function, params: Mapping[str, float], x: np.ndarray,
+            counts: np.ndarray | None = None) -> Bounded:
     """The bounded outputs of fn on the rows x (float64, exact copies of the inputs)."""
     if fn.weights is not None:
-        return weight_forward(fn, params, x)
-    return exp_forward(fn, params, x)[0]
+        return weight_forward(fn, params, x, counts)
+    return exp_forward(fn, params, x, counts)[0]
 
 
 def certified_rows(out: Bounded, fmt: FloatFormat) -> np.ndarray:
@@ -381,8 +371,15 @@ def certified_rows(out: Bounded, fmt: FloatFormat) -> np.ndarray:
 def forward_truth(fn: Function, params: Mapping[str, float], x64: np.ndarray,
                   rows: np.ndarray, fmt: FloatFormat) -> tuple[Truth, np.ndarray]:
     """The Truth of the given rows of x64 and, per row, whether it is certified (the others
-    hold no values yet: the caller asks mpmath for them)."""
-    out = forward(fn, params, x64[rows])
-    truth = Truth(np.asarray(rows, dtype=np.int64), out.hi, out.lo, out.zero, out.zabs,
-                  out.zbar, out.kind)
-    return truth, certified_rows(out, fmt)
+    hold no values yet: the caller asks mpmath for them). A row that repeats its values is
+    evaluated and certified per distinct value (row_blocks.py), then spread over its row."""
+    def truth(x: np.ndarray, counts: np.ndarray | None) -> tuple[Truth, np.ndarray]:
+        out = forward(fn, params, x, counts)
+        return (Truth(np.zeros(len(x), dtype=np.int64), out.hi, out.lo, out.zero, out.zabs,
+                      out.zbar, out.kind), certified_rows(out, fmt))
+
+    x = x64[rows]
+    whole = row_blocks.by_distinct(truth, x)
+    result, ok = whole if whole is not None else truth(x, None)
+    result.rows = np.asarray(rows, dtype=np.int64)
+    return result, ok

@@ -35,11 +35,11 @@ from .certified import (
     certified_rows,
     certify,
     exp_forward,
-    rows_of,
     scaled,
     subnormal_floor,
 )
 from .dtypes import FloatFormat, work_format
+from .row_blocks import rows_of
 from .truth import GradTruth
 
 CHUNK = 1 << 13  # elements of whole rows handled at once (a longer row is one chunk)
