@@ -27,6 +27,7 @@ so every kernel follows the special-value policy; those rows are rare and cheap 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +51,8 @@ def _compile(fn: Callable) -> Callable:
         if c is None:
             import torch._dynamo
 
-            # Every dtype, layout, size-1 dimension and block count compiles its own graph:
+            # Every dtype, size-1 dimension and block count compiles its own graph (layouts
+            # do not: _packed):
             # the whole default matrix (make verify) needs more than 64 of them for one
             # function, and past the limit dynamo would run the rest eagerly, so that the
             # compiled kernel a record names would not be the code it judged.
@@ -62,6 +64,17 @@ def _compile(fn: Callable) -> Callable:
         return c(*args)
 
     call.__name__ = fn.__name__
+    return call
+
+
+def _packed(kernel: Callable) -> Callable:
+    """The kernel on a contiguous copy of a strided input (padded, transposed): the compiled
+    passes then see one layout, not a graph per stride pattern."""
+
+    @functools.wraps(kernel)
+    def call(x: torch.Tensor, **params: float) -> torch.Tensor:
+        return kernel(x.contiguous(), **params)
+
     return call
 
 
@@ -233,6 +246,7 @@ def _cody_waite(tau: float, dtype: torch.dtype) -> tuple[float, float, int]:
 
 @register_kernel(function="elastic", backend="torch", name="elastic_three_pass",
                  model=PassModel("three-pass", reads=3, writes=1, exps=2))
+@_packed
 def elastic_three_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Three passes: kept max; sum of exponentials; exponentials divided by the sum."""
     wd = _work_dtype(x)
@@ -246,6 +260,7 @@ def elastic_three_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Ten
 
 @register_kernel(function="elastic", backend="torch", name="elastic_online",
                  model=PassModel("online two-pass", reads=2, writes=1, exps=2))
+@_packed
 def elastic_online(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Online two-pass (Milakov & Gimelshein): max and rescaled sum in one sweep, then output."""
     wd = _work_dtype(x)
@@ -258,6 +273,7 @@ def elastic_online(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
 
 @register_kernel(function="elastic", backend="torch", name="elastic_two_pass",
                  model=PassModel("two-pass (Dukhan-Ablavatski)", reads=2, writes=1, exps=2))
+@_packed
 def elastic_two_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Two-Pass (Dukhan & Ablavatski): (mantissa, 2^k) sums with no max pass, then output."""
     wd = _work_dtype(x)
@@ -275,6 +291,7 @@ def elastic_two_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
 
 @register_kernel(function="elastic", backend="torch", name="elastic_exp_once",
                  model=PassModel("exp-once (stores exponentials)", reads=2, writes=2, exps=1))
+@_packed
 def elastic_exp_once(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Exp-once: block-shifted exponentials stored with their sums; then one scaling sweep."""
     wd = _work_dtype(x)
@@ -288,6 +305,7 @@ def elastic_exp_once(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
 
 @register_kernel(function="elastic", backend="torch", name="compiled_elastic",
                  model=PassModel("inductor fused", reads=3, writes=2, exps=1))
+@_packed
 def compiled_elastic(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """The Elastic-Softmax composite fused by torch.compile (inductor C++), special values kept."""
     wd = _work_dtype(x)
@@ -297,6 +315,7 @@ def compiled_elastic(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
 @register_kernel(function="elastic", backend="torch", name="elastic_accurate",
                  model=PassModel("inductor fused, fp64 argument", reads=3, writes=2, exps=1,
                                  compute="fp64"))
+@_packed
 def elastic_accurate(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Fused Elastic-Softmax computed in fp64: the exponent argument is exact for fp32 inputs."""
     d = torch.float64
@@ -304,6 +323,7 @@ def elastic_accurate(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
 
 
 @register_kernel(function="softmax", backend="torch", name="compiled_softmax", baseline=True)
+@_packed
 def compiled_softmax(x: torch.Tensor) -> torch.Tensor:
     """torch.compile's reference point for softmax: torch_safe_softmax's composite fused by
     inductor (dynamic shapes, as compiled_elastic), special values kept."""
