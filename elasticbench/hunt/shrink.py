@@ -130,8 +130,13 @@ class Shrinker:
 
     def values(self) -> None:
         flat = self.best.x.reshape(-1).view(np.uint8).reshape(self.best.x.size, -1)
-        if (flat == flat[0]).all():
-            return  # one value everywhere: as simple as values get
+        if (flat == flat[0]).all():  # one value everywhere: only a plainer number is simpler
+            value = float(self.best.x.reshape(-1)[0])
+            plainer = [] if value == 0.0 else [0.0] if value == 1.0 else [1.0, 0.0]
+            for fill in plainer:
+                if self.attempt(replace(self.best, x=np.full_like(self.best.x, fill))):
+                    return
+            return
         for fill in self._fills():
             if self.attempt(replace(self.best, x=np.full_like(self.best.x, fill))):
                 return

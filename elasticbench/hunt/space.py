@@ -2,7 +2,11 @@
 for the values; it is drawn at random or changed a little from a good one.
 
 Shapes lean toward where kernels switch paths: column counts near a power of two up to
-2^22, row counts past 256 to 65536 (launch limits, row blocks). Parameters are drawn
+2^22, row counts past 256 to 65536 (launch limits, row blocks). A configuration (drawn or
+changed) of more than LARGE elements keeps its row count one time in LARGE_ODDS and is cut
+to about LARGE elements otherwise: such a draw costs a hundred small ones in the kernel and the input,
+and finds little that the same rows fewer times would miss (rows past 65535 remain: with
+up to 16 columns they stay under LARGE). Parameters are drawn
 log-uniformly over their span. Values come from a mix of the adversarial generators, one
 per row in turn, sometimes sorted, with a few extreme values ("spikes") set at random
 places. A long row in fp32 or fp64 draws from a palette of a few thousand of its
@@ -26,6 +30,8 @@ from ..numerics.dtypes import get_format
 
 MAX_N = 1 << 22
 MAX_ELEMENTS = 1 << 23  # rows x n of one configuration at most
+LARGE = 1 << 20  # a fresh draw past this many elements keeps its rows one time in LARGE_ODDS
+LARGE_ODDS = 4
 PALETTE_FROM = 4096  # fp32/fp64 rows longer than this draw from a palette
 MAX_PALETTE = 2048
 SPIKES = ("nan", "inf", "-inf", "zero", "-zero", "max", "-max", "ln_max", "tiny", "-tiny",
@@ -194,14 +200,20 @@ class Space:
         gens = tuple(str(g) for g in rng.choice(GENERATOR_NAMES, size=k, replace=False))
         spikes = _spikes(rng, int(rng.integers(1, 4))) if rng.random() < 0.25 else ()
         params = tuple((p, draw_param(p, self.function, rng)) for p in self.param_names)
-        return fit(Config(self.function, dtype, draw_rows(rng), n, layout, params, gens,
-                          _palette(dtype, n, rng), spikes, int(rng.integers(1 << 31)),
-                          _order(rng)), self.max_elements)
+        return self._sized(Config(self.function, dtype, draw_rows(rng), n, layout, params,
+                                  gens, _palette(dtype, n, rng), spikes,
+                                  int(rng.integers(1 << 31)), _order(rng)), rng)
 
     def mutate(self, c: Config, rng: np.random.Generator) -> Config:
         """c changed in one or two of its aspects."""
         for _ in range(1 + int(rng.random() < 0.3)):
             c = self._change(c, rng)
+        return self._sized(c, rng)
+
+    def _sized(self, c: Config, rng: np.random.Generator) -> Config:
+        """fit(c), its rows cut to about LARGE elements but one time in LARGE_ODDS."""
+        if self.max_elements > LARGE and c.elements > LARGE and rng.random() * LARGE_ODDS >= 1:
+            c = replace(c, rows=max(1, LARGE // c.n))
         return fit(c, self.max_elements)
 
     def _change(self, c: Config, rng: np.random.Generator) -> Config:
