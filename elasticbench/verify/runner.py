@@ -6,7 +6,7 @@ import multiprocessing
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -236,7 +236,7 @@ def solved(batch: list[VerifyCase], *, max_elements: int, precision: int, mode: 
     reference process computes; the jobs are dropped, not sent back)."""
     stats = TruthStats()
     prepared = prepare(batch, max_elements, precision, mode, max_rows)
-    truths = solve([p.job for p in prepared if p.job], store, workers, None, stats)
+    truths = solve([p.job for p in prepared], store, workers, None, stats)  # type: ignore[misc]
     return [replace(p, job=None) for p in prepared], truths, stats
 
 
@@ -268,7 +268,7 @@ def _leave_signals_to_the_parent() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _result(pending, first: VerifyCase):
+def _result(pending: Future, first: VerifyCase) -> tuple[list[Prepared], list, TruthStats]:
     """A batch's result; a reference process that died becomes one line naming the batch."""
     try:
         return pending.result()
