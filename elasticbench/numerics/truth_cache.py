@@ -83,7 +83,8 @@ class TruthJob:
 @dataclass
 class TruthStats:
     """How the truths of a run were obtained: elements in all, those mpmath computed (the
-    fallback), those read from the cache, and the seconds each phase took."""
+    fallback), those read from the cache, the seconds each phase took and, where the
+    reference ran beside the kernels, the seconds the kernels waited for it."""
 
     elements: int = 0
     fallback_elements: int = 0
@@ -91,6 +92,7 @@ class TruthStats:
     cached_elements: int = 0
     fast_s: float = 0.0
     fallback_s: float = 0.0
+    wait_s: float = 0.0
 
     @property
     def fallback_share(self) -> float:
@@ -106,12 +108,13 @@ class TruthStats:
 
     @classmethod
     def from_dict(cls, d: dict) -> TruthStats:
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     def summary(self) -> str:
         """One line for a run's summary."""
+        waited = f", the kernels waited {self.wait_s:.1f}s for it" if self.wait_s else ""
         return (f"reference: {self.elements:,} values, {self.fallback_share:.2%} by mpmath "
-                f"({self.fast_s:.1f}s certified, {self.fallback_s:.1f}s mpmath)")
+                f"({self.fast_s:.1f}s certified, {self.fallback_s:.1f}s mpmath{waited})")
 
 
 def default_cache_dir() -> Path:

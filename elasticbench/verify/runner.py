@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -216,7 +217,9 @@ def run_verification(
         pending = ahead.submit(solve_batch, work[0]) if work else None
         for i in range(len(work)):
             assert pending is not None
+            started = time.perf_counter()
             prepared, truths, batch_stats = _result(pending, work[i][0])
+            stats.wait_s += time.perf_counter() - started
             pending = ahead.submit(solve_batch, work[i + 1]) if i + 1 < len(work) else None
             stats.add(batch_stats)
             if on_truth:
