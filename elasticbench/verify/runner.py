@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -39,6 +41,9 @@ from .record import verify_record
 from .second_order import second_order
 
 BATCH_ELEMENTS = 1 << 22  # checked elements of the cases prepared and solved together
+# batches whose references are computed at once, a process each, beside the kernels: with
+# light kernels (numpy, cpp) the reference is the longer of the two
+REFERENCE_PROCESSES = max(1, min(2, os.cpu_count() or 1))
 
 
 def rows_to_check(shape: tuple[int, int], max_elements: int, seed: int,
@@ -213,14 +218,15 @@ def run_verification(
     # this one's kernels run (a thread would share the interpreter lock with torch.compile's
     # tracing, and the two would take turns instead of running side by side).
     work = batches(cases, max_elements)
-    with reference_process() as ahead:
-        pending = ahead.submit(solve_batch, work[0]) if work else None
+    depth = min(REFERENCE_PROCESSES, len(work))
+    with reference_process(depth) as ahead:
+        pending = deque(ahead.submit(solve_batch, batch) for batch in work[:depth])
         for i in range(len(work)):
-            assert pending is not None
             started = time.perf_counter()
-            prepared, truths, batch_stats = _result(pending, work[i][0])
+            prepared, truths, batch_stats = _result(pending.popleft(), work[i][0])
             stats.wait_s += time.perf_counter() - started
-            pending = ahead.submit(solve_batch, work[i + 1]) if i + 1 < len(work) else None
+            if i + depth < len(work):
+                pending.append(ahead.submit(solve_batch, work[i + depth]))
             stats.add(batch_stats)
             if on_truth:
                 on_truth(len(prepared))
@@ -244,12 +250,12 @@ def solved(batch: list[VerifyCase], *, max_elements: int, precision: int, mode: 
 
 
 @contextmanager
-def reference_process() -> Iterator[Executor]:
-    """One worker process for the reference (forked where the platform can: the caller's
-    kernels and monkeypatches come along); left at once, its work dropped, on an error or
+def reference_process(processes: int = 1) -> Iterator[Executor]:
+    """Worker processes for the reference (forked where the platform can: the caller's
+    kernels and monkeypatches come along); left at once, their work dropped, on an error or
     an interrupt."""
     method = "fork" if sys.platform.startswith("linux") else "spawn"
-    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method),
+    pool = ProcessPoolExecutor(max(1, processes), mp_context=multiprocessing.get_context(method),
                                initializer=_leave_signals_to_the_parent)
     try:
         yield pool
