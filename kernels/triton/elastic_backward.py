@@ -38,12 +38,14 @@ LN2 = tl.constexpr(0.6931471805599453)  # jit code reads only constexpr globals
 
 
 @triton.jit
-def _bwd_dx(x, y, g, c, tau, inv_tau, inf_row, EXACT: tl.constexpr):
+def _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT: tl.constexpr):
     """dx = y (g - c) / tau; 0 where x < 0 and on rows with +inf (their output is constant);
-    NaN is not masked: it must reach dx."""
+    NaN rows (top, the row's NaN-propagating kept max, is NaN) are NaN throughout, at the
+    masked positions too."""
     v = y * (g - c)
     v = tl.math.div_rn(v, tau) if EXACT else v * inv_tau
-    return tl.where(inf_row, 0.0, tl.where(x < 0.0, 0.0, v))
+    v = tl.where(top == float("inf"), 0.0, tl.where(x < 0.0, 0.0, v))
+    return tl.where(top != top, float("nan"), v)
 
 
 @triton.jit
@@ -120,7 +122,7 @@ def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx,
         den = tl.sum(exp2_scaled(s - m, k, PRE, False, EXP2_ULPS), axis=0)
         gy = tl.where(x < 0.0, 0.0, g * y)
         c = tl.sum(gy, axis=0)
-        dx = _bwd_dx(x, y, g, c, tau, inv_tau, top == float("inf"), EXACT)
+        dx = _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT)
         st(dx_ptr + r * sdx + offs, dx, inside, EVEN)
         t = _bwd_t(s, m, y, k, PRE)
         dtau, dbeta = _bwd_row_partials(c, tl.sum(y * t, axis=0), tl.sum(gy * t, axis=0), den,
@@ -160,7 +162,7 @@ def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx
             idx = start + offs
             inside = idx < n
             x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
-            dx = _bwd_dx(x, y, g, c, tau, inv_tau, top == float("inf"), EXACT)
+            dx = _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT)
             st(dx_ptr + r * sdx + idx, dx, inside, EVEN)
             t = _bwd_t(keep(x, True), m, y, k, PRE)
             a_lanes += y * t
