@@ -72,6 +72,8 @@ def by_distinct(evaluate: Callable[[np.ndarray, np.ndarray | None], R],
     """evaluate(values, counts) on each row of x that repeats, evaluate(row, None) on the
     others, every result spread back over its row's positions and the rows stacked; None
     when no row of x repeats (the caller evaluates x as it is)."""
+    if x.shape[1] < FROM:  # no row to look at (and rows may be many)
+        return None
     plans = [distinct(row) for row in x]
     if all(p is None for p in plans):
         return None
