@@ -250,6 +250,12 @@ def _check_param(name: str, got: float, truth: GradTruth, j: int, bound: np.ndar
     return ParamCheck(got, expected, rel, allowed_rel, ok, reason)
 
 
+def _any_nan_row(truth: GradTruth, x: np.ndarray) -> bool:
+    """Whether x has a NaN row, checked or not: either makes the parameters' gradients NaN."""
+    return truth.derived("nan_row", lambda: bool((truth.kind == ROW_NAN).any()
+                                                 or np.isnan(x.astype(np.float64)).any()))
+
+
 def _param_checks(fn: Function, dparams: dict[str, float], truth: GradTruth, rows: _Rows,
                   key: tuple, rows_total: int, budget: GradBudget, nan_row: bool
                   ) -> dict[str, ParamCheck]:
@@ -293,10 +299,8 @@ def check_backward(
     failures = {"nan_not_propagated": int(missing_nan.sum()),
                 "masked_not_zero": int(zero_broken.sum()), "over_budget": int(over.sum())}
 
-    # a NaN row among those not checked makes the parameters' gradients NaN all the same
-    nan_row = truth.derived("nan_row", lambda: bool((truth.kind == ROW_NAN).any()
-                                                    or np.isnan(x.astype(np.float64)).any()))
-    checks = _param_checks(fn, dparams, truth, rows, key, x.shape[0], budget, nan_row)
+    checks = _param_checks(fn, dparams, truth, rows, key, x.shape[0], budget,
+                           _any_nan_row(truth, x))
     bad_params = [c for c in checks.values() if not c.passed]
     failures.update({f"d{name}": 1 for name, c in checks.items() if not c.passed})
     failures = {k: v for k, v in failures.items() if v}
