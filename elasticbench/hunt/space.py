@@ -30,7 +30,7 @@ from ..numerics.dtypes import get_format
 
 MAX_N = 1 << 22
 MAX_ELEMENTS = 1 << 23  # rows x n of one configuration at most
-LARGE = 1 << 20  # a fresh draw past this many elements keeps its rows one time in LARGE_ODDS
+LARGE = 1 << 20  # a configuration past this many elements keeps its rows one time in LARGE_ODDS
 LARGE_ODDS = 4
 PALETTE_FROM = 4096  # fp32/fp64 rows longer than this draw from a palette
 MAX_PALETTE = 2048

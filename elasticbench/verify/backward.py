@@ -25,7 +25,7 @@ import numpy as np
 from ..backends import get_backend
 from ..execute import NativeInput, guarded_call
 from ..functions import Function, get_function
-from ..functions.base import OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE
+from ..functions.base import OFFSET, ROW_FINITE, TEMPERATURE
 from ..inputs.generators import stream_seed
 from ..inputs.layouts import PACKED
 from ..numerics.contract import OWN, Judging
@@ -86,8 +86,7 @@ def saved_output(truth: GradTruth, fmt: FloatFormat, x: np.ndarray) -> np.ndarra
     """The exact forward output rounded to the format; on rows the truth does not cover, 0,
     or NaN where the row holds a NaN (what its forward gives, by policy: a kernel may find
     the NaN row through y, and a y of 0 there would hide it)."""
-    nan_row = np.isnan(x.astype(np.float64)).any(axis=1)
-    y = np.where(nan_row[:, None], np.nan, np.zeros(x.shape))
+    y = np.where(nan_rows(truth, x)[:, None], np.nan, np.zeros(x.shape))
     y[truth.rows] = truth.hi + truth.lo
     return fmt.cast(y)
 
@@ -250,10 +249,10 @@ def _check_param(name: str, got: float, truth: GradTruth, j: int, bound: np.ndar
     return ParamCheck(got, expected, rel, allowed_rel, ok, reason)
 
 
-def _any_nan_row(truth: GradTruth, x: np.ndarray) -> bool:
-    """Whether x has a NaN row, checked or not: either makes the parameters' gradients NaN."""
-    return truth.derived("nan_row", lambda: bool((truth.kind == ROW_NAN).any()
-                                                 or np.isnan(x.astype(np.float64)).any()))
+def nan_rows(truth: GradTruth, x: np.ndarray) -> np.ndarray:
+    """(rows,) True where x's row holds a NaN, checked or not (derived once per case): a
+    NaN row's y is NaN, and it makes the parameters' gradients NaN."""
+    return truth.derived("nan_rows", lambda: np.isnan(x.astype(np.float64)).any(axis=1))
 
 
 def _param_checks(fn: Function, dparams: dict[str, float], truth: GradTruth, rows: _Rows,
@@ -300,7 +299,7 @@ def check_backward(
                 "masked_not_zero": int(zero_broken.sum()), "over_budget": int(over.sum())}
 
     checks = _param_checks(fn, dparams, truth, rows, key, x.shape[0], budget,
-                           _any_nan_row(truth, x))
+                           bool(nan_rows(truth, x).any()))
     bad_params = [c for c in checks.values() if not c.passed]
     failures.update({f"d{name}": 1 for name, c in checks.items() if not c.passed})
     failures = {k: v for k, v in failures.items() if v}

@@ -214,9 +214,9 @@ def run_verification(
     stats = stats if stats is not None else TruthStats()
 
     # A batch at a time, so that the inputs and truths of the whole matrix never sit in
-    # memory at once; the next batch's reference is computed by a process of its own while
-    # this one's kernels run (a thread would share the interpreter lock with torch.compile's
-    # tracing, and the two would take turns instead of running side by side).
+    # memory at once; the next batches' references are computed in processes of their own
+    # while this one's kernels run (a thread would share the interpreter lock with
+    # torch.compile's tracing, and the two would take turns instead of running side by side).
     work = batches(cases, max_elements)
     depth = min(REFERENCE_PROCESSES, len(work))
     with reference_process(depth) as ahead:
