@@ -285,3 +285,25 @@ def test_the_allocator_keeps_freed_memory_on_glibc():
 
     glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
     assert keep_freed_memory() is glibc
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_distinct_counts_16_bit_rows_as_the_sort_would(dtype):
+    """A row of 16-bit values is grouped by counting its bit patterns (row_blocks._narrow):
+    the same values in the same order, the same positions and counts as the sort, with -0,
+    +-inf and NaN among them; an fp32 row of thirds, which no 16-bit format holds, is sorted."""
+    fmt = get_format(dtype)
+    rng = np.random.default_rng(3)
+    x = (rng.integers(-300, 300, 3 * row_blocks.FROM) / (3 if dtype == "fp32" else 8))
+    x = x.astype(fmt.numpy)
+    x[:6] = np.array([-0.0, 0.0, np.inf, -np.inf, np.nan, 48.0]).astype(fmt.numpy)
+    row = x.astype(np.float64)
+    bits = row.view(np.uint64)
+    narrowed = [row_blocks._narrow(row, bits, f) for f in row_blocks.SIXTEEN_BIT]
+    assert any(n is not None for n in narrowed) == (dtype != "fp32")
+    values, index, counts = row_blocks.distinct(row)
+    want = np.unique(bits)
+    assert np.array_equal(values.view(np.uint64), want)
+    assert np.array_equal(index, np.searchsorted(want, bits))
+    assert np.array_equal(counts, np.bincount(np.searchsorted(want, bits)))
+    assert np.array_equal(values[index].view(np.uint64), bits)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import fields, replace
 from typing import Any, TypeVar
 
+import ml_dtypes
 import numpy as np
 
 from . import dd
@@ -60,11 +61,34 @@ def distinct(row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     bits = np.ascontiguousarray(row).view(np.uint64)
     if np.unique(bits[:: n // SAMPLE][:SAMPLE]).size > MOST * SAMPLE:
         return None
+    for fmt in SIXTEEN_BIT:
+        if (narrow := _narrow(row, bits, fmt)) is not None:
+            return narrow
     values = np.unique(bits)  # a sort, then a search: far faster than unique's argsort
     if values.size > MOST * n:
         return None
     index = np.searchsorted(values, bits)
     return values.view(np.float64), index, np.bincount(index).astype(np.float64)
+
+
+SIXTEEN_BIT = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def _narrow(row: np.ndarray, bits: np.ndarray, fmt: np.dtype
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """distinct for a row whose every value is one of a 16-bit format's (its bits survive
+    the round trip): counted over the 65536 patterns instead of sorted, ten times faster on a
+    long row, with the values in the same order (both are sign and magnitude)."""
+    narrow = row.astype(fmt)
+    if not np.array_equal(narrow.astype(np.float64).view(np.uint64), bits):
+        return None
+    key = narrow.view(np.uint16)
+    counts = np.bincount(key, minlength=1 << 16)
+    present = np.flatnonzero(counts)
+    rank = np.zeros(1 << 16, dtype=np.intp)
+    rank[present] = np.arange(present.size)
+    values = present.astype(np.uint16).view(fmt).astype(np.float64)
+    return values, rank[key], counts[present].astype(np.float64)
 
 
 def by_distinct(evaluate: Callable[[np.ndarray, np.ndarray | None], R],
