@@ -219,3 +219,39 @@ def test_sorted_rows_are_sorted_in_every_format():
     pick = rng.integers(0, 40, (3, 5000))
     want = np.sort(np.take_along_axis(palette, pick, axis=1), axis=1)
     assert np.array_equal(sorted_picks(palette, pick), want)
+
+
+def _hunted_configs(tmp_path, name: str) -> list[dict]:
+    job = HuntJob([get_kernel("numpy_elastic")], ["fp32", "bf16"], budget=600.0, seed=4,
+                  case_stem=tmp_path / name, max_trials=40, max_elements=1 << 16)
+    session = Session("verify", None, {})
+    assert session.run(job)
+    return [r.hunt["config"] for r in session.records]
+
+
+def test_a_batched_search_retraces_the_same_configurations_from_its_seed(tmp_path):
+    """Batches are drawn from the pool at fixed points, not when a reference process
+    happens to finish: two runs of one seed judge the same 40 configurations in order."""
+    first = _hunted_configs(tmp_path, "a")
+    assert len(first) == 40 and len({json.dumps(c, sort_keys=True) for c in first}) > 30
+    assert _hunted_configs(tmp_path, "b") == first
+
+
+def test_a_reference_process_that_dies_in_a_hunt_is_one_line(cli, tmp_path, monkeypatch):
+    """A hunt's reference process killed (as the OOM killer does): exit 2, one line naming
+    the configuration, no traceback, the results file kept."""
+    import os
+
+    from elasticbench.hunt import search as hunt_search
+
+    def killed(*_args, **_kw):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(hunt_search, "config_input", killed)  # runs in the forked process
+    out = tmp_path / "h.json"
+    r = cli("hunt", "--only", "numpy_softmax", "--budget", "20", "--json", str(out))
+    assert r.code == 2, r.out + r.err
+    last = r.err.strip().splitlines()[-1]
+    assert last.startswith("elasticbench: error: the reference process died")
+    assert "hunt configuration" in last and "Traceback" not in r.err
+    assert json.loads(out.read_text())["complete"] is False

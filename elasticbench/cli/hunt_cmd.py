@@ -17,6 +17,7 @@ from ..hunt.job import HuntJob
 from ..hunt.space import MAX_ELEMENTS
 from ..numerics.dtypes import DTYPE_NAMES, check_dtypes
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
+from ..numerics.truth_cache import TruthError
 from ..registry import KernelSpec
 from ..session import Session, SessionError
 from .common import (
@@ -104,7 +105,10 @@ def hunt(functions, backends, dtypes, only, kernel_files, mode, budget, seed, js
         session = Session(job.kind, path, meta, console=console(stderr=True))
     except SessionError as e:
         fail(str(e))
-    complete = session.run(job)
+    try:
+        complete = session.run(job)
+    except TruthError as e:  # the file is closed with the trials judged so far
+        fail(f"{e}; the configurations tried so far are in {path}")
     _report(job, path, complete)
 
 

@@ -18,7 +18,7 @@ from ..numerics.truth_cache import TruthStats
 from ..registry import KernelSpec
 from ..session import Job, Session
 from .reproducer import save_case
-from .search import Found, config_input, search
+from .search import Ahead, Found, ahead, config_input, search
 from .shrink import Shrinker, Shrunk
 from .space import MAX_ELEMENTS, Space
 from .trial import Judge, Trial
@@ -88,21 +88,22 @@ class HuntJob(Job[KernelSpec]):
             bar.advance(now - shown[0])
             shown[0] = now
 
-        for i, spec in enumerate(items):
-            share = (self.budget - (time.monotonic() - started)) / (len(items) - i)
-            hunted = Hunted(spec)
-            self.results.append(hunted)
-            try:
-                self._hunt(spec, hunted, session, time.monotonic() + max(share, 0.0), bar,
-                           tick)
-            finally:  # the header says what each kernel came to, interrupted or not
-                session.header.setdefault("hunt", {})["kernels"] = [
-                    h.summary() for h in self.results]
-                session.header["reference"] = self.stats.to_dict()
+        with ahead() as prep:
+            for i, spec in enumerate(items):
+                share = (self.budget - (time.monotonic() - started)) / (len(items) - i)
+                hunted = Hunted(spec)
+                self.results.append(hunted)
+                try:
+                    self._hunt(spec, hunted, session, time.monotonic() + max(share, 0.0),
+                               prep, bar, tick)
+                finally:  # the header says what each kernel came to, interrupted or not
+                    session.header.setdefault("hunt", {})["kernels"] = [
+                        h.summary() for h in self.results]
+                    session.header["reference"] = self.stats.to_dict()
         tick()
 
     def _hunt(self, spec: KernelSpec, hunted: Hunted, session: Session, deadline: float,
-              bar: Any, tick: Callable[[], None]) -> None:
+              prep: Ahead, bar: Any, tick: Callable[[], None]) -> None:
         start = time.monotonic()
         dtypes = [d for d in self.dtypes if spec.supports(d)]
         layouts = list(get_backend(spec.backend).layouts)
@@ -121,7 +122,7 @@ class HuntJob(Job[KernelSpec]):
             tick()
 
         if dtypes:
-            hunted.found = search(space, judge, rng, deadline, keep, self.max_trials)
+            hunted.found = search(space, judge, rng, deadline, keep, prep, self.max_trials)
         if hunted.found is not None:
             self._shrink(spec, hunted, judge, keep, deadline)
         hunted.seconds = time.monotonic() - start

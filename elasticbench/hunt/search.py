@@ -6,21 +6,38 @@ each step either draws a fresh configuration or changes one picked from the pool
 tournament. Drawing fresh keeps it from settling on one corner; changing the best climbs
 toward a kernel's weak spot (a band of tau where its error grows, a length where it starts
 to lose accuracy) that a fresh draw hits only by luck.
+
+Configurations are judged in batches: a batch's inputs and references are made in a
+reference process while the kernel runs on the batch before, so that the two take a core
+each. A batch is drawn from the pool as it stands when the batch is sent, a few trials
+behind the newest; the same seed still retraces the same configurations.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from ..numerics.dtypes import get_format
+from ..numerics.truth_cache import TruthStats
+from ..verify.runner import REFERENCE_PROCESSES, Prepared, reference_process, result_of
 from .space import Config, Space, make_input
-from .trial import Input, Judge, Trial
+from .trial import Input, Judge, Trial, with_truths
 
 POOL = 16
 EXPLORE = 0.35  # chance of a fresh draw once the pool is full
+BATCH = 8  # configurations whose inputs and references are made together
+DEPTH = 2  # batches queued per reference process: a large configuration does not stall the kernel
 
 
 @dataclass
@@ -29,29 +46,107 @@ class Found:
     trial: Trial
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """Where batches are prepared: reference processes, as many batches at a time, and the
+    folder through which they hand each input over (a file on tmpfs costs two copies; a
+    pipe, a pickling and many small copies)."""
+
+    pool: Executor
+    depth: int
+    folder: Path
+
+
+@contextmanager
+def ahead(processes: int = REFERENCE_PROCESSES) -> Iterator[Ahead]:
+    """Reference processes and their hand-over folder (in memory where Linux has it), both
+    gone on leaving, whatever the way out."""
+    shm = "/dev/shm"
+    where = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="elasticbench-hunt-", dir=where) as folder, \
+            reference_process(processes) as pool:
+        yield Ahead(pool, DEPTH * processes, Path(folder))
+
+
 def config_input(c: Config) -> Input:
     return Input(c.label(), make_input(c), c.layout, c.params)
 
 
 def search(space: Space, judge: Judge, rng: np.random.Generator, deadline: float,
-           on_trial: Callable[[Trial], None], max_trials: int | None = None) -> Found | None:
+           on_trial: Callable[[Trial], None], prep: Ahead,
+           max_trials: int | None = None) -> Found | None:
     """Configurations tried until one fails (returned), the deadline (time.monotonic()) passes
     or max_trials were tried (None)."""
     pool: list[tuple[float, int, Config]] = []
-    tried = 0
-    while time.monotonic() < deadline and (max_trials is None or tried < max_trials):
-        fresh = len(pool) < POOL // 2 or rng.random() < EXPLORE
-        c = space.random(rng) if fresh else space.mutate(_pick(pool, rng), rng)
-        trial = judge(config_input(c), c.dtype, "explore" if fresh else "mutate",
-                      {"config": _config_dict(c)})
-        tried += 1
-        on_trial(trial)
-        if trial.failed:
-            return Found(c, trial)
-        pool.append((trial.fraction, tried, c))
-        pool.sort(key=lambda t: (-t[0], t[1]))
-        del pool[POOL:]
-    return None
+    pending: deque[tuple[list[tuple[Config, str]], Future]] = deque()
+    sent = tried = 0
+    per_trial = 0.0  # seconds the kernel's side spends on a trial, lately
+
+    def send() -> None:
+        nonlocal sent
+        room = BATCH if max_trials is None else min(BATCH, max_trials - sent)
+        queued = sum(len(b) for b, _ in pending)
+        if room <= 0 or time.monotonic() + queued * per_trial >= deadline:
+            return  # what is queued fills the time left: more would be thrown away
+        batch = []
+        for _ in range(room):
+            fresh = len(pool) < POOL // 2 or rng.random() < EXPLORE
+            c = space.random(rng) if fresh else space.mutate(_pick(pool, rng), rng)
+            batch.append((c, "explore" if fresh else "mutate"))
+        files = [prep.folder / f"{judge.spec.name}.{sent + i}.x" for i in range(room)]
+        sent += room
+        pending.append((batch, prep.pool.submit(
+            inputs_with_truths, [c for c, _ in batch], files, judge.spec.function,
+            judge.spec.mode, judge.precision)))
+
+    try:
+        for _ in range(prep.depth):
+            send()
+        while pending and time.monotonic() < deadline:
+            batch, future = pending.popleft()
+            started = time.perf_counter()
+            prepared, stats = result_of(future, f"hunt configuration {batch[0][0].label()}")
+            stats.wait_s += time.perf_counter() - started
+            judge.stats.add(stats)
+            send()  # drawn before this batch is judged: the reference process keeps busy
+            judged = time.perf_counter()
+            for (c, phase), (p, truth, file) in zip(batch, prepared, strict=True):
+                if time.monotonic() >= deadline:
+                    return None
+                trial = judge.score(replace(p, x=_take(file, c)), truth, phase,
+                                    {"config": _config_dict(c)})
+                tried += 1
+                on_trial(trial)
+                if trial.failed:
+                    return Found(c, trial)
+                pool.append((trial.fraction, tried, c))
+                pool.sort(key=lambda t: (-t[0], t[1]))
+                del pool[POOL:]
+            took = (time.perf_counter() - judged) / len(batch)
+            per_trial = took if not per_trial else 0.7 * per_trial + 0.3 * took
+        return None
+    finally:
+        for _, future in pending:  # a batch not started is dropped
+            future.cancel()
+
+
+def inputs_with_truths(configs: list[Config], files: list[Path], function: str, mode: str,
+                       precision: int) -> tuple[list[tuple[Prepared, Any, Path]], TruthStats]:
+    """A batch's inputs, each written to its file, prepared, with their truths (what the
+    reference process computes; the inputs go by file, not back through the pipe)."""
+    inputs = [config_input(c) for c in configs]
+    for inp, file in zip(inputs, files, strict=True):
+        inp.x.tofile(file)
+    prepared, stats = with_truths(inputs, [c.dtype for c in configs], function, mode,
+                                  precision)
+    return [(replace(p, x=None), t, f) for (p, t), f in zip(prepared, files, strict=True)], stats
+
+
+def _take(file: Path, c: Config) -> np.ndarray:
+    """A configuration's input from the file its reference process wrote (then removed)."""
+    x = np.fromfile(file, dtype=get_format(c.dtype).numpy).reshape(c.rows, c.n)
+    file.unlink()
+    return x
 
 
 def _pick(pool: list[tuple[float, int, Config]], rng: np.random.Generator) -> Config:

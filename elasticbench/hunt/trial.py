@@ -20,7 +20,7 @@ from ..numerics.truth_cache import TruthStats, TruthStore, solve
 from ..records import VerifyRecord
 from ..registry import KernelSpec
 from ..verify.matrix import VerifyCase
-from ..verify.runner import prepare_input, verify_backward_one, verify_one
+from ..verify.runner import Prepared, prepare_input, verify_backward_one, verify_one
 
 MAX_CHECKED = 8192  # elements of the reference per trial (a sample of whole rows beyond)
 MAX_CHECKED_ROWS = 64
@@ -79,17 +79,34 @@ class Judge:
         self.stats = stats if stats is not None else TruthStats()  # how truths were obtained
         self.count = 0
 
-    def case(self, inp: Input, dtype: str) -> VerifyCase:
-        return VerifyCase(self.spec.function, inp.name, (int(inp.x.shape[0]), int(inp.x.shape[1])),
-                          dtype, inp.params, SEED, inp.layout)
-
     def __call__(self, inp: Input, dtype: str, phase: str,
                  extra: dict[str, Any] | None = None) -> Trial:
-        case = self.case(inp, dtype)
-        prep = prepare_input(case, inp.x, MAX_CHECKED, self.precision, self.spec.mode,
-                             MAX_CHECKED_ROWS)
-        (truth,) = solve([prep.job], TruthStore(None), workers=1, stats=self.stats)
+        """One trial, its reference computed here (the shrinker's: one input at a time)."""
+        ((prep, truth),), stats = with_truths([inp], [dtype], self.spec.function,
+                                              self.spec.mode, self.precision)
+        self.stats.add(stats)
+        return self.score(prep, truth, phase, extra)
+
+    def score(self, prep: Prepared, truth: Any, phase: str,
+              extra: dict[str, Any] | None = None) -> Trial:
+        """The kernel run on a prepared input and judged against its truth: the next trial."""
         one = verify_backward_one if self.spec.mode == "bwd" else verify_one
         self.count += 1
         record = one(self.spec, prep, truth, self.isolation)
         return Trial(replace(record, hunt={"trial": self.count, "phase": phase, **(extra or {})}))
+
+
+def with_truths(inputs: list[Input], dtypes: list[str], function: str, mode: str,
+                precision: int) -> tuple[list[tuple[Prepared, Any]], TruthStats]:
+    """Each input prepared as a verify case of `function` (rows to check, upstream gradient)
+    with its truth, and how the truths were obtained: what a reference process computes for
+    a batch of trials (the question itself is not sent back)."""
+    stats = TruthStats()
+    preps = [prepare_input(VerifyCase(function, inp.name, (int(inp.x.shape[0]),
+                                                           int(inp.x.shape[1])),
+                                      dtype, inp.params, SEED, inp.layout),
+                           inp.x, MAX_CHECKED, precision, mode, MAX_CHECKED_ROWS)
+             for inp, dtype in zip(inputs, dtypes, strict=True)]
+    truths = solve([p.job for p in preps], TruthStore(None), workers=1,  # type: ignore[misc]
+                   stats=stats)
+    return [(replace(p, job=None), t) for p, t in zip(preps, truths, strict=True)], stats

@@ -14,6 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -91,7 +92,7 @@ def telling_rows(x: np.ndarray) -> list[int]:
 @dataclass
 class Prepared:
     case: VerifyCase
-    x: np.ndarray
+    x: np.ndarray | None  # None in what a hunt's reference process sends back
     job: TruthJob | None  # None once solved: the reference process sends no input copies back
     g: np.ndarray | None = None  # upstream gradient (backward verification)
 
@@ -223,7 +224,7 @@ def run_verification(
         pending = deque(ahead.submit(solve_batch, batch) for batch in work[:depth])
         for i in range(len(work)):
             started = time.perf_counter()
-            prepared, truths, batch_stats = _result(pending.popleft(), work[i][0])
+            prepared, truths, batch_stats = result_of(pending.popleft(), _named(work[i]))
             stats.wait_s += time.perf_counter() - started
             if i + depth < len(work):
                 pending.append(ahead.submit(solve_batch, work[i + depth]))
@@ -277,15 +278,19 @@ def _leave_signals_to_the_parent() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _result(pending: Future, first: VerifyCase) -> tuple[list[Prepared], list, TruthStats]:
-    """A batch's result; a reference process that died becomes one line naming the batch."""
+def _named(batch: list[VerifyCase]) -> str:
+    first = batch[0]
+    return (f"the batch that starts with {first.function} {first.dtype} "
+            f"{first.shape[0]}x{first.shape[1]} ({first.generator})")
+
+
+def result_of(pending: Future, what: str) -> Any:
+    """A reference process's result; one that died becomes one line naming what it held."""
     try:
         return pending.result()
     except BrokenProcessPool:
-        raise TruthError(
-            f"the reference process died (killed, or out of memory) while preparing or "
-            f"evaluating the batch that starts with {first.function} {first.dtype} "
-            f"{first.shape[0]}x{first.shape[1]} ({first.generator})") from None
+        raise TruthError(f"the reference process died (killed, or out of memory) while "
+                         f"preparing or evaluating {what}") from None
 
 
 def batches(cases: list[VerifyCase], max_elements: int,
