@@ -307,3 +307,56 @@ def test_distinct_counts_16_bit_rows_as_the_sort_would(dtype):
     assert np.array_equal(index, np.searchsorted(want, bits))
     assert np.array_equal(counts, np.bincount(np.searchsorted(want, bits)))
     assert np.array_equal(values[index].view(np.uint64), bits)
+
+
+def _long_gradient_rows(fmt) -> np.ndarray:
+    """Rows of three column blocks and a bit (certified_grad.column_blocks), each with its
+    single largest logit in a different block, one of them dominant (y_k near 1, where
+    g_k - c cancels), one with ties for the maximum and one of all negatives but one."""
+    n = 3 * row_blocks.BLOCK + 5
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((4, n))
+    x[0, 2 * row_blocks.BLOCK + 3] = 40.0  # dominant, in the third block
+    x[1, 7] = x[1, n - 1] = 6.0  # two tops, first and last block
+    x[2] = -np.abs(x[2])
+    x[2, row_blocks.BLOCK + 1] = 0.5
+    x[3, n - 2] = 5.0
+    return fmt.cast(x).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_long_rows_stream_through_column_blocks_as_one_block_would(dtype, monkeypatch):
+    """The backward's long rows go through column blocks (row sums as trees of block sums):
+    the same rows certified, the same structure and dx within both claims as with the whole
+    row one block."""
+    fmt = get_format(dtype)
+    x = _long_gradient_rows(fmt)
+    g = fmt.cast(np.random.default_rng(2).standard_normal(x.shape)).astype(np.float64)
+    rows = np.arange(x.shape[0])
+    for f in GRADIENT_FUNCTIONS:
+        fn = get_function(f)
+        params = fn.param_grid()[-1]
+        with np.errstate(all="ignore"):
+            blocked = certified_grad.gradient_truth(fn, params, x, g, rows, fmt)
+            monkeypatch.setattr(certified_grad, "BLOCK", 1 << 40)
+            whole = certified_grad.gradient_truth(fn, params, x, g, rows, fmt)
+            monkeypatch.undo()
+        assert blocked[1].all() and (blocked[1] == whole[1]).all() and blocked[2] == whole[2]
+        a, b = blocked[0], whole[0]
+        assert (a.dzero == b.dzero).all()
+        _within_both_claims(a.dx_hi, a.dx_lo, b.dx_hi, b.dx_lo, fmt)
+        uw, tiny, _ = work_format(fmt)
+        for j in range(a.dp_hi.shape[1]):
+            got = math.fsum([*a.dp_hi[:, j], *a.dp_lo[:, j]])
+            want = math.fsum([*b.dp_hi[:, j], *b.dp_lo[:, j]])
+            assert abs(got - want) <= 2 * certified.CERTIFY_ULP * uw * max(abs(want), tiny)
+
+
+def test_long_rows_in_column_blocks_hold_against_mpmath():
+    """The blocked backward against the oracle on long rows with a single top in a later
+    block (the dominant-difference form applied there), ties and masked stretches."""
+    fmt = get_format("fp32")
+    x = _long_gradient_rows(fmt)
+    for f in GRADIENT_FUNCTIONS:
+        fn = get_function(f)
+        _gradients_hold(fn, fmt, x, fn.param_grid()[-1], 5)

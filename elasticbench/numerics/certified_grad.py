@@ -39,7 +39,7 @@ from .certified import (
     subnormal_floor,
 )
 from .dtypes import FloatFormat, work_format
-from .row_blocks import rows_of
+from .row_blocks import BLOCK, rows_of
 from .truth import GradTruth
 
 CHUNK = 1 << 13  # elements of whole rows handled at once (a longer row is one chunk)
@@ -78,6 +78,21 @@ def tree_sum(h: np.ndarray, lo: np.ndarray, bound: np.ndarray) -> RowSums:
     return RowSums(sh, sl, bound.sum(axis=1) + levels * dd.ADD_DD * dd.U2 * np.abs(h).sum(axis=1))
 
 
+def combine(parts: list[RowSums]) -> RowSums:
+    """Row sums of a row's column blocks (each a RowSums) as one: a tree over the block sums
+    on top of each block's tree, the levels adding up as in tree_sum."""
+    if len(parts) == 1:
+        return parts[0]
+    return tree_sum(*(np.stack([getattr(q, f) for q in parts], axis=1)
+                      for f in ("h", "lo", "bound")))
+
+
+def column_blocks(n: int) -> list[slice]:
+    """A row's columns in blocks of row_blocks.BLOCK: a long row is streamed through these,
+    so that its temporaries stay a block wide instead of a row wide."""
+    return [slice(j, min(n, j + BLOCK)) for j in range(0, n, BLOCK)] or [slice(0, 0)]
+
+
 @dataclass
 class GradChunk:
     dx_h: np.ndarray
@@ -86,6 +101,46 @@ class GradChunk:
     dp_h: np.ndarray  # (r, p)
     dp_l: np.ndarray
     dp_bound: np.ndarray
+
+
+@dataclass
+class Cols:
+    """One column block of a chunk's rows, as every per-element step reads it: the kept
+    outputs y with their bounds, g as given and kept, and the terms t = g y of c."""
+
+    x: np.ndarray
+    g: np.ndarray
+    gk: np.ndarray
+    kept: np.ndarray
+    yh: np.ndarray
+    yl: np.ndarray
+    by: np.ndarray
+    th: np.ndarray
+    tl: np.ndarray
+    bt: np.ndarray
+
+    @classmethod
+    def of(cls, x: np.ndarray, g: np.ndarray, y: Bounded, sh: Shift, cs: slice) -> Cols:
+        kept = sh.kept[:, cs]
+        live = kept & (sh.kind == ROW_FINITE)[:, None]
+        yh, yl, by = (np.where(live, a[:, cs], 0.0) for a in (y.hi, y.lo, y.bound))
+        gk = np.where(kept, g[:, cs], 0.0)
+        th, tl = dd.mul_d(yh, yl, gk)
+        bt = np.abs(gk) * by + np.abs(th) * dd.MUL_D * dd.U2 + floor_of(th, yh, gk)
+        return cls(x[:, cs], g[:, cs], gk, kept, yh, yl, by, th, tl, bt)
+
+
+@dataclass
+class Top:
+    """The rows with a single largest kept logit, its column k and g there; once the first
+    sweep is done, the cancellation-free form of g_k - c (fh, fl, bound bf)."""
+
+    rows: np.ndarray
+    k: np.ndarray
+    g: np.ndarray
+    fh: np.ndarray | None = None
+    fl: np.ndarray | None = None
+    bf: np.ndarray | None = None
 
 
 def _chunk(fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded, sh: Shift,
@@ -97,29 +152,36 @@ def _chunk(fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded, sh: Shift,
 
 def _chunk_finite(fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded, sh: Shift,
                   den: Denominator) -> GradChunk:
+    """Two sweeps over the rows' column blocks: the row sums (c, and those of dtau's mean
+    and of the dominant difference), then dx and dtau's terms, which need them."""
     r, n = x.shape
-    tau, kept = sh.tau, sh.kept
-    finite = (sh.kind == ROW_FINITE)[:, None]
-    yh, yl, by = (np.where(kept & finite, a, 0.0) for a in (y.hi, y.lo, y.bound))
-    gk = np.where(kept, g, 0.0)
     em_h, em_l, bq_rel, cut = _exp_minus_shift(sh)
     qh, ql = dd.div(em_h, em_l, den.s_h, den.s_l)  # q = exp(-m/tau) / S
     bq = (np.abs(qh) * (bq_rel + den.eps + dd.DIV_DD * dd.U2)
           + np.where(cut, 2.0**-1096, np.where(np.abs(em_h) < TINY, ABS_FLOOR, 0.0)))
-    # c = sum g y
-    th, tl = dd.mul_d(yh, yl, gk)
-    bt = np.abs(gk) * by + np.abs(th) * dd.MUL_D * dd.U2 + floor_of(th, yh, gk)
-    c = tree_sum(th, tl, bt)
-    # dx = y (g - c) / tau on kept positions
-    dh, dl = dd.add_d(-np.broadcast_to(c.h[:, None], (r, n)),
-                      -np.broadcast_to(c.lo[:, None], (r, n)), g)
-    bd = c.bound[:, None] + np.abs(dh) * dd.ADD_D * dd.U2
-    _dominant_difference(x, gk, sh, yh, yl, by, qh, ql, bq, dh, dl, bd)
-    ph, pl = dd.mul(yh, yl, dh, dl)
-    xh, xl = dd.div_d(ph, pl, tau)
-    bx = ((np.abs(yh) * bd + np.abs(dh) * by) / tau
-          + np.abs(xh) * (dd.MUL_DD + dd.DIV_D) * dd.U2 + floor_of(xh, yh, dh))
-    xh, xl, bx = (np.where(kept, a, 0.0) for a in (xh, xl, bx))
+    q = RowSums(qh, ql, bq)
+    blocks = column_blocks(n)
+    roles = {p.role for p in fn.params}
+    top = _single_top(x, g, sh)
+    c_parts, a_parts, s_parts = [], [], []
+    for cs in blocks:
+        b = Cols.of(x, g, y, sh, cs)
+        c_parts.append(tree_sum(b.th, b.tl, b.bt))  # c = sum g y
+        if TEMPERATURE in roles:
+            a_parts.append(_mean_terms(b, sh))
+        if top is not None:
+            s_parts.append(_top_terms(b, top))
+    c = combine(c_parts)
+    if top is not None:
+        _dominant_difference(top, combine(s_parts), q, sh.offset)
+    mean = _mean(combine(a_parts), q, sh) if TEMPERATURE in roles else None
+    xh, xl, bx = np.zeros((r, n)), np.zeros((r, n)), np.zeros((r, n))
+    v_parts = []
+    for cs in blocks:
+        b = Cols.of(x, g, y, sh, cs)
+        xh[:, cs], xl[:, cs], bx[:, cs] = _dx(b, c, top, cs, sh.tau)
+        if mean is not None:
+            v_parts.append(_dtau_terms(b, sh, mean))
     # parameter gradients, by the role each parameter plays
     dp_h, dp_l, dp_b = (np.zeros((r, len(fn.params))) for _ in range(3))
     for j, p in enumerate(fn.params):
@@ -129,37 +191,69 @@ def _chunk_finite(fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded, sh: Sh
             dp_b[:, j] = (np.abs(qh) * c.bound + np.abs(c.h) * bq
                           + np.abs(bh) * dd.MUL_DD * dd.U2 + floor_of(bh, c.h, qh))
         elif p.role == TEMPERATURE:
-            dp_h[:, j], dp_l[:, j], dp_b[:, j] = _dtau(x, gk, sh, yh, yl, by, th, tl, bt,
-                                                       qh, ql, bq)
+            s = combine(v_parts)
+            oh, ol = dd.div_d(s.h, s.lo, sh.tau)
+            dp_h[:, j], dp_l[:, j] = oh, ol
+            dp_b[:, j] = s.bound / sh.tau + np.abs(oh) * dd.DIV_D * dd.U2 + floor_of(oh)
         else:
             raise ValueError(f"{fn.name}: parameter {p.name} has no gradient rule")
     return GradChunk(xh, xl, SLACK * bx, dp_h, dp_l, SLACK * dp_b)
 
 
-def _dominant_difference(x, g, sh: Shift, yh, yl, by, qh, ql, bq, dh, dl, bd) -> None:
-    """In a row with one largest logit k, g_k - c cancels as y_k nears 1. Since
-    1 - y_k = sum_{i != k} y_i + w (w = offset q, the offset's share), it equals
-    sum_{i != k} (g_k - g_i) y_i + g_k w, whose terms carry their own small sizes; that form
-    replaces g_k - c (in dh, dl, bd) where its bound is smaller."""
+def _dx(b: Cols, c: RowSums, top: Top | None, cs: slice, tau: float
+        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """dx = y (g - c) / tau on a block's kept positions (0 elsewhere), with its bound; g_k - c
+    at a single top k in its cancellation-free form where that is the tighter."""
+    r, w = b.x.shape
+    dh, dl = dd.add_d(-np.broadcast_to(c.h[:, None], (r, w)),
+                      -np.broadcast_to(c.lo[:, None], (r, w)), b.g)
+    bd = c.bound[:, None] + np.abs(dh) * dd.ADD_D * dd.U2
+    if top is not None:
+        here = (top.k >= cs.start) & (top.k < cs.stop)
+        rows, k = top.rows[here], top.k[here] - cs.start
+        better = top.bf[here] < bd[rows, k]
+        rb, kb = rows[better], k[better]
+        dh[rb, kb], dl[rb, kb] = top.fh[here][better], top.fl[here][better]
+        bd[rb, kb] = top.bf[here][better]
+    ph, pl = dd.mul(b.yh, b.yl, dh, dl)
+    xh, xl = dd.div_d(ph, pl, tau)
+    bx = ((np.abs(b.yh) * bd + np.abs(dh) * b.by) / tau
+          + np.abs(xh) * (dd.MUL_DD + dd.DIV_D) * dd.U2 + floor_of(xh, b.yh, dh))
+    return tuple(np.where(b.kept, a, 0.0) for a in (xh, xl, bx))  # type: ignore[return-value]
+
+
+def _single_top(x: np.ndarray, g: np.ndarray, sh: Shift) -> Top | None:
+    """The rows whose largest kept logit is there once (see _dominant_difference)."""
     top = sh.kept & (x == sh.m[:, None])
     rows = np.flatnonzero(top.sum(axis=1) == 1)
     if rows.size == 0:
-        return
+        return None
     k = np.argmax(top[rows], axis=1)
-    g_top = g[rows, k][:, None]
-    ah, al = dd.two_sum(np.broadcast_to(g_top, (rows.size, x.shape[1])), -g[rows])
-    uh, ul = dd.mul(ah, al, yh[rows], yl[rows])
-    bu = np.abs(ah) * by[rows] + np.abs(uh) * dd.MUL_DD * dd.U2 + floor_of(uh, ah, yh[rows])
-    s = tree_sum(uh, ul, bu)
-    wh, wl = dd.mul_d(qh[rows], ql[rows], sh.offset)
-    vh, vl = dd.mul_d(wh, wl, g_top[:, 0])
-    bv = np.abs(g_top[:, 0]) * (sh.offset * bq[rows] + np.abs(wh) * dd.MUL_D * dd.U2) \
+    return Top(rows, k, g[rows, k])
+
+
+def _top_terms(b: Cols, top: Top) -> RowSums:
+    """A block's part of sum_{i != k} (g_k - g_i) y_i, for the single-top rows."""
+    rows = top.rows
+    ah, al = dd.two_sum(np.broadcast_to(top.g[:, None], (rows.size, b.x.shape[1])),
+                        -b.gk[rows])
+    uh, ul = dd.mul(ah, al, b.yh[rows], b.yl[rows])
+    bu = np.abs(ah) * b.by[rows] + np.abs(uh) * dd.MUL_DD * dd.U2 + floor_of(uh, ah, b.yh[rows])
+    return tree_sum(uh, ul, bu)
+
+
+def _dominant_difference(top: Top, s: RowSums, q: RowSums, offset: float) -> None:
+    """In a row with one largest logit k, g_k - c cancels as y_k nears 1. Since
+    1 - y_k = sum_{i != k} y_i + w (w = offset q, the offset's share), it equals
+    sum_{i != k} (g_k - g_i) y_i + g_k w (s + v), whose terms carry their own small sizes;
+    _dx puts that form in place of g_k - c where its bound is smaller."""
+    rows, g_top = top.rows, top.g
+    wh, wl = dd.mul_d(q.h[rows], q.lo[rows], offset)
+    vh, vl = dd.mul_d(wh, wl, g_top)
+    bv = np.abs(g_top) * (offset * q.bound[rows] + np.abs(wh) * dd.MUL_D * dd.U2) \
         + np.abs(vh) * dd.MUL_D * dd.U2 + floor_of(vh)
-    fh, fl = dd.add(s.h, s.lo, vh, vl)
-    bf = s.bound + bv + np.abs(fh) * dd.ADD_DD * dd.U2
-    better = bf < bd[rows, k]
-    rb, kb = rows[better], k[better]
-    dh[rb, kb], dl[rb, kb], bd[rb, kb] = fh[better], fl[better], bf[better]
+    top.fh, top.fl = dd.add(s.h, s.lo, vh, vl)
+    top.bf = s.bound + bv + np.abs(top.fh) * dd.ADD_DD * dd.U2
 
 
 def _exp_minus_shift(sh: Shift) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -173,45 +267,65 @@ def _exp_minus_shift(sh: Shift) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return eh, el, rel, zh < dd.EXP_MIN
 
 
-def _dtau(x, g, sh: Shift, yh, yl, by, th, tl, bt, qh, ql, bq):
-    """Each row's dtau = sum g y (mean - z) / tau, as a dd with its bound, given y, the
-    terms t = g y and q = exp(-m/tau)/S (each with its bound)."""
-    r, n = x.shape
-    tau, kept = sh.tau, sh.kept
-    m = np.broadcast_to(sh.m[:, None], (r, n))
-    dh, dl = dd.two_sum(np.where(kept, x, m), -m)
-    zh, zl = scaled(dh, dl, tau)
-    live = kept & (zh >= dd.EXP_MIN)
-    zh, zl = np.where(live, zh, 0.0), np.where(live, zl, 0.0)
-    bz = np.abs(zh) * dd.DIV_D * dd.U2 + subnormal_floor(dh) / tau
-    cut = np.where(kept & ~live, CUT, 0.0)  # |y z| of the terms whose exp is below 2^-1096
-    uh, ul = dd.mul(yh, yl, zh, zl)
-    bu = (np.abs(zh) * by + np.abs(yh) * bz + np.abs(uh) * dd.MUL_DD * dd.U2
-          + floor_of(uh, yh, zh) + cut)
-    a = tree_sum(uh, ul, bu)
-    # the offset's share w = offset exp(-m/tau) / S, times m/tau
-    mt_h, mt_l = scaled(sh.m, np.zeros(r), tau)
+@dataclass
+class Z:
+    """z = (x - m)/tau on a block's kept positions whose exp is not cut (0 elsewhere), its
+    bound, which positions those are, and CUT where a kept position's exp was cut."""
+
+    h: np.ndarray
+    lo: np.ndarray
+    bound: np.ndarray
+    live: np.ndarray
+    cut: np.ndarray
+
+    @classmethod
+    def of(cls, b: Cols, sh: Shift) -> Z:
+        m = np.broadcast_to(sh.m[:, None], b.x.shape)
+        dh, dl = dd.two_sum(np.where(b.kept, b.x, m), -m)
+        zh, zl = scaled(dh, dl, sh.tau)
+        live = b.kept & (zh >= dd.EXP_MIN)
+        zh, zl = np.where(live, zh, 0.0), np.where(live, zl, 0.0)
+        bz = np.abs(zh) * dd.DIV_D * dd.U2 + subnormal_floor(dh) / sh.tau
+        return cls(zh, zl, bz, live, np.where(b.kept & ~live, CUT, 0.0))
+
+
+def _mean_terms(b: Cols, sh: Shift) -> RowSums:
+    """A block's part of sum_k y_k z_k (|y z| of the terms whose exp was cut: below CUT)."""
+    z = Z.of(b, sh)
+    uh, ul = dd.mul(b.yh, b.yl, z.h, z.lo)
+    bu = (np.abs(z.h) * b.by + np.abs(b.yh) * z.bound + np.abs(uh) * dd.MUL_DD * dd.U2
+          + floor_of(uh, b.yh, z.h) + z.cut)
+    return tree_sum(uh, ul, bu)
+
+
+def _mean(a: RowSums, q: RowSums, sh: Shift) -> RowSums:
+    """mean = sum_k y_k z_k - w m/tau per row, w = offset exp(-m/tau) / S the offset's share."""
+    r = len(sh.m)
+    mt_h, mt_l = scaled(sh.m, np.zeros(r), sh.tau)
     near = np.abs(mt_h) <= 2048.0
-    wh, wl = dd.mul_d(qh, ql, sh.offset)
-    bw = sh.offset * bq + np.abs(wh) * dd.MUL_D * dd.U2
+    wh, wl = dd.mul_d(q.h, q.lo, sh.offset)
+    bw = sh.offset * q.bound + np.abs(wh) * dd.MUL_D * dd.U2
     b_h, b_l = dd.mul(wh, wl, np.where(near, mt_h, 0.0), np.where(near, mt_l, 0.0))
     # beyond 2^11, w m/tau < offset exp(-m/tau) m/tau is below CUT * offset, and b is 0
     bb = np.where(near, np.abs(wh) * np.abs(mt_h) * dd.DIV_D * dd.U2 + np.abs(mt_h) * bw
                   + np.abs(b_h) * dd.MUL_DD * dd.U2, CUT * max(sh.offset, 1.0))
     mean_h, mean_l = dd.add(a.h, a.lo, -b_h, -b_l)
-    bmean = a.bound + bb + np.abs(mean_h) * dd.ADD_DD * dd.U2
-    # the terms g y (mean - z)
-    fh, fl = dd.add(np.broadcast_to(mean_h[:, None], (r, n)),
-                    np.broadcast_to(mean_l[:, None], (r, n)), -zh, -zl)
-    bf = bmean[:, None] + bz + np.abs(fh) * dd.ADD_DD * dd.U2
-    vh, vl = dd.mul(th, tl, fh, fl)
-    bv = (np.abs(th) * bf + np.abs(fh) * bt + np.abs(vh) * dd.MUL_DD * dd.U2
-          + floor_of(vh, th, fh))
-    vh, vl, bv = (np.where(live, v, 0.0) for v in (vh, vl, bv))
-    # a term whose exp was cut: |g y (mean - z)| <= |g| exp(z) (|mean| + |z|) <= |g| CUT (1 + |mean|)
-    s = tree_sum(vh, vl, bv + cut * np.abs(g) * (1 + np.abs(mean_h[:, None])))
-    oh, ol = dd.div_d(s.h, s.lo, tau)
-    return oh, ol, s.bound / tau + np.abs(oh) * dd.DIV_D * dd.U2 + floor_of(oh)
+    return RowSums(mean_h, mean_l, a.bound + bb + np.abs(mean_h) * dd.ADD_DD * dd.U2)
+
+
+def _dtau_terms(b: Cols, sh: Shift, mean: RowSums) -> RowSums:
+    """A block's part of sum g y (mean - z), tau times dtau; a term whose exp was cut is
+    bounded by |g y (mean - z)| <= |g| exp(z) (|mean| + |z|) <= |g| CUT (1 + |mean|)."""
+    r, w = b.x.shape
+    z = Z.of(b, sh)
+    fh, fl = dd.add(np.broadcast_to(mean.h[:, None], (r, w)),
+                    np.broadcast_to(mean.lo[:, None], (r, w)), -z.h, -z.lo)
+    bf = mean.bound[:, None] + z.bound + np.abs(fh) * dd.ADD_DD * dd.U2
+    vh, vl = dd.mul(b.th, b.tl, fh, fl)
+    bv = (np.abs(b.th) * bf + np.abs(fh) * b.bt + np.abs(vh) * dd.MUL_DD * dd.U2
+          + floor_of(vh, b.th, fh))
+    vh, vl, bv = (np.where(z.live, v, 0.0) for v in (vh, vl, bv))
+    return tree_sum(vh, vl, bv + z.cut * np.abs(b.gk) * (1 + np.abs(mean.h[:, None])))
 
 
 def gradient_truth(fn: Function, params: Mapping[str, float], x64: np.ndarray,
