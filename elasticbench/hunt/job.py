@@ -88,14 +88,14 @@ class HuntJob(Job[KernelSpec]):
             bar.advance(now - shown[0])
             shown[0] = now
 
-        with ahead() as prep:
+        with ahead() as workers:
             for i, spec in enumerate(items):
                 share = (self.budget - (time.monotonic() - started)) / (len(items) - i)
                 hunted = Hunted(spec)
                 self.results.append(hunted)
                 try:
                     self._hunt(spec, hunted, session, time.monotonic() + max(share, 0.0),
-                               prep, bar, tick)
+                               workers, bar, tick)
                 finally:  # the header says what each kernel came to, interrupted or not
                     session.header.setdefault("hunt", {})["kernels"] = [
                         h.summary() for h in self.results]
@@ -103,7 +103,7 @@ class HuntJob(Job[KernelSpec]):
         tick()
 
     def _hunt(self, spec: KernelSpec, hunted: Hunted, session: Session, deadline: float,
-              prep: Ahead, bar: Any, tick: Callable[[], None]) -> None:
+              workers: Ahead, bar: Any, tick: Callable[[], None]) -> None:
         start = time.monotonic()
         dtypes = [d for d in self.dtypes if spec.supports(d)]
         layouts = list(get_backend(spec.backend).layouts)
@@ -122,7 +122,8 @@ class HuntJob(Job[KernelSpec]):
             tick()
 
         if dtypes:
-            hunted.found = search(space, judge, rng, deadline, keep, prep, self.max_trials)
+            hunted.found = search(space, judge, rng, deadline, keep, workers,
+                                  self.max_trials)
         if hunted.found is not None:
             self._shrink(spec, hunted, judge, keep, deadline)
         hunted.seconds = time.monotonic() - start

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,19 +74,20 @@ def config_input(c: Config) -> Input:
 
 
 def search(space: Space, judge: Judge, rng: np.random.Generator, deadline: float,
-           on_trial: Callable[[Trial], None], prep: Ahead,
+           on_trial: Callable[[Trial], None], workers: Ahead,
            max_trials: int | None = None) -> Found | None:
     """Configurations tried until one fails (returned), the deadline (time.monotonic()) passes
     or max_trials were tried (None)."""
     pool: list[tuple[float, int, Config]] = []
-    pending: deque[tuple[list[tuple[Config, str]], Future]] = deque()
+    pending: deque[tuple[list[tuple[Config, str]], list[Path], Future]] = deque()
     sent = tried = 0
+    current = None  # the batch being judged: the inputs it leaves are removed at the end
     per_trial = 0.0  # seconds the kernel's side spends on a trial, lately
 
     def send() -> None:
         nonlocal sent
         room = BATCH if max_trials is None else min(BATCH, max_trials - sent)
-        queued = sum(len(b) for b, _ in pending)
+        queued = sum(len(b) for b, _, _ in pending)
         if room <= 0 or time.monotonic() + queued * per_trial >= deadline:
             return  # what is queued fills the time left: more would be thrown away
         batch = []
@@ -93,17 +95,17 @@ def search(space: Space, judge: Judge, rng: np.random.Generator, deadline: float
             fresh = len(pool) < POOL // 2 or rng.random() < EXPLORE
             c = space.random(rng) if fresh else space.mutate(_pick(pool, rng), rng)
             batch.append((c, "explore" if fresh else "mutate"))
-        files = [prep.folder / f"{judge.spec.name}.{sent + i}.x" for i in range(room)]
+        files = [workers.folder / f"{judge.spec.name}.{sent + i}.x" for i in range(room)]
         sent += room
-        pending.append((batch, prep.pool.submit(
+        pending.append((batch, files, workers.pool.submit(
             inputs_with_truths, [c for c, _ in batch], files, judge.spec.function,
             judge.spec.mode, judge.precision)))
 
     try:
-        for _ in range(prep.depth):
+        for _ in range(workers.depth):
             send()
         while pending and time.monotonic() < deadline:
-            batch, future = pending.popleft()
+            batch, files, future = current = pending.popleft()
             started = time.perf_counter()
             prepared, stats = result_of(future, f"hunt configuration {batch[0][0].label()}")
             stats.wait_s += time.perf_counter() - started
@@ -126,8 +128,9 @@ def search(space: Space, judge: Judge, rng: np.random.Generator, deadline: float
             per_trial = took if not per_trial else 0.7 * per_trial + 0.3 * took
         return None
     finally:
-        for _, future in pending:  # a batch not started is dropped
-            future.cancel()
+        for _, files, future in [*pending, *([current] if current else [])]:
+            future.cancel()  # a batch not started is dropped, the others' inputs removed
+            future.add_done_callback(partial(_remove, files))
 
 
 def inputs_with_truths(configs: list[Config], files: list[Path], function: str, mode: str,
@@ -140,6 +143,11 @@ def inputs_with_truths(configs: list[Config], files: list[Path], function: str, 
     prepared, stats = with_truths(inputs, [c.dtype for c in configs], function, mode,
                                   precision)
     return [(replace(p, x=None), t, f) for (p, t), f in zip(prepared, files, strict=True)], stats
+
+
+def _remove(files: list[Path], _done: Future) -> None:
+    for file in files:
+        file.unlink(missing_ok=True)
 
 
 def _take(file: Path, c: Config) -> np.ndarray:
