@@ -299,7 +299,7 @@ def test_distinct_counts_16_bit_rows_as_the_sort_would(dtype):
     x[:6] = np.array([-0.0, 0.0, np.inf, -np.inf, np.nan, 48.0]).astype(fmt.numpy)
     row = x.astype(np.float64)
     bits = row.view(np.uint64)
-    narrowed = [row_blocks._narrow(row, bits, f) for f in row_blocks.SIXTEEN_BIT]
+    narrowed = [row_blocks._narrow(bits, f) for f in row_blocks.SIXTEEN_BIT]
     assert any(n is not None for n in narrowed) == (dtype != "fp32")
     values, index, counts = row_blocks.distinct(row)
     want = np.unique(bits)
