@@ -66,6 +66,7 @@ def _fresh_venv(where: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.ci  # building and installing the wheel: 36 s, more than make test can spare
 def test_the_wheel_installs_into_a_fresh_venv_and_every_command_runs(tmp_path):
     sdist, wheel, log = _build(tmp_path / "dist")
     # no SetuptoolsDeprecationWarning, "package would be ignored" and the like (the one
