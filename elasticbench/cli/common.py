@@ -228,6 +228,16 @@ def failures_shown(failures: str, traceback: bool) -> NoteOptions:
     return NoteOptions(int(text), traceback)
 
 
+def run_or_fail(session: Session, job: Job, path: Path | None,
+                shard: tuple[int, int] | None = None) -> bool:
+    """session.run(job, shard); a reference that cannot be computed (a dead reference
+    process) is one line and exit 2, the results file closed with what finished."""
+    try:
+        return session.run(job, shard)
+    except TruthError as e:
+        fail(f"{e}" + (f"; the finished records are in {path}" if path else ""))
+
+
 def run_session(job: Job, path: Path | None, meta: dict[str, Any], *,
                 shard: tuple[int, int] | None, resume: bool,
                 notes: NoteOptions = EVERY_FAILURE) -> NoReturn:
@@ -238,10 +248,7 @@ def run_session(job: Job, path: Path | None, meta: dict[str, Any], *,
         session = Session(job.kind, path, meta, resume=resume, console=console(stderr=True))
     except SessionError as e:
         fail(str(e))
-    try:
-        complete = session.run(job, shard)
-    except TruthError as e:  # the file is closed with what finished
-        fail(f"{e}" + (f"; the finished records are in {path}" if path else ""))
+    complete = run_or_fail(session, job, path, shard)
     summary = section(ResultsFile(str(path or ""), job.kind, session.header, session.records),
                       notes)
     print_tables(summary.sheets, summary.notes, console())

@@ -17,7 +17,6 @@ from ..hunt.job import HuntJob
 from ..hunt.space import MAX_ELEMENTS
 from ..numerics.dtypes import DTYPE_NAMES, check_dtypes
 from ..numerics.truth import DEFAULT_PRECISION, MIN_PRECISION
-from ..numerics.truth_cache import TruthError
 from ..registry import KernelSpec
 from ..session import Session, SessionError
 from .common import (
@@ -28,6 +27,7 @@ from .common import (
     console,
     fail,
     kernel_options,
+    run_or_fail,
     split_names,
 )
 
@@ -105,10 +105,7 @@ def hunt(functions, backends, dtypes, only, kernel_files, mode, budget, seed, js
         session = Session(job.kind, path, meta, console=console(stderr=True))
     except SessionError as e:
         fail(str(e))
-    try:
-        complete = session.run(job)
-    except TruthError as e:  # the file is closed with the trials judged so far
-        fail(f"{e}; the configurations tried so far are in {path}")
+    complete = run_or_fail(session, job, path)
     _report(job, path, complete)
 
 
