@@ -95,9 +95,8 @@ def column_blocks(n: int) -> list[slice]:
 
 @dataclass
 class GradChunk:
-    dx_h: np.ndarray
-    dx_l: np.ndarray
-    dx_bound: np.ndarray
+    """A chunk's parameter gradients per row (its dx goes straight to the caller's arrays)."""
+
     dp_h: np.ndarray  # (r, p)
     dp_l: np.ndarray
     dp_bound: np.ndarray
@@ -143,15 +142,19 @@ class Top:
     bf: np.ndarray | None = None
 
 
+Out = tuple[np.ndarray, np.ndarray, np.ndarray]  # dx as hi, lo and bound, (r, n) each
+
+
 def _chunk(fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded, sh: Shift,
-           den: Denominator) -> GradChunk:
-    """Gradients of the rows x (finite rows only are meaningful) given the bounded forward."""
+           den: Denominator, dx: Out) -> GradChunk:
+    """Gradients of the rows x (finite rows only are meaningful) given the bounded forward:
+    dx written into dx, the parameter gradients returned."""
     with np.errstate(all="ignore"):  # rows that are not finite compute garbage, dropped after
-        return _chunk_finite(fn, x, g, y, sh, den)
+        return _chunk_finite(fn, x, g, y, sh, den, dx)
 
 
 def _chunk_finite(fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded, sh: Shift,
-                  den: Denominator) -> GradChunk:
+                  den: Denominator, dx: Out) -> GradChunk:
     """Two sweeps over the rows' column blocks: the row sums (c, and those of dtau's mean
     and of the dominant difference), then dx and dtau's terms, which need them."""
     r, n = x.shape
@@ -175,13 +178,13 @@ def _chunk_finite(fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded, sh: Sh
     if top is not None:
         _dominant_difference(top, combine(s_parts), q, sh.offset)
     mean = _mean(combine(a_parts), q, sh) if TEMPERATURE in roles else None
-    xh, xl, bx = np.zeros((r, n)), np.zeros((r, n)), np.zeros((r, n))
     v_parts = []
     for cs in blocks:
         b = Cols.of(x, g, y, sh, cs)
-        xh[:, cs], xl[:, cs], bx[:, cs] = _dx(b, c, top, cs, sh.tau)
+        dx[0][:, cs], dx[1][:, cs], dx[2][:, cs] = _dx(b, c, top, cs, sh.tau)
         if mean is not None:
             v_parts.append(_dtau_terms(b, sh, mean))
+    dx[2][...] *= SLACK
     # parameter gradients, by the role each parameter plays
     dp_h, dp_l, dp_b = (np.zeros((r, len(fn.params))) for _ in range(3))
     for j, p in enumerate(fn.params):
@@ -197,7 +200,7 @@ def _chunk_finite(fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded, sh: Sh
             dp_b[:, j] = s.bound / sh.tau + np.abs(oh) * dd.DIV_D * dd.U2 + floor_of(oh)
         else:
             raise ValueError(f"{fn.name}: parameter {p.name} has no gradient rule")
-    return GradChunk(xh, xl, SLACK * bx, dp_h, dp_l, SLACK * dp_b)
+    return GradChunk(dp_h, dp_l, SLACK * dp_b)
 
 
 def _dx(b: Cols, c: RowSums, top: Top | None, cs: slice, tau: float
@@ -343,8 +346,8 @@ def gradient_truth(fn: Function, params: Mapping[str, float], x64: np.ndarray,
     ok = certified_rows(out, fmt)
     if den is not None:
         for sl in row_chunks(r, n):
-            gc = _chunk(fn, x[sl], g[sl], rows_of(out, sl), rows_of(sh, sl), rows_of(den, sl))
-            dx_h[sl], dx_l[sl], dx_b[sl] = gc.dx_h, gc.dx_l, gc.dx_bound
+            gc = _chunk(fn, x[sl], g[sl], rows_of(out, sl), rows_of(sh, sl), rows_of(den, sl),
+                        (dx_h[sl], dx_l[sl], dx_b[sl]))
             dp_h[sl], dp_l[sl], dp_b[sl] = gc.dp_h, gc.dp_l, gc.dp_bound
     finite = sh.kind == ROW_FINITE
     nan = sh.kind == ROW_NAN
