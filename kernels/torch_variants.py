@@ -20,6 +20,12 @@ declared models (elasticbench.passes):
 | compiled_elastic     | inductor's own fusion of the composite          | 3 | 2 | 1    |
 | elastic_accurate     | compiled_elastic computed in fp64               | 3 | 2 | 1 (fp64) |
 
+The passes see the row's length, block count and last-block width as unbacked sizes
+(`_compile`), so that dynamo traces one graph per dtype and row-count class (one row, more),
+not one per block count and width: the default matrix compiles 171 graphs instead of 279.
+compiled_elastic keeps backed sizes, for which inductor fuses it faster (docs/numerics.md
+section 6.7).
+
 Rows whose kept maximum is not finite (NaN, +inf, nothing kept) or whose exponent is out
 of the exact-reduction range are redone by the eager torch kernel (docs/definitions.md section 3),
 so every kernel follows the special-value policy; those rows are rare and cheap to find.
@@ -43,28 +49,50 @@ BLOCK = 2048
 _compiled: dict[str, Callable] = {}
 
 
-def _compile(fn: Callable) -> Callable:
-    """torch.compile on first use (dynamic shapes), so importing this module stays cheap."""
+def _unbacked(t: Any, dims: tuple[int, ...]) -> Any:
+    """t with dims unbacked for dynamo: marked on an alias (detach), so that neither the
+    caller's tensor nor a view's base carries the mark into other compiled code."""
+    if not dims:
+        return t
+    from torch._dynamo.decorators import mark_unbacked  # imported on first use: dynamo is slow
 
-    def call(*args: Any) -> Any:
-        c = _compiled.get(fn.__name__)
-        if c is None:
-            import torch._dynamo
+    t = t.detach()
+    for d in dims:
+        mark_unbacked(t, d)
+    return t
 
-            # Every dtype, size-1 dimension and block count compiles its own graph (layouts
-            # do not: _packed):
-            # the whole default matrix (make verify) needs more than 64 of them for one
-            # function, and past the limit dynamo would run the rest eagerly, so that the
-            # compiled kernel a record names would not be the code it judged.
-            cfg = torch._dynamo.config
-            for name in ("recompile_limit", "cache_size_limit"):
-                if hasattr(cfg, name):
-                    setattr(cfg, name, max(getattr(cfg, name), 1024))
-            c = _compiled[fn.__name__] = torch.compile(fn, dynamic=True)
-        return c(*args)
 
-    call.__name__ = fn.__name__
-    return call
+def _compile(*varying: tuple[int, ...]) -> Callable[[Callable], Callable]:
+    """torch.compile on first use, so importing this module stays cheap. varying[i] names the
+    dimensions of positional argument i that differ between calls (rows, blocks, widths): they
+    are unbacked (mark_unbacked), so that one graph per dtype serves every shape instead of one
+    per size-1 dimension, block count and last-block width (docs/numerics.md section 3)."""
+
+    def wrap(fn: Callable) -> Callable:
+        def call(*args: Any) -> Any:
+            c = _compiled.get(fn.__name__)
+            if c is None:
+                import torch._dynamo
+
+                # a few graphs per function and dtype remain (n = 1 and q = 0 specialize
+                # strides); past the limit dynamo would run the rest eagerly, so that the
+                # compiled kernel a record names would not be the code it judged.
+                cfg = torch._dynamo.config
+                for name in ("recompile_limit", "cache_size_limit"):
+                    if hasattr(cfg, name):
+                        setattr(cfg, name, max(getattr(cfg, name), 1024))
+                # without duck shapes, strides or offsets equal by coincidence (n = 2048)
+                # are not guarded as equal, which would compile one graph per coincidence
+                from torch.fx.experimental import _config as fx_config
+
+                fx_config.use_duck_shape = False
+                c = _compiled[fn.__name__] = torch.compile(fn, dynamic=True)
+            return c(*(_unbacked(a, dims) for a, dims in zip(args, varying, strict=True)))
+
+        call.__name__ = fn.__name__
+        return call
+
+    return wrap
 
 
 def _packed(kernel: Callable) -> Callable:
@@ -88,17 +116,20 @@ def _kept(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(xw < 0, -math.inf, xw)
 
 
-def _split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, n) as its whole blocks but the last, (rows, q, BLOCK), and the last block
-    (rows, 1, r) with 1 <= r <= BLOCK: never empty, so its max is defined."""
-    rows, n = t.shape
+def _blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A contiguous (rows, n) x as two views: its whole blocks but the last, (rows, q, BLOCK),
+    and the last block (rows, 1, r), 1 <= r <= BLOCK, never empty, so its max is defined. Cut
+    here rather than in a graph: inductor cannot slice at an unbacked offset."""
+    rows, n = x.shape
     q = (n - 1) // BLOCK
-    return t[:, : q * BLOCK].reshape(rows, q, BLOCK), t[:, q * BLOCK :].unsqueeze(1)
+    off = x.storage_offset()
+    head = x.as_strided((rows, q, BLOCK), (n, BLOCK, 1), off)
+    last = x.as_strided((rows, 1, n - q * BLOCK), (n, n, 1), off + q * BLOCK)
+    return head, last
 
 
-def _per_block(t: torch.Tensor, f: Callable) -> tuple[torch.Tensor, ...]:
-    """f's per-block results (each (rows, blocks, 1)) on t's blocks, joined: (rows, q + 1, 1)."""
-    head, last = _split(t)
+def _per_block(head: torch.Tensor, last: torch.Tensor, f: Callable) -> tuple[torch.Tensor, ...]:
+    """f's per-block results (each (rows, blocks, 1)) on both parts, joined: (rows, q + 1, 1)."""
     return tuple(torch.cat(pair, 1) for pair in zip(f(head), f(last), strict=True))
 
 
@@ -112,40 +143,45 @@ def _scalar(v: float, dtype: torch.dtype) -> torch.Tensor:
 
 
 # ---- passes (each one compiled function = one sweep over memory) --------------------------
+# varying dimensions of each argument (_compile): a row array (rows, n), a per-row column
+# (rows, 1), the whole blocks (rows, q, BLOCK), the last block (rows, 1, r), a 0-d scalar
+X, COL, HEAD, LAST, SCALAR = (1,), (), (1,), (2,), ()
 
 
-@_compile
+@_compile(X, SCALAR)
 def _pass_max(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return _kept(x, like.dtype).amax(-1, keepdim=True)
 
 
-@_compile
-def _pass_sum(x: torch.Tensor, m0: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+@_compile(HEAD, LAST, COL, SCALAR)
+def _pass_sum(head: torch.Tensor, last: torch.Tensor, m0: torch.Tensor, tau: torch.Tensor
+              ) -> torch.Tensor:
     def sums(b):
         return (torch.exp((_kept(b, tau.dtype) - m0.unsqueeze(1)) / tau).sum(-1, keepdim=True),)
 
-    return _per_block(x, sums)[0]
+    return _per_block(head, last, sums)[0]
 
 
-@_compile
+@_compile(X, COL, SCALAR, COL)
 def _pass_out(x: torch.Tensor, m0: torch.Tensor, tau: torch.Tensor, d: torch.Tensor
               ) -> torch.Tensor:
     return (torch.exp((_kept(x, tau.dtype) - m0) / tau) / d).to(x.dtype)
 
 
-@_compile
-def _pass_block_online(x: torch.Tensor, tau: torch.Tensor):
+@_compile(HEAD, LAST, SCALAR)
+def _pass_block_online(head: torch.Tensor, last: torch.Tensor, tau: torch.Tensor):
     def max_and_sum(b):
         s = _kept(b, tau.dtype)
         bm = s.amax(-1, keepdim=True)
         bm0 = torch.where(bm == -math.inf, 0, bm)
         return bm, torch.exp((s - bm0) / tau).sum(-1, keepdim=True)
 
-    return _per_block(x, max_and_sum)
+    return _per_block(head, last, max_and_sum)
 
 
-@_compile
-def _pass_block_pairs(x: torch.Tensor, tau: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor):
+@_compile(HEAD, LAST, SCALAR, SCALAR, SCALAR)
+def _pass_block_pairs(head: torch.Tensor, last: torch.Tensor, tau: torch.Tensor,
+                      hi: torch.Tensor, lo: torch.Tensor):
     # exponent k of the block (a power of two >= its largest term), mantissa sum below it;
     # the reduction (s - k*hi - k*lo)/tau keeps the argument exact: k*hi is exact.
     def pairs(b):
@@ -155,48 +191,50 @@ def _pass_block_pairs(x: torch.Tensor, tau: torch.Tensor, hi: torch.Tensor, lo: 
         r = ((s - k * hi) - k * lo) / tau
         return bm, k, torch.exp(r).sum(-1, keepdim=True)
 
-    return _per_block(x, pairs)
+    return _per_block(head, last, pairs)
 
 
-@_compile
+@_compile(X, COL, SCALAR, SCALAR, SCALAR, COL)
 def _pass_pairs_out(x: torch.Tensor, k: torch.Tensor, tau: torch.Tensor, hi: torch.Tensor,
                     lo: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     r = ((_kept(x, tau.dtype) - k * hi) - k * lo) / tau
     return (torch.exp(r) / d).to(x.dtype)
 
 
-@_compile
-def _pass_block_store(x: torch.Tensor, tau: torch.Tensor):
-    """Every block's exps, stored as (rows, q + 1, BLOCK) (the last block padded with 0),
-    with every block's max and sum."""
+@_compile(HEAD, LAST, SCALAR)
+def _pass_block_store(head: torch.Tensor, last: torch.Tensor, tau: torch.Tensor):
+    """Every block's exps, stored ((rows, q, BLOCK) and (rows, 1, r)), with every block's max
+    and sum."""
     def store(b):
         s = _kept(b, tau.dtype)
         bm = s.amax(-1, keepdim=True)
         e = torch.exp((s - torch.where(bm == -math.inf, 0, bm)) / tau)
         return e, bm, e.sum(-1, keepdim=True)
 
-    head, last = _split(x)
     eh, bmh, bsh = store(head)
     el, bml, bsl = store(last)
-    e = torch.cat([eh, torch.nn.functional.pad(el, (0, BLOCK - el.shape[-1]))], 1)
-    return e, torch.cat([bmh, bml], 1), torch.cat([bsh, bsl], 1)
+    return eh, el, torch.cat([bmh, bml], 1), torch.cat([bsh, bsl], 1)
 
 
-@_compile
-def _pass_scale(e: torch.Tensor, scale: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    # contiguous: inductor may hand back a slice of a padded buffer
-    return (e * scale).flatten(1)[:, : like.shape[1]].to(like.dtype).contiguous()
+@_compile(HEAD, LAST, HEAD, COL, SCALAR)
+def _pass_scale(eh: torch.Tensor, el: torch.Tensor, scale_h: torch.Tensor,
+                scale_l: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return torch.cat([(eh * scale_h).flatten(1), (el * scale_l.unsqueeze(1)).flatten(1)],
+                     1).to(like.dtype)
 
 
-@_compile
+@_compile(SCALAR, SCALAR, SCALAR)  # no unbacked sizes: they made inductor's fusion of it up to 2.6x slower
 def _fused(x: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     s = _kept(x, tau.dtype)
     m = s.amax(-1, keepdim=True)
     m0 = torch.where(m.isfinite(), m, 0)
     nbig = (s == math.inf).to(tau.dtype).sum(-1, keepdim=True)
-    # block by block (_split): each block's exps are summed as they are stored, the row's
-    # sum is a sum of n / BLOCK block sums, and y is written from the stored exps
-    blocks = _split(s)
+    # block by block (cut in the graph, as _blocks does outside): each block's exps are
+    # summed as they are stored, the row's sum is a sum of n / BLOCK block sums, and y is
+    # written from the stored exps
+    rows, n = s.shape
+    q = (n - 1) // BLOCK
+    blocks = (s[:, : q * BLOCK].reshape(rows, q, BLOCK), s[:, q * BLOCK :].unsqueeze(1))
     es = [torch.exp((b - m0.unsqueeze(1)) / tau) for b in blocks]
     sums = torch.cat([e.sum(-1, keepdim=True) for e in es], 1)
     d = (sums.sum(1) + beta * torch.exp(-m0 / tau)).unsqueeze(1)
@@ -210,7 +248,7 @@ def _fused(x: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor) -> torch.Tens
     return torch.cat([out(b, e) for b, e in zip(blocks, es, strict=True)], 1)
 
 
-@_compile
+@_compile(X)
 def _fused_softmax(x: torch.Tensor) -> torch.Tensor:
     return exp_normalize_forward(x, x > -math.inf)
 
@@ -253,7 +291,7 @@ def elastic_three_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Ten
     t = _scalar(tau, wd)
     m = _pass_max(x, t)
     m0 = torch.where(m.isfinite(), m, 0)
-    d = _row_sum(_pass_sum(x, m0, t)) + beta * torch.exp(-m0 / t)
+    d = _row_sum(_pass_sum(*_blocks(x), m0, t)) + beta * torch.exp(-m0 / t)
     y = _pass_out(x, m0, t, d)
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
 
@@ -265,7 +303,7 @@ def elastic_online(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Online two-pass (Milakov & Gimelshein): max and rescaled sum in one sweep, then output."""
     wd = _work_dtype(x)
     t = _scalar(tau, wd)
-    bm, bs = _pass_block_online(x, t)
+    bm, bs = _pass_block_online(*_blocks(x), t)
     m, m0, s, _ = _combine(bm, bs, t)
     y = _pass_out(x, m0, t, s + beta * torch.exp(-m0 / t))
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
@@ -280,7 +318,7 @@ def elastic_two_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
     t = _scalar(tau, wd)
     hi_f, lo_f, limit = _cody_waite(tau, wd)
     hi, lo = _scalar(hi_f, wd), _scalar(lo_f, wd)
-    bm, k, bs = _pass_block_pairs(x, t, hi, lo)
+    bm, k, bs = _pass_block_pairs(*_blocks(x), t, hi, lo)
     big_k = k.amax(1)
     s = _row_sum(torch.ldexp(bs, k - big_k.unsqueeze(1)))  # exact power-of-two rescaling
     d = s + torch.ldexp(_scalar(beta, wd), -big_k)
@@ -296,10 +334,11 @@ def elastic_exp_once(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
     """Exp-once: block-shifted exponentials stored with their sums; then one scaling sweep."""
     wd = _work_dtype(x)
     t = _scalar(tau, wd)
-    e, bm, bs = _pass_block_store(x, t)
+    eh, el, bm, bs = _pass_block_store(*_blocks(x), t)
     m, m0, s, w = _combine(bm, bs, t)
-    scale = w / (s + beta * torch.exp(-m0 / t)).unsqueeze(1)
-    y = _pass_scale(e, scale, x)
+    scale = w / (s + beta * torch.exp(-m0 / t)).unsqueeze(1)  # (rows, q + 1, 1)
+    # fresh tensors, not views of scale, whose base dynamo would guard on
+    y = _pass_scale(eh, el, scale[:, :-1].clone(), scale[:, -1].clone(), x)
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
 
 
