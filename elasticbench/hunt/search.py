@@ -15,8 +15,6 @@ behind the newest; the same seed still retraces the same configurations.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -29,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import handoff
 from ..numerics.dtypes import get_format
 from ..numerics.truth_cache import TruthStats
 from ..verify.runner import REFERENCE_PROCESSES, Prepared, reference_process, result_of
@@ -62,11 +61,8 @@ class Ahead:
 def ahead(processes: int = REFERENCE_PROCESSES) -> Iterator[Ahead]:
     """Reference processes and their hand-over folder (in memory where Linux has it), both
     gone on leaving, whatever the way out."""
-    shm = "/dev/shm"
-    where = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
-    with tempfile.TemporaryDirectory(prefix="elasticbench-hunt-", dir=where) as folder, \
-            reference_process(processes) as pool:
-        yield Ahead(pool, DEPTH * processes, Path(folder))
+    with handoff.folder("elasticbench-hunt-") as where, reference_process(processes) as pool:
+        yield Ahead(pool, DEPTH * processes, where)
 
 
 def config_input(c: Config) -> Input:

@@ -14,10 +14,12 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .. import handoff
 from ..execute import IN_PROCESS, Isolation, Outcome, call_kernel, failed_outcome
 from ..numerics.budget import budget_for
 from ..numerics.contract import Judging
@@ -220,11 +222,13 @@ def run_verification(
     # torch.compile's tracing, and the two would take turns instead of running side by side).
     work = batches(cases, max_elements)
     depth = min(REFERENCE_PROCESSES, len(work))
-    with reference_process(depth) as ahead:
+    with handoff.folder() as where, reference_process(depth) as ahead:
+        solve_batch = partial(_handed, solve_batch, where)
         pending = deque(ahead.submit(solve_batch, batch) for batch in work[:depth])
         for i in range(len(work)):
             started = time.perf_counter()
-            prepared, truths, batch_stats = result_of(pending.popleft(), _named(work[i]))
+            prepared, truths, batch_stats = handoff.unpack(
+                result_of(pending.popleft(), _named(work[i])))
             stats.wait_s += time.perf_counter() - started
             if i + depth < len(work):
                 pending.append(ahead.submit(solve_batch, work[i + depth]))
@@ -248,6 +252,12 @@ def solved(batch: list[VerifyCase], *, max_elements: int, precision: int, mode: 
     prepared = prepare(batch, max_elements, precision, mode, max_rows)
     truths = solve([p.job for p in prepared], store, workers, None, stats)  # type: ignore[misc]
     return [replace(p, job=None) for p in prepared], truths, stats
+
+
+def _handed(solve_batch: Callable[[list[VerifyCase]], Any], where: Path,
+            batch: list[VerifyCase]) -> bytes:
+    """solve_batch's result packed for the parent, its arrays as files in `where`."""
+    return handoff.pack(solve_batch(batch), where)
 
 
 @contextmanager
