@@ -57,6 +57,21 @@ def unpack(data: bytes) -> Any:
     return pickle.loads(data)
 
 
+def discard(data: bytes) -> None:
+    """Remove the files of a packed result that will not be unpacked (a dropped batch)."""
+    _Dropper(io.BytesIO(data)).load()
+
+
+class _Dropper(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        return _drop if (module, name) == (__name__, "_take") else super().find_class(module,
+                                                                                       name)
+
+
+def _drop(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    os.unlink(name)
+
+
 def _take(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     a = np.fromfile(name, dtype=dtype).reshape(shape)
     os.unlink(name)

@@ -258,7 +258,7 @@ def test_a_reference_process_that_dies_in_a_hunt_is_one_line(cli, tmp_path, monk
 
 
 def test_a_search_that_stops_early_leaves_no_input_behind():
-    """The inputs that reference processes hand over as files are removed when a search
+    """The batches that reference processes hand over as files are removed when a search
     ends before judging them (here at its first failure, batches still queued)."""
     from elasticbench.hunt.search import BATCH, ahead, search
 

@@ -20,17 +20,13 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
-from functools import partial
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from .. import handoff
-from ..numerics.dtypes import get_format
-from ..numerics.truth_cache import TruthStats
-from ..verify.runner import REFERENCE_PROCESSES, Prepared, reference_process, result_of
+from ..verify.runner import REFERENCE_PROCESSES, reference_process, result_of
 from .space import Config, Space, make_input
 from .trial import Input, Judge, Trial, with_truths
 
@@ -49,8 +45,7 @@ class Found:
 @dataclass(frozen=True)
 class Ahead:
     """Where batches are prepared: reference processes, as many batches at a time, and the
-    folder through which they hand each input over (a file on tmpfs costs two copies; a
-    pipe, a pickling and many small copies)."""
+    folder through which they hand each batch over (elasticbench.handoff)."""
 
     pool: Executor
     depth: int
@@ -75,15 +70,14 @@ def search(space: Space, judge: Judge, rng: np.random.Generator, deadline: float
     """Configurations tried until one fails (returned), the deadline (time.monotonic()) passes
     or max_trials were tried (None)."""
     pool: list[tuple[float, int, Config]] = []
-    pending: deque[tuple[list[tuple[Config, str]], list[Path], Future]] = deque()
+    pending: deque[tuple[list[tuple[Config, str]], Future]] = deque()
     sent = tried = 0
-    current = None  # the batch being judged: the inputs it leaves are removed at the end
     per_trial = 0.0  # seconds the kernel's side spends on a trial, lately
 
     def send() -> None:
         nonlocal sent
         room = BATCH if max_trials is None else min(BATCH, max_trials - sent)
-        queued = sum(len(b) for b, _, _ in pending)
+        queued = sum(len(b) for b, _ in pending)
         if room <= 0 or time.monotonic() + queued * per_trial >= deadline:
             return  # what is queued fills the time left: more would be thrown away
         batch = []
@@ -91,28 +85,27 @@ def search(space: Space, judge: Judge, rng: np.random.Generator, deadline: float
             fresh = len(pool) < POOL // 2 or rng.random() < EXPLORE
             c = space.random(rng) if fresh else space.mutate(_pick(pool, rng), rng)
             batch.append((c, "explore" if fresh else "mutate"))
-        files = [workers.folder / f"{judge.spec.name}.{sent + i}.x" for i in range(room)]
         sent += room
-        pending.append((batch, files, workers.pool.submit(
-            inputs_with_truths, [c for c, _ in batch], files, judge.spec.function,
-            judge.spec.mode, judge.precision)))
+        pending.append((batch, workers.pool.submit(
+            inputs_with_truths, [c for c, _ in batch], judge.spec.function, judge.spec.mode,
+            judge.precision, workers.folder)))
 
     try:
         for _ in range(workers.depth):
             send()
         while pending and time.monotonic() < deadline:
-            batch, files, future = current = pending.popleft()
+            batch, future = pending.popleft()
             started = time.perf_counter()
-            prepared, stats = result_of(future, f"hunt configuration {batch[0][0].label()}")
+            prepared, stats = handoff.unpack(
+                result_of(future, f"hunt configuration {batch[0][0].label()}"))
             stats.wait_s += time.perf_counter() - started
             judge.stats.add(stats)
             send()  # drawn before this batch is judged: the reference process keeps busy
             judged = time.perf_counter()
-            for (c, phase), (p, truth, file) in zip(batch, prepared, strict=True):
+            for (c, phase), (p, truth) in zip(batch, prepared, strict=True):
                 if time.monotonic() >= deadline:
                     return None
-                trial = judge.score(replace(p, x=_take(file, c)), truth, phase,
-                                    {"config": _config_dict(c)})
+                trial = judge.score(p, truth, phase, {"config": _config_dict(c)})
                 tried += 1
                 on_trial(trial)
                 if trial.failed:
@@ -124,33 +117,25 @@ def search(space: Space, judge: Judge, rng: np.random.Generator, deadline: float
             per_trial = took if not per_trial else 0.7 * per_trial + 0.3 * took
         return None
     finally:
-        for _, files, future in [*pending, *([current] if current else [])]:
-            future.cancel()  # a batch not started is dropped, the others' inputs removed
-            future.add_done_callback(partial(_remove, files))
+        for _, future in pending:
+            future.cancel()  # a batch not started is dropped, the others' files removed
+            future.add_done_callback(_discard)
 
 
-def inputs_with_truths(configs: list[Config], files: list[Path], function: str, mode: str,
-                       precision: int) -> tuple[list[tuple[Prepared, Any, Path]], TruthStats]:
-    """A batch's inputs, each written to its file, prepared, with their truths (what the
-    reference process computes; the inputs go by file, not back through the pipe)."""
+def inputs_with_truths(configs: list[Config], function: str, mode: str, precision: int,
+                       where: Path) -> bytes:
+    """A batch's inputs, prepared, with their truths and how they were obtained, packed for
+    the parent (handoff: the arrays go as files in `where`); what a reference process
+    computes."""
     inputs = [config_input(c) for c in configs]
-    for inp, file in zip(inputs, files, strict=True):
-        inp.x.tofile(file)
     prepared, stats = with_truths(inputs, [c.dtype for c in configs], function, mode,
                                   precision)
-    return [(replace(p, x=None), t, f) for (p, t), f in zip(prepared, files, strict=True)], stats
+    return handoff.pack((prepared, stats), where)
 
 
-def _remove(files: list[Path], _done: Future) -> None:
-    for file in files:
-        file.unlink(missing_ok=True)
-
-
-def _take(file: Path, c: Config) -> np.ndarray:
-    """A configuration's input from the file its reference process wrote (then removed)."""
-    x = np.fromfile(file, dtype=get_format(c.dtype).numpy).reshape(c.rows, c.n)
-    file.unlink()
-    return x
+def _discard(future: Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        handoff.discard(future.result())
 
 
 def _pick(pool: list[tuple[float, int, Config]], rng: np.random.Generator) -> Config:
