@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -216,11 +216,29 @@ def run_verification(
                           max_rows=max_rows, store=store, workers=workers)
     stats = stats if stats is not None else TruthStats()
 
-    # A batch at a time, so that the inputs and truths of the whole matrix never sit in
-    # memory at once; the next batches' references are computed in processes of their own
-    # while this one's kernels run (a thread would share the interpreter lock with
-    # torch.compile's tracing, and the two would take turns instead of running side by side).
-    work = batches(cases, max_elements)
+    # closing: on an error or an interrupt the reference processes end now, not whenever
+    # the traceback lets the generator go
+    with closing(solved_ahead(batches(cases, max_elements), solve_batch, stats)) as ahead:
+        for prepared, truths in ahead:
+            if on_truth:
+                on_truth(len(prepared))
+            for prep, truth in zip(prepared, truths, strict=True):
+                for spec in todo(prep.case):
+                    record = one(spec, prep, truth, isolation, scale)
+                    with_compile_check(record, compiled.get(call_key(spec, prep.case)))
+                    on_record(record)
+            del prepared, truths
+
+
+def solved_ahead(work: list[list[VerifyCase]], solve_batch: Callable, stats: TruthStats
+                 ) -> Iterator[tuple[list[Prepared], list]]:
+    """Each batch's prepared inputs and truths, in order; how they were obtained, and how long
+    the caller waited for them, added to stats.
+
+    A batch at a time, so that the inputs and truths of the whole matrix never sit in memory
+    at once; the next batches' references are computed in processes of their own while the
+    caller judges this one (a thread would share the interpreter lock with torch.compile's
+    tracing, and the two would take turns instead of running side by side)."""
     depth = min(REFERENCE_PROCESSES, len(work))
     with handoff.folder() as where, reference_process(depth) as ahead:
         solve_batch = partial(_handed, solve_batch, where)
@@ -233,14 +251,7 @@ def run_verification(
             if i + depth < len(work):
                 pending.append(ahead.submit(solve_batch, work[i + depth]))
             stats.add(batch_stats)
-            if on_truth:
-                on_truth(len(prepared))
-            for prep, truth in zip(prepared, truths, strict=True):
-                for spec in todo(prep.case):
-                    record = one(spec, prep, truth, isolation, scale)
-                    with_compile_check(record, compiled.get(call_key(spec, prep.case)))
-                    on_record(record)
-            del prepared, truths
+            yield prepared, truths
 
 
 def solved(batch: list[VerifyCase], *, max_elements: int, precision: int, mode: str,
