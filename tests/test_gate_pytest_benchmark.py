@@ -1,8 +1,9 @@
 """pytest-benchmark files made by pytest-benchmark itself (a loop benchmarked in subprocesses,
 each one process), kept as a baseline with its noise floor and gated one run at a time.
 
-The benchmark adds up 100000 integers a round; the planted slowdown adds up four times as
-many. The five base processes run side by side with the rest of the suite, so their spread,
+The benchmark adds up 100000 integers a round; the planted slowdown adds up sixteen times
+as many (four times read 3.9x and was not judged slower once, in CI on 2026-11-26, against
+a floor the load had widened past 0.24 in log time). The five base processes run side by side with the rest of the suite, so their spread,
 the baseline's noise floor, is whatever the load makes it: a planted 1.45x read 1.31x-1.36x
 and a planted 2x read 2.07x, and were, rightly, `not significant` against such a floor. A
 test that asserts a verdict needs a slowdown no load on this machine hides; docs/gates.md
@@ -57,7 +58,7 @@ def start(tmp: Path, factor: float, args: list[str]) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Five runs of the kernel as it was, one more of it unchanged (saved by --benchmark-save
-    into a storage folder) and one of it 4x slower: seven processes, run side by side."""
+    into a storage folder) and one of it 16x slower: seven processes, run side by side."""
     tmp = tmp_path_factory.mktemp("pytest-benchmark")
     (tmp / "test_loop.py").write_text(BENCH)
     (tmp / "pytest.ini").write_text("[pytest]\n")
@@ -65,7 +66,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
              for i in range(5)}
     procs["same"] = start(tmp, 1.0, ["--benchmark-save=same",
                                      f"--benchmark-storage=file://{tmp / 'storage'}"])
-    procs["slow"] = start(tmp, 4.0, [f"--benchmark-json={tmp / 'slow.json'}"])
+    procs["slow"] = start(tmp, 16.0, [f"--benchmark-json={tmp / 'slow.json'}"])
     for name, p in procs.items():
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, f"{name}: {out.decode()[-2000:]}"
@@ -106,12 +107,12 @@ def test_a_five_run_baseline_gates_one_run_at_a_time(cli, runs, tmp_path):
     assert code == 1 and row["verdict"] == "slower" and row["regression"], row
     # CPU time still moves with a shared machine's load (1.31x-1.85x measured for a 1.45x
     # at load averages 7-10), hence the loose bounds on the ratio; the verdicts are the test
-    assert 2.5 < e["ratio"] < 6.0 and e["lo"] > 1.1 and e["processes"] == [1, 1]
+    assert 8 < e["ratio"] < 32 and e["lo"] > 1.1 and e["processes"] == [1, 1]
     assert e["noise_sd_log"] >= floor["sd_log"]["time"]
 
     code, row = gate_row(cli, baseline, runs["same"], tmp_path / "same.json")
     assert code == 0 and not row["regression"] and row["verdict"] != "inconclusive", row
-    assert 0.75 < row["estimate"]["ratio"] < 1.3 and row["estimate"]["lo"] < 1.1
+    assert 0.6 < row["estimate"]["ratio"] < 1.6 and row["estimate"]["lo"] < 1.1
 
     # without the baseline's floor, one file a side has no verdict
     code, row = gate_row(cli, runs["base0"], runs["slow"], tmp_path / "one.json")
