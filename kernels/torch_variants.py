@@ -64,9 +64,9 @@ def _unbacked(t: Any, dims: tuple[int, ...]) -> Any:
 
 def _compile(*varying: tuple[int, ...]) -> Callable[[Callable], Callable]:
     """torch.compile on first use, so importing this module stays cheap. varying[i] names the
-    dimensions of positional argument i that differ between calls (rows, blocks, widths): they
-    are unbacked (mark_unbacked), so that one graph per dtype serves every shape instead of one
-    per size-1 dimension, block count and last-block width (docs/numerics.md section 3)."""
+    dimensions of positional argument i whose sizes are unbacked (mark_unbacked): the row
+    length, block count and last-block width, so that one graph per dtype and row-count class
+    serves every such size instead of one per 0/1 specialization (docs/numerics.md 6.7)."""
 
     def wrap(fn: Callable) -> Callable:
         def call(*args: Any) -> Any:
@@ -223,7 +223,8 @@ def _pass_scale(eh: torch.Tensor, el: torch.Tensor, scale_h: torch.Tensor,
                      1).to(like.dtype)
 
 
-@_compile(SCALAR, SCALAR, SCALAR)  # no unbacked sizes: they made inductor's fusion of it up to 2.6x slower
+# backed sizes: unbacked ones made inductor's fusion of it up to 2.6x slower (numerics.md 6.7)
+@_compile(SCALAR, SCALAR, SCALAR)
 def _fused(x: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     s = _kept(x, tau.dtype)
     m = s.amax(-1, keepdim=True)
