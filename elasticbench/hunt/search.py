@@ -96,8 +96,7 @@ def search(space: Space, judge: Judge, rng: np.random.Generator, deadline: float
         while pending and time.monotonic() < deadline:
             batch, future = pending.popleft()
             started = time.perf_counter()
-            prepared, stats = handoff.unpack(
-                result_of(future, f"hunt configuration {batch[0][0].label()}"))
+            prepared, stats = result_of(future, f"hunt configuration {batch[0][0].label()}")
             stats.wait_s += time.perf_counter() - started
             judge.stats.add(stats)
             send()  # drawn before this batch is judged: the reference process keeps busy

@@ -245,8 +245,7 @@ def solved_ahead(work: list[list[VerifyCase]], solve_batch: Callable, stats: Tru
         pending = deque(ahead.submit(solve_batch, batch) for batch in work[:depth])
         for i in range(len(work)):
             started = time.perf_counter()
-            prepared, truths, batch_stats = handoff.unpack(
-                result_of(pending.popleft(), _named(work[i])))
+            prepared, truths, batch_stats = result_of(pending.popleft(), _named(work[i]))
             stats.wait_s += time.perf_counter() - started
             if i + depth < len(work):
                 pending.append(ahead.submit(solve_batch, work[i + depth]))
@@ -306,9 +305,10 @@ def _named(batch: list[VerifyCase]) -> str:
 
 
 def result_of(pending: Future, what: str) -> Any:
-    """A reference process's result; one that died becomes one line naming what it held."""
+    """A reference process's result, unpacked (handoff); one that died becomes one line naming
+    what it held."""
     try:
-        return pending.result()
+        return handoff.unpack(pending.result())
     except BrokenProcessPool:
         raise TruthError(f"the reference process died (killed, or out of memory) while "
                          f"preparing or evaluating {what}") from None
