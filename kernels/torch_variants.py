@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -72,27 +73,36 @@ def _compile(*varying: tuple[int, ...]) -> Callable[[Callable], Callable]:
         def call(*args: Any) -> Any:
             c = _compiled.get(fn.__name__)
             if c is None:
-                import torch._dynamo
-
-                # a few graphs per function and dtype remain (n = 1 and q = 0 specialize
-                # strides); past the limit dynamo would run the rest eagerly, so that the
-                # compiled kernel a record names would not be the code it judged.
-                cfg = torch._dynamo.config
-                for name in ("recompile_limit", "cache_size_limit"):
-                    if hasattr(cfg, name):
-                        setattr(cfg, name, max(getattr(cfg, name), 1024))
-                # without duck shapes, strides or offsets equal by coincidence (n = 2048)
-                # are not guarded as equal, which would compile one graph per coincidence
-                from torch.fx.experimental import _config as fx_config
-
-                fx_config.use_duck_shape = False
-                c = _compiled[fn.__name__] = torch.compile(fn, dynamic=True)
+                c = _compiled[fn.__name__] = _first_compile(fn)
             return c(*(_unbacked(a, dims) for a, dims in zip(args, varying, strict=True)))
 
         call.__name__ = fn.__name__
         return call
 
     return wrap
+
+
+def _first_compile(fn: Callable) -> Callable:
+    """torch.compile(fn), dynamo configured on first use. torch's import of inductor warns of a
+    deprecation of its own (torch.jit.script_method): not the kernel's doing, so not recorded
+    as a warning of the kernel that happened to compile first."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import torch._dynamo
+
+        # a few graphs per function and dtype remain (n = 1 and q = 0 specialize strides);
+        # past the limit dynamo would run the rest eagerly, so that the compiled kernel a
+        # record names would not be the code it judged.
+        cfg = torch._dynamo.config
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(cfg, name):
+                setattr(cfg, name, max(getattr(cfg, name), 1024))
+        # without duck shapes, strides or offsets equal by coincidence (n = 2048) are not
+        # guarded as equal, which would compile one graph per coincidence
+        from torch.fx.experimental import _config as fx_config
+
+        fx_config.use_duck_shape = False
+        return torch.compile(fn, dynamic=True)
 
 
 def _packed(kernel: Callable) -> Callable:
