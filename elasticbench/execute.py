@@ -211,15 +211,33 @@ class Worker:
     def call(self, call: Callable[[], T], timeout: float | None,
              failed: Callable[[str, float], T]) -> T:
         """call() in the worker; a crash, a kill or a hang past timeout gives failed()."""
-        proc = self._start()
-        assert proc.stdin is not None and proc.stdout is not None
         start = time.perf_counter()
+        if not self.submit(call):
+            return failed(_death(self.proc.wait() if self.proc else None),
+                          time.perf_counter() - start)
+        return self.collect(timeout, failed, start)
+
+    def submit(self, call: Callable[[], Any]) -> bool:
+        """Send call() to the worker (started if need be) without waiting for its answer;
+        False when the worker died before taking it."""
+        proc = self._start()
+        assert proc.stdin is not None
         try:
             write_message(proc.stdin, pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))
         except BrokenPipeError:
-            return failed(_death(proc.wait()), time.perf_counter() - start)
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        if not ready:
+            return False
+        return True
+
+    def collect(self, timeout: float | None, failed: Callable[[str, float], T],
+                start: float | None = None) -> T:
+        """The answer to the call submitted last; a crash, a kill or no answer within
+        timeout gives failed(reason, seconds since start)."""
+        start = time.perf_counter() if start is None else start
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None
+        # no select without a limit: with several calls in flight, the next answer may be in
+        # the reader's buffer already, and select would wait on the empty pipe for good
+        if timeout is not None and not select.select([proc.stdout], [], [], timeout)[0]:
             self.stop()
             return failed(f"timed out after {timeout:g}s", time.perf_counter() - start)
         data = read_message(proc.stdout)

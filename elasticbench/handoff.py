@@ -11,6 +11,7 @@ import pickle
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +46,25 @@ class _Packer(pickle.Pickler):
         return _take, (name, obj.dtype, obj.shape)
 
 
-def pack(obj: Any, where: Path) -> bytes:
-    """obj pickled, its large arrays written to files in `where` (read back by unpack)."""
+def pack(obj: Any, where: Path, whole: bool = False) -> bytes:
+    """obj pickled, its large arrays written to files in `where` (read back by unpack);
+    whole: the whole pickle in one file (many small objects, records, say)."""
     buf = io.BytesIO()
     _Packer(buf, where).dump(obj)
-    return buf.getvalue()
+    if not whole:
+        return buf.getvalue()
+    fd, name = tempfile.mkstemp(dir=where, suffix=".pickle")
+    with os.fdopen(fd, "wb") as f:
+        f.write(buf.getbuffer())
+    return pickle.dumps(_WholeFile(name), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def unpack(data: bytes) -> Any:
-    """What pack was given; each array's file is read and removed."""
-    return pickle.loads(data)
+def unpack(data: bytes, keep: bool = False) -> Any:
+    """What pack was given; each array's file is read and removed (keep: left in place, for
+    the one other reader that unpacks it after)."""
+    if not keep:
+        return pickle.loads(data)
+    return _Keeper(io.BytesIO(data)).load()
 
 
 def discard(data: bytes) -> None:
@@ -62,17 +72,50 @@ def discard(data: bytes) -> None:
     _Dropper(io.BytesIO(data)).load()
 
 
-class _Dropper(pickle.Unpickler):
+class _Redirected(pickle.Unpickler):
+    """An unpickler that reads the files of a pack with another function than _take."""
+
+    instead: Any = None
+
     def find_class(self, module: str, name: str) -> Any:
-        return _drop if (module, name) == (__name__, "_take") else super().find_class(module,
-                                                                                       name)
+        if module == __name__ and name in ("_take", "_whole"):
+            return partial(type(self).instead, whole=name == "_whole")
+        return super().find_class(module, name)
 
 
-def _drop(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
-    os.unlink(name)
+class _Dropper(_Redirected):
+    @staticmethod
+    def instead(name: str, *_: Any, whole: bool) -> None:
+        if whole:
+            _Dropper(io.BytesIO(Path(name).read_bytes())).load()
+        os.unlink(name)
+
+
+class _Keeper(_Redirected):
+    @staticmethod
+    def instead(name: str, *args: Any, whole: bool) -> Any:
+        if whole:
+            return _Keeper(io.BytesIO(Path(name).read_bytes())).load()
+        return np.fromfile(name, dtype=args[0]).reshape(args[1])
 
 
 def _take(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     a = np.fromfile(name, dtype=dtype).reshape(shape)
     os.unlink(name)
     return a
+
+
+class _WholeFile:
+    """Pickles as a reference to a file holding a whole pickle (pack's whole=True)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return _whole, (self.name,)
+
+
+def _whole(name: str) -> Any:
+    data = Path(name).read_bytes()
+    os.unlink(name)
+    return pickle.loads(data)

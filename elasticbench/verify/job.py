@@ -44,6 +44,6 @@ class VerifyJob(Job[tuple[str, VerifyCase]]):
                 kernels, [c for mode, c in items if mode == m], max_elements=self.max_elements,
                 store=self.store, precision=self.precision, workers=self.workers, mode=m,
                 isolation=self.isolation, done=done, on_truth=references.advance,
-                max_rows=self.max_rows, stats=stats, scale=self.scale,
+                max_rows=self.max_rows, stats=stats, scale=self.scale, lanes=True,
                 on_record=lambda r: (session.add(r), checks.advance()))
             session.header["reference"] = stats.to_dict()

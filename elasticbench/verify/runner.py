@@ -39,6 +39,7 @@ from .backward import (
 from .case import case_key
 from .check import CheckResult, check_output
 from .compile_check import call_key, compile_checks, with_compile_check
+from .lanes import Lane, lane, lane_share
 from .matrix import MAX_ROWS, VerifyCase
 from .record import verify_record
 from .second_order import second_order
@@ -195,11 +196,14 @@ def run_verification(
     max_rows: int = MAX_ROWS,
     stats: TruthStats | None = None,
     scale: float = 1.0,
+    lanes: bool = False,
 ) -> None:
     """Verify each kernel (all of `mode`) on every case of its function that it takes;
     pairs whose record_key is in `done` (a resumed run) are skipped, and a case left
     with nothing to do costs no reference. Each record goes to on_record; how the truths
-    were obtained is added to stats. Budgets are each kernel's contract's, times scale."""
+    were obtained is added to stats. Budgets are each kernel's contract's, times scale.
+    lanes: a share of the kernels may be judged by a second process beside this one
+    (verify/lanes.py); its records come after this one's for each batch."""
     by_function: dict[str, list[KernelSpec]] = {}
     for k in kernels:
         by_function.setdefault(k.function, []).append(k)
@@ -215,42 +219,78 @@ def run_verification(
     solve_batch = partial(solved, max_elements=max_elements, precision=precision, mode=mode,
                           max_rows=max_rows, store=store, workers=workers)
     stats = stats if stats is not None else TruthStats()
+    shared = set() if not lanes or isolation.active else lane_share(
+        kernels, lambda k: sum(1 for c in cases if k in todo(c)))
 
-    # closing: on an error or an interrupt the reference processes end now, not whenever
-    # the traceback lets the generator go
-    with closing(solved_ahead(batches(cases, max_elements), solve_batch, stats)) as ahead:
-        for prepared, truths in ahead:
+    def emit(spec: KernelSpec, case: VerifyCase, record: VerifyRecord) -> None:
+        with_compile_check(record, compiled.get(call_key(spec, case)))
+        on_record(record)
+
+    def judge(prep: Prepared, truth: Any, specs: list[KernelSpec]) -> None:
+        for spec in specs:
+            emit(spec, prep.case, one(spec, prep, truth, isolation, scale))
+
+    # closing: on an error or an interrupt the reference processes (and the lane) end now,
+    # not whenever the traceback lets the generator go
+    with handoff.folder() as where, lane(one, scale, where) as second, closing(
+            solved_ahead(batches(cases, max_elements), solve_batch, stats, where,
+                         keep=bool(shared))) as ahead:
+        waiting = None  # the batch the lane is judging: (prepared, truths, its share)
+        for prepared, truths, handed in ahead:
             if on_truth:
                 on_truth(len(prepared))
-            for prep, truth in zip(prepared, truths, strict=True):
-                for spec in todo(prep.case):
-                    record = one(spec, prep, truth, isolation, scale)
-                    with_compile_check(record, compiled.get(call_key(spec, prep.case)))
-                    on_record(record)
+            share = [[k for k in todo(p.case) if (k.name, k.mode) in shared] for p in prepared]
+            sent = handed is not None and second.send(handed, share)
+            for prep, truth, theirs in zip(prepared, truths, share, strict=True):
+                judge(prep, truth, [k for k in todo(prep.case) if not sent or k not in theirs])
+            if waiting is not None:  # the lane's batch before this one, judged meanwhile
+                _received(second, *waiting, judge, emit)
+            waiting = (prepared, truths, share) if sent else None
             del prepared, truths
+        if waiting is not None:
+            _received(second, *waiting, judge, emit)
 
 
-def solved_ahead(work: list[list[VerifyCase]], solve_batch: Callable, stats: TruthStats
-                 ) -> Iterator[tuple[list[Prepared], list]]:
-    """Each batch's prepared inputs and truths, in order; how they were obtained, and how long
-    the caller waited for them, added to stats.
+def _received(second: Lane, prepared: list[Prepared], truths: list,
+              share: list[list[KernelSpec]], judge: Callable, emit: Callable) -> None:
+    """The lane's records of a batch, passed on; a lane that died on it leaves its share to
+    be judged here."""
+    records = second.receive()
+    if records is None:
+        for prep, truth, specs in zip(prepared, truths, share, strict=True):
+            judge(prep, truth, specs)
+        return
+    pairs = [(spec, prep.case) for prep, specs in zip(prepared, share, strict=True)
+             for spec in specs]
+    for (spec, case), record in zip(pairs, records, strict=True):
+        emit(spec, case, record)
+
+
+def solved_ahead(work: list[list[VerifyCase]], solve_batch: Callable, stats: TruthStats,
+                 where: Path, keep: bool = False
+                 ) -> Iterator[tuple[list[Prepared], list, bytes | None]]:
+    """Each batch's prepared inputs and truths, in order, handed over through files in
+    `where`; how they were obtained, and how long the caller waited for them, added to
+    stats. keep: each batch's files are left for one more reader, to whom the third item
+    (the packed batch) goes; else it is None.
 
     A batch at a time, so that the inputs and truths of the whole matrix never sit in memory
     at once; the next batches' references are computed in processes of their own while the
     caller judges this one (a thread would share the interpreter lock with torch.compile's
     tracing, and the two would take turns instead of running side by side)."""
     depth = min(REFERENCE_PROCESSES, len(work))
-    with handoff.folder() as where, reference_process(depth) as ahead:
+    with reference_process(depth) as ahead:
         solve_batch = partial(_handed, solve_batch, where)
         pending = deque(ahead.submit(solve_batch, batch) for batch in work[:depth])
         for i in range(len(work)):
             started = time.perf_counter()
-            prepared, truths, batch_stats = result_of(pending.popleft(), _named(work[i]))
+            future = pending.popleft()
+            prepared, truths, batch_stats = result_of(future, _named(work[i]), keep)
             stats.wait_s += time.perf_counter() - started
             if i + depth < len(work):
                 pending.append(ahead.submit(solve_batch, work[i + depth]))
             stats.add(batch_stats)
-            yield prepared, truths
+            yield prepared, truths, future.result() if keep else None
 
 
 def solved(batch: list[VerifyCase], *, max_elements: int, precision: int, mode: str,
@@ -304,11 +344,11 @@ def _named(batch: list[VerifyCase]) -> str:
             f"{first.shape[0]}x{first.shape[1]} ({first.generator})")
 
 
-def result_of(pending: Future, what: str) -> Any:
-    """A reference process's result, unpacked (handoff); one that died becomes one line naming
-    what it held."""
+def result_of(pending: Future, what: str, keep: bool = False) -> Any:
+    """A reference process's result, unpacked (handoff; keep: its files left for another
+    reader); one that died becomes one line naming what it held."""
     try:
-        return handoff.unpack(pending.result())
+        return handoff.unpack(pending.result(), keep)
     except BrokenProcessPool:
         raise TruthError(f"the reference process died (killed, or out of memory) while "
                          f"preparing or evaluating {what}") from None

@@ -1,0 +1,105 @@
+"""A second kernel lane: on two cores or more, a verification's kernels are shared between
+its own process and a second interpreter, which judges its kernels on each batch beside it.
+
+The reference processes leave a core idle for much of a verification (the kernels' side,
+torch.compile's tracing above all, is the longer one), so the kernels' work is split in two:
+every other kernel goes to the lane, which gets each batch's inputs and truths through the
+same hand-over files as the parent (elasticbench.handoff) and sends its records back the same
+way. Records are the ones the parent would have made; only their order differs (a lane's
+records for a batch come after the parent's). A lane that dies hands its batch back: the
+parent judges that share itself, and every share after it (docs/numerics.md section 6.9).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+
+from .. import handoff
+from ..execute import IN_PROCESS, Worker
+from ..records import VerifyRecord
+from ..registry import BUILTIN_MODULES, KernelSpec
+
+MIN_PAIRS = 2000  # (case, kernel) pairs a lane's share must reach to pay for its start-up
+
+
+def travels(spec: KernelSpec) -> bool:
+    """Whether a fresh interpreter finds the kernel by name: a built-in, or one of a kernel
+    file (loaded there). A kernel registered by code the lane does not run stays here."""
+    if spec.source != "builtin":
+        return True
+    return getattr(spec.fn, "__module__", None) in BUILTIN_MODULES
+
+
+def lane_share(kernels: list[KernelSpec], pairs: Callable[[KernelSpec], int],
+               cores: int | None = None) -> set[tuple[str, str]]:
+    """The (name, mode) of the kernels the lane judges: every other kernel that travels, so
+    that each backend's kernels are shared alike; none with fewer than two cores, or when
+    its share would judge fewer than MIN_PAIRS (case, kernel) pairs."""
+    if cores is None:
+        cores = os.cpu_count() or 1
+    share = [k for k in kernels if travels(k)][0::2]
+    if cores < 2 or len(kernels) < 2 or sum(pairs(k) for k in share) < MIN_PAIRS:
+        return set()
+    return {(k.name, k.mode) for k in share}
+
+
+def judge_share(handed: bytes, share: list[list[KernelSpec]], one: Callable[..., VerifyRecord],
+                scale: float, where: Path) -> bytes:
+    """In the lane: a batch's inputs and truths (handed over), each judged by its share of
+    the kernels with `one` (verify_one, verify_backward_one); the records, packed into one
+    file of `where`."""
+    prepared, truths, _ = handoff.unpack(handed)
+    records = [one(spec, prep, truth, IN_PROCESS, scale)
+               for prep, truth, specs in zip(prepared, truths, share, strict=True)
+               for spec in specs]
+    return handoff.pack(records, where, whole=True)
+
+
+class Lane:
+    """The second interpreter, fed one batch at a time; answers come back in order."""
+
+    def __init__(self, one: Callable[..., VerifyRecord], scale: float, where: Path) -> None:
+        self.one, self.scale, self.where = one, scale, where
+        self.worker = Worker()
+        self.alive, self.fresh = True, True
+
+    def send(self, handed: bytes, share: list[list[KernelSpec]]) -> bool:
+        """The batch handed to the lane; False (its files removed) once the lane is gone. A
+        lane is started once, never again: a fresh one would answer for batches it never
+        had."""
+        proc = self.worker.proc
+        self.alive = self.alive and (self.fresh or (proc is not None and proc.poll() is None))
+        self.fresh = False
+        if self.alive and self.worker.submit(
+                partial(judge_share, handed, share, self.one, self.scale, self.where)):
+            return True
+        self.alive = False
+        handoff.discard(handed)
+        return False
+
+    def receive(self) -> list[VerifyRecord] | None:
+        """The records of the oldest batch sent; None once the lane has died (on this batch
+        or before it): every batch it held is then the parent's to judge."""
+        packed = self.worker.collect(None, lambda why, s: None) if self.alive else None
+        if packed is None:
+            self.alive = False
+            return None
+        return handoff.unpack(packed)
+
+    def stop(self) -> None:
+        self.worker.stop()
+
+
+@contextmanager
+def lane(one: Callable[..., VerifyRecord], scale: float, where: Path) -> Iterator[Lane]:
+    """A lane judging with `one`, stopped on leaving (its unfinished batch dropped),
+    whatever the way out."""
+    second = Lane(one, scale, where)
+    try:
+        yield second
+    finally:
+        second.stop()

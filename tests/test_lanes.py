@@ -1,0 +1,123 @@
+"""The second kernel lane (elasticbench/verify/lanes.py): the same records as one process
+makes, a lane that dies leaves its share to the parent, kernels that cannot travel stay."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from elasticbench.numerics.truth_cache import TruthStore
+from elasticbench.registry import get_kernel, load_kernel_file, register_kernel, scoped_kernels
+from elasticbench.verify import lanes
+from elasticbench.verify.matrix import builtin_case, expand, load_matrix
+from elasticbench.verify.runner import run_verification
+
+NUMPY = ("numpy_elastic", "numpy_softmax", "numpy_softmax1", "numpy_stablemax")
+
+# A kernel that dies in the lane's interpreter (python -m elasticbench.worker) only: the
+# parent then judges the lane's share itself.
+DIES_IN_THE_LANE = '''
+import os, sys
+import numpy as np
+from elasticbench import register_kernel
+from elasticbench.kernels.numpy_kernels import numpy_softmax
+
+@register_kernel(function="softmax", backend="numpy", name="lane_killer")
+def lane_killer(x):
+    if sys.argv[0].endswith(os.path.join("elasticbench", "worker.py")):
+        os._exit(3)
+    return numpy_softmax(x)
+'''
+
+
+def _judged(specs, monkeypatch, lanes_on: bool, answers: list | None = None) -> list:
+    monkeypatch.setattr(lanes, "MIN_PAIRS", 0)  # the quick matrix is small: a lane anyway
+    receive = lanes.Lane.receive
+
+    def noted(self):
+        got = receive(self)
+        if answers is not None:
+            answers.append(got)
+        return got
+
+    monkeypatch.setattr(lanes.Lane, "receive", noted)
+    matrix = load_matrix(builtin_case("verify-quick"))
+    cases = expand(matrix, sorted({s.function for s in specs}), ["fp32", "bf16"])
+    records: list = []
+    run_verification(specs, cases, max_elements=matrix.max_elements, store=TruthStore(None),
+                     on_record=records.append, max_rows=matrix.max_rows, lanes=lanes_on)
+    return records
+
+
+def _by_key(records) -> dict:
+    return {r.key: dataclasses.replace(r, seconds=0.0) for r in records}
+
+
+def test_a_lane_makes_the_records_one_process_makes(monkeypatch):
+    specs = [get_kernel(n) for n in NUMPY]
+    assert len(lanes.lane_share(specs, lambda k: 10_000, cores=2)) == 2  # two of four go
+    answers: list = []
+    alone, shared = _judged(specs, monkeypatch, False), _judged(specs, monkeypatch, True, answers)
+    assert answers and all(a is not None for a in answers)  # the lane judged every batch
+    assert len(alone) == len(shared) > 100
+    assert _by_key(alone) == _by_key(shared)
+    assert {r.kernel for r in shared} == set(NUMPY)
+
+
+def test_a_lane_that_dies_leaves_its_share_to_the_parent(monkeypatch, tmp_path):
+    path = tmp_path / "killer.py"
+    path.write_text(DIES_IN_THE_LANE)
+    with scoped_kernels():
+        killer = [s for s in load_kernel_file(path) if s.name == "lane_killer"]
+        specs = [*killer, get_kernel("numpy_softmax")]
+        assert lanes.lane_share(specs, lambda k: 10_000, cores=2) == {("lane_killer", "fwd")}
+        answers: list = []
+        records = _judged(specs, monkeypatch, True, answers)
+    assert answers and all(a is None for a in answers)  # died on its first batch
+    judged = [r for r in records if r.kernel == "lane_killer"]
+    assert judged and all(r.passed for r in judged)  # all of them, judged here
+    assert len(judged) == len([r for r in records if r.kernel == "numpy_softmax"])
+
+
+def test_the_share_stays_home_on_one_core_small_work_or_for_kernels_that_cannot_travel():
+    specs = [get_kernel(n) for n in NUMPY]
+    assert lanes.lane_share(specs, lambda k: 10_000, cores=1) == set()
+    assert lanes.lane_share(specs, lambda k: 1, cores=2) == set()  # under MIN_PAIRS
+    assert lanes.lane_share(specs[:1], lambda k: 10_000, cores=2) == set()
+    with scoped_kernels():
+        @register_kernel(function="softmax", backend="numpy", name="inline_softmax")
+        def inline_softmax(x):  # registered here: a fresh interpreter would not find it
+            return x
+
+        inline = get_kernel("inline_softmax")
+        assert not lanes.travels(inline) and lanes.travels(specs[0])
+        share = lanes.lane_share([inline, *specs], lambda k: 10_000, cores=2)
+        assert ("inline_softmax", "fwd") not in share and len(share) == 2
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_kept_batch_is_read_twice_then_gone(tmp_path, keep):
+    import numpy as np
+
+    from elasticbench import handoff
+
+    a = np.arange(1 << 15, dtype=np.float64)
+    packed = handoff.pack({"a": a}, tmp_path)
+    first = handoff.unpack(packed, keep=keep)
+    assert np.array_equal(first["a"], a)
+    assert bool(list(tmp_path.iterdir())) == keep
+    if keep:
+        assert np.array_equal(handoff.unpack(packed)["a"], a)
+        assert not list(tmp_path.iterdir())
+
+
+def test_a_whole_pack_is_one_file_read_once(tmp_path):
+    from elasticbench import handoff
+
+    records = [{"kernel": f"k{i}", "max_ulp": i / 3} for i in range(2000)]
+    packed = handoff.pack(records, tmp_path, whole=True)
+    assert len(packed) < 200 and len(list(tmp_path.iterdir())) == 1
+    assert handoff.unpack(packed) == records and not list(tmp_path.iterdir())
+    handoff.discard(handoff.pack(records, tmp_path, whole=True))
+    assert not list(tmp_path.iterdir())
