@@ -4,6 +4,7 @@ makes, a lane that dies leaves its share to the parent, kernels that cannot trav
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -121,3 +122,20 @@ def test_a_whole_pack_is_one_file_read_once(tmp_path):
     assert handoff.unpack(packed) == records and not list(tmp_path.iterdir())
     handoff.discard(handoff.pack(records, tmp_path, whole=True))
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("one_lane", [False, True])
+def test_verify_shares_its_kernels_unless_told_one_lane(cli, monkeypatch, tmp_path, one_lane):
+    monkeypatch.setattr(lanes, "MIN_PAIRS", 0)
+    monkeypatch.setattr(lanes.os, "cpu_count", lambda: 2)
+    sent: list[int] = []
+    send = lanes.Lane.send
+    monkeypatch.setattr(lanes.Lane, "send", lambda self, *a: sent.append(1) or send(self, *a))
+    out = tmp_path / "v.json"
+    args = ["verify", "--quick", "-b", "numpy", "-f", "softmax,softmax1", "-d", "fp32",
+            "--json", str(out)] + (["--one-lane"] if one_lane else [])
+    r = cli(*args)
+    assert r.code == 0, r.out + r.err
+    assert bool(sent) is not one_lane
+    kernels = {rec["kernel"] for rec in json.loads(out.read_text())["records"]}
+    assert kernels == {"numpy_softmax", "numpy_softmax1"}

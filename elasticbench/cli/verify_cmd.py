@@ -53,6 +53,9 @@ MODE_CHOICES = ("fwd", "bwd", "both")
               help="Bits of the mpmath reference.")
 @click.option("--jobs", type=int, default=None, help="Reference worker processes [cores].")
 @click.option("--no-cache", is_flag=True, help="Recompute references instead of reading the cache.")
+@click.option("--one-lane", is_flag=True,
+              help="Judge every kernel in this process: no second kernel lane (less memory, "
+                   "more time on two cores or more).")
 @click.option("--mode", "mode", default="fwd", show_default=True, metavar="fwd|bwd|both",
               help="Verify forward kernels, backward (gradient) kernels, or both.")
 @click.option("--budget-scale", "budget_scale", default="1", show_default=True, metavar="X",
@@ -60,7 +63,8 @@ MODE_CHOICES = ("fwd", "bwd", "both")
 @survival_options("case")
 @note_options
 def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, quick, sizes,
-           params, layouts, json_path, precision, jobs, no_cache, mode, budget_scale, isolate,
+           params, layouts, json_path, precision, jobs, no_cache, one_lane, mode, budget_scale,
+           isolate,
            timeout, resume_path, shard, failures, traceback) -> None:
     """Check kernels against mpmath ground truth on adversarial inputs, in ulps.
 
@@ -90,7 +94,8 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     fixed = parse_params(params, [k for ks in by_mode.values() for k in ks], kind)
     path = case_path(case_file, quick, kind.quick_matrix, kind.matrix)
     options = VerifyOptions(dtypes, inputs, split_names(sizes), split_names(layouts), fixed,
-                            precision, jobs, no_cache, Isolation(isolate, timeout), scale)
+                            precision, jobs, no_cache, Isolation(isolate, timeout), scale,
+                            lanes=not one_lane)
     try:
         job = kind.verify_job(path, by_mode, options)
     except ValueError as e:

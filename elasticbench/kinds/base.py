@@ -32,6 +32,7 @@ class VerifyOptions:
     no_cache: bool
     isolation: Isolation
     scale: float = 1.0  # --budget-scale: every allowance of the run times it
+    lanes: bool = True  # a second kernel lane where it pays (--one-lane: none)
 
 
 @dataclass(frozen=True)

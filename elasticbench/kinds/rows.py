@@ -55,7 +55,7 @@ class Rows(Kind):
         return VerifyJob(kernels, cases, max_elements=matrix.max_elements, store=store,
                          precision=options.precision, workers=options.jobs,
                          isolation=options.isolation, max_rows=matrix.max_rows,
-                         scale=options.scale)
+                         scale=options.scale, lanes=options.lanes)
 
     def run_job(self, path: Path, options: RunOptions) -> tuple[RunJob, dict[str, Any]]:
         for f in options.functions:

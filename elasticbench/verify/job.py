@@ -21,11 +21,12 @@ class VerifyJob(Job[tuple[str, VerifyCase]]):
     def __init__(self, kernels: dict[str, list[KernelSpec]],
                  cases: dict[str, list[VerifyCase]], *, max_elements: int, store: TruthStore,
                  precision: int, workers: int | None, isolation: Isolation,
-                 max_rows: int = MAX_ROWS, scale: float = 1.0):
+                 max_rows: int = MAX_ROWS, scale: float = 1.0, lanes: bool = True):
         self.kernels, self.cases = kernels, cases
         self.max_elements, self.store, self.precision = max_elements, store, precision
         self.workers, self.isolation, self.max_rows = workers, isolation, max_rows
         self.scale = scale  # every budget of the run times this (--budget-scale)
+        self.lanes = lanes  # a second kernel lane where it pays (verify/lanes.py)
 
     def plan(self) -> list[tuple[str, VerifyCase]]:
         return [(m, c) for m, cases in self.cases.items() for c in cases]
@@ -44,6 +45,6 @@ class VerifyJob(Job[tuple[str, VerifyCase]]):
                 kernels, [c for mode, c in items if mode == m], max_elements=self.max_elements,
                 store=self.store, precision=self.precision, workers=self.workers, mode=m,
                 isolation=self.isolation, done=done, on_truth=references.advance,
-                max_rows=self.max_rows, stats=stats, scale=self.scale, lanes=True,
+                max_rows=self.max_rows, stats=stats, scale=self.scale, lanes=self.lanes,
                 on_record=lambda r: (session.add(r), checks.advance()))
             session.header["reference"] = stats.to_dict()
