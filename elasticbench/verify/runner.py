@@ -204,15 +204,7 @@ def run_verification(
     were obtained is added to stats. Budgets are each kernel's contract's, times scale.
     lanes: a share of the kernels may be judged by a second process beside this one
     (verify/lanes.py); its records come after this one's for each batch."""
-    by_function: dict[str, list[KernelSpec]] = {}
-    for k in kernels:
-        by_function.setdefault(k.function, []).append(k)
-
-    def todo(case: VerifyCase) -> list[KernelSpec]:
-        return [k for k in by_function.get(case.function, ())
-                if k.supports(case.dtype) and k.takes_layout(case.layout)
-                and case_key(k, case) not in done]
-
+    todo = _planned(kernels, done)
     cases = [c for c in cases if todo(c)]
     compiled = compile_checks([(spec, case) for case in cases for spec in todo(case)])
     one = verify_backward_one if mode == "bwd" else verify_one
@@ -235,26 +227,52 @@ def run_verification(
     with handoff.folder() as where, lane(one, scale, where) as second, closing(
             solved_ahead(batches(cases, max_elements), solve_batch, stats, where,
                          keep=bool(shared))) as ahead:
-        waiting = None  # the batch the lane is judging: (prepared, truths, its share)
-        for prepared, truths, handed in ahead:
-            if on_truth:
-                on_truth(len(prepared))
-            share = [[k for k in todo(p.case) if (k.name, k.mode) in shared] for p in prepared]
-            sent = handed is not None and second.send(handed, share)
-            for prep, truth, theirs in zip(prepared, truths, share, strict=True):
-                judge(prep, truth, [k for k in todo(prep.case) if not sent or k not in theirs])
-            if waiting is not None:  # the lane's batch before this one, judged meanwhile
-                _received(second, *waiting, judge, emit)
-            waiting = (prepared, truths, share) if sent else None
-            del prepared, truths
-        if waiting is not None:
-            _received(second, *waiting, judge, emit)
+        _judge_batches(ahead, second, todo, shared, judge, emit, on_truth)
 
 
-def _received(second: Lane, prepared: list[Prepared], truths: list,
-              share: list[list[KernelSpec]], judge: Callable, emit: Callable) -> None:
-    """The lane's records of a batch, passed on; a lane that died on it leaves its share to
-    be judged here."""
+def _planned(kernels: list[KernelSpec], done: frozenset[tuple] | set[tuple]
+             ) -> Callable[[VerifyCase], list[KernelSpec]]:
+    """The kernels still to judge on a case: of its function, taking its dtype and layout,
+    not done already (a resumed run)."""
+    by_function: dict[str, list[KernelSpec]] = {}
+    for k in kernels:
+        by_function.setdefault(k.function, []).append(k)
+
+    def todo(case: VerifyCase) -> list[KernelSpec]:
+        return [k for k in by_function.get(case.function, ())
+                if k.supports(case.dtype) and k.takes_layout(case.layout)
+                and case_key(k, case) not in done]
+
+    return todo
+
+
+def _judge_batches(ahead: Iterator[tuple[list[Prepared], list, bytes | None]], second: Lane,
+                   todo: Callable[[VerifyCase], list[KernelSpec]], shared: set[tuple[str, str]],
+                   judge: Callable, emit: Callable, on_truth: Callable[[int], None] | None
+                   ) -> None:
+    """Each batch judged: the lane's share (the kernels named in shared) sent to it, the rest
+    judged here; the lane's records of a batch taken after this process's share of the next."""
+    waiting = None  # the batch the lane is judging: (prepared, truths, its share)
+    for prepared, truths, handed in ahead:
+        if on_truth:
+            on_truth(len(prepared))
+        theirs = [[k for k in todo(p.case) if (k.name, k.mode) in shared] for p in prepared]
+        sent = handed is not None and second.send(handed, theirs)
+        for prep, truth, share in zip(prepared, truths, theirs, strict=True):
+            judge(prep, truth, [k for k in todo(prep.case) if not sent or k not in share])
+        _received(second, waiting, judge, emit)  # the lane's batch before, judged meanwhile
+        waiting = (prepared, truths, theirs) if sent else None
+        del prepared, truths
+    _received(second, waiting, judge, emit)
+
+
+def _received(second: Lane, waiting: tuple[list[Prepared], list, list[list[KernelSpec]]] | None,
+              judge: Callable, emit: Callable) -> None:
+    """The lane's records of the batch it was given (none: nothing to do), passed on; a lane
+    that died on it leaves its share to be judged here."""
+    if waiting is None:
+        return
+    prepared, truths, share = waiting
     records = second.receive()
     if records is None:
         for prep, truth, specs in zip(prepared, truths, share, strict=True):
