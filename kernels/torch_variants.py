@@ -22,7 +22,7 @@ declared models (elasticbench.passes):
 
 The passes see the row's length, block count and last-block width as unbacked sizes
 (`_compile`), so that dynamo traces one graph per dtype and row-count class (one row, more),
-not one per block count and width: the default matrix compiles 171 graphs instead of 279.
+not one per block count and width: the default matrix compiles 131 graphs instead of 279.
 compiled_elastic keeps backed sizes, for which inductor fuses it faster (docs/numerics.md
 section 6.7).
 
@@ -132,10 +132,15 @@ def _blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     here rather than in a graph: inductor cannot slice at an unbacked offset."""
     rows, n = x.shape
     q = (n - 1) // BLOCK
+    r = n - q * BLOCK
     off = x.storage_offset()
-    head = x.as_strided((rows, q, BLOCK), (n, BLOCK, 1), off)
-    last = x.as_strided((rows, 1, n - q * BLOCK), (n, n, 1), off + q * BLOCK)
-    return head, last
+    # dynamo compiles apart what it sees laid out differently, so both views always look
+    # the same: the head's row stride past BLOCK (free when the head is empty, or one row),
+    # the last block contiguous (its row stride free for one row; else, past the first
+    # block, a copy of at most BLOCK elements a row)
+    head = x.as_strided((rows, q, BLOCK), (n if q and rows > 1 else BLOCK + 1, BLOCK, 1), off)
+    last = x.as_strided((rows, 1, r), (n if rows > 1 else r, r, 1), off + q * BLOCK)
+    return head, last.contiguous() if q and rows > 1 else last
 
 
 def _per_block(head: torch.Tensor, last: torch.Tensor, f: Callable) -> tuple[torch.Tensor, ...]:
@@ -348,8 +353,11 @@ def elastic_exp_once(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
     eh, el, bm, bs = _pass_block_store(*_blocks(x), t)
     m, m0, s, w = _combine(bm, bs, t)
     scale = w / (s + beta * torch.exp(-m0 / t)).unsqueeze(1)  # (rows, q + 1, 1)
-    # fresh tensors, not views of scale, whose base dynamo would guard on
-    y = _pass_scale(eh, el, scale[:, :-1].clone(), scale[:, -1].clone(), x)
+    # fresh tensors, not views of scale, whose base dynamo would guard on; an empty eh with
+    # the strides of a one-block one, and the output's dtype carried by a 0-d tensor (x
+    # itself would specialize its length 1): one graph for every layout of the blocks
+    eh = eh if eh.numel() else eh.new_empty(eh.shape)
+    y = _pass_scale(eh, el, scale[:, :-1].clone(), scale[:, -1].clone(), _scalar(0, x.dtype))
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
 
 
