@@ -183,8 +183,11 @@ def _death(returncode: int | None) -> str:
 class Worker:
     """A child interpreter that runs calls for us; restarted whenever one kills it."""
 
-    def __init__(self) -> None:
+    def __init__(self, warm: bool = True) -> None:
+        """warm: wait, on starting, for the worker to load the built-in kernels (calls given
+        a time limit); else the first call loads what it needs, and its caller goes on."""
         self.proc: subprocess.Popen | None = None
+        self.warm = warm
 
     def _start(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
@@ -192,6 +195,8 @@ class Worker:
                 [sys.executable, "-m", "elasticbench.worker"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
             )
+            if not self.warm:
+                return self.proc
             # Load the built-in kernels (torch among them) before any call is timed: a
             # time limit is the kernel's, not the start-up's of a fresh interpreter.
             assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -230,7 +235,7 @@ class Worker:
 
     def collect(self, timeout: float | None, failed: Callable[[str, float], T],
                 start: float | None = None) -> T:
-        """The answer to the call submitted last; a crash, a kill or no answer within
+        """The answer to the oldest call not yet answered; a crash, a kill or no answer within
         timeout gives failed(reason, seconds since start)."""
         start = time.perf_counter() if start is None else start
         proc = self.proc

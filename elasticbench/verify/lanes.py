@@ -64,7 +64,7 @@ class Lane:
 
     def __init__(self, one: Callable[..., VerifyRecord], scale: float, where: Path) -> None:
         self.one, self.scale, self.where = one, scale, where
-        self.worker = Worker()
+        self.worker = Worker(warm=False)  # the parent judges its share while the lane starts
         self.alive, self.fresh = True, True
 
     def send(self, handed: bytes, share: list[list[KernelSpec]]) -> bool:
