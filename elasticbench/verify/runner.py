@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -206,13 +206,15 @@ def run_verification(
     (verify/lanes.py); its records come after this one's for each batch."""
     todo = _planned(kernels, done)
     cases = [c for c in cases if todo(c)]
-    compiled = compile_checks([(spec, case) for case in cases for spec in todo(case)])
+    planned = [(spec, case) for case in cases for spec in todo(case)]
+    compiled = compile_checks(planned)
     one = verify_backward_one if mode == "bwd" else verify_one
     solve_batch = partial(solved, max_elements=max_elements, precision=precision, mode=mode,
                           max_rows=max_rows, store=store, workers=workers)
     stats = stats if stats is not None else TruthStats()
+    pairs = Counter((spec.name, spec.mode) for spec, _ in planned)
     shared = set() if not lanes or isolation.active else lane_share(
-        kernels, lambda k: sum(1 for c in cases if k in todo(c)))
+        kernels, lambda k: pairs[(k.name, k.mode)])
 
     def emit(spec: KernelSpec, case: VerifyCase, record: VerifyRecord) -> None:
         with_compile_check(record, compiled.get(call_key(spec, case)))
