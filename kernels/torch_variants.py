@@ -21,10 +21,8 @@ declared models (elasticbench.passes):
 | elastic_accurate     | compiled_elastic computed in fp64               | 3 | 2 | 1 (fp64) |
 
 The passes see the row's length, block count and last-block width as unbacked sizes
-(`_compile`), so that dynamo traces one graph per dtype and row-count class (one row, more),
-not one per block count and width: the default matrix compiles 131 graphs instead of 279.
-compiled_elastic keeps backed sizes, for which inductor fuses it faster (docs/numerics.md
-section 6.7).
+(`_compile`): one graph per dtype and row-count class (one row, more), 131 for the default
+matrix; compiled_elastic keeps backed sizes, which inductor fuses faster (numerics.md 6.7).
 
 Rows whose kept maximum is not finite (NaN, +inf, nothing kept) or whose exponent is out
 of the exact-reduction range are redone by the eager torch kernel (docs/definitions.md section 3),
@@ -90,9 +88,8 @@ def _first_compile(fn: Callable) -> Callable:
         warnings.simplefilter("ignore", DeprecationWarning)
         import torch._dynamo
 
-        # a few graphs per function and dtype remain (n = 1 and q = 0 specialize strides);
-        # past the limit dynamo would run the rest eagerly, so that the compiled kernel a
-        # record names would not be the code it judged.
+        # several graphs per function remain (dtypes, row counts, _fused's shapes); past the
+        # limit dynamo would run the rest eagerly: not the code a record names
         cfg = torch._dynamo.config
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(cfg, name):
@@ -127,9 +124,9 @@ def _kept(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A contiguous (rows, n) x as two views: its whole blocks but the last, (rows, q, BLOCK),
-    and the last block (rows, 1, r), 1 <= r <= BLOCK, never empty, so its max is defined. Cut
-    here rather than in a graph: inductor cannot slice at an unbacked offset."""
+    """A contiguous (rows, n) x as its whole blocks but the last, (rows, q, BLOCK), and the
+    last block (rows, 1, r), 1 <= r <= BLOCK, never empty, so its max is defined. Cut here
+    rather than in a graph: inductor cannot slice at an unbacked offset."""
     rows, n = x.shape
     q = (n - 1) // BLOCK
     r = n - q * BLOCK
