@@ -16,40 +16,45 @@ import elasticbench.rows.ops  # noqa: F401  (registers elasticbench::exp_family)
 from elasticbench.nn import ElasticAttention, ElasticSoftmax
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+# the ops dispatch by device: CUDA tensors take the GPU tiers (Triton rows, the attention's
+# torch code), which opcheck must pass as well
+DEVICES = ("cpu", pytest.param("cuda", marks=pytest.mark.needs("gpu")))
 
 
 def _work(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_opcheck_exp_family(dtype):
+def test_opcheck_exp_family(dtype, device):
     g = torch.Generator().manual_seed(0)
-    x = (torch.randn(4, 33, generator=g) * 3).to(dtype).requires_grad_()
+    x = (torch.randn(4, 33, generator=g) * 3).to(device, dtype).requires_grad_()
     wd = _work(dtype)
-    tau = torch.tensor(0.7, dtype=wd, requires_grad=True)
-    beta = torch.tensor(0.3, dtype=wd, requires_grad=True)
-    per_row = torch.full((4, 1), 0.7, dtype=wd, requires_grad=True)
+    tau = torch.tensor(0.7, dtype=wd, device=device, requires_grad=True)
+    beta = torch.tensor(0.3, dtype=wd, device=device, requires_grad=True)
+    per_row = torch.full((4, 1), 0.7, dtype=wd, device=device, requires_grad=True)
     op = torch.ops.elasticbench.exp_family.default
     for args in ((x, tau, beta, True, -math.inf), (x, per_row, None, False, 0.0),
                  (x, per_row, beta, True, -math.inf)):
         assert set(opcheck(op, args).values()) == {"SUCCESS"}
     y = op(x.detach(), tau.detach(), beta.detach(), True, -math.inf)
     bwd = torch.ops.elasticbench.exp_family_backward.default
-    args = (x.detach(), y, torch.randn(4, 33, generator=g).to(dtype), tau.detach(),
+    args = (x.detach(), y, torch.randn(4, 33, generator=g).to(device, dtype), tau.detach(),
             beta.detach(), True, -math.inf, True)
     assert set(opcheck(bwd, args).values()) == {"SUCCESS"}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("dtype", "causal"), [(torch.float64, False), (torch.float32, True),
                                                (torch.bfloat16, False)])
-def test_opcheck_attention(dtype, causal):
+def test_opcheck_attention(dtype, causal, device):
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(2, 3, 5, 4, generator=g).to(dtype).requires_grad_()
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g).to(device, dtype).requires_grad_()
                for _ in range(3))
     wd = _work(dtype)
-    tau = torch.full((2, 3), 0.8, dtype=wd, requires_grad=True)
-    beta = torch.full((2, 3), 0.2, dtype=wd, requires_grad=True)
+    tau = torch.full((2, 3), 0.8, dtype=wd, device=device, requires_grad=True)
+    beta = torch.full((2, 3), 0.2, dtype=wd, device=device, requires_grad=True)
     op = torch.ops.elasticbench.attention.default
     assert set(opcheck(op, (q, k, v, tau, beta, 0.5, causal)).values()) == {"SUCCESS"}
     out, m, den = op(q.detach(), k.detach(), v.detach(), tau.detach(), beta.detach(), 0.5,
@@ -58,6 +63,22 @@ def test_opcheck_attention(dtype, causal):
     args = (q.detach(), k.detach(), v.detach(), out, torch.randn_like(out), m, den,
             tau.detach(), beta.detach(), 0.5, causal)
     assert set(opcheck(bwd, args).values()) == {"SUCCESS"}
+
+
+@pytest.mark.needs("gpu")
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_cuda_values_match_the_cpu(dtype):
+    """The same model's output and gradients on CUDA (the GPU tiers) and in float64 on the
+    CPU, within the dtype's rounding of a few operations."""
+    torch.manual_seed(0)
+    model = Block().double()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    want = _step(model, x)
+    got = _step(model.to("cuda", dtype), x.to("cuda", dtype))
+    tol = {torch.float32: 1e-4, torch.bfloat16: 5e-2}[dtype]
+    for name in want:
+        torch.testing.assert_close(got[name].double().cpu(), want[name], rtol=tol, atol=tol,
+                                   msg=name)
 
 
 class Block(nn.Module):
