@@ -9,7 +9,7 @@
 #   elasticbench verify --backend triton -d fp32,fp16,bf16 --mode both   -> verify.json
 #   pytest on the Triton tests and the torch ops' CUDA cases               -> log.txt
 #   elasticbench run --case cases/gpu.toml                                -> run.json
-#   the same with --mode bwd (the backward kernels; time permitting)     -> run_bwd.json
+#   elasticbench run --case cases/gpu-bwd.toml (time permitting)         -> run_bwd.json
 #   scripts/warm_cold.py triton_softmax torch_softmax (time permitting)   -> warm_cold.json
 # Every step's output goes to OUTDIR/log.txt; the whole stays within SECONDS (default 540),
 # each step cut off by `timeout` where it would run past it.
@@ -54,7 +54,7 @@ step tests 300 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_triton.p
 wait
 
 step run 300 elasticbench run --case cases/gpu.toml --json "$out/run.json"
-step run_bwd 200 elasticbench run --case cases/gpu.toml --mode bwd --json "$out/run_bwd.json"
+step run_bwd 200 elasticbench run --case cases/gpu-bwd.toml --json "$out/run_bwd.json"
 step warm_cold 120 python3 scripts/warm_cold.py triton_softmax torch_softmax \
     --json "$out/warm_cold.json"
 echo "== done, $(left) s to spare" | tee -a "$log"
