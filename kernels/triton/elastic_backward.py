@@ -145,13 +145,14 @@ def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx
         # pass 1: max and D' online (as the forward) and c = sum g y
         top = float("-inf")
         den = 0.0
+        comp = 0.0
         c_lanes = tl.zeros([BLOCK], dtype=tl.float32)
         for start in tl.range(0, n, BLOCK):
             idx = start + offs
             inside = idx < n
             x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
             s = keep(x, True)
-            top, den = online_step(top, den, s, k, PRE, EXP2_ULPS)
+            top, den, comp = online_step(top, den, comp, s, k, PRE, EXP2_ULPS)
             c_lanes += tl.where(x < 0.0, 0.0, g * y)
         c = tl.sum(c_lanes, axis=0)
         m = tl.where(_regular(top), top, 0.0)

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .launch import LaunchOptions, current_options, exp2_model_ulps, normalize_rows
 from .memory import ld, max_nan, st
-from .rows import ordinary, quotient, reciprocal, special_y
+from .rows import add_compensated, ordinary, quotient, reciprocal, special_y
 
 LOG2E = 1.4426950408889634
 FP32_MAX = 3.4028234663852886e38
@@ -118,13 +118,16 @@ def _exp_den(den, shift, k, beta, OFFSET: tl.constexpr, PRE: tl.constexpr,
 
 
 @triton.jit
-def online_step(top, den, s, k, PRE: tl.constexpr, EXP2_ULPS: tl.constexpr):
+def online_step(top, den, comp, s, k, PRE: tl.constexpr, EXP2_ULPS: tl.constexpr):
     """One chunk of an online pass: the running NaN-propagating max and den = sum
-    exp((s - max)/tau), rescaled by exp((old - new)/tau) when the max grows."""
+    exp((s - max)/tau) with its compensation comp, both rescaled by exp((old - new)/tau) when
+    the max grows."""
     new = tl.maximum(top, max_nan(s), propagate_nan=tl.PropagateNan.ALL)
     m = tl.where(new > float("-inf"), new, 0.0)
     e = exp2_scaled(s - m, k, PRE, False, EXP2_ULPS)
-    return new, den * exp2_scaled(top - m, k, PRE, False, EXP2_ULPS) + tl.sum(e, axis=0)
+    scale = exp2_scaled(top - m, k, PRE, False, EXP2_ULPS)
+    den, comp = add_compensated(den * scale, comp * scale, tl.sum(e, axis=0))
+    return new, den, comp
 
 
 @triton.jit
@@ -170,10 +173,11 @@ def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, beta0, rp_ptr,
         # exp((old - new)/tau) whenever the max grows
         top = float("-inf")
         den = 0.0
+        comp = 0.0
         for start in tl.range(0, n, BLOCK):
             idx = start + offs
             s = keep(ld(xrow + idx, idx < n, float("-inf"), EVEN), NONNEG)
-            top, den = online_step(top, den, s, k, PRE, EXP2_ULPS)
+            top, den, comp = online_step(top, den, comp, s, k, PRE, EXP2_ULPS)
         if ordinary(top):
             shift = _exp_shift(top, FLOOR0)
             if FLOOR0:  # pass 1 shifted by the max alone

@@ -1,5 +1,10 @@
 """Pieces every row kernel shares: special rows and the rounding of the quotient.
 
+A streamed row's sum is carried across its chunks with a compensation term (`add_compensated`):
+each chunk's tree sum has log2(BLOCK) roundings, but adding n/BLOCK chunk sums one after the
+other would make n/BLOCK more, which on a long row of similar values (errors that do not
+cancel) outgrows the log2(n) the accuracy budget allows (docs/numerics.md section 3).
+
 A row's special values are found from one NaN-propagating maximum (`memory.max_nan`): NaN
 anywhere makes it NaN, a +inf (with no NaN) makes it +inf. Ordinary rows take the fast branch;
 the rare special rows a branch of their own, so the common path carries no per-element
@@ -39,3 +44,12 @@ def quotient(w, r, EXACT: tl.constexpr):
     the ~10 instructions of an IEEE division per element."""
     q = tl.math.div_rn(w, r) if EXACT else w * r
     return q
+
+
+@triton.jit
+def add_compensated(total, comp, part):
+    """(total + part, new compensation) by Kahan's step: comp carries what earlier additions
+    lost; the caller scales both by the same factor when it rescales the sum."""
+    y = part - comp
+    t = total + y
+    return t, (t - total) - y

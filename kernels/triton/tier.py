@@ -1,5 +1,5 @@
 """The Triton tier of the autograd path (elasticbench.rows.tiers): Elastic-Softmax on CUDA
-tensors with one tau and beta for every row, or one per row (per head, per batch: the
+tensors (fp32, fp16, bf16) with one tau and beta for every row, or one per row (per head, per batch: the
 kernels read row r's from a table, and the backward returns per-row dtau and dbeta that
 elasticbench.rows reduces to the parameters' shapes); softmax and softmax1 take the torch
 code, and so do per-row parameters outside the kernels' domain (exp_family.row_param_table).
@@ -19,6 +19,8 @@ import torch
 
 from elasticbench.rows.layout import Scalar
 from elasticbench.rows.tiers import Backward, ExpSpec, Tier, register_tier
+
+from .launch import SUPPORTED_DTYPES  # launch imports no Triton
 
 
 class Kernels(NamedTuple):
@@ -42,9 +44,9 @@ def kernels() -> Kernels | None:
 
 
 def accepts(x: torch.Tensor, spec: ExpSpec) -> bool:
-    """Elastic-Softmax (the kernels mask negatives) on CUDA tensors, scalar tau and beta or
-    per-row ones the kernels take."""
-    if not (x.is_cuda and spec.mask_negative and kernels() is not None):
+    """Elastic-Softmax (the kernels mask negatives) on fp32/fp16/bf16 CUDA tensors, scalar
+    tau and beta or per-row ones the kernels take; float64 takes the torch code."""
+    if not (x.is_cuda and x.dtype in SUPPORTED_DTYPES and spec.mask_negative and kernels() is not None):
         return False
     return spec.scalar() or _table(x, spec) is not None
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .launch import LaunchOptions, normalize_rows
 from .memory import ld, max_nan, st
-from .rows import ordinary, quotient, reciprocal, special_y
+from .rows import add_compensated, ordinary, quotient, reciprocal, special_y
 
 
 @triton.jit
@@ -74,12 +74,15 @@ def weight_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constex
         top = 0.0
         inv = 1.0
         den = 0.0
+        comp = 0.0
         for start in tl.range(0, n, BLOCK):
             idx = start + offs
             w = _weight(ld(xrow + idx, idx < n, OTHER, EVEN), SYMAX, EXACT)
             top = tl.maximum(top, max_nan(w), propagate_nan=tl.PropagateNan.ALL)
             new_inv = tl.minimum(inv, _inv_pow2_scale(top))
-            den = den * tl.math.div_rn(new_inv, inv) + tl.sum(w * new_inv, axis=0)
+            ratio = tl.math.div_rn(new_inv, inv)
+            den, comp = add_compensated(den * ratio, comp * ratio,
+                                        tl.sum(w * new_inv, axis=0))
             inv = new_inv
         if ordinary(top):
             den += const * inv
