@@ -45,12 +45,13 @@ step() {
 } >>"$log" 2>&1
 
 step install 120 python3 -m pip install --quiet --no-deps --no-build-isolation --no-index -e .
-step native 120 python3 -m elasticbench.native
-
 step verify 300 elasticbench verify --backend triton -d fp32,fp16,bf16 --mode both \
     --json "$out/verify.json" &
-step tests 300 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_triton.py \
-    tests/test_triton_rows_params.py tests/test_triton_attention.py tests/test_torch_ops.py &
+# the torch ops' tests compare with the CPU's native tier, built first (verify needs none)
+{ step native 120 python3 -m elasticbench.native
+  step tests 300 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_triton.py \
+      tests/test_triton_rows_params.py tests/test_triton_attention.py tests/test_torch_ops.py
+} &
 wait
 
 step run 300 elasticbench run --case cases/gpu.toml --json "$out/run.json"

@@ -192,9 +192,11 @@ def elastic_backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, tau: f
     """(dx, dtau, dbeta) of sum(g * elastic(x)); dtau, dbeta 0-d fp32 tensors, deterministic."""
     check_tau_beta(tau, beta)
     dx, part = _backward(y, g, x2d, tau, beta, None, options)
-    out = torch.zeros(2, dtype=torch.float32, device=x2d.device)
     rows = x2d.shape[0]
-    if part is not None:
+    if part is None:
+        out = torch.zeros(2, dtype=torch.float32, device=x2d.device)
+    else:  # sum_rows_kernel writes both
+        out = torch.empty(2, dtype=torch.float32, device=x2d.device)
         rblock = min(pow2_at_least(rows), 1024)
         run(sum_rows_kernel, (2,), (part, out, rows), 4, {"BLOCK": rblock})
     return dx, out[0], out[1]
@@ -232,7 +234,7 @@ def _backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, tau: float, b
     fused, block = plan(n, options.max_fused // 2, options.chunk)
     kernel = elastic_bwd_fused_kernel if fused else elastic_bwd_online_kernel
     k, pre = (1.0, 1.0) if table is not None else exp2_scale(tau)
-    rp = table if table is not None else torch.zeros(1, device=x2d.device)
+    rp = table if table is not None else part  # never read without a table (as the forward)
     args = (x2d, y, g, dx, part, rows, n, x2d.stride(0), y.stride(0), g.stride(0),
             dx.stride(0), k, float(tau), 1.0 / tau, float(beta), rp)
     launch_rows(kernel, rows, args, block, BLOCK=block, EVEN=n % block == 0, PRE=pre,
