@@ -44,14 +44,17 @@ class Bounded:
     kind: np.ndarray  # (r,) str
     trusted: np.ndarray  # (r,) bool: False where the evaluation left its safe domain
     sided: np.ndarray  # (r, n) bool: strictly below hi (a power of two) by structure
+    rounded: np.ndarray  # (r, n) bool: hi + lo is y as float64 stores it (tiny_values)
 
 
 def certify(hi: np.ndarray, lo: np.ndarray, bound: np.ndarray, fmt: FloatFormat,
-            sided: np.ndarray | bool = False) -> np.ndarray:
+            sided: np.ndarray | bool = False, rounded: np.ndarray | bool = False
+            ) -> np.ndarray:
     """True where hi + lo +- bound is within CERTIFY_ULP ulps of fmt and inside one binade
     (crossing a power of two at or below 2^emin changes no ulp, so it is allowed; an exact
     value, bound 0, is always certified; a `sided` value is known to lie below hi, a power
-    of two, so only its size is checked, against the lower binade's ulp)."""
+    of two, so only its size is checked, against the lower binade's ulp); a `rounded` one
+    is certified as float64 stores it (tiny_values)."""
     a = np.abs(hi)
     with np.errstate(invalid="ignore", over="ignore"):
         _, e = np.frexp(a)
@@ -62,7 +65,8 @@ def certify(hi: np.ndarray, lo: np.ndarray, bound: np.ndarray, fmt: FloatFormat,
         toward = np.where(hi < 0, -lo, lo)  # lo in the direction of |y|
         above_low = ((a - low) + toward >= bound) | (low <= 2.0**fmt.emin) | (a == 0)
         below_high = ((2 * low - a) - toward > bound) | (2 * low <= 2.0**fmt.emin) | (a == 0)
-    return (small & ((above_low & below_high) | sided) & np.isfinite(bound)) | (bound == 0)
+    return ((small & ((above_low & below_high) | sided) & np.isfinite(bound)) | (bound == 0)
+            | rounded)
 
 
 def power_of_two(k: np.ndarray) -> np.ndarray:
@@ -151,11 +155,14 @@ class Denominator:
 
 
 def exp_forward(fn: Function, params: Mapping[str, float], x: np.ndarray,
-                counts: np.ndarray | None = None) -> tuple[Bounded, Shift, Denominator | None]:
+                counts: np.ndarray | None = None, tiny: bool = True
+                ) -> tuple[Bounded, Shift, Denominator | None]:
     """Outputs of an exp-normalize member on the rows x (float64) with bounds, the shift and
-    the denominator (None: every row to mpmath); counts: of each value in its row (row_blocks)."""
+    the denominator (None: every row to mpmath); counts: of each value in its row (row_blocks);
+    tiny: outputs below 2^-960 rounded as float64 stores them (tiny_values; the backward,
+    which multiplies them on, keeps them unrounded)."""
     if counts is None and (whole := row_blocks.by_distinct(
-            lambda v, c: exp_forward(fn, params, v, c), x)) is not None:
+            lambda v, c: exp_forward(fn, params, v, c, tiny), x)) is not None:
         return whole
     r, n = x.shape
     sh = exp_shift(fn, params, x)
@@ -183,7 +190,8 @@ def exp_forward(fn: Function, params: Mapping[str, float], x: np.ndarray,
         hi[rows, cols], lo[rows, cols], zabs[rows, cols] = blk_h, blk_l, blk_z
         th, tl = (blk_h, blk_l) if counts is None else dd.mul_d(blk_h, blk_l, counts[rows, cols])
         part_h[rows, b], part_l[rows, b] = dd.sum_rows(th, tl)
-        part_z[rows, b] = (th * blk_z).sum(axis=1)
+        # a term that is 0 weighs nothing, also where its |z| overflowed to inf (huge logits)
+        part_z[rows, b] = np.multiply(th, blk_z, out=np.zeros_like(th), where=th != 0).sum(axis=1)
         rest[rows, b] = np.where(top[rows, cols], 0.0, th).sum(axis=1)
     ch, cl, cz = offset_term(sh)
     total = n if counts is None else counts.sum(axis=1)  # terms of each row's sum
@@ -192,7 +200,8 @@ def exp_forward(fn: Function, params: Mapping[str, float], x: np.ndarray,
     s_h, s_l = dd.add(sh_, sl_, ch, cl)
     finite = sh.kind == ROW_FINITE
     with np.errstate(invalid="ignore", divide="ignore"):
-        zbar = np.where(finite, (part_z.sum(axis=1) + ch * cz) / s_h, 0.0)
+        zbar = np.where(finite, (part_z.sum(axis=1) + np.where(ch != 0, ch * cz, 0.0)) / s_h,
+                        0.0)
         # the denominator: its terms' own errors (weighted: zbar), the tree, underflows
         eps_s = (zbar * dd.DIV_D * dd.U2 + dd.EXP_REL + 2.0**-1070 / tau * tiny_diff
                  + sum_depth(int(np.max(total, initial=n)) + 1) * dd.ADD_DD * dd.U2
@@ -205,8 +214,10 @@ def exp_forward(fn: Function, params: Mapping[str, float], x: np.ndarray,
     zero = ~sh.kept & finite[:, None]
     special_rows(sh.kind, sh.big, hi, lo, bound, zero, counts)
     out = Bounded(hi, lo, bound, zero, zabs, zbar, sh.kind, trusted,
-                  np.zeros((r, n), dtype=bool))
+                  np.zeros((r, n), dtype=bool), np.zeros((r, n), dtype=bool))
     top_values(top, sh.kept, rest.sum(axis=1) + ch, s_h, sh.offset, out, counts)
+    if tiny:
+        tiny_values(x, sh, den, out)
     return out, sh, den
 
 
@@ -259,6 +270,44 @@ def top_values(top: np.ndarray, kept: np.ndarray, rest: np.ndarray, s_h: np.ndar
     out.sided |= use
 
 
+TINY = 2.0**-960  # below this a dd's lo part is subnormal (tiny_slack's floor)
+
+
+def tiny_values(x: np.ndarray, sh: Shift, den: Denominator, out: Bounded) -> None:
+    """The outputs below 2^-960, whose bounds carry tiny_slack's absolute floor, evaluated
+    again with the exponential's power of two kept apart (exp_parts), so that the quotient
+    keeps its 106 bits, then rounded to float64's grid: hi = y rounded to nearest, lo = the
+    rest rounded (0 below 2^-1021). Where no value within the bound rounds differently,
+    hi + lo is y to half of float64's spacing (2^-1075), as mpmath's value stored by
+    truth.split_double sums to, which no float64 pair betters; the output is marked
+    `rounded` (docs/numerics.md section 6.3)."""
+    cand = (sh.kept & (np.abs(out.hi) < TINY) & ~out.sided & (out.bound > 0)
+            & (sh.kind == ROW_FINITE)[:, None] & (den.s_h * (1 - den.eps) >= 0.5)[:, None])
+    if not cand.any():
+        return
+    rows, cols = np.nonzero(cand)
+    zh, zl = scaled(*dd.two_sum(x[rows, cols], -sh.m[rows]), sh.tau)
+    eh, el, k, live = dd.exp_parts(zh, zl)
+    # below EXP_MIN, y < 2^-1096 / S <= 2^-1095 (S >= 1/2): 0 when rounded
+    yh, yl = dd.div(eh, el, den.s_h[rows], den.s_l[rows])
+    rel = arg_rel(np.abs(zh), sh.tau) + den.eps[rows] + dd.DIV_DD * dd.U2
+    b = SLACK * np.abs(yh) * rel  # in units of 2^k
+    step = np.ldexp(1.0, np.clip(-1074 - k, -1000, 1000).astype(np.int32))  # 2^-1074 / 2^k
+    low = np.ldexp(np.abs(yh), k) < 2.0**-1021  # hi itself on the grid; else lo rounds
+    part = np.where(low, yh, yl)  # the part rounded to the grid, in units of 2^k
+    near = np.rint(part / step) * step  # nearest to part alone: lo may move it one step
+    off = (part - near) + np.where(low, yl, 0.0)
+    move = np.where(off > 0.5 * step, step, np.where(off < -0.5 * step, -step, 0.0))
+    near, miss = near + move, np.abs(off - move)  # miss: how far y is from its grid point
+    tie_free = low | (np.abs(yl) + b < 0.5 * np.abs(np.spacing(yh)))  # hi = RN(y) above
+    ok = ~live | ((miss * (1 + 2.0**-50) + b < 0.5 * step) & tie_free)  # miss: one rounding
+    hi = np.where(live, np.where(low, np.ldexp(near, k), np.ldexp(yh, k)), 0.0)
+    lo = np.where(live & ~low, np.ldexp(near, k), 0.0)
+    r, c = rows[ok], cols[ok]
+    out.hi[r, c], out.lo[r, c], out.rounded[r, c] = hi[ok], lo[ok], True
+    out.bound[r, c] = 2.0**-1075  # half of float64's spacing there: how far y can be
+
+
 def tiny_slack(eh: np.ndarray, yh: np.ndarray, zabs: np.ndarray) -> np.ndarray:
     """Absolute error of y = e / S (S >= 1) from float64's bottom: an exp rounded to the
     subnormal grid (to 0, too), or cut to 0 below EXP_MIN (2^-1096 at most); y rounded
@@ -294,7 +343,7 @@ def _untrusted(x: np.ndarray, kind: np.ndarray) -> Bounded:
     z = np.zeros((r, n))
     no = np.zeros((r, n), dtype=bool)
     return Bounded(z, z.copy(), z.copy(), no, z.copy(), np.zeros(r), kind,
-                   np.zeros(r, dtype=bool), no.copy())
+                   np.zeros(r, dtype=bool), no.copy(), no.copy())
 
 
 # ---------------------------------------------------------------------------------------
@@ -345,8 +394,9 @@ def weight_forward(fn: Function, params: Mapping[str, float], x: np.ndarray,
     bound = np.where(finite[:, None], bound, 0.0)
     zero = (wh == 0) & finite[:, None]  # no weight underflows: only an exact 0 is 0
     special_rows(kind, big, hi, lo, bound, zero, counts)
-    return Bounded(hi, lo, bound, zero, np.zeros((r, n)), np.zeros(r), kind, trusted,
-                   np.zeros((r, n), dtype=bool))
+    no = np.zeros((r, n), dtype=bool)
+    return Bounded(hi, lo, bound, zero, np.zeros((r, n)), np.zeros(r), kind, trusted, no,
+                   no.copy())
 
 
 def forward(fn: Function, params: Mapping[str, float], x: np.ndarray,
@@ -363,7 +413,7 @@ def certified_rows(out: Bounded, fmt: FloatFormat) -> np.ndarray:
     finite = (out.kind == ROW_FINITE) | (out.kind == ROW_INF)
     if finite.any():
         good = certify(out.hi[finite], out.lo[finite], out.bound[finite], fmt,
-                       out.sided[finite])
+                       out.sided[finite], out.rounded[finite])
         ok[finite] &= good.all(axis=1)
     return ok
 

@@ -258,7 +258,7 @@ def weights(fn: AttentionFunction, params: dict[str, float], sc: Scores, k: np.n
                   + tiny_slack(e.h, yh, zabs))
     y = Bdd(yh, yl, by).where(kept)
     bounded = Bounded(y.h, y.l, y.b, ~kept, zabs, np.zeros(len(kind)), kind, finite,
-                      np.zeros(kept.shape, dtype=bool))
+                      np.zeros(kept.shape, dtype=bool), np.zeros(kept.shape, dtype=bool))
     top_values(same, kept, np.where(same, 0.0, e.h).sum(axis=1) + den.offset_h, den.h, offset,
                bounded)  # the top keys' 1/c - gap, in place
     qh, ql = dd.div(e0.h, e0.l, den.h, den.l)

@@ -338,7 +338,7 @@ def gradient_truth(fn: Function, params: Mapping[str, float], x64: np.ndarray,
     whether the parameter gradients summed over all rows are (if not, every row must be
     redone by mpmath for them)."""
     x, g = x64[rows], g64[rows]
-    out, sh, den = exp_forward(fn, params, x)
+    out, sh, den = exp_forward(fn, params, x, tiny=False)
     r, n = x.shape
     p = len(fn.params)
     dx_h, dx_l, dx_b = np.zeros((r, n)), np.zeros((r, n)), np.zeros((r, n))

@@ -148,6 +148,16 @@ def exp(zh: np.ndarray, zl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """exp(zh + zl) as a dd, for finite z <= 0 (|zl| <= ulp(zh)/2); error <= EXP_REL relative
     plus EXP_ABS absolute (below EXP_MIN the result is exactly 0 and the error below 2^-1096).
     """
+    eh, el, k, live = exp_parts(zh, zl)
+    # int32 exponents: NumPy's ldexp is several times slower on int64 ones
+    return np.where(live, np.ldexp(eh, k), 0.0), np.where(live, np.ldexp(el, k), 0.0)
+
+
+def exp_parts(zh: np.ndarray, zl: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """exp(z) = (eh + el) * 2^k with eh + el within 2^-10 of [1, 2) (error <= EXP_REL
+    relative: nothing has underflowed yet), k int32, where `live` (z >= EXP_MIN): what `exp`
+    scales."""
     live = zh >= EXP_MIN
     # every element is evaluated (masking costs more than it saves), the dead ones from
     # EXP_MIN, and set to 0 at the end; NaN stays NaN until then
@@ -172,8 +182,7 @@ def exp(zh: np.ndarray, zl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     j = np.nan_to_num(n).astype(np.int32)  # |n| < 2^21 on live elements
     k, idx = j >> _TABLE_BITS, j & (_TABLE - 1)
     eh, el = mul(ph, pl, _T_HI[idx], _T_LO[idx])
-    # int32 exponents: NumPy's ldexp is several times slower on int64 ones
-    return np.where(live, np.ldexp(eh, k), 0.0), np.where(live, np.ldexp(el, k), 0.0)
+    return eh, el, k, live
 
 
 # ---------------------------------------------------------------------------------------
