@@ -283,17 +283,18 @@ def exp_normalize(
         return RowTruth.masked(n)
     mm, t = mpmath.mpf(m), mpmath.mpf(tau)  # both exact: tau is never rounded as 1/tau
     e: list = []
-    zabs: list[float] = []
+    zm: list = []  # |z| exact: as a float it overflows to inf for huge logits, and 0 * inf
     for v, k in zip(values.tolist(), kept.tolist(), strict=True):
         if not k:
             e.append(mpmath.mpf(0))
-            zabs.append(0.0)
+            zm.append(mpmath.mpf(0))
             continue
         z = (mpmath.mpf(v) - mm) / t
         e.append(mpmath.exp(z))
-        zabs.append(float(abs(z)))
+        zm.append(abs(z))
+    zabs = [float(za) for za in zm]
     total = mpmath.fsum(c * ev for c, ev in zip(counts, e, strict=True))
-    weighted = mpmath.fsum(c * ev * za for c, ev, za in zip(counts, e, zabs, strict=True))
+    weighted = mpmath.fsum(c * ev * za for c, ev, za in zip(counts, e, zm, strict=True))
     c = extra(mm) if extra is not None else mpmath.mpf(0)
     total += c
     weighted += c * abs(mm / t)
