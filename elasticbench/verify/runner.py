@@ -45,6 +45,7 @@ from .record import verify_record
 from .second_order import second_order
 
 BATCH_ELEMENTS = 1 << 22  # checked elements of the cases prepared and solved together
+RAMP = 3  # batches before the first full one, each twice the one before
 # batches whose references are computed at once, a process each, beside the kernels: with
 # light kernels (numpy, cpp) the reference is the longer of the two
 REFERENCE_PROCESSES = max(1, min(2, os.cpu_count() or 1))
@@ -376,13 +377,14 @@ def result_of(pending: Future, what: str, keep: bool = False) -> Any:
 
 def batches(cases: list[VerifyCase], max_elements: int,
             limit: int = BATCH_ELEMENTS) -> list[list[VerifyCase]]:
-    """Consecutive runs of cases whose checked elements add up to about `limit`."""
+    """Consecutive runs of cases whose checked elements add up to about `limit`, the first
+    RAMP of them to 1/2^RAMP, ..., 1/2 of it: the kernels wait for the first truth alone."""
     out: list[list[VerifyCase]] = [[]]
     size = 0
     for case in cases:
         rows, n = case.shape
         elements = min(rows * n, max(max_elements, n))
-        if out[-1] and size + elements > limit:
+        if out[-1] and size + elements > limit >> max(0, RAMP + 1 - len(out)):
             out.append([])
             size = 0
         out[-1].append(case)
