@@ -260,13 +260,13 @@ def test_a_reference_process_that_dies_in_a_hunt_is_one_line(cli, tmp_path, monk
 def test_a_search_that_stops_early_leaves_no_input_behind():
     """The batches that reference processes hand over as files are removed when a search
     ends before judging them (here at its first failure, batches still queued)."""
-    from elasticbench.hunt.search import BATCH, ahead, search
+    from elasticbench.hunt.search import BATCH, Queue, ahead, search
 
     mutant = next(m for m in PATH_MUTANTS if m.spec.name == "exp_band")  # wrong on a band
     space = Space("elastic", ["fp32"], ["packed"], 1 << 14)
     with ahead(2) as workers:
-        found = search(space, Judge(mutant.spec), np.random.default_rng(0),
-                       time.monotonic() + 600, lambda t: None, workers)
+        queue = Queue(space, np.random.default_rng(0), "elastic", "fwd", 128, workers)
+        found = search(queue, Judge(mutant.spec), time.monotonic() + 600, lambda t: None)
         workers.pool.shutdown(wait=True)
         assert found is not None and found.trial.record.hunt["trial"] < BATCH  # mid-batch
         assert not list(workers.folder.iterdir())

@@ -18,7 +18,7 @@ from ..numerics.truth_cache import TruthStats
 from ..registry import KernelSpec
 from ..session import Job, Session
 from .reproducer import save_case
-from .search import Ahead, Found, ahead, config_input, search
+from .search import Ahead, Found, Queue, ahead, config_input, search
 from .shrink import Shrinker, Shrunk
 from .space import MAX_ELEMENTS, Space
 from .trial import Judge, Trial
@@ -89,28 +89,45 @@ class HuntJob(Job[KernelSpec]):
             shown[0] = now
 
         with ahead() as workers:
-            for i, spec in enumerate(items):
-                share = (self.budget - (time.monotonic() - started)) / (len(items) - i)
-                hunted = Hunted(spec)
-                self.results.append(hunted)
-                try:
-                    self._hunt(spec, hunted, session, time.monotonic() + max(share, 0.0),
-                               workers, bar, tick)
-                finally:  # the header says what each kernel came to, interrupted or not
-                    session.header.setdefault("hunt", {})["kernels"] = [
-                        h.summary() for h in self.results]
-                    session.header["reference"] = self.stats.to_dict()
+            queues = [self._queue(spec, workers) for spec in items]
+            try:
+                for i, spec in enumerate(items):
+                    share = (self.budget - (time.monotonic() - started)) / (len(items) - i)
+                    hunted = Hunted(spec)
+                    self.results.append(hunted)
+                    # the next kernel's first batches go to the reference processes once
+                    # this one's queue fills its time: its search starts on ready truths
+                    after = queues[i + 1].start if i + 1 < len(items) and queues[i + 1] \
+                        else lambda: None
+                    try:
+                        self._hunt(spec, hunted, session, time.monotonic() + max(share, 0.0),
+                                   queues[i], after, bar, tick)
+                    finally:  # the header says what each kernel came to, interrupted or not
+                        session.header.setdefault("hunt", {})["kernels"] = [
+                            h.summary() for h in self.results]
+                        session.header["reference"] = self.stats.to_dict()
+            finally:
+                for q in queues:
+                    if q is not None:
+                        q.drop()
         tick()
 
-    def _hunt(self, spec: KernelSpec, hunted: Hunted, session: Session, deadline: float,
-              workers: Ahead, bar: Any, tick: Callable[[], None]) -> None:
-        start = time.monotonic()
+    def _queue(self, spec: KernelSpec, workers: Ahead) -> Queue | None:
+        """The kernel's search queue (None: it takes none of the dtypes)."""
         dtypes = [d for d in self.dtypes if spec.supports(d)]
+        if not dtypes:
+            return None
         layouts = list(get_backend(spec.backend).layouts)
-        space = Space(spec.function, dtypes, layouts, self.max_elements)
+        return Queue(Space(spec.function, dtypes, layouts, self.max_elements),
+                     np.random.default_rng([self.seed, *spec.name.encode()]), spec.function,
+                     spec.mode, self.precision, workers, self.max_trials)
+
+    def _hunt(self, spec: KernelSpec, hunted: Hunted, session: Session, deadline: float,
+              queue: Queue | None, after: Callable[[], None], bar: Any,
+              tick: Callable[[], None]) -> None:
+        start = time.monotonic()
         judge = Judge(spec, precision=self.precision, isolation=self.isolation,
                       stats=self.stats)
-        rng = np.random.default_rng([self.seed, *spec.name.encode()])
 
         def keep(trial: Trial) -> None:
             session.add(trial.record)
@@ -121,9 +138,10 @@ class HuntJob(Job[KernelSpec]):
                          f"{hunted.best_fraction:.0%} of budget at most")
             tick()
 
-        if dtypes:
-            hunted.found = search(space, judge, rng, deadline, keep, workers,
-                                  self.max_trials)
+        if queue is not None:
+            hunted.found = search(queue, judge, deadline, keep, after)
+        else:
+            after()
         if hunted.found is not None:
             self._shrink(spec, hunted, judge, keep, deadline)
         hunted.seconds = time.monotonic() - start

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -64,37 +64,77 @@ def config_input(c: Config) -> Input:
     return Input(c.label(), make_input(c), c.layout, c.params)
 
 
-def search(space: Space, judge: Judge, rng: np.random.Generator, deadline: float,
-           on_trial: Callable[[Trial], None], workers: Ahead,
-           max_trials: int | None = None) -> Found | None:
-    """Configurations tried until one fails (returned), the deadline (time.monotonic()) passes
-    or max_trials were tried (None)."""
-    pool: list[tuple[float, int, Config]] = []
-    pending: deque[tuple[list[tuple[Config, str]], Future]] = deque()
-    sent = tried = 0
-    per_trial = 0.0  # seconds the kernel's side spends on a trial, lately
+@dataclass
+class Queue:
+    """A kernel's batches of configurations in the reference processes, oldest first, and
+    the pool the next ones are drawn from: the search's state, which can start (its first
+    batches sent, all fresh draws) while the kernel before it is still being searched."""
 
-    def send() -> None:
-        nonlocal sent
-        room = BATCH if max_trials is None else min(BATCH, max_trials - sent)
-        queued = sum(len(b) for b, _ in pending)
-        if room <= 0 or time.monotonic() + queued * per_trial >= deadline:
-            return  # what is queued fills the time left: more would be thrown away
+    space: Space
+    rng: np.random.Generator
+    function: str
+    mode: str
+    precision: int
+    workers: Ahead
+    max_trials: int | None = None
+    pool: list[tuple[float, int, Config]] = field(default_factory=list)
+    pending: deque[tuple[list[tuple[Config, str]], Future]] = field(default_factory=deque)
+    sent: int = 0
+    started: bool = False
+
+    def send(self) -> None:
+        """One batch more drawn (from the pool as it stands) and sent."""
+        room = BATCH if self.max_trials is None else min(BATCH, self.max_trials - self.sent)
+        if room <= 0:
+            return
         batch = []
         for _ in range(room):
-            fresh = len(pool) < POOL // 2 or rng.random() < EXPLORE
-            c = space.random(rng) if fresh else space.mutate(_pick(pool, rng), rng)
+            fresh = len(self.pool) < POOL // 2 or self.rng.random() < EXPLORE
+            c = self.space.random(self.rng) if fresh else self.space.mutate(
+                _pick(self.pool, self.rng), self.rng)
             batch.append((c, "explore" if fresh else "mutate"))
-        sent += room
-        pending.append((batch, workers.pool.submit(
-            inputs_with_truths, [c for c, _ in batch], judge.spec.function, judge.spec.mode,
-            judge.precision, workers.folder)))
+        self.sent += room
+        self.pending.append((batch, self.workers.pool.submit(
+            inputs_with_truths, [c for c, _ in batch], self.function, self.mode,
+            self.precision, self.workers.folder)))
+
+    def start(self) -> None:
+        """The first batches sent, once: as many as the reference processes queue."""
+        if not self.started:
+            self.started = True
+            for _ in range(self.workers.depth):
+                self.send()
+
+    def drop(self) -> None:
+        """Batches not judged: cancelled if not started, else their files removed."""
+        for _, future in self.pending:
+            future.cancel()
+            future.add_done_callback(_discard)
+        self.pending.clear()
+
+
+def search(queue: Queue, judge: Judge, deadline: float, on_trial: Callable[[Trial], None],
+           then: Callable[[], None] = lambda: None) -> Found | None:
+    """Configurations tried until one fails (returned), the deadline (time.monotonic()) passes
+    or the queue's max_trials were tried (None). then: called once, when what is queued
+    fills the time left (the next kernel's queue can start then)."""
+    pool = queue.pool
+    tried = 0
+    per_trial = 0.0  # seconds the kernel's side spends on a trial, lately
+    waiting = [then]
+
+    def send() -> None:
+        queued = sum(len(b) for b, _ in queue.pending)
+        if time.monotonic() + queued * per_trial >= deadline:  # more would be thrown away
+            if waiting:
+                waiting.pop()()
+            return
+        queue.send()
 
     try:
-        for _ in range(workers.depth):
-            send()
-        while pending and time.monotonic() < deadline:
-            batch, future = pending.popleft()
+        queue.start()
+        while queue.pending and time.monotonic() < deadline:
+            batch, future = queue.pending.popleft()
             started = time.perf_counter()
             prepared, stats = result_of(future, f"hunt configuration {batch[0][0].label()}")
             stats.wait_s += time.perf_counter() - started
@@ -116,9 +156,7 @@ def search(space: Space, judge: Judge, rng: np.random.Generator, deadline: float
             per_trial = took if not per_trial else 0.7 * per_trial + 0.3 * took
         return None
     finally:
-        for _, future in pending:
-            future.cancel()  # a batch not started is dropped, the others' files removed
-            future.add_done_callback(_discard)
+        queue.drop()
 
 
 def inputs_with_truths(configs: list[Config], function: str, mode: str, precision: int,
