@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from elasticbench.functions import FUNCTION_NAMES, get_function
 from elasticbench.inputs.generators import GENERATORS, generate
-from elasticbench.numerics import certified, certified_grad, dd, row_blocks
+from elasticbench.numerics import bounds, certified, certified_grad, dd, row_blocks
 from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format, work_format
 from elasticbench.numerics.truth import evaluate_rows
 from elasticbench.numerics.ulp import ulp_of
@@ -157,7 +157,7 @@ def _forward_holds(fn, fmt, x, params) -> None:
         # a `rounded` output (below 2^-960) holds what float64 can of y, as the oracle's does
         tiny = out.rounded[k]
         assert (out.hi[k][tiny] + out.lo[k][tiny] == oracle.hi[k][tiny] + oracle.lo[k][tiny]).all()
-        assert (out.bound[k][~tiny] <= certified.CERTIFY_ULP
+        assert (out.bound[k][~tiny] <= bounds.CERTIFY_ULP
                 * ulp_of(oracle.hi[k], oracle.lo[k], fmt)[~tiny] + slack[~tiny]).all()
 
 
@@ -176,7 +176,7 @@ def _gradients_hold(fn, fmt, x, params, seed) -> None:
             continue
         assert (truth.dzero[k] == oracle.dzero[k]).all()
         diff = np.abs((truth.dx_hi[k] - oracle.dx_hi[k]) + (truth.dx_lo[k] - oracle.dx_lo[k]))
-        assert (diff <= certified.CERTIFY_ULP * ulp[k]
+        assert (diff <= bounds.CERTIFY_ULP * ulp[k]
                 + np.abs(oracle.dx_hi[k]) * 2.0 ** -(ORACLE_BITS - 2)).all(), (
             fn.name, fmt.name, params, x[k], g[k])
     if params_ok and (oracle.kind != "nan").all():
@@ -184,7 +184,7 @@ def _gradients_hold(fn, fmt, x, params, seed) -> None:
         for j in range(len(fn.params)):
             want = math.fsum([*oracle.dp_hi[:, j], *oracle.dp_lo[:, j]])
             got = math.fsum([*truth.dp_hi[:, j], *truth.dp_lo[:, j]])
-            assert abs(got - want) <= certified.CERTIFY_ULP * uw * max(abs(want), tiny)
+            assert abs(got - want) <= bounds.CERTIFY_ULP * uw * max(abs(want), tiny)
 
 
 @st.composite
@@ -274,7 +274,7 @@ def _within_both_claims(ah, al, bh, bl, fmt) -> None:
     assert (np.isnan(ah) == np.isnan(bh)).all()
     ulp = ulp_of(bh[finite], bl[finite], fmt)
     diff = np.abs((ah[finite] - bh[finite]) + (al[finite] - bl[finite]))
-    assert (diff <= 2 * certified.CERTIFY_ULP * ulp).all()
+    assert (diff <= 2 * bounds.CERTIFY_ULP * ulp).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
@@ -368,7 +368,7 @@ def test_long_rows_stream_through_column_blocks_as_one_block_would(dtype, monkey
         for j in range(a.dp_hi.shape[1]):
             got = math.fsum([*a.dp_hi[:, j], *a.dp_lo[:, j]])
             want = math.fsum([*b.dp_hi[:, j], *b.dp_lo[:, j]])
-            assert abs(got - want) <= 2 * certified.CERTIFY_ULP * uw * max(abs(want), tiny)
+            assert abs(got - want) <= 2 * bounds.CERTIFY_ULP * uw * max(abs(want), tiny)
 
 
 def test_long_rows_in_column_blocks_hold_against_mpmath():

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from elasticbench.functions import ATTENTION_FUNCTIONS, get_attention_function
 from elasticbench.inputs.attention import ATTENTION_GENERATORS, generate_qkv
 from elasticbench.numerics import attention_truth as at
-from elasticbench.numerics.certified import CERTIFY_ULP
+from elasticbench.numerics.bounds import CERTIFY_ULP
 from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format, work_format
 from elasticbench.numerics.truth_cache import TruthStats
 from elasticbench.numerics.ulp import ulp_of

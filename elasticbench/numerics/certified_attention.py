@@ -6,7 +6,7 @@ E_ij. The row function's weights are evaluated on those scores in the shifted fo
 numerics/certified.py, with the score bounds carried through the exponential; then
 out_i = sum_j w_ij v_j is a double-double dot product with its bound (docs/numerics.md
 section 6.5 derives every term). A query row is taken when every output of it is certified
-by the rows' rule (certified.certify: within 2^-12 ulp of the format and inside one binade);
+by the rows' rule (bounds.certify: within 2^-12 ulp of the format and inside one binade);
 the others go to the mpmath oracle (numerics/attention_oracle.py), whole. The gradients
 are numerics/certified_attention_grad.py.
 """
@@ -22,9 +22,10 @@ import numpy as np
 from ..functions import AttentionFunction
 from ..functions.base import ROW_FINITE, ROW_MASKED, ROW_NAN
 from . import dd
-from .certified import SLACK, TAU_RANGE, Bounded, certify, tiny_slack, top_values
+from .bounds import SLACK, TAU_RANGE, Bounded, certify
 from .certified_grad import floor_of
 from .dtypes import FloatFormat
+from .edges import tiny_slack, top_values
 
 if TYPE_CHECKING:
     from .attention_values import AttentionTruth

@@ -15,7 +15,7 @@ it is also formed as sum_{j != k} (g_k - g_j) y_j + g_k w (the same number: 1 - 
 sum_{j != k} y_j + w), and the smaller bound kept, as numerics/certified_grad.py does for
 rows. A NaN in q, k or v is carried as mpmath carries it (NaN queries make their dq, the dk
 and dv of the keys they see and the head's parameters NaN; a NaN value v_j makes g_j NaN).
-A head is certified when every dq, dk, dv is (certified.certify) and each row parameter's
+A head is certified when every dq, dk, dv is (bounds.certify) and each row parameter's
 gradient, summed over its queries, is known to CERTIFY_ULP units of the working precision
 relative to its size; otherwise the head goes to mpmath.
 """
@@ -30,7 +30,7 @@ import numpy as np
 from ..functions import AttentionFunction
 from ..functions.base import OFFSET, ROW_NAN, TEMPERATURE
 from . import dd
-from .certified import CERTIFY_ULP, SLACK, certify
+from .bounds import CERTIFY_ULP, SLACK, certify
 from .certified_attention import (
     INPUT_MAX,
     Bdd,

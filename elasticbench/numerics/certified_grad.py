@@ -25,19 +25,18 @@ import numpy as np
 
 from ..functions.base import OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE, Function
 from . import dd
-from .certified import (
+from .bounds import (
     ABS_FLOOR,
     CERTIFY_ULP,
     SLACK,
     Bounded,
     Denominator,
     Shift,
-    certified_rows,
     certify,
-    exp_forward,
     scaled,
     subnormal_floor,
 )
+from .certified import certified_rows, exp_forward
 from .dtypes import FloatFormat, work_format
 from .row_blocks import BLOCK, rows_of
 from .truth import GradTruth
