@@ -97,8 +97,8 @@ class HuntJob(Job[KernelSpec]):
                     self.results.append(hunted)
                     # the next kernel's first batches go to the reference processes once
                     # this one's queue fills its time: its search starts on ready truths
-                    after = queues[i + 1].start if i + 1 < len(items) and queues[i + 1] \
-                        else lambda: None
+                    following = queues[i + 1] if i + 1 < len(queues) else None
+                    after = following.start if following is not None else (lambda: None)
                     try:
                         self._hunt(spec, hunted, session, time.monotonic() + max(share, 0.0),
                                    queues[i], after, bar, tick)

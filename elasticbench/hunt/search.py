@@ -113,21 +113,25 @@ class Queue:
         self.pending.clear()
 
 
+def _nothing() -> None:
+    pass
+
+
 def search(queue: Queue, judge: Judge, deadline: float, on_trial: Callable[[Trial], None],
-           then: Callable[[], None] = lambda: None) -> Found | None:
+           then: Callable[[], None] = _nothing) -> Found | None:
     """Configurations tried until one fails (returned), the deadline (time.monotonic()) passes
     or the queue's max_trials were tried (None). then: called once, when what is queued
     fills the time left (the next kernel's queue can start then)."""
     pool = queue.pool
     tried = 0
     per_trial = 0.0  # seconds the kernel's side spends on a trial, lately
-    waiting = [then]
 
     def send() -> None:
+        nonlocal then
         queued = sum(len(b) for b, _ in queue.pending)
         if time.monotonic() + queued * per_trial >= deadline:  # more would be thrown away
-            if waiting:
-                waiting.pop()()
+            then()
+            then = _nothing
             return
         queue.send()
 
