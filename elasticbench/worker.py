@@ -16,6 +16,8 @@ import struct
 import sys
 from typing import BinaryIO
 
+from .allocator import keep_freed_memory
+
 
 def read_message(stream: BinaryIO) -> bytes | None:
     """One length-prefixed message, or None at end of stream."""
@@ -46,6 +48,9 @@ def main() -> None:
     # Kernels may print: keep fd 1 for messages only by pointing Python's stdout at stderr.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    # as the command itself does: a lane scores whole batches, whose NumPy temporaries would
+    # otherwise fault their pages in afresh each time (elasticbench/allocator.py)
+    keep_freed_memory()
     serve(sys.stdin.buffer, out)
 
 
