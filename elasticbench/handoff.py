@@ -96,11 +96,15 @@ class _Keeper(_Redirected):
     def instead(name: str, *args: Any, whole: bool) -> Any:
         if whole:
             return _Keeper(io.BytesIO(Path(name).read_bytes())).load()
-        return np.fromfile(name, dtype=args[0]).reshape(args[1])
+        return _read(name, *args)
+
+
+def _read(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    return np.fromfile(name, dtype=dtype).reshape(shape)
 
 
 def _take(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    a = np.fromfile(name, dtype=dtype).reshape(shape)
+    a = _read(name, dtype, shape)
     os.unlink(name)
     return a
 
