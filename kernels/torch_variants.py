@@ -3,12 +3,14 @@ reference points: torch.softmax and torch.compile's fusion of the safe softmax.
 
 Each pass below is one torch.compile'd function (inductor's C++ backend), called from
 Python, so inductor cannot merge passes: a pass is exactly one sweep over the (rows, n)
-array in memory. Inside a pass, rows are cut into blocks of BLOCK = 2048 elements and a last
+array in memory. Inside a pass, rows are cut into blocks of BLOCK = 256 elements and a last
 block of 1 to BLOCK; what a pass does to one block (its max, then its exponentials) stays in
 L1, so the block-level work costs no extra memory traffic. Every sum over a row is a sum of
 block sums, added by eager torch (pairwise; within compiled_elastic's single function, by
-inductor): inductor sums a row of dynamic length as one serial chain per vector lane, whose
-error grows like n u where the budgets allow log2(n) u (docs/numerics.md section 3). The
+inductor): inductor sums a row, or a block, as one serial chain per vector lane, whose
+error grows like n u where the budgets allow log2(n) u (docs/numerics.md section 3). A block
+of 256 keeps each chain at 64 terms or fewer; blocks of 2048 let rows of long runs of equal
+values reach 21 ulp against a budget of 15 (docs/benchmarking.md section 5). The
 declared models (elasticbench.passes):
 
 | kernel               | passes over memory                              | R | W | exps |
@@ -44,7 +46,7 @@ from elasticbench.kernels.torch_kernels import torch_elastic
 from elasticbench.rows.exp_normalize import exp_normalize_forward
 
 LOG2E = 1.0 / math.log(2.0)
-BLOCK = 2048
+BLOCK = 256
 _compiled: dict[str, Callable] = {}
 
 
@@ -94,7 +96,7 @@ def _first_compile(fn: Callable) -> Callable:
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(cfg, name):
                 setattr(cfg, name, max(getattr(cfg, name), 1024))
-        # without duck shapes, strides or offsets equal by coincidence (n = 2048) are not
+        # without duck shapes, strides or offsets equal by coincidence (n = BLOCK) are not
         # guarded as equal, which would compile one graph per coincidence
         from torch.fx.experimental import _config as fx_config
 
