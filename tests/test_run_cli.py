@@ -30,7 +30,8 @@ min_sample_s = 0.0001
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-c", "from elasticbench.cli import main; main()", *args]
+    # the console script's way in and out (entry: no interpreter teardown at the end)
+    cmd = [sys.executable, "-c", "from elasticbench.cli import entry; entry()", *args]
     return subprocess.run(cmd, cwd=cwd,
                           capture_output=True, text=True, timeout=120)
 

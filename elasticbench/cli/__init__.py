@@ -5,7 +5,11 @@ Errors of usage or input are one line on stderr and exit code 2, never a traceba
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import sys
+import threading
 
 import click
 
@@ -86,3 +90,33 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("elasticbench: interrupted", err=True)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def entry() -> None:
+    """The console script (and `python -m elasticbench`): main(), then an exit that skips
+    the interpreter's teardown of torch and inductor's modules, about a second of every
+    command's wall time (README.md, Architecture). In-process callers use main()."""
+    try:
+        main()
+        code: object = 0
+    except SystemExit as e:
+        code = e.code
+    leave(code)
+
+
+def leave(code: object) -> None:
+    """Exit with `code` as sys.exit would: the atexit handlers run and the standard streams
+    are flushed, then the process ends without tearing its modules down. Anything unusual
+    (a text exit code, a non-daemon thread still running, no atexit hook to call) exits the
+    ordinary way."""
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
+    others = [t for t in threading.enumerate()
+              if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if not (code is None or isinstance(code, int)) or others or run_exitfuncs is None:
+        sys.exit(code)
+    run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        # closed, or a reader that went away (a pipe to head)
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code or 0)
