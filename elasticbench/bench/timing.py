@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from ..devices import Clock
 from ..records import TimingRecord
@@ -73,6 +72,8 @@ def summarize(samples_ns: list[float] | np.ndarray) -> Stats:
     if a.size == 0:
         raise ValueError("no samples")
     q1, med, q3 = np.percentile(a, [25, 50, 75])
+    from scipy import stats  # imported here: half a second that only timing needs
+
     iqr = float(stats.iqr(a))
     return Stats(float(med), float(q1), float(q3), iqr, float(a.min()),
                  iqr / float(med) if med > 0 else float("inf"))

@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
-from scipy import stats
 
 Samples = Sequence[float] | np.ndarray
 Groups = Sequence[Samples]  # the samples of each process, one array per process
@@ -74,6 +74,13 @@ class RatioEstimate:
     def resolvable(self) -> bool:
         """True when the samples are numerous enough that p could fall below 0.05."""
         return self.inconclusive is None and self.min_p < 0.05
+
+
+def _scipy_stats() -> ModuleType:
+    """scipy.stats, imported on first use: half a second of every command's start otherwise."""
+    from scipy import stats
+
+    return stats
 
 
 def geomean(values: list[float] | np.ndarray) -> float:
@@ -196,8 +203,8 @@ def ratio_processes(base: Groups, current: Groups, floors: Sequence[NoiseFloor |
     if se == 0:
         p, half = (1.0 if shift == 0 else 0.0), 0.0
     else:
-        p = float(2 * stats.t.sf(abs(shift) / se, df))
-        half = float(stats.t.ppf(0.5 + confidence / 2, df)) * se
+        p = float(2 * _scipy_stats().t.sf(abs(shift) / se, df))
+        half = float(_scipy_stats().t.ppf(0.5 + confidence / 2, df)) * se
     return RatioEstimate(math.exp(shift), math.exp(shift - half), math.exp(shift + half), p,
                          n_b, n_c, method, 0.0, procs, spread, confidence=confidence)
 
@@ -254,7 +261,7 @@ def _signed_rank_method(r: np.ndarray) -> str:
 
 def _signed_rank_p(r: np.ndarray, shift: float, method: str) -> float:
     """Two-sided Wilcoxon signed-rank p-value of the log ratios r - shift."""
-    return float(stats.wilcoxon(r - shift, zero_method="pratt", alternative="two-sided",
+    return float(_scipy_stats().wilcoxon(r - shift, zero_method="pratt", alternative="two-sided",
                                 method=method).pvalue)
 
 
