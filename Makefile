@@ -11,14 +11,22 @@ $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
 	# torch is pinned to 2.13.0: on a CPU-only machine pip takes the CPU build; see README for CUDA.
-	# --no-compile: Python compiles what is imported on first use, not every file of torch,
-	# sympy and scipy up front (half the install's time on 2 cores)
+	# --no-compile: pip's own compile of every file of torch, sympy and scipy took half the
+	# install's time on 2 cores; see compileall below
 	$(BIN)/python -m pip install --quiet --no-compile -r requirements.lock
 	# kernels/ and cases/ install under elasticbench (package-dir), so setuptools installs this
 	# through an import finder and says so in an "Editable installation" notice on every install
 	# (information, not a warning about this project): filtered by its text, nothing else
 	PYTHONWARNINGS="ignore:Editable installation" \
 		$(BIN)/python -m pip install --quiet --no-compile --no-deps --no-build-isolation -e .
+	# Bytecode: --no-compile leaves it to the first import, which keeps it, except where
+	# PYTHONDONTWRITEBYTECODE is set (CI runners, containers): there every process compiled
+	# torch's compiler stack from source again (1462 modules, ~2.5 s of CPU a process). So
+	# compile every installed module once, with writing on (12 s on 2 cores); a file that does
+	# not compile (a Python 2 relic in a package) fails at its import, as it would anyway
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m compileall -qq -j 0 \
+		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+		elasticbench kernels || true
 	touch $(STAMP)
 
 # The native C++ kernels, compiled once into a cache keyed by their sources (docs/native.md).
