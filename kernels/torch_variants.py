@@ -8,9 +8,8 @@ block of 1 to BLOCK; what a pass does to one block (its max, then its exponentia
 L1, so the block-level work costs no extra memory traffic. Every sum over a row is a sum of
 block sums, added by eager torch (pairwise; within compiled_elastic's single function, by
 inductor): inductor sums a row, or a block, as one serial chain per vector lane, whose
-error grows like n u where the budgets allow log2(n) u (docs/numerics.md section 3). A block
-of 256 keeps each chain at 64 terms or fewer; blocks of 2048 let rows of long runs of equal
-values reach 21 ulp against a budget of 15 (docs/benchmarking.md section 5). The
+error grows like n u where the budgets allow log2(n) u (docs/numerics.md section 3); a
+block of 256 keeps each chain at 64 terms or fewer (docs/benchmarking.md section 5). The
 declared models (elasticbench.passes):
 
 | kernel               | passes over memory                              | R | W | exps |
