@@ -81,9 +81,8 @@ def tiny_slack(eh: np.ndarray, yh: np.ndarray, zabs: np.ndarray) -> np.ndarray:
     """Absolute error of y = e / S (S >= 1) from float64's bottom: an exp rounded to the
     subnormal grid (to 0, too), or cut to 0 below EXP_MIN (2^-1096 at most); y rounded
     there."""
-    tiny = 2.0**-960  # below this, the lo part of a dd is subnormal
     cut = zabs > -dd.EXP_MIN
-    near = (np.abs(eh) < tiny) & ~cut | (np.abs(yh) < tiny) & (yh != 0)
+    near = (np.abs(eh) < TINY) & ~cut | (np.abs(yh) < TINY) & (yh != 0)
     return np.where(near, ABS_FLOOR, 0.0) + np.where(cut, 2.0**-1096, 0.0)
 
 
