@@ -15,6 +15,7 @@ from .dtypes import FloatFormat
 
 CERTIFY_ULP = 2.0**-12  # an output is certified when its bound is below this many ulps
 ABS_FLOOR = 2.0**-1071  # absolute slack of outputs rounded near float64's subnormals
+PIECE = 1 << 15  # elements certified at once
 SLACK = 1.01  # covers the rounding of the bounds themselves (computed in float64)
 # tau outside this range (or a non-finite offset) is left to mpmath: the splits of
 # two_prod would overflow or underflow.
@@ -44,7 +45,40 @@ def certify(hi: np.ndarray, lo: np.ndarray, bound: np.ndarray, fmt: FloatFormat,
     (crossing a power of two at or below 2^emin changes no ulp, so it is allowed; an exact
     value, bound 0, is always certified; a `sided` value is known to lie below hi, a power
     of two, so only its size is checked, against the lower binade's ulp); a `rounded` one
-    is certified as float64 stores it (tiny_values)."""
+    is certified as float64 stores it (tiny_values).
+
+    Most values pass a cheaper test that implies this one (_clear); the rest take it. Long
+    arrays go through in pieces whose temporaries stay in cache."""
+    args = [np.broadcast_to(a, np.shape(hi)).reshape(-1) for a in (hi, lo, bound, sided, rounded)]
+    ok = np.empty(args[0].size, dtype=bool)
+    for i in range(0, ok.size, PIECE):
+        part = [a[i:i + PIECE] for a in args]
+        clear = _clear(*part[:3], fmt)
+        if not clear.all():
+            rest = ~clear
+            clear[rest] = _certify_each(*(a[rest] for a in part[:3]), fmt,
+                                        *(a[rest] for a in part[3:]))
+        ok[i:i + PIECE] = clear
+    return ok.reshape(np.shape(hi))
+
+
+def _clear(hi: np.ndarray, lo: np.ndarray, bound: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+    """A sufficient condition for certify, in under half its operations: the bound is below
+    CERTIFY_ULP/2 of fmt's ulps relative to |hi| (ulp(a) > a 2^-p, halved for `sided`), lo
+    is a dd's tail, and |hi|'s float64 significand keeps a margin from both powers of two
+    that is wider than both (docs/numerics.md section 6.3); exact values, bound 0, too."""
+    a = np.abs(hi)
+    rel = CERTIFY_ULP * 2.0 ** -(fmt.p + 1)
+    margin = int(max(4 * rel, 2.0**-30) * 2**52)  # in units of the significand's last bit
+    frac = a.view(np.uint64) & np.uint64((1 << 52) - 1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return ((bound <= a * rel) & (np.abs(lo) <= a * 2.0**-40) & (frac >= margin)
+                & (frac <= (1 << 52) - margin)) | (bound == 0)
+
+
+def _certify_each(hi: np.ndarray, lo: np.ndarray, bound: np.ndarray, fmt: FloatFormat,
+                  sided: np.ndarray | bool, rounded: np.ndarray | bool) -> np.ndarray:
+    """certify's test itself, value by value (vectorized)."""
     a = np.abs(hi)
     with np.errstate(invalid="ignore", over="ignore"):
         _, e = np.frexp(a)
