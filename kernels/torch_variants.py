@@ -22,8 +22,8 @@ declared models (elasticbench.passes):
 | elastic_accurate     | compiled_elastic computed in fp64               | 3 | 2 | 1 (fp64) |
 
 The passes see the row's length, block count and last-block width as unbacked sizes
-(`_compile`): one graph per dtype and row-count class (one row, more), 131 for the default
-matrix; compiled_elastic keeps backed sizes, which inductor fuses faster (numerics.md 6.7).
+(`_compile`): one graph per dtype and row-count class (one row, more); compiled_elastic
+keeps backed sizes, which inductor fuses faster, and five classes of them (numerics.md 6.7).
 
 Rows whose kept maximum is not finite (NaN, +inf, nothing kept) or whose exponent is out
 of the exact-reduction range are redone by the eager torch kernel (docs/definitions.md section 3),
@@ -134,11 +134,11 @@ def _blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     off = x.storage_offset()
     # dynamo compiles apart what it sees laid out differently, so both views always look
     # the same: the head's row stride past BLOCK (free when the head is empty, or one row),
-    # the last block contiguous (its row stride free for one row; else, past the first
-    # block, a copy of at most BLOCK elements a row)
+    # the last block contiguous and at offset 0 past the first block (a copy of at most BLOCK
+    # elements a row; dynamo tells an offset of 0 apart), its row stride free for one row
     head = x.as_strided((rows, q, BLOCK), (n if q and rows > 1 else BLOCK + 1, BLOCK, 1), off)
     last = x.as_strided((rows, 1, r), (n if rows > 1 else r, r, 1), off + q * BLOCK)
-    return head, last.contiguous() if q and rows > 1 else last
+    return head, last.clone() if q else last
 
 
 def _per_block(head: torch.Tensor, last: torch.Tensor, f: Callable) -> tuple[torch.Tensor, ...]:
@@ -242,16 +242,18 @@ def _fused(x: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor) -> torch.Tens
     s = _kept(x, tau.dtype)
     m = s.amax(-1, keepdim=True)
     m0 = torch.where(m.isfinite(), m, 0)
-    nbig = (s == math.inf).to(tau.dtype).sum(-1, keepdim=True)
+    # no fp32 sum over a length that varies: inductor's C++ code sums those past 4096 terms
+    # its own way and guards on which side of 4096 they are, a graph for each (6.7)
+    nbig = (s == math.inf).sum(-1, keepdim=True).to(tau.dtype)
     # block by block (cut in the graph, as _blocks does outside): each block's exps are
     # summed as they are stored, the row's sum is a sum of n / BLOCK block sums, and y is
     # written from the stored exps
     rows, n = s.shape
-    q = (n - 1) // BLOCK
+    q = max(n - 2, 0) // BLOCK  # a last block of 2 to BLOCK + 1: no width-1 graph of its own
     blocks = (s[:, : q * BLOCK].reshape(rows, q, BLOCK), s[:, q * BLOCK :].unsqueeze(1))
     es = [torch.exp((b - m0.unsqueeze(1)) / tau) for b in blocks]
     sums = torch.cat([e.sum(-1, keepdim=True) for e in es], 1)
-    d = (sums.sum(1) + beta * torch.exp(-m0 / tau)).unsqueeze(1)
+    d = (sums.double().sum(1).to(tau.dtype) + beta * torch.exp(-m0 / tau)).unsqueeze(1)
     m3, nbig3 = m.unsqueeze(1), nbig.unsqueeze(1)
 
     def out(b: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
