@@ -46,6 +46,10 @@ class Backend:
     # whether its kernels may be torch autograd functions, whose gradients can carry a graph
     # (verify --mode bwd then probes their second order: elasticbench.verify.second_order)
     autograd: bool = False
+    # whether its kernels may compile code for each input shape they meet (torch.compile, a
+    # JIT): verify keeps each such kernel in one process, where its code serves every case
+    # (verify/lanes.py); a kernel may say otherwise when it is registered
+    compiles: bool = False
 
     def available(self) -> bool:
         """Whether kernels of this backend can run here (see `unavailable` for why not)."""
@@ -171,6 +175,7 @@ BACKENDS: dict[str, Backend] = {
         view=_torch_view,
         env_vars=("ELASTICBENCH_TORCH_DEVICE",),
         autograd=True,
+        compiles=True,
     ),
     "cpp": Backend(
         "cpp",
@@ -197,6 +202,7 @@ BACKENDS: dict[str, Backend] = {
         # a Triton kernel gets its rows through a row stride; elements of a row are adjacent
         layouts=("packed", "padded", "offset"),
         env_vars=("TRITON_INTERPRET",),
+        compiles=True,
     ),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)

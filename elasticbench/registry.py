@@ -55,6 +55,7 @@ class KernelSpec:
     dtypes: tuple[str, ...] | None = None  # formats it accepts; None: all of them
     model: PassModel | None = None  # its declared passes; None: its function's minimum
     accuracy: str = WIDE  # the contract its budgets come from (numerics/contract.py)
+    compiles: bool = False  # compiles code per input shape (Backend.compiles)
 
     @property
     def kind(self) -> str:
@@ -127,6 +128,7 @@ def register_kernel(
     dtypes: Iterable[str] | None = None,
     model: PassModel | None = None,
     accuracy: str = WIDE,
+    compiles: bool | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register fn as the kernel `name` (default: the function's __name__).
 
@@ -136,14 +138,16 @@ def register_kernel(
     declares its passes over memory and its exponentials (elasticbench.passes), which give
     it its own roof in `run`. accuracy names the contract its budgets come from: "wide" (a
     16-bit kernel computes in fp32 and rounds once, the default) or "own" (every step rounds
-    to its own format; row kernels only), numerics/contract.py.
+    to its own format; row kernels only), numerics/contract.py. compiles says whether it
+    compiles code for each input shape it meets (torch.compile, a JIT); by default, what its
+    backend's kernels may do (Backend.compiles).
     """
     kind = function_kind(function)
     check_accuracy(accuracy)
     if accuracy != WIDE and kind == ATTENTION:
         raise ValueError(f"attention kernels are judged by the {WIDE!r} contract only, "
                          f"got accuracy={accuracy!r}")
-    get_backend(backend)
+    per_shape = get_backend(backend).compiles if compiles is None else compiles
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
     if kind == ROW and mode == "bwd" and get_function(function).gradient_row is None:
@@ -154,7 +158,7 @@ def register_kernel(
         kname = name or fn.__name__
         summary = description or (fn.__doc__ or "").strip().partition("\n")[0]
         spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline,
-                          formats, model, accuracy)
+                          formats, model, accuracy, per_shape)
         old = _REGISTRY.get(kname, mode)
         if _loaded_keys is not None:
             _loaded_keys.append((kname, mode))

@@ -42,25 +42,25 @@ def _weight_normalize(x, w, constant: float = 0.0):
     return _finish(x, ws, den, nan_row)
 
 
-@register_kernel(function="elastic", backend="torch", name="torch_elastic")
+@register_kernel(function="elastic", backend="torch", name="torch_elastic", compiles=False)
 def torch_elastic(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Elastic-Softmax in torch: mask, shift by the kept max, offset rescaled by exp(-m/tau)."""
     return exp_normalize_forward(x, x >= 0, tau, offset=beta)
 
 
-@register_kernel(function="softmax", backend="torch", name="torch_safe_softmax")
+@register_kernel(function="softmax", backend="torch", name="torch_safe_softmax", compiles=False)
 def torch_safe_softmax(x: torch.Tensor) -> torch.Tensor:
     """Safe softmax in torch: shifted by the max; an all -inf row gives zeros."""
     return exp_normalize_forward(x, x > -math.inf)
 
 
-@register_kernel(function="softmax1", backend="torch", name="torch_softmax1")
+@register_kernel(function="softmax1", backend="torch", name="torch_softmax1", compiles=False)
 def torch_softmax1(x: torch.Tensor) -> torch.Tensor:
     """Softmax1 in torch: shift m = max(max x, 0), the 1 rescaled to exp(-m)."""
     return exp_normalize_forward(x, x > -math.inf, offset=1.0, floor=0.0)
 
 
-@register_kernel(function="stablemax", backend="torch", name="torch_stablemax")
+@register_kernel(function="stablemax", backend="torch", name="torch_stablemax", compiles=False)
 def torch_stablemax(x: torch.Tensor) -> torch.Tensor:
     """Stablemax in torch, weights scaled by the row maximum before summing."""
     xw = _work(x)
@@ -68,7 +68,7 @@ def torch_stablemax(x: torch.Tensor) -> torch.Tensor:
     return _weight_normalize(x, w)
 
 
-@register_kernel(function="symax", backend="torch", name="torch_symax")
+@register_kernel(function="symax", backend="torch", name="torch_symax", compiles=False)
 def torch_symax(x: torch.Tensor, *, eta: float) -> torch.Tensor:
     """Symax in torch: |x| / (eta + sum |x|), scaled by max |x| before summing."""
     return _weight_normalize(x, _work(x).abs(), eta)
@@ -79,7 +79,8 @@ def torch_symax(x: torch.Tensor, *, eta: float) -> torch.Tensor:
 # elastic. They are the very code of elasticbench.functional's backward on the torch tier.
 
 
-@register_kernel(function="elastic", backend="torch", name="torch_elastic_bwd", mode="bwd")
+@register_kernel(function="elastic", backend="torch", name="torch_elastic_bwd", mode="bwd",
+                 compiles=False)
 def torch_elastic_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, *, tau: float,
                       beta: float):
     """Elastic-Softmax backward: dx, dtau, dbeta in one pass over y (1/D' read as max y)."""
@@ -88,13 +89,15 @@ def torch_elastic_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, *, tau:
     return dx, dtau.sum(), dbeta.sum()
 
 
-@register_kernel(function="softmax", backend="torch", name="torch_safe_softmax_bwd", mode="bwd")
+@register_kernel(function="softmax", backend="torch", name="torch_safe_softmax_bwd", mode="bwd",
+                 compiles=False)
 def torch_safe_softmax_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """Softmax backward: y (g - sum g y); zeros on all -inf rows and -inf positions."""
     return exp_normalize_backward(x, y, g, x > -math.inf)[0]
 
 
-@register_kernel(function="softmax1", backend="torch", name="torch_softmax1_bwd", mode="bwd")
+@register_kernel(function="softmax1", backend="torch", name="torch_softmax1_bwd", mode="bwd",
+                 compiles=False)
 def torch_softmax1_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """Softmax1 backward: y (g - sum g y), the same form as softmax (the 1 is a constant)."""
     return exp_normalize_backward(x, y, g, x > -math.inf, floor=0.0)[0]

@@ -388,14 +388,15 @@ def compiled_softmax(x: torch.Tensor) -> torch.Tensor:
     return _fused_softmax(x)
 
 
-@register_kernel(function="softmax", backend="torch", name="torch_softmax", baseline=True)
+@register_kernel(function="softmax", backend="torch", name="torch_softmax", baseline=True,
+                 compiles=False)
 def torch_softmax(x: torch.Tensor) -> torch.Tensor:
     """torch.softmax itself, the vendor baseline (all -inf rows give NaN, not zeros)."""
     return torch.softmax(x, dim=-1)
 
 
 @register_kernel(function="softmax", backend="torch", name="torch_softmax", mode="bwd",
-                 baseline=True)
+                 baseline=True, compiles=False)
 def torch_softmax_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """torch's own softmax backward (the kernel autograd runs for torch.softmax), the vendor
     baseline of --mode bwd; it reads only y and g."""

@@ -57,7 +57,10 @@ def _by_key(records) -> dict:
 
 def test_a_lane_makes_the_records_one_process_makes(monkeypatch):
     specs = [get_kernel(n) for n in NUMPY]
-    assert len(lanes.lane_share(specs, lambda k: 10_000, cores=2)) == 2  # two of four go
+    share = lanes.lane_share(specs, lambda k: 10_000, cores=2)
+    # none of them compiles: every other case goes to the lane, with all its kernels
+    assert share is not None and not share.kernels
+    assert share.of(0, specs) == [] and share.of(1, specs) == specs
     answers: list = []
     alone, shared = _judged(specs, monkeypatch, False), _judged(specs, monkeypatch, True, answers)
     assert answers and all(a is not None for a in answers)  # the lane judged every batch
@@ -72,7 +75,8 @@ def test_a_lane_that_dies_leaves_its_share_to_the_parent(monkeypatch, tmp_path):
     with scoped_kernels():
         killer = [s for s in load_kernel_file(path) if s.name == "lane_killer"]
         specs = [*killer, get_kernel("numpy_softmax")]
-        assert lanes.lane_share(specs, lambda k: 10_000, cores=2) == {("lane_killer", "fwd")}
+        share = lanes.lane_share(specs, lambda k: 10_000, cores=2)
+        assert share is not None and share.of(1, specs) == specs
         answers: list = []
         records = _judged(specs, monkeypatch, True, answers)
     assert answers and all(a is None for a in answers)  # died on its first batch
@@ -83,9 +87,9 @@ def test_a_lane_that_dies_leaves_its_share_to_the_parent(monkeypatch, tmp_path):
 
 def test_the_share_stays_home_on_one_core_small_work_or_for_kernels_that_cannot_travel():
     specs = [get_kernel(n) for n in NUMPY]
-    assert lanes.lane_share(specs, lambda k: 10_000, cores=1) == set()
-    assert lanes.lane_share(specs, lambda k: 1, cores=2) == set()  # under MIN_PAIRS
-    assert lanes.lane_share(specs[:1], lambda k: 10_000, cores=2) == set()
+    assert lanes.lane_share(specs, lambda k: 10_000, cores=1) is None
+    assert lanes.lane_share(specs, lambda k: 1, cores=2) is None  # under MIN_PAIRS
+    assert lanes.lane_share(specs[:1], lambda k: 10_000, cores=2) is None
     with scoped_kernels():
         @register_kernel(function="softmax", backend="numpy", name="inline_softmax")
         def inline_softmax(x):  # registered here: a fresh interpreter would not find it
@@ -94,7 +98,33 @@ def test_the_share_stays_home_on_one_core_small_work_or_for_kernels_that_cannot_
         inline = get_kernel("inline_softmax")
         assert not lanes.travels(inline) and lanes.travels(specs[0])
         share = lanes.lane_share([inline, *specs], lambda k: 10_000, cores=2)
-        assert ("inline_softmax", "fwd") not in share and len(share) == 2
+        assert share is not None and share.of(1, [inline, *specs]) == specs
+
+
+COMPILING = '''
+from elasticbench import register_kernel
+
+for i in range(3):
+    register_kernel(function="softmax", backend="numpy", name=f"jit_{i}",
+                    compiles=True)(lambda x: x)
+'''
+
+
+def test_a_compiling_kernel_stays_in_one_process_for_every_case(tmp_path):
+    path = tmp_path / "jit.py"
+    path.write_text(COMPILING)
+    assert get_kernel("compiled_elastic").compiles  # the torch backend's default
+    assert not get_kernel("torch_elastic").compiles  # said so at its registration
+    with scoped_kernels():
+        made = sorted(load_kernel_file(path), key=lambda k: k.name)
+        plain = get_kernel("numpy_softmax")
+        assert all(k.compiles for k in made) and not plain.compiles
+        share = lanes.lane_share([*made, plain], lambda k: 10_000, cores=2)
+        assert share is not None and share.kernels == {("jit_0", "fwd"), ("jit_2", "fwd")}
+        for position in range(4):  # the same compiling kernels on every case
+            mine = share.of(position, [*made, plain])
+            assert [k.name for k in mine if k.compiles] == ["jit_0", "jit_2"]
+            assert (plain in mine) == (position % 2 == 1)
 
 
 @pytest.mark.parametrize("keep", [True, False])

@@ -3,11 +3,15 @@ its own process and a second interpreter, which judges its kernels on each batch
 
 The reference processes leave a core idle for much of a verification (the kernels' side,
 torch.compile's tracing above all, is the longer one), so the kernels' work is split in two:
-every other kernel goes to the lane, which gets each batch's inputs and truths through the
-same hand-over files as the parent (elasticbench.handoff) and sends its records back the same
-way. Records are the ones the parent would have made; only their order differs (a lane's
-records for a batch come after the parent's). A lane that dies hands its batch back: the
-parent judges that share itself, and every share after it (docs/numerics.md section 6.9).
+a kernel that compiles code per input shape (KernelSpec.compiles) stays in one process, every
+other one of them going to the lane, so that its code is compiled once; the other kernels
+go with their case, every other case to the lane, so that what scoring derives from a
+case's truth is derived in one process only. The lane gets each batch's inputs and truths
+through the same hand-over files as the parent (elasticbench.handoff) and sends its records
+back the same way. Records are the ones the parent would have made; only their order differs
+(a lane's records for a batch come after the parent's). A lane that dies hands its batch
+back: the parent judges that share itself, and every share after it (docs/numerics.md
+section 6.9).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -34,17 +39,32 @@ def travels(spec: KernelSpec) -> bool:
     return getattr(spec.fn, "__module__", None) in BUILTIN_MODULES
 
 
+@dataclass(frozen=True)
+class Share:
+    """Which kernels of a case the lane judges: the compiling kernels named in `kernels`,
+    and every kernel that travels but does not compile, on every other case."""
+
+    kernels: frozenset[tuple[str, str]]
+
+    def of(self, position: int, specs: list[KernelSpec]) -> list[KernelSpec]:
+        """The lane's kernels among specs, those of the case at this position of the run."""
+        return [k for k in specs if (k.name, k.mode) in self.kernels
+                or (position % 2 == 1 and not k.compiles and travels(k))]
+
+
 def lane_share(kernels: list[KernelSpec], pairs: Callable[[KernelSpec], int],
-               cores: int | None = None) -> set[tuple[str, str]]:
-    """The (name, mode) of the kernels the lane judges: every other kernel that travels, so
-    that each backend's kernels are shared alike; none with fewer than two cores, or when
-    its share would judge fewer than MIN_PAIRS (case, kernel) pairs."""
+               cores: int | None = None) -> Share | None:
+    """The lane's share (Share): every other compiling kernel that travels, and half the
+    cases of the others; None with fewer than two cores, or when the share would judge
+    fewer than MIN_PAIRS (case, kernel) pairs."""
     if cores is None:
         cores = os.cpu_count() or 1
-    share = [k for k in kernels if travels(k)][0::2]
-    if cores < 2 or len(kernels) < 2 or sum(pairs(k) for k in share) < MIN_PAIRS:
-        return set()
-    return {(k.name, k.mode) for k in share}
+    going = [k for k in kernels if travels(k)]
+    fixed = [k for k in going if k.compiles][0::2]
+    judged = sum(pairs(k) for k in fixed) + sum(pairs(k) for k in going if not k.compiles) / 2
+    if cores < 2 or len(kernels) < 2 or judged < MIN_PAIRS:
+        return None
+    return Share(frozenset((k.name, k.mode) for k in fixed))
 
 
 def judge_share(handed: bytes, share: list[list[KernelSpec]], one: Callable[..., VerifyRecord],

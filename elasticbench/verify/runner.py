@@ -39,7 +39,7 @@ from .backward import (
 from .case import case_key
 from .check import CheckResult, check_output
 from .compile_check import call_key, compile_checks, with_compile_check
-from .lanes import Lane, lane, lane_share
+from .lanes import Lane, Share, lane, lane_share
 from .matrix import MAX_ROWS, VerifyCase
 from .record import verify_record
 from .second_order import second_order
@@ -214,7 +214,7 @@ def run_verification(
                           max_rows=max_rows, store=store, workers=workers)
     stats = stats if stats is not None else TruthStats()
     pairs = Counter((spec.name, spec.mode) for spec, _ in planned)
-    shared = set() if not lanes or isolation.active else lane_share(
+    shared = None if not lanes or isolation.active else lane_share(
         kernels, lambda k: pairs[(k.name, k.mode)])
 
     def emit(spec: KernelSpec, case: VerifyCase, record: VerifyRecord) -> None:
@@ -229,7 +229,7 @@ def run_verification(
     # not whenever the traceback lets the generator go
     with handoff.folder() as where, lane(one, scale, where) as second, closing(
             solved_ahead(batches(cases, max_elements), solve_batch, stats, where,
-                         keep=bool(shared))) as ahead:
+                         keep=shared is not None)) as ahead:
         _judge_batches(ahead, second, todo, shared, judge, emit, on_truth)
 
 
@@ -250,16 +250,19 @@ def _planned(kernels: list[KernelSpec], done: frozenset[tuple] | set[tuple]
 
 
 def _judge_batches(ahead: Iterator[tuple[list[Prepared], list, bytes | None]], second: Lane,
-                   todo: Callable[[VerifyCase], list[KernelSpec]], shared: set[tuple[str, str]],
+                   todo: Callable[[VerifyCase], list[KernelSpec]], shared: Share | None,
                    judge: Callable, emit: Callable, on_truth: Callable[[int], None] | None
                    ) -> None:
-    """Each batch judged: the lane's share (the kernels named in shared) sent to it, the rest
-    judged here; the lane's records of a batch taken after this process's share of the next."""
+    """Each batch judged: the lane's share (lanes.Share) sent to it, the rest judged here;
+    the lane's records of a batch taken after this process's share of the next."""
     waiting = None  # the batch the lane is judging: (prepared, truths, its share)
+    position = 0  # of the batch's first case in the run
     for prepared, truths, handed in ahead:
         if on_truth:
             on_truth(len(prepared))
-        theirs = [[k for k in todo(p.case) if (k.name, k.mode) in shared] for p in prepared]
+        theirs = [[] if shared is None else shared.of(position + i, todo(p.case))
+                  for i, p in enumerate(prepared)]
+        position += len(prepared)
         sent = handed is not None and second.send(handed, theirs)
         for prep, truth, share in zip(prepared, truths, theirs, strict=True):
             judge(prep, truth, [k for k in todo(prep.case) if not sent or k not in share])
