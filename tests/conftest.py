@@ -15,6 +15,7 @@ import pytest
 
 from elasticbench import devices
 from elasticbench.cli import main
+from elasticbench.registry import scoped_kernels
 
 # What `@pytest.mark.needs(...)` can ask for (pyproject.toml registers the marker): each gives
 # None when this machine has it, else the reason the test is skipped. elasticbench.devices
@@ -110,12 +111,14 @@ class CliResult:
 
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]):
-    """Run `elasticbench ARGS` in-process; return exit code, stdout and stderr."""
+    """Run `elasticbench ARGS` in-process; return exit code, stdout and stderr. Kernel files
+    the command loads are forgotten after it, as they would be with its process."""
 
     def run(*args: str) -> CliResult:
         capsys.readouterr()
         try:
-            main(list(args))
+            with scoped_kernels():
+                main(list(args))
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 1

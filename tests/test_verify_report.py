@@ -49,9 +49,10 @@ def lowp(tmp_path_factory) -> tuple[str, Path]:
     """lowp_softmax over the quick matrix: 17 failing cases in 11 groups (see its file; the
     fp16 case of coarse 513x4 fails on the rows a sample keeps for their extreme values)."""
     from elasticbench.cli import main
+    from elasticbench.registry import scoped_kernels
 
     out = tmp_path_factory.mktemp("lowp") / "v.json"
-    with pytest.raises(SystemExit) as done:
+    with pytest.raises(SystemExit) as done, scoped_kernels():
         main(["verify", "--quick", "--kernel-file", LOWP, "--json", str(out)])
     assert done.value.code == 1
     return LOWP, out
