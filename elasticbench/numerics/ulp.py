@@ -35,7 +35,7 @@ def ulp_error(got: np.ndarray, hi: np.ndarray, lo: np.ndarray, fmt: FloatFormat,
     got is the kernel output in any of the formats (converted exactly to float64).
     NaN where either side is NaN; inf where got is infinite and the reference is not.
     """
-    g = np.asarray(got).astype(np.float64)
+    g = np.asarray(got, dtype=np.float64)  # no copy of a float64 array
     with np.errstate(invalid="ignore", over="ignore"):
         # g - hi is exact whenever g is within a factor of two of hi (Sterbenz);
         # otherwise the error is enormous and a relative rounding of it changes nothing.

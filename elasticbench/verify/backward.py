@@ -33,7 +33,7 @@ from ..numerics.dtypes import FloatFormat, work_format
 from ..numerics.truth import GradTruth
 from ..numerics.ulp import ulp_of
 from ..registry import KernelSpec
-from .check import CheckResult, json_float, position, score, worst_within, zero_place
+from .check import CheckResult, checked, json_float, position, score, worst_within, zero_place
 
 
 @dataclass(frozen=True)
@@ -288,7 +288,7 @@ def check_backward(
     allowed = truth.derived(("dx_allowed", *key), lambda: rows.dx_allowed(truth, fmt, budget))
     ulp = truth.derived(("dx_ulp", fmt.name), lambda: ulp_of(truth.dx_hi, truth.dx_lo, fmt))
     want_nan = truth.derived("dx_nan", lambda: np.isnan(truth.dx_hi))
-    got = dx[truth.rows].astype(np.float64)
+    got = checked(dx, truth)
     s = score(got, truth.dx_hi, truth.dx_lo, truth.dzero, want_nan, ulp, fmt)
     err, missing_nan, zero_broken = s.err, s.missing_nan, s.zero_broken
     with np.errstate(invalid="ignore"):
