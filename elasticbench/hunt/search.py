@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import handoff
-from ..verify.runner import REFERENCE_PROCESSES, reference_process, result_of
+from ..verify.ahead import REFERENCE_PROCESSES, reference_process, result_of
 from .space import Config, Space, make_input
 from .trial import Input, Judge, Trial, with_truths
 

@@ -10,7 +10,7 @@ from ..registry import KernelSpec
 from ..session import Job, Session
 from .case import shard_key
 from .matrix import MAX_ROWS, VerifyCase
-from .runner import run_verification
+from .runner import verify_modes
 
 
 class VerifyJob(Job[tuple[str, VerifyCase]]):
@@ -40,11 +40,13 @@ class VerifyJob(Job[tuple[str, VerifyCase]]):
         stats = TruthStats()
         checks = session.task("kernels", sum(
             1 for m, c in items for k in self.kernels[m] if k.function == c.function))
-        for m, kernels in self.kernels.items():
-            run_verification(
-                kernels, [c for mode, c in items if mode == m], max_elements=self.max_elements,
-                store=self.store, precision=self.precision, workers=self.workers, mode=m,
-                isolation=self.isolation, done=done, on_truth=references.advance,
-                max_rows=self.max_rows, stats=stats, scale=self.scale, lanes=self.lanes,
-                on_record=lambda r: (session.add(r), checks.advance()))
-            session.header["reference"] = stats.to_dict()
+        # every mode in one pass, their batches interleaved (verify/ahead.py)
+        verify_modes(
+            [k for ks in self.kernels.values() for k in ks],
+            {m: [c for mode, c in items if mode == m] for m in self.kernels},
+            max_elements=self.max_elements, store=self.store, precision=self.precision,
+            workers=self.workers, isolation=self.isolation, done=done,
+            on_truth=references.advance, max_rows=self.max_rows, stats=stats,
+            scale=self.scale, lanes=self.lanes,
+            on_record=lambda r: (session.add(r), checks.advance()))
+        session.header["reference"] = stats.to_dict()

@@ -70,7 +70,7 @@ def lane_share(kernels: list[KernelSpec], pairs: Callable[[KernelSpec], int],
 def judge_share(handed: bytes, share: list[list[KernelSpec]], one: Callable[..., VerifyRecord],
                 scale: float, where: Path) -> bytes:
     """In the lane: a batch's inputs and truths (handed over), each judged by its share of
-    the kernels with `one` (verify_one, verify_backward_one); the records, packed into one
+    the kernels with `one` (runner.judge_one); the records, packed into one
     file of `where`."""
     prepared, truths, _ = handoff.unpack(handed)
     records = [one(spec, prep, truth, IN_PROCESS, scale)

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import signal
-import sys
-import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import dataclass, replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,9 +17,10 @@ from ..numerics.budget import budget_for
 from ..numerics.contract import Judging
 from ..numerics.dtypes import get_format
 from ..numerics.truth import DEFAULT_PRECISION, GradTruth
-from ..numerics.truth_cache import TruthError, TruthJob, TruthStats, TruthStore, solve
+from ..numerics.truth_cache import TruthJob, TruthStats, TruthStore, solve
 from ..records import VerifyRecord
 from ..registry import KernelSpec
+from .ahead import batches, interleaved, solved_ahead
 from .backward import (
     BackwardOutcome,
     call_backward,
@@ -43,12 +36,6 @@ from .lanes import Lane, Share, lane, lane_share
 from .matrix import MAX_ROWS, VerifyCase
 from .record import verify_record
 from .second_order import second_order
-
-BATCH_ELEMENTS = 1 << 22  # checked elements of the cases prepared and solved together
-RAMP = 3  # batches before the first full one, each twice the one before
-# batches whose references are computed at once, a process each, beside the kernels: with
-# light kernels (numpy, cpp) the reference is the longer of the two
-REFERENCE_PROCESSES = max(1, min(2, os.cpu_count() or 1))
 
 
 def rows_to_check(shape: tuple[int, int], max_elements: int, seed: int,
@@ -99,6 +86,7 @@ class Prepared:
     x: np.ndarray | None  # None in what a hunt's reference process sends back
     job: TruthJob | None  # None once solved: the reference process sends no input copies back
     g: np.ndarray | None = None  # upstream gradient (backward verification)
+    mode: str = "fwd"
 
 
 def prepare(cases: list[VerifyCase], max_elements: int, precision: int,
@@ -118,7 +106,7 @@ def prepare_input(case: VerifyCase, x: np.ndarray, max_elements: int, precision:
         g = upstream(case.seed, case.generator, get_format(case.dtype), case.shape, rows)
     job = TruthJob(case.function, case.params, case.dtype, x64, rows,
                    precision, None if g is None else g.astype(np.float64))
-    return Prepared(case, x, job, g)
+    return Prepared(case, x, job, g, mode)
 
 
 def _record(spec: KernelSpec, case: VerifyCase, truth, budget: dict, judging: Judging,
@@ -181,9 +169,16 @@ def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
     return record
 
 
-def run_verification(
+def run_verification(kernels: list[KernelSpec], cases: list[VerifyCase], *,
+                     mode: str = "fwd", **options: Any) -> None:
+    """Verify each kernel (all of `mode`) on every case of its function that it takes
+    (verify_modes, for one mode)."""
+    verify_modes(kernels, {mode: cases}, **options)
+
+
+def verify_modes(
     kernels: list[KernelSpec],
-    cases: list[VerifyCase],
+    cases: dict[str, list[VerifyCase]],
     *,
     max_elements: int,
     store: TruthStore,
@@ -191,7 +186,6 @@ def run_verification(
     workers: int | None = None,
     on_record: Callable[[VerifyRecord], None] = lambda r: None,
     on_truth: Callable[[int], None] | None = None,
-    mode: str = "fwd",
     isolation: Isolation = IN_PROCESS,
     done: frozenset[tuple] | set[tuple] = frozenset(),
     max_rows: int = MAX_ROWS,
@@ -199,23 +193,24 @@ def run_verification(
     scale: float = 1.0,
     lanes: bool = False,
 ) -> None:
-    """Verify each kernel (all of `mode`) on every case of its function that it takes;
-    pairs whose record_key is in `done` (a resumed run) are skipped, and a case left
-    with nothing to do costs no reference. Each record goes to on_record; how the truths
-    were obtained is added to stats. Budgets are each kernel's contract's, times scale.
-    lanes: a share of the kernels may be judged by a second process beside this one
-    (verify/lanes.py); its records come after this one's for each batch."""
+    """Verify each kernel on every case of its mode (cases: mode -> its cases) and function
+    that it takes, the modes' batches interleaved (verify/ahead.py); pairs whose record_key
+    is in `done` (a resumed run) are skipped, and a case left with nothing to do costs no
+    reference. Each record goes to on_record; how the truths were obtained is added to
+    stats. Budgets are each kernel's contract's, times scale. lanes: a share of the kernels
+    may be judged by a second process beside this one (verify/lanes.py); its records come
+    after this one's for each batch."""
     todo = _planned(kernels, done)
-    cases = [c for c in cases if todo(c)]
-    planned = [(spec, case) for case in cases for spec in todo(case)]
+    cases = {m: [c for c in cs if todo(m, c)] for m, cs in cases.items()}
+    planned = [(spec, case) for m, cs in cases.items() for case in cs for spec in todo(m, case)]
     compiled = compile_checks(planned)
-    one = verify_backward_one if mode == "bwd" else verify_one
-    solve_batch = partial(solved, max_elements=max_elements, precision=precision, mode=mode,
+    solve_batch = partial(solved, max_elements=max_elements, precision=precision,
                           max_rows=max_rows, store=store, workers=workers)
     stats = stats if stats is not None else TruthStats()
     pairs = Counter((spec.name, spec.mode) for spec, _ in planned)
     shared = None if not lanes or isolation.active else lane_share(
         kernels, lambda k: pairs[(k.name, k.mode)])
+    work = interleaved({m: batches(cs, max_elements) for m, cs in cases.items() if cs})
 
     def emit(spec: KernelSpec, case: VerifyCase, record: VerifyRecord) -> None:
         with_compile_check(record, compiled.get(call_key(spec, case)))
@@ -223,26 +218,32 @@ def run_verification(
 
     def judge(prep: Prepared, truth: Any, specs: list[KernelSpec]) -> None:
         for spec in specs:
-            emit(spec, prep.case, one(spec, prep, truth, isolation, scale))
+            emit(spec, prep.case, judge_one(spec, prep, truth, isolation, scale))
 
     # closing: on an error or an interrupt the reference processes (and the lane) end now,
     # not whenever the traceback lets the generator go
-    with handoff.folder() as where, lane(one, scale, where) as second, closing(
-            solved_ahead(batches(cases, max_elements), solve_batch, stats, where,
-                         keep=shared is not None)) as ahead:
+    with handoff.folder() as where, lane(judge_one, scale, where) as second, closing(
+            solved_ahead(work, solve_batch, stats, where, keep=shared is not None)) as ahead:
         _judge_batches(ahead, second, todo, shared, judge, emit, on_truth)
 
 
-def _planned(kernels: list[KernelSpec], done: frozenset[tuple] | set[tuple]
-             ) -> Callable[[VerifyCase], list[KernelSpec]]:
-    """The kernels still to judge on a case: of its function, taking its dtype and layout,
-    not done already (a resumed run)."""
-    by_function: dict[str, list[KernelSpec]] = {}
-    for k in kernels:
-        by_function.setdefault(k.function, []).append(k)
+def judge_one(spec: KernelSpec, prep: Prepared, truth: Any,
+              isolation: Isolation = IN_PROCESS, scale: float = 1.0) -> VerifyRecord:
+    """verify_one or verify_backward_one, by the kernel's mode."""
+    one = verify_backward_one if spec.mode == "bwd" else verify_one
+    return one(spec, prep, truth, isolation, scale)
 
-    def todo(case: VerifyCase) -> list[KernelSpec]:
-        return [k for k in by_function.get(case.function, ())
+
+def _planned(kernels: list[KernelSpec], done: frozenset[tuple] | set[tuple]
+             ) -> Callable[[str, VerifyCase], list[KernelSpec]]:
+    """The kernels still to judge on a case of a mode: of that mode and the case's function,
+    taking its dtype and layout, not done already (a resumed run)."""
+    by_function: dict[tuple[str, str], list[KernelSpec]] = {}
+    for k in kernels:
+        by_function.setdefault((k.mode, k.function), []).append(k)
+
+    def todo(mode: str, case: VerifyCase) -> list[KernelSpec]:
+        return [k for k in by_function.get((mode, case.function), ())
                 if k.supports(case.dtype) and k.takes_layout(case.layout)
                 and case_key(k, case) not in done]
 
@@ -250,7 +251,7 @@ def _planned(kernels: list[KernelSpec], done: frozenset[tuple] | set[tuple]
 
 
 def _judge_batches(ahead: Iterator[tuple[list[Prepared], list, bytes | None]], second: Lane,
-                   todo: Callable[[VerifyCase], list[KernelSpec]], shared: Share | None,
+                   todo: Callable[[str, VerifyCase], list[KernelSpec]], shared: Share | None,
                    judge: Callable, emit: Callable, on_truth: Callable[[int], None] | None
                    ) -> None:
     """Each batch judged: the lane's share (lanes.Share) sent to it, the rest judged here;
@@ -260,12 +261,13 @@ def _judge_batches(ahead: Iterator[tuple[list[Prepared], list, bytes | None]], s
     for prepared, truths, handed in ahead:
         if on_truth:
             on_truth(len(prepared))
-        theirs = [[] if shared is None else shared.of(position + i, todo(p.case))
-                  for i, p in enumerate(prepared)]
+        mine = [todo(p.mode, p.case) for p in prepared]
+        theirs = [[] if shared is None else shared.of(position + i, specs)
+                  for i, specs in enumerate(mine)]
         position += len(prepared)
         sent = handed is not None and second.send(handed, theirs)
-        for prep, truth, share in zip(prepared, truths, theirs, strict=True):
-            judge(prep, truth, [k for k in todo(prep.case) if not sent or k not in share])
+        for prep, truth, specs, share in zip(prepared, truths, mine, theirs, strict=True):
+            judge(prep, truth, [k for k in specs if not sent or k not in share])
         _received(second, waiting, judge, emit)  # the lane's batch before, judged meanwhile
         waiting = (prepared, truths, theirs) if sent else None
         del prepared, truths
@@ -290,34 +292,7 @@ def _received(second: Lane, waiting: tuple[list[Prepared], list, list[list[Kerne
         emit(spec, case, record)
 
 
-def solved_ahead(work: list[list[VerifyCase]], solve_batch: Callable, stats: TruthStats,
-                 where: Path, keep: bool = False
-                 ) -> Iterator[tuple[list[Prepared], list, bytes | None]]:
-    """Each batch's prepared inputs and truths, in order, handed over through files in
-    `where`; how they were obtained, and how long the caller waited for them, added to
-    stats. keep: each batch's files are left for one more reader, to whom the third item
-    (the packed batch) goes; else it is None.
-
-    A batch at a time, so that the inputs and truths of the whole matrix never sit in memory
-    at once; the next batches' references are computed in processes of their own while the
-    caller judges this one (a thread would share the interpreter lock with torch.compile's
-    tracing, and the two would take turns instead of running side by side)."""
-    depth = min(REFERENCE_PROCESSES, len(work))
-    with reference_process(depth) as ahead:
-        solve_batch = partial(_handed, solve_batch, where)
-        pending = deque(ahead.submit(solve_batch, batch) for batch in work[:depth])
-        for i in range(len(work)):
-            started = time.perf_counter()
-            future = pending.popleft()
-            prepared, truths, batch_stats = result_of(future, _named(work[i]), keep)
-            stats.wait_s += time.perf_counter() - started
-            if i + depth < len(work):
-                pending.append(ahead.submit(solve_batch, work[i + depth]))
-            stats.add(batch_stats)
-            yield prepared, truths, future.result() if keep else None
-
-
-def solved(batch: list[VerifyCase], *, max_elements: int, precision: int, mode: str,
+def solved(mode: str, batch: list[VerifyCase], *, max_elements: int, precision: int,
            max_rows: int, store: TruthStore, workers: int | None
            ) -> tuple[list[Prepared], list, TruthStats]:
     """The batch's inputs with their truths, and how the truths were obtained (what the
@@ -328,68 +303,3 @@ def solved(batch: list[VerifyCase], *, max_elements: int, precision: int, mode: 
     return [replace(p, job=None) for p in prepared], truths, stats
 
 
-def _handed(solve_batch: Callable[[list[VerifyCase]], Any], where: Path,
-            batch: list[VerifyCase]) -> bytes:
-    """solve_batch's result packed for the parent, its arrays as files in `where`."""
-    return handoff.pack(solve_batch(batch), where)
-
-
-@contextmanager
-def reference_process(processes: int = 1) -> Iterator[Executor]:
-    """Worker processes for the reference (forked where the platform can: the caller's
-    kernels and monkeypatches come along); left at once, their work dropped, on an error or
-    an interrupt."""
-    method = "fork" if sys.platform.startswith("linux") else "spawn"
-    pool = ProcessPoolExecutor(max(1, processes), mp_context=multiprocessing.get_context(method),
-                               initializer=_leave_signals_to_the_parent)
-    try:
-        yield pool
-    except BaseException:
-        # a worker in the middle of a batch would otherwise run on, and the interpreter
-        # would wait for it at exit
-        running = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in running:
-            proc.terminate()
-        raise
-    pool.shutdown()
-
-
-def _leave_signals_to_the_parent() -> None:
-    """In the reference process: Ctrl-C is the parent's to handle (it ends this process), and
-    SIGTERM ends it without the parent's handler (inherited by fork) printing a traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _named(batch: list[VerifyCase]) -> str:
-    first = batch[0]
-    return (f"the batch that starts with {first.function} {first.dtype} "
-            f"{first.shape[0]}x{first.shape[1]} ({first.generator})")
-
-
-def result_of(pending: Future, what: str, keep: bool = False) -> Any:
-    """A reference process's result, unpacked (handoff; keep: its files left for another
-    reader); one that died becomes one line naming what it held."""
-    try:
-        return handoff.unpack(pending.result(), keep)
-    except BrokenProcessPool:
-        raise TruthError(f"the reference process died (killed, or out of memory) while "
-                         f"preparing or evaluating {what}") from None
-
-
-def batches(cases: list[VerifyCase], max_elements: int,
-            limit: int = BATCH_ELEMENTS) -> list[list[VerifyCase]]:
-    """Consecutive runs of cases whose checked elements add up to about `limit`, the first
-    RAMP of them to 1/2^RAMP, ..., 1/2 of it: the kernels wait for the first truth alone."""
-    out: list[list[VerifyCase]] = [[]]
-    size = 0
-    for case in cases:
-        rows, n = case.shape
-        elements = min(rows * n, max(max_elements, n))
-        if out[-1] and size + elements > limit >> max(0, RAMP + 1 - len(out)):
-            out.append([])
-            size = 0
-        out[-1].append(case)
-        size += elements
-    return [b for b in out if b]
