@@ -4,13 +4,12 @@ reference points: torch.softmax and torch.compile's fusion of the safe softmax.
 Each pass below is one torch.compile'd function (inductor's C++ backend), called from
 Python, so inductor cannot merge passes: a pass is exactly one sweep over the (rows, n)
 array in memory. Inside a pass, rows are cut into blocks of BLOCK = 256 elements and a last
-block of 1 to BLOCK; what a pass does to one block (its max, then its exponentials) stays in
-L1, so the block-level work costs no extra memory traffic. Every sum over a row is a sum of
-block sums, added by eager torch (pairwise; within compiled_elastic's single function, by
-inductor): inductor sums a row, or a block, as one serial chain per vector lane, whose
-error grows like n u where the budgets allow log2(n) u (docs/numerics.md section 3); a
-block of 256 keeps each chain at 64 terms or fewer (docs/benchmarking.md section 5). The
-declared models (elasticbench.passes):
+block of 1 to BLOCK (2 to BLOCK + 1 in _fused); what a pass does to one block stays in L1.
+Every sum over a row is a sum of block sums, added by eager torch (pairwise; within
+compiled_elastic's single function, by inductor): inductor sums a row, or a block, as one
+serial chain per vector lane, whose error grows like n u where the budgets allow log2(n) u
+(docs/numerics.md section 3); a block of 256 keeps each chain at about 64 terms at most
+(docs/benchmarking.md section 5). The declared models (elasticbench.passes):
 
 | kernel               | passes over memory                              | R | W | exps |
 |----------------------|-------------------------------------------------|---|---|------|
@@ -242,8 +241,7 @@ def _fused(x: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor) -> torch.Tens
     s = _kept(x, tau.dtype)
     m = s.amax(-1, keepdim=True)
     m0 = torch.where(m.isfinite(), m, 0)
-    # no fp32 sum over a length that varies: inductor's C++ code sums those past 4096 terms
-    # its own way and guards on which side of 4096 they are, a graph for each (6.7)
+    # integer and fp64 sums: inductor guards an fp32 sum's length at 4096 (numerics.md 6.7)
     nbig = (s == math.inf).sum(-1, keepdim=True).to(tau.dtype)
     # block by block (cut in the graph, as _blocks does outside): each block's exps are
     # summed as they are stored, the row's sum is a sum of n / BLOCK block sums, and y is
@@ -388,15 +386,14 @@ def compiled_softmax(x: torch.Tensor) -> torch.Tensor:
     return _fused_softmax(x)
 
 
-@register_kernel(function="softmax", backend="torch", name="torch_softmax", baseline=True,
-                 compiles=False)
+@register_kernel(function="softmax", backend="torch", name="torch_softmax", baseline=True)
 def torch_softmax(x: torch.Tensor) -> torch.Tensor:
     """torch.softmax itself, the vendor baseline (all -inf rows give NaN, not zeros)."""
     return torch.softmax(x, dim=-1)
 
 
 @register_kernel(function="softmax", backend="torch", name="torch_softmax", mode="bwd",
-                 baseline=True, compiles=False)
+                 baseline=True)
 def torch_softmax_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """torch's own softmax backward (the kernel autograd runs for torch.softmax), the vendor
     baseline of --mode bwd; it reads only y and g."""
