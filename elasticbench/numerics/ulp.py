@@ -39,6 +39,9 @@ def ulp_error(got: np.ndarray, hi: np.ndarray, lo: np.ndarray, fmt: FloatFormat,
     with np.errstate(invalid="ignore", over="ignore"):
         # g - hi is exact whenever g is within a factor of two of hi (Sterbenz);
         # otherwise the error is enormous and a relative rounding of it changes nothing.
-        diff = np.abs((g - hi) - lo)
+        # One array, reused by each step (long rows: no temporary of their size per step).
+        err = np.subtract(g, hi)
+        np.subtract(err, lo, out=err)
+        np.abs(err, out=err)
         # may overflow to inf: an infinitely bad output
-        return diff / (ulp_of(hi, lo, fmt) if ulp is None else ulp)
+        return np.divide(err, ulp_of(hi, lo, fmt) if ulp is None else ulp, out=err)

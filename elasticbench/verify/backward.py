@@ -293,7 +293,7 @@ def check_backward(
     err, missing_nan, zero_broken = s.err, s.missing_nan, s.zero_broken
     with np.errstate(invalid="ignore"):
         frac = err / allowed
-    frac = np.where(np.isnan(frac), np.inf, frac)  # inf / inf: an infinite dx is never fine
+    frac[np.isnan(frac)] = np.inf  # inf / inf: an infinite dx is never fine
     over = (frac > 1) & ~want_nan & ~zero_broken
     failures = {"nan_not_propagated": int(missing_nan.sum()),
                 "masked_not_zero": int(zero_broken.sum()), "over_budget": int(over.sum())}

@@ -84,9 +84,10 @@ def score(got: np.ndarray, hi: np.ndarray, lo: np.ndarray, zero: np.ndarray,
           want_nan: np.ndarray, ulp: np.ndarray, fmt: FloatFormat) -> Scored:
     """got (float64) scored against hi + lo, whose ulps in fmt are ulp."""
     got_nan = np.isnan(got)
-    err = np.where(want_nan, 0.0, ulp_error(got, hi, lo, fmt, ulp))
-    return Scored(np.where(~want_nan & got_nan, np.inf, err), want_nan & ~got_nan,
-                  zero & (got != 0))
+    err = ulp_error(got, hi, lo, fmt, ulp)
+    err[got_nan] = np.inf  # a NaN instead of a number
+    err[want_nan] = 0.0  # NaN due: judged as a special value, not in ulps
+    return Scored(err, want_nan & ~got_nan, zero & (got != 0))
 
 
 def checked(out: np.ndarray, truth: Truth) -> np.ndarray:
@@ -101,12 +102,14 @@ def worst_within(err: np.ndarray, frac: np.ndarray, judged: np.ndarray
                  ) -> tuple[float, float, tuple[int, int] | None]:
     """The largest error and budget share over the judged elements, and where the largest
     share is (None when nothing is judged)."""
-    if not judged.any():
+    every = judged.all()
+    if not every and not judged.any():
         return 0.0, 0.0, None
-    shares = np.where(judged, frac, -1)  # a share is never negative
+    shares = frac if every else np.where(judged, frac, -1)  # a share is never negative
     k, j = np.unravel_index(np.argmax(shares), frac.shape)
-    return (float(np.max(err, where=judged, initial=-np.inf)), float(shares[k, j]),
-            (int(k), int(j)))
+    worst = np.max(err, initial=-np.inf) if every else np.max(err, where=judged,
+                                                             initial=-np.inf)
+    return float(worst), float(shares[k, j]), (int(k), int(j))
 
 
 def _special_reason(x: np.ndarray, got: np.ndarray, truth: Truth, k: int, j: int,
