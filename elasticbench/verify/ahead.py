@@ -57,7 +57,8 @@ def interleaved(work: dict[str, list[list[VerifyCase]]]) -> list[Batch]:
     through its own batches as the others are through theirs."""
     out: list[Batch] = []
     taken = dict.fromkeys(work, 0)
-    while len(out) < sum(len(b) for b in work.values()):
+    total = sum(len(b) for b in work.values())
+    while len(out) < total:
         mode = min((m for m in work if taken[m] < len(work[m])),
                    key=lambda m: (taken[m] + 0.5) / len(work[m]))
         out.append((mode, work[mode][taken[mode]]))
