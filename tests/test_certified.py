@@ -380,3 +380,35 @@ def test_long_rows_in_column_blocks_hold_against_mpmath():
     for f in GRADIENT_FUNCTIONS:
         fn = get_function(f)
         _gradients_hold(fn, fmt, x, fn.param_grid()[-1], 5)
+
+
+@pytest.mark.parametrize("m", [1, 7, 300, 2000])
+@pytest.mark.parametrize("seen", [1, 64, 2048])
+def test_hashed_grouping_matches_the_sort(m, seen):
+    """row_blocks._hashed (a hash table, a sort of the values that lost their slot) groups a
+    row exactly as the sort does, whatever the sample's estimate of its distinct values; 300
+    values in the 1024 slots of seen=1 collide, so the losers' path is taken."""
+    rng = np.random.default_rng(m)
+    palette = rng.standard_normal(m).astype(np.float32).astype(np.float64)
+    palette[: min(m, 4)] = [-0.0, 0.0, np.inf, np.nan][: min(m, 4)]
+    bits = palette[rng.integers(0, m, 3 * row_blocks.FROM)].view(np.uint64)
+    got = row_blocks._hashed(bits, seen)
+    if got is None:  # too many lost their slot: the caller sorts
+        assert m > 1024
+        return
+    want = row_blocks._sorted(bits)
+    for a, b in zip(got, want, strict=True):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    if m == 300 and seen == 1:
+        slots = (np.unique(palette.view(np.uint64)) * row_blocks.GOLDEN) >> np.uint64(54)
+        assert np.unique(slots).size < np.unique(palette.view(np.uint64)).size
+
+
+def test_long_16_bit_rows_are_counted_however_varied():
+    """A long fp16 row of many distinct values (its sample looks unrepeated) is still grouped
+    by its bit patterns: at most 65536 values for any length."""
+    rng = np.random.default_rng(1)
+    row = rng.normal(0, 3, 1 << 18).astype(np.float16).astype(np.float64)
+    values, index, counts = row_blocks.distinct(row)
+    assert values.size < 65536 and counts.sum() == row.size
+    assert np.array_equal(values[index].view(np.uint64), row.view(np.uint64))

@@ -53,23 +53,63 @@ def sum_depth(n: int) -> int:
 
 
 def distinct(row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """A float64 row's distinct values (by bits), each position's index into them and each
-    value's count; None where the row is short or repeats too little to gain."""
+    """A float64 row's distinct values (by bits, in the order of their bits), each position's
+    index into them and each value's count; None where the row is short or repeats too
+    little to gain."""
     n = row.size
     if n < FROM:
         return None
     bits = np.ascontiguousarray(row).view(np.uint64)
     sample = bits[:: n // SAMPLE][:SAMPLE]
-    if np.unique(sample).size > MOST * SAMPLE:
-        return None
-    for fmt in SIXTEEN_BIT:  # the sample first: an fp32 row fails there, not after a full pass
+    for fmt in SIXTEEN_BIT:  # at most 65536 values: counted whatever the sample says
         if _in_format(sample, fmt) is not None and (narrow := _narrow(bits, fmt)) is not None:
-            return narrow
+            return narrow if narrow[0].size <= MOST * n else None
+    seen = np.unique(sample).size
+    if seen > MOST * SAMPLE:
+        return None
+    return _hashed(bits, seen) or _sorted(bits)
+
+
+def _sorted(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     values = np.unique(bits)  # a sort, then a search: far faster than unique's argsort
-    if values.size > MOST * n:
+    if values.size > MOST * bits.size:
         return None
     index = np.searchsorted(values, bits)
     return values.view(np.float64), index, np.bincount(index).astype(np.float64)
+
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: multiplicative hashing
+LOSERS = 0.25  # a hash that leaves more than this share of positions unplaced: sort instead
+
+
+def _hashed(bits: np.ndarray, seen: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """distinct in a few passes instead of a sort: each value hashed to one of 32x as many
+    slots as the sample saw values; a value that lost its slot to another (a collision) is
+    grouped with the other losers by a sort of those alone. None where too many lost (the
+    sample saw few of the row's values): the caller sorts."""
+    k = min(20, max(10, (32 * seen).bit_length()))
+    slot = ((bits * GOLDEN) >> np.uint64(64 - k)).view(np.int64)
+    table = np.zeros(1 << k, dtype=np.uint64)
+    table[slot] = bits  # one value per slot: whichever was written last
+    lost = table[slot] != bits
+    losers = int(np.count_nonzero(lost))
+    if losers > LOSERS * bits.size:
+        return None
+    owned = np.flatnonzero(np.bincount(slot[~lost] if losers else slot, minlength=1 << k))
+    rest, rest_index = np.unique(bits[lost], return_inverse=True)
+    values = np.concatenate([table[owned], rest])
+    order = np.argsort(values)  # by bits, as np.unique orders them
+    rank = np.empty(values.size, dtype=np.int64)
+    rank[order] = np.arange(values.size)
+    where = np.zeros(1 << k, dtype=np.int64)
+    where[owned] = rank[: owned.size]
+    index = where[slot]
+    if losers:
+        index[lost] = rank[owned.size + rest_index]
+    if values.size > MOST * bits.size:
+        return None
+    return (values[order].view(np.float64), index,
+            np.bincount(index, minlength=values.size).astype(np.float64))
 
 
 SIXTEEN_BIT = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
