@@ -78,6 +78,11 @@ def test_hunt_passes_a_correct_kernel_and_exits_0(cli, tmp_path):
                                   for rec in doc["records"])
     assert ref["fallback_share"] == ref["fallback_elements"] / ref["elements"]
     assert f"reference: {ref['elements']:,} values, " in r.out
+    # the kernel's own share of the time: its records' call seconds over the search's
+    summary = doc["hunt"]["kernels"][0]
+    assert summary["kernel_s"] == pytest.approx(sum(rec["seconds"] for rec in doc["records"]))
+    share = min(1.0, summary["kernel_s"] / summary["seconds"])
+    assert f"{share:.0%} of it in the kernel" in r.out
 
 
 def test_hunt_is_reproducible_from_its_seed():

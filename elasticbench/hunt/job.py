@@ -37,11 +37,13 @@ class Hunted:
     shrunk: Shrunk | None = None
     case_path: Path | None = None
     seconds: float = 0.0
+    kernel_s: float = 0.0  # of seconds, in the kernel's own calls (compiling included)
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kernel": self.spec.name, "mode": self.spec.mode,
                                "trials": self.trials, "best_budget_frac": self.best_fraction,
-                               "seconds": self.seconds, "failed": self.found is not None}
+                               "seconds": self.seconds, "kernel_s": self.kernel_s,
+                               "failed": self.found is not None}
         if self.found is not None:
             first = self.found.trial.record
             out["first"] = {"shape": list(first.shape), "elements": first.shape[0]
@@ -132,6 +134,7 @@ class HuntJob(Job[KernelSpec]):
         def keep(trial: Trial) -> None:
             session.add(trial.record)
             hunted.trials += 1
+            hunted.kernel_s += trial.record.seconds or 0.0
             if not trial.failed:
                 hunted.best_fraction = max(hunted.best_fraction, trial.fraction)
             bar.describe(f"hunt {spec.name}: {hunted.trials} tried, "
