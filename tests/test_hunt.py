@@ -220,6 +220,14 @@ def test_sorted_rows_are_sorted_in_every_format():
     assert np.array_equal(sorted_rows(with_nan).astype(np.float64)[0, :5],
                           [-np.inf, -1.0, 0.5, 2.0, np.inf])
     assert np.isnan(float(sorted_rows(with_nan)[0, 5]))
+    # a long 16-bit row is sorted by counting its bit patterns: NaN last, -0 before +0
+    long_bf = rng.normal(size=(2, 1 << 15)).astype(bf)
+    long_bf[0, :4] = np.array([np.nan, 0.0, -0.0, -np.inf]).astype(bf)
+    got = sorted_rows(long_bf)
+    want = np.sort(long_bf.astype(np.float32), axis=1)
+    assert np.array_equal(got.astype(np.float32), want, equal_nan=True)
+    zeros = np.flatnonzero(got[0].astype(np.float32) == 0)
+    assert list(np.signbit(got[0, zeros].astype(np.float32))) == [True, False]
     palette = rng.normal(size=(3, 40)).astype(np.float32)
     pick = rng.integers(0, 40, (3, 5000))
     want = np.sort(np.take_along_axis(palette, pick, axis=1), axis=1)

@@ -17,6 +17,7 @@ that the blocks of a long row differ (their maxima above all).
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from dataclasses import dataclass, replace
@@ -34,6 +35,7 @@ LARGE = 1 << 20  # a configuration past this many elements keeps its rows one ti
 LARGE_ODDS = 4
 PALETTE_FROM = 4096  # fp32/fp64 rows longer than this draw from a palette
 MAX_PALETTE = 2048
+COUNT_SORT_FROM = 1 << 14  # 16-bit rows this long are sorted by counting, not by a sort
 SPIKES = ("nan", "inf", "-inf", "zero", "-zero", "max", "-max", "ln_max", "tiny", "-tiny",
           "one", "minus_one")
 
@@ -119,9 +121,7 @@ def sorted_rows(values: np.ndarray) -> np.ndarray:
     return np.sort(values, axis=1)
 
 
-COUNT_SORT_FROM = 1 << 14  # 16-bit rows this long are counted, not sorted
-
-
+@functools.cache
 def _ascending_patterns(dtype: np.dtype) -> np.ndarray:
     """The 65536 bit patterns of a 16-bit format in ascending order of value, NaNs last."""
     patterns = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
