@@ -1,7 +1,8 @@
 """Results handed from a reference process to its parent through files in memory (tmpfs):
-each large array is written to a file of its own and read back once, the rest pickled as
-usual. Through the pool's pipe the same array is pickled, written in pieces, read in pieces
-and unpickled: four copies and the pipe's small writes, where a file costs two copies."""
+each large array is written to a file of its own and mapped back once (see _read), the
+rest pickled as usual. Through the pool's pipe the same array is pickled, written in
+pieces, read in pieces and unpickled: four copies and the pipe's small writes, where a
+file costs one copy."""
 
 from __future__ import annotations
 

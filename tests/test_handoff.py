@@ -60,3 +60,20 @@ def test_the_folder_takes_what_was_never_unpacked_with_it():
 def test_a_packed_result_is_plain_pickle_to_the_reader(tmp_path):
     data = handoff.pack({"a": np.arange(5)}, tmp_path)
     assert pickle.loads(data)["a"].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_mapped_array_is_a_private_writable_copy_of_its_file(tmp_path):
+    """unpack maps each file rather than reading it: the array is a plain writable ndarray,
+    holds its values once the file is removed, and writing to it changes neither the file
+    nor another reader's array (a private, copy-on-write mapping)."""
+    x = np.arange(1 << 14, dtype=np.float64)
+    data = handoff.pack(x, tmp_path)
+    (name,) = tmp_path.iterdir()
+    first = handoff.unpack(data, keep=True)  # the file left for one more reader
+    assert type(first) is np.ndarray and first.flags.writeable
+    first[:10] = -1.0
+    second = handoff.unpack(data)  # reads the file and removes it
+    assert not name.exists()
+    assert np.array_equal(second, x) and (first[:10] == -1.0).all()
+    second[-1] = 7.0
+    assert second[-1] == 7.0 and np.array_equal(second[:-1], x[:-1])
