@@ -25,19 +25,18 @@ def _time(seconds: float) -> str:
 
 
 def rows(records: list[dict], kernels: Iterable[str]) -> list[str]:
-    """Markdown rows for the given kernels, with their reference points' ratios."""
+    """Markdown rows for the given kernels (in that order, each one's rows in the file's),
+    with their reference points' ratios ('-' where the run has no such reference)."""
     median = {(r["kernel"], r["dtype"], tuple(r["shape"])): r["median_s"] for r in records
               if r.get("median_s")}
-    out = []
     order = list(kernels)
-    for r in sorted(records, key=lambda r: order.index(r["kernel"]) if r["kernel"] in order
-                    else len(order)):  # stable: each kernel's rows in the file's order
-        if r["kernel"] not in kernels or not r.get("median_s"):
-            continue
+    out = []
+    for r in sorted((r for r in records if r["kernel"] in order and r.get("median_s")),
+                    key=lambda r: order.index(r["kernel"])):
         key = (r["dtype"], tuple(r["shape"]))
         ratios = []
         for ref in REFERENCES[r["mode"]].values():
-            name = ref[r["function"]] if isinstance(ref, dict) else ref
+            name = ref.get(r["function"]) if isinstance(ref, dict) else ref
             base = median.get((name, *key))
             ratios.append(f"{base / r['median_s']:.2f}" if base else "-")
         shape = "x".join(map(str, r["shape"]))
