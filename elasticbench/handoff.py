@@ -10,6 +10,7 @@ import io
 import mmap
 import os
 import pickle
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -101,13 +102,22 @@ class _Keeper(_Redirected):
         return _read(name, *args)
 
 
+MAP_FROM = 1 << 20  # bytes: a file at least this large is mapped, a smaller one read
+# Python before 3.13 keeps a duplicate of the file descriptor for every mapping: large files
+# only, so that the arrays alive at once (bounded by memory) hold few descriptors
+_UNTRACKED = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+
+
 def _read(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """The file's array, mapped rather than read: its pages are the file's own (tmpfs), a
-    write copies the page it touches (a private mapping), and the memory is freed when the
-    array is, its file removed or not. A third of reading the file on a 32 MB array."""
+    """The file's array. A large one is mapped rather than read: its pages are the file's
+    own (tmpfs), a write copies the page it touches (a private mapping), and the memory is
+    freed when the array is, its file removed or not: a third of reading the file on a 32 MB
+    array."""
     with open(name, "rb") as f:
+        if os.fstat(f.fileno()).st_size < MAP_FROM:
+            return np.fromfile(f, dtype=dtype).reshape(shape)
         mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE, **_UNTRACKED)
     return np.frombuffer(mapped, dtype=dtype).reshape(shape)
 
 

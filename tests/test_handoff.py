@@ -3,6 +3,7 @@ value with their dtype, shape and order, and no file is left behind once unpacke
 
 from __future__ import annotations
 
+import mmap
 import pickle
 from dataclasses import dataclass
 
@@ -63,10 +64,10 @@ def test_a_packed_result_is_plain_pickle_to_the_reader(tmp_path):
 
 
 def test_a_mapped_array_is_a_private_writable_copy_of_its_file(tmp_path):
-    """unpack maps each file rather than reading it: the array is a plain writable ndarray,
+    """unpack maps each large file rather than reading it: the array is a plain writable ndarray,
     holds its values once the file is removed, and writing to it changes neither the file
     nor another reader's array (a private, copy-on-write mapping)."""
-    x = np.arange(1 << 14, dtype=np.float64)
+    x = np.arange(handoff.MAP_FROM // 8 + 5, dtype=np.float64)  # large enough to be mapped
     data = handoff.pack(x, tmp_path)
     (name,) = tmp_path.iterdir()
     first = handoff.unpack(data, keep=True)  # the file left for one more reader
@@ -77,3 +78,13 @@ def test_a_mapped_array_is_a_private_writable_copy_of_its_file(tmp_path):
     assert np.array_equal(second, x) and (first[:10] == -1.0).all()
     second[-1] = 7.0
     assert second[-1] == 7.0 and np.array_equal(second[:-1], x[:-1])
+    assert isinstance(_root(second), mmap.mmap)  # mapped; a smaller file is read
+    small = handoff.unpack(handoff.pack(np.ones(1 << 14), tmp_path))
+    assert not isinstance(_root(small), mmap.mmap) and (small == 1.0).all()
+
+
+def _root(a: np.ndarray):
+    """What an array's memory finally belongs to (a buffer's owner for np.frombuffer)."""
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a.obj if isinstance(a, memoryview) else a
