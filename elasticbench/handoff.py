@@ -2,7 +2,7 @@
 each large array is written to a file of its own and mapped back once (see _read), the
 rest pickled as usual. Through the pool's pipe the same array is pickled, written in
 pieces, read in pieces and unpickled: four copies and the pipe's small writes, where a
-file costs one copy."""
+file costs two copies, or one where it is mapped."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def _read(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     freed when the array is, its file removed or not: a third of reading the file on a 32 MB
     array."""
     with open(name, "rb") as f:
-        if os.fstat(f.fileno()).st_size < MAP_FROM:
+        if os.fstat(f.fileno()).st_size < MAP_FROM or not hasattr(mmap, "MAP_PRIVATE"):
             return np.fromfile(f, dtype=dtype).reshape(shape)
         mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE,
                            prot=mmap.PROT_READ | mmap.PROT_WRITE, **_UNTRACKED)
