@@ -67,7 +67,8 @@ def distinct(row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     seen = np.unique(sample).size
     if seen > MOST * SAMPLE:
         return None
-    return _hashed(bits, seen) or _sorted(bits)
+    grouped = _hashed(bits, seen) or _sorted(bits)
+    return grouped if grouped is not None and grouped[0].size <= MOST * n else None
 
 
 def _sorted(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -83,10 +84,11 @@ LOSERS = 0.25  # a hash that leaves more than this share of positions unplaced: 
 
 
 def _hashed(bits: np.ndarray, seen: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """distinct in a few passes instead of a sort: each value hashed to one of 32x as many
-    slots as the sample saw values; a value that lost its slot to another (a collision) is
-    grouped with the other losers by a sort of those alone. None where too many lost (the
-    sample saw few of the row's values): the caller sorts."""
+    """The grouping of distinct (however many values) in a few passes instead of a sort:
+    each value hashed to one of 32x as many slots as the sample saw values; a value that
+    lost its slot to another (a collision) is grouped with the other losers by a sort of
+    those alone. None where too many lost (the sample saw few of the row's values): the
+    caller sorts."""
     k = min(20, max(10, (32 * seen).bit_length()))
     slot = ((bits * GOLDEN) >> np.uint64(64 - k)).view(np.int64)
     table = np.zeros(1 << k, dtype=np.uint64)
@@ -106,8 +108,6 @@ def _hashed(bits: np.ndarray, seen: int) -> tuple[np.ndarray, np.ndarray, np.nda
     index = where[slot]
     if losers:
         index[lost] = rank[owned.size + rest_index]
-    if values.size > MOST * bits.size:
-        return None
     return (values[order].view(np.float64), index,
             np.bincount(index, minlength=values.size).astype(np.float64))
 
