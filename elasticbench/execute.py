@@ -208,9 +208,10 @@ class Worker:
         return self.proc
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        proc = self.proc  # read once: a thread collecting answers may drop it meanwhile
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
         self.proc = None
 
     def call(self, call: Callable[[], T], timeout: float | None,
@@ -222,10 +223,13 @@ class Worker:
                           time.perf_counter() - start)
         return self.collect(timeout, failed, start)
 
-    def submit(self, call: Callable[[], Any]) -> bool:
-        """Send call() to the worker (started if need be) without waiting for its answer;
-        False when the worker died before taking it."""
-        proc = self._start()
+    def submit(self, call: Callable[[], Any], start: bool = True) -> bool:
+        """Send call() to the worker (started if need be; with start False, only to one
+        running already) without waiting for its answer; False when the worker died before
+        taking it."""
+        proc = self._start() if start else self.proc
+        if proc is None:
+            return False
         assert proc.stdin is not None
         try:
             write_message(proc.stdin, pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))

@@ -169,3 +169,65 @@ def test_verify_shares_its_kernels_unless_told_one_lane(cli, monkeypatch, tmp_pa
     assert bool(sent) is not one_lane
     kernels = {rec["kernel"] for rec in json.loads(out.read_text())["records"]}
     assert kernels == {"numpy_softmax", "numpy_softmax1"}
+
+
+class _Ahead:
+    """Three batches of two cases, every truth in at once."""
+
+    def __init__(self, events: list) -> None:
+        self.events, self.taken = events, 0
+
+    def left(self) -> bool:
+        return self.taken < 3
+
+    def ready(self) -> bool:
+        return self.left()
+
+    def take(self):
+        from types import SimpleNamespace
+
+        b = self.taken
+        self.taken += 1
+        self.events.append(("taken", b))
+        prepared = [SimpleNamespace(mode="fwd", case=(b, i)) for i in range(2)]
+        return prepared, [None, None], f"batch {b}".encode()
+
+
+class _Lane:
+    """Answers each batch at once, with one record per kernel of its share."""
+
+    def __init__(self, events: list) -> None:
+        self.events, self.alive, self.held = events, True, []
+
+    def send(self, handed: bytes, share) -> bool:
+        self.events.append(("sent", handed.decode()))
+        self.held.append([spec for specs in share for spec in specs])
+        return True
+
+    def ready(self) -> bool:
+        return bool(self.held)
+
+    def receive(self):
+        return [f"lane {spec.name}" for spec in self.held.pop(0)]
+
+
+def test_the_lane_gets_its_batches_before_the_parent_has_judged_its_own():
+    from elasticbench.verify.dispatch import judge_batches
+
+    events: list = []
+    share = lanes.Share(frozenset())  # plain kernels: every other case to the lane
+
+    specs = [get_kernel("numpy_softmax"), get_kernel("numpy_softmax1")]
+    judged, emitted = [], []
+    judge_batches(_Ahead(events), _Lane(events), lambda mode, case: specs, share,
+                  lambda prep, truth, ks: judged.append((prep.case, [k.name for k in ks]))
+                  or events.append(("judged", prep.case[0])),
+                  lambda spec, case, record: emitted.append((case, record)), None)
+    # the first two batches went to the lane before the parent judged a case of the first
+    first_judged = events.index(("judged", 0))
+    assert events[:first_judged] == [("taken", 0), ("sent", "batch 0"),
+                                     ("taken", 1), ("sent", "batch 1")]
+    # the parent judged the even cases, the lane the odd ones, every kernel once
+    assert sorted(c for c, _ in judged) == [(b, 0) for b in range(3) for _ in specs]
+    assert sorted(c for c, _ in emitted) == [(b, 1) for b in range(3) for _ in specs]
+    assert [r for _, r in emitted] == ["lane numpy_softmax", "lane numpy_softmax1"] * 3

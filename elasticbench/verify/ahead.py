@@ -66,31 +66,55 @@ def interleaved(work: dict[str, list[list[VerifyCase]]]) -> list[Batch]:
     return out
 
 
-def solved_ahead(work: list[Batch], solve_batch: Callable[[str, list[VerifyCase]], Any],
-                 stats: TruthStats, where: Path, keep: bool = False
-                 ) -> Iterator[tuple[Any, Any, bytes | None]]:
+class SolvedAhead:
     """Each batch's prepared inputs and truths (solve_batch's first two items), in order,
     handed over through files in `where`; how they were obtained, and how long the caller
     waited for them, added to stats. keep: each batch's files are left for one more reader,
-    to whom the third item (the packed batch) goes; else it is None.
+    to whom the third item of take() (the packed batch) goes; else it is None. A context
+    manager: the reference processes end on leaving (at once on an error or an interrupt).
 
-    A batch at a time, so that the inputs and truths of the whole matrix never sit in memory
-    at once; the next batches' references are computed in processes of their own while the
-    caller judges this one (a thread would share the interpreter lock with torch.compile's
-    tracing, and the two would take turns instead of running side by side)."""
-    depth = min(REFERENCE_PROCESSES, len(work))
-    with reference_process(depth) as ahead:
-        handed = partial(_handed, solve_batch, where)
-        pending = deque(ahead.submit(handed, *batch) for batch in work[:depth])
-        for i in range(len(work)):
-            started = time.perf_counter()
-            future = pending.popleft()
-            prepared, truths, batch_stats = result_of(future, _named(work[i][1]), keep)
-            stats.wait_s += time.perf_counter() - started
-            if i + depth < len(work):
-                pending.append(ahead.submit(handed, *work[i + depth]))
-            stats.add(batch_stats)
-            yield prepared, truths, future.result() if keep else None
+    A batch at a time per process, so that the inputs and truths of the whole matrix never
+    sit in memory at once; the next batches' references are computed in processes of their
+    own while the caller judges this one (a thread would share the interpreter lock with
+    torch.compile's tracing, and the two would take turns instead of running side by side)."""
+
+    def __init__(self, work: list[Batch], solve_batch: Callable[[str, list[VerifyCase]], Any],
+                 stats: TruthStats, where: Path, keep: bool = False) -> None:
+        self.work, self.stats, self.keep = work, stats, keep
+        self.handed = partial(_handed, solve_batch, where)
+        self.depth = min(REFERENCE_PROCESSES, len(work))
+        self.taken = 0
+        self.pending: deque[Future] = deque()
+        self._processes = reference_process(self.depth)
+
+    def __enter__(self) -> SolvedAhead:
+        self.pool = self._processes.__enter__()
+        self.pending.extend(self.pool.submit(self.handed, *b) for b in self.work[:self.depth])
+        return self
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self._processes.__exit__(*exc)
+
+    def left(self) -> bool:
+        """Whether a batch is still to be taken."""
+        return self.taken < len(self.work)
+
+    def ready(self) -> bool:
+        """Whether take() answers without waiting."""
+        return self.left() and self.pending[0].done()
+
+    def take(self) -> tuple[Any, Any, bytes | None]:
+        """The next batch: (prepared, truths, packed batch or None), waiting for it."""
+        i = self.taken
+        started = time.perf_counter()
+        future = self.pending.popleft()
+        prepared, truths, batch_stats = result_of(future, _named(self.work[i][1]), self.keep)
+        self.stats.wait_s += time.perf_counter() - started
+        self.taken += 1
+        if i + self.depth < len(self.work):
+            self.pending.append(self.pool.submit(self.handed, *self.work[i + self.depth]))
+        self.stats.add(batch_stats)
+        return prepared, truths, future.result() if self.keep else None
 
 
 def _handed(solve_batch: Callable[[str, list[VerifyCase]], Any], where: Path, mode: str,

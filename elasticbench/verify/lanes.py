@@ -17,11 +17,14 @@ section 6.9).
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from .. import handoff
 from ..execute import IN_PROCESS, Worker
@@ -80,12 +83,18 @@ def judge_share(handed: bytes, share: list[list[KernelSpec]], one: Callable[...,
 
 
 class Lane:
-    """The second interpreter, fed one batch at a time; answers come back in order."""
+    """The second interpreter, fed batches as their truths come in; its answers, in order,
+    are read as they come by a thread of their own, so the parent can ask whether the
+    oldest is in without waiting for it."""
 
     def __init__(self, one: Callable[..., VerifyRecord], scale: float, where: Path) -> None:
         self.one, self.scale, self.where = one, scale, where
         self.worker = Worker(warm=False)  # the parent judges its share while the lane starts
         self.alive, self.fresh = True, True
+        self.held = 0  # batches sent, their answers not yet received
+        self._expected: queue.SimpleQueue[bool] = queue.SimpleQueue()  # False: stop reading
+        self._answers: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
 
     def send(self, handed: bytes, share: list[list[KernelSpec]]) -> bool:
         """The batch handed to the lane; False (its files removed) once the lane is gone. A
@@ -93,25 +102,53 @@ class Lane:
         had."""
         proc = self.worker.proc
         self.alive = self.alive and (self.fresh or (proc is not None and proc.poll() is None))
-        self.fresh = False
-        if self.alive and self.worker.submit(
-                partial(judge_share, handed, share, self.one, self.scale, self.where)):
+        # the call goes through a file: through the pipe, a call larger than its buffer
+        # would hold the parent until the lane had answered every batch before it
+        call = handoff.pack(partial(judge_share, handed, share, self.one, self.scale,
+                                    self.where), self.where, whole=True)
+        if self.alive and self.worker.submit(partial(_called, call), start=self.fresh):
+            self.fresh = False
+            self.held += 1
+            if self._reader is None:
+                self._reader = threading.Thread(target=self._read, daemon=True)
+                self._reader.start()
+            self._expected.put(True)
             return True
-        self.alive = False
+        self.alive = self.fresh = False
+        handoff.discard(call)
         handoff.discard(handed)
         return False
+
+    def ready(self) -> bool:
+        """Whether receive() answers without waiting (nothing held: it would not)."""
+        return self.held > 0 and not self._answers.empty()
 
     def receive(self) -> list[VerifyRecord] | None:
         """The records of the oldest batch sent; None once the lane has died (on this batch
         or before it): every batch it held is then the parent's to judge."""
-        packed = self.worker.collect(None, lambda why, s: None) if self.alive else None
+        self.held -= 1
+        packed = self._answers.get()
         if packed is None:
             self.alive = False
             return None
         return handoff.unpack(packed)
 
+    def _read(self) -> None:
+        """In the reader thread: an answer (None once the lane is dead) for every batch sent."""
+        dead = False
+        while self._expected.get():
+            packed = None if dead else self.worker.collect(None, lambda why, s: None)
+            dead = packed is None
+            self._answers.put(packed)
+
     def stop(self) -> None:
         self.worker.stop()
+        self._expected.put(False)
+
+
+def _called(call: bytes) -> Any:
+    """In the lane: the call packed in a file (handoff.pack), made."""
+    return handoff.unpack(call)()
 
 
 @contextmanager

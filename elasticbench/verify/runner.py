@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import closing
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -20,7 +19,7 @@ from ..numerics.truth import DEFAULT_PRECISION, GradTruth
 from ..numerics.truth_cache import TruthJob, TruthStats, TruthStore, solve
 from ..records import VerifyRecord
 from ..registry import KernelSpec
-from .ahead import batches, interleaved, solved_ahead
+from .ahead import SolvedAhead, batches, interleaved
 from .backward import (
     BackwardOutcome,
     call_backward,
@@ -32,7 +31,8 @@ from .backward import (
 from .case import case_key
 from .check import CheckResult, check_output
 from .compile_check import call_key, compile_checks, with_compile_check
-from .lanes import Lane, Share, lane, lane_share
+from .dispatch import judge_batches
+from .lanes import lane, lane_share
 from .matrix import MAX_ROWS, VerifyCase
 from .record import verify_record
 from .second_order import second_order
@@ -220,11 +220,10 @@ def verify_modes(
         for spec in specs:
             emit(spec, prep.case, judge_one(spec, prep, truth, isolation, scale))
 
-    # closing: on an error or an interrupt the reference processes (and the lane) end now,
-    # not whenever the traceback lets the generator go
-    with handoff.folder() as where, lane(judge_one, scale, where) as second, closing(
-            solved_ahead(work, solve_batch, stats, where, keep=shared is not None)) as ahead:
-        _judge_batches(ahead, second, todo, shared, judge, emit, on_truth)
+    # on an error or an interrupt the reference processes (and the lane) end at once
+    with handoff.folder() as where, lane(judge_one, scale, where) as second, SolvedAhead(
+            work, solve_batch, stats, where, keep=shared is not None) as ahead:
+        judge_batches(ahead, second, todo, shared, judge, emit, on_truth)
 
 
 def judge_one(spec: KernelSpec, prep: Prepared, truth: Any,
@@ -248,48 +247,6 @@ def _planned(kernels: list[KernelSpec], done: frozenset[tuple] | set[tuple]
                 and case_key(k, case) not in done]
 
     return todo
-
-
-def _judge_batches(ahead: Iterator[tuple[list[Prepared], list, bytes | None]], second: Lane,
-                   todo: Callable[[str, VerifyCase], list[KernelSpec]], shared: Share | None,
-                   judge: Callable, emit: Callable, on_truth: Callable[[int], None] | None
-                   ) -> None:
-    """Each batch judged: the lane's share (lanes.Share) sent to it, the rest judged here;
-    the lane's records of a batch taken after this process's share of the next."""
-    waiting = None  # the batch the lane is judging: (prepared, truths, its share)
-    position = 0  # of the batch's first case in the run
-    for prepared, truths, handed in ahead:
-        if on_truth:
-            on_truth(len(prepared))
-        mine = [todo(p.mode, p.case) for p in prepared]
-        theirs = [[] if shared is None else shared.of(position + i, specs)
-                  for i, specs in enumerate(mine)]
-        position += len(prepared)
-        sent = handed is not None and second.send(handed, theirs)
-        for prep, truth, specs, share in zip(prepared, truths, mine, theirs, strict=True):
-            judge(prep, truth, [k for k in specs if not sent or k not in share])
-        _received(second, waiting, judge, emit)  # the lane's batch before, judged meanwhile
-        waiting = (prepared, truths, theirs) if sent else None
-        del prepared, truths
-    _received(second, waiting, judge, emit)
-
-
-def _received(second: Lane, waiting: tuple[list[Prepared], list, list[list[KernelSpec]]] | None,
-              judge: Callable, emit: Callable) -> None:
-    """The lane's records of the batch it was given (none: nothing to do), passed on; a lane
-    that died on it leaves its share to be judged here."""
-    if waiting is None:
-        return
-    prepared, truths, share = waiting
-    records = second.receive()
-    if records is None:
-        for prep, truth, specs in zip(prepared, truths, share, strict=True):
-            judge(prep, truth, specs)
-        return
-    pairs = [(spec, prep.case) for prep, specs in zip(prepared, share, strict=True)
-             for spec in specs]
-    for (spec, case), record in zip(pairs, records, strict=True):
-        emit(spec, case, record)
 
 
 def solved(mode: str, batch: list[VerifyCase], *, max_elements: int, precision: int,
