@@ -147,7 +147,8 @@ def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
     case = prep.case
     fmt = get_format(case.dtype)
     assert prep.g is not None
-    y = saved_output(truth, fmt, prep.x)
+    # the same for every kernel: each call gets a fresh copy of it (call_backward)
+    y = truth.derived(("saved_output", fmt.name), lambda: saved_output(truth, fmt, prep.x))
     outcome = isolation.run(partial(call_backward, spec, prep.x, y, prep.g, case.param_dict,
                                     case.layout),
                             lambda why, s: BackwardOutcome(None, {}, why, False, s))
