@@ -81,7 +81,7 @@ def place(x: np.ndarray, layout: str) -> Placement:
         offset, strides, size = 0, (1, rows), rows * n
     else:
         offset, strides, size = 0, (n, 1), rows * n
-    buffer = np.full(size, np.nan, dtype=np.float64).astype(x.dtype)
+    buffer = np.full(size, np.nan, dtype=x.dtype)
     placement = Placement(layout, buffer, offset, strides, (rows, n))
     placement.view()[...] = x
     return placement
