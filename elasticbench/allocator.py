@@ -20,7 +20,7 @@ M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value on 64-bit systems
-TRIM_THRESHOLD = 256 << 20
+TRIM_THRESHOLD = 128 << 20
 TOP_PAD = 128 << 20
 
 
