@@ -6,27 +6,31 @@ of double-double temporaries then faults its pages in again (docs/numerics.md se
 Kept memory is reused by the next block, so the peak is about the same: what changes is
 when memory goes back to the system. The heap also grows in steps of TOP_PAD rather than of
 each request (fewer faults and system calls: `verify --mode both` 23 -> 17-20 s of system
-time), and gives back what lies free above TRIM_THRESHOLD, so that four processes of a
-verification (the command, its lane, two reference processes) do not each hold a gigabyte
-they no longer use (docs/numerics.md section 6.9).
+time). A verification's four processes (the command, its lane, two reference processes)
+give back what lies free above SHARED_TRIM_THRESHOLD instead, so that they do not each hold
+a gigabyte they no longer use (docs/numerics.md section 6.9).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value on 64-bit systems
-TRIM_THRESHOLD = 128 << 20
+TRIM_THRESHOLD = 1 << 30
+SHARED_TRIM_THRESHOLD = 128 << 20
 TOP_PAD = 128 << 20
+TRIM_VARIABLE = "MALLOC_TRIM_THRESHOLD_"  # glibc's own, read as a process starts
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc to keep freed memory for reuse (True when it agreed); elsewhere (macOS,
-    musl, Windows) nothing changes."""
+    """Ask glibc to keep freed memory for reuse (True when it agreed), up to TRIM_THRESHOLD
+    or the MALLOC_TRIM_THRESHOLD_ of the environment; elsewhere (macOS, musl, Windows)
+    nothing changes."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -35,5 +39,22 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     return all(mallopt(k, v) for k, v in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD),
-                                         (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+                                         (M_TRIM_THRESHOLD, trim_threshold()),
                                          (M_TOP_PAD, TOP_PAD)))
+
+
+def trim_threshold() -> int:
+    """TRIM_THRESHOLD, or the environment's MALLOC_TRIM_THRESHOLD_ where it is a number."""
+    try:
+        trim = int(os.environ.get(TRIM_VARIABLE, TRIM_THRESHOLD))
+    except ValueError:  # glibc ignores what it cannot read, and so does this
+        trim = TRIM_THRESHOLD
+    return min(max(trim, 0), 2**31 - 1)  # mallopt takes an int
+
+
+def share_memory() -> bool:
+    """keep_freed_memory for a command whose processes run side by side: this process and
+    those it starts (which inherit the environment) give back what lies free above
+    SHARED_TRIM_THRESHOLD, unless the environment says otherwise."""
+    os.environ.setdefault(TRIM_VARIABLE, str(SHARED_TRIM_THRESHOLD))
+    return keep_freed_memory()

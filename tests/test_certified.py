@@ -306,6 +306,24 @@ def test_the_allocator_keeps_freed_memory_on_glibc():
     assert keep_freed_memory() is glibc
 
 
+def test_a_verification_gives_back_more_unless_told_otherwise(monkeypatch):
+    """verify's processes keep less freed memory (share_memory), through the environment
+    its lane inherits; a MALLOC_TRIM_THRESHOLD_ set by the user wins."""
+    from elasticbench import allocator
+
+    monkeypatch.delenv(allocator.TRIM_VARIABLE, raising=False)
+    assert allocator.trim_threshold() == allocator.TRIM_THRESHOLD
+    allocator.share_memory()
+    assert allocator.trim_threshold() == allocator.SHARED_TRIM_THRESHOLD < allocator.TRIM_THRESHOLD
+    monkeypatch.setenv(allocator.TRIM_VARIABLE, "1048576")
+    allocator.share_memory()
+    assert allocator.trim_threshold() == 1 << 20
+    monkeypatch.setenv(allocator.TRIM_VARIABLE, "lots")
+    assert allocator.trim_threshold() == allocator.TRIM_THRESHOLD
+    monkeypatch.delenv(allocator.TRIM_VARIABLE)
+    allocator.keep_freed_memory()  # leave this process as the suite found it
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
 def test_distinct_counts_16_bit_rows_as_the_sort_would(dtype):
     """A row of 16-bit values is grouped by counting its bit patterns (row_blocks._narrow):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..allocator import share_memory
 from ..environment import describe
 from ..execute import Isolation
 from ..functions import function_kind
@@ -101,6 +102,7 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
     except ValueError as e:
         fail(str(e))
     builtin = None if case_file else (kind.quick_matrix if quick else kind.matrix)
+    share_memory()  # four processes at once: none keeps a gigabyte it is done with
     run_session(job, out_path, _header(path, builtin, precision), shard=shard_kn,
                 resume=bool(resume_path), notes=notes)
 
