@@ -102,20 +102,21 @@ class Lane:
         had."""
         proc = self.worker.proc
         self.alive = self.alive and (self.fresh or (proc is not None and proc.poll() is None))
-        # the call goes through a file: through the pipe, a call larger than its buffer
-        # would hold the parent until the lane had answered every batch before it
-        call = handoff.pack(partial(judge_share, handed, share, self.one, self.scale,
-                                    self.where), self.where, whole=True)
-        if self.alive and self.worker.submit(partial(_called, call), start=self.fresh):
-            self.fresh = False
-            self.held += 1
-            if self._reader is None:
-                self._reader = threading.Thread(target=self._read, daemon=True)
-                self._reader.start()
-            self._expected.put(True)
-            return True
+        if self.alive:
+            # the call goes through a file: through the pipe, a call larger than its buffer
+            # would hold the parent until the lane had answered every batch before it
+            call = handoff.pack(partial(judge_share, handed, share, self.one, self.scale,
+                                        self.where), self.where, whole=True)
+            if self.worker.submit(partial(_called, call), start=self.fresh):
+                self.fresh = False
+                self.held += 1
+                if self._reader is None:
+                    self._reader = threading.Thread(target=self._read, daemon=True)
+                    self._reader.start()
+                self._expected.put(True)
+                return True
+            handoff.discard(call)
         self.alive = self.fresh = False
-        handoff.discard(call)
         handoff.discard(handed)
         return False
 
