@@ -9,7 +9,7 @@ go with their case, every other case to the lane, so that what scoring derives f
 case's truth is derived in one process only. The lane gets each batch's inputs and truths
 through the same hand-over files as the parent (elasticbench.handoff) and sends its records
 back the same way. Records are the ones the parent would have made; only their order differs
-(a lane's records for a batch come after the parent's). A lane that dies hands its batch
+(a lane's records come as it answers: verify/dispatch.py). A lane that dies hands its batch
 back: the parent judges that share itself, and every share after it (docs/numerics.md
 section 6.9).
 """
