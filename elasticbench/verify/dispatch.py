@@ -29,7 +29,7 @@ def judge_batches(ahead: SolvedAhead, second: Lane,
                   ) -> None:
     """Every batch judged: the lane's share (lanes.Share) sent to it, the rest judged here,
     the lane's records passed on (emit) as they come in; all of them before returning."""
-    here: deque[tuple[list, list, list, bool]] = deque()  # (prepared, truths, specs, sent)
+    here: deque[tuple[list, list, list]] = deque()  # (prepared, truths, kernels judged here)
     there: deque[tuple[list, list, list]] = deque()  # (prepared, truths, share) the lane holds
     position = 0  # of the next batch's first case in the run
 
@@ -46,8 +46,7 @@ def judge_batches(ahead: SolvedAhead, second: Lane,
         if sent:
             there.append((prepared, truths, theirs))
         here.append((prepared, truths, [[k for k in specs if not sent or k not in share]
-                                         for specs, share in zip(mine, theirs, strict=True)],
-                     sent))
+                                         for specs, share in zip(mine, theirs, strict=True)]))
 
     def pump() -> None:
         """Without waiting: the lane's answers that are in, passed on; batches whose truths
@@ -65,7 +64,7 @@ def judge_batches(ahead: SolvedAhead, second: Lane,
                 while len(there) > LANE_ROOM:  # the lane is behind: none more until it answers
                     _received(second, there.popleft(), judge, emit)
                 take()
-            prepared, truths, specs, _ = here.popleft()
+            prepared, truths, specs = here.popleft()
             for prep, truth, kernels in zip(prepared, truths, specs, strict=True):
                 for spec in kernels:
                     judge(prep, truth, [spec])
