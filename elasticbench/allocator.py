@@ -16,10 +16,12 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Callable
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
+M_MMAP_MAX = -4
 MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value on 64-bit systems
 TRIM_THRESHOLD = 1 << 30
 SHARED_TRIM_THRESHOLD = 128 << 20
@@ -31,16 +33,33 @@ def keep_freed_memory() -> bool:
     """Ask glibc to keep freed memory for reuse (True when it agreed), up to TRIM_THRESHOLD
     or the MALLOC_TRIM_THRESHOLD_ of the environment; elsewhere (macOS, musl, Windows)
     nothing changes."""
-    if not sys.platform.startswith("linux"):
+    mallopt = _mallopt() if sys.platform.startswith("linux") else None
+    if mallopt is None:
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     return all(mallopt(k, v) for k, v in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD),
                                          (M_TRIM_THRESHOLD, trim_threshold()),
                                          (M_TOP_PAD, TOP_PAD)))
+
+
+def pin_heap() -> str:
+    """For timing (`elasticbench run`): keep freed memory in glibc's heap, mmap off, so a
+    kernel that allocates its output each call does not pay fresh page faults each call (as
+    a caching allocator would on a GPU); what is in force, in words."""
+    mallopt = _mallopt()
+    if mallopt is None:
+        return "default (mallopt unavailable)"
+    ok = mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    return "glibc heap, mmap off, trim 1 GiB" if ok else "default (mallopt refused)"
+
+
+def _mallopt() -> Callable[[int, int], int] | None:
+    """The C library's mallopt, or None where it has none (macOS, musl, Windows)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):  # TypeError: Windows has no CDLL(None)
+        return None
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return mallopt
 
 
 def trim_threshold() -> int:

@@ -8,8 +8,6 @@ registry and their backend, so the core has no backend-specific branches.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 import os
 from collections.abc import Callable, Iterable
@@ -20,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import devices
+from ..allocator import pin_heap
 from ..backends import BACKENDS, get_backend
 from ..execute import IN_PROCESS, Isolation, Worker
 from ..functions import get_function
@@ -37,20 +36,6 @@ from .rotation import rotating_call
 from .timing import Policy, Timing, pooled, time_calls
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
-
-
-def pin_heap() -> str:
-    """Keep freed memory in glibc's heap, so a kernel that allocates its output each call
-    does not pay fresh page faults each call (as a caching allocator would on a GPU)."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        ok = libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-    except (OSError, AttributeError):
-        return "default (mallopt unavailable)"
-    return "glibc heap, mmap off, trim 1 GiB" if ok else "default (mallopt refused)"
-
 
 def set_threads(threads: int) -> dict[str, Any]:
     """Set torch's intra-op threads and the thread variables; return what is in force."""

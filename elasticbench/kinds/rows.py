@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import devices
+from ..allocator import pin_heap
 from ..backends import device_of
 from ..bench.cases import RunCase, load_run_case, parse_size
 from ..bench.job import RunJob
-from ..bench.runner import pin_heap, plan_units, resolve_baseline, set_threads
+from ..bench.runner import plan_units, resolve_baseline, set_threads
 from ..environment import describe
 from ..functions import ROW, Function, get_function
 from ..inputs import get_generator

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
+from elasticbench.allocator import pin_heap
 from elasticbench.bench.cases import RunCase
-from elasticbench.bench.runner import pin_heap, set_threads
+from elasticbench.bench.runner import set_threads
 
 
 @pytest.hookimpl(tryfirst=True)
