@@ -89,11 +89,13 @@ template <typename T, typename C> struct ExpRows {
     for (int b = 0; b < K * int(sizeof(C)); b += 64) __builtin_prefetch(po + b, 1, 3);
   }
 
-  // Sum of the exps of one block (at most BLOCK elements) into acc, in four chains of the
-  // compute type (16 terms per fp32 lane: a few ulps at most); `out` stores the exps.
+  // Sum of the exps of one block (at most BLOCK elements) into acc, four vectors at a time
+  // added pairwise and then into acc, which keeps fp64 rounding errors and fp32 terms in
+  // fp64: two roundings of the compute type per term, however long the row. A chain of
+  // plain additions per lane would make each addition of an equal term (ties) round the
+  // same way, an error growing with the chain's length. `out` stores the exps.
   template <bool MASK, bool UNIT>
   static void sum_block(const T* x, int64_t i0, int64_t i1, C m, C inv_tau, Wide& acc, C* out) {
-    vec<C> s0{}, s1{}, s2{}, s3{};
     int64_t i = i0;
     for (; i + 4 * W <= i1; i += 4 * W) {
       prefetch_ahead<4 * W>(x + i, out ? out + i : nullptr);
@@ -101,7 +103,7 @@ template <typename T, typename C> struct ExpRows {
       vec<C> e1 = expv<MASK, UNIT>(Io<T, C>::load(x + i + W), m, inv_tau);
       vec<C> e2 = expv<MASK, UNIT>(Io<T, C>::load(x + i + 2 * W), m, inv_tau);
       vec<C> e3 = expv<MASK, UNIT>(Io<T, C>::load(x + i + 3 * W), m, inv_tau);
-      s0 += e0; s1 += e1; s2 += e2; s3 += e3;
+      acc.add((e0 + e1) + (e2 + e3));
       if (out) {
         Io<C, C>::store(out + i, e0); Io<C, C>::store(out + i + W, e1);
         Io<C, C>::store(out + i + 2 * W, e2); Io<C, C>::store(out + i + 3 * W, e3);
@@ -110,10 +112,9 @@ template <typename T, typename C> struct ExpRows {
     for (; i < i1; i += W) {
       vec<C> e = expv<MASK, UNIT>(ld<T, C>(x, i, i1, neg_inf<T>()), m, inv_tau);
       if (i1 - i < W) e = select<C>(lanes_below<C>(i1 - i), e, splat<C>(0));
-      s0 += e;
+      acc.add(e);
       if (out) st<C, C>(out, i, i1, e);
     }
-    acc.add((s0 + s1) + (s2 + s3));
   }
 
   static void sum_exp(const T* x, int64_t i0, int64_t i1, C m, C inv_tau, int mask_negative,

@@ -53,10 +53,16 @@ struct Wide {
     b += __builtin_convertvector(__builtin_shufflevector(v, v, 2, 3), vec<double>);
 #endif
   }
+  // The lanes added with their rounding errors kept too: a lane sum of plain additions
+  // would put width - 1 roundings on the path of every term.
   double total() const {
-    vec<double> t = a + b;
+    vec<double> t = a + b;  // b is nonzero only for fp32 terms, two dozen bits below an ulp
     double s = 0, e = 0;
-    for (int i = 0; i < width<double>(); ++i) s += t[i], e += err[i];
+    for (int i = 0; i < width<double>(); ++i) {
+      double v = t[i], u = s + v, z = u - s;
+      e += ((s - (u - z)) + (v - z)) + err[i];
+      s = u;
+    }
     return __builtin_isfinite(s) ? s + e : s;  // a non-finite sum leaves err NaN: keep s
   }
   void scale(double f) { a *= f; b *= f; err *= f; }

@@ -36,21 +36,16 @@ template <typename T, typename C> struct WeightRows {
       r.s = acc.total() / scale;
       return r;
     }
-    // fp64: two chains per block of FUSED_BLOCK, the blocks added compensated (Wide)
+    // fp64: two vectors added, then into acc with the rounding errors kept (Wide): no
+    // chain of plain additions, whose error grows with its length on equal terms
     const C inv = C(1 / scale);
-    for (int64_t b0 = 0; b0 < n; b0 += eb::FUSED_BLOCK) {
-      const int64_t b1 = b0 + eb::FUSED_BLOCK < n ? b0 + eb::FUSED_BLOCK : n;
-      vec<C> s0{}, s1{};
-      int64_t i = b0;
-      for (; i + 2 * W <= b1; i += 2 * W) {
-        s0 += weight(Io<T, C>::load(x + i), symax) * inv;
-        s1 += weight(Io<T, C>::load(x + i + W), symax) * inv;
-      }
-      for (; i < b1; i += W)
-        s0 += select<C>(lanes_below<C>(b1 - i), weight(ld<T, C>(x, i, b1, zero<T>()), symax),
-                        splat<C>(0)) * inv;
-      acc.add(s0 + s1);
-    }
+    int64_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W)
+      acc.add(weight(Io<T, C>::load(x + i), symax) * inv +
+              weight(Io<T, C>::load(x + i + W), symax) * inv);
+    for (; i < n; i += W)
+      acc.add(select<C>(lanes_below<C>(n - i), weight(ld<T, C>(x, i, n, zero<T>()), symax),
+                        splat<C>(0)) * inv);
     r.s = acc.total();
     return r;
   }
