@@ -57,6 +57,21 @@ def test_run_ab_pairs_samples_round_by_round(tmp_path):
     assert not res.base.numerics
 
 
+def test_run_ab_skips_a_format_the_kernel_does_not_take(tmp_path):
+    # a kernel declaring fp32 only: asked for fp16 too, it is timed in fp32 alone (it would
+    # raise on an fp16 input)
+    only32 = KERNEL.replace('name="mine")', 'name="mine", dtypes=("fp32",))').replace(
+        "return (", "assert x.dtype == np.float32\n    return (")
+    for side in ("a", "b"):
+        (tmp_path / f"{side}.py").write_text(only32.format(factor="1", doc=side))
+    pairs = versions_from_files(str(tmp_path / "a.py"), str(tmp_path / "b.py"))
+    case = parse_run_table(CASE, "test", "t")
+    res = run_ab(pairs, case, ["fp32", "fp16"], [(2, 64)],
+                 ABPolicy(rounds=5, warmup_s=0, min_sample_s=1e-5), verify=False)
+    assert [(r["version"], r["dtype"]) for r in res.records] == [("base", "fp32"),
+                                                                  ("current", "fp32")]
+
+
 def test_run_ab_on_the_thread_cpu_clock(tmp_path):
     pairs = versions_from_files(str(kernel_file(tmp_path / "a.py")),
                                 str(kernel_file(tmp_path / "b.py")))
