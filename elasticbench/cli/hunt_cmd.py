@@ -122,7 +122,7 @@ def _report(job: HuntJob, path: Path, complete: bool) -> None:
         click.echo(f"FAIL {name}: {first.reason}")
         rows, n = first.shape
         click.echo(f"  found after {h.trials - (h.shrunk.steps if h.shrunk else 0)} "
-                   f"configurations: {h.found.config.label()} {rows}x{n} "
+                   f"configurations ({h.found_s:.1f} s): {h.found.config.label()} {rows}x{n} "
                    f"{h.found.config.layout} {h.found.config.dtype} "
                    + " ".join(f"{k}={v:g}" for k, v in h.found.config.params))
         if h.shrunk is not None:

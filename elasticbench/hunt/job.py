@@ -38,6 +38,7 @@ class Hunted:
     case_path: Path | None = None
     seconds: float = 0.0
     kernel_s: float = 0.0  # of seconds, in the kernel's own calls (compiling included)
+    found_s: float | None = None  # of seconds, those before the failure was found
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kernel": self.spec.name, "mode": self.spec.mode,
@@ -47,7 +48,8 @@ class Hunted:
         if self.found is not None:
             first = self.found.trial.record
             out["first"] = {"shape": list(first.shape), "elements": first.shape[0]
-                            * first.shape[1], "reason": first.reason}
+                            * first.shape[1], "reason": first.reason,
+                            "seconds": self.found_s}
         if self.shrunk is not None:
             last = self.shrunk.trial.record
             out["shrunk"] = {"shape": list(last.shape), "elements": self.shrunk.input.elements,
@@ -146,6 +148,7 @@ class HuntJob(Job[KernelSpec]):
         else:
             after()
         if hunted.found is not None:
+            hunted.found_s = time.monotonic() - start
             self._shrink(spec, hunted, judge, keep, deadline)
         hunted.seconds = time.monotonic() - start
 
