@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,8 @@ def test_hunt_finds_shrinks_and_saves_a_case_that_verify_replays(cli, tmp_path):
     assert summary["failed"] and doc["complete"]
     assert summary["shrunk"]["elements"] * 10 <= summary["first"]["elements"]
     assert summary["shrunk"]["shape"][0] == 301  # just past the block: fewest rows
+    assert 0 < summary["first"]["seconds"] < summary["seconds"]  # shrinking came after
+    assert f"configurations ({summary['first']['seconds']:.1f} s)" in r.out
     # every configuration tried is a record, the shrinking trials too
     assert len(doc["records"]) == summary["trials"]
     phases = {rec["hunt"]["phase"] for rec in doc["records"]}
@@ -101,6 +104,30 @@ def test_long_fp32_rows_draw_from_a_palette_so_the_reference_stays_cheap():
     assert all(c.elements <= 1 << 23 for c in long)
     x = make_input(long[0])
     assert all(np.unique(row).size <= long[0].palette for row in x[:4])
+
+
+def test_sizes_past_small_are_kept_as_often_as_their_cost_allows():
+    # a configuration costs about its elements: past SMALL it is kept with probability
+    # SMALL/elements (LONG times that with at most FEW rows), so the search stays cheap on
+    # average and long rows still come up
+    from elasticbench.hunt.space import FEW, LONG, SMALL, kept
+
+    rng = np.random.default_rng(3)
+    space = Space("elastic", ["fp64", "fp32", "fp16", "bf16"], ["packed", "transposed"])
+    some = space.random(rng)
+    for rows, n, odds in ((64, 1 << 16, SMALL / (64 << 16)), (1, 1 << 22, LONG * SMALL / (1 << 22)),
+                          (FEW, 1 << 20, LONG * SMALL / (FEW << 20)), (2, 1000, 1.0)):
+        c = replace(some, rows=rows, n=n)
+        share = np.mean([kept(c, rng) for _ in range(4000)])
+        assert abs(share - odds) < 0.03, (rows, n, share, odds)
+    drawn = [space.random(rng) for _ in range(4000)]
+    sizes = np.array([c.elements for c in drawn])
+    assert np.mean(sizes > SMALL) < 0.2 and sizes.mean() < 4 * SMALL
+    assert any(c.n >= 1 << 20 for c in drawn) and any(c.rows >= 1 << 15 for c in drawn)
+    # a change whose size is turned away is no change: the search draws afresh
+    big = replace(some, rows=64, n=1 << 17)
+    turned = [space.mutate(big, rng) for _ in range(200)]
+    assert 150 < sum(t is None for t in turned) < 200
 
 
 WHERE = {  # where each path mutant is wrong: the failure found must be there

@@ -90,9 +90,9 @@ class Queue:
         batch = []
         for _ in range(room):
             fresh = len(self.pool) < POOL // 2 or self.rng.random() < EXPLORE
-            c = self.space.random(self.rng) if fresh else self.space.mutate(
-                _pick(self.pool, self.rng), self.rng)
-            batch.append((c, "explore" if fresh else "mutate"))
+            c = None if fresh else self.space.mutate(_pick(self.pool, self.rng), self.rng)
+            batch.append((c, "mutate") if c is not None else (self.space.random(self.rng),
+                                                               "explore"))
         self.sent += room
         self.pending.append((batch, self.workers.pool.submit(
             inputs_with_truths, [c for c, _ in batch], self.function, self.mode,

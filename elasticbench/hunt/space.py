@@ -2,11 +2,13 @@
 for the values; it is drawn at random or changed a little from a good one.
 
 Shapes lean toward where kernels switch paths: column counts near a power of two up to
-2^22, row counts past 256 to 65536 (launch limits, row blocks). A configuration (drawn or
-changed) of more than LARGE elements keeps its row count one time in LARGE_ODDS and is cut
-to about LARGE elements otherwise: such a draw costs a hundred small ones in the kernel and the input,
-and finds little that the same rows fewer times would miss (rows past 65535 remain: with
-up to 16 columns they stay under LARGE). Parameters are drawn
+2^22, row counts past 256 to 65536 (launch limits, row blocks). A configuration costs about
+its element count (making, handing over, calling and scoring it), so one of more than SMALL
+elements is kept with probability SMALL/elements and drawn again otherwise: each doubling of
+size past SMALL then gets about the same share of the search's time rather than the same
+share of its draws, which let the largest few take most of the time. A long row is a path
+of its own (sums over many blocks), so a configuration of at most FEW rows is kept LONG
+times as often. Parameters are drawn
 log-uniformly over their span. Values come from a mix of the adversarial generators, one
 per row in turn, sometimes sorted, with a few extreme values ("spikes") set at random
 places. A long row in fp32 or fp64 draws from a palette of a few thousand of its
@@ -31,8 +33,8 @@ from ..numerics.dtypes import get_format
 
 MAX_N = 1 << 22
 MAX_ELEMENTS = 1 << 23  # rows x n of one configuration at most
-LARGE = 1 << 20  # a configuration past this many elements keeps its rows one time in LARGE_ODDS
-LARGE_ODDS = 4
+SMALL = 1 << 17  # a configuration of more elements is kept with probability SMALL/elements
+FEW, LONG = 4, 4  # ... or LONG * SMALL/elements when it has at most FEW rows
 PALETTE_FROM = 4096  # fp32/fp64 rows longer than this draw from a palette
 MAX_PALETTE = 2048
 COUNT_SORT_FROM = 1 << 14  # 16-bit rows this long are sorted by counting, not by a sort
@@ -202,6 +204,13 @@ def fit(c: Config, max_elements: int = MAX_ELEMENTS) -> Config:
     return replace(c, rows=rows, palette=palette)
 
 
+def kept(c: Config, rng: np.random.Generator) -> bool:
+    """Whether a configuration's size is kept: always up to SMALL elements, with probability
+    SMALL/elements beyond (LONG times that for at most FEW rows). It is asked after fit has
+    cut the rows: a long row drawn with many rows is kept as the few rows that fit."""
+    return rng.random() * c.elements < SMALL * (LONG if c.rows <= FEW else 1)
+
+
 class Space:
     """The configurations of one kernel: its function, the dtypes and layouts it takes."""
 
@@ -213,6 +222,21 @@ class Space:
         self.param_names = get_function(function).param_names
 
     def random(self, rng: np.random.Generator) -> Config:
+        """A fresh configuration, drawn again until its size is kept (see kept)."""
+        while True:
+            c = fit(self._draw(rng), self.max_elements)
+            if kept(c, rng):
+                return c
+
+    def mutate(self, c: Config, rng: np.random.Generator) -> Config | None:
+        """c changed in one or two of its aspects; None when the change's size is not kept
+        (the caller draws afresh instead)."""
+        for _ in range(1 + int(rng.random() < 0.3)):
+            c = self._change(c, rng)
+        c = fit(c, self.max_elements)
+        return c if kept(c, rng) else None
+
+    def _draw(self, rng: np.random.Generator) -> Config:
         dtype = str(rng.choice(self.dtypes))
         n = draw_n(rng, self.max_n)
         others = [lay for lay in self.layouts if lay != PACKED]
@@ -221,21 +245,8 @@ class Space:
         gens = tuple(str(g) for g in rng.choice(GENERATOR_NAMES, size=k, replace=False))
         spikes = _spikes(rng, int(rng.integers(1, 4))) if rng.random() < 0.25 else ()
         params = tuple((p, draw_param(p, self.function, rng)) for p in self.param_names)
-        return self._sized(Config(self.function, dtype, draw_rows(rng), n, layout, params,
-                                  gens, _palette(dtype, n, rng), spikes,
-                                  int(rng.integers(1 << 31)), _order(rng)), rng)
-
-    def mutate(self, c: Config, rng: np.random.Generator) -> Config:
-        """c changed in one or two of its aspects."""
-        for _ in range(1 + int(rng.random() < 0.3)):
-            c = self._change(c, rng)
-        return self._sized(c, rng)
-
-    def _sized(self, c: Config, rng: np.random.Generator) -> Config:
-        """fit(c), its rows cut to about LARGE elements but one time in LARGE_ODDS."""
-        if self.max_elements > LARGE and c.elements > LARGE and rng.random() * LARGE_ODDS >= 1:
-            c = replace(c, rows=max(1, LARGE // c.n))
-        return fit(c, self.max_elements)
+        return Config(self.function, dtype, draw_rows(rng), n, layout, params, gens,
+                      _palette(dtype, n, rng), spikes, int(rng.integers(1 << 31)), _order(rng))
 
     def _change(self, c: Config, rng: np.random.Generator) -> Config:
         what = str(rng.choice(["n", "rows", "params", "values", "seed", "layout", "dtype",
