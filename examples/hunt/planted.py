@@ -1,6 +1,6 @@
 """Elastic-Softmax kernels each right except on one path, for measuring what `hunt` finds
-(docs/hunt.md section 5): the paths are ones the default verify matrix misses or meets only
-on a long row.
+(docs/hunt.md section 5). The default verify matrix catches the first (its NaN rows past
+1024 columns) and misses the other three.
 
     elasticbench hunt --kernel-file examples/hunt/planted.py --budget 480
 """
