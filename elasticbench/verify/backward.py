@@ -184,14 +184,14 @@ class _Rows:
         self.z = -np.where(f & (self.y > 0), truth.zabs, 0.0)
         self.zc = np.minimum(np.where(f, truth.zabs, 0.0), zcap)
 
-    def dx_allowed(self, truth: GradTruth, fmt: FloatFormat, budget: GradBudget) -> np.ndarray:
+    def dx_allowed(self, truth: GradTruth, ulp: np.ndarray, budget: GradBudget) -> np.ndarray:
+        """Allowed ulps per dx, given the ulps of the exact dx (dx_ulp)."""
         ag, c = np.abs(self.g), self.c[:, None]
         dx = np.abs(np.nan_to_num(truth.dx_hi))
         e = ((self.ey * np.abs(self.g - c) + self.y * (self.dc[:, None] + self.uw * (ag + np.abs(c))))
              / self.tau + 3 * self.uw * dx + self.sub / self.tau)
         with np.errstate(over="ignore"):  # a bound beyond float64 allows anything there
-            return budget.scale * (budget.a + budget.b * e / ulp_of(
-                np.nan_to_num(truth.dx_hi), np.nan_to_num(truth.dx_lo), fmt))
+            return budget.scale * (budget.a + budget.b * e / ulp)
 
     def temperature_bound(self) -> np.ndarray:
         """First-order bound of each row's contribution to the temperature's gradient."""
@@ -271,6 +271,12 @@ def _param_checks(fn: Function, dparams: dict[str, float], truth: GradTruth, row
     return checks
 
 
+def dx_ulp(truth: GradTruth, fmt: FloatFormat) -> np.ndarray:
+    """ulps of the exact dx in fmt; NaN and inf (a NaN row, a gradient past float64) as 0 and
+    the largest float64, which the scoring of those positions does not read."""
+    return ulp_of(np.nan_to_num(truth.dx_hi), np.nan_to_num(truth.dx_lo), fmt)
+
+
 def check_backward(
     x: np.ndarray, g: np.ndarray, dx: np.ndarray, dparams: dict[str, float], truth: GradTruth,
     fmt: FloatFormat, function: str, params: dict[str, float],
@@ -285,8 +291,8 @@ def check_backward(
     # what depends on the case alone (the truth, x, g) is derived once for every kernel
     key = (fmt.name, function, tuple(sorted(params.items())), budget)
     rows = truth.derived(("rows", *key), lambda: _Rows(x, g, truth, fmt, fn, params, budget.own))
-    allowed = truth.derived(("dx_allowed", *key), lambda: rows.dx_allowed(truth, fmt, budget))
-    ulp = truth.derived(("dx_ulp", fmt.name), lambda: ulp_of(truth.dx_hi, truth.dx_lo, fmt))
+    ulp = truth.derived(("dx_ulp", fmt.name), lambda: dx_ulp(truth, fmt))
+    allowed = truth.derived(("dx_allowed", *key), lambda: rows.dx_allowed(truth, ulp, budget))
     want_nan = truth.derived("dx_nan", lambda: np.isnan(truth.dx_hi))
     got = checked(dx, truth)
     s = score(got, truth.dx_hi, truth.dx_lo, truth.dzero, want_nan, ulp, fmt)
