@@ -91,8 +91,10 @@ class Queue:
         for _ in range(room):
             fresh = len(self.pool) < POOL // 2 or self.rng.random() < EXPLORE
             c = None if fresh else self.space.mutate(_pick(self.pool, self.rng), self.rng)
-            batch.append((c, "mutate") if c is not None else (self.space.random(self.rng),
-                                                               "explore"))
+            if c is None:  # a fresh draw, or a change whose size was turned away
+                batch.append((self.space.random(self.rng), "explore"))
+            else:
+                batch.append((c, "mutate"))
         self.sent += room
         self.pending.append((batch, self.workers.pool.submit(
             inputs_with_truths, [c for c, _ in batch], self.function, self.mode,
