@@ -43,7 +43,8 @@ def source_dir() -> Path:
 
 
 def sources() -> list[Path]:
-    names = ["ops.cpp", "cpu.cpp", "isa_generic.cpp", "attention.cpp", "attention_isa_generic.cpp"]
+    names = ["ops.cpp", "cpu.cpp", "isa_generic.cpp", "attention.cpp", "attention_isa_generic.cpp",
+             "reference_grad.cpp"]
     if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
         names += X86_SOURCES
     return [source_dir() / n for n in names]
@@ -121,6 +122,24 @@ def load() -> ModuleType:
             )
         except (RuntimeError, OSError, ImportError) as e:
             raise NativeBuildError(_first_error(str(e)) + f" (build directory {directory})") from e
+
+
+@functools.lru_cache(maxsize=1)
+def built() -> ModuleType | None:
+    """The extension where it is built already for these sources (imported, never compiled:
+    the fast reference uses it where it is there, numerics/certified_grad.py), else None."""
+    try:
+        key = build_key()
+    except ImportError:
+        return None
+    directory = build_root() / key
+    name = f"elasticbench_cpp_{key}"
+    if (loaded := sys.modules.get(name)) is not None:
+        return loaded
+    if not (directory / f"{name}.so").is_file():
+        return None
+    with _build_lock(directory):
+        return _import_built(directory, name)
 
 
 def _import_built(directory: Path, name: str) -> ModuleType | None:

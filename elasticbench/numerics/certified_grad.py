@@ -18,11 +18,14 @@ rows go to mpmath.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
+from .. import native
 from ..functions.base import OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE, Function
 from . import dd
 from .bounds import (
@@ -44,6 +47,7 @@ from .truth import GradTruth
 CHUNK = 1 << 13  # elements of whole rows handled at once (a longer row is one chunk)
 TINY = 2.0**-960  # below this a dd's lo part is subnormal
 CUT = 2.0**-1086  # exp(z) |z| for every z below dd.EXP_MIN, where the exps are 0
+NATIVE_ROLES = {OFFSET: 0, TEMPERATURE: 1}  # reference_grad.cpp's codes for the roles
 
 
 def row_chunks(r: int, n: int) -> Iterator[slice]:
@@ -157,11 +161,8 @@ def _chunk_finite(fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded, sh: Sh
     """Two sweeps over the rows' column blocks: the row sums (c, and those of dtau's mean
     and of the dominant difference), then dx and dtau's terms, which need them."""
     r, n = x.shape
-    em_h, em_l, bq_rel, cut = _exp_minus_shift(sh)
-    qh, ql = dd.div(em_h, em_l, den.s_h, den.s_l)  # q = exp(-m/tau) / S
-    bq = (np.abs(qh) * (bq_rel + den.eps + dd.DIV_DD * dd.U2)
-          + np.where(cut, 2.0**-1096, np.where(np.abs(em_h) < TINY, ABS_FLOOR, 0.0)))
-    q = RowSums(qh, ql, bq)
+    q = _q(sh, den)
+    qh, ql, bq = q.h, q.lo, q.bound
     blocks = column_blocks(n)
     roles = {p.role for p in fn.params}
     top = _single_top(x, g, sh)
@@ -200,6 +201,15 @@ def _chunk_finite(fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded, sh: Sh
         else:
             raise ValueError(f"{fn.name}: parameter {p.name} has no gradient rule")
     return GradChunk(dp_h, dp_l, SLACK * dp_b)
+
+
+def _q(sh: Shift, den: Denominator) -> RowSums:
+    """q = exp(-m/tau) / S per row, with its bound."""
+    em_h, em_l, bq_rel, cut = _exp_minus_shift(sh)
+    qh, ql = dd.div(em_h, em_l, den.s_h, den.s_l)
+    bq = (np.abs(qh) * (bq_rel + den.eps + dd.DIV_DD * dd.U2)
+          + np.where(cut, 2.0**-1096, np.where(np.abs(em_h) < TINY, ABS_FLOOR, 0.0)))
+    return RowSums(qh, ql, bq)
 
 
 def _dx(b: Cols, c: RowSums, top: Top | None, cs: slice, tau: float
@@ -343,7 +353,9 @@ def gradient_truth(fn: Function, params: Mapping[str, float], x64: np.ndarray,
     dx_h, dx_l, dx_b = np.zeros((r, n)), np.zeros((r, n)), np.zeros((r, n))
     dp_h, dp_l, dp_b = np.zeros((r, p)), np.zeros((r, p)), np.zeros((r, p))
     ok = certified_rows(out, fmt)
-    if den is not None:
+    if den is not None and (ext := native_sweeps()) is not None:
+        _native(ext, fn, x, g, out, sh, den, (dx_h, dx_l, dx_b), (dp_h, dp_l, dp_b))
+    elif den is not None:
         for sl in row_chunks(r, n):
             gc = _chunk(fn, x[sl], g[sl], rows_of(out, sl), rows_of(sh, sl), rows_of(den, sl),
                         (dx_h[sl], dx_l[sl], dx_b[sl]))
@@ -359,6 +371,28 @@ def gradient_truth(fn: Function, params: Mapping[str, float], x64: np.ndarray,
     truth = GradTruth(np.asarray(rows, dtype=np.int64), out.hi, out.lo, out.zero, out.zabs,
                       out.zbar, out.kind, dx_h, dx_l, dzero, dp_h, dp_l)
     return truth, ok, params_certified(dp_h, dp_l, dp_b, finite, fmt)
+
+
+def native_sweeps() -> ModuleType | None:
+    """The native tier's copy of the sweeps above (kernels/cpp/reference_grad.cpp), where
+    it is built and not turned off (ELASTICBENCH_REFERENCE=numpy); never built here."""
+    if os.environ.get("ELASTICBENCH_REFERENCE", "") == "numpy":
+        return None
+    return native.built()
+
+
+def _native(ext: ModuleType, fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded,
+            sh: Shift, den: Denominator, dx: Out, dp: Out) -> None:
+    """The sweeps of _chunk_finite over every row at once, in native code: the same
+    double-double operations in the same order, so the same dx and parameter gradients."""
+    import torch
+
+    q = _q(sh, den)
+    roles = [NATIVE_ROLES[p.role] for p in fn.params]
+    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (
+        x, g, y.hi, y.lo, y.bound, sh.kept, sh.kind == ROW_FINITE, sh.m, q.h, q.lo, q.bound)]
+    ext.certified_grad_rows(*t, float(sh.tau), float(sh.offset), roles, BLOCK, SLACK,
+                            *(torch.from_numpy(a) for a in (*dx, *dp)))
 
 
 def params_certified(dp_h: np.ndarray, dp_l: np.ndarray, dp_b: np.ndarray,

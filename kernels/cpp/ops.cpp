@@ -249,6 +249,7 @@ std::string isa() { return eb::current_table()->isa; }
 }  // namespace
 
 namespace eb { void bind_attention(pybind11::module_& m, const char* (*isa)()); }  // attention.cpp
+namespace eb { void bind_reference(pybind11::module_& m); }  // reference_grad.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "elasticbench native CPU kernels (docs/native.md)";
@@ -267,4 +268,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isas", &eb::isas, "instruction sets this CPU can run, widest first");
   m.def("set_isa", &eb::set_isa, "use the kernels of this instruction set");
   eb::bind_attention(m, [] { return eb::current_table()->isa; });  // follows set_isa
+  eb::bind_reference(m);
 }
