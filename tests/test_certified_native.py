@@ -12,12 +12,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from elasticbench import native
-from elasticbench.functions import get_function
-from elasticbench.numerics import bounds, certified_grad, dd, row_blocks
-from elasticbench.numerics.dtypes import get_format
-
 from test_certified import (
     GRADIENT_FUNCTIONS,
     PROPERTY,
@@ -25,6 +19,11 @@ from test_certified import (
     drawn_input,
     repeating_input,
 )
+
+from elasticbench import native
+from elasticbench.functions import get_function
+from elasticbench.numerics import bounds, certified_grad, dd, row_blocks
+from elasticbench.numerics.dtypes import get_format
 
 pytestmark = pytest.mark.needs("native")
 
