@@ -5,8 +5,15 @@
 // numerics/dd.py in the same order, so hi and lo agree bit for bit with the NumPy code
 // (tests/test_certified_native.py); the bounds are the same expressions, their sums over a
 // row taken in another order, whose rounding the factor SLACK covers as it does there.
-// Nothing here is vectorized by hand and nothing may contract a*b+c into an FMA: the
-// translation unit is compiled without -mfma and in ISO C++ (GCC's fp-contract is off).
+// Nothing here is vectorized by hand, and nothing may contract a*b+c into one fused
+// multiply-add (which rounds once where the NumPy form rounds twice): GCC contracts by
+// default in C++ wherever the target has FMA (aarch64 always), hence the pragmas.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 #include <torch/extension.h>
 
 #include <algorithm>
