@@ -310,3 +310,52 @@ def test_a_search_that_stops_early_leaves_no_input_behind():
         workers.pool.shutdown(wait=True)
         assert found is not None and found.trial.record.hunt["trial"] < BATCH  # mid-batch
         assert not list(workers.folder.iterdir())
+
+
+def _slow_truths(monkeypatch, seconds: float) -> None:
+    """A reference process's first configuration input `seconds` late (the others on time,
+    so that what is queued behind it does not keep the test waiting)."""
+    from elasticbench.hunt import search as hunt_search
+
+    made = hunt_search.config_input
+    first = [True]  # per process: each forked one has its own copy
+
+    def late(*args, **kw):
+        if first[0]:
+            first[0] = False
+            time.sleep(seconds)
+        return made(*args, **kw)
+
+    monkeypatch.setattr(hunt_search, "config_input", late)  # runs in the forked process
+
+
+def test_a_search_does_not_wait_for_truths_past_its_deadline(monkeypatch):
+    """Truths that come after the kernel's share (rows left to mpmath can take seconds) are
+    not waited for: the search ends at its deadline, having judged nothing, and the batch's
+    files are removed when it arrives."""
+    from elasticbench.hunt.search import Queue, ahead, search
+
+    _slow_truths(monkeypatch, 6.0)
+    space = Space("softmax", ["fp32"], ["packed"], 1 << 10)
+    judged = []
+    with ahead(1) as workers:
+        queue = Queue(space, np.random.default_rng(0), "softmax", "fwd", 128, workers)
+        started = time.monotonic()
+        found = search(queue, Judge(get_kernel("numpy_softmax")), started + 1.0, judged.append)
+        ended = time.monotonic() - started
+        workers.pool.shutdown(wait=True)
+        assert found is None and judged == [] and ended < 5.0
+        assert not list(workers.folder.iterdir())
+
+
+def test_a_kernel_with_nothing_judged_is_untried_not_passed(cli, tmp_path, monkeypatch):
+    """A kernel whose share of the budget ended before any configuration was judged has no
+    verdict: the line says UNTRIED, the summary counts it, its record says so."""
+    _slow_truths(monkeypatch, 4.0)
+    out = tmp_path / "h.json"
+    r = cli("hunt", "--only", "numpy_softmax", "--budget", "1", "--json", str(out))
+    assert r.code == 0, r.out + r.err
+    assert "UNTRIED numpy_softmax" in r.out and "pass numpy_softmax" not in r.out
+    assert "0 of 1 kernels failed, 1 untried; 0 configurations" in r.out
+    kernels = json.loads(out.read_text())["hunt"]["kernels"]
+    assert kernels[0]["untried"] is True and kernels[0]["trials"] == 0

@@ -111,8 +111,13 @@ def hunt(functions, backends, dtypes, only, kernel_files, mode, budget, seed, js
 
 def _report(job: HuntJob, path: Path, complete: bool) -> None:
     failed = [h for h in job.results if h.found is not None]
+    untried = [h for h in job.results if h.found is None and not h.trials]
     for h in job.results:
         name = f"{h.spec.name}{'' if h.spec.mode == 'fwd' else ' (bwd)'}"
+        if h in untried:  # no verdict: nothing was judged
+            click.echo(f"UNTRIED {name}: no configuration judged in its {h.seconds:.0f}s "
+                       f"share of the budget (a larger --budget, or --only {h.spec.name})")
+            continue
         if h.found is None:
             click.echo(f"pass {name}: {h.trials} configurations in {h.seconds:.0f}s "
                        f"({rate(h.trials, h.seconds, h.kernel_s)}), none failed (at most "
@@ -138,7 +143,9 @@ def _report(job: HuntJob, path: Path, complete: bool) -> None:
     click.echo(job.stats.summary())
     trials = sum(h.trials for h in job.results)
     seconds = sum(h.seconds for h in job.results)
-    line = (f"{len(failed)} of {len(job.results)} kernels failed; {trials} configurations "
+    line = (f"{len(failed)} of {len(job.results)} kernels failed"
+            + (f", {len(untried)} untried" if untried else "")
+            + f"; {trials} configurations "
             f"({rate(trials, seconds, sum(h.kernel_s for h in job.results), 'kernels')}) in {path}")
     if not complete:
         click.echo(f"interrupted: {line}", err=True)

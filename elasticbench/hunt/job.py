@@ -44,7 +44,8 @@ class Hunted:
         out: dict[str, Any] = {"kernel": self.spec.name, "mode": self.spec.mode,
                                "trials": self.trials, "best_budget_frac": self.best_fraction,
                                "seconds": self.seconds, "kernel_s": self.kernel_s,
-                               "failed": self.found is not None}
+                               "failed": self.found is not None,
+                               "untried": self.found is None and not self.trials}
         if self.found is not None:
             first = self.found.trial.record
             out["first"] = {"shape": list(first.shape), "elements": first.shape[0]

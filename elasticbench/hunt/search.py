@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, wait
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -140,8 +140,14 @@ def search(queue: Queue, judge: Judge, deadline: float, on_trial: Callable[[Tria
     try:
         queue.start()
         while queue.pending and time.monotonic() < deadline:
-            batch, future = queue.pending.popleft()
+            batch, future = queue.pending[0]
             started = time.perf_counter()
+            # truths that come past the deadline (rows left to mpmath can take seconds) are
+            # not waited for: the kernels after this one keep their shares of the budget
+            if not wait([future], timeout=deadline - time.monotonic()).done:
+                judge.stats.wait_s += time.perf_counter() - started
+                return None  # the batch stays queued, so drop() discards it
+            queue.pending.popleft()
             prepared, stats = result_of(future, f"hunt configuration {batch[0][0].label()}")
             stats.wait_s += time.perf_counter() - started
             judge.stats.add(stats)
