@@ -130,7 +130,7 @@ def built() -> ModuleType | None:
     the fast reference uses it where it is there, numerics/certified_grad.py), else None."""
     try:
         key = build_key()
-    except ImportError:
+    except (ImportError, OSError):  # no torch, or no sources to key a build on
         return None
     directory = build_root() / key
     name = f"elasticbench_cpp_{key}"

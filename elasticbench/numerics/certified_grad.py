@@ -353,7 +353,7 @@ def gradient_truth(fn: Function, params: Mapping[str, float], x64: np.ndarray,
     dx_h, dx_l, dx_b = np.zeros((r, n)), np.zeros((r, n)), np.zeros((r, n))
     dp_h, dp_l, dp_b = np.zeros((r, p)), np.zeros((r, p)), np.zeros((r, p))
     ok = certified_rows(out, fmt)
-    if den is not None and (ext := native_sweeps()) is not None:
+    if den is not None and (ext := native_sweeps(fn)) is not None:
         _native(ext, fn, x, g, out, sh, den, (dx_h, dx_l, dx_b), (dp_h, dp_l, dp_b))
     elif den is not None:
         for sl in row_chunks(r, n):
@@ -373,10 +373,12 @@ def gradient_truth(fn: Function, params: Mapping[str, float], x64: np.ndarray,
     return truth, ok, params_certified(dp_h, dp_l, dp_b, finite, fmt)
 
 
-def native_sweeps() -> ModuleType | None:
-    """The native tier's copy of the sweeps above (kernels/cpp/reference_grad.cpp), where
-    it is built and not turned off (ELASTICBENCH_REFERENCE=numpy); never built here."""
-    if os.environ.get("ELASTICBENCH_REFERENCE", "") == "numpy":
+def native_sweeps(fn: Function) -> ModuleType | None:
+    """The native tier's copy of the sweeps above (kernels/cpp/reference_grad.cpp) for fn,
+    where it is built and not turned off (ELASTICBENCH_REFERENCE=numpy); never built here.
+    A parameter of another role takes the NumPy form, which says it has no gradient rule."""
+    if (os.environ.get("ELASTICBENCH_REFERENCE", "") == "numpy"
+            or any(p.role not in NATIVE_ROLES for p in fn.params)):
         return None
     return native.built()
 
