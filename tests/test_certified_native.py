@@ -2,9 +2,10 @@
 against their NumPy form (numerics/certified_grad.py): the same double-double operations in
 the same order, so dx and the parameter gradients must agree bit for bit, and the same rows
 must be certified, on the property tests' inputs (every generator, values at the
-thresholds, ties, repeated values, rows of several column blocks). The NumPy form is held
-to the mpmath oracle by tests/test_certified.py, which runs the native one where it is
-built; together they hold both."""
+thresholds, ties, repeated values, rows of several column blocks). The mpmath oracle checks
+the native form (tests/test_certified.py runs it where the native tier is built, as verify's
+reference processes do); this file holds the NumPy form to it, so the oracle's checks hold
+for both."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ from elasticbench.numerics import bounds, certified_grad, dd, row_blocks
 from elasticbench.numerics.dtypes import get_format
 
 pytestmark = pytest.mark.needs("native")
+
+
+@pytest.fixture(autouse=True)
+def _native_sweeps():
+    """The sweeps in native code, as verify's reference processes run them."""
+    certified_grad.use_native(native.built())
+    yield
+    certified_grad.use_native(None)
 
 
 def _both(fn, params, x, g, fmt, monkeypatch) -> tuple[tuple, tuple]:
@@ -112,3 +121,18 @@ def test_the_native_sweeps_refuse_what_they_cannot_read():
     with pytest.raises(RuntimeError, match="dtype"):
         ext.certified_grad_rows(*f[:4], f[4].float(), kept, fin, *per_row, 1.0, 0.0, [0],
                                 8192, 1.01, *out, *dp)
+
+
+def _runs_native() -> bool:
+    return certified_grad.native_sweeps(get_function("elastic")) is not None
+
+
+def test_verifys_reference_processes_run_the_native_sweeps():
+    """A reference process (verify's and hunt's) takes the native sweeps at its start, even
+    where its parent process runs the NumPy form."""
+    from elasticbench.verify.ahead import reference_process
+
+    certified_grad.use_native(None)
+    with reference_process(1) as pool:
+        assert pool.submit(_runs_native).result() is True
+    assert not _runs_native()

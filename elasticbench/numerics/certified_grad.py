@@ -25,7 +25,6 @@ from types import ModuleType
 
 import numpy as np
 
-from .. import native
 from ..functions.base import OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE, Function
 from . import dd
 from .bounds import (
@@ -373,14 +372,26 @@ def gradient_truth(fn: Function, params: Mapping[str, float], x64: np.ndarray,
     return truth, ok, params_certified(dp_h, dp_l, dp_b, finite, fmt)
 
 
+_native_library: ModuleType | None = None
+
+
+def use_native(library: ModuleType | None) -> None:
+    """Run the sweeps in this native library (the native tier's, whose
+    kernels/cpp/reference_grad.cpp holds their copy) from now on; None: in NumPy. The layers
+    above choose: verify's and hunt's reference processes take the library where it is built
+    (elasticbench.native.built)."""
+    global _native_library
+    _native_library = library
+
+
 def native_sweeps(fn: Function) -> ModuleType | None:
-    """The native tier's copy of the sweeps above (kernels/cpp/reference_grad.cpp) for fn,
-    where it is built and not turned off (ELASTICBENCH_REFERENCE=numpy); never built here.
-    A parameter of another role takes the NumPy form, which says it has no gradient rule."""
+    """The native library given to use_native, for fn, unless turned off
+    (ELASTICBENCH_REFERENCE=numpy); a parameter of a role it does not know takes the NumPy
+    form, which says it has no gradient rule."""
     if (os.environ.get("ELASTICBENCH_REFERENCE", "") == "numpy"
             or any(p.role not in NATIVE_ROLES for p in fn.params)):
         return None
-    return native.built()
+    return _native_library
 
 
 def _native(ext: ModuleType, fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded,

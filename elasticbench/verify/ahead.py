@@ -22,7 +22,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .. import handoff
+from .. import handoff, native
+from ..numerics import certified_grad
 from ..numerics.truth_cache import TruthError, TruthStats
 from .matrix import VerifyCase
 
@@ -130,7 +131,7 @@ def reference_process(processes: int = 1) -> Iterator[Executor]:
     an interrupt."""
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     pool = ProcessPoolExecutor(max(1, processes), mp_context=multiprocessing.get_context(method),
-                               initializer=_leave_signals_to_the_parent)
+                               initializer=_start_reference)
     try:
         yield pool
     except BaseException:
@@ -144,11 +145,14 @@ def reference_process(processes: int = 1) -> Iterator[Executor]:
     pool.shutdown()
 
 
-def _leave_signals_to_the_parent() -> None:
+def _start_reference() -> None:
     """In the reference process: Ctrl-C is the parent's to handle (it ends this process), and
-    SIGTERM ends it without the parent's handler (inherited by fork) printing a traceback."""
+    SIGTERM ends it without the parent's handler (inherited by fork) printing a traceback;
+    the backward's certified sweeps run in native code where the native tier is built
+    (docs/numerics.md section 6.12)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    certified_grad.use_native(native.built())
 
 
 def _named(batch: list[VerifyCase]) -> str:
