@@ -132,3 +132,28 @@ def test_symax_eta_is_validated_and_unknown_params_refused():
         get_function("symax").validate_params({"eta": -1})
     with pytest.raises(ValueError, match="no parameter"):
         get_function("softmax").validate_params({"tau": 1})
+
+
+@pytest.mark.parametrize("dtype", ["fp64", "fp32"])
+def test_outputs_next_to_a_power_of_two_are_placed_on_their_side(dtype):
+    """A row of subnormal logits of a power-of-two length has every output 1/n within a
+    relative 10^-38 (fp32) or 10^-320 (fp64), and the side of 1/n decides the binade (the
+    ulp) an error is scored in: the truth is evaluated again at more bits, so that its tail
+    has the sign of y - 1/n, which for logits this small is the sign of n x_i - sum x (exact
+    in rationals), forward and backward."""
+    from fractions import Fraction
+
+    from elasticbench.inputs.generators import generate
+    from elasticbench.numerics.dtypes import get_format
+    from elasticbench.numerics.ulp import binade
+
+    x = generate("subnormal", dtype, (1, 256), 4).astype(np.float64)
+    total = sum(Fraction(v) for v in x[0])
+    side = np.array([np.sign(float(256 * Fraction(v) - total)) for v in x[0]])
+    assert (side < 0).sum() > 50 and (side > 0).sum() > 50
+    g = get_format(dtype).cast(np.random.default_rng(1).standard_normal(x.shape))
+    t = evaluate_rows("softmax", {}, x, np.arange(1), 128, g.astype(np.float64))
+    assert (t.hi == 2.0**-8).all()
+    known = side != 0
+    assert np.array_equal(np.sign(t.lo[0][known]), side[known])
+    assert np.array_equal(binade(t.hi, t.lo)[0][known], np.where(side[known] < 0, -9, -8))

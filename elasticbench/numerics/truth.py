@@ -7,6 +7,7 @@ Evaluation runs mpmath at `precision` bits (at least 128).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,13 @@ from ..functions import get_function
 DEFAULT_PRECISION = 128
 MIN_PRECISION = 128
 # Bump when the meaning of a cached truth changes (a definition or the packing).
-TRUTH_VERSION = 3  # 3: zbar exact where |z| overflows a float (was inf)
+TRUTH_VERSION = 4  # 3: zbar exact where |z| overflows a float (was inf); 4: SIDE_BITS
+# A row with an output within 2^-(precision - SIDE_MARGIN) of a power of two is evaluated
+# again at SIDE_BITS: which side of the power of two the value lies on decides the ulp its
+# error is scored in (a row of subnormal logits has outputs 1/n within 10^-320; 128 bits
+# round them to 1/n exactly, the upper binade, docs/numerics.md section 6.13).
+SIDE_MARGIN = 16
+SIDE_BITS = 2048
 
 
 @dataclass
@@ -74,13 +81,49 @@ class GradTruth(Truth):
 
 def split_double(v, hi: np.ndarray, lo: np.ndarray, idx) -> None:
     """Store the mpf v (None: NaN) as the double-double hi[idx] + lo[idx] (lo 0 when v
-    rounds to an infinity)."""
+    rounds to an infinity). Where hi is a power of two and the rest of v is too small for
+    a float64 (below 2^-1075), lo is +-2^-1074 with its sign: which side of hi v lies on
+    decides its binade (ulp.binade), and 2^-1074 is nothing beside hi's ulp (hi >= 2^-1000)."""
     if v is None:
         hi[idx] = lo[idx] = np.nan
         return
     h = float(v)
     hi[idx] = h
-    lo[idx] = float(v - h) if np.isfinite(h) else 0.0
+    if not np.isfinite(h):
+        lo[idx] = 0.0
+        return
+    rest = v - h
+    low = float(rest)
+    if low == 0 and rest != 0 and abs(h) >= 2.0**-1000 and math.frexp(abs(h))[0] == 0.5:
+        low = math.copysign(2.0**-1074, float(mpmath.sign(rest)))
+    lo[idx] = low
+
+
+def _row(fn, params: dict[str, float], x: np.ndarray, g: np.ndarray | None,
+         precision: int) -> tuple[Any, Any]:
+    """One row's (truth, gradient or None) at `precision`, or at SIDE_BITS where an output
+    lies too close to a power of two for `precision` to tell its side."""
+    for bits in (precision, max(precision, SIDE_BITS)):
+        with mpmath.workprec(bits):
+            if g is None:
+                t, grad = fn.reference_row(x, **params), None
+            else:
+                grad = fn.gradient_row(x.tolist(), g.tolist(), **params)
+                t = grad.truth
+            values = [*t.group_y, *([] if grad is None else [*grad.dx, *grad.dparams.values()])]
+            if bits >= SIDE_BITS or not any(_at_power_of_two(v, bits - SIDE_MARGIN)
+                                            for v in values):
+                break
+    return t, grad
+
+
+def _at_power_of_two(v: Any, bits: int) -> bool:
+    """Whether the mpf v lies within 2^-bits (relative) of a power of two (not 0 or inf)."""
+    if v is None or not mpmath.isfinite(v) or v == 0:
+        return False
+    m = abs(mpmath.frexp(v)[0])  # in [1/2, 1)
+    near = mpmath.ldexp(1, -bits)
+    return m - 0.5 <= near or 1 - m <= near
 
 
 def evaluate_rows(
@@ -112,13 +155,10 @@ def evaluate_rows(
     dx_hi, dx_lo = np.zeros((r, n)), np.zeros((r, n))
     dzero = np.zeros((r, n), dtype=bool)
     dp_hi, dp_lo = np.zeros((r, p)), np.zeros((r, p))
-    with mpmath.workprec(precision):
-        for k, i in enumerate(rows):
-            if g64 is None:
-                t = fn.reference_row(x64[i], **params)
-            else:
-                grad = fn.gradient_row(x64[i].tolist(), g64[i].tolist(), **params)
-                t = grad.truth
+    for k, i in enumerate(rows):
+        t, grad = _row(fn, params, x64[i], None if g64 is None else g64[i], precision)
+        with mpmath.workprec(precision):
+            if grad is not None:
                 dzero[k] = grad.zero
                 for j, d in enumerate(grad.dx):
                     split_double(d, dx_hi, dx_lo, (k, j))
