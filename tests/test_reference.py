@@ -140,7 +140,8 @@ def test_outputs_next_to_a_power_of_two_are_placed_on_their_side(dtype):
     relative 10^-38 (fp32) or 10^-320 (fp64), and the side of 1/n decides the binade (the
     ulp) an error is scored in: the truth is evaluated again at more bits, so that its tail
     has the sign of y - 1/n, which for logits this small is the sign of n x_i - sum x (exact
-    in rationals), forward and backward."""
+    in rationals); in fp64 that tail is below float64's range and is kept as +-2^-1074.
+    (Evaluated with an upstream gradient: the outputs of a backward's truth.)"""
     from fractions import Fraction
 
     from elasticbench.inputs.generators import generate
