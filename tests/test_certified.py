@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from elasticbench import native
 from elasticbench.functions import FUNCTION_NAMES, get_function
 from elasticbench.inputs.generators import GENERATORS, generate
-from elasticbench.numerics import bounds, certified, certified_grad, dd, row_blocks
+from elasticbench.numerics import bounds, certified, certified_grad, dd, native_sweeps, row_blocks
 from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format, work_format
 from elasticbench.numerics.truth import evaluate_rows
 from elasticbench.numerics.ulp import ulp_of
@@ -33,9 +33,9 @@ ELEMENTS = int(float(os.environ.get("ELASTICBENCH_PROPERTY_ELEMENTS", "3000")))
 def _sweeps_as_verify_runs_them():
     """The backward's sweeps in native code where the native tier is built, as verify's
     reference processes run them (tests/test_certified_native.py: the NumPy form's bits)."""
-    certified_grad.use_native(native.built())
+    native_sweeps.use_native(native.built())
     yield
-    certified_grad.use_native(None)
+    native_sweeps.use_native(None)
 ROW = 96  # one of the drawn row lengths
 ORACLE_BITS = 256
 GRADIENT_FUNCTIONS = [f for f in FUNCTION_NAMES if get_function(f).gradient_row is not None]

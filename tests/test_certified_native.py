@@ -23,7 +23,7 @@ from test_certified import (
 
 from elasticbench import native
 from elasticbench.functions import get_function
-from elasticbench.numerics import bounds, certified_grad, dd, row_blocks
+from elasticbench.numerics import bounds, certified_grad, dd, native_sweeps, row_blocks
 from elasticbench.numerics.dtypes import get_format
 
 pytestmark = pytest.mark.needs("native")
@@ -32,14 +32,14 @@ pytestmark = pytest.mark.needs("native")
 @pytest.fixture(autouse=True)
 def _native_sweeps():
     """The sweeps in native code, as verify's reference processes run them."""
-    certified_grad.use_native(native.built())
+    native_sweeps.use_native(native.built())
     yield
-    certified_grad.use_native(None)
+    native_sweeps.use_native(None)
 
 
 def _both(fn, params, x, g, fmt, monkeypatch) -> tuple[tuple, tuple]:
     """gradient_truth's answer from the native sweeps and from the NumPy ones."""
-    assert certified_grad.native_sweeps(fn) is not None
+    assert native_sweeps.native_sweeps(fn) is not None
     rows = np.arange(x.shape[0])
     with np.errstate(all="ignore"):
         fast = certified_grad.gradient_truth(fn, params, x, g, rows, fmt)
@@ -124,7 +124,7 @@ def test_the_native_sweeps_refuse_what_they_cannot_read():
 
 
 def _runs_native() -> bool:
-    return certified_grad.native_sweeps(get_function("elastic")) is not None
+    return native_sweeps.native_sweeps(get_function("elastic")) is not None
 
 
 def test_verifys_reference_processes_run_the_native_sweeps():
@@ -132,7 +132,7 @@ def test_verifys_reference_processes_run_the_native_sweeps():
     where its parent process runs the NumPy form."""
     from elasticbench.verify.ahead import reference_process
 
-    certified_grad.use_native(None)
+    native_sweeps.use_native(None)
     with reference_process(1) as pool:
         assert pool.submit(_runs_native).result() is True
     assert not _runs_native()

@@ -18,15 +18,13 @@ rows go to mpmath.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 
 from ..functions.base import OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE, Function
-from . import dd
+from . import dd, native_sweeps
 from .bounds import (
     ABS_FLOOR,
     CERTIFY_ULP,
@@ -46,7 +44,6 @@ from .truth import GradTruth
 CHUNK = 1 << 13  # elements of whole rows handled at once (a longer row is one chunk)
 TINY = 2.0**-960  # below this a dd's lo part is subnormal
 CUT = 2.0**-1086  # exp(z) |z| for every z below dd.EXP_MIN, where the exps are 0
-NATIVE_ROLES = {OFFSET: 0, TEMPERATURE: 1}  # reference_grad.cpp's codes for the roles
 
 
 def row_chunks(r: int, n: int) -> Iterator[slice]:
@@ -352,8 +349,10 @@ def gradient_truth(fn: Function, params: Mapping[str, float], x64: np.ndarray,
     dx_h, dx_l, dx_b = np.zeros((r, n)), np.zeros((r, n)), np.zeros((r, n))
     dp_h, dp_l, dp_b = np.zeros((r, p)), np.zeros((r, p)), np.zeros((r, p))
     ok = certified_rows(out, fmt)
-    if den is not None and (ext := native_sweeps(fn)) is not None:
-        _native(ext, fn, x, g, out, sh, den, (dx_h, dx_l, dx_b), (dp_h, dp_l, dp_b))
+    if den is not None and (library := native_sweeps.native_sweeps(fn)) is not None:
+        q = _q(sh, den)
+        native_sweeps.run(library, fn, x, g, out, sh, (q.h, q.lo, q.bound), BLOCK,
+                          (dx_h, dx_l, dx_b), (dp_h, dp_l, dp_b))
     elif den is not None:
         for sl in row_chunks(r, n):
             gc = _chunk(fn, x[sl], g[sl], rows_of(out, sl), rows_of(sh, sl), rows_of(den, sl),
@@ -370,42 +369,6 @@ def gradient_truth(fn: Function, params: Mapping[str, float], x64: np.ndarray,
     truth = GradTruth(np.asarray(rows, dtype=np.int64), out.hi, out.lo, out.zero, out.zabs,
                       out.zbar, out.kind, dx_h, dx_l, dzero, dp_h, dp_l)
     return truth, ok, params_certified(dp_h, dp_l, dp_b, finite, fmt)
-
-
-_native_library: ModuleType | None = None
-
-
-def use_native(library: ModuleType | None) -> None:
-    """Run the sweeps in this native library (the native tier's, whose
-    kernels/cpp/reference_grad.cpp holds their copy) from now on; None: in NumPy. The layers
-    above choose: verify's and hunt's reference processes take the library where it is built
-    (elasticbench.native.built)."""
-    global _native_library
-    _native_library = library
-
-
-def native_sweeps(fn: Function) -> ModuleType | None:
-    """The native library given to use_native, for fn, unless turned off
-    (ELASTICBENCH_REFERENCE=numpy); a parameter of a role it does not know takes the NumPy
-    form, which says it has no gradient rule."""
-    if (os.environ.get("ELASTICBENCH_REFERENCE", "") == "numpy"
-            or any(p.role not in NATIVE_ROLES for p in fn.params)):
-        return None
-    return _native_library
-
-
-def _native(ext: ModuleType, fn: Function, x: np.ndarray, g: np.ndarray, y: Bounded,
-            sh: Shift, den: Denominator, dx: Out, dp: Out) -> None:
-    """The sweeps of _chunk_finite over every row at once, in native code: the same
-    double-double operations in the same order, so the same dx and parameter gradients."""
-    import torch
-
-    q = _q(sh, den)
-    roles = [NATIVE_ROLES[p.role] for p in fn.params]
-    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (
-        x, g, y.hi, y.lo, y.bound, sh.kept, sh.kind == ROW_FINITE, sh.m, q.h, q.lo, q.bound)]
-    ext.certified_grad_rows(*t, float(sh.tau), float(sh.offset), roles, BLOCK, SLACK,
-                            *(torch.from_numpy(a) for a in (*dx, *dp)))
 
 
 def params_certified(dp_h: np.ndarray, dp_l: np.ndarray, dp_b: np.ndarray,

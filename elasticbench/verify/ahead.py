@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import handoff, native
-from ..numerics import certified_grad
+from ..numerics import native_sweeps
 from ..numerics.truth_cache import TruthError, TruthStats
 from .matrix import VerifyCase
 
@@ -152,7 +152,7 @@ def _start_reference() -> None:
     (docs/numerics.md section 6.12)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    certified_grad.use_native(native.built())
+    native_sweeps.use_native(native.built())
 
 
 def _named(batch: list[VerifyCase]) -> str:

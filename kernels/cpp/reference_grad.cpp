@@ -31,7 +31,7 @@ constexpr double SPLIT = 134217729.0;  // 2^27 + 1
 constexpr double EXP_MIN = -760.0;
 constexpr double TINY = 0x1p-960, CUT = 0x1p-1086;
 constexpr double ABS_FLOOR = 0x1p-1071, SUBNORMAL = 0x1p-1070;
-constexpr int64_t OFFSET = 0, TEMPERATURE = 1;  // parameter roles, as gradient_native passes them
+constexpr int64_t OFFSET = 0, TEMPERATURE = 1;  // parameter roles (numerics/native_sweeps.py)
 
 struct DD {
   double h, l;
