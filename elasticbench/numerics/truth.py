@@ -16,15 +16,16 @@ import mpmath
 import numpy as np
 
 from ..functions import get_function
+from ..functions.base import ROW_FINITE
 
 DEFAULT_PRECISION = 128
 MIN_PRECISION = 128
 # Bump when the meaning of a cached truth changes (a definition or the packing).
 TRUTH_VERSION = 4  # 3: zbar exact where |z| overflows a float (was inf); 4: SIDE_BITS
-# A row with an output within 2^-(precision - SIDE_MARGIN) of a power of two is evaluated
-# again at SIDE_BITS: which side of the power of two the value lies on decides the ulp its
-# error is scored in (a row of subnormal logits has outputs 1/n within 10^-320; 128 bits
-# round them to 1/n exactly, the upper binade, docs/numerics.md section 6.13).
+# A row with an output within 2^-(precision - SIDE_MARGIN) of a power of two has its
+# outputs evaluated again at SIDE_BITS: which side of the power of two the value lies on
+# decides the ulp its error is scored in (a row of subnormal logits has outputs 1/n within
+# 10^-320; 128 bits round them to 1/n exactly, the upper binade; docs/numerics.md 6.13).
 SIDE_MARGIN = 16
 SIDE_BITS = 2048
 
@@ -100,30 +101,33 @@ def split_double(v, hi: np.ndarray, lo: np.ndarray, idx) -> None:
 
 
 def _row(fn, params: dict[str, float], x: np.ndarray, g: np.ndarray | None,
-         precision: int) -> tuple[Any, Any]:
-    """One row's (truth, gradient or None) at `precision`, or at SIDE_BITS where an output
-    lies too close to a power of two for `precision` to tell its side."""
-    for bits in (precision, max(precision, SIDE_BITS)):
-        with mpmath.workprec(bits):
-            if g is None:
-                t, grad = fn.reference_row(x, **params), None
-            else:
-                grad = fn.gradient_row(x.tolist(), g.tolist(), **params)
-                t = grad.truth
-            values = [*t.group_y, *([] if grad is None else [*grad.dx, *grad.dparams.values()])]
-            if bits >= SIDE_BITS or not any(_at_power_of_two(v, bits - SIDE_MARGIN)
-                                            for v in values):
-                break
-    return t, grad
+         precision: int, sides: bool) -> tuple[Any, Any]:
+    """One row's (truth, gradient or None) at `precision`; its outputs again at SIDE_BITS
+    (sides) where one lies too close to a power of two for `precision` to tell its side."""
+    with mpmath.workprec(precision):
+        if g is None:
+            t, grad = fn.reference_row(x, **params), None
+        else:
+            grad = fn.gradient_row(x.tolist(), g.tolist(), **params)
+            t = grad.truth
+        if not sides or not _sides_unknown(t, precision - SIDE_MARGIN):
+            return t, grad
+    with mpmath.workprec(max(precision, SIDE_BITS)):
+        return fn.reference_row(x, **params), grad
 
 
-def _at_power_of_two(v: Any, bits: int) -> bool:
-    """Whether the mpf v lies within 2^-bits (relative) of a power of two (not 0 or inf)."""
-    if v is None or not mpmath.isfinite(v) or v == 0:
+def _sides_unknown(t: Any, bits: int) -> bool:
+    """Whether a finite row with two or more distinct nonzero outputs (one alone is 1/count,
+    exact where it is a power of two) has one within 2^-bits (relative) of a power of two."""
+    live = [v for v in t.group_y if v is not None and v != 0]
+    if t.kind != ROW_FINITE or len(live) < 2:
         return False
-    m = abs(mpmath.frexp(v)[0])  # in [1/2, 1)
     near = mpmath.ldexp(1, -bits)
-    return m - 0.5 <= near or 1 - m <= near
+    for v in live:
+        m = abs(mpmath.frexp(v)[0])  # in [1/2, 1)
+        if m - 0.5 <= near or 1 - m <= near:
+            return True
+    return False
 
 
 def evaluate_rows(
@@ -133,10 +137,13 @@ def evaluate_rows(
     rows: np.ndarray,
     precision: int = DEFAULT_PRECISION,
     g64: np.ndarray | None = None,
+    sides: bool = True,
 ) -> Truth:
     """Evaluate the exact definition on the given rows of x64 (float64, exact input values).
 
-    With an upstream gradient g64 (same shape as x64) the result is a GradTruth.
+    With an upstream gradient g64 (same shape as x64) the result is a GradTruth. sides=False
+    skips the SIDE_BITS evaluation of rows with outputs next to a power of two (for a caller
+    that compares values and never scores them in ulps: the property tests).
     """
     if precision < MIN_PRECISION:
         raise ValueError(f"precision must be at least {MIN_PRECISION} bits, got {precision}")
@@ -156,7 +163,7 @@ def evaluate_rows(
     dzero = np.zeros((r, n), dtype=bool)
     dp_hi, dp_lo = np.zeros((r, p)), np.zeros((r, p))
     for k, i in enumerate(rows):
-        t, grad = _row(fn, params, x64[i], None if g64 is None else g64[i], precision)
+        t, grad = _row(fn, params, x64[i], None if g64 is None else g64[i], precision, sides)
         with mpmath.workprec(precision):
             if grad is not None:
                 dzero[k] = grad.zero
