@@ -96,6 +96,12 @@ def missing_tools() -> str | None:
     return None
 
 
+def _library() -> tuple[Path, str]:
+    """The build directory and module name of these sources' library (build_key)."""
+    key = build_key()
+    return build_root() / key, f"elasticbench_cpp_{key}"
+
+
 @functools.lru_cache(maxsize=1)
 def load() -> ModuleType:
     """The compiled extension, built first if need be. NativeBuildError if it does not build."""
@@ -103,10 +109,8 @@ def load() -> ModuleType:
         raise NativeBuildError(why)
     from torch.utils.cpp_extension import load as load_extension
 
-    key = build_key()
-    directory = build_root() / key
+    directory, name = _library()
     directory.mkdir(parents=True, exist_ok=True)
-    name = f"elasticbench_cpp_{key}"
     with _build_lock(directory):
         if (built := _import_built(directory, name)) is not None:
             return built
@@ -129,11 +133,9 @@ def built() -> ModuleType | None:
     """The extension where it is built already for these sources (imported, never compiled:
     the fast reference uses it where it is there, numerics/certified_grad.py), else None."""
     try:
-        key = build_key()
+        directory, name = _library()
     except (ImportError, OSError):  # no torch, or no sources to key a build on
         return None
-    directory = build_root() / key
-    name = f"elasticbench_cpp_{key}"
     if (loaded := sys.modules.get(name)) is not None:
         return loaded
     if not (directory / f"{name}.so").is_file():
