@@ -69,20 +69,22 @@ def test_the_native_sweeps_use_the_numpy_forms_constants():
     assert native.built().reference_constants() == want
 
 
-@settings(PROPERTY, max_examples=300)
-@given(drawn_input(GRADIENT_FUNCTIONS), st.integers(0, 2**31))
-def test_native_sweeps_match_numpy_on_drawn_inputs(case, seed):
+def _drawn_case_matches(case, seed: int) -> None:
     fn, fmt, x, params = case
     with pytest.MonkeyPatch.context() as mp:
         _same(*_both(fn, params, x, _upstream(x, fmt, seed), fmt, mp), (fn.name, params))
+
+
+@settings(PROPERTY, max_examples=300)
+@given(drawn_input(GRADIENT_FUNCTIONS), st.integers(0, 2**31))
+def test_native_sweeps_match_numpy_on_drawn_inputs(case, seed):
+    _drawn_case_matches(case, seed)
 
 
 @settings(PROPERTY, max_examples=30)
 @given(repeating_input(GRADIENT_FUNCTIONS), st.integers(0, 2**31))
 def test_native_sweeps_match_numpy_on_repeated_values(case, seed):
-    fn, fmt, x, params = case
-    with pytest.MonkeyPatch.context() as mp:
-        _same(*_both(fn, params, x, _upstream(x, fmt, seed), fmt, mp), (fn.name, params))
+    _drawn_case_matches(case, seed)
 
 
 @pytest.mark.parametrize("dtype", ["fp64", "fp32", "bf16"])
