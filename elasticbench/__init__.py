@@ -1,7 +1,8 @@
 """elasticbench: numerics verification and roofline benchmarking for the softmax family."""
 
+from .kernel_spec import KernelSpec, register_kernel
 from .passes import PassModel
-from .registry import KernelSpec, list_kernels, load_kernel_file, register_kernel
+from .registry import list_kernels, load_kernel_file
 
 __version__ = "0.1.0"
 

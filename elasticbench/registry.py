@@ -8,6 +8,10 @@
 Row kernels take one array of rows; attention kernels (function elastic_attention or
 softmax_attention) take q, k, v: their contract is docs/attention.md section 4. Both kinds
 share this registry; a kernel's `kind` says which it is.
+
+This module is the registry's face: it loads the built-in kernel modules and users' kernel
+files and answers which kernels there are. What a kernel is and `register_kernel` live in
+elasticbench.kernel_spec, below the kernel modules, which import it from there.
 """
 
 from __future__ import annotations
@@ -16,187 +20,62 @@ import importlib
 import importlib.util
 import sys
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from .backends import get_backend
-from .functions import ATTENTION, ROW, function_kind, get_function
-from .numerics.contract import WIDE, check_accuracy
-from .numerics.dtypes import get_format
-from .passes import PassModel
-
-MODES = ("fwd", "bwd")
-BUILTIN_MODULES = (
-    "elasticbench.kernels.numpy_kernels",
-    "elasticbench.kernels.torch_kernels",
-    "elasticbench.kernels.triton_kernels",
-    "elasticbench.kernels.triton_attention",
-    "elasticbench.kernels.torch_variants",
-    "elasticbench.kernels.torch_attention",
-    "elasticbench.kernels.cpp_kernels",
-    "elasticbench.kernels.cpp_attention",
+from .functions import ATTENTION, function_kind
+from .kernel_spec import (
+    MODES,
+    REGISTRY,
+    KernelRegistry,
+    KernelSpec,
+    register_kernel,
+    registering_from,
+    set_resolver,
 )
 
+# The built-in kernel modules, in loading order, and the backend each registers kernels of;
+# one is imported only where its backend is available, and one not installed is skipped.
+BUILTINS: dict[str, str] = {
+    "elasticbench.kernels.numpy_kernels": "numpy",
+    "elasticbench.kernels.torch_kernels": "torch",
+    "elasticbench.kernels.triton_kernels": "triton",
+    "elasticbench.kernels.triton_attention": "triton",
+    "elasticbench.kernels.torch_variants": "torch",
+    "elasticbench.kernels.torch_attention": "torch",
+    "elasticbench.kernels.cpp_kernels": "cpp",
+    "elasticbench.kernels.cpp_attention": "cpp",
+    "elasticbench.kernels.api_kernels": "torch",
+}
+BUILTIN_MODULES = tuple(BUILTINS)
+_builtins_loaded = False
 
-@dataclass(frozen=True)
-class KernelSpec:
-    """A registered kernel: what it computes, on which backend, and the callable."""
-
-    name: str
-    function: str
-    backend: str
-    fn: Callable
-    mode: str = "fwd"
-    source: str = "builtin"
-    description: str = ""
-    baseline: bool = False  # a vendor reference point: timed by run, verified only by name
-    dtypes: tuple[str, ...] | None = None  # formats it accepts; None: all of them
-    model: PassModel | None = None  # its declared passes; None: its function's minimum
-    accuracy: str = WIDE  # the contract its budgets come from (numerics/contract.py)
-    compiles: bool = False  # compiles code per input shape (Backend.compiles)
-
-    @property
-    def kind(self) -> str:
-        """"row" (fn(x, **params)) or "attention" (fn(q, k, v, ...), docs/attention.md)."""
-        return function_kind(self.function)
-
-    def supports(self, dtype: str) -> bool:
-        """Whether the kernel takes inputs of this format (others are skipped, not failed)."""
-        return self.dtypes is None or dtype in self.dtypes
-
-    def takes_layout(self, layout: str) -> bool:
-        """Whether its backend's kernels must accept inputs in this layout (inputs/layouts.py)."""
-        return layout in get_backend(self.backend).layouts
-
-    def __reduce__(self):  # type: ignore[override]
-        # A registered kernel travels to another process by name and is looked up (its
-        # kernel file loaded) there: functions of a user's file do not pickle by reference.
-        if _REGISTRY.get(self.name, self.mode) is self:
-            return (_resolve, (self.name, self.mode, self.source))
-        return super().__reduce__()
+__all__ = [
+    "BUILTINS", "BUILTIN_MODULES", "MODES", "KernelFileError", "KernelRegistry", "KernelSpec",
+    "get_kernel", "list_kernels", "load_kernel_file", "register_kernel",
+    "scoped_kernels", "select_kernels",
+]
 
 
 class KernelFileError(Exception):
     """A kernel file could not be loaded; the message names the file and line."""
 
 
-class KernelRegistry:
-    """Kernels by (name, mode), in registration order; `scoped` undoes what a block adds."""
-
-    def __init__(self) -> None:
-        self._kernels: dict[tuple[str, str], KernelSpec] = {}
-
-    def get(self, name: str, mode: str) -> KernelSpec | None:
-        return self._kernels.get((name, mode))
-
-    def add(self, spec: KernelSpec) -> None:
-        self._kernels[(spec.name, spec.mode)] = spec
-
-    def specs(self) -> list[KernelSpec]:
-        return list(self._kernels.values())
-
-    @contextmanager
-    def scoped(self, *, alone: bool = False) -> Iterator[None]:
-        """Kernels registered inside the block are forgotten after it; alone=True also hides
-        the ones registered before, for the block's duration."""
-        saved = dict(self._kernels)
-        if alone:
-            self._kernels.clear()
-        try:
-            yield
-        finally:
-            self._kernels.clear()
-            self._kernels.update(saved)
-
-
-_REGISTRY = KernelRegistry()
-_builtins_loaded = False
-_loading_source = "builtin"
-_loaded_keys: list[tuple[str, str]] | None = None  # what the file being loaded registers
-
-
-def register_kernel(
-    *,
-    function: str,
-    backend: str,
-    name: str | None = None,
-    mode: str = "fwd",
-    description: str = "",
-    baseline: bool = False,
-    dtypes: Iterable[str] | None = None,
-    model: PassModel | None = None,
-    accuracy: str = WIDE,
-    compiles: bool | None = None,
-) -> Callable[[Callable], Callable]:
-    """Decorator: register fn as the kernel `name` (default: the function's __name__).
-
-    baseline=True marks a vendor reference point (torch.softmax, say): `run` compares
-    against it, and `verify` checks it only when it is named with --only. dtypes limits the
-    formats the kernel is given (fp64 for a GPU kernel, say); by default all four. model
-    declares its passes over memory and its exponentials (elasticbench.passes), which give
-    it its own roof in `run`. accuracy names the contract its budgets come from: "wide" (a
-    16-bit kernel computes in fp32 and rounds once, the default) or "own" (every step rounds
-    to its own format; row kernels only), numerics/contract.py. compiles says whether it
-    compiles code for each input shape it meets (torch.compile, a JIT); by default, what its
-    backend's kernels may do (Backend.compiles).
-    """
-    kind = function_kind(function)
-    check_accuracy(accuracy)
-    if accuracy != WIDE and kind == ATTENTION:
-        raise ValueError(f"attention kernels are judged by the {WIDE!r} contract only, "
-                         f"got accuracy={accuracy!r}")
-    per_shape = get_backend(backend).compiles if compiles is None else compiles
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
-    if kind == ROW and mode == "bwd" and get_function(function).gradient_row is None:
-        raise ValueError(f"{function} has no gradient, so it takes no backward kernel")
-    formats = None if dtypes is None else tuple(get_format(d).name for d in dtypes)
-
-    def deco(fn: Callable) -> Callable:
-        kname = name or fn.__name__
-        summary = description or (fn.__doc__ or "").strip().partition("\n")[0]
-        spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline,
-                          formats, model, accuracy, per_shape)
-        old = _REGISTRY.get(kname, mode)
-        if _loaded_keys is not None:
-            _loaded_keys.append((kname, mode))
-        if old is not None and old.source != spec.source:
-            if _same_definition(old.fn, fn):  # a module imported by two kernel files
-                return fn
-            raise ValueError(
-                f"kernel {kname!r} ({mode}) is already registered by {old.source}"
-            )
-        _REGISTRY.add(spec)
-        return fn
-
-    return deco
-
-
-def _same_definition(a: Callable, b: Callable) -> bool:
-    """Whether two functions come from the same lines of the same file (one module executed
-    twice, under two names)."""
-    ca, cb = getattr(a, "__code__", None), getattr(b, "__code__", None)
-    return (ca is not None and cb is not None and ca.co_filename == cb.co_filename
-            and ca.co_firstlineno == cb.co_firstlineno)
-
-
-def _backend_of(module: str) -> str:
-    return module.rsplit(".", 1)[-1].partition("_")[0]  # <backend>_<anything>
-
-
 def _builtin_backends() -> list[str]:
-    return list(dict.fromkeys(_backend_of(m) for m in BUILTIN_MODULES))
+    return list(dict.fromkeys(BUILTINS.values()))
 
 
 def _load_builtins() -> None:
+    """Import, once, the built-in kernel modules whose backend is available; one that is
+    not installed (being added, say) is skipped."""
     global _builtins_loaded
     if _builtins_loaded:
         return
     _builtins_loaded = True
-    for module in BUILTIN_MODULES:
-        if get_backend(_backend_of(module)).available():
+    for module, backend in BUILTINS.items():
+        if get_backend(backend).available() and importlib.util.find_spec(module) is not None:
             importlib.import_module(module)
 
 
@@ -206,16 +85,19 @@ def scoped_kernels(*, alone: bool = False) -> Iterator[None]:
     it; the built-ins are loaded first, so they stay. alone=True hides every kernel
     registered before the block while it runs (see KernelRegistry.scoped)."""
     _load_builtins()
-    with _REGISTRY.scoped(alone=alone):
+    with REGISTRY.scoped(alone=alone):
         yield
 
 
 def _resolve(name: str, mode: str, source: str) -> KernelSpec:
     """The registered kernel (name, mode), loading its kernel file first if need be."""
     _load_builtins()
-    if _REGISTRY.get(name, mode) is None and source != "builtin":
+    if REGISTRY.get(name, mode) is None and source != "builtin":
         load_kernel_file(source)
     return get_kernel(name, mode)
+
+
+set_resolver(_resolve)
 
 
 def list_kernels(
@@ -225,7 +107,7 @@ def list_kernels(
     _load_builtins()
     return [
         k
-        for k in _REGISTRY.specs()
+        for k in REGISTRY.specs()
         if (function is None or k.function == function)
         and (backend is None or k.backend == backend)
         and (mode is None or k.mode == mode)
@@ -234,9 +116,9 @@ def list_kernels(
 
 def get_kernel(name: str, mode: str = "fwd") -> KernelSpec:
     _load_builtins()
-    spec = _REGISTRY.get(name, mode)
+    spec = REGISTRY.get(name, mode)
     if spec is None:
-        known = ", ".join(sorted(k.name for k in _REGISTRY.specs() if k.mode == mode))
+        known = ", ".join(sorted(k.name for k in REGISTRY.specs() if k.mode == mode))
         skipped = [f"the {b} built-ins ({why})" for b in _builtin_backends()
                    if (why := get_backend(b).unavailable())]
         note = f"; not loaded: {'; '.join(skipped)}" if skipped else ""
@@ -251,7 +133,6 @@ def load_kernel_file(path: str | Path) -> list[KernelSpec]:
     the file can import modules beside it; a sibling that imports the file by name gets
     this same module. Any failure becomes a KernelFileError naming the file and the line.
     """
-    global _loading_source, _loaded_keys
     _load_builtins()
     p = Path(path)
     if not p.is_file():
@@ -260,10 +141,15 @@ def load_kernel_file(path: str | Path) -> list[KernelSpec]:
     if directory not in sys.path:
         sys.path.insert(0, directory)
     module_name = f"elasticbench_user_{abs(hash(str(p.resolve())))}"
-    _loading_source = str(p)
-    keys: list[tuple[str, str]] = []
-    _loaded_keys = keys
     aliases = [module_name] + ([p.stem] if _importable_as(p.stem, p) else [])
+    with registering_from(str(p)) as keys:
+        _exec_kernel_file(p, module_name, aliases)
+    return [spec for k in dict.fromkeys(keys) if (spec := REGISTRY.get(*k)) is not None]
+
+
+def _exec_kernel_file(p: Path, module_name: str, aliases: list[str]) -> None:
+    """Execute the kernel file p as the module `module_name` (also known as `aliases`),
+    every failure turned into a KernelFileError."""
     try:
         spec = importlib.util.spec_from_file_location(module_name, p)
         if spec is None or spec.loader is None:
@@ -282,9 +168,6 @@ def load_kernel_file(path: str | Path) -> list[KernelSpec]:
         raise KernelFileError(f"{p}:{e.lineno}: syntax error: {e.msg}") from None
     except Exception as e:  # any error raised while importing the user's file
         raise KernelFileError(f"{_where(e, p)}: {type(e).__name__}: {e}") from None
-    finally:
-        _loading_source, _loaded_keys = "builtin", None
-    return [spec for k in dict.fromkeys(keys) if (spec := _REGISTRY.get(*k)) is not None]
 
 
 def _importable_as(name: str, path: Path) -> bool:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from elasticbench import register_kernel
 from elasticbench.attention import cpp
+from elasticbench.kernel_spec import register_kernel
 
 
 @register_kernel(function="elastic_attention", backend="cpp", name="cpp_attention")

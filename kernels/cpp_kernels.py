@@ -21,8 +21,9 @@ import math
 
 import torch
 
-from elasticbench import PassModel, register_kernel
+from elasticbench.kernel_spec import register_kernel
 from elasticbench.native import load
+from elasticbench.passes import PassModel
 
 _ext = load()
 Structure = _ext.Structure  # the pass structures of kernels/cpp/table.h

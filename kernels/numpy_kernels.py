@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elasticbench import register_kernel
+from elasticbench.kernel_spec import register_kernel
 
 
 def _work_dtype(x: np.ndarray) -> type:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from elasticbench import register_kernel
 from elasticbench.attention import flash
 from elasticbench.attention.composite import elastic_attention_composite
+from elasticbench.kernel_spec import register_kernel
 
 
 def _leaves(*tensors: torch.Tensor) -> list[torch.Tensor]:

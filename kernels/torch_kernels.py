@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from elasticbench import register_kernel
+from elasticbench.kernel_spec import register_kernel
 from elasticbench.rows.exp_normalize import exp_normalize_backward, exp_normalize_forward
 
 

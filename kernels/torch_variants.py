@@ -39,8 +39,9 @@ from typing import Any
 
 import torch
 
-from elasticbench import PassModel, register_kernel
+from elasticbench.kernel_spec import register_kernel
 from elasticbench.kernels.torch_kernels import torch_elastic
+from elasticbench.passes import PassModel
 from elasticbench.rows.exp_normalize import exp_normalize_forward
 
 LOG2E = 1.0 / math.log(2.0)

@@ -3,7 +3,7 @@ contract (docs/attention.md section 4). Its code lives in elasticbench.kernels.t
 
 from __future__ import annotations
 
-from elasticbench import register_kernel
+from elasticbench.kernel_spec import register_kernel
 
 from .triton.attention import attention_backward, attention_forward
 from .triton.launch import DTYPES

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from elasticbench import register_kernel
+from elasticbench.kernel_spec import register_kernel
 
 from .triton.elastic_backward import elastic_backward
 from .triton.exp_family import elastic_forward, softmax1_forward, softmax_forward

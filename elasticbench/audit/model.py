@@ -12,7 +12,6 @@ model, not a measurement: only `elasticbench run` on a GPU measures.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import sys
@@ -153,7 +152,7 @@ def audit_kernel(spec: KernelSpec, dtype: str, n: int, gpu: GPUModel,
 def triton_specs(names: Iterable[str] = ()) -> list[KernelSpec]:
     """The built-in triton kernels (forward and backward), optionally only those named."""
     # registered here even where the backend cannot run them: compiling needs no GPU
-    importlib.import_module("elasticbench.kernels.triton_kernels")
+    from elasticbench.kernels import triton_kernels  # noqa: F401
     wanted = set(names)
     specs = [s for mode in ("fwd", "bwd") for s in list_kernels(mode=mode)
              if s.backend == "triton" and (not wanted or s.name in wanted)]
