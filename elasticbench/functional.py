@@ -26,6 +26,7 @@ of elasticbench.kernels.triton when they import; everything else the torch code.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -33,7 +34,12 @@ import torch
 from .functions import get_function
 from .rows.layout import Scalar
 from .rows.ops import along
-from .rows.tiers import ELASTIC, SOFTMAX, SOFTMAX1
+from .rows.spec import ELASTIC, SOFTMAX, SOFTMAX1
+
+
+@functools.cache
+def _elastic_params() -> dict:
+    return {p.name: p for p in get_function("elastic").params}
 
 
 def _check_float(name: str, value: Scalar) -> Scalar:
@@ -41,8 +47,7 @@ def _check_float(name: str, value: Scalar) -> Scalar:
         if not value.is_floating_point():
             raise TypeError(f"{name} must be a float or a floating-point tensor")
         return value
-    params = {p.name: p for p in get_function("elastic").params}
-    return params[name].validate(value)
+    return _elastic_params()[name].validate(value)
 
 
 def elastic_softmax(x: torch.Tensor, tau: Scalar = 1.0, beta: Scalar = 1.0, dim: int = -1):

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from elasticbench import dispatch
 from elasticbench.attention import autograd, cpp, flash
 from elasticbench.attention.composite import elastic_attention_composite
 from elasticbench.functional import elastic_attention
@@ -23,7 +24,7 @@ def small_tiles(request, monkeypatch):
     impl = request.param
     if not impl.accepts(torch.zeros(1)):
         pytest.skip(f"{impl.name} does not run here")
-    monkeypatch.setattr(autograd, "implementations", lambda: (impl,))
+    monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, impl.name)
     for module in (flash, cpp):
         monkeypatch.setattr(module, "BLOCK_Q", 3)
         monkeypatch.setattr(module, "BLOCK_K", 2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from elasticbench.attention.composite import elastic_attention_composite
-from elasticbench.attention.contract import mask_argument
+from elasticbench.attention_contract import mask_argument
 from elasticbench.functions import get_attention_function
 from elasticbench.inputs.attention import ATTENTION_MASKS, generate_mask, generate_qkv, mask_bias
 from elasticbench.numerics import attention_truth as at

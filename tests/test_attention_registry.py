@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from elasticbench.attention.contract import (
+from elasticbench.attention_contract import (
     backward_step,
     forward_output,
     head_arrays,

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from elasticbench import functional as F
-from elasticbench.rows.tiers import ExpSpec, choose
+from elasticbench.rows.spec import ExpSpec
+from elasticbench.rows.tiers import choose
 
 
 def _composite(x, tau, beta, dim=-1):

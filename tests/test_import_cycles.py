@@ -1,6 +1,10 @@
 """No import cycle among elasticbench's modules (elasticbench/ and kernels/, installed as
 elasticbench.kernels). Every import counts, those inside functions too: a lazy import does
-not remove a cycle, it only postpones it to the call that needs it."""
+not remove a cycle, it only postpones it to the call that needs it. So does a module's name
+written as a string: a string constant anywhere in a module's source that is exactly the
+dotted name of one of the project's modules (importlib.import_module("elasticbench.x"), a
+tuple of modules to import) counts as an import of that module. The bare "elasticbench" is
+the command's, the distribution's and a directory's name too, so it alone does not count."""
 
 from __future__ import annotations
 
@@ -45,11 +49,21 @@ def imported(module: str, node: ast.Import | ast.ImportFrom, known: dict[str, Pa
     return out
 
 
+def named(module: str, node: ast.Constant, known: dict[str, Path]) -> list[str]:
+    """The module of `known` that a string constant in `module` names, written out in full
+    (a module imported by name at run time), if any; a dotted name only (see the top)."""
+    value = node.value
+    return ([value] if isinstance(value, str) and "." in value and value in known
+            and value != module else [])
+
+
 def import_graph() -> dict[str, set[str]]:
     known = modules()
     return {m: {dep for node in ast.walk(ast.parse(path.read_text()))
-                if isinstance(node, (ast.Import, ast.ImportFrom))
-                for dep in imported(m, node, known)}
+                for dep in (imported(m, node, known)
+                            if isinstance(node, (ast.Import, ast.ImportFrom))
+                            else named(m, node, known) if isinstance(node, ast.Constant)
+                            else [])}
             for m, path in known.items()}
 
 
@@ -83,6 +97,17 @@ def test_no_module_imports_itself_through_others() -> None:
     assert found is None, "import cycle: " + " -> ".join(found or [])
 
 
+def test_a_module_named_in_a_string_is_an_import() -> None:
+    known = modules()
+    source = ('import importlib\n'
+              'BUILTIN = ("elasticbench.registry", "elasticbench.nowhere", "elasticbench")\n'
+              'importlib.import_module("elasticbench.devices")\n'
+              '"""elasticbench.passes, in a sentence, is no import."""\n')
+    deps = {dep for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant)
+            for dep in named("elasticbench.backends", node, known)}
+    assert deps == {"elasticbench.registry", "elasticbench.devices"}
+
+
 def test_the_check_finds_a_cycle() -> None:
     graph = import_graph()
     graph["elasticbench.devices"] = graph["elasticbench.devices"] | {"elasticbench.registry"}
@@ -106,9 +131,15 @@ def readme_layers() -> dict[str, int]:
 
 
 def top(module: str) -> str:
-    """The README's name for a module: elasticbench's package or module right under it."""
+    """The README's name for a module: elasticbench's package or module right under it; in
+    kernels/, the registering modules `<backend>_<anything>` are `kernels/<backend>_*` (the
+    harness's) and the rest `kernels` (the kernels the library runs)."""
     parts = module.split(".")
-    return "elasticbench" if len(parts) == 1 else "kernels" if parts[1] == "kernels" else parts[1]
+    if len(parts) == 1:
+        return "elasticbench"
+    if parts[1] == "kernels":
+        return "kernels/<backend>_*" if len(parts) > 2 and "_" in parts[2] else "kernels"
+    return parts[1]
 
 
 def upward(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:

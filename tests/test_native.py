@@ -16,7 +16,8 @@ import torch
 from elasticbench import functional as F
 from elasticbench import native
 from elasticbench.rows.exp_normalize import exp_normalize_backward, exp_normalize_forward
-from elasticbench.rows.tiers import ExpSpec, choose
+from elasticbench.rows.spec import ExpSpec
+from elasticbench.rows.tiers import choose
 
 TOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 

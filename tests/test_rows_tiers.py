@@ -1,5 +1,6 @@
-"""elasticbench.rows.tiers: the tier chosen for a forward is chosen again for its backward
-(the custom ops of rows.ops choose from the same inputs); tiers register themselves and
+"""elasticbench.rows.tiers and elasticbench.dispatch: one implementation per call, chosen by
+the device's preference or forced by $ELASTICBENCH_IMPLEMENTATION, runs both the forward
+and the backward (the eager autograd function and the custom ops alike); implementations
 decline what they cannot take."""
 
 from __future__ import annotations
@@ -9,91 +10,116 @@ import math
 import pytest
 import torch
 
+from elasticbench import dispatch, native
 from elasticbench import functional as F
-from elasticbench import native
-from elasticbench.rows import tiers
-from elasticbench.rows.tiers import SOFTMAX, SOFTMAX1, ExpSpec, Tier
+from elasticbench.rows import exp_normalize, tiers
+from elasticbench.rows.spec import SOFTMAX, SOFTMAX1, ExpSpec
 
 
 def _x(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
 
 
-class _Counting:
-    """A tier that runs the torch code and counts its calls and the specs it was given."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, ExpSpec]] = []
-        self.tier = Tier("counting", lambda x, spec: True, self.forward, self.backward)
-
-    def forward(self, x, spec):
-        self.calls.append(("fwd", spec))
-        return tiers.TORCH.forward(x, spec)
-
-    def backward(self, x, y, g, spec, params):
-        self.calls.append(("bwd", spec))
-        return tiers.TORCH.backward(x, y, g, spec, params)
-
-
 @pytest.fixture
 def counting(monkeypatch):
-    c = _Counting()
-    tiers.tiers()  # the tier modules imported first, so that the fake comes before them
-    monkeypatch.setattr(tiers, "_registered", {"counting": c.tier, **tiers._registered})
-    return c
+    """The torch implementation forced, its two computations counted."""
+    calls: list[str] = []
+    fwd, bwd = exp_normalize.exp_normalize_forward, exp_normalize.exp_normalize_backward
+
+    def forward(*args, **kwargs):
+        calls.append("fwd")
+        return fwd(*args, **kwargs)
+
+    def backward(*args, **kwargs):
+        calls.append("bwd")
+        return bwd(*args, **kwargs)
+
+    monkeypatch.setattr(tiers, "exp_normalize_forward", forward)
+    monkeypatch.setattr(tiers, "exp_normalize_backward", backward)
+    monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "torch")
+    return calls
 
 
-def test_the_backward_runs_on_the_tier_the_forward_chose(counting):
+@pytest.mark.parametrize("traced", [False, True])
+def test_the_backward_runs_on_the_implementation_the_forward_chose(counting, monkeypatch,
+                                                                   traced):
+    """Forced to torch, both directions run the torch code, through the autograd function
+    or (traced) the custom ops, with the same numbers as the torch code called directly."""
+    if traced:
+        monkeypatch.setattr("elasticbench.rows.ops.traced", lambda x: True)
     x = _x(3, 11).requires_grad_()
     tau = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
     y = F.elastic_softmax(x, tau, 0.4)
-    y.backward(_x(3, 11))
-    assert [kind for kind, _ in counting.calls] == ["fwd", "bwd"]
-    fwd, bwd = (spec for _, spec in counting.calls)
-    for spec in (fwd, bwd):
-        assert spec.mask_negative and float(spec.offset) == pytest.approx(0.4)
-        assert torch.equal(spec.tau, torch.tensor(0.7, dtype=torch.float64))
+    g = _x(3, 11)
+    y.backward(g)
+    assert counting == ["fwd", "bwd"]
     spec = ExpSpec(True, tau=tau.detach(), offset=torch.tensor(0.4, dtype=torch.float64))
-    ref = tiers.TORCH.forward(x.detach(), spec)  # the torch code itself: the same numbers
-    ref_dx, ref_dtau, _ = tiers.TORCH.backward(x.detach(), ref, _x(3, 11), spec, True)
+    ref = tiers.TORCH.forward(x.detach(), spec)
+    ref_dx, ref_dtau, _ = tiers.TORCH.backward(x.detach(), ref, g, spec, True)
     assert torch.equal(y.detach(), ref)
     assert torch.equal(x.grad, ref_dx) and torch.equal(tau.grad, ref_dtau.sum())
 
 
-@pytest.mark.parametrize(("fn", "spec"), [(F.softmax, SOFTMAX), (F.softmax1, SOFTMAX1)])
-def test_softmax_and_softmax1_pass_their_spec(counting, fn, spec):
+@pytest.mark.parametrize("fn", [F.softmax, F.softmax1])
+def test_softmax_and_softmax1_run_forward_and_backward(counting, fn):
     x = _x(2, 5, 6).requires_grad_()
     fn(x, dim=1).sum().backward()
-    for _, got in counting.calls:
-        assert (got.mask_negative, got.floor, float(got.tau)) == \
-            (spec.mask_negative, spec.floor, spec.tau)
-        assert (got.offset is None) == (spec.offset is None)
-        assert spec.offset is None or float(got.offset) == spec.offset
-    assert [kind for kind, _ in counting.calls] == ["fwd", "bwd"]
+    assert counting == ["fwd", "bwd"]
 
 
-def test_per_row_and_scalar_parameters_take_the_native_tier():
+def test_a_call_without_gradients_runs_the_forward_alone(counting):
+    with torch.no_grad():
+        F.elastic_softmax(_x(2, 5).requires_grad_(), 0.5, 0.5)
+    F.elastic_softmax(_x(2, 5), 0.5, 0.5)  # nothing requires grad
+    assert counting == ["fwd", "fwd"]
+
+
+def test_per_row_and_scalar_parameters_take_the_native_implementation():
     x = _x(4, 6, 9)
-    native_tier = "cpp" if native.unavailable() is None else "torch"
+    native_name = "cpp" if native.unavailable() is None else "torch"
     per_row = ExpSpec(True, tau=torch.full((4, 6, 1), 0.5), offset=1.0)
-    assert not per_row.scalar() and tiers.choose(x, per_row).name == native_tier
+    assert not per_row.scalar() and tiers.choose(x, per_row).name == native_name
     scalar = ExpSpec(True, tau=torch.tensor(0.5), offset=1.0)
     assert scalar.scalar()
-    assert tiers.choose(x, scalar).name == native_tier
+    assert tiers.choose(x, scalar).name == native_name
     assert tiers.choose(x.float(), scalar).name == tiers.choose(x, scalar).name
     assert tiers.choose(x.int(), scalar) is tiers.TORCH  # not a dtype the native kernels take
-    names = [t.name for t in tiers.tiers()]
-    assert names[-1] == "torch" and names.count("torch") == 1
 
 
-def test_the_triton_tier_declines_cpu_tensors_and_softmax():
+def test_the_preference_by_device_and_the_switch(monkeypatch):
+    monkeypatch.delenv(dispatch.IMPLEMENTATION_ENV, raising=False)
+    assert dispatch.preference(torch.device("cpu")) == ("cpp", "torch")
+    assert dispatch.preference(torch.device("cuda")) == ("triton", "torch")
+    assert dispatch.preference(torch.device("meta")) == ("torch",)
+    for name in ("cpp", "triton"):
+        monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, name)
+        assert dispatch.preference(torch.device("cpu")) == (name, "torch")
+        assert dispatch.preference(torch.device("cuda")) == (name, "torch")
+    monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "torch")
+    assert dispatch.preference(torch.device("cuda")) == ("torch",)
+    assert tiers.choose(_x(2, 3), ExpSpec(True, tau=0.5, offset=0.5)) is tiers.TORCH
+    monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "auto")
+    assert dispatch.preference(torch.device("cpu")) == ("cpp", "torch")
+    monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "fast")
+    with pytest.raises(ValueError, match="ELASTICBENCH_IMPLEMENTATION must be one of"):
+        F.elastic_softmax(_x(2, 3), 0.5, 0.5)
+
+
+def test_the_triton_implementation_declines_what_its_kernels_do_not_take(monkeypatch):
     pytest.importorskip("elasticbench.kernels.triton.tier")
     from elasticbench.kernels.triton import tier
 
-    x = _x(2, 8)
-    assert not tier.accepts(x, ExpSpec(True, tau=1.0, offset=1.0))
-    assert not tier.accepts(x, SOFTMAX)
-    assert tier.TRITON in tiers.tiers()
+    # (the interpreter's flag, not its variable: the kernels' modules must not be imported
+    # under the interpreter in a process that compiles them)
+    monkeypatch.setattr(tier, "triton_interpreted", lambda: False)
+    x = _x(2, 8).float()
+    assert not tier.accepts(x, ExpSpec(True, tau=1.0, offset=1.0))  # CPU, no interpreter
+    monkeypatch.setattr(tier, "triton_interpreted", lambda: True)
+    assert tier.accepts(x, ExpSpec(True, tau=1.0, offset=1.0))
+    assert not tier.accepts(x, SOFTMAX) and not tier.accepts(x, SOFTMAX1)
+    assert not tier.accepts(x.double(), ExpSpec(True, tau=1.0, offset=1.0))  # fp64: torch
+    monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "triton")
+    assert tiers.choose(x.double(), ExpSpec(True, tau=1.0, offset=1.0)) is tiers.TORCH
 
 
 def test_the_keep_mask_of_each_spec():

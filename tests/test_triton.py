@@ -30,15 +30,9 @@ if devices.triton_unavailable() is not None:  # neither a GPU nor the interprete
 else:
     from elasticbench.kernels import triton_kernels as registered
     from elasticbench.kernels.triton.elastic_backward import elastic_backward
-    from elasticbench.kernels.triton.exp_family import (
-        FP32_MAX,
-        FP32_MIN_NORMAL,
-        LOG2E,
-        elastic_forward,
-        exp2_scale,
-        exp_normalize,
-    )
+    from elasticbench.kernels.triton.exp_family import elastic_forward, exp_normalize
     from elasticbench.kernels.triton.launch import LaunchOptions, launch_options
+    from elasticbench.kernels.triton.params import FP32_MAX, FP32_MIN_NORMAL, LOG2E, exp2_scale
     from elasticbench.numerics.truth_cache import TruthStore
     from elasticbench.registry import list_kernels
     from elasticbench.verify.matrix import builtin_case, expand, load_matrix

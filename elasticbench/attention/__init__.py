@@ -8,5 +8,7 @@
 - `cpp`: the fused CPU kernel of the native tier (kernels/cpp/attention.cpp) behind the
   same contract;
 - `special`: queries with a +inf score, off every kernel's hot path;
-- `autograd`: the autograd function behind `elasticbench.functional.elastic_attention`.
+- `autograd`: the custom ops and autograd function behind
+  `elasticbench.functional.elastic_attention`, and the choice of implementation per call
+  (native C++, Triton, torch: elasticbench.dispatch).
 """

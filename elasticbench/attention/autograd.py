@@ -10,47 +10,55 @@ which every implementation applies inside its tiled loop.
 tau and beta are (batch, heads) tensors in the working precision (bh_params lays a float,
 a per-head or a per-(batch, head) parameter out so, keeping its graph). Every
 implementation has the contract of `flash` (forward -> (out, m, den), backward from those
-row statistics); the first whose `accepts` says yes runs: the fused native kernel on CPU
-tensors when it is built, the Triton kernel on CUDA tensors, else the tiled torch code.
-The forward saves q, k, v, out, m and den: O(length) beyond the inputs and output. With
-create_graph, the gradient comes from autograd through the composite, so that second
-orders are exact (docs/gradients.md section 6).
+row statistics); elasticbench.dispatch picks one per call: the fused native kernel on CPU
+tensors when it is built, the Triton kernel (kernels/triton/attention.py) on CUDA tensors,
+else the tiled torch code. Eager calls skip the custom ops' dispatch through an autograd
+function with the same forward and backward (`elastic_attention_op`). The forward saves q,
+k, v, out, m and den: O(length) beyond the inputs and output. With create_graph, the
+gradient comes from autograd through the composite, so that second orders are exact
+(docs/gradients.md section 6).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from .. import devices, dispatch
+from ..dispatch import Implementation
 from . import cpp, flash
 from .layout import Scalar, head_params, work_dtype
-
-
-@dataclass(frozen=True)
-class Implementation:
-    """One implementation of the flash contract; accepts(q) says whether it takes q."""
-
-    name: str
-    accepts: Callable[[torch.Tensor], bool]
-    forward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    backward: Callable[..., tuple[torch.Tensor, ...]]
-
 
 TORCH = Implementation("torch", lambda q: True, flash.forward, flash.backward)
 CPP = Implementation("cpp", cpp.accepts, cpp.forward, cpp.backward)
 
 
 @functools.lru_cache(maxsize=1)
-def implementations() -> tuple[Implementation, ...]:
-    """The implementations in order of preference; the torch one always comes last."""
-    return (CPP, TORCH)
+def _triton() -> Implementation | None:
+    """The Triton kernel, or None where Triton does not import here."""
+    try:
+        from ..kernels.triton import attention as kernel
+    except ImportError:
+        return None
+
+    def accepts(q: torch.Tensor) -> bool:
+        return q.dtype in TRITON_DTYPES and (q.is_cuda or (q.device.type == "cpu"
+                                                           and devices.triton_interpreted()))
+
+    return Implementation("triton", accepts, kernel.attention_forward, kernel.attention_backward)
+
+
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def implementation(name: str) -> Implementation | None:
+    """Attention's implementation called `name`, None where it is not available here."""
+    return {"cpp": CPP, "torch": TORCH}.get(name) if name != "triton" else _triton()
 
 
 def choose(q: torch.Tensor) -> Implementation:
-    return next(i for i in implementations() if i.accepts(q))
+    return dispatch.choose(q.device, implementation, q)
 
 
 def bh_params(value: Scalar, q: torch.Tensor) -> torch.Tensor:
@@ -110,15 +118,21 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.scale, ctx.causal, ctx.key_mask = scale, causal, key_mask
 
 
-def _backward(ctx, grad, _grad_m, _grad_den):
+def _gradients(ctx, grad: torch.Tensor, backward) -> tuple:
+    """The autograd backward of both paths: backward(...) runs the implementation's, with
+    attention_backward's arguments, unless autograd builds the gradient's graph."""
     if torch.is_grad_enabled():
         return _differentiable_backward(ctx, grad)
     q, k, v, out, m, den, t, b = ctx.saved_tensors
-    dq, dk, dv, dtau, dbeta = attention_backward(q, k, v, out, grad.contiguous(), m, den, t,
-                                                 b, ctx.scale, ctx.causal, ctx.key_mask)
+    dq, dk, dv, dtau, dbeta = backward(q, k, v, out, grad.contiguous(), m, den, t, b,
+                                       ctx.scale, ctx.causal, ctx.key_mask)
     need = ctx.needs_input_grad
     return (dq, dk, dv, dtau if need[3] else None, dbeta if need[4] else None, None, None,
             None)
+
+
+def _backward(ctx, grad, _grad_m, _grad_den):
+    return _gradients(ctx, grad, attention_backward)
 
 
 def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
@@ -149,11 +163,35 @@ def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
 attention.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _Attention(torch.autograd.Function):
+    """The eager path: the custom ops' forward and backward without their dispatch; the
+    implementation is chosen once, in the forward, and kept for the backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, tau, beta, scale, causal, key_mask):
+        impl = choose(q)
+        out, m, den = impl.forward(q, k, v, tau, beta, scale, causal, key_mask)
+        ctx.impl = impl
+        _setup_context(ctx, (q, k, v, tau, beta, scale, causal, key_mask), (out, m, den))
+        ctx.mark_non_differentiable(m, den)
+        return out, m, den
+
+    @staticmethod
+    def backward(ctx, grad, _grad_m, _grad_den):
+        return _gradients(ctx, grad, ctx.impl.backward)
+
+
 def elastic_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: Scalar,
                          beta: Scalar, scale: float, causal: bool,
                          key_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Elastic attention through the custom op, differentiable in q, k, v, tau and beta;
-    key_mask (batch, length_k) bool hides padded keys inside the fused loop."""
-    out, _, _ = attention(q, k, v, bh_params(tau, q), bh_params(beta, q), scale, causal,
-                          key_mask)
-    return out
+    """Elastic attention, differentiable in q, k, v, tau and beta, through the custom op
+    where the call is traced (elasticbench.dispatch.traced), else the autograd function, or
+    straight to the implementation where autograd has nothing to record; key_mask (batch,
+    length_k) bool hides padded keys inside the fused loop."""
+    t, b = bh_params(tau, q), bh_params(beta, q)
+    args = (q, k, v, t, b, scale, causal, key_mask)
+    if dispatch.traced(q):
+        return attention(*args)[0]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, t, b)):
+        return _Attention.apply(*args)[0]
+    return choose(q).forward(*args)[0]

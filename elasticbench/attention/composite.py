@@ -16,7 +16,7 @@ import math
 import torch
 
 from ..rows.ops import along
-from ..rows.tiers import ELASTIC
+from ..rows.spec import ELASTIC
 from .layout import Scalar, default_scale, head_params, visible, work_dtype
 
 

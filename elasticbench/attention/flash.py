@@ -103,8 +103,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     """(dq, dk, dv) in q's dtype and (dtau, dbeta) per (batch, head) in the work dtype."""
     wd = work_dtype(q.dtype)
     lq, lk = q.shape[2], k.shape[2]
-    t3, b3 = tau[..., None], beta[..., None]
-    t4 = t3[..., None]
+    t4 = tau[..., None, None]
     m, den = m.to(wd), den.to(wd)
     inf_row = m == math.inf
     nan_row = m.isnan()
@@ -114,7 +113,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     dq = torch.zeros(q.shape, dtype=wd, device=q.device)
     dk = torch.zeros(k.shape, dtype=wd, device=q.device)
     dv = torch.zeros(v.shape, dtype=wd, device=q.device)
-    dtau = torch.zeros(q.shape[:2], dtype=wd, device=q.device)
+    dsz = torch.zeros(q.shape[:2], dtype=wd, device=q.device)  # sum ds z
     for q0 in range(0, lq, BLOCK_Q):
         q1 = min(lq, q0 + BLOCK_Q)
         qb, dob = q[:, :, q0:q1].to(wd), do[:, :, q0:q1].to(wd)
@@ -135,12 +134,25 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
             dv[:, :, k0:k1] += p.transpose(-1, -2) @ dob
             dk[:, :, k0:k1] += (ds.transpose(-1, -2) @ qb) * scale
             dq[:, :, q0:q1] += (ds @ kb) * scale
-            dtau -= (ds * z).sum((-1, -2))
-    finite = ~inf_row
+            dsz += (ds * z).sum((-1, -2))
+    dtau, dbeta = param_grads(dsz, c, m, den, tau, beta)
+    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask)
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dtau, dbeta
+
+
+def param_grads(dsz: torch.Tensor, c: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
+                tau: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dtau, dbeta) per (batch, head) from sum ds z over each (batch, head), c = rowsum(dO
+    out) and the forward's statistics m, den per query (the module doc's formulas); a +inf
+    query adds nothing (its output does not move), a NaN one NaN. Every kernel's backward
+    ends here, on the device."""
+    t3, b3 = tau[..., None], beta[..., None]
+    inf_row = m == math.inf
+    m0 = torch.where(inf_row, 0, m)
+    r = torch.where(den == 0, 0, 1 / den)
     e = torch.exp(-m0 / t3)
     w = b3 * e * r
     wm = torch.where(w != 0, w * (m0 / t3), 0)  # w underflows long before m/tau overflows
-    dtau -= torch.where(finite, c * wm / t3, 0).sum(-1)
-    dbeta = -torch.where(finite, c * e * r, 0).sum(-1)
-    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask)
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dtau, dbeta
+    dtau = -dsz - torch.where(inf_row, 0, c * wm / t3).sum(-1)
+    dbeta = -torch.where(inf_row, 0, c * e * r).sum(-1)
+    return dtau, dbeta

@@ -14,12 +14,10 @@ import math
 
 import torch
 
-Scalar = float | torch.Tensor
+from ..rows.layout import Scalar, work_dtype
 
-
-def work_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp64 computes in fp64; fp32, fp16 and bf16 in fp32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+__all__ = ["Scalar", "check_operands", "default_scale", "head_params", "key_padding", "visible",
+           "work_dtype"]
 
 
 def check_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -6,8 +6,10 @@
 - `exp_normalize`: the computations in torch, forward and the one-pass backward (also the
   built-in torch kernels of kernels/torch_kernels.py, so the kernel verified is the code a
   model runs);
-- `tiers`: the contract every implementation keeps (`ExpSpec`, `Tier`), the registry the
-  tier modules add themselves to, and `choose`, which picks one tier per call: the native
-  C++ kernels on CPU tensors (`cpp`), the Triton kernels on CUDA tensors
-  (kernels/triton/tier.py), else the torch code.
+- `spec`: what a row computes (`ExpSpec`) and the contract every implementation keeps;
+- `cpp`: the native C++ implementation;
+- `tiers`: the torch implementation and `choose`, which picks one per call by
+  elasticbench.dispatch's preference: the native C++ kernels on CPU tensors, the Triton
+  kernels (kernels/triton/tier.py) on CUDA tensors, else the torch code;
+- `ops`: the custom ops and the autograd function behind elasticbench.functional.
 """

@@ -1,4 +1,4 @@
-"""The native C++ tier (elasticbench.native, docs/native.md): CPU tensors of the four float
+"""The native C++ rows (elasticbench.native, docs/native.md): CPU tensors of the four float
 dtypes, with one tau and offset for every row or one per row (per head, say: the kernels
 read row r's from fp64 arrays), where the extension builds. The forward is the fused pass
 structure.
@@ -12,8 +12,9 @@ from types import ModuleType
 import torch
 
 from .. import devices, native
+from ..dispatch import Implementation
 from .layout import Scalar
-from .tiers import Backward, ExpSpec, Tier, register_tier
+from .spec import Backward, ExpSpec
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
@@ -74,4 +75,4 @@ def backward(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, spec: ExpSpec,
     return dx, dtau.reshape(rows), doffset.reshape(rows)
 
 
-CPP = register_tier(Tier("cpp", accepts, forward, backward))
+CPP = Implementation("cpp", accepts, forward, backward)

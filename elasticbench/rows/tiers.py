@@ -1,71 +1,23 @@
-"""The implementations of the exp family's rows (tiers) and the choice of one per call.
+"""The implementations of the exp family's rows and the choice of one per call.
 
-Every tier keeps one contract, on rows-last tensors:
-
-    forward(x, spec) -> y
-    backward(x, y, g, spec, params) -> (dx, dtau, doffset)
-
-dtau and doffset are per-row (..., 1) contributions (or their total, shape (1,), where the
-tier sums them itself; only for scalar tau and offset), None unless `params`. A tier adds
-itself with `register_tier` when its module is imported; `choose` imports the modules of
-TIER_MODULES once and returns the first registered tier that accepts the call, else the
-torch code, which takes everything. The autograd function keeps the chosen tier for its
-backward (elasticbench.functional).
+`choose(x, spec)` runs elasticbench.dispatch's preference for x's device over three
+implementations of rows.spec's contract: the native C++ kernels (`rows.cpp`, CPU), the
+Triton kernels (kernels/triton/tier.py, CUDA, or CPU tensors under Triton's interpreter when
+forced) and the torch code (`TORCH`, which takes everything). The autograd function keeps the
+chosen implementation for its backward (rows.ops).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from ..dispatch import Implementation
+from ..dispatch import choose as dispatch_choose
+from . import cpp
 from .exp_normalize import exp_normalize_backward, exp_normalize_forward
-from .layout import Scalar
-
-# Imported on the first choice: the native C++ kernels (CPU), the Triton kernels (CUDA).
-TIER_MODULES = ("elasticbench.rows.cpp", "elasticbench.kernels.triton.tier")
-
-
-@dataclass(frozen=True, eq=False)
-class ExpSpec:
-    """What a row computes (kernels/cpp/table.h's eb::ExpSpec): exp((s - m)/tau) over kept s,
-    m = max(max kept, floor), over their sum plus offset exp(-m/tau) (None: no offset).
-    Kept: x >= 0 with mask_negative (elastic), else x > -inf. tau and offset as laid out by
-    rows.layout.as_rows: floats, 0-d tensors or per-row (..., 1) tensors."""
-
-    mask_negative: bool
-    floor: float = -math.inf
-    tau: Scalar = 1.0
-    offset: Scalar | None = None
-
-    def keep(self, x: torch.Tensor) -> torch.Tensor:
-        return x >= 0 if self.mask_negative else x > -math.inf
-
-    def scalar(self) -> bool:
-        """Whether tau and offset are one value for every row (floats or 0-d tensors)."""
-        return all(not isinstance(v, torch.Tensor) or v.ndim == 0 for v in (self.tau, self.offset))
-
-
-ELASTIC = ExpSpec(mask_negative=True)  # tau and beta (the offset) come with each call
-SOFTMAX = ExpSpec(mask_negative=False)
-SOFTMAX1 = ExpSpec(mask_negative=False, floor=0.0, offset=1.0)
-
-Backward = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
-
-
-@dataclass(frozen=True)
-class Tier:
-    """One implementation of the contract above; accepts(x, spec) says whether it takes x."""
-
-    name: str
-    accepts: Callable[[torch.Tensor, ExpSpec], bool]
-    forward: Callable[[torch.Tensor, ExpSpec], torch.Tensor]
-    backward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpSpec, bool], Backward]
+from .spec import Backward, ExpSpec
 
 
 def _torch_forward(x: torch.Tensor, spec: ExpSpec) -> torch.Tensor:
@@ -78,29 +30,28 @@ def _torch_backward(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, spec: Exp
                                   params)
 
 
-TORCH = Tier("torch", lambda x, spec: True, _torch_forward, _torch_backward)
-_registered: dict[str, Tier] = {}
-
-
-def register_tier(tier: Tier) -> Tier:
-    """Offer `tier` to `choose`, ahead of the torch code; a second tier of a name replaces it."""
-    _registered[tier.name] = tier
-    return tier
+TORCH = Implementation("torch", lambda x, spec: True, _torch_forward, _torch_backward)
 
 
 @functools.lru_cache(maxsize=1)
-def _import_tier_modules() -> None:
-    for module in TIER_MODULES:
-        with contextlib.suppress(ImportError):  # a plug-in not installed: the others serve
-            importlib.import_module(module)
+def _triton() -> Implementation | None:
+    """The Triton rows, or None where Triton does not import here."""
+    try:
+        from ..kernels.triton.tier import TRITON
+    except ImportError:
+        return None
+    return TRITON
 
 
-def tiers() -> tuple[Tier, ...]:
-    """The tiers in order of preference; the torch one always comes last."""
-    _import_tier_modules()
-    return (*_registered.values(), TORCH)
+def implementation(name: str) -> Implementation | None:
+    """The rows' implementation called `name`, None where it is not available here."""
+    if name == "cpp":
+        return cpp.CPP if cpp.extension() is not None else None
+    if name == "triton":
+        return _triton()
+    return TORCH if name == "torch" else None
 
 
-def choose(x: torch.Tensor, spec: ExpSpec) -> Tier:
-    """The tier that computes spec on x (both directions: the backward uses it too)."""
-    return next(t for t in tiers() if t.accepts(x, spec))
+def choose(x: torch.Tensor, spec: ExpSpec) -> Implementation:
+    """The implementation that computes spec on x (its backward too)."""
+    return dispatch_choose(x.device, implementation, x, spec)

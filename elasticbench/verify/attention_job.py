@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..attention.contract import backward_step, forward_output, kernel_arguments, mask_argument
+from ..attention_contract import backward_step, forward_output, kernel_arguments, mask_argument
 from ..backends import get_backend
 from ..execute import IN_PROCESS, Isolation, guarded_call
 from ..functions import get_attention_function
@@ -63,7 +63,7 @@ class AttentionOutcome:
 def call_attention(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                    params: dict[str, float], dtype: str, scale: float,
                    dout: np.ndarray | None, mask: np.ndarray | None = None) -> AttentionOutcome:
-    """Run spec on fresh native copies by the contract (attention/contract.py): the forward's
+    """Run spec on fresh native copies by the contract (attention_contract.py): the forward's
     out, or step(dO)'s gradients, brought back as NumPy arrays."""
     backend = get_backend(spec.backend)
     args, kw = kernel_arguments(spec, q, k, v, params, dtype, scale, mask)

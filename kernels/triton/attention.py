@@ -1,10 +1,11 @@
-"""Elastic attention forward in Triton: the tiled design of docs/attention.md section 2.
+"""Elastic attention in Triton, forward and backward: the tiled design of docs/attention.md
+section 2.
 
 One program takes BLOCK_M queries of one (batch, head) and visits blocks of BLOCK_N keys,
 keeping per query a running kept maximum m (from 0), a running sum l and an accumulator:
 
-    s    = scale * q @ k^T               (causally hidden keys, and NaN, out of the mask)
-    m'   = max(m, max of kept s)         (kept: 0 <= s < inf and visible)
+    s    = scale * q @ k^T               (causally hidden keys out of the mask)
+    m'   = max(m, max of kept s)         (kept: s >= 0 and visible; NaN-propagating)
     l    = l 2^((m - m') k) + sum_kept 2^((s - m') k)           k = log2(e) / tau
     acc  = acc 2^((m - m') k) + p @ v
     out  = acc / (l + beta 2^(-m k))     (exactly 0 where l = 0: nothing kept, any beta)
@@ -12,24 +13,26 @@ keeping per query a running kept maximum m (from 0), a running sum l and an accu
 Scores, sums and the accumulator are fp32. fp32 inputs multiply in IEEE fp32 (not TF32);
 fp16 and bf16 inputs multiply in their own format with fp32 accumulation (their products are
 exact), and p is rounded once to that format for p @ v, as flash kernels do (the budget's
-l term, docs/attention.md section 5). A query whose visible scores hold a NaN gets NaN; one
-with a +inf score is marked m = +inf and finished on the host by
-elasticbench.attention.special, as every built-in kernel does. Causal key blocks past the
-query block's last query are not visited.
+l term, docs/attention.md section 5). Special queries need no pass of their own and nothing
+read back to the host: a NaN among a query's visible scores makes its m, and so everything
+it computes, NaN; a +inf score makes m = +inf, where each +inf score weighs 1 and every
+finite one 0, so the same loop leaves the mean of those keys' values in out and their count
+in den (docs/attention.md section 3); the backward gives such a query's dO/count to the dv of
+its +inf keys and nothing else. Causal key blocks past the query block's last query are not
+visited.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
 import triton.language as tl
 
-from elasticbench.attention import special
+from elasticbench.attention.flash import param_grads
 
 from .exp_family import exp2
 from .launch import run
+from .memory import row_max_nan
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a kernel may read only constexpr globals
 
@@ -103,8 +106,6 @@ def attention_forward_kernel(
     m = tl.zeros([BLOCK_M], dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)  # noqa: E741
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    nan_row = tl.zeros([BLOCK_M], dtype=tl.int32)
-    inf_row = tl.zeros([BLOCK_M], dtype=tl.int32)
     end = _key_end(kend_ptr, bh, heads, lk, (pid_m + 1) * BLOCK_M, CAUSAL, HAS_MASK)
     for start in range(0, end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -117,12 +118,14 @@ def attention_forward_kernel(
         visible = col_ok[None, :] & row_ok[:, None]
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= offs_m[:, None])
-        nan_row = nan_row | tl.max(((s != s) & visible).to(tl.int32), axis=1)
-        inf_row = inf_row | tl.max(((s == float("inf")) & visible).to(tl.int32), axis=1)
-        kept = visible & (s >= 0.0) & (s < float("inf"))
-        m_new = tl.maximum(m, tl.max(tl.where(kept, s, 0.0), axis=1))
-        alpha = exp2((m - m_new) * kk, True, -1)
-        p = exp2(tl.where(kept, (s - m_new[:, None]) * kk, float("-inf")), True, -1)
+        kept = visible & (s >= 0.0)  # +inf kept too; NaN flags the query through the max
+        top = row_max_nan(tl.where(visible & ((s >= 0.0) | (s != s)), s, 0.0))
+        m_new = tl.maximum(m, top, propagate_nan=tl.PropagateNan.ALL)
+        # m = m_new = +inf: the running sums are the +inf scores' count and values (weight 1
+        # each, every finite score 0), so out is their mean and den their count
+        alpha = exp2(tl.where(m == m_new, 0.0, (m - m_new) * kk), True, -1)
+        p = exp2(tl.where(kept, tl.where(s == m_new[:, None], 0.0, (s - m_new[:, None]) * kk),
+                          float("-inf")), True, -1)
         l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
         v = tl.load(*_tile(v_ptr + bh * lk * dv, dv, offs_n, col_ok, offs_e), other=0.0)
         if IEEE:  # noqa: SIM108
@@ -131,13 +134,9 @@ def attention_forward_kernel(
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m = m_new
-    den = l + beta * exp2(-m * kk, True, -1)
-    live = l > 0.0
+    den = l + beta * exp2(-m * kk, True, -1)  # m = +inf: the count; m NaN: NaN
+    live = (l > 0.0) | (l != l)
     out = tl.where(live[:, None], acc / tl.where(live, den, 1.0)[:, None], 0.0)
-    out = tl.where(nan_row[:, None] > 0, float("nan"), out)
-    m = tl.where(inf_row > 0, float("inf"), m)
-    m = tl.where(nan_row > 0, float("nan"), m)
-    den = tl.where(nan_row > 0, float("nan"), den)
     out_at, out_ok = _tile(out_ptr + bh * lq * dv, dv, offs_m, row_ok, offs_e)
     tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=out_ok)
     tl.store(m_ptr + bh * lq + offs_m, m, mask=row_ok)
@@ -184,10 +183,6 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: to
         4, {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": _pow2(d),
             "BLOCK_DV": _pow2(dv), "CAUSAL": bool(causal), "IEEE": q.dtype == torch.float32,
             "HAS_MASK": key_mask is not None})
-    if (m == math.inf).any():
-        out32 = out.to(torch.float32)
-        special.fix_forward(q, k, v, out32, m, den, scale, causal, key_mask)
-        out = out32.to(q.dtype)
     return out, m, den
 
 
@@ -206,7 +201,10 @@ def _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok, scale,
     keep = visible & ((s >= 0.0) | nan_q[:, None]) & (~inf_q[:, None])
     d = tl.where(keep, s - m[:, None], 0.0)
     p = tl.where(keep, exp2(tl.where(keep, d * kk, float("-inf")), True, -1) * r[:, None], 0.0)
-    return keep, d / tau, p
+    # a +inf query weighs its +inf scores 1/count each (r = 1/den, den the count): only dv
+    # sees them, as its other gradients are 0
+    p_dv = tl.where(inf_q[:, None] & visible & (s == float("inf")), r[:, None], p)
+    return keep, d / tau, p, p_dv
 
 
 @triton.jit
@@ -244,17 +242,17 @@ def attention_dkdv_kernel(
         q = tl.load(*_tile(q_ptr + bh * lq * d, d, offs_m, row_ok, offs_d), other=0.0)
         do = tl.load(*_tile(do_ptr + bh * lq * dv, dv, offs_m, row_ok, offs_e), other=0.0)
         m, r, c, nan_q, inf_q = _query_stats(m_ptr, r_ptr, c_ptr, bh * lq + offs_m, row_ok)
-        keep, z, p = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, key_ok,
-                                scale, kk, tau, CAUSAL, IEEE)
+        keep, z, p, p_dv = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok,
+                                      key_ok, scale, kk, tau, CAUSAL, IEEE)
         if IEEE:
             dp = tl.dot(do, vt, input_precision="ieee")
             ds = tl.where(keep, p * ((dp - c[:, None]) / tau), 0.0)
-            dvv += tl.dot(tl.trans(p), do, input_precision="ieee")
+            dvv += tl.dot(tl.trans(p_dv), do, input_precision="ieee")
             dk += tl.dot(tl.trans(ds), q, input_precision="ieee") * scale
         else:
             dp = tl.dot(do, vt)
             ds = tl.where(keep, p * ((dp - c[:, None]) / tau), 0.0)
-            dvv += tl.dot(tl.trans(p.to(do.dtype)), do)
+            dvv += tl.dot(tl.trans(p_dv.to(do.dtype)), do)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q) * scale
         dsz += tl.sum(tl.where(keep, ds * z, 0.0), axis=0)
     dk_at, dk_ok = _tile(dk_ptr + bh * lk * d, d, offs_n, col_ok, offs_d)
@@ -290,8 +288,8 @@ def attention_dq_kernel(
         col_ok = _keys(keep_ptr, bh, heads, lk, offs_n, offs_n < lk, HAS_MASK)
         kt = tl.load(*_tile_t(k_ptr + bh * lk * d, d, offs_n, col_ok, offs_d), other=0.0)
         vt = tl.load(*_tile_t(v_ptr + bh * lk * dv, dv, offs_n, col_ok, offs_e), other=0.0)
-        keep, _z, p = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok,
-                                scale, kk, tau, CAUSAL, IEEE)
+        keep, _z, p, _ = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok,
+                                    scale, kk, tau, CAUSAL, IEEE)
         if IEEE:
             dp = tl.dot(do, vt, input_precision="ieee")
             ds = tl.where(keep, p * ((dp - c[:, None]) / tau), 0.0)
@@ -333,14 +331,5 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     run(attention_dq_kernel, (triton.cdiv(lq, block_m), b * h),
         (qc, kc, vc, doc, m32, r, c, tau32, dq, keep, kend, lq, lk, d, dv_, float(scale), h),
         4, consts)
-    finite = torch.isfinite(m32) | m32.isnan()
-    m0 = torch.where(finite & ~m32.isnan(), m32, 0)
-    t3, b3 = tau32[..., None], beta32[..., None]
-    e = torch.exp(-m0 / t3)
-    w = b3 * e * r
-    wm = torch.where(w != 0, w * (m0 / t3), 0)
-    fin = m32 != math.inf
-    dtau = -dtau_parts.reshape(b, h, nk).sum(-1) - torch.where(fin, c * wm / t3, 0).sum(-1)
-    dbeta = -torch.where(fin, c * e * r, 0).sum(-1)
-    special.fix_backward(q, k, dout, dv, m32, scale, causal, key_mask)
+    dtau, dbeta = param_grads(dtau_parts.reshape(b, h, nk).sum(-1), c, m32, den, tau32, beta32)
     return dq, dk.to(q.dtype), dv.to(q.dtype), dtau, dbeta

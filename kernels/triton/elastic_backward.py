@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .exp_family import check_tau_beta, exp2_scale, exp2_scaled, keep, log2_arg, online_step
+from .exp_family import check_tau_beta, exp2_scaled, keep, log2_arg, online_step
 from .launch import (
     LaunchOptions,
     check_rows,
@@ -32,6 +32,7 @@ from .launch import (
     run,
 )
 from .memory import ld, max_nan, st
+from .params import RowParams, memory_params, row_params, scalar_params
 from .rows import ordinary
 
 LN2 = tl.constexpr(0.6931471805599453)  # jit code reads only constexpr globals
@@ -49,22 +50,10 @@ def _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT: tl.constexpr):
 
 
 @triton.jit
-def _bwd_t(s, m, y, k, PRE: tl.constexpr):
+def _bwd_t(s, m, y, k, pre):
     """t = (s - m) log2(e)/tau where y != 0, else 0: y t -> 0 there (masked, or exp underflowed
     while t may have overflowed to -inf) and 0 * -inf must not make A or B NaN."""
-    return tl.where(y != 0.0, log2_arg(s - m, k, PRE), 0.0)
-
-
-@triton.jit
-def _bwd_params(k, tau, inv_tau, beta, rp_ptr, rows, row, PER_ROW: tl.constexpr):
-    """(k, tau, 1/tau, beta) of a row: the launch's scalars, or row `row`'s from the
-    exp_family.row_param_table at rp_ptr."""
-    if PER_ROW:
-        k = tl.load(rp_ptr + row)
-        beta = tl.load(rp_ptr + rows + row)
-        tau = tl.load(rp_ptr + 2 * rows + row)
-        inv_tau = tl.load(rp_ptr + 3 * rows + row)
-    return k, tau, inv_tau, beta
+    return tl.where(y != 0.0, log2_arg(s - m, k, pre), 0.0)
 
 
 @triton.jit
@@ -83,11 +72,11 @@ def _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN: tl.constexpr)
 
 
 @triton.jit
-def _bwd_row_partials(c, a2, b2, den, top, shift, k, tau, beta, PRE: tl.constexpr,
+def _bwd_row_partials(c, a2, b2, den, top, shift, k, pre, tau, beta,
                       EXP2_ULPS: tl.constexpr):
     """(dtau, dbeta) of one row from c, A/ln2, B/ln2, D', its NaN-propagating max and the
     shift its sums were taken with."""
-    decay = exp2_scaled(-shift, k, PRE, False, EXP2_ULPS)  # exp(-m/tau)
+    decay = exp2_scaled(-shift, k, pre, False, EXP2_ULPS)  # exp(-m/tau)
     beta_s = beta * decay
     den_s = den + beta_s
     den_s = tl.where(den_s > 0.0, den_s, 1.0)
@@ -104,44 +93,48 @@ def _bwd_row_partials(c, a2, b2, den, top, shift, k, tau, beta, PRE: tl.constexp
 
 @triton.jit
 def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
-                             k0, tau0, inv_tau0, beta0, rp_ptr, PRE: tl.constexpr,
+                             k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2,
+                             bs0, bs1, bs2,
                              EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
-                             EVEN: tl.constexpr, PER_ROW: tl.constexpr):
+                             EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr):
     """x, y, g read once into registers; dx written once."""
     offs = tl.arange(0, BLOCK)
     inside = offs < n
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
         r = tl.cast(row, tl.int64)
-        k, tau, inv_tau, beta = _bwd_params(k0, tau0, inv_tau0, beta0, rp_ptr, rows, row,
-                                            PER_ROW)
+        k, pre, tau, inv_tau, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
+                                                beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
+                                                bs2, FROM_MEMORY)
         x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, offs, inside, EVEN)
         s = keep(x, True)
         top = max_nan(s)
         m = tl.where(_regular(top), top, 0.0)
         # den >= 1: terms an ftz exp2 flushes are lost in its rounding anyway
-        den = tl.sum(exp2_scaled(s - m, k, PRE, False, EXP2_ULPS), axis=0)
+        den = tl.sum(exp2_scaled(s - m, k, pre, False, EXP2_ULPS), axis=0)
         gy = tl.where(x < 0.0, 0.0, g * y)
         c = tl.sum(gy, axis=0)
         dx = _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT)
         st(dx_ptr + r * sdx + offs, dx, inside, EVEN)
-        t = _bwd_t(s, m, y, k, PRE)
+        t = _bwd_t(s, m, y, k, pre)
         dtau, dbeta = _bwd_row_partials(c, tl.sum(y * t, axis=0), tl.sum(gy * t, axis=0), den,
-                                        top, m, k, tau, beta, PRE, EXP2_ULPS)
+                                        top, m, k, pre, tau, beta, EXP2_ULPS)
         tl.store(part_ptr + row, dtau)
         tl.store(part_ptr + rows + row, dbeta)
 
 
 @triton.jit
 def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
-                              k0, tau0, inv_tau0, beta0, rp_ptr, PRE: tl.constexpr,
+                              k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2,
+                              bs0, bs1, bs2,
                               EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
-                              EVEN: tl.constexpr, PER_ROW: tl.constexpr):
+                              EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr):
     """Rows streamed in BLOCK-wide chunks: x, y, g read twice, dx written once."""
     offs = tl.arange(0, BLOCK)
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
         r = tl.cast(row, tl.int64)
-        k, tau, inv_tau, beta = _bwd_params(k0, tau0, inv_tau0, beta0, rp_ptr, rows, row,
-                                            PER_ROW)
+        k, pre, tau, inv_tau, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
+                                                beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
+                                                bs2, FROM_MEMORY)
         # pass 1: max and D' online (as the forward) and c = sum g y
         top = float("-inf")
         den = 0.0
@@ -152,7 +145,7 @@ def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx
             inside = idx < n
             x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
             s = keep(x, True)
-            top, den, comp = online_step(top, den, comp, s, k, PRE, EXP2_ULPS)
+            top, den, comp = online_step(top, den, comp, s, k, pre, EXP2_ULPS)
             c_lanes += tl.where(x < 0.0, 0.0, g * y)
         c = tl.sum(c_lanes, axis=0)
         m = tl.where(_regular(top), top, 0.0)
@@ -165,11 +158,11 @@ def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx
             x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
             dx = _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT)
             st(dx_ptr + r * sdx + idx, dx, inside, EVEN)
-            t = _bwd_t(keep(x, True), m, y, k, PRE)
+            t = _bwd_t(keep(x, True), m, y, k, pre)
             a_lanes += y * t
             b_lanes += tl.where(x < 0.0, 0.0, g * y) * t
         dtau, dbeta = _bwd_row_partials(c, tl.sum(a_lanes, axis=0), tl.sum(b_lanes, axis=0), den,
-                                        top, m, k, tau, beta, PRE, EXP2_ULPS)
+                                        top, m, k, pre, tau, beta, EXP2_ULPS)
         tl.store(part_ptr + row, dtau)
         tl.store(part_ptr + rows + row, dbeta)
 
@@ -186,38 +179,49 @@ def sum_rows_kernel(part_ptr, out_ptr, rows, BLOCK: tl.constexpr):
     tl.store(out_ptr + k, tl.sum(acc, axis=0).to(tl.float32))
 
 
+def _sum_partials(part: torch.Tensor | None, rows: int, device: torch.device) -> torch.Tensor:
+    """(total dtau, total dbeta) fp32 from the per-row partials, summed in a fixed order."""
+    if part is None:
+        return torch.zeros(2, dtype=torch.float32, device=device)
+    out = torch.empty(2, dtype=torch.float32, device=device)  # sum_rows_kernel writes both
+    run(sum_rows_kernel, (2,), (part, out, rows), 4, {"BLOCK": min(pow2_at_least(rows), 1024)})
+    return out
+
+
 def elastic_backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, tau: float,
                      beta: float, options: LaunchOptions | None = None,
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dtau, dbeta) of sum(g * elastic(x)); dtau, dbeta 0-d fp32 tensors, deterministic."""
     check_tau_beta(tau, beta)
-    dx, part = _backward(y, g, x2d, tau, beta, None, options)
-    rows = x2d.shape[0]
-    if part is None:
-        out = torch.zeros(2, dtype=torch.float32, device=x2d.device)
-    else:  # sum_rows_kernel writes both
-        out = torch.empty(2, dtype=torch.float32, device=x2d.device)
-        rblock = min(pow2_at_least(rows), 1024)
-        run(sum_rows_kernel, (2,), (part, out, rows), 4, {"BLOCK": rblock})
+    dx, part = _backward(y, g, x2d, scalar_params(x2d, tau, beta), options)
+    out = _sum_partials(part, x2d.shape[0], x2d.device)
     return dx, out[0], out[1]
 
 
-def elastic_backward_rows(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor,
-                          table: torch.Tensor, options: LaunchOptions | None = None,
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dtau, dbeta) with row r's tau and beta from exp_family.row_param_table; dtau and
-    dbeta per row (rows,) fp32, the caller reduces them to its parameters' shape."""
-    dx, part = _backward(y, g, x2d, 1.0, 0.0, table, options)
-    rows = x2d.shape[0]
+def elastic_backward_params(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor,
+                            tau: torch.Tensor, beta: torch.Tensor,
+                            options: LaunchOptions | None = None,
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dtau, dbeta) of x (..., n) with tau and beta tensors on x's device, 0-d or (..., 1)
+    broadcasting against x (read by the kernels, never by the host): dtau and dbeta fp32, one
+    per row ((..., 1)), or their totals (shape (1,)) for 0-d parameters."""
+    n = x.shape[-1] if x.ndim else 1
+    flat = [t.reshape(-1, n) for t in (x, y, g)]
+    dx, part = _backward(flat[1], flat[2], flat[0], memory_params(x, tau, beta), options)
+    rows = flat[0].shape[0]
+    if tau.ndim == 0 and beta.ndim == 0:
+        out = _sum_partials(part, rows, x.device)
+        return dx.reshape(x.shape), out[0:1], out[1:2]
     if part is None:
-        part = torch.zeros(2 * rows, dtype=torch.float32, device=x2d.device)
-    return dx, part[:rows], part[rows:]
+        part = torch.zeros(2 * rows, dtype=torch.float32, device=x.device)
+    per_row = (*x.shape[:-1], 1)
+    return dx.reshape(x.shape), part[:rows].reshape(per_row), part[rows:].reshape(per_row)
 
 
-def _backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, tau: float, beta: float,
-              table: torch.Tensor | None, options: LaunchOptions | None
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """dx, and the per-row (dtau, dbeta) partials concatenated (None for an empty x)."""
+def _backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, params: RowParams,
+              options: LaunchOptions | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """dx, and the per-row (dtau, dbeta) partials concatenated (None for an empty x); params:
+    where each row's tau and beta are (params.scalar_params or params.memory_params)."""
     options = options or current_options()
     rows, n = check_rows(x2d)
     if y.shape != x2d.shape or g.shape != x2d.shape:
@@ -233,11 +237,9 @@ def _backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, tau: float, b
     # three arrays live in registers: half the forward's fused rows, or it spills
     fused, block = plan(n, options.max_fused // 2, options.chunk)
     kernel = elastic_bwd_fused_kernel if fused else elastic_bwd_online_kernel
-    k, pre = (1.0, 1.0) if table is not None else exp2_scale(tau)
-    rp = table if table is not None else part  # never read without a table (as the forward)
     args = (x2d, y, g, dx, part, rows, n, x2d.stride(0), y.stride(0), g.stride(0),
-            dx.stride(0), k, float(tau), 1.0 / tau, float(beta), rp)
-    launch_rows(kernel, rows, args, block, BLOCK=block, EVEN=n % block == 0, PRE=pre,
+            dx.stride(0), *params.args)
+    launch_rows(kernel, rows, args, block, BLOCK=block, EVEN=n % block == 0,
                 EXACT=x2d.dtype == torch.float32, EXP2_ULPS=exp2_model_ulps(options),
-                PER_ROW=table is not None)
+                FROM_MEMORY=params.from_memory)
     return dx, part

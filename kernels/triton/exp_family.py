@@ -11,43 +11,21 @@ round-to-nearest); a plain `/` is approximate on NVIDIA GPUs.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from .launch import LaunchOptions, current_options, exp2_model_ulps, normalize_rows
 from .memory import ld, max_nan, st
+from .params import RowParams, memory_params, row_params, scalar_params
 from .rows import add_compensated, ordinary, quotient, reciprocal, special_y
-
-LOG2E = 1.4426950408889634
-FP32_MAX = 3.4028234663852886e38
-FP32_MIN_NORMAL = 2.0 ** -126
-
-
-def exp2_scale(tau: float) -> tuple[float, float]:
-    """(k, pre) with exp(d / tau) = exp2((d * pre) * k) for the kernels' fp32 arithmetic.
-
-    k = log2(e)/tau is formed in fp64 and rounded once, so the kernels multiply instead of
-    dividing per element. pre is 1 unless tau is so small or large that k would leave fp32's
-    normal range; then pre is a power of two (exact to apply) and k is clamped into that
-    range, which keeps the limits right: one-hot on the maximum, or uniform.
-    """
-    k = LOG2E / tau
-    exponent = math.frexp(k)[1]
-    if -100 < exponent < 100:
-        return k, 1.0
-    pre = 2.0 ** max(-127, min(127, exponent))
-    return min(max(k / pre, FP32_MIN_NORMAL), FP32_MAX), pre
 
 
 @triton.jit
-def log2_arg(d, k, PRE: tl.constexpr):
-    """d log2(e) / tau, as (d * PRE) * k with k and PRE from exp2_scale."""
-    if PRE != 1.0:
-        d = d * PRE
-    return d * k
+def log2_arg(d, k, pre):
+    """d log2(e) / tau, as (d * pre) * k with k and pre from exp2_scale (pre = 1 but for a
+    tau so small or large that k alone would leave fp32's normal range)."""
+    return (d * pre) * k
 
 
 # Under the interpreter tl.exp2 is NumPy's (nearly correctly rounded, with subnormals); on an
@@ -77,19 +55,9 @@ def exp2(v, SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr):
 
 
 @triton.jit
-def exp2_scaled(d, k, PRE: tl.constexpr, SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr):
+def exp2_scaled(d, k, pre, SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr):
     """exp(d / tau)."""
-    return exp2(log2_arg(d, k, PRE), SUBNORMAL, EXP2_ULPS)
-
-
-@triton.jit
-def row_params(k, beta, rp_ptr, rows, row, PER_ROW: tl.constexpr):
-    """(k, beta) of a row: the launch's scalars, or row `row`'s from rp_ptr (k per row in
-    [0, rows), beta in [rows, 2 rows); row_param_table lays them out)."""
-    if PER_ROW:
-        k = tl.load(rp_ptr + row)
-        beta = tl.load(rp_ptr + rows + row)
-    return k, beta
+    return exp2(log2_arg(d, k, pre), SUBNORMAL, EXP2_ULPS)
 
 
 @triton.jit
@@ -109,46 +77,48 @@ def _exp_shift(top, FLOOR0: tl.constexpr):
 
 
 @triton.jit
-def _exp_den(den, shift, k, beta, OFFSET: tl.constexpr, PRE: tl.constexpr,
+def _exp_den(den, shift, k, beta, OFFSET: tl.constexpr, pre,
              EXP2_ULPS: tl.constexpr):
     """The denominator sum exp((s - m)/tau) + beta exp(-m/tau), 1 when it is 0 (0/0 -> 0)."""
     if OFFSET:
-        den += beta * exp2_scaled(-shift, k, PRE, False, EXP2_ULPS)
+        den += beta * exp2_scaled(-shift, k, pre, False, EXP2_ULPS)
     return tl.where(den > 0.0, den, 1.0)
 
 
 @triton.jit
-def online_step(top, den, comp, s, k, PRE: tl.constexpr, EXP2_ULPS: tl.constexpr):
+def online_step(top, den, comp, s, k, pre, EXP2_ULPS: tl.constexpr):
     """One chunk of an online pass: the running NaN-propagating max and den = sum
     exp((s - max)/tau) with its compensation comp, both rescaled by exp((old - new)/tau) when
     the max grows."""
     new = tl.maximum(top, max_nan(s), propagate_nan=tl.PropagateNan.ALL)
     m = tl.where(new > float("-inf"), new, 0.0)
-    e = exp2_scaled(s - m, k, PRE, False, EXP2_ULPS)
-    scale = exp2_scaled(top - m, k, PRE, False, EXP2_ULPS)
+    e = exp2_scaled(s - m, k, pre, False, EXP2_ULPS)
+    scale = exp2_scaled(top - m, k, pre, False, EXP2_ULPS)
     den, comp = add_compensated(den * scale, comp * scale, tl.sum(e, axis=0))
     return new, den, comp
 
 
 @triton.jit
-def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, beta0, rp_ptr,
+def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, beta0,
+                     tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                      NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
-                     PRE: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
+                     EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
                      EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                     PER_ROW: tl.constexpr):
+                     FROM_MEMORY: tl.constexpr):
     """The whole row in registers: one read and one write per element."""
     offs = tl.arange(0, BLOCK)
     inside = offs < n
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
         r = tl.cast(row, tl.int64)
-        k, beta = row_params(k0, beta0, rp_ptr, rows, row, PER_ROW)
+        k, pre, _, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr,
+                                        d1, d2, ts0, ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
         x = ld(x_ptr + r * sx + offs, inside, float("-inf"), EVEN)
         s = keep(x, NONNEG)
         top = max_nan(s)
         if ordinary(top):
             shift = _exp_shift(top, FLOOR0)
-            e = exp2_scaled(s - shift, k, PRE, SUBNORMAL, EXP2_ULPS)
-            den = _exp_den(tl.sum(e, axis=0), shift, k, beta, OFFSET, PRE, EXP2_ULPS)
+            e = exp2_scaled(s - shift, k, pre, SUBNORMAL, EXP2_ULPS)
+            den = _exp_den(tl.sum(e, axis=0), shift, k, beta, OFFSET, pre, EXP2_ULPS)
             y = quotient(e, reciprocal(den, EXACT), EXACT)
         else:
             is_inf = x == float("inf")
@@ -157,16 +127,18 @@ def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, beta0, rp_ptr,
 
 
 @triton.jit
-def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, beta0, rp_ptr,
+def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, beta0,
+                      tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                       NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
-                      PRE: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
+                      EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
                       EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                      PER_ROW: tl.constexpr):
+                      FROM_MEMORY: tl.constexpr):
     """Rows streamed in BLOCK-wide chunks: two reads and one write per element."""
     offs = tl.arange(0, BLOCK)
     for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
         r = tl.cast(row, tl.int64)
-        k, beta = row_params(k0, beta0, rp_ptr, rows, row, PER_ROW)
+        k, pre, _, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr,
+                                        d1, d2, ts0, ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
         xrow = x_ptr + r * sx
         yrow = y_ptr + r * sy
         # pass 1: running NaN-propagating max and den = sum exp((s - max)/tau), rescaled by
@@ -177,17 +149,17 @@ def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, beta0, rp_ptr,
         for start in tl.range(0, n, BLOCK):
             idx = start + offs
             s = keep(ld(xrow + idx, idx < n, float("-inf"), EVEN), NONNEG)
-            top, den, comp = online_step(top, den, comp, s, k, PRE, EXP2_ULPS)
+            top, den, comp = online_step(top, den, comp, s, k, pre, EXP2_ULPS)
         if ordinary(top):
             shift = _exp_shift(top, FLOOR0)
             if FLOOR0:  # pass 1 shifted by the max alone
-                den = den * exp2_scaled(_exp_shift(top, False) - shift, k, PRE, False, EXP2_ULPS)
-            rden = reciprocal(_exp_den(den, shift, k, beta, OFFSET, PRE, EXP2_ULPS), EXACT)
+                den = den * exp2_scaled(_exp_shift(top, False) - shift, k, pre, False, EXP2_ULPS)
+            rden = reciprocal(_exp_den(den, shift, k, beta, OFFSET, pre, EXP2_ULPS), EXACT)
             for start in tl.range(0, n, BLOCK):  # pass 2: normalize and write
                 idx = start + offs
                 inside = idx < n
                 s = keep(ld(xrow + idx, inside, float("-inf"), EVEN), NONNEG)
-                e = exp2_scaled(s - shift, k, PRE, SUBNORMAL, EXP2_ULPS)
+                e = exp2_scaled(s - shift, k, pre, SUBNORMAL, EXP2_ULPS)
                 st(yrow + idx, quotient(e, rden, EXACT), inside, EVEN)
         else:
             n_inf = 0.0
@@ -202,35 +174,22 @@ def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, beta0, rp_ptr,
                 st(yrow + idx, special_y(x == float("inf"), n_inf, top), inside, EVEN)
 
 
-def row_param_table(tau: torch.Tensor, beta: torch.Tensor) -> torch.Tensor | None:
-    """Per-row tau and beta (rows,) as the kernels read them: fp32 [k = log2(e)/tau (rounded
-    once from fp64), beta, tau, 1/tau], concatenated; None where some row's k would leave
-    fp32's normal range by exp2_scale's margin, or a tau or beta out of its domain (those
-    take the torch code)."""
-    t64, b64 = tau.to(torch.float64), beta.to(torch.float64)
-    k = LOG2E / t64
-    ok = (k > 2.0**-99) & (k < 2.0**99) & (b64 >= 0) & (b64 < math.inf)
-    if not bool(ok.all()):  # also tau <= 0, NaN, or a negative or infinite beta
-        return None
-    return torch.cat([k, b64, t64, 1.0 / t64]).to(torch.float32).contiguous()
-
-
 def exp_normalize(x: torch.Tensor, *, tau: float, beta: float, nonneg: bool, floor0: bool,
                   offset: bool, options: LaunchOptions | None = None,
-                  subnormal: bool | None = None, per_row: torch.Tensor | None = None
+                  subnormal: bool | None = None, params: RowParams | None = None
                   ) -> torch.Tensor:
     """The exp family's forward on the rows of x. subnormal: form exp2 results below 2^-126
     (default: for fp32 and bf16 outputs; fp16's subnormals end at 2^-24, where a flushed exp2
-    is exact). per_row: row_param_table's table, whose k and beta replace tau and beta."""
+    is exact). params: params.memory_params's arguments, whose tau and beta replace the
+    floats. (Without them the kernels never read a parameter pointer: x stands in, as an
+    allocated dummy would be a fill kernel on every call, 2 us of a 7 us in-cache launch on an
+    H100.)"""
     options = options or current_options()
-    k, pre = (1.0, 1.0) if per_row is not None else exp2_scale(tau)
-    # without a table the kernels never read rp_ptr: x stands in (an allocated dummy would be a
-    # fill kernel on every call, 2 us of a 7 us in-cache launch on an H100)
-    rp = per_row if per_row is not None else x
-    return normalize_rows(x, exp_fused_kernel, exp_online_kernel, (k, float(beta), rp),
-                          options, NONNEG=nonneg, FLOOR0=floor0, OFFSET=offset, PRE=pre,
+    params = params or scalar_params(x, tau, beta)
+    return normalize_rows(x, exp_fused_kernel, exp_online_kernel, params.args, options,
+                          NONNEG=nonneg, FLOOR0=floor0, OFFSET=offset,
                           SUBNORMAL=x.dtype != torch.float16 if subnormal is None else subnormal,
-                          EXP2_ULPS=exp2_model_ulps(options), PER_ROW=per_row is not None)
+                          EXP2_ULPS=exp2_model_ulps(options), FROM_MEMORY=params.from_memory)
 
 
 def check_tau_beta(tau: float, beta: float) -> None:
@@ -249,11 +208,15 @@ def elastic_forward(x2d: torch.Tensor, tau: float, beta: float,
                          options=options)
 
 
-def elastic_forward_rows(x2d: torch.Tensor, table: torch.Tensor,
-                         options: LaunchOptions | None = None) -> torch.Tensor:
-    """Elastic-Softmax of a 2-D tensor with row r's tau and beta from row_param_table."""
-    return exp_normalize(x2d, tau=1.0, beta=0.0, nonneg=True, floor0=False, offset=True,
-                         options=options, per_row=table)
+def elastic_forward_params(x: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor,
+                           options: LaunchOptions | None = None) -> torch.Tensor:
+    """Elastic-Softmax of x (..., n) along its last dimension with tau and beta tensors on
+    x's device, 0-d or (..., 1) broadcasting against x: read by the kernels, never by the
+    host. x is contiguous (rows of n)."""
+    x2d = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    y = exp_normalize(x2d, tau=1.0, beta=0.0, nonneg=True, floor0=False, offset=True,
+                      options=options, params=memory_params(x, tau, beta))
+    return y.reshape(x.shape)
 
 
 def softmax_forward(x2d: torch.Tensor, options: LaunchOptions | None = None) -> torch.Tensor:

@@ -54,3 +54,14 @@ def max_nan(v):
     else:
         top = tl.reduce(v, 0, _max_nan_combine)
     return top
+
+
+@triton.jit
+def row_max_nan(v):
+    """max_nan of each row of a 2-D block (along axis 1)."""
+    if INTERPRETED:
+        top = tl.where(tl.max((v != v).to(tl.int32), axis=1) > 0, float("nan"),
+                       tl.max(v, axis=1))
+    else:
+        top = tl.reduce(v, 1, _max_nan_combine)
+    return top

@@ -1,106 +1,84 @@
-"""The Triton tier of the autograd path (elasticbench.rows.tiers): Elastic-Softmax on CUDA
-tensors (fp32, fp16, bf16) with one tau and beta for every row, or one per row (per head, per batch: the
-kernels read row r's from a table, and the backward returns per-row dtau and dbeta that
-elasticbench.rows reduces to the parameters' shapes); softmax and softmax1 take the torch
-code, and so do per-row parameters outside the kernels' domain (exp_family.row_param_table).
+"""The Triton implementation of the exp family's rows (elasticbench.rows.tiers): Elastic-Softmax
+on fp32, fp16 and bf16 tensors, with tau and beta floats or tensors (0-d, or one per row:
+per head, per batch) that the kernels read from device memory, so a call reads nothing back
+to the host and launches the same kernels whatever the parameters hold (params.py). The
+backward returns dtau and dbeta per row, or their totals for 0-d parameters, reduced on the
+device; softmax and softmax1 take the torch code.
 
-Importing this module registers the tier with elasticbench.rows and no kernel with the
-registry (that is triton_kernels's job); Triton itself is imported on the first CUDA
-tensor, and where it does not import the tier declines and the torch code serves.
+It takes CUDA tensors, and CPU tensors where Triton runs in its interpreter
+(TRITON_INTERPRET=1: how the CUDA path is tested without a GPU). Triton itself is imported
+on the first call; where it does not import, the implementation declines and the torch
+code serves. Tensors are trusted to hold tau > 0 and beta >= 0 (elasticbench.functional
+checks floats; elasticbench.nn keeps its parameters in range).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import NamedTuple
+from types import ModuleType
 
 import torch
 
-from elasticbench.rows.layout import Scalar
-from elasticbench.rows.tiers import Backward, ExpSpec, Tier, register_tier
+from elasticbench.devices import triton_interpreted
+from elasticbench.dispatch import Implementation
+from elasticbench.rows.spec import Backward, ExpSpec
 
 from .launch import SUPPORTED_DTYPES  # launch imports no Triton
 
 
-class Kernels(NamedTuple):
-    forward: Callable[..., torch.Tensor]
-    backward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    forward_rows: Callable[..., torch.Tensor]
-    backward_rows: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    table: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]
-
-
 @functools.lru_cache(maxsize=1)
-def kernels() -> Kernels | None:
-    """The Triton kernels (scalar and per-row parameters), or None where Triton fails."""
+def _kernels() -> tuple[ModuleType, ModuleType] | None:
+    """The forward and backward kernel modules, or None where Triton fails here."""
     try:
-        from .elastic_backward import elastic_backward, elastic_backward_rows
-        from .exp_family import elastic_forward, elastic_forward_rows, row_param_table
+        from . import elastic_backward, exp_family
     except Exception:  # absent, or Triton unusable here: the torch code serves
         return None
-    return Kernels(elastic_forward, elastic_backward, elastic_forward_rows,
-                   elastic_backward_rows, row_param_table)
+    return exp_family, elastic_backward
 
 
 def accepts(x: torch.Tensor, spec: ExpSpec) -> bool:
-    """Elastic-Softmax (the kernels mask negatives) on fp32/fp16/bf16 CUDA tensors, scalar
-    tau and beta or per-row ones the kernels take; float64 takes the torch code."""
-    if not (x.is_cuda and x.dtype in SUPPORTED_DTYPES and spec.mask_negative and kernels() is not None):
-        return False
-    return spec.scalar() or _table(x, spec) is not None
+    """Elastic-Softmax (the kernels mask negatives) of an fp32/fp16/bf16 tensor on a CUDA
+    device, or on the CPU under the interpreter; float64 takes the torch code."""
+    return (spec.mask_negative and x.dtype in SUPPORTED_DTYPES
+            and (x.is_cuda or (x.device.type == "cpu" and triton_interpreted()))
+            and _kernels() is not None)
 
 
-def _per_row(v: Scalar | None, x: torch.Tensor) -> torch.Tensor:
-    """A parameter (float, 0-d or (..., 1) tensor) as one value per row of x."""
-    rows = x.numel() // max(x.shape[-1], 1)
-    if not isinstance(v, torch.Tensor):
-        return torch.full((rows,), float(v or 0.0), dtype=torch.float64, device=x.device)
-    return v.detach().expand(*x.shape[:-1], 1).reshape(rows)
+def _tensor(v: float | torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """A parameter as the kernels read it: a tensor stays, a float is filled on the device
+    (no copy from the host)."""
+    if isinstance(v, torch.Tensor):
+        return v.detach()
+    return torch.full((), 0.0 if v is None else float(v), dtype=torch.float32, device=x.device)
 
 
-def _table(x: torch.Tensor, spec: ExpSpec) -> torch.Tensor | None:
-    """The per-row parameter table of the kernels (None: outside their domain)."""
-    k = kernels()
-    assert k is not None
-    return k.table(_per_row(spec.tau, x), _per_row(spec.offset, x))
+def _floats(spec: ExpSpec) -> bool:
+    return not isinstance(spec.tau, torch.Tensor) and not isinstance(spec.offset, torch.Tensor)
 
 
 def forward(x: torch.Tensor, spec: ExpSpec) -> torch.Tensor:
-    k = kernels()
-    assert k is not None and spec.offset is not None
-    shape = x.shape
-    x2d = x.reshape(-1, shape[-1]).contiguous()
-    if not spec.scalar():
-        table = _table(x, spec)
-        assert table is not None
-        return k.forward_rows(x2d, table).reshape(shape)
-    y = k.forward(x2d, float(spec.tau), float(spec.offset))
-    return y.reshape(shape)
+    fwd, _ = _kernels()  # type: ignore[misc]
+    xc = x.contiguous()
+    if _floats(spec):  # the launch's own scalars
+        n = x.shape[-1] if x.ndim else 1
+        return fwd.elastic_forward(xc.reshape(-1, n), float(spec.tau),
+                                   float(spec.offset or 0.0)).reshape(x.shape)
+    return fwd.elastic_forward_params(xc, _tensor(spec.tau, x), _tensor(spec.offset, x))
 
 
 def backward(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, spec: ExpSpec,
              params: bool) -> Backward:
-    """dx, and dtau and dbeta: per row ((..., 1)) for per-row parameters (None unless
-    `params`), else summed over every row (shape (1,)), whatever `params`."""
-    k = kernels()
-    assert k is not None and spec.offset is not None
-    n = x.shape[-1]
-    if not spec.scalar():
-        table = _table(x, spec)
-        assert table is not None
-        dx, dtau, dbeta = k.backward_rows(y.reshape(-1, n).contiguous(),
-                                          g.reshape(-1, n).contiguous(),
-                                          x.reshape(-1, n).contiguous(), table)
-        if not params:
-            return dx.reshape(x.shape), None, None
-        rows = (*x.shape[:-1], 1)
-        return dx.reshape(x.shape), dtau.reshape(rows), dbeta.reshape(rows)
-    dx, dtau, dbeta = k.backward(y.reshape(-1, n), g.reshape(-1, n).contiguous(),
-                                 x.reshape(-1, n).contiguous(), float(spec.tau),
-                                 float(spec.offset))
-    return (dx.reshape(x.shape), torch.as_tensor(dtau, device=x.device).reshape(1),
-            torch.as_tensor(dbeta, device=x.device).reshape(1))
+    """dx, and dtau and dbeta per row ((..., 1)) or summed (shape (1,)); None unless
+    `params`."""
+    _, bwd = _kernels()  # type: ignore[misc]
+    if _floats(spec):  # no parameter gradient is wanted of floats
+        n = x.shape[-1] if x.ndim else 1
+        dx, _, _ = bwd.elastic_backward(*(t.reshape(-1, n) for t in (y, g, x)), float(spec.tau),
+                                        float(spec.offset or 0.0))
+        return dx.reshape(x.shape), None, None
+    dx, dtau, dbeta = bwd.elastic_backward_params(x, y, g, _tensor(spec.tau, x),
+                                                  _tensor(spec.offset, x))
+    return (dx, dtau, dbeta) if params else (dx, None, None)
 
 
-TRITON = register_tier(Tier("triton", accepts, forward, backward))
+TRITON = Implementation("triton", accepts, forward, backward)

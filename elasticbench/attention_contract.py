@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import get_backend
-from ..functions import get_attention_function
-from ..numerics.dtypes import get_format
-from ..registry import KernelSpec
+from .backends import get_backend
+from .functions import get_attention_function
+from .numerics.dtypes import get_format
+from .registry import KernelSpec
 
 
 def work_numpy_dtype(dtype: str) -> np.dtype:
