@@ -42,8 +42,10 @@ class _LearnableTauBeta(nn.Module):
                              "pass learn_beta=False to keep it at 0, or a small beta such as "
                              "1e-3")
         self.learnable = self.learn_tau and self.learn_beta
-        self.register_buffer("tau0", torch.full(param_shape, checked["tau"]))
-        self.register_buffer("beta0", torch.full(param_shape, checked["beta"]))
+        # float64 whatever the module's dtype (see _apply): the user's values, exactly
+        self.register_buffer("tau0", torch.full(param_shape, checked["tau"], dtype=torch.float64))
+        self.register_buffer("beta0", torch.full(param_shape, checked["beta"],
+                                                 dtype=torch.float64))
         for name, learned in (("log_tau_scale", self.learn_tau),
                               ("log_beta_scale", self.learn_beta)):
             scale = torch.zeros(param_shape)
@@ -52,14 +54,32 @@ class _LearnableTauBeta(nn.Module):
             else:
                 self.register_buffer(name, scale)
 
+    def _apply(self, fn, recurse=True):
+        """Moves and casts as nn.Module does, but tau0 and beta0 stay float64: a module made
+        in float32 and then cast to float64 computes with the exact tau and beta it was given,
+        not their float32 roundings."""
+        exact = {name: getattr(self, name) for name in ("tau0", "beta0")}
+        super()._apply(fn, recurse)
+        for name, value in exact.items():
+            moved = getattr(self, name)
+            if moved.dtype != torch.float64:
+                setattr(self, name, value.to(device=moved.device))
+        return self
+
+    def _scaled(self, base: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
+        """base exp(log_scale) in the log-scale's dtype (the module's), base rounded once."""
+        scale = torch.exp(log_scale.clamp(-LOG_SCALE_LIMIT, LOG_SCALE_LIMIT))
+        if log_scale.dtype == torch.float64:
+            return base * scale
+        return base.to(log_scale.dtype) * scale
+
     @property
     def tau(self) -> torch.Tensor:
-        return self.tau0 * torch.exp(self.log_tau_scale.clamp(-LOG_SCALE_LIMIT, LOG_SCALE_LIMIT))
+        return self._scaled(self.tau0, self.log_tau_scale)
 
     @property
     def beta(self) -> torch.Tensor:
-        return self.beta0 * torch.exp(
-            self.log_beta_scale.clamp(-LOG_SCALE_LIMIT, LOG_SCALE_LIMIT))
+        return self._scaled(self.beta0, self.log_beta_scale)
 
     def _params_repr(self) -> str:
         t, b = self.tau.detach(), self.beta.detach()
