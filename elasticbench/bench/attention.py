@@ -27,7 +27,7 @@ A case file's [attention_run] table says what to time (docs/attention.md section
 
 `padded` > 0 gives the baseline and the kernels the same (batch, 1, 1, length) bool
 key-padding mask (the last keys of each batch hidden) as attn_mask or key_mask, whichever a
-kernel declares (attention/contract.py); a kernel that takes neither is not timed there.
+kernel declares (attention_contract.py); a kernel that takes neither is not timed there.
 Each cell (dtype, length, causal, padded, mode) times the baseline first, then the kernels; the
 backward is timed as step(dO) alone, after the kernel's untimed first call (the attention
 contract, docs/attention.md section 4). The ceilings: copy bandwidth (the bytes a fused
@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from .. import devices
-from ..attention.contract import backward_step, kernel_arguments, mask_argument
+from ..attention_contract import backward_step, kernel_arguments, mask_argument
 from ..backends import get_backend
 from ..execute import Call, guarded_call
 from ..functions import get_attention_function
@@ -62,6 +62,7 @@ from ..verify.attention_matrix import AttentionCase, expand_attention, load_atte
 from ..verify.matrix import builtin_case
 from .attention_case import GIB, AttentionRunCase
 from .memory import peak_growth
+from .models import wrapped_kernel
 from .roofline import measure_copy
 from .timing import Policy, Timing, time_calls
 
@@ -268,7 +269,7 @@ class AttentionRunJob(Job[AttentionUnit]):
         record = RunRecord(kernel=spec.name, function=spec.function, backend=spec.backend,
                            source=spec.source, mode=spec.mode, dtype=u.dtype, shape=shape,
                            params=params, generator="normal", seed=c.seed, baseline=u.baseline,
-                           verify=verdict)
+                           wraps=wrapped_kernel(spec), verify=verdict)
         backend = get_backend(spec.backend)
         call = self._call(spec, AttentionCase(spec.function, "normal", shape, u.dtype,
                                               tuple(params.items()), c.seed),

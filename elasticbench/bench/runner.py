@@ -30,7 +30,7 @@ from ..registry import MODES, KernelSpec, get_kernel, list_kernels
 from ..verify.matrix import expand, load_matrix
 from ..verify.runner import run_verification
 from .cases import RunCase
-from .models import minimum_bytes, minimum_model, model_bytes, model_of
+from .models import minimum_bytes, minimum_model, model_bytes, model_of, wrapped_kernel
 from .roofline import compute_dtype, measure_copy, measure_exp, roof_for
 from .rotation import rotating_call
 from .timing import Policy, Timing, pooled, time_calls
@@ -301,6 +301,7 @@ def run_units(
         verdict = verdicts.get((unit.spec.name, unit.dtype),
                                QuickVerdict(status="unverified", reason="not verified"))
         rec.verify, rec.baseline, rec.plan_position = verdict, unit.baseline, unit.position
+        rec.wraps = wrapped_kernel(unit.spec)
         rec.copy_gbps = ceilings.copy_bps / 1e9
         rec.ranked = rec.error is None and verdict.status == "pass" and not unit.baseline
         baselines.learn(rec)

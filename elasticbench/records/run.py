@@ -76,6 +76,10 @@ class RunRecord(KernelCase):
     generator: str | None = None
     seed: int | None = None
     baseline: bool = False
+    # the raw kernel this kernel's call runs on its device (an API kernel's, say: kernels/
+    # api_kernels.py), as the kernel declared it when the run executed; reports set its
+    # median beside this record's as the `overhead` column
+    wraps: str | None = None
     plan_position: int | None = entry(None, check=nonnegative)
     error: str | None = None  # the kernel raised (or crashed): nothing below was measured
     compute_dtype: str | None = entry(None, timed=True)

@@ -2,10 +2,16 @@
 speedup over the baseline, verdict. Works on the typed records alone (a saved file renders
 the same); every record holds its measurement or its error (RunRecord.check_measured).
 `run_sheets` is the tabulation every format shares; `render_run` prints it to a terminal.
+
+A table whose records declare the kernel they wrap (RunRecord.wraps: an API kernel names
+the raw kernel its call runs) gets an `overhead` column: the record's median over that
+kernel's median in the same cell (function, mode, dtype, shape and parameters) of the same
+records, blank where that kernel was not timed there.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
@@ -26,6 +32,50 @@ COLUMNS = [
     Column("x base", ("speedup",), align="right", wrap=False),
     Column("verify", ("verify",), wrap=False),
 ]
+
+
+OVERHEAD = Column("overhead", ("overhead", "wraps"), align="right", wrap=False)
+OVERHEAD_CAPTION = "overhead: median / median of the kernel it wraps (named) in the same cell"
+
+
+def _cell_of(kernel: str, r: RunRecord) -> tuple:
+    """Where kernel's record beside r sits: r's function, mode, dtype, shape and parameters."""
+    return (kernel, r.function, r.mode, r.dtype, tuple(r.shape),
+            tuple(sorted(r.params.items())))
+
+
+def overheads(records: list[RunRecord]) -> dict[int, float]:
+    """id(record) -> its median over the median of the kernel it wraps (RunRecord.wraps) at
+    the same function, mode, dtype, shape and parameters among these records (one run); a
+    record whose wrapped kernel was not timed there has none."""
+    medians = {_cell_of(r.kernel, r): r.median_s for r in records
+               if r.error is None and r.median_s}
+    out = {}
+    for r in records:
+        base = medians.get(_cell_of(r.wraps, r)) if r.wraps else None
+        if base and r.error is None and r.median_s:
+            out[id(r)] = r.median_s / base
+    return out
+
+
+def _overhead(r: RunRecord, ratios: dict[int, float]) -> Entry:
+    ratio = ratios.get(id(r))
+    if ratio is None:
+        return EMPTY
+    return entry(f"{ratio:.2f}x {r.wraps}", values=(ratio, r.wraps))
+
+
+def _with_overhead(sheet: Sheet, recs: list[RunRecord], ratios: dict[int, float]) -> Sheet:
+    """The sheet with an overhead column after `x base`, where a record declares what it
+    wraps (rows in the records' order, one per record)."""
+    if not any(r.wraps for r in recs):
+        return sheet
+    at = [c.header for c in sheet.columns].index("x base") + 1
+    rows = [[*row[:at], _overhead(r, ratios), *row[at:]]
+            for row, r in zip(sheet.rows, recs, strict=True)]
+    columns = [*sheet.columns[:at], OVERHEAD, *sheet.columns[at:]]
+    return replace(sheet, columns=columns, rows=rows,
+                   caption=f"{sheet.caption}; {OVERHEAD_CAPTION}")
 
 
 def format_time(s: float) -> str:
@@ -118,30 +168,33 @@ def attention_sheet(name: str, recs: list[RunRecord]) -> Sheet:
 
 
 def run_sheets(records: list[RunRecord]) -> list[Sheet]:
-    """One sheet per function and mode: a row per timed (kernel, size)."""
-    sheets = []
-    for name, recs in group_records(records).items():
-        if len(recs[0].shape) == 5:  # attention (docs/attention.md section 6)
-            sheets.append(attention_sheet(name, recs))
+    """One sheet per function and mode: a row per timed (kernel, size); an overhead column
+    where a record declares the kernel it wraps."""
+    ratios = overheads(records)
+    return [_with_overhead(attention_sheet(name, recs) if len(recs[0].shape) == 5  # attention
+                           else row_sheet(name, recs), recs, ratios)
+            for name, recs in group_records(records).items()]
+
+
+def row_sheet(name: str, recs: list[RunRecord]) -> Sheet:
+    """A row per timed (kernel, size) of a row function: time, rates, roof, speedup."""
+    ndt = len({r.dtype for r in recs})
+    sheet = Sheet(name, name, list(COLUMNS), caption=CAPTION, compact=True)
+    for r in recs:
+        if r.error is not None:
+            sheet.add(entry(r.kernel), _size(r, ndt), *[EMPTY] * 5, _verdict(r))
             continue
-        ndt = len({r.dtype for r in recs})
-        sheet = Sheet(name, name, list(COLUMNS), caption=CAPTION, compact=True)
-        for r in recs:
-            if r.error is not None:
-                sheet.add(entry(r.kernel), _size(r, ndt), *[EMPTY] * 5, _verdict(r))
-                continue
-            sp = r.speedup
-            sheet.add(
-                entry(r.kernel), _size(r, ndt),
-                entry(format_time(r.median_s), values=(r.median_s,)),
-                entry(f"{r.gbps:.2f}", values=(r.gbps,)),
-                entry(f"{r.pct_copy:.0f}%", values=(r.pct_copy,)),
-                entry(f"{r.pct_roof:.0f}% {r.binding[0]}", values=(r.pct_roof, r.binding)),
-                entry(f"{sp:.2f}", values=(sp,)) if sp else EMPTY,
-                _verdict(r),
-            )
-        sheets.append(sheet)
-    return sheets
+        sp = r.speedup
+        sheet.add(
+            entry(r.kernel), _size(r, ndt),
+            entry(format_time(r.median_s), values=(r.median_s,)),
+            entry(f"{r.gbps:.2f}", values=(r.gbps,)),
+            entry(f"{r.pct_copy:.0f}%", values=(r.pct_copy,)),
+            entry(f"{r.pct_roof:.0f}% {r.binding[0]}", values=(r.pct_roof, r.binding)),
+            entry(f"{sp:.2f}", values=(sp,)) if sp else EMPTY,
+            _verdict(r),
+        )
+    return sheet
 
 
 def run_notes(records: list[RunRecord], ceilings: dict[str, Any] | None,
