@@ -8,9 +8,18 @@
 # run alone afterwards:
 #   elasticbench verify --backend triton -d fp32,fp16,bf16 --mode both   -> verify.json
 #   pytest on the Triton tests and the torch ops' CUDA cases               -> log.txt
+#   scripts/gpu_user_path.py (at most 240 s)                              -> user_path.json
+#     (the user path: a training step under torch.cuda.set_sync_debug_mode("error"), a
+#     whole step captured in a CUDA graph and replayed against eager, torch.compile with
+#     fullgraph=True, and the public API, the modules and the raw Triton kernels timed beside
+#     torch.softmax and SDPA; before the timed runs, as it matters more than they do)
 #   elasticbench run --case cases/gpu.toml                                -> run.json
 #   elasticbench run --case cases/gpu-bwd.toml (time permitting)         -> run_bwd.json
 #   scripts/warm_cold.py triton_softmax torch_softmax (time permitting)   -> warm_cold.json
+#   scripts/train_step.py --compile both (time permitting, at most 150 s) -> train_step.json
+#     (one training step of a 4-layer, d_model 1024 causal transformer, B=8, L=2048, bf16,
+#     with SDPA, ElasticAttention and flex_attention's Elastic, eager and compiled; the JSON
+#     is rewritten after each variant, so a step cut off by its limit keeps what it timed)
 # Every step's output goes to OUTDIR/log.txt; the whole stays within SECONDS (default 540),
 # each step cut off by `timeout` where it would run past it.
 set -u
@@ -54,8 +63,10 @@ step verify 300 elasticbench verify --backend triton -d fp32,fp16,bf16 --mode bo
 } &
 wait
 
+step user_path 240 python3 scripts/gpu_user_path.py --json "$out/user_path.json"
 step run 300 elasticbench run --case cases/gpu.toml --json "$out/run.json"
 step run_bwd 200 elasticbench run --case cases/gpu-bwd.toml --json "$out/run_bwd.json"
 step warm_cold 120 python3 scripts/warm_cold.py triton_softmax torch_softmax \
     --json "$out/warm_cold.json"
+step train_step 150 python3 scripts/train_step.py --compile both --json "$out/train_step.json"
 echo "== done, $(left) s to spare" | tee -a "$log"
