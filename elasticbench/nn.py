@@ -22,10 +22,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .dispatch import traced
 from .functional import elastic_attention, elastic_softmax
 from .functions import get_function
+from .rows.cpp import extension
 
 LOG_SCALE_LIMIT = 40.0
+
+
+def _scale(base: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
+    """base exp(clamp(log_scale)) in log_scale's dtype, base rounded to it once."""
+    scale = torch.exp(log_scale.clamp(-LOG_SCALE_LIMIT, LOG_SCALE_LIMIT))
+    return (base if log_scale.dtype == torch.float64 else base.to(log_scale.dtype)) * scale
 
 
 class _LearnableTauBeta(nn.Module):
@@ -66,20 +74,24 @@ class _LearnableTauBeta(nn.Module):
                 setattr(self, name, value.to(device=moved.device))
         return self
 
-    def _scaled(self, base: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
-        """base exp(log_scale) in the log-scale's dtype (the module's), base rounded once."""
-        scale = torch.exp(log_scale.clamp(-LOG_SCALE_LIMIT, LOG_SCALE_LIMIT))
-        if log_scale.dtype == torch.float64:
-            return base * scale
-        return base.to(log_scale.dtype) * scale
+    def params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tau, beta), each base exp(log_scale) in the log-scale's dtype (the module's). On
+        CPU tensors, eagerly, as one native autograd node (elasticbench.native): the eight
+        small nodes of the composite cost more than a small Elastic-Softmax itself
+        (docs/dispatch.md section 5)."""
+        s_tau, s_beta = self.log_tau_scale, self.log_beta_scale
+        if s_tau.device.type == "cpu" and not traced(s_tau) and (ext := extension()) is not None:
+            tau, beta = ext.scaled_params(self.tau0, s_tau, self.beta0, s_beta, LOG_SCALE_LIMIT)
+            return tau, beta
+        return _scale(self.tau0, s_tau), _scale(self.beta0, s_beta)
 
     @property
     def tau(self) -> torch.Tensor:
-        return self._scaled(self.tau0, self.log_tau_scale)
+        return self.params()[0]
 
     @property
     def beta(self) -> torch.Tensor:
-        return self._scaled(self.beta0, self.log_beta_scale)
+        return self.params()[1]
 
     def _params_repr(self) -> str:
         t, b = self.tau.detach(), self.beta.detach()
@@ -102,7 +114,8 @@ class ElasticSoftmax(_LearnableTauBeta):
         self.dim = dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return elastic_softmax(x, self.tau, self.beta, dim=self.dim)
+        tau, beta = self.params()
+        return elastic_softmax(x, tau, beta, dim=self.dim)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, {self._params_repr()}"
@@ -126,7 +139,8 @@ class ElasticAttention(_LearnableTauBeta):
                 attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         """As elastic_attention: attn_mask (bool, True takes part, or float, added to the
         scores) broadcastable to (B, H, Lq, Lk); is_causal adds the causal mask."""
-        return elastic_attention(q, k, v, tau=self.tau, beta=self.beta, scale=self.scale,
+        tau, beta = self.params()
+        return elastic_attention(q, k, v, tau=tau, beta=beta, scale=self.scale,
                                  causal=self.causal or is_causal, attn_mask=attn_mask)
 
     def extra_repr(self) -> str:

@@ -311,3 +311,68 @@ def test_the_host_roofline_takes_the_native_probe_instead_of_inductor(ext):
     assert set(probes) == {"fp32", "fp64"}
     assert all(p in ("torch.exp", "cpp exp+sum") for p in probes.values()), probes
     assert all(r > 1e8 for r in c.exp_eps.values())  # a vector exp: far above 0.1 G/s
+
+
+@pytest.mark.needs("native")
+@pytest.mark.parametrize("params", ["floats", "scalar", "per_row"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_the_native_autograd_function_is_the_python_one_bit_for_bit(params, dtype):
+    """Eager calls on CPU tensors run the native tier's C++ autograd function (exp_rows): the
+    same output and gradients, bit for bit, as the Python autograd function running the same
+    kernels (docs/dispatch.md section 3), and exact second orders through the torch code."""
+    from elasticbench.rows import cpp, ops
+    from elasticbench.rows.spec import ELASTIC
+
+    wd = torch.float64 if dtype == torch.float64 else torch.float32
+    gen = torch.Generator().manual_seed(4)
+    x = (torch.randn(2, 3, 17, generator=gen) * 3).to(dtype)
+    x[0, 1, :] = -1.0  # a row that keeps nothing
+    g = torch.randn(2, 3, 17, generator=gen).to(dtype)
+    if params == "floats":
+        tau, beta = 0.6, 0.4
+    else:
+        shape = () if params == "scalar" else (3, 1)
+        tau = (torch.rand(shape, generator=gen) + 0.3).to(wd)
+        beta = torch.rand(shape, generator=gen).to(wd)
+
+    def grads(native_path: bool):
+        xs = x.clone().requires_grad_()
+        ps = [p.clone().requires_grad_() if isinstance(p, torch.Tensor) else p
+              for p in (tau, beta)]
+        if native_path:
+            y = F.elastic_softmax(xs, *ps)
+        else:
+            t, b = (p if not isinstance(p, torch.Tensor) else p.reshape(p.shape)
+                    for p in ps)
+            y = ops._ExpFamily.apply(xs, t, b, True, -math.inf, cpp.CPP)
+        leaves = [xs, *(p for p in ps if isinstance(p, torch.Tensor))]
+        return y, torch.autograd.grad(y, leaves, g)
+
+    assert choose(x, ELASTIC).name == "cpp"
+    (y1, g1), (y2, g2) = grads(True), grads(False)
+    assert torch.equal(y1, y2)
+    for a, b in zip(g1, g2, strict=True):
+        assert torch.equal(a, b)
+    if dtype == torch.float64 and params != "floats":
+        xs = x.clone().requires_grad_()
+        t = tau.clone().requires_grad_()
+        assert torch.autograd.gradgradcheck(lambda a, b: F.elastic_softmax(a, b, beta), (xs, t))
+
+
+@pytest.mark.needs("native")
+def test_the_modules_parameters_are_one_native_node_with_the_composites_values():
+    from elasticbench.nn import LOG_SCALE_LIMIT, ElasticSoftmax, _scale
+
+    m = ElasticSoftmax(tau=0.7, beta=0.2, param_shape=(3, 1)).double()
+    with torch.no_grad():
+        m.log_tau_scale.copy_(torch.tensor([[0.5], [-50.0], [0.0]]))  # one past the clamp
+    tau, beta = m.params()
+    assert "ScaledParams" in tau.grad_fn.name()
+    want_tau = _scale(m.tau0, m.log_tau_scale)
+    assert torch.equal(tau, want_tau) and torch.equal(beta, _scale(m.beta0, m.log_beta_scale))
+    (tau * torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64)).sum().backward()
+    got = m.log_tau_scale.grad.clone()
+    m.zero_grad()
+    (want_tau * torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64)).sum().backward()
+    assert torch.equal(got, m.log_tau_scale.grad) and got[1, 0] == 0  # the clamp stops it
+    assert LOG_SCALE_LIMIT == 40.0

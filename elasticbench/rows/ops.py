@@ -20,12 +20,14 @@ kernel's gradient is a constant to autograd (docs/gradients.md section 6).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from ..dispatch import traced
+from ..dispatch import Implementation, traced
+from . import cpp
 from .layout import Scalar, as_rows, work_dtype
 from .spec import ExpSpec
 from .tiers import TORCH, choose
@@ -114,15 +116,14 @@ exp_family.register_autograd(_backward, setup_context=_setup_context)
 class _ExpFamily(torch.autograd.Function):
     """The eager path: the custom op's forward and backward without its dispatch (a fraction
     of its per-call cost). tau and offset may stay Python floats here (no tensor is made
-    for them, and none is copied to a device); the implementation is chosen once, in the
-    forward, and kept for the backward."""
+    for them, and none is copied to a device); the caller chooses the implementation, and the
+    backward runs the forward's. (On CPU tensors the native tier's own C++ autograd function,
+    exp_rows, serves instead: `along`.)"""
 
     @staticmethod
     def forward(ctx, x: Tensor, tau: Scalar, offset: Scalar | None, mask_negative: bool,
-                floor: float) -> Tensor:
-        spec = _spec(tau, offset, mask_negative, floor)
-        impl = choose(x, spec)
-        y = impl.forward(x, spec).contiguous()
+                floor: float, impl: Implementation) -> Tensor:
+        y = impl.forward(x, _spec(tau, offset, mask_negative, floor)).contiguous()
         tensors = [v for v in (tau, offset) if isinstance(v, Tensor)]
         ctx.save_for_backward(x, y, *tensors)
         ctx.impl, ctx.mask_negative, ctx.floor = impl, mask_negative, floor
@@ -142,7 +143,7 @@ class _ExpFamily(torch.autograd.Function):
             return dx, _fit(dt, t, x) if ctx.needs_input_grad[1] else None, \
                 _fit(do, o, x) if ctx.needs_input_grad[2] else None
 
-        return _gradients(ctx, grad, tau, offset, run)
+        return (*_gradients(ctx, grad, tau, offset, run), None)
 
 
 def rows_param(value: float | Tensor | None, x: Tensor, dim: int, dtype: torch.dtype
@@ -173,10 +174,39 @@ def along(x: Tensor, tau: float | Tensor, offset: float | Tensor | None, dim: in
                        spec.mask_negative, spec.floor)
         return y if last else y.movedim(-1, dim)
     t, o = as_rows(tau, x, dim, wd, keep_graph=True), as_rows(offset, x, dim, wd, keep_graph=True)
-    if torch.is_grad_enabled() and any(isinstance(v, Tensor) and v.requires_grad
-                                       for v in (x, t, o)):
-        y = _ExpFamily.apply(rows, t, o, spec.mask_negative, spec.floor)
+    call = _spec(t, o, spec.mask_negative, spec.floor)
+    impl = choose(rows, call)
+    if not (torch.is_grad_enabled() and any(isinstance(v, Tensor) and v.requires_grad
+                                            for v in (x, t, o))):
+        y = impl.forward(rows, call)
+    elif impl is cpp.CPP and rows.ndim:
+        (tt, tv), (ot, ov) = _tensor_or_value(t), _tensor_or_value(o)
+        y = _native_rows().exp_rows(rows, tt, ot, tv, ov, spec.mask_negative, spec.floor)
     else:
-        call = _spec(t, o, spec.mask_negative, spec.floor)
-        y = choose(rows, call).forward(rows, call)
+        y = _ExpFamily.apply(rows, t, o, spec.mask_negative, spec.floor, impl)
     return y if last else y.movedim(-1, dim)
+
+
+def _tensor_or_value(v: Scalar | None) -> tuple[Tensor | None, float]:
+    return (v, 0.0) if isinstance(v, Tensor) else (None, 0.0 if v is None else float(v))
+
+
+@functools.cache
+def _native_rows():
+    """The native tier with its autograd function's create_graph path set (exp_rows: one C++
+    autograd node per call, forward and backward the native kernels)."""
+    ext = cpp.extension()
+    ext.set_differentiable_rows_backward(_differentiable_rows_backward)
+    return ext
+
+
+def _differentiable_rows_backward(x: Tensor, y: Tensor, g: Tensor, tau: Tensor | None,
+                                  offset: Tensor | None, tau_value: float, offset_value: float,
+                                  mask_negative: bool, floor: float, need_tau: bool,
+                                  need_offset: bool) -> tuple:
+    """exp_rows's backward where autograd builds the gradient's graph: the torch code."""
+    t = tau if tau is not None else tau_value
+    o = offset if offset is not None else offset_value
+    dx, dt, do = TORCH.backward(x, y, g, _spec(t, o, mask_negative, floor),
+                                need_tau or need_offset)
+    return (dx, _fit(dt, t, x) if need_tau else None, _fit(do, o, x) if need_offset else None)

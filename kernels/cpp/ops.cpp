@@ -246,6 +246,153 @@ double exp_sum(const at::Tensor& x_in) {
 
 std::string isa() { return eb::current_table()->isa; }
 
+// ---------------------------------------------------------------------------------------
+// Autograd for the library's eager calls on CPU tensors (elasticbench.rows.ops,
+// elasticbench.nn; docs/dispatch.md section 5): the same kernels as the ops above, as C++
+// autograd functions, so that a small call does not pay a Python autograd function's
+// forward and, above all, its backward through the engine.
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Called (with the GIL) where autograd builds the gradient's own graph (create_graph): the
+// differentiable torch code of elasticbench.rows.ops. Set once from Python, never freed.
+pybind11::object* differentiable_rows_backward = nullptr;
+
+bool per_row(const at::Tensor& t) { return t.defined() && t.dim() > 0; }
+
+// A parameter as one fp64 value per row of x (given, (..., 1) broadcasting against x, or the
+// float `value` where t is undefined).
+at::Tensor param_rows(const at::Tensor& t, double value, const at::Tensor& x) {
+  if (!t.defined()) return at::full({row_count(x)}, value, at::TensorOptions().dtype(at::kDouble));
+  std::vector<int64_t> lead = x.sizes().vec();
+  lead.back() = 1;
+  return t.detach().expand(lead).reshape({-1}).to(at::kDouble).contiguous();
+}
+
+double param_value(const at::Tensor& t, double value) { return t.defined() ? t.item<double>() : value; }
+
+// Per-row (rows,) fp64 gradients summed to the parameter's shape, in its dtype.
+at::Tensor fit(const at::Tensor& rows, const at::Tensor& like, const at::Tensor& x) {
+  std::vector<int64_t> lead = x.sizes().vec();
+  lead.back() = 1;
+  return at::sum_to(rows.reshape(lead), like.sizes()).to(like.scalar_type());
+}
+
+struct ExpRows : public torch::autograd::Function<ExpRows> {
+  // tau and offset: tensors (0-d, or (..., 1) broadcasting against x) where has_tau and
+  // has_offset say so, else stand-ins (autograd takes no undefined input) for the floats
+  // beside them; offset 0 means none.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& tau_in,
+                            const at::Tensor& offset_in, bool has_tau, bool has_offset,
+                            double tau_value, double offset_value, bool mask_negative,
+                            double floor) {
+    const at::Tensor tau = has_tau ? tau_in : at::Tensor();
+    const at::Tensor offset = has_offset ? offset_in : at::Tensor();
+    at::Tensor y;
+    if (per_row(tau) || per_row(offset)) {
+      y = exp_forward_rows(x, mask_negative, floor, param_rows(tau, tau_value, x),
+                           param_rows(offset, offset_value, x));
+    } else {
+      y = exp_forward(x, eb::FUSED, mask_negative, floor, param_value(tau, tau_value),
+                      param_value(offset, offset_value));
+    }
+    ctx->save_for_backward({x, y, tau_in, offset_in});
+    ctx->saved_data["has_tau"] = has_tau;
+    ctx->saved_data["has_offset"] = has_offset;
+    ctx->saved_data["tau_value"] = tau_value;
+    ctx->saved_data["offset_value"] = offset_value;
+    ctx->saved_data["mask_negative"] = mask_negative;
+    ctx->saved_data["floor"] = floor;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &y = saved[1];
+    const at::Tensor tau = ctx->saved_data["has_tau"].toBool() ? saved[2] : at::Tensor();
+    const at::Tensor offset = ctx->saved_data["has_offset"].toBool() ? saved[3] : at::Tensor();
+    const double tau_value = ctx->saved_data["tau_value"].toDouble();
+    const double offset_value = ctx->saved_data["offset_value"].toDouble();
+    const bool mask_negative = ctx->saved_data["mask_negative"].toBool();
+    const double floor = ctx->saved_data["floor"].toDouble();
+    const bool need_tau = tau.defined() && ctx->needs_input_grad(1);
+    const bool need_offset = offset.defined() && ctx->needs_input_grad(2);
+    const at::Tensor g = grads[0].contiguous();
+    at::Tensor dtau, doffset;
+    if (at::GradMode::is_enabled()) {
+      pybind11::gil_scoped_acquire gil;
+      auto none_or = [](const at::Tensor& t) {
+        return t.defined() ? pybind11::cast(t) : pybind11::none();
+      };
+      pybind11::tuple r = (*differentiable_rows_backward)(
+          x, y, g, none_or(tau), none_or(offset), tau_value, offset_value, mask_negative, floor,
+          need_tau, need_offset);
+      auto tensor_or = [](pybind11::handle h) {
+        return h.is_none() ? at::Tensor() : h.cast<at::Tensor>();
+      };
+      return {tensor_or(r[0]), tensor_or(r[1]), tensor_or(r[2]), at::Tensor(), at::Tensor(),
+              at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    const bool params = need_tau || need_offset;
+    std::vector<at::Tensor> out;
+    if (per_row(tau) || per_row(offset)) {
+      out = exp_backward_rows(x, y, g, mask_negative, param_rows(tau, tau_value, x),
+                              param_rows(offset, offset_value, x), params);
+    } else {
+      out = exp_backward(x, y, g, mask_negative, param_value(tau, tau_value),
+                         param_value(offset, offset_value), params);
+    }
+    if (need_tau) dtau = fit(out[1], tau, x);
+    if (need_offset) doffset = fit(out[2], offset, x);
+    return {out[0], dtau, doffset, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor exp_rows(const at::Tensor& x, const c10::optional<at::Tensor>& tau,
+                    const c10::optional<at::Tensor>& offset, double tau_value,
+                    double offset_value, bool mask_negative, double floor) {
+  return ExpRows::apply(x, tau.value_or(x), offset.value_or(x), tau.has_value(),
+                        offset.has_value(), tau_value, offset_value, mask_negative, floor);
+}
+
+at::Tensor log_scaled(const at::Tensor& base, const at::Tensor& log_scale, double limit) {
+  at::Tensor scale = log_scale.clamp(-limit, limit).exp();
+  return (log_scale.scalar_type() == at::kDouble ? base : base.to(log_scale.scalar_type())) * scale;
+}
+
+// (tau0 exp(s_tau), beta0 exp(s_beta)), the log-scales clamped to [-limit, limit], in the
+// log-scales' dtypes (elasticbench.nn's parametrization) as one autograd node.
+struct ScaledParams : public torch::autograd::Function<ScaledParams> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& tau0,
+                               const at::Tensor& log_tau, const at::Tensor& beta0,
+                               const at::Tensor& log_beta, double limit) {
+    at::Tensor tau = log_scaled(tau0, log_tau, limit), beta = log_scaled(beta0, log_beta, limit);
+    ctx->save_for_backward({tau, log_tau, beta, log_beta});
+    ctx->saved_data["limit"] = limit;
+    return {tau, beta};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const double limit = ctx->saved_data["limit"].toDouble();
+    auto grad = [&](const at::Tensor& g, const at::Tensor& value, const at::Tensor& s) {
+      if (!g.defined()) return at::zeros_like(s);
+      return at::where((s >= -limit) & (s <= limit), g * value, at::zeros({}, g.options()));
+    };
+    at::Tensor d_tau = ctx->needs_input_grad(1) ? grad(grads[0], saved[0], saved[1]) : at::Tensor();
+    at::Tensor d_beta = ctx->needs_input_grad(3) ? grad(grads[1], saved[2], saved[3]) : at::Tensor();
+    return {at::Tensor(), d_tau, at::Tensor(), d_beta, at::Tensor()};
+  }
+};
+
+std::vector<at::Tensor> scaled_params(const at::Tensor& tau0, const at::Tensor& log_tau,
+                                      const at::Tensor& beta0, const at::Tensor& log_beta,
+                                      double limit) {
+  return ScaledParams::apply(tau0, log_tau, beta0, log_beta, limit);
+}
+
 }  // namespace
 
 namespace eb { void bind_attention(pybind11::module_& m, const char* (*isa)()); }  // attention.cpp
@@ -267,6 +414,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa, "the instruction set in use");
   m.def("isas", &eb::isas, "instruction sets this CPU can run, widest first");
   m.def("set_isa", &eb::set_isa, "use the kernels of this instruction set");
+  m.def("exp_rows", &exp_rows, "exp-family rows with their gradients (a C++ autograd function)",
+        pybind11::arg("x"), pybind11::arg("tau"), pybind11::arg("offset"),
+        pybind11::arg("tau_value"), pybind11::arg("offset_value"), pybind11::arg("mask_negative"),
+        pybind11::arg("floor"));
+  m.def("set_differentiable_rows_backward", [](pybind11::object fn) {
+    if (differentiable_rows_backward == nullptr) differentiable_rows_backward = new pybind11::object();
+    *differentiable_rows_backward = std::move(fn);
+  }, "the torch code exp_rows's backward runs where autograd builds the gradient's graph");
+  m.def("scaled_params", &scaled_params, "elasticbench.nn's (tau, beta) as one autograd node");
   eb::bind_attention(m, [] { return eb::current_table()->isa; });  // follows set_isa
   eb::bind_reference(m);
 }
