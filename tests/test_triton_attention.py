@@ -42,6 +42,32 @@ if not devices.triton_interpreted():
             compiled = compile_one(launch, arch, CompileCache(None))
             assert compiled.error is None and 0 < compiled.regs <= 255, compiled
 
+    @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+    @pytest.mark.parametrize("head_dim", [64, 128])
+    def test_the_16_bit_kernels_take_hoppers_warpgroup_mma(head_dim):
+        """On sm_90 every dot of the 16-bit kernels is a wgmma (none falls back to
+        mma.sync), within the SM's shared memory; the forward and dq keep their tiles in
+        registers, and so does dk/dv at head_dim 64 (at 128 it spills: the backward's
+        rewrite is open, docs/attention.md section 7)."""
+        from elasticbench.audit.capture import capture_launches
+        from elasticbench.audit.compile import compile_launch, resource_usage
+        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+
+        q = torch.zeros(1, 2, 1024, head_dim, dtype=torch.bfloat16)
+        heads = torch.ones(1, 2)
+        stats = torch.zeros(1, 2, 1024)
+        with capture_launches() as launches:
+            attention_forward(q, q, q, heads, heads, 0.125, True)
+            attention_backward(q, q, q, q, q, stats, stats + 1, heads, heads, 0.125, True)
+        for launch in launches:
+            compiled = compile_launch(launch, 90)
+            ptx = compiled.asm["ptx"]
+            regs, spills = resource_usage(compiled.asm["cubin"])
+            assert "wgmma.mma_async" in ptx and "mma.sync" not in ptx, launch.name
+            assert compiled.metadata.shared <= 227 * 1024, (launch.name, compiled.metadata.shared)
+            if launch.name != "attention_dkdv_kernel" or head_dim <= 64:
+                assert spills == 0, (launch.name, regs, spills)
+
 else:
     from elasticbench.registry import get_kernel
     from elasticbench.verify.attention_job import prepare, verify_attention_one
@@ -52,7 +78,8 @@ else:
     # triton_attention --mode both` (docs/attention.md section 7)
     @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
     @pytest.mark.parametrize(("generator", "shape"), [
-        ("normal", (1, 2, 40, 37, 8)),  # several key and query blocks, ragged edges
+        ("normal", (1, 2, 40, 37, 8)),  # several key and query blocks, ragged edges (fp32)
+        ("normal", (1, 1, 150, 130, 8)),  # the same with the 16-bit formats' 64 x 64 tiles
         ("causal_hidden", (1, 1, 8, 8, 4)),
         ("nan_k", (1, 2, 8, 8, 4)),
         ("huge", (1, 1, 16, 16, 8)),
@@ -87,6 +114,33 @@ else:
         for name, a, b in zip(("dq", "dk", "dv", "dtau", "dbeta"), grads, wants, strict=True):
             torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5, msg=name)
         assert not grads[1][0, :, 37:].any() and not grads[2][1].any()
+
+    def test_a_query_with_infinite_and_nan_scores_in_later_blocks():
+        """+inf and NaN found in a later key block than the query's first kept score: the
+        loop's running sums move to them (the +inf keys' mean; NaN over everything), with
+        the backward's dv for the +inf keys, in both tile shapes."""
+        from elasticbench.attention import flash
+        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+
+        g = torch.Generator().manual_seed(5)
+        for dtype in (torch.float32, torch.bfloat16):
+            q, k, v, do = (torch.randn(1, 2, 150, 8, generator=g).to(dtype) for _ in range(4))
+            k[0, 0, :, 0] = -1.0
+            k[0, 0, 100:, 0] = 1.0  # with q's +inf first entry: +inf scores from key 100 on
+            q[0, 0, 7, 0] = float("inf")
+            k[0, 1, 140, :] = float("nan")  # every query of head 1 sees a NaN score
+            tau, beta = torch.full((1, 2), 0.7), torch.full((1, 2), 0.4)
+            out, m, den = attention_forward(q, k, v, tau, beta, 0.35, False)
+            want = flash.forward(q, k, v, tau, beta, 0.35, False)
+            assert m[0, 0, 7] == float("inf") and den[0, 0, 7] == 50 == want[2][0, 0, 7]
+            assert out[0, 1].isnan().all() and m[0, 1].isnan().all()
+            torch.testing.assert_close(out[0, 0].float(), want[0][0, 0].float(), rtol=2e-2,
+                                       atol=2e-2)
+            dv = attention_backward(q, k, v, out, do, m, den, tau, beta, 0.35, False)[2]
+            wdv = flash.backward(q, k, v, want[0], do, want[1], want[2], tau, beta, 0.35,
+                                 False)[2]
+            torch.testing.assert_close(dv[0, 0].float(), wdv[0, 0].float(), rtol=2e-2,
+                                       atol=2e-2)
 
     def test_an_infinite_score_gives_the_mean_of_its_values():
         from elasticbench.kernels.triton.attention import attention_forward

@@ -24,6 +24,8 @@ visited.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -143,6 +145,28 @@ def attention_forward_kernel(
     tl.store(den_ptr + bh * lq + offs_m, den, mask=row_ok)
 
 
+@dataclass(frozen=True)
+class Tiles:
+    """A launch's tiles: queries and keys per block, warps per program, pipeline stages."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+
+def tiles(dtype: torch.dtype, backward: bool = False) -> Tiles:
+    """fp16 and bf16: 64 x 64 tiles, where Hopper's warpgroup MMA (wgmma) takes the dots (it
+    needs num_warps % 4 == 0 and each dot's M a multiple of 64; 32-row tiles fall back to
+    mma.sync): the forward on 4 warps and 3 stages (twice the 32 x 32 tiles' speed on an
+    H100), the backward on 8 warps and 2 stages, where its dk and dv accumulators fit the
+    registers (docs/attention.md section 7). fp32 multiplies in IEEE fp32 on the CUDA cores,
+    which no tensor core instruction takes: 32 x 32 keeps its tiles in registers."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return Tiles(64, 64, 8, 2) if backward else Tiles(64, 64, 4, 3)
+    return Tiles(32, 32, 4, 3)
+
+
 def _pow2(n: int, least: int = 16) -> int:
     return max(least, 1 << max(0, (n - 1).bit_length()))
 
@@ -161,8 +185,8 @@ def _key_mask(key_mask: torch.Tensor | None, batch: int, lk: int, device: torch.
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
                       beta: torch.Tensor, scale: float, causal: bool,
-                      key_mask: torch.Tensor | None = None, block_m: int = 32,
-                      block_n: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      key_mask: torch.Tensor | None = None, tile: Tiles | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in fp32; q, k, v
     (batch, heads, length, dim) in fp32, fp16 or bf16; tau, beta (batch, heads); key_mask
     (batch, length_k) bool, True where a key takes part, or None."""
@@ -176,13 +200,14 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: to
     out = torch.empty(b, h, lq, dv, dtype=q.dtype, device=q.device)
     m = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
     den = torch.empty_like(m)
-    grid = (triton.cdiv(lq, block_m), b * h)
+    t = tile or tiles(q.dtype)
+    grid = (triton.cdiv(lq, t.block_m), b * h)
     keep, kend = _key_mask(key_mask, b, lk, q.device)
     run(attention_forward_kernel, grid,
         (qc, kc, vc, tau32, beta32, out, m, den, keep, kend, lq, lk, d, dv, float(scale), h),
-        4, {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": _pow2(d),
+        t.warps, {"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "BLOCK_D": _pow2(d),
             "BLOCK_DV": _pow2(dv), "CAUSAL": bool(causal), "IEEE": q.dtype == torch.float32,
-            "HAS_MASK": key_mask is not None})
+            "HAS_MASK": key_mask is not None}, t.stages)
     return out, m, den
 
 
@@ -305,8 +330,8 @@ def attention_dq_kernel(
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        dout: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
                        tau: torch.Tensor, beta: torch.Tensor, scale: float, causal: bool,
-                       key_mask: torch.Tensor | None = None, block_m: int = 32,
-                       block_n: int = 32) -> tuple[torch.Tensor, ...]:
+                       key_mask: torch.Tensor | None = None, tile: Tiles | None = None
+                       ) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv) in q's dtype and (dtau, dbeta) per (batch, head) in fp32, from the
     forward's (out, m, den): docs/attention.md section 2, as the tiled torch code does."""
     b, h, lq, d = q.shape
@@ -319,17 +344,18 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     dq = torch.empty_like(qc)
     dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
     dv = torch.empty(v.shape, dtype=torch.float32, device=q.device)
-    nk = triton.cdiv(lk, block_n)
+    t = tile or tiles(q.dtype, backward=True)
+    nk = triton.cdiv(lk, t.block_n)
     dtau_parts = torch.zeros(b * h, nk, dtype=torch.float32, device=q.device)
-    consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": _pow2(d),
+    consts = {"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "BLOCK_D": _pow2(d),
               "BLOCK_DV": _pow2(dv_), "CAUSAL": bool(causal), "IEEE": q.dtype == torch.float32,
               "HAS_MASK": key_mask is not None}
     keep, kend = _key_mask(key_mask, b, lk, q.device)
     run(attention_dkdv_kernel, (nk, b * h),
         (qc, kc, vc, doc, m32, r, c, tau32, dk, dv, dtau_parts, keep, kend, lq, lk, d, dv_,
-         float(scale), nk, h), 4, consts)
-    run(attention_dq_kernel, (triton.cdiv(lq, block_m), b * h),
+         float(scale), nk, h), t.warps, consts, t.stages)
+    run(attention_dq_kernel, (triton.cdiv(lq, t.block_m), b * h),
         (qc, kc, vc, doc, m32, r, c, tau32, dq, keep, kend, lq, lk, d, dv_, float(scale), h),
-        4, consts)
+        t.warps, consts, t.stages)
     dtau, dbeta = param_grads(dtau_parts.reshape(b, h, nk).sum(-1), c, m32, den, tau32, beta32)
     return dq, dk.to(q.dtype), dv.to(q.dtype), dtau, dbeta

@@ -164,11 +164,14 @@ def _programs(kernel: Any, rows: int, args: tuple, warps: int, consts: dict) -> 
 # Launching
 
 
-def run(kernel: Any, grid: tuple[int], args: tuple, warps: int, consts: dict) -> None:
-    """Launch kernel[grid](*args); under the interpreter with the GPU's bf16 (the audit records
-    these launches instead, elasticbench.audit.capture)."""
+def run(kernel: Any, grid: tuple[int], args: tuple, warps: int, consts: dict,
+        stages: int | None = None) -> None:
+    """Launch kernel[grid](*args) on `warps` warps (and `stages` pipeline stages, where
+    given); under the interpreter with the GPU's bf16 (the audit records these launches
+    instead, elasticbench.audit.capture)."""
+    options = {} if stages is None else {"num_stages": stages}
     with exact_bf16() if triton_interpreted() else nullcontext():
-        kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **consts)
+        kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **options, **consts)
 
 
 def launch_rows(kernel: Any, rows: int, args: tuple, block: int, **consts: Any) -> None:
