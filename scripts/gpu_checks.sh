@@ -13,14 +13,15 @@
 #     whole step captured in a CUDA graph and replayed against eager, torch.compile with
 #     fullgraph=True, and the public API, the modules and the raw Triton kernels timed beside
 #     torch.softmax and SDPA; before the timed runs, as it matters more than they do)
-#   elasticbench run --case cases/gpu.toml                                -> run.json
-#   elasticbench run --case cases/gpu-bwd.toml (time permitting)         -> run_bwd.json
-#   scripts/warm_cold.py triton_softmax torch_softmax (time permitting)   -> warm_cold.json
-#   scripts/train_step.py --compile both (time permitting, at most 150 s) -> train_step.json
+#   scripts/train_step.py --compile both (at most 150 s)                  -> train_step.json
 #     (one training step of a 4-layer, d_model 1024 causal transformer, B=8, L=2048, bf16,
 #     with SDPA, ElasticAttention and flex_attention's Elastic, eager and compiled; the JSON
 #     is rewritten after each variant, so a step cut off by its limit keeps what it timed)
-# Every step's output goes to OUTDIR/log.txt; the whole stays within SECONDS (default 540),
+#   elasticbench run --case cases/gpu.toml                                -> run.json
+#   elasticbench run --case cases/gpu-bwd.toml (time permitting)         -> run_bwd.json
+#   scripts/warm_cold.py triton_softmax torch_softmax (time permitting)   -> warm_cold.json
+# Every step's output goes to OUTDIR/log.txt; the whole stays within SECONDS (default 540;
+# 900 leaves room for every step),
 # each step cut off by `timeout` where it would run past it.
 set -u
 out=${1:?usage: scripts/gpu_checks.sh OUTDIR [SECONDS]}
@@ -59,14 +60,17 @@ step verify 300 elasticbench verify --backend triton -d fp32,fp16,bf16 --mode bo
 # the torch ops' tests compare with the CPU's native tier, built first (verify needs none)
 { step native 120 python3 -m elasticbench.native
   step tests 300 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_triton.py \
-      tests/test_triton_rows_params.py tests/test_triton_attention.py tests/test_torch_ops.py
+      tests/test_triton_rows_params.py tests/test_triton_attention.py tests/test_torch_ops.py \
+      tests/test_host_reads.py
 } &
 wait
 
-step user_path 240 python3 scripts/gpu_user_path.py --json "$out/user_path.json"
+# what users run first (the open targets), then the raw kernels' timings
+step user_path 240 python3 scripts/gpu_user_path.py --budget "$(( $(left) < 240 ? $(left) - 10 : 230 ))" \
+    --json "$out/user_path.json"
+step train_step 150 python3 scripts/train_step.py --compile both --json "$out/train_step.json"
 step run 300 elasticbench run --case cases/gpu.toml --json "$out/run.json"
 step run_bwd 200 elasticbench run --case cases/gpu-bwd.toml --json "$out/run_bwd.json"
 step warm_cold 120 python3 scripts/warm_cold.py triton_softmax torch_softmax \
     --json "$out/warm_cold.json"
-step train_step 150 python3 scripts/train_step.py --compile both --json "$out/train_step.json"
 echo "== done, $(left) s to spare" | tee -a "$log"
