@@ -19,13 +19,18 @@ stops pushing further out.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
 from .dispatch import traced
 from .functional import elastic_attention, elastic_softmax
 from .functions import get_function
-from .rows.cpp import extension
+from .rows.cpp import CPP, extension
+from .rows.layout import as_rows, work_dtype
+from .rows.spec import ELASTIC, ExpSpec
+from .rows.tiers import TORCH, choose
 
 LOG_SCALE_LIMIT = 40.0
 
@@ -34,6 +39,59 @@ def _scale(base: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
     """base exp(clamp(log_scale)) in log_scale's dtype, base rounded to it once."""
     scale = torch.exp(log_scale.clamp(-LOG_SCALE_LIMIT, LOG_SCALE_LIMIT))
     return (base if log_scale.dtype == torch.float64 else base.to(log_scale.dtype)) * scale
+
+
+def _one_native_node(module: ElasticSoftmax, x: torch.Tensor) -> bool:
+    """Whether ElasticSoftmax's call runs as the native tier's one autograd node (tau and beta
+    formed inside it): eager, recording autograd, along the last dimension of a CPU tensor
+    that the native rows take (elasticbench.dispatch's choice, the switch included), with
+    parameters that fit x. Anything else forms tau and beta first, then calls
+    elastic_softmax."""
+    s_tau = module.log_tau_scale
+    if not (torch.is_grad_enabled() and x.ndim and module.dim % x.ndim == x.ndim - 1):
+        return False
+    if not (x.requires_grad or s_tau.requires_grad or module.log_beta_scale.requires_grad):
+        return False
+    return (not traced(x) and s_tau.device == x.device and choose(x, ELASTIC) is CPP
+            and _fits(tuple(s_tau.shape), tuple(x.shape)))
+
+
+@functools.lru_cache(maxsize=256)
+def _fits(param: tuple[int, ...], x: tuple[int, ...]) -> bool:
+    """A parameter of this shape broadcasts against x with size 1 in x's last dimension."""
+    if len(param) > len(x) or (param and param[-1] != 1):
+        return False
+    try:
+        torch.broadcast_shapes(param, x)
+    except RuntimeError:
+        return False
+    return True
+
+
+@functools.cache
+def _native_scaled():
+    """The native tier with elastic_scaled's create_graph path set."""
+    ext = extension()
+    ext.set_differentiable_scaled_backward(_differentiable_scaled_backward)
+    return ext
+
+
+def _differentiable_scaled_backward(x, y, g, tau0, log_tau, beta0, log_beta, limit,
+                                    need_tau, need_beta) -> tuple:
+    """elastic_scaled's backward where autograd builds the gradient's graph: the torch code,
+    then the chain rule through the log-scales, all of it differentiable."""
+    wd = work_dtype(x.dtype)
+    tau, beta = _scale(tau0, log_tau), _scale(beta0, log_beta)
+    t = as_rows(tau, x, x.ndim - 1, wd, keep_graph=True)
+    b = as_rows(beta, x, x.ndim - 1, wd, keep_graph=True)
+    dx, dt, db = TORCH.backward(x, y, g, ExpSpec(True, tau=t, offset=b), need_tau or need_beta)
+    out = [dx, None, None]
+    for i, (need, rows, laid, s) in enumerate(((need_tau, dt, t, log_tau),
+                                               (need_beta, db, b, log_beta)), start=1):
+        if need:
+            total = rows.sum() if laid.ndim == 0 else rows.sum_to_size(laid.shape)
+            out[i] = torch.autograd.grad(laid, s, total, create_graph=True)[0]
+    return tuple(out)
 
 
 class _LearnableTauBeta(nn.Module):
@@ -114,6 +172,9 @@ class ElasticSoftmax(_LearnableTauBeta):
         self.dim = dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _one_native_node(self, x):
+            return _native_scaled().elastic_scaled(x, self.tau0, self.log_tau_scale, self.beta0,
+                                                   self.log_beta_scale, LOG_SCALE_LIMIT)
         tau, beta = self.params()
         return elastic_softmax(x, tau, beta, dim=self.dim)
 

@@ -376,3 +376,41 @@ def test_the_modules_parameters_are_one_native_node_with_the_composites_values()
     (want_tau * torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64)).sum().backward()
     assert torch.equal(got, m.log_tau_scale.grad) and got[1, 0] == 0  # the clamp stops it
     assert LOG_SCALE_LIMIT == 40.0
+
+
+@pytest.mark.needs("native")
+@pytest.mark.parametrize(("shape", "param_shape", "dtype"), [
+    ((8, 1024), (), torch.float32),  # the common module: one tau and beta
+    ((2, 3, 5, 7), (3, 1, 1), torch.float64),  # per head
+    ((2, 3, 5, 7), (2, 3, 1, 1), torch.bfloat16),  # per (batch, head)
+])
+def test_the_module_as_one_native_node_is_elastic_softmax_of_its_parameters(shape, param_shape,
+                                                                          dtype):
+    """ElasticSoftmax's eager CPU call forms tau and beta inside one native autograd node
+    (elastic_scaled): its output and the gradients of x and both log-scales are, bit for
+    bit, elastic_softmax's with the module's params(), and its second order is theirs."""
+    from elasticbench.nn import ElasticSoftmax
+
+    gen = torch.Generator().manual_seed(6)
+    m = ElasticSoftmax(tau=0.7, beta=0.3, param_shape=param_shape)
+    if dtype == torch.float64:
+        m = m.double()
+    with torch.no_grad():  # log-scales away from 0, one of them past the clamp
+        m.log_tau_scale.add_(torch.randn(param_shape, generator=gen).to(m.log_tau_scale) * 0.3)
+        m.log_beta_scale.add_(torch.randn(param_shape, generator=gen).to(m.log_tau_scale) * 0.3)
+        m.log_beta_scale.view(-1)[0] = 45.0
+    x = (torch.randn(shape, generator=gen) * 3).to(dtype).requires_grad_()
+    g = torch.randn(shape, generator=gen).to(dtype)
+    leaves = (x, m.log_tau_scale, m.log_beta_scale)
+    y = m(x)
+    assert "ElasticScaled" in y.grad_fn.name()
+    want = F.elastic_softmax(x, *m.params())
+    assert torch.equal(y, want)
+    for a, b in zip(torch.autograd.grad(y, leaves, g), torch.autograd.grad(want, leaves, g),
+                    strict=True):
+        assert torch.equal(a, b)
+    if dtype == torch.float64:
+        first = [torch.autograd.grad(out.pow(2).sum(), (x,), create_graph=True)[0].sum()
+                 for out in (m(x), F.elastic_softmax(x, *m.params()))]
+        for a, b in zip(*(torch.autograd.grad(f, leaves) for f in first), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -393,6 +394,126 @@ std::vector<at::Tensor> scaled_params(const at::Tensor& tau0, const at::Tensor& 
   return ScaledParams::apply(tau0, log_tau, beta0, log_beta, limit);
 }
 
+// Called (with the GIL) for ElasticScaled's backward where autograd builds the gradient's
+// graph: elasticbench.nn's torch code. Set once from Python, never freed.
+pybind11::object* differentiable_scaled_backward = nullptr;
+
+// A parameter of elasticbench.nn's shape laid out against x (leading dims of 1 added, the
+// rows' dimension last), in x's working precision (fp64 for fp64 x, else fp32).
+at::Tensor against(const at::Tensor& p, const at::Tensor& x) {
+  const auto work = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor t = p.to(work);
+  if (t.dim() == 0) return t;
+  std::vector<int64_t> shape(x.dim() - t.dim(), 1);
+  for (int64_t s : t.sizes()) shape.push_back(s);
+  return t.reshape(shape);
+}
+
+// The gradient of s for v = base exp(clamp(s)): grad * v inside the clamp, else 0, in s's
+// dtype and shape (grad: v's gradient laid out against x, summed back to s's shape).
+at::Tensor through_scale(const at::Tensor& grad, const at::Tensor& v, const at::Tensor& s,
+                         double limit) {
+  at::Tensor g = grad.reshape(s.sizes()).to(s.scalar_type()) * v;
+  return at::where((s >= -limit) & (s <= limit), g, at::zeros({}, g.options()));
+}
+
+// through_scale for a 0-d fp32 or fp64 log-scale, from the per-row fp64 gradients, as host
+// arithmetic with the same roundings (the total summed by at::sum, rounded to the working
+// dtype, then to s's, times v in s's dtype), in three small ops instead of ten.
+at::Tensor through_scalar_scale(const at::Tensor& rows, at::ScalarType work, const at::Tensor& v,
+                                const at::Tensor& s, double limit) {
+  double g = rows.sum().item<double>();
+  if (work == at::kFloat) g = static_cast<float>(g);
+  const double sv = s.item<double>();
+  double out = 0.0;
+  if (sv >= -limit && sv <= limit) {
+    out = s.scalar_type() == at::kFloat
+              ? static_cast<double>(static_cast<float>(g) * v.item<float>())
+              : g * v.item<double>();
+  }
+  return at::scalar_tensor(out, s.options());
+}
+
+// log_scaled, for a 0-d fp32 or fp64 log-scale as host arithmetic with the same roundings
+// (the clamp exact, std::exp of the dtype, which is what torch's CPU exp runs on one
+// element, the base rounded to the dtype, one product): one small op instead of four.
+at::Tensor scaled_value(const at::Tensor& base, const at::Tensor& s, double limit) {
+  if (s.dim() != 0 || base.dim() != 0 || !s.device().is_cpu()) return log_scaled(base, s, limit);
+  const double sv = std::min(std::max(s.item<double>(), -limit), limit);
+  if (s.scalar_type() == at::kFloat) {
+    const float e = std::exp(static_cast<float>(sv));
+    return at::scalar_tensor(static_cast<float>(base.item<double>()) * e, s.options());
+  }
+  if (s.scalar_type() == at::kDouble)
+    return at::scalar_tensor(base.item<double>() * std::exp(sv), s.options());
+  return log_scaled(base, s, limit);
+}
+
+// ElasticSoftmax's forward along x's last dimension with tau = tau0 exp(s_tau) and beta =
+// beta0 exp(s_beta) formed inside, as one autograd node whose gradients go to x and the two
+// log-scales (elasticbench.nn; docs/dispatch.md section 5).
+struct ElasticScaled : public torch::autograd::Function<ElasticScaled> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& tau0,
+                            const at::Tensor& log_tau, const at::Tensor& beta0,
+                            const at::Tensor& log_beta, double limit) {
+    const at::Tensor tau_v = scaled_value(tau0, log_tau, limit);
+    const at::Tensor beta_v = scaled_value(beta0, log_beta, limit);
+    const at::Tensor tau = against(tau_v, x), beta = against(beta_v, x);
+    const double ninf = -std::numeric_limits<double>::infinity();
+    at::Tensor y;
+    if (per_row(tau) || per_row(beta)) {
+      y = exp_forward_rows(x, true, ninf, param_rows(tau, 0.0, x), param_rows(beta, 0.0, x));
+    } else {
+      y = exp_forward(x, eb::FUSED, true, ninf, tau.item<double>(), beta.item<double>());
+    }
+    ctx->save_for_backward({x, y, tau0, log_tau, beta0, log_beta, tau_v, beta_v});
+    ctx->saved_data["limit"] = limit;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &y = saved[1], &log_tau = saved[3], &log_beta = saved[5];
+    const double limit = ctx->saved_data["limit"].toDouble();
+    const bool need_tau = ctx->needs_input_grad(2), need_beta = ctx->needs_input_grad(4);
+    const at::Tensor g = grads[0].contiguous();
+    if (at::GradMode::is_enabled()) {
+      pybind11::gil_scoped_acquire gil;
+      pybind11::tuple r = (*differentiable_scaled_backward)(
+          x, y, g, saved[2], log_tau, saved[4], log_beta, limit, need_tau, need_beta);
+      auto tensor_or = [](pybind11::handle h) {
+        return h.is_none() ? at::Tensor() : h.cast<at::Tensor>();
+      };
+      return {tensor_or(r[0]), at::Tensor(), tensor_or(r[1]), at::Tensor(), tensor_or(r[2]),
+              at::Tensor()};
+    }
+    const at::Tensor tau = against(saved[6], x), beta = against(saved[7], x);
+    const bool params = need_tau || need_beta;
+    std::vector<at::Tensor> out;
+    if (per_row(tau) || per_row(beta)) {
+      out = exp_backward_rows(x, y, g, true, param_rows(tau, 0.0, x), param_rows(beta, 0.0, x),
+                              params);
+    } else {
+      out = exp_backward(x, y, g, true, tau.item<double>(), beta.item<double>(), params);
+    }
+    auto grad_of = [&](const at::Tensor& rows, const at::Tensor& laid, const at::Tensor& v,
+                       const at::Tensor& s) {
+      if (s.dim() == 0 && (s.scalar_type() == at::kFloat || s.scalar_type() == at::kDouble))
+        return through_scalar_scale(rows, laid.scalar_type(), v, s, limit);
+      return through_scale(fit(rows, laid, x), v, s, limit);
+    };
+    at::Tensor d_tau, d_beta;
+    if (need_tau) d_tau = grad_of(out[1], tau, saved[6], log_tau);
+    if (need_beta) d_beta = grad_of(out[2], beta, saved[7], log_beta);
+    return {out[0], at::Tensor(), d_tau, at::Tensor(), d_beta, at::Tensor()};
+  }
+};
+
+at::Tensor elastic_scaled(const at::Tensor& x, const at::Tensor& tau0, const at::Tensor& log_tau,
+                          const at::Tensor& beta0, const at::Tensor& log_beta, double limit) {
+  return ElasticScaled::apply(x, tau0, log_tau, beta0, log_beta, limit);
+}
+
 }  // namespace
 
 namespace eb { void bind_attention(pybind11::module_& m, const char* (*isa)()); }  // attention.cpp
@@ -423,6 +544,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     *differentiable_rows_backward = std::move(fn);
   }, "the torch code exp_rows's backward runs where autograd builds the gradient's graph");
   m.def("scaled_params", &scaled_params, "elasticbench.nn's (tau, beta) as one autograd node");
+  m.def("elastic_scaled", &elastic_scaled,
+        "ElasticSoftmax along the last dimension, tau and beta formed from their log-scales "
+        "inside one autograd node");
+  m.def("set_differentiable_scaled_backward", [](pybind11::object fn) {
+    if (differentiable_scaled_backward == nullptr)
+      differentiable_scaled_backward = new pybind11::object();
+    *differentiable_scaled_backward = std::move(fn);
+  }, "the torch code elastic_scaled's backward runs where autograd builds the gradient's graph");
   eb::bind_attention(m, [] { return eb::current_table()->isa; });  // follows set_isa
   eb::bind_reference(m);
 }
