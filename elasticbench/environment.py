@@ -12,7 +12,8 @@ from typing import Any
 from .devices import cache_sizes, has_gpu
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The host CPU's model name (/proc/cpuinfo, else what platform knows)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -64,7 +65,7 @@ def version_text() -> str:
 def describe(include_gpu: bool = True) -> dict[str, Any]:
     """Machine and software description for the header of a results file."""
     machine: dict[str, Any] = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "arch": platform.machine(),
         "cores": os.cpu_count(),
         "caches": cache_sizes(),

@@ -65,6 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from elasticbench.environment import cpu_model
 from elasticbench.functional import elastic_attention, elastic_softmax
 from elasticbench.nn import ElasticAttention, ElasticSoftmax
 
@@ -105,20 +106,10 @@ def rel_diff(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b))
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name()
-    return (f"{cpu_name()} ({os.cpu_count()} cores, torch uses {torch.get_num_threads()} "
+    return (f"{cpu_model()} ({os.cpu_count()} cores, torch uses {torch.get_num_threads()} "
             "threads)")
 
 

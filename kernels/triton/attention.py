@@ -34,7 +34,7 @@ from elasticbench.attention.flash import param_grads
 
 from .exp_family import exp2
 from .launch import run
-from .memory import row_max_nan
+from .memory import max_nan
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a kernel may read only constexpr globals
 
@@ -121,7 +121,7 @@ def attention_forward_kernel(
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= offs_m[:, None])
         kept = visible & (s >= 0.0)  # +inf kept too; NaN flags the query through the max
-        top = row_max_nan(tl.where(visible & ((s >= 0.0) | (s != s)), s, 0.0))
+        top = max_nan(tl.where(visible & ((s >= 0.0) | (s != s)), s, 0.0), 1)
         m_new = tl.maximum(m, top, propagate_nan=tl.PropagateNan.ALL)
         # m = m_new = +inf: the running sums are the +inf scores' count and values (weight 1
         # each, every finite score 0), so out is their mean and den their count

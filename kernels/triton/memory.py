@@ -45,23 +45,13 @@ def _max_nan_combine(a, b):
 
 
 @triton.jit
-def max_nan(v):
-    """Maximum of a block; NaN if any element is NaN. The GPU gets one max.NaN per element;
-    the interpreter the same value from a max and a NaN count (NumPy-vectorized)."""
+def max_nan(v, AXIS: tl.constexpr = 0):
+    """Maximum of a block along AXIS; NaN if any element there is NaN. The GPU gets one
+    max.NaN per element; the interpreter the same value from a max and a NaN count
+    (NumPy-vectorized)."""
     if INTERPRETED:
-        top = tl.where(tl.max((v != v).to(tl.int32), axis=0) > 0, float("nan"),
-                       tl.max(v, axis=0))
+        top = tl.where(tl.max((v != v).to(tl.int32), axis=AXIS) > 0, float("nan"),
+                       tl.max(v, axis=AXIS))
     else:
-        top = tl.reduce(v, 0, _max_nan_combine)
-    return top
-
-
-@triton.jit
-def row_max_nan(v):
-    """max_nan of each row of a 2-D block (along axis 1)."""
-    if INTERPRETED:
-        top = tl.where(tl.max((v != v).to(tl.int32), axis=1) > 0, float("nan"),
-                       tl.max(v, axis=1))
-    else:
-        top = tl.reduce(v, 1, _max_nan_combine)
+        top = tl.reduce(v, AXIS, _max_nan_combine)
     return top
