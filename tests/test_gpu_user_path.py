@@ -44,6 +44,7 @@ def quick(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
     return _run(tmp_path_factory.mktemp("user_path"), "sync", "graph", "rows", "attention")
 
 
+@pytest.mark.ci  # the script in a child process: CI, not make test's 5 minutes
 def test_sync_and_graph_say_skipped_on_the_cpu(quick):
     _, doc = quick
     for name in ("sync", "graph"):
@@ -51,6 +52,7 @@ def test_sync_and_graph_say_skipped_on_the_cpu(quick):
         assert doc["sections"][name]["reason"] == "cuda only"
 
 
+@pytest.mark.ci  # the script in a child process: CI, not make test's 5 minutes
 def test_run_records_its_device_versions_and_options(quick):
     import torch
 
@@ -66,6 +68,7 @@ def test_run_records_its_device_versions_and_options(quick):
         assert title in child.stdout, child.stdout
 
 
+@pytest.mark.ci  # the script in a child process: CI, not make test's 5 minutes
 def test_rows_time_the_public_api_and_skip_the_raw_kernels_with_a_reason(quick):
     _, doc = quick
     rows = doc["sections"]["rows"]
@@ -90,6 +93,7 @@ def test_rows_time_the_public_api_and_skip_the_raw_kernels_with_a_reason(quick):
             assert ratios[(dtype, "public/raw", p)] is None  # no raw time to divide by
 
 
+@pytest.mark.ci  # the script in a child process: CI, not make test's 5 minutes
 def test_attention_times_the_public_api_module_and_sdpa(quick):
     _, doc = quick
     att = doc["sections"]["attention"]

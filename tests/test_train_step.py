@@ -49,6 +49,7 @@ def _variants(doc: dict) -> dict[str, dict]:
     return {r["variant"]: r for r in doc["variants"]}
 
 
+@pytest.mark.ci  # a training run in a child process: CI, not make test's 5 minutes
 def test_train_step_times_each_variant_and_reports_failures_in_one_line(tiny_run):
     rows = _variants(tiny_run)
     assert list(rows) == ["sdpa", "elastic", "flex"]
@@ -75,6 +76,7 @@ def test_train_step_times_each_variant_and_reports_failures_in_one_line(tiny_run
     assert tiny_run["flex_check"]["max_rel_error"]["out"] < 1e-5
 
 
+@pytest.mark.ci  # a training run in a child process: CI, not make test's 5 minutes
 def test_sdpa_and_elastic_are_different_functions(tiny_run):
     rows = _variants(tiny_run)
     sdpa, elastic = rows["sdpa"]["losses"], rows["elastic"]["losses"]
@@ -84,6 +86,7 @@ def test_sdpa_and_elastic_are_different_functions(tiny_run):
     assert abs(sdpa[1] - elastic[1]) > 1e-5 * abs(sdpa[1])
 
 
+@pytest.mark.ci  # a training run in a child process: CI, not make test's 5 minutes
 def test_elastic_step_loss_is_a_direct_forward_of_the_same_model(tiny_run):
     args = train_step.parse(TINY)
     threads = torch.get_num_threads()
@@ -204,6 +207,7 @@ def test_flex_module_is_parametrised_as_elastic_attention():
     assert _rel(got, theirs(q, k, v)) < TOL[torch.float32]
 
 
+@pytest.mark.ci  # a training run in a child process: CI, not make test's 5 minutes
 def test_train_example_runs_under_bf16_autocast_on_cpu():
     child = _run("examples/train.py", "--steps", "2", "--device", "cpu", "--dtype", "bf16")
     assert child.returncode == 0, child.stdout + child.stderr

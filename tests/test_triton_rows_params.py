@@ -88,9 +88,7 @@ else:
         assert torch.equal(dx, wdx) and dtau[0] == wdtau and dbeta[0] == wdbeta
 
     @pytest.mark.parametrize(("tau_shape", "beta_shape"), [
-        ((), ()),  # every row the same value
-        ((3, 1, 1), ()),  # per head of (2, 3, 5, n)
-        ((3, 1, 1), (2, 1, 1, 1)),  # per head and per batch
+        ((3, 1, 1), (2, 1, 1, 1)),  # per head of (2, 3, 5, n) and per batch
         ((2, 3, 1, 1), (5, 1)),  # per (batch, head), and per query
         ((2, 3, 5, 1), (2, 3, 5, 1)),  # per row
     ])
