@@ -41,6 +41,7 @@ def _verify(tmp: Path, *extra: str) -> list[str]:
             "--kernel-file", str(tmp / "slow.py"), *extra]
 
 
+@pytest.mark.ci  # end to end in child processes: CI runs it, make test keeps its 5 minutes
 def test_sigterm_keeps_records_and_resume_completes(tmp_path):
     (tmp_path / "slow.py").write_text(SLOW)
     out = tmp_path / "v.json"

@@ -78,6 +78,7 @@ def test_contract_still_checked_in_the_child(bad_kernels):
     assert call_kernel_isolated(get_kernel("identity"), X, {}, 60).returned_input
 
 
+@pytest.mark.ci  # end to end in child processes: CI runs it, make test keeps its 5 minutes
 def test_verify_isolated_records_every_kind_of_failure(cli, bad_kernels, tmp_path):
     out = tmp_path / "v.json"
     r = cli("verify", "--quick", "-d", "fp32", "--input", "normal", "--timeout", "3",
@@ -89,6 +90,7 @@ def test_verify_isolated_records_every_kind_of_failure(cli, bad_kernels, tmp_pat
     assert reasons["oom_killed"].startswith("crashed: killed by SIGKILL")
 
 
+@pytest.mark.ci  # end to end in child processes: CI runs it, make test keeps its 5 minutes
 def test_run_isolated_keeps_going_past_a_crash(cli, bad_kernels, tmp_path):
     out = tmp_path / "r.json"
     r = cli("run", "--quick", "--isolate", "--only", "segfaults,numpy_softmax",

@@ -1,5 +1,7 @@
 """The mutation self-test: every mutant caught for its own reason; the score can fail."""
 
+import pytest
+
 from elasticbench.numerics.truth_cache import TruthStore, default_cache_dir
 from elasticbench.registry import get_kernel
 from elasticbench.selftest.attention_mutants import ATTENTION_MUTANTS
@@ -8,6 +10,7 @@ from elasticbench.selftest.runner import run_selftest
 from elasticbench.verify.matrix import builtin_case, load_matrix
 
 
+@pytest.mark.ci  # end to end in child processes: CI runs it, make test keeps its 5 minutes
 def test_selftest_command_catches_every_mutant(cli):
     # the torch kernels' share (every torch.compile variant compiled for every dtype and
     # layout: minutes on a fresh machine) runs in `make selftest`, which CI runs after this
