@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 SLOW = textwrap.dedent("""
     import time
     import numpy as np
