@@ -3,9 +3,9 @@
 
 A raw kernel (cpp_elastic, triton_elastic, ...) takes Python floats and calls its code
 directly. A user's call goes through the API: tau and beta are learnable tensors, the module
-computes them on each call (tau = tau0 exp(log_tau_scale)), the custom op dispatches to an
-implementation, which lays the parameters out (and reads them on the host for the native
-kernels), and autograd records the graph. The `api_` kernels time that whole call. Each
+computes them on each call (tau = tau0 exp(log_tau_scale)), elasticbench.dispatch picks an
+implementation for the device, the parameters are laid out for it, and autograd records the
+graph (docs/dispatch.md). The `api_` kernels time that whole call. Each
 declares the raw kernel its call runs on the torch backend's device (`wraps`, resolved when
 a run executes): the first available of elasticbench.dispatch's preference for the device
 (CPU: the native C++ kernels where they build, else the torch code; CUDA: Triton, else the
@@ -17,7 +17,7 @@ What each one times:
 
 - `api_elastic` forward: `ElasticSoftmax(tau=tau, beta=beta)(x)` with grad enabled (a
   training step's forward): x does not require grad, the module's log-scales do, so tau and
-  beta are computed and the custom op records its autograd node on every call. The module is
+  beta are computed and the call records its autograd node every time. The module is
   built once per (device, working dtype, tau, beta) and not timed: on x's device, in the
   working dtype (fp32 for fp32/fp16/bf16 inputs, fp64 for fp64), tau0 and beta0 set to the
   case's values in that dtype. beta = 0 cannot be learned on a log scale (the module refuses
