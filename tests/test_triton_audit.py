@@ -10,8 +10,10 @@ the compiler rejects).
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,12 +41,21 @@ def compiler_fact(ok: bool, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def audits(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("audit") / "audit.json"
-    env = {**devices.interpreter_env(on=False), "TRITON_DEFAULT_FP_FUSION": "1"}
-    cmd = [sys.executable, "-m", "elasticbench.audit", "--gpu", "h100-sxm",
-           "-d", "fp32,bf16", "--sizes", "4096,65536", "--json", str(out)]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-4000:]
+    """The audit's JSON, computed once per test session: under pytest-xdist the workers share
+    it (the first computes it under a lock, the others read it), as it takes 15 s of a core."""
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    out = shared / "triton-audit.json"
+    with open(shared / "triton-audit.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            env = {**devices.interpreter_env(on=False), "TRITON_DEFAULT_FP_FUSION": "1"}
+            part = out.with_suffix(".part")
+            cmd = [sys.executable, "-m", "elasticbench.audit", "--gpu", "h100-sxm",
+                   "-d", "fp32,bf16", "--sizes", "4096,65536", "--json", str(part)]
+            run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+            assert run.returncode == 0, run.stderr[-4000:]
+            part.rename(out)
     return json.loads(out.read_text())["audits"]
 
 
