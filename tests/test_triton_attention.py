@@ -79,7 +79,7 @@ else:
     @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
     @pytest.mark.parametrize(("generator", "shape"), [
         ("normal", (1, 2, 40, 37, 8)),  # several key and query blocks, ragged edges (fp32)
-        ("normal", (1, 1, 150, 130, 8)),  # the same with the 16-bit formats' 64 x 64 tiles
+        ("normal", (1, 1, 80, 70, 8)),  # the same with the 16-bit formats' 64 x 64 tiles
         ("causal_hidden", (1, 1, 8, 8, 4)),
         ("nan_k", (1, 2, 8, 8, 4)),
         ("huge", (1, 1, 16, 16, 8)),
