@@ -4,7 +4,8 @@ A +inf score wins outright: the query's weights are the limit, 1/k on each of it
 visible +inf scores and 0 elsewhere, so its output is the mean of those keys' values and
 its gradients are zero except dv, which gets dO/k at each of them. A flash kernel marks
 such a query by its statistics (m = +inf; NaN wins over +inf) and leaves the rest to these
-two functions, which every built-in kernel shares.
+two functions, which the native and tiled torch kernels share (the Triton kernel finishes
+such queries in its own loop, reading nothing back to the host: docs/attention.md section 7).
 """
 
 from __future__ import annotations
