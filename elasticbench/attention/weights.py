@@ -1,0 +1,40 @@
+"""Which row function a fused attention kernel applies to a query's scores: the weight.
+
+Every fused implementation (the tiled torch code, the native kernel, the Triton kernel)
+takes the weight as a compile-time choice and two per-(batch, head) parameters p0 and p1,
+(batch, heads) tensors in the work dtype, always given (an unused one is ignored and its
+gradient is zero):
+
+    forward(q, k, v, p0, p1, scale, causal, key_mask=None, weight=Weight.ELASTIC)
+        -> (out in q's dtype, m, den), m and den (batch, heads, length_q) in the work dtype
+    backward(q, k, v, out, dout, m, den, p0, p1, scale, causal, key_mask=None,
+             weight=Weight.ELASTIC) -> (dq, dk, dv, dp0, dp1)
+
+m and den are the query statistics the backward recomputes the weights from: the exp
+family's running max and shifted denominator; 0 and the plain denominator for symax and
+stablemax; 0 and 1 for sigmoid (docs/attention.md section 9).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Weight(enum.IntEnum):
+    """w_ij from the scores s_ij of query i over the keys it sees; p0, p1 as named."""
+
+    ELASTIC = 0  # exp(s/p0) over kept s >= 0, / (p1 + sum): tau = p0, beta = p1
+    SOFTMAX1 = 1  # exp(s) / (1 + sum exp(s)): no parameter
+    SYMAX = 2  # |s| / (p1 + sum |s|): eta = p1
+    STABLEMAX = 3  # st(s) / sum st(s), st(s) = s + 1 (s >= 0), 1/(1 - s) (s < 0)
+    SIGMOID = 4  # sigmoid(s + p0) each, no normalizer: bias = p0
+
+    @property
+    def normalized(self) -> bool:
+        """Whether a query's weights share one denominator (all but sigmoid)."""
+        return self is not Weight.SIGMOID
+
+    @property
+    def exponential(self) -> bool:
+        """Whether the weight is an exponential kept stable by a running max."""
+        return self in (Weight.ELASTIC, Weight.SOFTMAX1)
