@@ -1,12 +1,15 @@
-"""The eager composite: the readable reference implementation of Elastic attention.
+"""The eager composites: the readable reference implementations of the family's attention.
 
     scores = scale * q @ k^T                 (causally hidden keys set to -inf)
     w      = elastic_softmax(scores, tau, beta)
     out    = w @ v                           (exactly 0 for a query that keeps no key)
 
-It materializes the (length_q, length_k) score matrix of every head, so it needs
-O(length^2) memory; the tiled implementation (`flash`) computes the same function in
-O(length). Gradients flow through Elastic-Softmax's hand-written backward.
+`elastic_attention_composite` is Elastic attention; `attention_weights` and
+`attention_composite` are the same for any weight of attention/weights.py (Weight), with the
+parameters p0 and p1 as weights.py names them, in plain differentiable torch (second orders
+exact through autograd; docs/attention.md section 9). They materialize the (length_q,
+length_k) score matrix of every head, so they need O(length^2) memory; the tiled
+implementations compute the same functions in O(length).
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import math
 import torch
 
 from ..rows.ops import along
-from ..rows.spec import ELASTIC
+from ..rows.spec import ELASTIC, SOFTMAX1
 from .layout import Scalar, default_scale, head_params, visible, work_dtype
+from .weights import Weight
 
 
 def scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
@@ -62,3 +66,94 @@ def elastic_attention_composite(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     live = (s >= 0).any(-1, keepdim=True) | s.isnan().any(-1, keepdim=True)
     return torch.where(live, out, 0).to(q.dtype)
 
+
+
+def hidden_keys(q: torch.Tensor, k: torch.Tensor, causal: bool,
+                attn_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Where a key does not exist for a query, broadcastable to (B, H, Lq, Lk): hidden by
+    the causal mask, a bool mask's False or a float mask's -inf (None: every key takes part)."""
+    hidden = None if not causal else ~visible(q.shape[2], k.shape[2], q.device)
+    if attn_mask is None:
+        return hidden
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    try:
+        torch.broadcast_shapes(attn_mask.shape, shape)
+    except RuntimeError:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast "
+                         f"against the scores {shape}") from None
+    if attn_mask.dtype == torch.bool:
+        m = ~attn_mask.to(q.device)
+    elif attn_mask.is_floating_point():
+        m = attn_mask.to(q.device) == -math.inf
+    else:
+        raise TypeError(f"attn_mask must be bool or floating point, got {attn_mask.dtype}")
+    return m if hidden is None else m | hidden
+
+
+def _normalize(a: torch.Tensor, offset: Scalar | None) -> torch.Tensor:
+    """a / (offset + sum a) along the last dim for nonnegative a (NaN propagates): the limit,
+    equal shares among the infinite terms, where some are +inf; 0 where the sum is 0."""
+    big = a == math.inf
+    inf_row = big.any(-1, keepdim=True) & ~a.isnan().any(-1, keepdim=True)
+    finite = torch.where(inf_row, 0, a)  # keeps inf / inf (and its NaN gradient) out
+    den = finite.sum(-1, keepdim=True)
+    if offset is not None:
+        den = den + offset
+    w = torch.where(den != 0, finite / torch.where(den != 0, den, 1), 0)
+    shares = big.to(a.dtype) / big.sum(-1, keepdim=True).clamp_min(1)
+    return torch.where(inf_row, shares, w)
+
+
+def stablemax_weight(s: torch.Tensor) -> torch.Tensor:
+    """st(s) = s + 1 for s >= 0, 1/(1 - s) below (NaN stays NaN), differentiable twice: the
+    branch not taken never sees the other's arguments (no 0 * inf in the gradient)."""
+    return torch.where(s >= 0, s.clamp_min(0) + 1, 1 / (1 - s.clamp_max(0)))
+
+
+def attention_weights(weight: Weight, q: torch.Tensor, k: torch.Tensor, *, p0: Scalar,
+                      p1: Scalar, scale: float, causal: bool,
+                      attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The weights w (B, H, Lq, Lk), in q's working precision, of `weight` over the scores
+    scale * q @ k^T: the keys a query does not see (causal, attn_mask) do not exist for it
+    (weight 0, outside every sum); a float mask is added to the scores. p0 and p1 as
+    attention/weights.py names them: floats or tensors broadcasting against (B, H, 1, 1)."""
+    weight = Weight(weight)
+    wd = work_dtype(q.dtype)
+    s = (q.to(wd) @ k.to(wd).transpose(-1, -2)) * scale
+    if attn_mask is not None and attn_mask.is_floating_point():
+        s = s + attn_mask.to(device=s.device, dtype=wd)
+    hidden = hidden_keys(q, k, causal, attn_mask)
+    b, h = q.shape[:2]
+    t0, t1 = (head_params(p, b, h, wd, s.device) for p in (p0, p1))
+    if weight.exponential:
+        if hidden is not None:
+            s = s.masked_fill(hidden, -math.inf)
+        if weight is Weight.ELASTIC:
+            return along(s, t0, t1, -1, ELASTIC)
+        return along(s, SOFTMAX1.tau, SOFTMAX1.offset, -1, SOFTMAX1)
+    if hidden is not None:  # 0 before any op: a hidden NaN or inf never reaches a gradient
+        s = s.masked_fill(hidden, 0)
+    if weight is Weight.SIGMOID:
+        w = torch.sigmoid(s + t0)
+    elif weight is Weight.SYMAX:
+        a = s.abs() if hidden is None else s.abs().masked_fill(hidden, 0)
+        return _normalize(a, t1)
+    elif weight is Weight.STABLEMAX:
+        a = stablemax_weight(s)
+        return _normalize(a if hidden is None else a.masked_fill(hidden, 0), None)
+    else:  # pragma: no cover - every Weight is handled above
+        raise ValueError(f"no composite for weight {weight!r}")
+    return w if hidden is None else w.masked_fill(hidden, 0)
+
+
+def attention_composite(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        *, p0: Scalar, p1: Scalar, scale: float, causal: bool,
+                        attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """out = attention_weights(...) @ v in q's dtype, differentiable in q, k, v and tensor
+    p0, p1; a query whose weights are all 0 (no visible key, or none kept) gives exactly 0
+    and zero gradients even where v holds NaN or inf."""
+    w = attention_weights(weight, q, k, p0=p0, p1=p1, scale=scale, causal=causal,
+                          attn_mask=attn_mask)
+    out = w @ v.to(w.dtype)
+    live = (w != 0).any(-1, keepdim=True) | w.isnan().any(-1, keepdim=True)
+    return torch.where(live, out, 0).to(q.dtype)
