@@ -31,6 +31,7 @@ import math
 
 import torch
 
+from .attention.weights import Weight
 from .functions import get_function
 from .rows.layout import Scalar
 from .rows.ops import along
@@ -58,6 +59,58 @@ def elastic_softmax(x: torch.Tensor, tau: Scalar = 1.0, beta: Scalar = 1.0, dim:
     return along(x, tau, beta, dim % max(x.ndim, 1), ELASTIC)
 
 
+def _check_scalar(name: str, value: Scalar, lower: float | None) -> Scalar:
+    """A tensor parameter as given (trusted, as elastic's); a number finite and >= lower."""
+    if isinstance(value, torch.Tensor):
+        if not value.is_floating_point():
+            raise TypeError(f"{name} must be a float or a floating-point tensor")
+        return value
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(v) or (lower is not None and v < lower):
+        bound = "" if lower is None else f" and >= {lower:g}"
+        raise ValueError(f"{name} must be finite{bound}, got {value!r}")
+    return v
+
+
+def _attention(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Scalar,
+               p1: Scalar, scale: float | None, causal: bool, attn_mask: torch.Tensor | None,
+               is_causal: bool) -> torch.Tensor:
+    """Every attention function's path: operands and scale checked, then the fused
+    implementations (no mask, or a bool key-padding mask) or the composite (any other)."""
+    from .attention import composite
+    from .attention.autograd import attention_op
+    from .attention.layout import check_operands, default_scale, key_padding
+
+    check_operands(q, k, v)
+    if scale is None:
+        scale = default_scale(q.shape[-1])
+    elif not (isinstance(scale, int | float) and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    causal = bool(causal or is_causal)
+    key_mask = None if attn_mask is None else key_padding(attn_mask, q, k)
+    if attn_mask is not None and key_mask is None:
+        if weight is Weight.ELASTIC:
+            return composite.elastic_attention_composite(
+                q, k, v, tau=p0, beta=p1, scale=float(scale), causal=causal, attn_mask=attn_mask)
+        return composite.attention_composite(weight, q, k, v, p0=p0, p1=p1, scale=float(scale),
+                                   causal=causal, attn_mask=attn_mask)
+    return attention_op(weight, q, k, v, p0, p1, float(scale), causal, key_mask)
+
+
+_SHARED_DOC = """
+    q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv) -> (B, H, Lq, Dv); scale defaults to
+    1/sqrt(D); causal (or is_causal, SDPA's spelling) hides key j from query i when j > i
+    (top-left, as SDPA). attn_mask, broadcastable to (B, H, Lq, Lk), as SDPA takes it: bool
+    (True takes part) or float (added to the scores; -inf hides the key); a query left with
+    no key gives zeros. Without a mask, or with a bool key-padding mask ((B, 1, 1, Lk)),
+    the fused implementations run (O(length) memory, a tiled backward); any other mask
+    materializes the scores. Special values: docs/attention.md sections 3 and 9.
+"""
+
+
 def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau: Scalar,
                       beta: Scalar, scale: float | None = None, causal: bool = False,
                       attn_mask: torch.Tensor | None = None, is_causal: bool = False
@@ -74,22 +127,63 @@ def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau:
     a tiled backward recomputes the weights from two saved statistics per query
     (docs/attention.md); with any other mask, the scores are materialized.
     """
-    from .attention.autograd import elastic_attention_op
-    from .attention.composite import elastic_attention_composite
-    from .attention.layout import check_operands, default_scale, key_padding
-
-    check_operands(q, k, v)
     tau, beta = _check_float("tau", tau), _check_float("beta", beta)
-    if scale is None:
-        scale = default_scale(q.shape[-1])
-    elif not (isinstance(scale, int | float) and math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite number, got {scale!r}")
-    causal = bool(causal or is_causal)
-    key_mask = None if attn_mask is None else key_padding(attn_mask, q, k)
-    if attn_mask is not None and key_mask is None:
-        return elastic_attention_composite(q, k, v, tau=tau, beta=beta, scale=float(scale),
-                                           causal=causal, attn_mask=attn_mask)
-    return elastic_attention_op(q, k, v, tau, beta, float(scale), causal, key_mask)
+    return _attention(Weight.ELASTIC, q, k, v, tau, beta, scale, causal, attn_mask, is_causal)
+
+
+def softmax1_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                       scale: float | None = None, causal: bool = False,
+                       attn_mask: torch.Tensor | None = None, is_causal: bool = False
+                       ) -> torch.Tensor:
+    """Attention with softmax1 weights, exp(s_ij) / (1 + sum_j' exp(s_ij')): a query may
+    give almost no weight to any key ("attention is off by one"). Differentiable in q, k, v.
+    """
+    return _attention(Weight.SOFTMAX1, q, k, v, 1.0, 1.0, scale, causal, attn_mask, is_causal)
+
+
+def symax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eta: Scalar = 1.0,
+                    scale: float | None = None, causal: bool = False,
+                    attn_mask: torch.Tensor | None = None, is_causal: bool = False
+                    ) -> torch.Tensor:
+    """Attention with symax weights, |s_ij| / (eta + sum_j' |s_ij'|), eta >= 0 (a float, a
+    0-d or per-head tensor, or one broadcasting against (B, H, 1, 1)); differentiable in q,
+    k, v and eta. With eta = 0 a query whose visible scores are all 0 gives zeros.
+    """
+    eta = _check_scalar("eta", eta, 0.0)
+    return _attention(Weight.SYMAX, q, k, v, 0.0, eta, scale, causal, attn_mask, is_causal)
+
+
+def stablemax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                        scale: float | None = None, causal: bool = False,
+                        attn_mask: torch.Tensor | None = None, is_causal: bool = False
+                        ) -> torch.Tensor:
+    """Attention with stablemax weights, st(s_ij) / sum_j' st(s_ij'), st(s) = s + 1 for
+    s >= 0 and 1/(1 - s) below ("Grokking at the edge of numerical stability");
+    differentiable in q, k, v.
+    """
+    return _attention(Weight.STABLEMAX, q, k, v, 0.0, 0.0, scale, causal, attn_mask,
+                      is_causal)
+
+
+def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                      bias: Scalar | None = None, scale: float | None = None,
+                      causal: bool = False, attn_mask: torch.Tensor | None = None,
+                      is_causal: bool = False) -> torch.Tensor:
+    """Attention with sigmoid weights, sigmoid(s_ij + bias) each, no normalizer (Apple's
+    "Theory, Analysis, and Best Practices for Sigmoid Self-Attention"). bias None is
+    -ln(Lk), Lk the number of keys (k.shape[2], masked ones included), as the paper sets
+    it; else a float or a tensor as symax's eta. Differentiable in q, k, v and a tensor bias.
+    """
+    if bias is None:
+        lk = k.shape[2] if isinstance(k, torch.Tensor) and k.ndim == 4 else 1
+        bias = -math.log(lk) if lk > 0 else 0.0  # no key: nothing to weigh
+    bias = _check_scalar("bias", bias, None)
+    return _attention(Weight.SIGMOID, q, k, v, bias, 0.0, scale, causal, attn_mask, is_causal)
+
+
+for _fn in (softmax1_attention, symax_attention, stablemax_attention, sigmoid_attention):
+    _fn.__doc__ = (_fn.__doc__ or "").rstrip() + "\n" + _SHARED_DOC
+del _fn
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -102,4 +196,5 @@ def softmax1(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return along(x, SOFTMAX1.tau, SOFTMAX1.offset, dim % max(x.ndim, 1), SOFTMAX1)
 
 
-__all__ = ["elastic_attention", "elastic_softmax", "softmax", "softmax1"]
+__all__ = ["elastic_attention", "elastic_softmax", "sigmoid_attention", "softmax",
+           "softmax1", "softmax1_attention", "stablemax_attention", "symax_attention"]

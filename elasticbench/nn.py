@@ -1,4 +1,6 @@
-"""torch modules: ElasticSoftmax and ElasticAttention with learnable temperature and offset.
+"""torch modules: ElasticSoftmax and ElasticAttention with learnable temperature and offset,
+and the family's attention modules (Softmax1Attention, SymaxAttention, StablemaxAttention,
+SigmoidAttention; docs/attention.md section 9).
 
 Parametrization (documented contract): with tau0, beta0 the values given at construction,
 
@@ -15,17 +17,32 @@ could never move): pass learn_beta=False, or a small beta0 such as 1e-3.
 The log-scales are clamped to [-40, 40] (a factor of about 2e17 either way), so that no
 optimizer step, however violent, can round tau to 0 or to inf; at the clamp the gradient
 stops pushing further out.
+
+SymaxAttention learns eta the same way, eta = eta0 exp(log_eta_scale) (log_eta_scale = 0 at
+init, clamped likewise; a learned eta needs eta0 > 0). SigmoidAttention's bias may have
+either sign, so it learns an additive shift: bias = bias0 + bias_shift (bias_shift = 0 at
+init), bias0 = -ln(Lk) at each call when no bias is given. Their parameters have
+param_shape: () for one value, (H,) for one per head, or any shape broadcasting against
+(B, H, 1, 1).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch import nn
 
 from .dispatch import traced
-from .functional import elastic_attention, elastic_softmax
+from .functional import (
+    elastic_attention,
+    elastic_softmax,
+    sigmoid_attention,
+    softmax1_attention,
+    stablemax_attention,
+    symax_attention,
+)
 from .functions import get_function
 from .rows.cpp import CPP, extension
 from .rows.layout import as_rows, work_dtype
@@ -208,4 +225,122 @@ class ElasticAttention(_LearnableTauBeta):
         return f"{self._params_repr()}, scale={self.scale}, causal={self.causal}"
 
 
-__all__ = ["ElasticAttention", "ElasticSoftmax"]
+class _FamilyAttention(nn.Module):
+    """scale and causal as ElasticAttention takes them; forward(q, k, v, attn_mask,
+    is_causal) as the functional form."""
+
+    def __init__(self, scale: float | None = None, causal: bool = False):
+        super().__init__()
+        self.scale, self.causal = scale, causal
+
+    def _kwargs(self, attn_mask: torch.Tensor | None, is_causal: bool) -> dict:
+        return {"scale": self.scale, "causal": self.causal or is_causal, "attn_mask": attn_mask}
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}, causal={self.causal}"
+
+
+class Softmax1Attention(_FamilyAttention):
+    """softmax1 attention of (q, k, v), each (B, H, L, D): no parameter
+    (elasticbench.functional.softmax1_attention)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        return softmax1_attention(q, k, v, **self._kwargs(attn_mask, is_causal))
+
+
+class StablemaxAttention(_FamilyAttention):
+    """stablemax attention of (q, k, v), each (B, H, L, D): no parameter
+    (elasticbench.functional.stablemax_attention)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        return stablemax_attention(q, k, v, **self._kwargs(attn_mask, is_causal))
+
+
+class SymaxAttention(_FamilyAttention):
+    """symax attention of (q, k, v) with eta = eta0 exp(log_eta_scale), learned on a log scale
+    as ElasticAttention's tau (see module doc); param_shape () or (H,) or broadcasting
+    against (B, H, 1, 1)."""
+
+    def __init__(self, eta: float = 1.0, learnable: bool = True,
+                 param_shape: tuple[int, ...] = (), scale: float | None = None,
+                 causal: bool = False):
+        super().__init__(scale, causal)
+        checked = get_function("symax").validate_params({"eta": eta})["eta"]
+        if learnable and checked == 0:
+            raise ValueError("a learned eta needs eta > 0 (it is learned on a log scale); pass "
+                             "learnable=False to keep it at 0, or a small eta such as 1e-3")
+        self.learnable = learnable
+        self.register_buffer("eta0", torch.full(param_shape, checked, dtype=torch.float64))
+        scale0 = torch.zeros(param_shape)
+        if learnable:
+            self.log_eta_scale = nn.Parameter(scale0)
+        else:
+            self.register_buffer("log_eta_scale", scale0)
+
+    def _apply(self, fn, recurse=True):
+        """As nn.Module's, but eta0 stays float64 (ElasticAttention's tau0 and beta0 do)."""
+        exact = self.eta0
+        super()._apply(fn, recurse)
+        if self.eta0.dtype != torch.float64:
+            self.eta0 = exact.to(device=self.eta0.device)
+        return self
+
+    @property
+    def eta(self) -> torch.Tensor:
+        """eta0 exp(log_eta_scale) in the log-scale's dtype (the module's)."""
+        return _scale(self.eta0, self.log_eta_scale)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        return symax_attention(q, k, v, eta=self.eta, **self._kwargs(attn_mask, is_causal))
+
+    def extra_repr(self) -> str:
+        e = self.eta.detach()
+        shown = f"{e.item():.4g}" if e.ndim == 0 else f"shape {tuple(e.shape)}"
+        return f"eta={shown}, learnable={self.learnable}, {super().extra_repr()}"
+
+
+class SigmoidAttention(_FamilyAttention):
+    """sigmoid attention of (q, k, v) with bias = bias0 + bias_shift (see module doc):
+    bias0 the given bias, or -ln(Lk) at each call when bias is None; bias_shift learned
+    when learnable."""
+
+    def __init__(self, bias: float | None = None, learnable: bool = True,
+                 param_shape: tuple[int, ...] = (), scale: float | None = None,
+                 causal: bool = False):
+        super().__init__(scale, causal)
+        if bias is not None:
+            try:
+                bias = float(bias)
+            except (TypeError, ValueError):
+                raise ValueError(f"bias must be a number or None, got {bias!r}") from None
+            if not math.isfinite(bias):
+                raise ValueError(f"bias must be finite, got {bias!r}")
+        self.bias0 = bias
+        self.learnable = learnable
+        shift = torch.zeros(param_shape)
+        if learnable:
+            self.bias_shift = nn.Parameter(shift)
+        else:
+            self.register_buffer("bias_shift", shift)
+
+    def bias(self, length_k: int) -> torch.Tensor:
+        """The bias for length_k keys, in the shift's dtype, differentiable in the shift."""
+        base = self.bias0 if self.bias0 is not None else (
+            -math.log(length_k) if length_k > 0 else 0.0)
+        return self.bias_shift + base
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        bias = self.bias(k.shape[2] if isinstance(k, torch.Tensor) and k.ndim == 4 else 1)
+        return sigmoid_attention(q, k, v, bias=bias, **self._kwargs(attn_mask, is_causal))
+
+    def extra_repr(self) -> str:
+        base = "-ln(Lk)" if self.bias0 is None else f"{self.bias0:.4g}"
+        return f"bias={base} + shift, learnable={self.learnable}, {super().extra_repr()}"
+
+
+__all__ = ["ElasticAttention", "ElasticSoftmax", "SigmoidAttention", "Softmax1Attention",
+           "StablemaxAttention", "SymaxAttention"]

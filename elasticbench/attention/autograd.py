@@ -1,27 +1,32 @@
-"""Elastic attention as torch custom ops, and the choice of implementation.
+"""The family's attention as torch custom ops, and the choice of implementation.
 
-    elasticbench::attention(q, k, v, tau, beta, scale, causal, key_mask) -> (out, m, den)
-    elasticbench::attention_backward(q, k, v, out, dout, m, den, tau, beta, scale, causal,
-                                     key_mask) -> (dq, dk, dv, dtau, dbeta)
+    elasticbench::attention(q, k, v, p0, p1, scale, causal, key_mask, weight)
+        -> (out, m, den)
+    elasticbench::attention_backward(q, k, v, out, dout, m, den, p0, p1, scale, causal,
+                                     key_mask, weight) -> (dq, dk, dv, dp0, dp1)
 
-key_mask is None or a (batch, length_k) bool key-padding mask (True: the key takes part),
-which every implementation applies inside its tiled loop.
+weight is a `weights.Weight` as an int (Elastic, 0, by default), p0 and p1 its parameters
+as weights.py names them (tau and beta for Elastic). key_mask is None or a (batch,
+length_k) bool key-padding mask (True: the key takes part), which every implementation
+applies inside its tiled loop.
 
-tau and beta are (batch, heads) tensors in the working precision (bh_params lays a float,
-a per-head or a per-(batch, head) parameter out so, keeping its graph). Every
-implementation has the contract of `flash` (forward -> (out, m, den), backward from those
-row statistics); elasticbench.dispatch picks one per call: the fused native kernel on CPU
-tensors when it is built, the Triton kernel (kernels/triton/attention.py) on CUDA tensors,
-else the tiled torch code. Eager calls skip the custom ops' dispatch through an autograd
-function with the same forward and backward (`elastic_attention_op`). The forward saves q,
-k, v, out, m and den: O(length) beyond the inputs and output. With create_graph, the
-gradient comes from autograd through the composite, so that second orders are exact
-(docs/gradients.md section 6).
+p0 and p1 are (batch, heads) tensors in the working precision (bh_params lays a float, a
+per-head or a per-(batch, head) parameter out so, keeping its graph). Every implementation
+has the contract of `weights` (forward -> (out, m, den), backward from those row
+statistics); elasticbench.dispatch picks one per call among those that accept (q, weight):
+the fused native kernel on CPU tensors when it is built, the Triton kernel
+(kernels/triton/attention.py) on CUDA tensors, else the tiled torch code, which takes every
+weight. Eager calls skip the custom ops' dispatch through an autograd function with the
+same forward and backward (`attention_op`). The forward saves q, k, v, out, m and den:
+O(length) beyond the inputs and output. With create_graph, the gradient comes from autograd
+through the composite, so that second orders are exact (docs/gradients.md section 6).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+from collections.abc import Callable
 
 import torch
 
@@ -29,9 +34,36 @@ from .. import devices, dispatch
 from ..dispatch import Implementation
 from . import cpp, flash
 from .layout import Scalar, head_params, work_dtype
+from .weights import Weight
 
-TORCH = Implementation("torch", lambda q: True, flash.forward, flash.backward)
-CPP = Implementation("cpp", cpp.accepts, cpp.forward, cpp.backward)
+
+@functools.lru_cache(maxsize=64)
+def _takes_weight(fn: Callable) -> bool:
+    return "weight" in inspect.signature(fn).parameters
+
+
+def _with_weight(fn: Callable) -> Callable:
+    """fn called as the contract calls it, weight last; an implementation whose functions
+    do not take a weight yet runs Elastic's only (its accepts says so)."""
+    if _takes_weight(fn):
+        return fn
+
+    def call(*args, weight: int = Weight.ELASTIC):
+        if Weight(weight) is not Weight.ELASTIC:
+            raise ValueError(f"{fn.__qualname__} computes Elastic attention only")
+        return fn(*args)
+    return call
+
+
+def _cpp_accepts(q: torch.Tensor, weight: int = Weight.ELASTIC) -> bool:
+    if _takes_weight(cpp.accepts):
+        return cpp.accepts(q, weight)
+    return Weight(weight) is Weight.ELASTIC and cpp.accepts(q)
+
+
+TORCH = Implementation("torch", lambda q, weight=Weight.ELASTIC: True, flash.forward,
+                       flash.backward)
+CPP = Implementation("cpp", _cpp_accepts, _with_weight(cpp.forward), _with_weight(cpp.backward))
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,11 +74,14 @@ def _triton() -> Implementation | None:
     except ImportError:
         return None
 
-    def accepts(q: torch.Tensor) -> bool:
-        return q.dtype in TRITON_DTYPES and (q.is_cuda or (q.device.type == "cpu"
-                                                           and devices.triton_interpreted()))
+    weights = frozenset(getattr(kernel, "WEIGHTS", (Weight.ELASTIC,)))
 
-    return Implementation("triton", accepts, kernel.attention_forward, kernel.attention_backward)
+    def accepts(q: torch.Tensor, weight: int = Weight.ELASTIC) -> bool:
+        return (weight in weights and q.dtype in TRITON_DTYPES
+                and (q.is_cuda or (q.device.type == "cpu" and devices.triton_interpreted())))
+
+    return Implementation("triton", accepts, _with_weight(kernel.attention_forward),
+                          _with_weight(kernel.attention_backward))
 
 
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -57,12 +92,13 @@ def implementation(name: str) -> Implementation | None:
     return {"cpp": CPP, "torch": TORCH}.get(name) if name != "triton" else _triton()
 
 
-def choose(q: torch.Tensor) -> Implementation:
-    return dispatch.choose(q.device, implementation, q)
+def choose(q: torch.Tensor, weight: int = Weight.ELASTIC) -> Implementation:
+    """The implementation that runs attention of this weight on q (elasticbench.dispatch)."""
+    return dispatch.choose(q.device, implementation, q, int(weight))
 
 
 def bh_params(value: Scalar, q: torch.Tensor) -> torch.Tensor:
-    """tau or beta as a contiguous (batch, heads) tensor in q's working precision, keeping
+    """A parameter (tau, beta, eta, bias) as a contiguous (batch, heads) tensor in q's working precision, keeping
     the autograd graph of a tensor (its gradient flows back through the layout)."""
     b, h = q.shape[:2]
     wd = work_dtype(q.dtype)
@@ -74,48 +110,49 @@ def bh_params(value: Scalar, q: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("elasticbench::attention", mutates_args=())
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
-              beta: torch.Tensor, scale: float, causal: bool,
-              key_mask: torch.Tensor | None = None
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
+              p1: torch.Tensor, scale: float, causal: bool,
+              key_mask: torch.Tensor | None = None, weight: int = 0
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, m, den): the output in q's dtype and each query's two statistics (work dtype),
-    by the implementation `choose` picks; tau and beta are (batch, heads)."""
-    out, m, den = choose(q).forward(q, k, v, tau, beta, scale, causal, key_mask)
+    by the implementation `choose` picks; p0 and p1 are (batch, heads)."""
+    out, m, den = choose(q, weight).forward(q, k, v, p0, p1, scale, causal, key_mask,
+                                            weight=weight)
     return out.contiguous(), m.contiguous(), den.contiguous()
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, tau, beta, scale, causal, key_mask=None):
-    stats = q.new_empty(q.shape[:3], dtype=tau.dtype)
+def _attention_fake(q, k, v, p0, p1, scale, causal, key_mask=None, weight=0):
+    stats = q.new_empty(q.shape[:3], dtype=p0.dtype)
     return q.new_empty((*q.shape[:3], v.shape[3])), stats, stats.new_empty(stats.shape)
 
 
 @torch.library.custom_op("elasticbench::attention_backward", mutates_args=())
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        grad: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
-                       tau: torch.Tensor, beta: torch.Tensor, scale: float, causal: bool,
-                       key_mask: torch.Tensor | None = None
+                       p0: torch.Tensor, p1: torch.Tensor, scale: float, causal: bool,
+                       key_mask: torch.Tensor | None = None, weight: int = 0
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                   torch.Tensor]:
-    """(dq, dk, dv, dtau, dbeta) from the forward's two statistics; dtau, dbeta per
+    """(dq, dk, dv, dp0, dp1) from the forward's two statistics; dp0, dp1 per
     (batch, head)."""
-    parts = choose(q).backward(q, k, v, out, grad, m, den, tau, beta, scale, causal,
-                               key_mask)
+    parts = choose(q, weight).backward(q, k, v, out, grad, m, den, p0, p1, scale, causal,
+                                       key_mask, weight=weight)
     return tuple(p.contiguous() for p in parts)  # type: ignore[return-value]
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(q, k, v, out, grad, m, den, tau, beta, scale, causal,
-                             key_mask=None):
+def _attention_backward_fake(q, k, v, out, grad, m, den, p0, p1, scale, causal,
+                             key_mask=None, weight=0):
     # contiguous, as the real op returns them (empty_like would copy a view's strides)
-    return tuple(t.new_empty(t.shape) for t in (q, k, v, tau, beta))
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, p0, p1))
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, tau, beta, scale, causal, key_mask = inputs
+    q, k, v, p0, p1, scale, causal, key_mask, weight = inputs
     out, m, den = output
-    ctx.save_for_backward(q, k, v, out, m, den, tau, beta)
-    ctx.scale, ctx.causal, ctx.key_mask = scale, causal, key_mask
+    ctx.save_for_backward(q, k, v, out, m, den, p0, p1)
+    ctx.scale, ctx.causal, ctx.key_mask, ctx.weight = scale, causal, key_mask, weight
 
 
 def _gradients(ctx, grad: torch.Tensor, backward) -> tuple:
@@ -123,12 +160,12 @@ def _gradients(ctx, grad: torch.Tensor, backward) -> tuple:
     attention_backward's arguments, unless autograd builds the gradient's graph."""
     if torch.is_grad_enabled():
         return _differentiable_backward(ctx, grad)
-    q, k, v, out, m, den, t, b = ctx.saved_tensors
-    dq, dk, dv, dtau, dbeta = backward(q, k, v, out, grad.contiguous(), m, den, t, b,
-                                       ctx.scale, ctx.causal, ctx.key_mask)
+    q, k, v, out, m, den, p0, p1 = ctx.saved_tensors
+    dq, dk, dv, dp0, dp1 = backward(q, k, v, out, grad.contiguous(), m, den, p0, p1,
+                                    ctx.scale, ctx.causal, ctx.key_mask, weight=ctx.weight)
     need = ctx.needs_input_grad
-    return (dq, dk, dv, dtau if need[3] else None, dbeta if need[4] else None, None, None,
-            None)
+    return (dq, dk, dv, dp0 if need[3] else None, dp1 if need[4] else None, None, None,
+            None, None)
 
 
 def _backward(ctx, grad, _grad_m, _grad_den):
@@ -137,24 +174,30 @@ def _backward(ctx, grad, _grad_m, _grad_den):
 
 def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
     """The gradients when autograd is asked to build their graph (create_graph: a gradient
-    penalty, a Hessian-vector product): autograd through the composite (scores,
-    elastic_softmax, @ v), whose own backward is differentiable, so that the second order
-    is exact, at the composite's O(length^2) memory. A fused kernel's gradient is a constant
-    to autograd: its second order would silently be 0."""
-    from .composite import elastic_attention_composite
+    penalty, a Hessian-vector product): autograd through the composite (scores, the weight,
+    @ v), whose own backward is differentiable, so that the second order is exact, at the
+    composite's O(length^2) memory. A fused kernel's gradient is a constant to autograd:
+    its second order would silently be 0."""
+    from . import composite
 
-    q, k, v, _, _, _, t, b = ctx.saved_tensors
-    inputs = (q, k, v, t, b)
+    q, k, v, _, _, _, p0, p1 = ctx.saved_tensors
+    inputs = (q, k, v, p0, p1)
     wanted = [i for i, need in enumerate(ctx.needs_input_grad[:5]) if need]
     km = ctx.key_mask
+    mask = None if km is None else km[:, None, None]
     with torch.enable_grad():
-        out = elastic_attention_composite(q, k, v, tau=t[:, :, None, None],
-                                          beta=b[:, :, None, None], scale=ctx.scale,
-                                          causal=ctx.causal,
-                                          attn_mask=None if km is None else km[:, None, None])
+        p0_4, p1_4 = p0[:, :, None, None], p1[:, :, None, None]
+        if Weight(ctx.weight) is Weight.ELASTIC:  # Elastic's own, as before the family
+            out = composite.elastic_attention_composite(
+                q, k, v, tau=p0_4, beta=p1_4, scale=ctx.scale, causal=ctx.causal,
+                attn_mask=mask)
+        else:
+            out = composite.attention_composite(
+                Weight(ctx.weight), q, k, v, p0=p0_4, p1=p1_4, scale=ctx.scale,
+                causal=ctx.causal, attn_mask=mask)
         got = torch.autograd.grad(out, [inputs[i] for i in wanted], grad, create_graph=True,
                                   allow_unused=True)
-    grads: list[torch.Tensor | None] = [None] * 8
+    grads: list[torch.Tensor | None] = [None] * 9
     for i, g in zip(wanted, got, strict=True):
         grads[i] = g if g is not None else torch.zeros_like(inputs[i])
     return tuple(grads)
@@ -168,11 +211,11 @@ class _Attention(torch.autograd.Function):
     implementation is chosen once, in the forward, and kept for the backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, tau, beta, scale, causal, key_mask):
-        impl = choose(q)
-        out, m, den = impl.forward(q, k, v, tau, beta, scale, causal, key_mask)
+    def forward(ctx, q, k, v, p0, p1, scale, causal, key_mask, weight):
+        impl = choose(q, weight)
+        out, m, den = impl.forward(q, k, v, p0, p1, scale, causal, key_mask, weight=weight)
         ctx.impl = impl
-        _setup_context(ctx, (q, k, v, tau, beta, scale, causal, key_mask), (out, m, den))
+        _setup_context(ctx, (q, k, v, p0, p1, scale, causal, key_mask, weight), (out, m, den))
         ctx.mark_non_differentiable(m, den)
         return out, m, den
 
@@ -181,17 +224,25 @@ class _Attention(torch.autograd.Function):
         return _gradients(ctx, grad, ctx.impl.backward)
 
 
-def elastic_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: Scalar,
-                         beta: Scalar, scale: float, causal: bool,
-                         key_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Elastic attention, differentiable in q, k, v, tau and beta, through the custom op
+def attention_op(weight: Weight | int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 p0: Scalar, p1: Scalar, scale: float, causal: bool,
+                 key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of `weight`, differentiable in q, k, v, p0 and p1, through the custom op
     where the call is traced (elasticbench.dispatch.traced), else the autograd function, or
     straight to the implementation where autograd has nothing to record; key_mask (batch,
     length_k) bool hides padded keys inside the fused loop."""
-    t, b = bh_params(tau, q), bh_params(beta, q)
-    args = (q, k, v, t, b, scale, causal, key_mask)
+    w = int(weight)
+    t, b = bh_params(p0, q), bh_params(p1, q)
+    args = (q, k, v, t, b, scale, causal, key_mask, w)
     if dispatch.traced(q):
         return attention(*args)[0]
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, t, b)):
         return _Attention.apply(*args)[0]
-    return choose(q).forward(*args)[0]
+    return choose(q, w).forward(*args[:8], weight=w)[0]
+
+
+def elastic_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: Scalar,
+                         beta: Scalar, scale: float, causal: bool,
+                         key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Elastic attention (attention_op with Weight.ELASTIC: p0 = tau, p1 = beta)."""
+    return attention_op(Weight.ELASTIC, q, k, v, tau, beta, scale, causal, key_mask)

@@ -1,6 +1,8 @@
-"""Elastic attention in tiles, in torch: online max and sum over kept scores, O(length) memory.
+"""Attention in tiles, in torch, for every weight of `weights.Weight`: O(length) memory.
 
-Forward, for a block of queries, over blocks of keys (docs/attention.md section 2):
+One tiled forward and one backward, parameterized by the weight (the contract of
+`weights`; docs/attention.md sections 2 and 9). Elastic's forward, for a block of queries,
+over blocks of keys (docs/attention.md section 2):
 
     s     = scale * q @ k^T                 (causally hidden keys: -inf)
     m'    = max(m, max of kept s)           (m starts at 0: kept scores are >= 0, so this
@@ -9,19 +11,26 @@ Forward, for a block of queries, over blocks of keys (docs/attention.md section 
     acc   = acc * exp((m - m')/tau) + p @ v
     out   = acc / (l + beta * exp(-m/tau))  (0 where l = 0: no kept key)
 
-It returns the row statistics m and den = l + beta exp(-m/tau) beside the output; the
-backward recomputes the weights p = exp((s - m)/tau) / den from them tile by tile:
+softmax1 is the same loop with tau = beta = 1 and every finite visible score kept. symax
+and stablemax need no max: l = sum f(s) and acc = sum f(s) v over the visible keys, out =
+acc / (eta + l) (stablemax: acc / l; 0 where that is 0); sigmoid has no normalizer, out =
+sum sigmoid(s + bias) v. Each returns the row statistics m and den beside the output
+(`weights`), from which the backward recomputes the weights y tile by tile:
 
-    dp = dO @ v^T,  c = rowsum(dO * out),  ds = p (dp - c) / tau   (kept only)
-    dv += p^T @ dO,  dk += scale ds^T @ q,  dq += scale ds @ k
+    g = dO @ v^T,  c = rowsum(dO * out)
+    exp family:  ds = y (g - c) / tau       symax, stablemax:  ds = f'(s) / den (g - c)
+    sigmoid:     ds = g y (1 - y)
+    dv += y^T @ dO,  dk += scale ds^T @ q,  dq += scale ds @ k
+
+and the parameters' gradients per (batch, head): Elastic's
+
     dtau  = sum_i ( -sum_j ds_ij (s_ij - m_i)/tau - c_i w_i m_i / tau^2 ),  w_i = beta e^{-m_i/tau} / den_i
     dbeta = sum_i -c_i e^{-m_i/tau} / den_i
 
-tau and beta arrive as (batch, heads) tensors in the working precision. This is the same
-contract as the native and Triton kernels: forward(q, k, v, tau, beta, scale, causal) ->
-(out, m, den) and backward(q, k, v, out, dO, m, den, tau, beta, scale, causal) ->
-(dq, dk, dv, dtau, dbeta) with dtau and dbeta per (batch, head), each taking an optional
-(batch, length_k) bool key_mask (True: the key takes part) applied tile by tile.
+symax's d eta = sum_i -c_i / den_i, sigmoid's d bias = sum_ij ds_ij; the rest have none
+(their zero). p0 and p1 arrive as (batch, heads) tensors in the working precision, each
+kernel takes an optional (batch, length_k) bool key_mask (True: the key takes part) applied
+tile by tile, and queries with an infinite weight are finished by `special`.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import torch
 
 from . import special
 from .layout import visible, work_dtype
+from .weights import Weight
 
 BLOCK_Q = 1024
 BLOCK_K = 512
@@ -54,15 +64,54 @@ def _scores(qb: torch.Tensor, kb: torch.Tensor, scale: float, causal: bool, q0: 
     return s
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
-            beta: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None
+def _tile(qb: torch.Tensor, kb: torch.Tensor, scale: float, causal: bool, q0: int, k0: int,
+          key_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The tile's raw scores and which keys each query sees (None: all of them); the
+    weights that are not exponentials need both, since symax gives -inf a weight."""
+    s = (qb @ kb.transpose(-1, -2)) * scale
+    vis = None
+    if causal and k0 + s.shape[-1] - 1 > q0:
+        vis = visible(s.shape[-2], s.shape[-1], s.device, q0, k0)
+    if key_mask is not None:
+        keep = key_mask[:, None, None, k0:k0 + s.shape[-1]].to(device=s.device, dtype=torch.bool)
+        vis = keep if vis is None else vis & keep
+    return s, vis
+
+
+def _weigh(weight: Weight, s: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """f(s) elementwise: |s| (symax), st(s) (stablemax), sigmoid(s + bias) (sigmoid)."""
+    if weight is Weight.SYMAX:
+        return s.abs()
+    if weight is Weight.STABLEMAX:
+        return torch.where(s >= 0, s + 1, 1 / (1 - s))
+    assert bias is not None
+    return torch.sigmoid(s + bias)
+
+
+def _slope(weight: Weight, s: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """f'(s) beside f = f(s): sign(s) (symax, 0 at 0 as abs's subgradient), 1 or
+    1/(1 - s)^2 (stablemax), f (1 - f) (sigmoid)."""
+    if weight is Weight.SYMAX:
+        return torch.sign(s)
+    if weight is Weight.STABLEMAX:
+        return torch.where(s >= 0, 1, f * f)
+    return f * (1 - f)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
+            p1: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
+            weight: Weight | int = Weight.ELASTIC
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in the work dtype;
     key_mask (batch, length_k) bool: the keys where it is False take no part."""
+    weight = Weight(weight)
+    if not weight.exponential:
+        return _forward_sums(q, k, v, p0, p1, scale, causal, key_mask, weight)
+    elastic = weight is Weight.ELASTIC
     wd = work_dtype(q.dtype)
     bsz, heads, lq, _ = q.shape
     lk = k.shape[2]
-    t3, b3 = tau[..., None], beta[..., None]
+    t3, b3 = p0[..., None], p1[..., None]
     t4 = t3[..., None]
     out = torch.empty(bsz, heads, lq, v.shape[3], dtype=wd, device=q.device)
     m_all = torch.empty(bsz, heads, lq, dtype=wd, device=q.device)
@@ -80,30 +129,87 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor
             s = _scores(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
             nan_row |= s.isnan().any(-1)
             inf_row |= (s == math.inf).any(-1)
-            s = s.masked_fill(~((s >= 0) & (s < math.inf)), -math.inf)  # kept, finite
-            m_new = torch.maximum(m, s.amax(-1))
-            alpha = torch.exp((m - m_new) / t3)
-            p = torch.exp((s - m_new[..., None]) / t4)
+            if elastic:
+                s = s.masked_fill(~((s >= 0) & (s < math.inf)), -math.inf)  # kept, finite
+                m_new = torch.maximum(m, s.amax(-1))
+                alpha = torch.exp((m - m_new) / t3)
+                p = torch.exp((s - m_new[..., None]) / t4)
+            else:  # softmax1: every finite score, the shift floored at 0 (docs/definitions.md)
+                s = s.masked_fill(~(s < math.inf), -math.inf)
+                m_new = torch.maximum(m, s.amax(-1))
+                alpha = torch.exp(m - m_new)
+                p = torch.exp(s - m_new[..., None])
             l = l * alpha + p.sum(-1)  # noqa: E741
             acc = acc * alpha[..., None] + p @ v[:, :, k0:k1].to(wd)
             m = m_new
-        den = l + b3 * torch.exp(-m / t3)
+        den = l + b3 * torch.exp(-m / t3) if elastic else l + torch.exp(-m)
         o = torch.where(l[..., None] > 0, acc / den[..., None], 0)
         out[:, :, q0:q1] = o.masked_fill(nan_row[..., None], math.nan)
         m_all[:, :, q0:q1] = torch.where(inf_row, math.inf, m).masked_fill(nan_row, math.nan)
         den_all[:, :, q0:q1] = den.masked_fill(nan_row, math.nan)
-    special.fix_forward(q, k, v, out, m_all, den_all, scale, causal, key_mask)
+    special.fix_forward(q, k, v, out, m_all, den_all, scale, causal, key_mask, weight)
+    return out.to(q.dtype), m_all, den_all
+
+
+def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
+                  p1: torch.Tensor, scale: float, causal: bool,
+                  key_mask: torch.Tensor | None, weight: Weight
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """symax, stablemax (plain running sums, no max) and sigmoid (no normalizer)."""
+    wd = work_dtype(q.dtype)
+    bsz, heads, lq, _ = q.shape
+    lk = k.shape[2]
+    sigmoid = weight is Weight.SIGMOID
+    bias = p0[..., None, None] if sigmoid else None
+    out = torch.empty(bsz, heads, lq, v.shape[3], dtype=wd, device=q.device)
+    m_all = torch.zeros(bsz, heads, lq, dtype=wd, device=q.device)
+    den_all = torch.ones_like(m_all)
+    for q0 in range(0, lq, BLOCK_Q):
+        q1 = min(lq, q0 + BLOCK_Q)
+        qb = q[:, :, q0:q1].to(wd)
+        l = torch.zeros(bsz, heads, q1 - q0, dtype=wd, device=q.device)  # noqa: E741
+        acc = torch.zeros(bsz, heads, q1 - q0, v.shape[3], dtype=wd, device=q.device)
+        nan_row = torch.zeros_like(l, dtype=torch.bool)
+        inf_row = torch.zeros_like(nan_row)
+        for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
+            k1 = min(lk, k0 + BLOCK_K)
+            s, vis = _tile(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
+            f = _weigh(weight, s, bias)
+            if vis is not None:
+                f = torch.where(vis, f, 0)  # hidden keys (a NaN there included) do not exist
+            acc = acc + f @ v[:, :, k0:k1].to(wd)
+            if not sigmoid:
+                nan_row |= f.isnan().any(-1)
+                inf_row |= (f == math.inf).any(-1)
+                l = l + f.sum(-1)  # noqa: E741
+        if sigmoid:  # each weight on its own: a NaN score reaches out through its product
+            out[:, :, q0:q1] = acc
+            continue
+        den = p1[..., None] + l if weight is Weight.SYMAX else l
+        o = torch.where(den[..., None] == 0, 0, acc / den[..., None])  # 0/0 is 0
+        out[:, :, q0:q1] = o.masked_fill(nan_row[..., None], math.nan)
+        m_all[:, :, q0:q1] = torch.zeros_like(l).masked_fill(inf_row, math.inf).masked_fill(
+            nan_row, math.nan)
+        den_all[:, :, q0:q1] = den.masked_fill(nan_row, math.nan)
+    if not sigmoid:
+        special.fix_forward(q, k, v, out, m_all, den_all, scale, causal, key_mask, weight)
     return out.to(q.dtype), m_all, den_all
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-             do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, tau: torch.Tensor,
-             beta: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None
+             do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
+             p1: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
+             weight: Weight | int = Weight.ELASTIC
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in q's dtype and (dtau, dbeta) per (batch, head) in the work dtype."""
+    """(dq, dk, dv) in q's dtype and (dp0, dp1) per (batch, head) in the work dtype."""
+    weight = Weight(weight)
+    if not weight.exponential:
+        return _backward_sums(q, k, v, out, do, m, den, p0, p1, scale, causal, key_mask,
+                              weight)
+    elastic = weight is Weight.ELASTIC
     wd = work_dtype(q.dtype)
     lq, lk = q.shape[2], k.shape[2]
-    t4 = tau[..., None, None]
+    t4 = p0[..., None, None]
     m, den = m.to(wd), den.to(wd)
     inf_row = m == math.inf
     nan_row = m.isnan()
@@ -125,27 +231,90 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
             k1 = min(lk, k0 + BLOCK_K)
             kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
             s = _scores(qb, kb, scale, causal, q0, k0, key_mask)
-            keep = ((s >= 0) | (rows & (s != -math.inf))) & ~skip
-            z = torch.where(keep, (s - mb) / t4, 0)
-            p = torch.where(keep, torch.exp(z) * rb, 0)
             dp = dob @ vb.transpose(-1, -2)
-            # (dp - c)/tau before the product: a subnormal p (dp - c) is never scaled by 1/tau
-            ds = torch.where(keep, p * ((dp - cb) / t4), 0)
+            if elastic:
+                keep = ((s >= 0) | (rows & (s != -math.inf))) & ~skip
+                z = torch.where(keep, (s - mb) / t4, 0)
+                p = torch.where(keep, torch.exp(z) * rb, 0)
+                # (dp - c)/tau before the product: a subnormal p (dp - c) is never scaled by 1/tau
+                ds = torch.where(keep, p * ((dp - cb) / t4), 0)
+                dsz += (ds * z).sum((-1, -2))
+            else:  # softmax1: every visible key
+                keep = (s != -math.inf) & ~skip
+                p = torch.where(keep, torch.exp(torch.where(keep, s - mb, 0)) * rb, 0)
+                ds = torch.where(keep, p * (dp - cb), 0)
             dv[:, :, k0:k1] += p.transpose(-1, -2) @ dob
             dk[:, :, k0:k1] += (ds.transpose(-1, -2) @ qb) * scale
             dq[:, :, q0:q1] += (ds @ kb) * scale
-            dsz += (ds * z).sum((-1, -2))
-    dtau, dbeta = param_grads(dsz, c, m, den, tau, beta)
-    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask)
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dtau, dbeta
+    if elastic:
+        dp0, dp1 = param_grads(dsz, c, m, den, p0, p1)
+    else:
+        dp0, dp1 = torch.zeros_like(p0), torch.zeros_like(p1)
+    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask, weight)
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp0, dp1
+
+
+def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
+                   p1: torch.Tensor, scale: float, causal: bool,
+                   key_mask: torch.Tensor | None, weight: Weight
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                              torch.Tensor]:
+    """symax and stablemax (ds = f'(s)/den (g - c)), sigmoid (ds = g y (1 - y))."""
+    wd = work_dtype(q.dtype)
+    lq, lk = q.shape[2], k.shape[2]
+    sigmoid = weight is Weight.SIGMOID
+    bias = p0[..., None, None] if sigmoid else None
+    m, den = m.to(wd), den.to(wd)
+    inf_row = m == math.inf
+    r = torch.where(den == 0, 0, 1 / den).masked_fill(inf_row, 0)  # NaN rows stay NaN
+    c = (do.to(wd) * out.to(wd)).sum(-1)
+    dq = torch.zeros(q.shape, dtype=wd, device=q.device)
+    dk = torch.zeros(k.shape, dtype=wd, device=q.device)
+    dv = torch.zeros(v.shape, dtype=wd, device=q.device)
+    dbias = torch.zeros(q.shape[:2], dtype=wd, device=q.device)
+    for q0 in range(0, lq, BLOCK_Q):
+        q1 = min(lq, q0 + BLOCK_Q)
+        qb, dob = q[:, :, q0:q1].to(wd), do[:, :, q0:q1].to(wd)
+        rb, cb = r[:, :, q0:q1, None], c[:, :, q0:q1, None]
+        skip = inf_row[:, :, q0:q1, None]
+        for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
+            k1 = min(lk, k0 + BLOCK_K)
+            kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
+            s, vis = _tile(qb, kb, scale, causal, q0, k0, key_mask)
+            if not sigmoid:  # an infinite weight's query is special's; keep its s finite
+                s = s.masked_fill(skip, 0)
+            f = _weigh(weight, s, bias)
+            g = dob @ vb.transpose(-1, -2)
+            if sigmoid:
+                y = f
+                ds = g * _slope(weight, s, f)
+            else:
+                y = f * rb
+                ds = _slope(weight, s, f) * rb * (g - cb)
+            if vis is not None:
+                y, ds = torch.where(vis, y, 0), torch.where(vis, ds, 0)
+            dv[:, :, k0:k1] += y.transpose(-1, -2) @ dob
+            dk[:, :, k0:k1] += (ds.transpose(-1, -2) @ qb) * scale
+            dq[:, :, q0:q1] += (ds @ kb) * scale
+            if sigmoid:
+                dbias += ds.sum((-1, -2))
+    dp0, dp1 = torch.zeros_like(p0), torch.zeros_like(p1)
+    if sigmoid:
+        dp0 = dbias
+    elif weight is Weight.SYMAX:
+        dp1 = -torch.where(inf_row, 0, c * r).sum(-1)
+    if not sigmoid:
+        special.fix_backward(q, k, do, dv, m, scale, causal, key_mask, weight)
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp0, dp1
 
 
 def param_grads(dsz: torch.Tensor, c: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
                 tau: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dtau, dbeta) per (batch, head) from sum ds z over each (batch, head), c = rowsum(dO
-    out) and the forward's statistics m, den per query (the module doc's formulas); a +inf
-    query adds nothing (its output does not move), a NaN one NaN. Every kernel's backward
-    ends here, on the device."""
+    """Elastic's (dtau, dbeta) per (batch, head) from sum ds z over each (batch, head),
+    c = rowsum(dO out) and the forward's statistics m, den per query (the module doc's
+    formulas); a +inf query adds nothing (its output does not move), a NaN one NaN. Every
+    kernel's Elastic backward ends here, on the device."""
     t3, b3 = tau[..., None], beta[..., None]
     inf_row = m == math.inf
     m0 = torch.where(inf_row, 0, m)

@@ -1,11 +1,14 @@
-"""Queries with a +inf score, off every kernel's hot path (docs/attention.md section 3).
+"""Queries with an infinite weight, off every kernel's hot path (docs/attention.md section 3).
 
-A +inf score wins outright: the query's weights are the limit, 1/k on each of its k
-visible +inf scores and 0 elsewhere, so its output is the mean of those keys' values and
-its gradients are zero except dv, which gets dO/k at each of them. A flash kernel marks
-such a query by its statistics (m = +inf; NaN wins over +inf) and leaves the rest to these
-two functions, which the native and tiled torch kernels share (the Triton kernel finishes
-such queries in its own loop, reading nothing back to the host: docs/attention.md section 7).
+An infinite weight wins outright: the query's weights are the limit, 1/k on each of its k
+visible infinite weights and 0 elsewhere, so its output is the mean of those keys' values
+and its gradients are zero except dv, which gets dO/k at each of them. The infinite weights
+are the +inf scores for Elastic, softmax1 and stablemax, and the +inf and -inf ones for
+symax (|-inf| is infinite too: docs/definitions.md section 3); sigmoid's weights are at
+most 1 and it has no such query. A flash kernel marks such a query by its statistics
+(m = +inf; NaN wins over +inf) and leaves the rest to these two functions, which the native
+and tiled torch kernels share (the Triton kernel finishes such queries in its own loop,
+reading nothing back to the host: docs/attention.md section 7).
 """
 
 from __future__ import annotations
@@ -14,31 +17,35 @@ import math
 
 import torch
 
+from .weights import Weight
+
 
 def _infinite_scores(q: torch.Tensor, k: torch.Tensor, m: torch.Tensor, scale: float,
-                     causal: bool, key_mask: torch.Tensor | None
+                     causal: bool, key_mask: torch.Tensor | None, weight: Weight | int
                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(indices (n, 3) of the +inf queries, their (n, length_k) float hit matrix / count)."""
+    """(indices (n, 3) of the queries marked m = +inf, their (n, length_k) float matrix of
+    infinite weights / their count)."""
     idx = (m == math.inf).nonzero()
     if idx.numel() == 0:
         return None
     b, h, i = idx.unbind(1)
     wd = m.dtype
     s = torch.einsum("nd,njd->nj", q[b, h, i].to(wd), k[b, h].to(wd)) * scale
+    hits = (s.abs() if Weight(weight) is Weight.SYMAX else s) == math.inf
     if causal:
-        s = s.masked_fill(~(torch.arange(k.shape[2], device=q.device)[None, :] <= i[:, None]),
-                          -math.inf)
+        hits &= torch.arange(k.shape[2], device=q.device)[None, :] <= i[:, None]
     if key_mask is not None:  # (batch, length_k): padded keys do not exist for the query
-        s = s.masked_fill(~key_mask.to(device=s.device, dtype=torch.bool)[b], -math.inf)
-    hits = (s == math.inf).to(wd)
+        hits &= key_mask.to(device=s.device, dtype=torch.bool)[b]
+    hits = hits.to(wd)
     return idx, hits / hits.sum(-1, keepdim=True)
 
 
 def fix_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                 m: torch.Tensor, den: torch.Tensor, scale: float, causal: bool,
-                key_mask: torch.Tensor | None = None) -> None:
+                key_mask: torch.Tensor | None = None,
+                weight: Weight | int = Weight.ELASTIC) -> None:
     """Overwrite out and den (in place) at the queries whose m is +inf."""
-    found = _infinite_scores(q, k, m, scale, causal, key_mask)
+    found = _infinite_scores(q, k, m, scale, causal, key_mask, weight)
     if found is None:
         return
     idx, share = found
@@ -49,10 +56,12 @@ def fix_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
 
 def fix_backward(q: torch.Tensor, k: torch.Tensor, do: torch.Tensor, dv: torch.Tensor,
                  m: torch.Tensor, scale: float, causal: bool,
-                 key_mask: torch.Tensor | None = None) -> None:
-    """Add the +inf queries' dO / k to dv of their +inf keys (in place, dv in work dtype);
-    key_mask (batch, length_k) bool, True where a key takes part, as the kernels take it."""
-    found = _infinite_scores(q, k, m, scale, causal, key_mask)
+                 key_mask: torch.Tensor | None = None,
+                 weight: Weight | int = Weight.ELASTIC) -> None:
+    """Add the marked queries' dO / k to dv of their infinite-weight keys (in place, dv in
+    work dtype); key_mask (batch, length_k) bool, True where a key takes part, as the
+    kernels take it."""
+    found = _infinite_scores(q, k, m, scale, causal, key_mask, weight)
     if found is None:
         return
     idx, share = found
