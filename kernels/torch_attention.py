@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from elasticbench.attention import flash
-from elasticbench.attention.composite import elastic_attention_composite
+from elasticbench.attention.composite import attention_composite, elastic_attention_composite
+from elasticbench.attention.weights import Weight
 from elasticbench.kernel_spec import register_kernel
 
 
@@ -96,3 +97,167 @@ def sdpa_bwd(q, k, v, *, scale, causal, attn_mask=None):
     with torch.enable_grad():
         out = _sdpa(*leaves, scale, causal, attn_mask)
     return _autograd_step(out, leaves)
+
+
+# The family's composites (attention/composite.py attention_composite): one per attention
+# function of docs/attention.md section 9, every row parameter a (batch, heads) tensor.
+
+
+def _family(weight, q, k, v, scale, causal, attn_mask, p0=None, p1=None):
+    zero = 0.0
+    return attention_composite(weight, q, k, v, p0=zero if p0 is None else _per_head(p0),
+                               p1=zero if p1 is None else _per_head(p1), scale=scale,
+                               causal=causal, attn_mask=attn_mask)
+
+
+def _family_bwd(weight, q, k, v, scale, causal, attn_mask, **params):
+    """The composite's gradients through autograd: (dq, dk, dv, *dparams)."""
+    names = list(params)
+    leaves = _leaves(q, k, v, *params.values())
+    with torch.enable_grad():
+        out = _family(weight, *leaves[:3], scale, causal, attn_mask,
+                      **dict(zip(names, leaves[3:], strict=True)))
+    return _autograd_step(out, leaves)
+
+
+@register_kernel(function="softmax1_attention", backend="torch",
+                 name="torch_softmax1_attention_composite")
+def torch_softmax1_attention_composite(q, k, v, *, scale, causal, attn_mask=None):
+    """The eager composite: the whole score matrix, softmax1, weights @ v."""
+    return _family(Weight.SOFTMAX1, q, k, v, scale, causal, attn_mask)
+
+
+@register_kernel(function="softmax1_attention", backend="torch", mode="bwd",
+                 name="torch_softmax1_attention_composite")
+def torch_softmax1_attention_composite_bwd(q, k, v, *, scale, causal, attn_mask=None):
+    """The composite's gradients through autograd."""
+    return _family_bwd(Weight.SOFTMAX1, q, k, v, scale, causal, attn_mask)
+
+
+@register_kernel(function="symax_attention", backend="torch",
+                 name="torch_symax_attention_composite")
+def torch_symax_attention_composite(q, k, v, *, eta, scale, causal, attn_mask=None):
+    """The eager composite: the whole score matrix, |s| / (eta + sum |s|), weights @ v."""
+    return _family(Weight.SYMAX, q, k, v, scale, causal, attn_mask, p1=eta)
+
+
+@register_kernel(function="symax_attention", backend="torch", mode="bwd",
+                 name="torch_symax_attention_composite")
+def torch_symax_attention_composite_bwd(q, k, v, *, eta, scale, causal, attn_mask=None):
+    """The composite's gradients through autograd (deta included)."""
+    return _family_bwd(Weight.SYMAX, q, k, v, scale, causal, attn_mask, p1=eta)
+
+
+@register_kernel(function="stablemax_attention", backend="torch",
+                 name="torch_stablemax_attention_composite")
+def torch_stablemax_attention_composite(q, k, v, *, scale, causal, attn_mask=None):
+    """The eager composite: the whole score matrix, stablemax, weights @ v."""
+    return _family(Weight.STABLEMAX, q, k, v, scale, causal, attn_mask)
+
+
+@register_kernel(function="stablemax_attention", backend="torch", mode="bwd",
+                 name="torch_stablemax_attention_composite")
+def torch_stablemax_attention_composite_bwd(q, k, v, *, scale, causal, attn_mask=None):
+    """The composite's gradients through autograd."""
+    return _family_bwd(Weight.STABLEMAX, q, k, v, scale, causal, attn_mask)
+
+
+@register_kernel(function="sigmoid_attention", backend="torch",
+                 name="torch_sigmoid_attention_composite")
+def torch_sigmoid_attention_composite(q, k, v, *, bias, scale, causal, attn_mask=None):
+    """The eager composite: the whole score matrix, sigmoid(s + bias), weights @ v."""
+    return _family(Weight.SIGMOID, q, k, v, scale, causal, attn_mask, p0=bias)
+
+
+@register_kernel(function="sigmoid_attention", backend="torch", mode="bwd",
+                 name="torch_sigmoid_attention_composite")
+def torch_sigmoid_attention_composite_bwd(q, k, v, *, bias, scale, causal, attn_mask=None):
+    """The composite's gradients through autograd (dbias included)."""
+    return _family_bwd(Weight.SIGMOID, q, k, v, scale, causal, attn_mask, p0=bias)
+
+
+# The family's tiled torch code (attention/flash.py, one forward and backward for every
+# weight), called directly as torch_attention_flash is: the tiled code verified and timed
+# under its name. Row parameters arrive as (batch, heads) tensors; step(dout) returns
+# (dq, dk, dv) and then each row parameter's gradient (deta, dbias).
+
+
+def _flash_params(q: torch.Tensor, p0: torch.Tensor | None = None,
+                  p1: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p0, p1) for flash: an absent one as zeros (its weight ignores it)."""
+    given = p0 if p0 is not None else p1
+    zero = (torch.zeros(q.shape[:2], dtype=torch.float64 if q.dtype == torch.float64
+                        else torch.float32, device=q.device) if given is None
+            else torch.zeros_like(given))
+    return (zero if p0 is None else p0), (zero if p1 is None else p1)
+
+
+def _flash_step(weight: Weight, q, k, v, scale, causal, key_mask, p0=None, p1=None):
+    """The forward now, then step(dout) -> (dq, dk, dv, *the given parameters' grads)."""
+    a, b = _flash_params(q, p0, p1)
+    out, m, den = flash.forward(q, k, v, a, b, scale, causal, key_mask, weight)
+
+    def step(dout: torch.Tensor):
+        dq, dk, dv, da, db = flash.backward(q, k, v, out, dout, m, den, a, b, scale, causal,
+                                            key_mask, weight)
+        return (dq, dk, dv, *(g for g, p in ((da, p0), (db, p1)) if p is not None))
+    return step
+
+
+@register_kernel(function="softmax1_attention", backend="torch",
+                 name="torch_softmax1_attention_flash")
+def torch_softmax1_attention_flash(q, k, v, *, scale, causal, key_mask=None):
+    """Tiled torch: online max (floored at 0) and sum, the 1 rescaled, O(length) memory."""
+    return flash.forward(q, k, v, *_flash_params(q), scale, causal, key_mask,
+                         Weight.SOFTMAX1)
+
+
+@register_kernel(function="softmax1_attention", backend="torch", mode="bwd",
+                 name="torch_softmax1_attention_flash")
+def torch_softmax1_attention_flash_bwd(q, k, v, *, scale, causal, key_mask=None):
+    """Tiled torch backward from the forward's two statistics per query."""
+    return _flash_step(Weight.SOFTMAX1, q, k, v, scale, causal, key_mask)
+
+
+@register_kernel(function="symax_attention", backend="torch", name="torch_symax_attention_flash")
+def torch_symax_attention_flash(q, k, v, *, eta, scale, causal, key_mask=None):
+    """Tiled torch: plain running sums of |s| and |s| v, / (eta + sum) at the end."""
+    return flash.forward(q, k, v, *_flash_params(q, p1=eta), scale, causal, key_mask,
+                         Weight.SYMAX)
+
+
+@register_kernel(function="symax_attention", backend="torch", mode="bwd",
+                 name="torch_symax_attention_flash")
+def torch_symax_attention_flash_bwd(q, k, v, *, eta, scale, causal, key_mask=None):
+    """Tiled torch backward (deta = -sum_i rowsum(dO out)_i / den_i)."""
+    return _flash_step(Weight.SYMAX, q, k, v, scale, causal, key_mask, p1=eta)
+
+
+@register_kernel(function="stablemax_attention", backend="torch",
+                 name="torch_stablemax_attention_flash")
+def torch_stablemax_attention_flash(q, k, v, *, scale, causal, key_mask=None):
+    """Tiled torch: plain running sums of st(s) and st(s) v, normalized at the end."""
+    return flash.forward(q, k, v, *_flash_params(q), scale, causal, key_mask,
+                         Weight.STABLEMAX)
+
+
+@register_kernel(function="stablemax_attention", backend="torch", mode="bwd",
+                 name="torch_stablemax_attention_flash")
+def torch_stablemax_attention_flash_bwd(q, k, v, *, scale, causal, key_mask=None):
+    """Tiled torch backward from the forward's denominators."""
+    return _flash_step(Weight.STABLEMAX, q, k, v, scale, causal, key_mask)
+
+
+@register_kernel(function="sigmoid_attention", backend="torch",
+                 name="torch_sigmoid_attention_flash")
+def torch_sigmoid_attention_flash(q, k, v, *, bias, scale, causal, key_mask=None):
+    """Tiled torch: sum of sigmoid(s + bias) v, no normalizer."""
+    return flash.forward(q, k, v, *_flash_params(q, p0=bias), scale, causal, key_mask,
+                         Weight.SIGMOID)
+
+
+@register_kernel(function="sigmoid_attention", backend="torch", mode="bwd",
+                 name="torch_sigmoid_attention_flash")
+def torch_sigmoid_attention_flash_bwd(q, k, v, *, bias, scale, causal, key_mask=None):
+    """Tiled torch backward (ds = g y (1 - y), dbias = sum ds)."""
+    return _flash_step(Weight.SIGMOID, q, k, v, scale, causal, key_mask, p0=bias)

@@ -1,10 +1,20 @@
 """The function family, each member defined once (see docs/definitions.md), and the
-attention functions built on them (docs/attention.md)."""
+attention functions built on them (docs/attention.md). functions/sigmoid.py defines the
+sigmoid weight, which only attention takes (`sigmoid_attention`): it is no row function of
+the rows kind (docs/attention.md section 9 says why)."""
 
 from __future__ import annotations
 
 from . import elastic, softmax, softmax1, stablemax, symax
-from .attention import ELASTIC_ATTENTION, SOFTMAX_ATTENTION, AttentionFunction
+from .attention import (
+    ELASTIC_ATTENTION,
+    SIGMOID_ATTENTION,
+    SOFTMAX1_ATTENTION,
+    SOFTMAX_ATTENTION,
+    STABLEMAX_ATTENTION,
+    SYMAX_ATTENTION,
+    AttentionFunction,
+)
 from .base import Function, Param, RowTruth
 
 FUNCTIONS: dict[str, Function] = {
@@ -14,7 +24,8 @@ FUNCTION_NAMES: tuple[str, ...] = tuple(FUNCTIONS)
 
 # Kernels of these take (q, k, v), not rows: `verify` and `run` give them their own jobs.
 ATTENTION_FUNCTIONS: dict[str, AttentionFunction] = {
-    f.name: f for f in (ELASTIC_ATTENTION, SOFTMAX_ATTENTION)
+    f.name: f for f in (ELASTIC_ATTENTION, SOFTMAX_ATTENTION, SOFTMAX1_ATTENTION,
+                        SYMAX_ATTENTION, STABLEMAX_ATTENTION, SIGMOID_ATTENTION)
 }
 
 ROW, ATTENTION = "row", "attention"  # the kinds of kernel function

@@ -31,6 +31,9 @@ ROW_MASKED = "masked"  # nothing survives (or 0/0): every output exactly 0
 # follows from it (verify/backward.py).
 TEMPERATURE = "temperature"  # tau in exp((s - m) / tau)
 OFFSET = "offset"  # beta in the denominator's constant term beta * exp(-m / tau)
+# Roles outside the exp-normalize form (attention's budgets, verify/attention_check.py):
+DENOMINATOR = "denominator"  # eta, the constant term of a weight-normalize denominator
+SHIFT = "shift"  # bias, added to every argument of an elementwise weight (sigmoid)
 
 
 def above_minus_inf(x: Any) -> Any:
@@ -123,21 +126,18 @@ class RowGrad:
         return cls(truth, [zero] * n, [True] * n, dict.fromkeys(param_names, zero))
 
 
-def exp_normalize_grad(
-    truth: RowTruth, g: Sequence[float], keep: Sequence[bool], scale: float = 1.0
-) -> tuple[mpmath.mpf, list, list[bool]]:
-    """c = sum_i g_i y_i and dx_k = y_k (g_k - c) * scale on kept positions (0 elsewhere).
+def centered(
+    y: Sequence[Any], g: Sequence[float], keep: Sequence[bool], share: Any
+) -> tuple[mpmath.mpf, list]:
+    """c = sum_i g_i y_i and g_k - c for every k, exactly.
 
-    The gradient of every exp-normalize member: the constant term of the denominator
-    (beta, or softmax1's 1) only enters through y and its share. For the largest output,
-    when it is alone, g_k - c is taken as sum_{i != k} (g_k - g_i) y_i + g_k share (the same
-    number, since 1 - y_k = sum_{i != k} y_i + share): as y_k nears 1, g_k - c cancels to
-    far below any fixed working precision, and this form does not.
+    For the largest output, when it is alone among the kept, g_k - c is taken as
+    sum_{i != k} (g_k - g_i) y_i + g_k share (the same number, since 1 - y_k =
+    sum_{i != k} y_i + share, share the constant term's part of the denominator): as y_k
+    nears 1, g_k - c cancels to far below any fixed working precision, and this form does not.
     """
     gm = [mpmath.mpf(v) for v in g]
-    y = truth.y
     c = mpmath.fsum(gi * yi for gi, yi in zip(gm, y, strict=True))
-    sc = mpmath.mpf(scale)
     diff = [gk - c for gk in gm]
     kept_y = [(yk, k) for k, (yk, kk) in enumerate(zip(y, keep, strict=True)) if kk]
     if kept_y:
@@ -146,9 +146,51 @@ def exp_normalize_grad(
         if len(tops) == 1:
             k = tops[0]
             diff[k] = mpmath.fsum((gm[k] - gi) * yi for i, (gi, yi) in enumerate(zip(gm, y, strict=True))
-                                  if i != k) + gm[k] * truth.share
+                                  if i != k) + gm[k] * share
+    return c, diff
+
+
+def exp_normalize_grad(
+    truth: RowTruth, g: Sequence[float], keep: Sequence[bool], scale: float = 1.0
+) -> tuple[mpmath.mpf, list, list[bool]]:
+    """c = sum_i g_i y_i and dx_k = y_k (g_k - c) * scale on kept positions (0 elsewhere).
+
+    The gradient of every exp-normalize member: the constant term of the denominator
+    (beta, or softmax1's 1) only enters through y and its share; g_k - c as `centered`
+    forms it (no cancellation at the top output).
+    """
+    y = truth.y
+    c, diff = centered(y, g, keep, truth.share)
+    sc = mpmath.mpf(scale)
     dx = [yk * dk * sc if k else mpmath.mpf(0) for yk, dk, k in zip(y, diff, keep, strict=True)]
     return c, dx, [not k for k in keep]
+
+
+def weight_normalize_grad(
+    truth: RowTruth, row: Sequence[Any], g: Sequence[float],
+    weight: Callable[[Any], mpmath.mpf], slope: Callable[[Any], mpmath.mpf],
+    constant: float = 0.0, constant_name: str | None = None,
+) -> RowGrad:
+    """Exact gradients of y_i = w(x_i) / D, D = constant + sum_j w(x_j), for upstream g:
+
+        dx_k = w'(x_k) (g_k - c) / D,   c = sum_i g_i y_i,   d constant = -c / D
+
+    (under constant_name, when the constant is a parameter); `slope` is w'. Rows that are
+    not finite get RowGrad.constant's gradients (NaN, or exactly 0); g_k - c is formed as
+    `centered` forms it, the constant's share of D standing for the exp family's offset.
+    """
+    names = (constant_name,) if constant_name else ()
+    if truth.kind != ROW_FINITE:
+        return RowGrad.constant(truth, names)
+    xs = list(row)
+    w = [weight(v) for v in xs]
+    den = mpmath.fsum(w) + constant
+    y = [wi / den for wi in w]
+    c, diff = centered(y, g, [wi != 0 for wi in w], mpmath.mpf(constant) / den)
+    slopes = [slope(v) for v in xs]
+    dx = [sl * dk / den for sl, dk in zip(slopes, diff, strict=True)]
+    dparams = {constant_name: -c / den} if constant_name else {}
+    return RowGrad(truth, dx, [sl == 0 for sl in slopes], dparams)
 
 
 @dataclass(frozen=True)
@@ -204,6 +246,9 @@ class Function:
     # numerics/certified.py), and the constant term of its denominator.
     weights: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
     weight_offset: Callable[[Mapping[str, float]], float] = lambda params: 0.0
+    # False: each output a weight of its own input alone, no row-wide denominator (sigmoid,
+    # an attention weight only): no phase built for normalized rows may take it.
+    normalized: bool = True
 
     @property
     def param_names(self) -> tuple[str, ...]:

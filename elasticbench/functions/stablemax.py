@@ -9,12 +9,18 @@ import mpmath
 import numpy as np
 
 from ..numerics import dd
-from .base import Function, RowTruth, has_nan, weight_normalize
+from .base import Function, RowGrad, RowTruth, has_nan, weight_normalize, weight_normalize_grad
 
 
 def s(v: float) -> mpmath.mpf:
     x = mpmath.mpf(v)
     return x + 1 if v >= 0 else 1 / (1 - x)
+
+
+def slope(v: float) -> mpmath.mpf:
+    """s'(x): 1 for x >= 0, 1/(1 - x)^2 below (continuous at 0; 0 at -inf)."""
+    x = mpmath.mpf(v)
+    return mpmath.mpf(1) if v >= 0 else 1 / (1 - x) ** 2
 
 
 def weights(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -36,6 +42,13 @@ def reference(row: list[float]) -> RowTruth:
     if has_nan(row):
         return RowTruth.nan(len(row))
     return weight_normalize(row, s)
+
+
+def gradient(row: list, g: list) -> RowGrad:
+    """dx_k = s'(x_k) (g_k - c) / sum s(x), exactly; rows that are not finite as
+    RowGrad.constant says. Attention's gradient reference (functions/attention.py); the rows
+    kind verifies stablemax's forward only."""
+    return weight_normalize_grad(reference(row), row, g, s, slope)
 
 
 FUNCTION = Function(

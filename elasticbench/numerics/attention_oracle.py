@@ -3,8 +3,11 @@
 The scores s_ij = scale * q_i . k_j are formed exactly (mpmath at `precision` bits from the
 exact inputs), each query's weights are its row function's exact reference over the keys it
 sees (functions/), and out_i = sum_j w_ij v_j is summed exactly. The gradients for an
-upstream dO are the row function's exact gradients with g_j = dO_i . v_j (docs/attention.md
-section 2), carried to q, k and v, and summed over the queries for the row parameters.
+upstream dO are the row function's exact gradients (AttentionFunction.gradient_row) with
+g_j = dO_i . v_j (docs/attention.md sections 2 and 9), carried to q, k and v, and summed over
+the queries for the row parameters. A NaN query of a normalized weight makes everything it
+reaches NaN; sigmoid's weights are each alone, so a NaN score there makes NaN only what
+that weight reaches (dq_i, dk_j, dv_j and the bias).
 
 This is the accurate phase of the attention reference (numerics/attention_truth.py): it
 answers the query rows (forward) and the heads (gradients) that the certified phase
@@ -152,12 +155,12 @@ def _gradient_row(acc: Accumulators, fn: AttentionFunction, rowp: dict[str, floa
                   head: Head, DO: list, i: int) -> None:
     """Query i's share of the head's gradients: ds = the row gradient for g_j = dO_i . v_j."""
     keys, s, rt, live = head.rows[i]
-    if rt.kind == ROW_NAN:
+    if rt.kind == ROW_NAN and fn.normalized:
         _nan_row(acc, i, keys)
         return
     zero = mpmath.mpf(0)
     g = [mpmath.fdot(DO[i], head.V[j]) if p in live else zero for p, j in enumerate(keys)]
-    rg = fn.row.gradient_row(s, g, **rowp)
+    rg = fn.gradient_row(s, g, **rowp)
     for p in live:  # dv_j += w_ij dO_i (the +inf limit included)
         j = keys[p]
         acc.touched_v[j] = True
@@ -169,6 +172,12 @@ def _gradient_row(acc: Accumulators, fn: AttentionFunction, rowp: dict[str, floa
     sc = head.sc
     for p, j in enumerate(keys):
         ds = rg.dx[p]
+        if ds is None:  # an elementwise weight's NaN (sigmoid): its key's dk, dv and dq_i
+            acc.DQ[i] = [mpmath.nan] * len(acc.DQ[i])
+            acc.DK[j] = [mpmath.nan] * len(acc.DK[j])
+            acc.DV[j] = [mpmath.nan] * len(acc.DV[j])
+            acc.touched_q[i] = acc.touched_k[j] = acc.touched_v[j] = True
+            continue
         if rg.zero[p] or ds == 0:
             continue
         acc.DQ[i] = [a + sc * ds * kk for a, kk in zip(acc.DQ[i], head.K[j], strict=True)]

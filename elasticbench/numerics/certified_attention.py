@@ -269,18 +269,20 @@ def weights(fn: AttentionFunction, params: dict[str, float], sc: Scores, k: np.n
     trusted = (sc.trusted & (sure | ~sc.visible).all(axis=1)
                & (np.where(kept, z.b, 0.0).max(axis=1, initial=0.0) <= ARG_MAX)
                & ((mt.b <= ARG_MAX) & ((offset == 0) | (mt.h >= 0)) | ~finite)
-               & _row_function_fits(fn, params))
+               & row_function_fits(fn, params))
     zbar, zbar_bound = _zbar(y, z, share, mt)
     return Weights(y, z, q0, share, mt, kept, top, kind, zabs, np.where(finite, zbar, 0.0),
                    np.where(finite, zbar_bound, 0.0), trusted)
 
 
-def _row_function_fits(fn: AttentionFunction, params: dict[str, float]) -> bool:
+def row_function_fits(fn: AttentionFunction, params: dict[str, float]) -> bool:
     """Whether the row function is an exp-normalize member this phase evaluates (shift by
-    the largest kept score) at parameters inside the safe range of numerics/certified.py."""
+    the largest kept score) at parameters inside the safe range of numerics/certified.py.
+    Every other member (softmax1's floored shift, the weight-normalize members, sigmoid)
+    is declined: mpmath answers for it."""
     row = fn.row
     tau, offset = row.temperature(params), row.offset(params)
-    return (row.weights is None and row.shift_floor == -math.inf
+    return (row.normalized and row.weights is None and row.shift_floor == -math.inf
             and TAU_RANGE[0] <= tau <= TAU_RANGE[1] and math.isfinite(offset)
             and 0 <= offset < 2.0**900)
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..functions import AttentionFunction
-from ..functions.base import OFFSET, TEMPERATURE
+from ..functions.base import DENOMINATOR, OFFSET, SHIFT, TEMPERATURE
 from ..numerics.attention_budget import Conditioning, gradient_allowance
 from ..numerics.attention_truth import AttentionTruth
 from ..numerics.dtypes import FloatFormat
@@ -134,7 +134,8 @@ def check_forward(out: np.ndarray, truth: AttentionTruth, cond: Conditioning,
     return verdict([s])
 
 
-_ROLE_KEY = {TEMPERATURE: "tau", OFFSET: "beta"}
+# which allowance of numerics/attention_budget.py gradient_allowance judges a parameter
+_ROLE_KEY = {TEMPERATURE: "tau", OFFSET: "beta", DENOMINATOR: "eta", SHIFT: "bias"}
 
 
 def _param_check(name: str, got: np.ndarray, hi: np.ndarray, lo: np.ndarray,
