@@ -25,14 +25,17 @@ from .launch import (
     LaunchOptions,
     check_rows,
     current_options,
+    device_sms,
     exp2_model_ulps,
-    launch_rows,
-    plan,
+    launch_items,
+    note_plan,
+    plan_rows,
     pow2_at_least,
     run,
+    split_args,
 )
-from .memory import ld, max_nan, st
-from .params import RowParams, memory_params, row_params, scalar_params
+from .memory import ld, max_nan, st, tile_mask
+from .params import RowParams, memory_params, row_params, rows_params, scalar_params
 from .rows import ordinary
 
 LN2 = tl.constexpr(0.6931471805599453)  # jit code reads only constexpr globals
@@ -168,6 +171,155 @@ def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx
 
 
 @triton.jit
+def elastic_bwd_rows_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
+                            k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0,
+                            ts1, ts2, bs0, bs1, bs2,
+                            EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
+                            EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr,
+                            ROWS: tl.constexpr):
+    """Short rows, ROWS at a time: x, y, g read once into registers; dx written once."""
+    cols = tl.arange(0, BLOCK)
+    for blk in tl.range(tl.program_id(0), tl.cdiv(rows, ROWS), tl.num_programs(0)):
+        row = blk * ROWS + tl.arange(0, ROWS)
+        k, pre, tau, inv_tau, beta = rows_params(row, rows, k0, pre0, tau0, inv_tau0, beta0,
+                                                 tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2,
+                                                 bs0, bs1, bs2, FROM_MEMORY)
+        mask = tile_mask(row, rows, cols, n, ROWS, BLOCK, EVEN)
+        at = row.to(tl.int64)[:, None]
+        x = ld(x_ptr + at * sx + cols[None, :], mask, float("-inf"), False)
+        y = ld(y_ptr + at * sy + cols[None, :], mask, 0.0, False)
+        g = ld(g_ptr + at * sg + cols[None, :], mask, 0.0, False)
+        s = keep(x, True)
+        top = max_nan(s, 1)[:, None]
+        m = tl.where(_regular(top), top, 0.0)
+        den = tl.sum(exp2_scaled(s - m, k, pre, False, EXP2_ULPS), axis=1)[:, None]
+        gy = tl.where(x < 0.0, 0.0, g * y)
+        c = tl.sum(gy, axis=1)[:, None]
+        st(dx_ptr + at * sdx + cols[None, :], _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT),
+           mask, False)
+        t = _bwd_t(s, m, y, k, pre)
+        dtau, dbeta = _bwd_row_partials(c, tl.sum(y * t, axis=1)[:, None],
+                                        tl.sum(gy * t, axis=1)[:, None], den, top, m, k, pre,
+                                        tau, beta, EXP2_ULPS)
+        live = (row < rows)[:, None]
+        tl.store(part_ptr + row[:, None], dtau, mask=live)
+        tl.store(part_ptr + rows + row[:, None], dbeta, mask=live)
+
+
+# Split rows (launch.plan_rows): SPLITS programs of SPAN columns per row, three kernels.
+# Phase 1 stores each (row, split)'s NaN-propagating kept max, its sum of exp((s - own
+# max)/tau) and its c = sum g y; phase 2 combines the row's max and c, writes dx over its
+# span and stores its A/ln2 and B/ln2 (taken at the row's shift); phase 3, one program per
+# row, combines the sums into the row's dtau and dbeta. Five fp32 per (row, split):
+# max, den, c, A/ln2, B/ln2. x, y, g are read twice, as on the online path.
+
+
+@triton.jit
+def elastic_bwd_split_partials_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr, rows, n,
+                                      sx, sy, sg, sdx, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
+                                      beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
+                                      EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
+                                      BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                                      FROM_MEMORY: tl.constexpr, SPAN: tl.constexpr,
+                                      SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """Split rows, phase 1: max, D' and c of each (row, split)."""
+    offs = tl.arange(0, BLOCK)
+    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+        row = item // SPLITS
+        start = (item % SPLITS) * SPAN
+        end = tl.minimum(start + SPAN, n)
+        k, pre, _, _, _ = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr,
+                                     d1, d2, ts0, ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
+        r = tl.cast(row, tl.int64)
+        top = float("-inf")
+        den = 0.0
+        comp = 0.0
+        c_lanes = tl.zeros([BLOCK], dtype=tl.float32)
+        for c0 in tl.range(start, end, BLOCK):
+            idx = c0 + offs
+            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, idx < n, EVEN)
+            top, den, comp = online_step(top, den, comp, keep(x, True), k, pre, EXP2_ULPS)
+            c_lanes += tl.where(x < 0.0, 0.0, g * y)
+        at = tl.cast(item, tl.int64) * 5
+        tl.store(split_ptr + at, top)
+        tl.store(split_ptr + at + 1, den)
+        tl.store(split_ptr + at + 2, tl.sum(c_lanes, axis=0))
+
+
+@triton.jit
+def _split_row(split_ptr, row, parts, live, SPLITS: tl.constexpr):
+    """(max, c, the partials' base pointers, their maxes) of a split row from phase 1."""
+    base = split_ptr + (tl.cast(row, tl.int64) * SPLITS + parts) * 5
+    tops = tl.load(base, mask=live, other=float("-inf"))
+    c = tl.sum(tl.load(base + 2, mask=live, other=0.0), axis=0)
+    return max_nan(tops), c, base, tops
+
+
+@triton.jit
+def elastic_bwd_split_finish_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr, rows, n,
+                                    sx, sy, sg, sdx, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
+                                    beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
+                                    EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
+                                    BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                                    FROM_MEMORY: tl.constexpr, SPAN: tl.constexpr,
+                                    SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """Split rows, phase 2: dx over the span, and its A/ln2, B/ln2 at the row's shift."""
+    offs = tl.arange(0, BLOCK)
+    parts = tl.arange(0, SPLITS_P2)
+    live = parts < SPLITS
+    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+        row = item // SPLITS
+        start = (item % SPLITS) * SPAN
+        end = tl.minimum(start + SPAN, n)
+        k, pre, tau, inv_tau, _ = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
+                                             beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
+                                             FROM_MEMORY)
+        r = tl.cast(row, tl.int64)
+        top, c, _, _ = _split_row(split_ptr, row, parts, live, SPLITS)
+        m = tl.where(_regular(top), top, 0.0)
+        a_lanes = tl.zeros([BLOCK], dtype=tl.float32)
+        b_lanes = tl.zeros([BLOCK], dtype=tl.float32)
+        for c0 in tl.range(start, end, BLOCK):
+            idx = c0 + offs
+            inside = idx < n
+            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
+            st(dx_ptr + r * sdx + idx, _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT), inside,
+               EVEN)
+            t = _bwd_t(keep(x, True), m, y, k, pre)
+            a_lanes += y * t
+            b_lanes += tl.where(x < 0.0, 0.0, g * y) * t
+        at = tl.cast(item, tl.int64) * 5
+        tl.store(split_ptr + at + 3, tl.sum(a_lanes, axis=0))
+        tl.store(split_ptr + at + 4, tl.sum(b_lanes, axis=0))
+
+
+@triton.jit
+def elastic_bwd_split_rows_kernel(part_ptr, split_ptr, rows, k0, pre0, tau0, inv_tau0, beta0,
+                                  tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
+                                  EXP2_ULPS: tl.constexpr, FROM_MEMORY: tl.constexpr,
+                                  SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """Split rows, phase 3: each row's dtau and dbeta from its splits' sums."""
+    parts = tl.arange(0, SPLITS_P2)
+    live = parts < SPLITS
+    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+        k, pre, tau, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
+                                          beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
+                                          FROM_MEMORY)
+        top, c, base, tops = _split_row(split_ptr, row, parts, live, SPLITS)
+        m = tl.where(_regular(top), top, 0.0)
+        dens = tl.load(base + 1, mask=live, other=0.0)
+        own = tl.where(tops > float("-inf"), tops, 0.0)  # the shift each D' was taken at
+        den = tl.sum(tl.where(dens > 0.0,
+                              dens * exp2_scaled(own - m, k, pre, False, EXP2_ULPS), 0.0),
+                     axis=0)
+        a2 = tl.sum(tl.load(base + 3, mask=live, other=0.0), axis=0)
+        b2 = tl.sum(tl.load(base + 4, mask=live, other=0.0), axis=0)
+        dtau, dbeta = _bwd_row_partials(c, a2, b2, den, top, m, k, pre, tau, beta, EXP2_ULPS)
+        tl.store(part_ptr + row, dtau)
+        tl.store(part_ptr + rows + row, dbeta)
+
+
+@triton.jit
 def sum_rows_kernel(part_ptr, out_ptr, rows, BLOCK: tl.constexpr):
     """out[k] = sum of part[k*rows : (k+1)*rows], in one fixed order (one program per k)."""
     k = tl.program_id(0)
@@ -235,11 +387,29 @@ def _backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, params: RowPa
         return dx, None
     part = torch.empty(2 * rows, dtype=torch.float32, device=x2d.device)
     # three arrays live in registers: half the forward's fused rows, or it spills
-    fused, block = plan(n, options.max_fused // 2, options.chunk)
-    kernel = elastic_bwd_fused_kernel if fused else elastic_bwd_online_kernel
-    args = (x2d, y, g, dx, part, rows, n, x2d.stride(0), y.stride(0), g.stride(0),
-            dx.stride(0), *params.args)
-    launch_rows(kernel, rows, args, block, BLOCK=block, EVEN=n % block == 0,
-                EXACT=x2d.dtype == torch.float32, EXP2_ULPS=exp2_model_ulps(options),
-                FROM_MEMORY=params.from_memory)
+    chosen = plan_rows(rows, n, x2d.element_size(), options, device_sms(x2d),
+                       max_fused=options.max_fused // 2)
+    consts = {"BLOCK": chosen.block, "EVEN": n % chosen.block == 0,
+              "EXACT": x2d.dtype == torch.float32, "EXP2_ULPS": exp2_model_ulps(options),
+              "FROM_MEMORY": params.from_memory}
+    strides = (x2d.stride(0), y.stride(0), g.stride(0), dx.stride(0))
+    if chosen.path == "split":
+        split, extra = split_args(chosen, rows, n, x2d, 5)
+        args = (x2d, y, g, dx, part, split, rows, n, *strides, *params.args)
+        items = rows * chosen.splits
+        launch_items(elastic_bwd_split_partials_kernel, items, args, chosen.warps,
+                     {**consts, **extra})
+        launch_items(elastic_bwd_split_finish_kernel, items, args, chosen.warps,
+                     {**consts, **extra})
+        launch_items(elastic_bwd_split_rows_kernel, rows, (part, split, rows, *params.args), 4,
+                     {"EXP2_ULPS": consts["EXP2_ULPS"], "FROM_MEMORY": params.from_memory,
+                      "SPLITS": extra["SPLITS"], "SPLITS_P2": extra["SPLITS_P2"]})
+    else:
+        kernel = {"fused": elastic_bwd_fused_kernel, "rows": elastic_bwd_rows_kernel,
+                  "online": elastic_bwd_online_kernel}[chosen.path]
+        if chosen.path == "rows":
+            consts["ROWS"] = chosen.row_block
+        args = (x2d, y, g, dx, part, rows, n, *strides, *params.args)
+        launch_items(kernel, -(-rows // chosen.row_block), args, chosen.warps, consts)
+    note_plan(elastic_bwd_fused_kernel, x2d, chosen)
     return dx, part

@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import LaunchOptions, current_options, exp2_model_ulps, normalize_rows
-from .memory import ld, max_nan, st
-from .params import RowParams, memory_params, row_params, scalar_params
+from .launch import LaunchOptions, RowKernels, current_options, exp2_model_ulps, normalize_rows
+from .memory import ld, max_nan, st, tile_mask
+from .params import RowParams, memory_params, row_params, rows_params, scalar_params
 from .rows import add_compensated, ordinary, quotient, reciprocal, special_y
 
 
@@ -174,6 +174,136 @@ def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, b
                 st(yrow + idx, special_y(x == float("inf"), n_inf, top), inside, EVEN)
 
 
+@triton.jit
+def exp_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, beta0,
+                    tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
+                    NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
+                    EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
+                    EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                    FROM_MEMORY: tl.constexpr, ROWS: tl.constexpr):
+    """Short rows, ROWS at a time in registers: one read and one write per element. A block
+    whose rows are all ordinary takes no special-value select; one with a special row selects
+    per row."""
+    cols = tl.arange(0, BLOCK)
+    for blk in tl.range(tl.program_id(0), tl.cdiv(rows, ROWS), tl.num_programs(0)):
+        row = blk * ROWS + tl.arange(0, ROWS)
+        k, pre, _, _, beta = rows_params(row, rows, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
+                                         beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
+                                         FROM_MEMORY)
+        mask = tile_mask(row, rows, cols, n, ROWS, BLOCK, EVEN)
+        at = row.to(tl.int64)[:, None]
+        x = ld(x_ptr + at * sx + cols[None, :], mask, float("-inf"), False)
+        s = keep(x, NONNEG)
+        top = max_nan(s, 1)[:, None]
+        ok = ordinary(top)
+        shift = _exp_shift(tl.where(ok, top, 0.0), FLOOR0)
+        e = exp2_scaled(s - shift, k, pre, SUBNORMAL, EXP2_ULPS)
+        den = _exp_den(tl.sum(e, axis=1)[:, None], shift, k, beta, OFFSET, pre, EXP2_ULPS)
+        y = quotient(e, reciprocal(den, EXACT), EXACT)
+        if tl.min(ok.to(tl.int32)) == 0:  # a special row in the block
+            is_inf = x == float("inf")
+            special = special_y(is_inf, tl.sum(is_inf.to(tl.float32), axis=1)[:, None], top)
+            y = tl.where(ok, y, special)
+        st(y_ptr + at * sy + cols[None, :], y, mask, False)
+
+
+# Split rows (launch.plan_rows: too few rows to fill the GPU): each row is covered by SPLITS
+# programs of SPAN columns. Phase 1 writes each program's partials (its chunk's
+# NaN-propagating max, its sum of exp((s - own max)/tau), its +inf count) to `part`, three
+# fp32 per (row, split); phase 2 combines a row's partials (rescaling each sum to the row's
+# shift) and writes its span. Two reads and one write, as the online path.
+
+
+@triton.jit
+def exp_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, tau0,
+                              inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0,
+                              bs1, bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
+                              OFFSET: tl.constexpr, EXACT: tl.constexpr,
+                              SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr,
+                              BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                              FROM_MEMORY: tl.constexpr, SPAN: tl.constexpr,
+                              SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """Split rows, phase 1: the partials of each (row, split)."""
+    offs = tl.arange(0, BLOCK)
+    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+        row = item // SPLITS
+        start = (item % SPLITS) * SPAN
+        end = tl.minimum(start + SPAN, n)
+        k, pre, _, _, _ = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr,
+                                     d1, d2, ts0, ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
+        xrow = x_ptr + tl.cast(row, tl.int64) * sx
+        top = float("-inf")
+        den = 0.0
+        comp = 0.0
+        for c0 in tl.range(start, end, BLOCK):
+            idx = c0 + offs
+            s = keep(ld(xrow + idx, idx < n, float("-inf"), EVEN), NONNEG)
+            top, den, comp = online_step(top, den, comp, s, k, pre, EXP2_ULPS)
+        n_inf = tl.full([], 0.0, tl.float32)
+        if top == float("inf"):  # a +inf row: count its infinities (rare; a second read)
+            for c0 in tl.range(start, end, BLOCK):
+                idx = c0 + offs
+                x = ld(xrow + idx, idx < n, float("-inf"), EVEN)
+                n_inf += tl.sum((x == float("inf")).to(tl.float32), axis=0)
+        tl.store(part_ptr + item * 3, top)
+        tl.store(part_ptr + item * 3 + 1, den)
+        tl.store(part_ptr + item * 3 + 2, n_inf)
+
+
+@triton.jit
+def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, tau0,
+                            inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0,
+                            bs1, bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
+                            OFFSET: tl.constexpr, EXACT: tl.constexpr,
+                            SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr,
+                            BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                            FROM_MEMORY: tl.constexpr, SPAN: tl.constexpr,
+                            SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """Split rows, phase 2: combine the row's partials, write the span."""
+    offs = tl.arange(0, BLOCK)
+    parts = tl.arange(0, SPLITS_P2)
+    live = parts < SPLITS
+    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+        row = item // SPLITS
+        start = (item % SPLITS) * SPAN
+        end = tl.minimum(start + SPAN, n)
+        k, pre, _, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
+                                        beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
+                                        FROM_MEMORY)
+        at = tl.cast(row, tl.int64)
+        xrow = x_ptr + at * sx
+        yrow = y_ptr + at * sy
+        base = part_ptr + (at * SPLITS + parts) * 3
+        tops = tl.load(base, mask=live, other=float("-inf"))
+        top = max_nan(tops)
+        if ordinary(top):
+            shift = _exp_shift(top, FLOOR0)
+            dens = tl.load(base + 1, mask=live, other=0.0)
+            own = tl.where(tops > float("-inf"), tops, 0.0)  # the shift each sum was taken at
+            # a split with nothing kept has den 0 (and its rescale may overflow): it adds 0
+            scaled = tl.where(dens > 0.0,
+                              dens * exp2_scaled(own - shift, k, pre, False, EXP2_ULPS), 0.0)
+            rden = reciprocal(_exp_den(tl.sum(scaled, axis=0), shift, k, beta, OFFSET, pre,
+                                       EXP2_ULPS), EXACT)
+            for c0 in tl.range(start, end, BLOCK):
+                idx = c0 + offs
+                inside = idx < n
+                s = keep(ld(xrow + idx, inside, float("-inf"), EVEN), NONNEG)
+                e = exp2_scaled(s - shift, k, pre, SUBNORMAL, EXP2_ULPS)
+                st(yrow + idx, quotient(e, rden, EXACT), inside, EVEN)
+        else:
+            n_inf = tl.sum(tl.load(base + 2, mask=live, other=0.0), axis=0)
+            for c0 in tl.range(start, end, BLOCK):
+                idx = c0 + offs
+                inside = idx < n
+                x = ld(xrow + idx, inside, float("-inf"), EVEN)
+                st(yrow + idx, special_y(x == float("inf"), n_inf, top), inside, EVEN)
+
+
+EXP_KERNELS = RowKernels(exp_fused_kernel, exp_rows_kernel, exp_online_kernel,
+                         exp_split_partials_kernel, exp_split_finish_kernel, fields=3)
+
+
 def exp_normalize(x: torch.Tensor, *, tau: float, beta: float, nonneg: bool, floor0: bool,
                   offset: bool, options: LaunchOptions | None = None,
                   subnormal: bool | None = None, params: RowParams | None = None
@@ -186,7 +316,7 @@ def exp_normalize(x: torch.Tensor, *, tau: float, beta: float, nonneg: bool, flo
     H100.)"""
     options = options or current_options()
     params = params or scalar_params(x, tau, beta)
-    return normalize_rows(x, exp_fused_kernel, exp_online_kernel, params.args, options,
+    return normalize_rows(x, EXP_KERNELS, params.args, options,
                           NONNEG=nonneg, FLOOR0=floor0, OFFSET=offset,
                           SUBNORMAL=x.dtype != torch.float16 if subnormal is None else subnormal,
                           EXP2_ULPS=exp2_model_ulps(options), FROM_MEMORY=params.from_memory)

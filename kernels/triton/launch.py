@@ -34,12 +34,17 @@ class LaunchOptions:
     max_fused: the longest block (a power of two) held in registers; longer rows stream in
     chunks of `chunk` (a power of two) on the online path. exp2_ulps >= 0: under the
     interpreter, model the GPU's approximate ex2 (flush below 2^-126, every other normal result
-    moved that many ulps; docs/triton.md); -1: no model. Ignored on a GPU.
+    moved that many ulps; docs/triton.md); -1: no model. Ignored on a GPU. splits: programs
+    per streamed row (0: the table's choice, `plan_rows`; 1: never split; else that many, at
+    most one per chunk). row_block: rows one program holds at once on short rows (0: the
+    table's choice; else a power of two).
     """
 
     max_fused: int = 16384
     chunk: int = 4096
     exp2_ulps: int = -1
+    splits: int = 0
+    row_block: int = 0
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -51,17 +56,25 @@ def _check(name: str, value: object) -> None:
     if name == "exp2_ulps":
         if not isinstance(value, int) or value < -1:
             raise ValueError(f"exp2_ulps must be an integer >= -1, got {value!r}")
+    elif name == "splits":
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"splits must be an integer >= 0 (0: automatic), got {value!r}")
+    elif name == "row_block":
+        if not isinstance(value, int) or not (value == 0 or _pow2(value)):
+            raise ValueError(f"row_block must be 0 (automatic) or a power of two, got {value!r}")
     elif not isinstance(value, int) or not _pow2(value):
         raise ValueError(f"{name} must be a power of two, got {value!r}")
 
 
 ENV_VARS = {"max_fused": "ELASTICBENCH_TRITON_MAX_FUSED", "chunk": "ELASTICBENCH_TRITON_CHUNK",
-            "exp2_ulps": "ELASTICBENCH_TRITON_EXP2_ULPS"}
+            "exp2_ulps": "ELASTICBENCH_TRITON_EXP2_ULPS", "splits": "ELASTICBENCH_TRITON_SPLITS",
+            "row_block": "ELASTICBENCH_TRITON_ROW_BLOCK"}
 
 
 def options_from_env(environ: Mapping[str, str] = os.environ) -> LaunchOptions:
-    """The defaults moved by $ELASTICBENCH_TRITON_MAX_FUSED, _CHUNK and _EXP2_ULPS (so a CLI
-    run can verify the online path on short rows, or against the ex2 model)."""
+    """The defaults moved by $ELASTICBENCH_TRITON_MAX_FUSED, _CHUNK, _EXP2_ULPS, _SPLITS and
+    _ROW_BLOCK (so a CLI run can verify the online or split path on short rows, or against the
+    ex2 model)."""
     changes: dict[str, int] = {}
     for name, var in ENV_VARS.items():
         raw = environ.get(var, "").strip()
@@ -180,6 +193,12 @@ def launch_rows(kernel: Any, rows: int, args: tuple, block: int, **consts: Any) 
     run(kernel, (_programs(kernel, rows, args, warps, consts),), args, warps, consts)
 
 
+def launch_items(kernel: Any, items: int, args: tuple, warps: int, consts: dict) -> None:
+    """Launch a kernel that walks `items` work items (rows, row blocks, or (row, split)
+    pairs) on a persistent grid of at most SMs x resident programs."""
+    run(kernel, (_programs(kernel, items, args, warps, consts),), args, warps, consts)
+
+
 # ---------------------------------------------------------------------------------------
 # Rows: what the wrappers accept and which path a row length takes
 
@@ -206,24 +225,146 @@ def plan(n: int, max_fused: int, chunk: int) -> tuple[bool, int]:
     return False, min(chunk, block)
 
 
+# The launch table (docs/triton.md, "Launch plans"). Short rows: a program holds ROW_TILE
+# elements (several rows) at once, as long as that leaves SHORT_ROWS_PER_SM programs per SM;
+# a row's block above SHORT_BLOCK is a program of its own. Streamed rows: split into several
+# programs each while the rows alone would give fewer than PROGRAMS_PER_SM programs per SM.
+SHORT_BLOCK = 1024
+ROW_TILE = {4: 2048, 2: 4096}  # elements per program by element size: 8 KiB of input
+SHORT_ROWS_PER_SM = 4
+PROGRAMS_PER_SM = 4
+H100_SMS = 132  # what the compile audit plans for (CPU tensors, no interpreter)
+INTERPRETED_SMS = 4  # the interpreter's "GPU": a few programs, as _programs gives it
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How one call's rows are launched: the path, the block's columns (the row's power of
+    two, or a chunk), rows per program, programs per row and the columns each covers."""
+
+    path: str  # "fused", "rows" (row_block rows per program), "online" or "split"
+    block: int
+    warps: int
+    row_block: int = 1
+    splits: int = 1
+    span: int = 0  # split: columns per program, a multiple of block
+
+    def describe(self) -> str:
+        """One line for logs and records: `split 8x32768 (4096-chunks, 8 warps)`."""
+        if self.path == "rows":
+            return f"rows {self.row_block}x{self.block} ({self.warps} warps)"
+        if self.path == "split":
+            return f"split {self.splits}x{self.span} ({self.block}-chunks, {self.warps} warps)"
+        return f"{self.path} {self.block} ({self.warps} warps)"
+
+
+def device_sms(x: torch.Tensor) -> int:
+    """SMs the plan fills: the device's on CUDA; the interpreter's few programs; else (the
+    compile audit, CPU tensors) an H100's, so the audit compiles what an H100 runs."""
+    if x.is_cuda:
+        return torch.cuda.get_device_properties(x.device).multi_processor_count
+    return INTERPRETED_SMS if triton_interpreted() else H100_SMS
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def plan_rows(rows: int, n: int, itemsize: int, options: LaunchOptions, sms: int,
+              max_fused: int | None = None) -> RowPlan:
+    """The launch plan of `rows` rows of n elements of `itemsize` bytes on `sms` SMs.
+
+    max_fused: the longest register-resident block (default options.max_fused; the backward
+    passes half). options.row_block and options.splits (when not 0) replace the table's
+    choice; splits is capped at one program per chunk."""
+    limit = options.max_fused if max_fused is None else max_fused
+    block = pow2_at_least(n)
+    if block <= limit:
+        rb = options.row_block
+        if not rb:
+            rb = max(1, ROW_TILE.get(itemsize, 2048) // block) if block <= SHORT_BLOCK else 1
+            while rb > 1 and _cdiv(rows, rb) < sms * SHORT_ROWS_PER_SM:
+                rb //= 2
+        rb = min(rb, pow2_at_least(rows))
+        if rb > 1:
+            return RowPlan("rows", block, num_warps(rb * block), row_block=rb)
+        return RowPlan("fused", block, num_warps(block))
+    chunk = min(options.chunk, block)
+    chunks = _cdiv(n, chunk)
+    want = options.splits
+    if not want:
+        want = 1 if rows >= sms * PROGRAMS_PER_SM else pow2_at_least(
+            _cdiv(sms * PROGRAMS_PER_SM, rows))
+    per = _cdiv(chunks, min(want, chunks))  # chunks per program
+    splits = _cdiv(chunks, per)
+    if splits > 1:
+        return RowPlan("split", chunk, num_warps(chunk), splits=splits, span=per * chunk)
+    return RowPlan("online", chunk, num_warps(chunk))
+
+
+PLANS: dict[tuple[str, int, int, str], str] = {}  # (kernel, rows, n, dtype) -> describe()
+
+
+def note_plan(kernel: Any, x: torch.Tensor, chosen: RowPlan) -> None:
+    """Remember the plan a call took (`PLANS`: what scripts/gpu_rows_sweep.py reports)."""
+    name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None),
+                                                        "__name__", str(kernel))
+    PLANS[(name, x.shape[0], x.shape[1], str(x.dtype).removeprefix("torch."))] = \
+        chosen.describe()
+
+
 def exp2_model_ulps(options: LaunchOptions) -> int:
     """The ex2 model's ulps for a kernel launch: only under the interpreter, else -1."""
     return options.exp2_ulps if triton_interpreted() else -1
 
 
-def normalize_rows(x: torch.Tensor, fused_kernel: Any, online_kernel: Any,
-                   scalars: tuple[float, ...], options: LaunchOptions | None,
-                   **constexprs: Any) -> torch.Tensor:
-    """A new y = f(x) row by row: the register-resident kernel when a row fits, else the
-    online one; scalars follow (x, y, rows, n, strides) in the kernel's arguments."""
+@dataclass(frozen=True)
+class RowKernels:
+    """A forward family's kernels, one per path (`plan_rows`); the split path's two: the
+    chunks' partials (split_partials), then the combine and the write (split_finish)."""
+
+    fused: Any
+    rows: Any
+    online: Any
+    split_partials: Any
+    split_finish: Any
+    fields: int  # fp32 partials per split program
+
+
+def split_args(plan_: RowPlan, rows: int, n: int, x: torch.Tensor, fields: int
+               ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The split path's partials buffer (fields fp32 per program) and its constexprs."""
+    part = torch.empty(rows * plan_.splits * fields, dtype=torch.float32, device=x.device)
+    return part, {"SPAN": plan_.span, "SPLITS": plan_.splits,
+                  "SPLITS_P2": pow2_at_least(plan_.splits)}
+
+
+def normalize_rows(x: torch.Tensor, kernels: RowKernels, scalars: tuple[float, ...],
+                   options: LaunchOptions | None, **constexprs: Any) -> torch.Tensor:
+    """A new y = f(x) row by row on the path `plan_rows` chooses; scalars follow (x, y,
+    rows, n, strides) in the kernels' arguments (the split kernels': (x, y, part, rows, n,
+    strides))."""
     options = options or current_options()
     rows, n = check_rows(x)
     x = x.contiguous()
     y = torch.empty_like(x)
     if rows == 0 or n == 0:
         return y
-    fused, block = plan(n, options.max_fused, options.chunk)
-    args = (x, y, rows, n, x.stride(0), y.stride(0), *scalars)
-    launch_rows(fused_kernel if fused else online_kernel, rows, args, block, BLOCK=block,
-                EVEN=n % block == 0, EXACT=x.dtype == torch.float32, **constexprs)
+    chosen = plan_rows(rows, n, x.element_size(), options, device_sms(x))
+    consts = {"BLOCK": chosen.block, "EVEN": n % chosen.block == 0,
+              "EXACT": x.dtype == torch.float32, **constexprs}
+    if chosen.path == "split":
+        part, extra = split_args(chosen, rows, n, x, kernels.fields)
+        args = (x, y, part, rows, n, x.stride(0), y.stride(0), *scalars)
+        items = rows * chosen.splits
+        launch_items(kernels.split_partials, items, args, chosen.warps, {**consts, **extra})
+        launch_items(kernels.split_finish, items, args, chosen.warps, {**consts, **extra})
+    else:
+        kernel = {"fused": kernels.fused, "rows": kernels.rows,
+                  "online": kernels.online}[chosen.path]
+        if chosen.path == "rows":
+            consts["ROWS"] = chosen.row_block
+        args = (x, y, rows, n, x.stride(0), y.stride(0), *scalars)
+        launch_items(kernel, _cdiv(rows, chosen.row_block), args, chosen.warps, consts)
+    note_plan(kernels.fused, x, chosen)
     return y

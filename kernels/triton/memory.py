@@ -55,3 +55,14 @@ def max_nan(v, AXIS: tl.constexpr = 0):
     else:
         top = tl.reduce(v, AXIS, _max_nan_combine)
     return top
+
+
+@triton.jit
+def tile_mask(row, rows, cols, n, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+              EVEN: tl.constexpr):
+    """The (ROWS, BLOCK) mask of a block of rows (several short rows per program): rows past
+    `rows` off and, unless EVEN, columns past n. With EVEN the mask is constant along a row,
+    which keeps the loads and stores vectorized."""
+    live = (row < rows)[:, None]
+    m = tl.broadcast_to(live, (ROWS, BLOCK)) if EVEN else live & (cols < n)[None, :]
+    return m

@@ -76,6 +76,19 @@ def row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, 
     return k, pre, tau, inv_tau, beta
 
 
+@triton.jit
+def rows_params(row, rows, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1,
+                ts2, bs0, bs1, bs2, FROM_MEMORY: tl.constexpr):
+    """row_params of a block of rows (a vector `row`; indices past `rows` read the last
+    row's pair), each as a (ROWS, 1) column that broadcasts against the rows' elements."""
+    k, pre, tau, inv_tau, beta = row_params(tl.minimum(row, rows - 1), k0, pre0, tau0,
+                                            inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0,
+                                            ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
+    z = tl.full(row.shape, 0.0, tl.float32)
+    return ((k + z)[:, None], (pre + z)[:, None], (tau + z)[:, None], (inv_tau + z)[:, None],
+            (beta + z)[:, None])
+
+
 class RowParams(NamedTuple):
     """row_params's arguments (after `row`) and its FROM_MEMORY."""
 

@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import LaunchOptions, normalize_rows
-from .memory import ld, max_nan, st
+from .launch import LaunchOptions, RowKernels, normalize_rows
+from .memory import ld, max_nan, st, tile_mask
 from .rows import add_compensated, ordinary, quotient, reciprocal, special_y
 
 
@@ -105,10 +105,121 @@ def weight_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constex
                 st(yrow + idx, special_y(w == float("inf"), n_inf, top), inside, EVEN)
 
 
+@triton.jit
+def weight_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr,
+                       SYMAX: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr,
+                       EVEN: tl.constexpr, ROWS: tl.constexpr):
+    """Short rows, ROWS at a time in registers: one read and one write per element."""
+    cols = tl.arange(0, BLOCK)
+    for blk in tl.range(tl.program_id(0), tl.cdiv(rows, ROWS), tl.num_programs(0)):
+        row = blk * ROWS + tl.arange(0, ROWS)
+        mask = tile_mask(row, rows, cols, n, ROWS, BLOCK, EVEN)
+        at = row.to(tl.int64)[:, None]
+        w = _weight(ld(x_ptr + at * sx + cols[None, :], mask, OTHER, False), SYMAX, EXACT)
+        top = max_nan(w, 1)[:, None]
+        ok = ordinary(top)
+        inv = _inv_pow2_scale(tl.where(ok, top, 1.0))
+        ws = w * inv
+        den = tl.sum(ws, axis=1)[:, None] + const * inv
+        y = quotient(ws, reciprocal(tl.where(den > 0.0, den, 1.0), EXACT), EXACT)
+        if tl.min(ok.to(tl.int32)) == 0:  # a special row in the block
+            is_inf = w == float("inf")
+            special = special_y(is_inf, tl.sum(is_inf.to(tl.float32), axis=1)[:, None], top)
+            y = tl.where(ok, y, special)
+        st(y_ptr + at * sy + cols[None, :], y, mask, False)
+
+
+# Split rows, as exp_family's: phase 1 stores each (row, split)'s NaN-propagating max weight,
+# its sum of weights scaled by its own power of two (_inv_pow2_scale of that max) and its
+# +inf count; phase 2 rescales the sums to the row's power of two (exact) and writes.
+
+
+@triton.jit
+def weight_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
+                                 OTHER: tl.constexpr, SYMAX: tl.constexpr,
+                                 EXACT: tl.constexpr, BLOCK: tl.constexpr,
+                                 EVEN: tl.constexpr, SPAN: tl.constexpr,
+                                 SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """Split rows, phase 1: the partials of each (row, split)."""
+    offs = tl.arange(0, BLOCK)
+    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+        row = item // SPLITS
+        start = (item % SPLITS) * SPAN
+        end = tl.minimum(start + SPAN, n)
+        xrow = x_ptr + tl.cast(row, tl.int64) * sx
+        top = 0.0
+        inv = 1.0
+        den = 0.0
+        comp = 0.0
+        for c0 in tl.range(start, end, BLOCK):
+            idx = c0 + offs
+            w = _weight(ld(xrow + idx, idx < n, OTHER, EVEN), SYMAX, EXACT)
+            top = tl.maximum(top, max_nan(w), propagate_nan=tl.PropagateNan.ALL)
+            new_inv = tl.minimum(inv, _inv_pow2_scale(top))
+            ratio = tl.math.div_rn(new_inv, inv)
+            den, comp = add_compensated(den * ratio, comp * ratio,
+                                        tl.sum(w * new_inv, axis=0))
+            inv = new_inv
+        n_inf = tl.full([], 0.0, tl.float32)
+        if top == float("inf"):
+            for c0 in tl.range(start, end, BLOCK):
+                idx = c0 + offs
+                w = _weight(ld(xrow + idx, idx < n, OTHER, EVEN), SYMAX, EXACT)
+                n_inf += tl.sum((w == float("inf")).to(tl.float32), axis=0)
+        at = tl.cast(item, tl.int64) * 3
+        tl.store(part_ptr + at, top)
+        tl.store(part_ptr + at + 1, den)
+        tl.store(part_ptr + at + 2, n_inf)
+
+
+@triton.jit
+def weight_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
+                               OTHER: tl.constexpr, SYMAX: tl.constexpr,
+                               EXACT: tl.constexpr, BLOCK: tl.constexpr,
+                               EVEN: tl.constexpr, SPAN: tl.constexpr,
+                               SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """Split rows, phase 2: combine the row's partials, write the span."""
+    offs = tl.arange(0, BLOCK)
+    parts = tl.arange(0, SPLITS_P2)
+    live = parts < SPLITS
+    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+        row = item // SPLITS
+        start = (item % SPLITS) * SPAN
+        end = tl.minimum(start + SPAN, n)
+        at = tl.cast(row, tl.int64)
+        xrow = x_ptr + at * sx
+        yrow = y_ptr + at * sy
+        base = part_ptr + (at * SPLITS + parts) * 3
+        tops = tl.load(base, mask=live, other=0.0)
+        top = max_nan(tops)
+        if ordinary(top):
+            inv = _inv_pow2_scale(top)
+            dens = tl.load(base + 1, mask=live, other=0.0)
+            # each sum was scaled by its own 1/2^e >= the row's: the ratio is a power of two
+            den = tl.sum(dens * tl.math.div_rn(inv, _inv_pow2_scale(tops)), axis=0) + const * inv
+            rden = reciprocal(tl.where(den > 0.0, den, 1.0), EXACT)
+            for c0 in tl.range(start, end, BLOCK):
+                idx = c0 + offs
+                inside = idx < n
+                w = _weight(ld(xrow + idx, inside, OTHER, EVEN), SYMAX, EXACT)
+                st(yrow + idx, quotient(w * inv, rden, EXACT), inside, EVEN)
+        else:
+            n_inf = tl.sum(tl.load(base + 2, mask=live, other=0.0), axis=0)
+            for c0 in tl.range(start, end, BLOCK):
+                idx = c0 + offs
+                inside = idx < n
+                w = _weight(ld(xrow + idx, inside, OTHER, EVEN), SYMAX, EXACT)
+                st(yrow + idx, special_y(w == float("inf"), n_inf, top), inside, EVEN)
+
+
+WEIGHT_KERNELS = RowKernels(weight_fused_kernel, weight_rows_kernel, weight_online_kernel,
+                            weight_split_partials_kernel, weight_split_finish_kernel, fields=3)
+
+
 def _weight_normalize(x: torch.Tensor, const: float, symax: bool,
                       options: LaunchOptions | None) -> torch.Tensor:
-    return normalize_rows(x, weight_fused_kernel, weight_online_kernel, (float(const),),
-                          options, OTHER=0.0 if symax else float("-inf"), SYMAX=symax)
+    return normalize_rows(x, WEIGHT_KERNELS, (float(const),), options,
+                          OTHER=0.0 if symax else float("-inf"), SYMAX=symax)
 
 
 def stablemax_forward(x2d: torch.Tensor, options: LaunchOptions | None = None) -> torch.Tensor:
