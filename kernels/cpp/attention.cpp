@@ -1,10 +1,12 @@
-// Fused Elastic attention on the CPU, forward and backward (docs/attention.md section 2,
-// docs/native.md section 5). Flash-style: per (batch, head, query block) the forward visits
-// the key blocks with the GEMMs of the BLAS torch links (s = scale q k^T, acc += p v) and an
-// online kept max and sum per query (attention_rows.h, vectorized per instruction set); it
+// Fused attention on the CPU, forward and backward, one template on the weight function
+// (attention.h's AttnWeight: Elastic, softmax1, symax, stablemax, sigmoid; docs/attention.md
+// section 2, docs/native.md section 5). Flash-style: per (batch, head, query block) the
+// forward visits the key blocks with the GEMMs of the BLAS torch links (s = scale q k^T,
+// acc += p v) and per query a running sum of the weights (and, for the exp family, an online
+// max) from the weight's row kernels (attention_rows.h, vectorized per instruction set); it
 // keeps one score tile per thread and two statistics per query, never a length x length
 // matrix. The backward recomputes p tile by tile from (m, den), in one of two schedules with
-// the same arithmetic (backward_impl), so dq, dk, dv, dtau and dbeta are the same bits
+// the same arithmetic (backward_impl), so dq, dk, dv and the parameters' gradients are the same bits
 // whatever the thread count. An optional (batch, length_k) key-padding mask hides keys inside
 // the loop: key blocks it hides whole are skipped, the tile is cut after the last kept key,
 // and hidden keys inside it get -inf scores. NaN and +inf queries are flagged by their
@@ -19,6 +21,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attention.h"
@@ -127,6 +130,35 @@ struct KeyMask {
   }
 };
 
+// A (batch, head)'s weight parameters (p0, p1 of elasticbench/attention/weights.py) as the
+// loops use them: the denominator is l + sink exp(-m/t) for the exp family (Elastic: t = tau,
+// sink = beta; softmax1: 1 and 1), l + sink for the others (symax: eta; stablemax: 0), 1 for
+// sigmoid; `a` is the row kernels' parameter (attention.h).
+template <typename C> struct WeightParams {
+  double t, sink;
+  C a;
+};
+constexpr bool exponential(int w) { return w == kElastic || w == kSoftmax1; }
+template <int W, typename C> WeightParams<C> weight_params(const C* p0, const C* p1, int64_t bh) {
+  if constexpr (W == kElastic) {
+    const double t = double(p0[bh]);
+    return {t, double(p1[bh]), C(1.0 / t)};
+  } else if constexpr (W == kSoftmax1) {
+    return {1.0, 1.0, C(1)};
+  } else if constexpr (W == kSymax) {
+    return {1.0, double(p1[bh]), C(0)};
+  } else if constexpr (W == kStablemax) {
+    return {1.0, 0.0, C(0)};
+  } else {
+    return {1.0, 0.0, p0[bh]};
+  }
+}
+// The score a key hidden by the padding mask gets, so that its weight is 0: -inf, but 0 for
+// symax (|-inf| is infinite).
+template <int W, typename C> C hidden_score() {
+  return W == kSymax ? C(0) : -std::numeric_limits<C>::infinity();
+}
+
 struct Shape {
   int64_t bh, lq, lk, d, dv;
   double scale;
@@ -171,8 +203,8 @@ template <typename C> struct Scratch {
   static size_t bytes(int64_t n) { return (size_t(n) * sizeof(C) + 63) / 64 * 64; }
 };
 
-template <typename C>
-void forward_impl(const C* q, const C* k, const C* v, const C* tau, const C* beta, C* out,
+template <typename C, int W>
+void forward_impl(const C* q, const C* k, const C* v, const C* p0, const C* p1, C* out,
                   C* m_out, C* den_out, const Shape& sh, const AttnRows<C>& rows) {
   const int64_t nqb = (sh.lq + sh.bq - 1) / sh.bq;
   const C nan = std::numeric_limits<C>::quiet_NaN(), inf = std::numeric_limits<C>::infinity();
@@ -188,8 +220,8 @@ void forward_impl(const C* q, const C* k, const C* v, const C* tau, const C* bet
       const C* qb = q + (bh * sh.lq + q0) * sh.d;
       const C* kh = k + bh * sh.lk * sh.d;
       const C* vh = v + bh * sh.lk * sh.dv;
-      const double t = double(tau[bh]);
-      const C inv_tau = C(1.0 / t);
+      const WeightParams<C> wp = weight_params<W>(p0, p1, bh);
+      const double t = wp.t;
       std::fill(m.begin(), m.end(), C(0));
       std::fill(l.begin(), l.end(), 0.0);
       std::fill(acc, acc + sh.bq * sh.dv, C(0));
@@ -201,14 +233,14 @@ void forward_impl(const C* q, const C* k, const C* v, const C* tau, const C* bet
         if (nc == 0) continue;
         gemm<C>(false, true, nr, nc, sh.d, C(sh.scale), qb, sh.d, kh + k0 * sh.d, sh.d, C(0),
                 s, sh.bk);
-        sh.hide(bh, k0, nr, nc, s, -inf);
+        sh.hide(bh, k0, nr, nc, s, hidden_score<W, C>());
         for (int64_t i = 0; i < nr; ++i) {
           const C m_old = m[i];
-          const AttnRowSum r = rows.fwd(s + i * sh.bk, sh.visible(q0 + i, k0, nc), nc,
-                                        &m[i], inv_tau);
+          const AttnRowSum r = rows.fwd[W](s + i * sh.bk, sh.visible(q0 + i, k0, nc), nc,
+                                           &m[i], wp.a);
           has_nan[i] |= r.nan;
           has_inf[i] |= r.inf;
-          if (m[i] > m_old) {
+          if (exponential(W) && m[i] > m_old) {
             const double alpha = std::exp((double(m_old) - double(m[i])) / t);
             l[i] *= alpha;
             C* a = acc + i * sh.dv;
@@ -227,10 +259,19 @@ void forward_impl(const C* q, const C* k, const C* v, const C* tau, const C* bet
           m_out[row] = den_out[row] = nan;
           continue;
         }
-        const double den = l[i] + double(beta[bh]) * std::exp(-double(m[i]) / t);
-        const C dc = C(den);
         const C* a = acc + i * sh.dv;
-        for (int64_t j = 0; j < sh.dv; ++j) o[j] = l[i] > 0 ? a[j] / dc : C(0);
+        if constexpr (W == kSigmoid) {  // no normalizer: the sum of y v itself, den = 1
+          std::copy(a, a + sh.dv, o);
+          m_out[row] = C(0);
+          den_out[row] = C(1);
+          continue;
+        }
+        const double den = exponential(W) ? l[i] + wp.sink * std::exp(-double(m[i]) / t)
+                                          : l[i] + wp.sink;
+        const C dc = C(den);
+        // 0 where nothing is kept (exp family) or the denominator is 0 (its weights are too)
+        const bool zero = exponential(W) ? !(l[i] > 0) : dc == C(0);
+        for (int64_t j = 0; j < sh.dv; ++j) o[j] = zero ? C(0) : a[j] / dc;
         m_out[row] = has_inf[i] ? inf : m[i];
         den_out[row] = dc;
       }
@@ -239,8 +280,8 @@ void forward_impl(const C* q, const C* k, const C* v, const C* tau, const C* bet
 }
 
 // The backward's pieces (docs/attention.md section 2), shared by its two schedules.
-template <typename C> struct Backward {
-  const C *q, *k, *v, *out, *dout, *m, *den, *tau, *beta;
+template <typename C, int W> struct Backward {
+  const C *q, *k, *v, *out, *dout, *m, *den, *tau, *beta;  // tau, beta: p0, p1
   C *dq, *dk, *dv;
   const Shape& sh;
   const AttnRows<C>& rows;
@@ -271,12 +312,12 @@ template <typename C> struct Backward {
     const int64_t row0 = b.row0, nr = b.nr;
     const C* kh = k + b.bh * sh.lk * sh.d;
     const C* vh = v + b.bh * sh.lk * sh.dv;
-    const C inv_tau = C(1.0 / double(tau[b.bh]));
+    const C a = weight_params<W>(tau, beta, b.bh).a;
     gemm<C>(false, true, nr, nc, sh.d, C(sh.scale), q + row0 * sh.d, sh.d, kh + k0 * sh.d, sh.d,
             C(0), s, sh.bk);
     gemm<C>(false, true, nr, nc, sh.dv, C(1), dout + row0 * sh.dv, sh.dv, vh + k0 * sh.dv, sh.dv,
             C(0), dp, sh.bk);
-    sh.hide(b.bh, k0, nr, nc, s, -std::numeric_limits<C>::infinity());
+    sh.hide(b.bh, k0, nr, nc, s, hidden_score<W, C>());
     double sum = 0;
     bool nan_rows = false;
     for (int64_t i = 0; i < nr; ++i) {
@@ -288,8 +329,8 @@ template <typename C> struct Backward {
         continue;
       }
       nan_rows |= b.cls[i] == 1;
-      sum += rows.bwd(si, dpi, sh.visible(b.q0 + i, k0, nc), nc, b.m0[i], b.r[i], b.c[i],
-                      inv_tau, b.cls[i] == 1);
+      sum += rows.bwd[W](si, dpi, sh.visible(b.q0 + i, k0, nc), nc, b.m0[i], b.r[i], b.c[i],
+                         a, b.cls[i] == 1);
     }
     if (nan_rows) {  // a NaN query's p and ds are NaN at the keys it sees, 0 at hidden ones
       sh.hide(b.bh, k0, nr, nc, s, C(0));
@@ -308,8 +349,20 @@ template <typename C> struct Backward {
     gemm<C>(false, false, b.nr, sh.d, nc, C(sh.scale), ds, sh.bk,
             k + (b.bh * sh.lk + k0) * sh.d, sh.d, C(1), dq + b.row0 * sh.d, sh.d);
   }
-  // The block's share of dtau and dbeta: -sum ds z over its tiles (tile_sum) and the sink's.
+  // The block's share of dp0 and dp1 from the row kernels' tile sums (tile_sum) and the
+  // per-query terms: Elastic's dtau (-sum ds z and the sink's) and dbeta; symax's
+  // d eta = -sum delta/den; sigmoid's dbias = sum ds; 0 for the weights with no parameter.
   void params(const Block& b, double tile_sum, double* dtau_part, double* dbeta_part) const {
+    if constexpr (W != kElastic) {
+      double d0 = 0, d1 = 0;
+      if constexpr (W == kSigmoid) d0 = tile_sum;
+      if constexpr (W == kSymax)
+        for (int64_t i = 0; i < b.nr; ++i)
+          if (b.cls[i] != 2) d1 -= double(b.c[i]) * double(b.r[i]);
+      *dtau_part = d0;
+      *dbeta_part = d1;
+      return;
+    }
     const double t = double(tau[b.bh]), bt = double(beta[b.bh]);
     double dt = -tile_sum, db = 0;
     for (int64_t i = 0; i < b.nr; ++i) {
@@ -329,12 +382,12 @@ template <typename C> struct Backward {
 // inside, its key blocks (five GEMMs a tile). With fewer, the key blocks are spread over the
 // threads for dk and dv, then the query blocks for dq (seven GEMMs a tile, no thread idle).
 // dtau and dbeta are summed per query block, then over the blocks in order, either way.
-template <typename C>
-void backward_impl(const Backward<C>& bw, C* dtau, C* dbeta) {
+template <typename C, int W>
+void backward_impl(const Backward<C, W>& bw, C* dtau, C* dbeta) {
   const Shape& sh = bw.sh;
   const int64_t nqb = (sh.lq + sh.bq - 1) / sh.bq, nkb = (sh.lk + sh.bk - 1) / sh.bk;
   std::vector<double> dtau_part(sh.bh * nqb), dbeta_part(sh.bh * nqb);
-  using Block = typename Backward<C>::Block;
+  using Block = typename Backward<C, W>::Block;
   if (sh.bh >= at::get_num_threads()) {
     at::parallel_for(0, sh.bh, 1, [&](int64_t begin, int64_t end) {
       Scratch<C> s(sh.bq * sh.bk), dp(sh.bq * sh.bk);
@@ -440,11 +493,23 @@ Operands check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 at::Tensor work(const at::Tensor& t, at::ScalarType wd) { return t.to(wd).contiguous(); }
 
+// f(std::integral_constant<int, W>) for the weight w: the one switch outside every loop.
+template <typename F> void with_weight(int64_t w, F&& f) {
+  switch (w) {
+    case kElastic: return f(std::integral_constant<int, kElastic>{});
+    case kSoftmax1: return f(std::integral_constant<int, kSoftmax1>{});
+    case kSymax: return f(std::integral_constant<int, kSymax>{});
+    case kStablemax: return f(std::integral_constant<int, kStablemax>{});
+    case kSigmoid: return f(std::integral_constant<int, kSigmoid>{});
+    default: TORCH_CHECK(false, "unknown attention weight ", w, " (0 to ", kNumWeights - 1, ")");
+  }
+}
+
 std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& v, const at::Tensor& tau,
                                           const at::Tensor& beta, double scale, bool causal,
                                           int64_t block_q, int64_t block_k,
-                                          const OptTensor& key_mask) {
+                                          const OptTensor& key_mask, int64_t weight) {
   const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k, key_mask);
   const at::Tensor qc = work(q, o.wd), kc = work(k, o.wd), vc = work(v, o.wd);
   const at::Tensor tc = work(tau, o.wd), bc = work(beta, o.wd);
@@ -453,11 +518,12 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
   at::Tensor m = at::empty({q.size(0), q.size(1), q.size(2)}, opts), den = at::empty_like(m);
   const AttnTable* table = attn_table();
   AT_DISPATCH_FLOATING_TYPES(o.wd, "attention_forward", [&] {
-    forward_impl<scalar_t>(qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),
-                           vc.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(),
-                           bc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                           m.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), o.sh,
-                           rows_of<scalar_t>(table));
+    with_weight(weight, [&](auto w) {
+      forward_impl<scalar_t, decltype(w)::value>(
+          qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
+          tc.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+          m.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), o.sh, rows_of<scalar_t>(table));
+    });
   });
   return {out, m, den};
 }
@@ -468,7 +534,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
                                            const at::Tensor& den, const at::Tensor& tau,
                                            const at::Tensor& beta, double scale, bool causal,
                                            int64_t block_q, int64_t block_k,
-                                           const OptTensor& key_mask) {
+                                           const OptTensor& key_mask, int64_t weight) {
   const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k, key_mask);
   TORCH_CHECK(out.sizes() == dout.sizes() && out.size(2) == q.size(2) && out.size(3) == v.size(3),
               "out and dout must be (batch, heads, length_q, value_dim)");
@@ -483,13 +549,15 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
   at::Tensor dtau = at::empty({q.size(0), q.size(1)}, opts), dbeta = at::empty_like(dtau);
   const AttnTable* table = attn_table();
   AT_DISPATCH_FLOATING_TYPES(o.wd, "attention_backward", [&] {
-    const Backward<scalar_t> bw{
-        qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
-        oc.data_ptr<scalar_t>(), dc.data_ptr<scalar_t>(), mc.data_ptr<scalar_t>(),
-        nc.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
-        dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(),
-        o.sh, rows_of<scalar_t>(table)};
-    backward_impl<scalar_t>(bw, dtau.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>());
+    with_weight(weight, [&](auto w) {
+      const Backward<scalar_t, decltype(w)::value> bw{
+          qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
+          oc.data_ptr<scalar_t>(), dc.data_ptr<scalar_t>(), mc.data_ptr<scalar_t>(),
+          nc.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
+          dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(),
+          o.sh, rows_of<scalar_t>(table)};
+      backward_impl(bw, dtau.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>());
+    });
   });
   return {dq, dk, dv, dtau, dbeta};
 }
@@ -499,14 +567,16 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
 void bind_attention(pybind11::module_& m, const char* (*isa)()) {
   using namespace pybind11::literals;
   current_isa = isa;
+  // p0 and p1 keep Elastic's names (tau, beta); weight is weights.py's Weight as an int
   m.def("attention_forward", &attention_forward,
-        "fused Elastic attention forward: (out, m, den) in the working dtype",
+        "fused attention forward for `weight`: (out, m, den) in the working dtype",
         "q"_a, "k"_a, "v"_a, "tau"_a, "beta"_a, "scale"_a, "causal"_a, "block_q"_a = 256,
-        "block_k"_a = 512, "key_mask"_a = pybind11::none());
+        "block_k"_a = 512, "key_mask"_a = pybind11::none(), "weight"_a = int64_t(kElastic));
   m.def("attention_backward", &attention_backward,
-        "fused Elastic attention backward: (dq, dk, dv, dtau, dbeta) in the working dtype",
+        "fused attention backward for `weight`: (dq, dk, dv, dp0, dp1) in the working dtype",
         "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "m"_a, "den"_a, "tau"_a, "beta"_a, "scale"_a,
-        "causal"_a, "block_q"_a = 256, "block_k"_a = 512, "key_mask"_a = pybind11::none());
+        "causal"_a, "block_q"_a = 256, "block_k"_a = 512, "key_mask"_a = pybind11::none(),
+        "weight"_a = int64_t(kElastic));
   m.def("attention_use_blas", [](bool on) {
     const bool was = use_blas;
     use_blas = on;

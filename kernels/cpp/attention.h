@@ -1,29 +1,41 @@
 // The interface between the instruction-set builds of the attention row kernels
 // (attention_isa_*.cpp on attention_rows.h, plain C++ on raw pointers) and the torch side
-// of the fused Elastic-attention kernel (attention.cpp). No torch header is included here.
+// of the fused attention kernel (attention.cpp). No torch header is included here.
 // The algorithm is docs/attention.md section 2; the kernel is docs/native.md section 5.
 #pragma once
 #include <cstdint>
 
 namespace eb {
 
-// What a forward row update found in one tile row: the sum of its exponentials (after the
-// shift to the new running max) and whether a visible score was NaN or +inf.
+// The weight function (elasticbench/attention/weights.py's Weight, the same numbers): which
+// row function turns a query's scores into its weights. The kernel is one template on it.
+enum AttnWeight : int { kElastic = 0, kSoftmax1, kSymax, kStablemax, kSigmoid, kNumWeights };
+
+// What a forward row update found in one tile row: the sum of its weights (for the exp
+// family after the shift to the new running max) and whether a visible score was NaN or
+// gave an infinite weight (+inf; for symax +-inf). Never for sigmoid, whose weights are
+// each their own: at most 1, and a NaN one reaches the output through its own product.
 struct AttnRowSum {
   double sum;
   int nan, inf;
 };
 
 // Row kernels on one row of a score tile of `cols` entries of which the first `n` are
-// visible (causal mask); entries [n, cols) are written 0.
-//   fwd: *m = max(*m, kept scores); s <- kept ? exp((s - *m) * inv_tau) : 0.
-//        Kept: 0 <= s < +inf. NaN and +inf are reported, never kept.
-//   bwd: s <- p = kept ? exp((s - m) * inv_tau) * r : 0; dp <- ds = p ((dp - c) * inv_tau);
-//        returns sum ds (s - m) * inv_tau (dtau's tile term). nan_row: p and ds NaN on
-//        the visible entries, NaN returned.
+// visible (causal mask); entries [n, cols) are written 0. `a` is the weight's row
+// parameter: 1/tau for Elastic, the bias for sigmoid, unused otherwise.
+//   fwd: the unnormalized weights written over s and summed. Elastic: *m = max(*m, kept
+//        scores); s <- kept ? exp((s - *m) a) : 0, kept: 0 <= s < +inf. softmax1: *m =
+//        max(*m, finite scores) (*m starts at 0, the 1's exponent); s <- exp(s - *m).
+//        symax: |s|. stablemax: s + 1 (s >= 0), 1/(1 - s) (s < 0). sigmoid: sigmoid(s + a).
+//        NaN and infinite scores are reported, never summed as numbers.
+//   bwd: s <- p = the normalized weight (times r = 1/den), dp <- ds = w'(s) r (dp - c) for
+//        the normalized ones (Elastic's carries its 1/tau), dp y (1 - y) for sigmoid;
+//        returns Elastic's dtau tile term sum ds (s - m)/tau, sigmoid's sum ds (dbias),
+//        0 for the others. nan_row: p and ds NaN on the visible entries, NaN returned.
 template <typename C> struct AttnRows {
-  AttnRowSum (*fwd)(C* s, int64_t n, int64_t cols, C* m, C inv_tau);
-  double (*bwd)(C* s, C* dp, int64_t n, int64_t cols, C m, C r, C c, C inv_tau, int nan_row);
+  AttnRowSum (*fwd[kNumWeights])(C* s, int64_t n, int64_t cols, C* m, C a);
+  double (*bwd[kNumWeights])(C* s, C* dp, int64_t n, int64_t cols, C m, C r, C c, C a,
+                             int nan_row);
 };
 
 struct AttnTable {
