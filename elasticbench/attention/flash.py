@@ -66,9 +66,10 @@ def _scores(qb: torch.Tensor, kb: torch.Tensor, scale: float, causal: bool, q0: 
 
 def _tile(qb: torch.Tensor, kb: torch.Tensor, scale: float, causal: bool, q0: int, k0: int,
           key_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The tile's raw scores and which keys each query sees (None: all of them); the
-    weights that are not exponentials need both, since symax gives -inf a weight."""
-    s = (qb @ kb.transpose(-1, -2)) * scale
+    """The tile's raw scores (a fresh tensor the caller may overwrite) and which keys each
+    query sees (None: all of them); the weights that are not exponentials need both, since
+    symax gives -inf a weight."""
+    s = (qb @ kb.transpose(-1, -2)).mul_(scale)
     vis = None
     if causal and k0 + s.shape[-1] - 1 > q0:
         vis = visible(s.shape[-2], s.shape[-1], s.device, q0, k0)
@@ -78,24 +79,15 @@ def _tile(qb: torch.Tensor, kb: torch.Tensor, scale: float, causal: bool, q0: in
     return s, vis
 
 
-def _weigh(weight: Weight, s: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """f(s) elementwise: |s| (symax), st(s) (stablemax), sigmoid(s + bias) (sigmoid)."""
+def _weigh_(weight: Weight, s: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """f(s) elementwise, in place in s: |s| (symax), st(s) (stablemax), sigmoid(s + bias)."""
     if weight is Weight.SYMAX:
-        return s.abs()
-    if weight is Weight.STABLEMAX:
-        return torch.where(s >= 0, s + 1, 1 / (1 - s))
+        return s.abs_()
+    if weight is Weight.STABLEMAX:  # st(s) = 1/(1 - min(s, 0)) + max(s, 0); NaN stays NaN
+        below = torch.rsub(s.clamp_max(0), 1).reciprocal_()
+        return s.clamp_min_(0).add_(below)
     assert bias is not None
-    return torch.sigmoid(s + bias)
-
-
-def _slope(weight: Weight, s: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """f'(s) beside f = f(s): sign(s) (symax, 0 at 0 as abs's subgradient), 1 or
-    1/(1 - s)^2 (stablemax), f (1 - f) (sigmoid)."""
-    if weight is Weight.SYMAX:
-        return torch.sign(s)
-    if weight is Weight.STABLEMAX:
-        return torch.where(s >= 0, 1, f * f)
-    return f * (1 - f)
+    return s.add_(bias).sigmoid_()
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
@@ -105,9 +97,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
     """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in the work dtype;
     key_mask (batch, length_k) bool: the keys where it is False take no part."""
     weight = Weight(weight)
+    if weight is Weight.SOFTMAX1:
+        return _forward_softmax1(q, k, v, p0, p1, scale, causal, key_mask)
     if not weight.exponential:
         return _forward_sums(q, k, v, p0, p1, scale, causal, key_mask, weight)
-    elastic = weight is Weight.ELASTIC
     wd = work_dtype(q.dtype)
     bsz, heads, lq, _ = q.shape
     lk = k.shape[2]
@@ -129,25 +122,57 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
             s = _scores(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
             nan_row |= s.isnan().any(-1)
             inf_row |= (s == math.inf).any(-1)
-            if elastic:
-                s = s.masked_fill(~((s >= 0) & (s < math.inf)), -math.inf)  # kept, finite
-                m_new = torch.maximum(m, s.amax(-1))
-                alpha = torch.exp((m - m_new) / t3)
-                p = torch.exp((s - m_new[..., None]) / t4)
-            else:  # softmax1: every finite score, the shift floored at 0 (docs/definitions.md)
-                s = s.masked_fill(~(s < math.inf), -math.inf)
-                m_new = torch.maximum(m, s.amax(-1))
-                alpha = torch.exp(m - m_new)
-                p = torch.exp(s - m_new[..., None])
+            s = s.masked_fill(~((s >= 0) & (s < math.inf)), -math.inf)  # kept, finite
+            m_new = torch.maximum(m, s.amax(-1))
+            alpha = torch.exp((m - m_new) / t3)
+            p = torch.exp((s - m_new[..., None]) / t4)
             l = l * alpha + p.sum(-1)  # noqa: E741
             acc = acc * alpha[..., None] + p @ v[:, :, k0:k1].to(wd)
             m = m_new
-        den = l + b3 * torch.exp(-m / t3) if elastic else l + torch.exp(-m)
+        den = l + b3 * torch.exp(-m / t3)
         o = torch.where(l[..., None] > 0, acc / den[..., None], 0)
         out[:, :, q0:q1] = o.masked_fill(nan_row[..., None], math.nan)
         m_all[:, :, q0:q1] = torch.where(inf_row, math.inf, m).masked_fill(nan_row, math.nan)
         den_all[:, :, q0:q1] = den.masked_fill(nan_row, math.nan)
-    special.fix_forward(q, k, v, out, m_all, den_all, scale, causal, key_mask, weight)
+    special.fix_forward(q, k, v, out, m_all, den_all, scale, causal, key_mask)
+    return out.to(q.dtype), m_all, den_all
+
+
+def _forward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
+                      p1: torch.Tensor, scale: float, causal: bool,
+                      key_mask: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """softmax1: Elastic's loop with tau = beta = 1 and every visible score (the shift
+    floored at 0, docs/definitions.md section 2). The running max finds the special
+    queries by itself: a NaN score makes m NaN for good, a +inf one makes it +inf (NaN
+    then spreads through that query's sums, which special overwrites)."""
+    wd = work_dtype(q.dtype)
+    bsz, heads, lq, _ = q.shape
+    lk = k.shape[2]
+    out = torch.empty(bsz, heads, lq, v.shape[3], dtype=wd, device=q.device)
+    m_all = torch.empty(bsz, heads, lq, dtype=wd, device=q.device)
+    den_all = torch.empty_like(m_all)
+    for q0 in range(0, lq, BLOCK_Q):
+        q1 = min(lq, q0 + BLOCK_Q)
+        qb = q[:, :, q0:q1].to(wd)
+        m = torch.zeros(bsz, heads, q1 - q0, dtype=wd, device=q.device)
+        l = torch.zeros_like(m)  # noqa: E741
+        acc = torch.zeros(bsz, heads, q1 - q0, v.shape[3], dtype=wd, device=q.device)
+        for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
+            k1 = min(lk, k0 + BLOCK_K)
+            s = _scores(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
+            m_new = torch.maximum(m, s.amax(-1))
+            alpha = torch.exp(m - m_new)
+            p = s.sub_(m_new[..., None]).exp_()
+            l = l * alpha + p.sum(-1)  # noqa: E741
+            acc = acc * alpha[..., None] + p @ v[:, :, k0:k1].to(wd)
+            m = m_new
+        nan_row = m.isnan()
+        den = l + torch.exp(-m)
+        out[:, :, q0:q1] = (acc / den[..., None]).masked_fill(nan_row[..., None], math.nan)
+        m_all[:, :, q0:q1] = m
+        den_all[:, :, q0:q1] = den.masked_fill(nan_row, math.nan)
+    special.fix_forward(q, k, v, out, m_all, den_all, scale, causal, key_mask, Weight.SOFTMAX1)
     return out.to(q.dtype), m_all, den_all
 
 
@@ -155,38 +180,38 @@ def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.T
                   p1: torch.Tensor, scale: float, causal: bool,
                   key_mask: torch.Tensor | None, weight: Weight
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """symax, stablemax (plain running sums, no max) and sigmoid (no normalizer)."""
+    """symax, stablemax (plain running sums, no max) and sigmoid (no normalizer). The
+    weights are >= 0, so a query's sum l is NaN exactly when one of its weights is, and
+    +inf when one is infinite (or the sum overflows, which special then refuses: NaN)."""
     wd = work_dtype(q.dtype)
     bsz, heads, lq, _ = q.shape
-    lk = k.shape[2]
+    lk, dv = k.shape[2], v.shape[3]
     sigmoid = weight is Weight.SIGMOID
     bias = p0[..., None, None] if sigmoid else None
-    out = torch.empty(bsz, heads, lq, v.shape[3], dtype=wd, device=q.device)
+    out = torch.empty(bsz, heads, lq, dv, dtype=wd, device=q.device)
     m_all = torch.zeros(bsz, heads, lq, dtype=wd, device=q.device)
     den_all = torch.ones_like(m_all)
     for q0 in range(0, lq, BLOCK_Q):
         q1 = min(lq, q0 + BLOCK_Q)
         qb = q[:, :, q0:q1].to(wd)
-        l = torch.zeros(bsz, heads, q1 - q0, dtype=wd, device=q.device)  # noqa: E741
-        acc = torch.zeros(bsz, heads, q1 - q0, v.shape[3], dtype=wd, device=q.device)
-        nan_row = torch.zeros_like(l, dtype=torch.bool)
-        inf_row = torch.zeros_like(nan_row)
+        acc = torch.zeros(bsz, heads, q1 - q0, dv + (not sigmoid), dtype=wd, device=q.device)
         for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
             k1 = min(lk, k0 + BLOCK_K)
             s, vis = _tile(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
-            f = _weigh(weight, s, bias)
+            f = _weigh_(weight, s, bias)
             if vis is not None:
-                f = torch.where(vis, f, 0)  # hidden keys (a NaN there included) do not exist
-            acc = acc + f @ v[:, :, k0:k1].to(wd)
-            if not sigmoid:
-                nan_row |= f.isnan().any(-1)
-                inf_row |= (f == math.inf).any(-1)
-                l = l + f.sum(-1)  # noqa: E741
+                f = f.masked_fill_(~vis, 0)  # hidden keys (a NaN there included) do not exist
+            vb = v[:, :, k0:k1].to(wd)
+            if not sigmoid:  # a column of ones: the GEMM sums the weights too
+                vb = torch.cat((vb, torch.ones_like(vb[..., :1])), -1)
+            acc += f @ vb
         if sigmoid:  # each weight on its own: a NaN score reaches out through its product
             out[:, :, q0:q1] = acc
             continue
+        l = acc[..., dv]  # noqa: E741
+        nan_row, inf_row = l.isnan(), l == math.inf
         den = p1[..., None] + l if weight is Weight.SYMAX else l
-        o = torch.where(den[..., None] == 0, 0, acc / den[..., None])  # 0/0 is 0
+        o = torch.where(den[..., None] == 0, 0, acc[..., :dv] / den[..., None])  # 0/0 is 0
         out[:, :, q0:q1] = o.masked_fill(nan_row[..., None], math.nan)
         m_all[:, :, q0:q1] = torch.zeros_like(l).masked_fill(inf_row, math.inf).masked_fill(
             nan_row, math.nan)
@@ -203,10 +228,11 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in q's dtype and (dp0, dp1) per (batch, head) in the work dtype."""
     weight = Weight(weight)
+    if weight is Weight.SOFTMAX1:
+        return _backward_softmax1(q, k, v, out, do, m, den, p0, p1, scale, causal, key_mask)
     if not weight.exponential:
         return _backward_sums(q, k, v, out, do, m, den, p0, p1, scale, causal, key_mask,
                               weight)
-    elastic = weight is Weight.ELASTIC
     wd = work_dtype(q.dtype)
     lq, lk = q.shape[2], k.shape[2]
     t4 = p0[..., None, None]
@@ -232,26 +258,60 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
             kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
             s = _scores(qb, kb, scale, causal, q0, k0, key_mask)
             dp = dob @ vb.transpose(-1, -2)
-            if elastic:
-                keep = ((s >= 0) | (rows & (s != -math.inf))) & ~skip
-                z = torch.where(keep, (s - mb) / t4, 0)
-                p = torch.where(keep, torch.exp(z) * rb, 0)
-                # (dp - c)/tau before the product: a subnormal p (dp - c) is never scaled by 1/tau
-                ds = torch.where(keep, p * ((dp - cb) / t4), 0)
-                dsz += (ds * z).sum((-1, -2))
-            else:  # softmax1: every visible key
-                keep = (s != -math.inf) & ~skip
-                p = torch.where(keep, torch.exp(torch.where(keep, s - mb, 0)) * rb, 0)
-                ds = torch.where(keep, p * (dp - cb), 0)
+            keep = ((s >= 0) | (rows & (s != -math.inf))) & ~skip
+            z = torch.where(keep, (s - mb) / t4, 0)
+            p = torch.where(keep, torch.exp(z) * rb, 0)
+            # (dp - c)/tau before the product: a subnormal p (dp - c) is never scaled by 1/tau
+            ds = torch.where(keep, p * ((dp - cb) / t4), 0)
+            dsz += (ds * z).sum((-1, -2))
             dv[:, :, k0:k1] += p.transpose(-1, -2) @ dob
             dk[:, :, k0:k1] += (ds.transpose(-1, -2) @ qb) * scale
             dq[:, :, q0:q1] += (ds @ kb) * scale
-    if elastic:
-        dp0, dp1 = param_grads(dsz, c, m, den, p0, p1)
-    else:
-        dp0, dp1 = torch.zeros_like(p0), torch.zeros_like(p1)
-    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask, weight)
+    dp0, dp1 = param_grads(dsz, c, m, den, p0, p1)
+    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp0, dp1
+
+
+def _backward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
+                       p1: torch.Tensor, scale: float, causal: bool,
+                       key_mask: torch.Tensor | None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                  torch.Tensor]:
+    """softmax1: y = exp(s - m) / den, ds = y (g - c); no parameter (zero gradients). The
+    visible-key masks are applied only in the query blocks that hold a NaN or +inf query."""
+    wd = work_dtype(q.dtype)
+    lq, lk = q.shape[2], k.shape[2]
+    m, den = m.to(wd), den.to(wd)
+    inf_row = m == math.inf
+    nan_row = m.isnan()
+    m0 = torch.where(inf_row, 0, m)  # +inf queries are left to special.fix_backward
+    r = torch.where(den == 0, 0, 1 / den)
+    c = (do.to(wd) * out.to(wd)).sum(-1)
+    dq = torch.zeros(q.shape, dtype=wd, device=q.device)
+    dk = torch.zeros(k.shape, dtype=wd, device=q.device)
+    dv = torch.zeros(v.shape, dtype=wd, device=q.device)
+    for q0 in range(0, lq, BLOCK_Q):
+        q1 = min(lq, q0 + BLOCK_Q)
+        qb, dob = q[:, :, q0:q1].to(wd), do[:, :, q0:q1].to(wd)
+        mb, rb, cb = m0[:, :, q0:q1, None], r[:, :, q0:q1, None], c[:, :, q0:q1, None]
+        skip = inf_row[:, :, q0:q1, None]
+        special_rows = bool((skip | nan_row[:, :, q0:q1, None]).any())
+        for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
+            k1 = min(lk, k0 + BLOCK_K)
+            kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
+            s = _scores(qb, kb, scale, causal, q0, k0, key_mask)
+            keep = (s != -math.inf) & ~skip if special_rows else None
+            p = s.sub_(mb).exp_().mul_(rb)  # hidden keys: exp(-inf) = 0
+            ds = (dob @ vb.transpose(-1, -2)).sub_(cb).mul_(p)
+            if keep is not None:  # a NaN query's visible keys only; +inf ones are special's
+                p, ds = p.masked_fill_(~keep, 0), ds.masked_fill_(~keep, 0)
+            dv[:, :, k0:k1] += p.transpose(-1, -2) @ dob
+            dk[:, :, k0:k1] += (ds.transpose(-1, -2) @ qb) * scale
+            dq[:, :, q0:q1] += (ds @ kb) * scale
+    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask, Weight.SOFTMAX1)
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), torch.zeros_like(p0), \
+        torch.zeros_like(p1)
 
 
 def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -278,22 +338,30 @@ def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
         qb, dob = q[:, :, q0:q1].to(wd), do[:, :, q0:q1].to(wd)
         rb, cb = r[:, :, q0:q1, None], c[:, :, q0:q1, None]
         skip = inf_row[:, :, q0:q1, None]
+        skipping = not sigmoid and bool(skip.any())
         for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
             k1 = min(lk, k0 + BLOCK_K)
             kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
             s, vis = _tile(qb, kb, scale, causal, q0, k0, key_mask)
-            if not sigmoid:  # an infinite weight's query is special's; keep its s finite
-                s = s.masked_fill(skip, 0)
-            f = _weigh(weight, s, bias)
+            if skipping:  # an infinite weight's query is special's: keep its s finite
+                s.masked_fill_(skip, 0)
+            if weight is Weight.SYMAX:
+                slope = torch.sign(s)  # 0 at 0, as abs's subgradient
+                f = s.abs_()
+            elif weight is Weight.STABLEMAX:
+                right = s >= 0
+                f = _weigh_(weight, s, None)
+                slope = torch.where(right, 1, f * f)  # 1/(1 - s)^2 on the left
+            else:
+                f = _weigh_(weight, s, bias)
+                slope = f * (1 - f)
             g = dob @ vb.transpose(-1, -2)
             if sigmoid:
-                y = f
-                ds = g * _slope(weight, s, f)
+                y, ds = f, g.mul_(slope)
             else:
-                y = f * rb
-                ds = _slope(weight, s, f) * rb * (g - cb)
+                y, ds = f.mul_(rb), g.sub_(cb).mul_(rb).mul_(slope)
             if vis is not None:
-                y, ds = torch.where(vis, y, 0), torch.where(vis, ds, 0)
+                y, ds = y.masked_fill_(~vis, 0), ds.masked_fill_(~vis, 0)
             dv[:, :, k0:k1] += y.transpose(-1, -2) @ dob
             dk[:, :, k0:k1] += (ds.transpose(-1, -2) @ qb) * scale
             dq[:, :, q0:q1] += (ds @ kb) * scale
