@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from elasticbench import native
 from elasticbench.attention import cpp
 from elasticbench.attention.weights import Weight
+from elasticbench.attention_contract import backward_step, forward_output, kernel_arguments
+from elasticbench.registry import get_kernel
 
 pytestmark = pytest.mark.needs("native")
 F64 = torch.float64
@@ -252,3 +255,27 @@ def test_accepts_every_weight_on_cpu_tensors():
     q = torch.zeros(1, 1, 1, 1)
     assert all(cpp.accepts(q, w) for w in Weight)
     assert cpp.accepts(q)  # Elastic by default
+
+
+@pytest.mark.parametrize(("function", "params"), [("softmax1", {}), ("symax", {"eta": 0.7}),
+                                                  ("stablemax", {}), ("sigmoid", {"bias": -1.2})])
+@pytest.mark.parametrize("causal", [0.0, 1.0])
+def test_the_registered_kernels_follow_the_attention_contract(function, params, causal):
+    """cpp_<f>_attention against torch's composite of the same function: out, then dq, dk, dv
+    and the row parameter's gradient through step(dout), a key-padding mask given."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 2, n, 4)) for n in (5, 6, 6))
+    dout = torch.from_numpy(rng.standard_normal((2, 2, 5, 4)))
+    mask = np.ones((2, 1, 1, 6), dtype=bool)
+    mask[1, ..., 4:] = False
+    results = []
+    for name in (f"cpp_{function}_attention", f"torch_{function}_attention_composite"):
+        fwd, bwd = get_kernel(name), get_kernel(name, "bwd")
+        assert fwd.function == f"{function}_attention"
+        args, kw = kernel_arguments(fwd, q, k, v, {**params, "causal": causal}, "fp64", 0.5, mask)
+        out = forward_output(fwd.fn(*args, **kw))
+        args, kw = kernel_arguments(bwd, q, k, v, {**params, "causal": causal}, "fp64", 0.5, mask)
+        results.append((out, *backward_step(bwd.fn(*args, **kw))(dout)))
+    assert len(results[0]) == 4 + len(params)
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
