@@ -155,6 +155,24 @@ def _triton_calling() -> AbstractContextManager[Any]:
     return nullcontext()
 
 
+# "1": the flex_attention backward runs on CPU tensors through FlexAttention's eager dense
+# path, torch's CPU guard lifted (kernels/flex_attention.py); unset, it declines them
+FLEX_CPU_BACKWARD_ENV = "ELASTICBENCH_FLEX_CPU_BACKWARD"
+
+
+def _flex_unavailable() -> str | None:
+    """Why torch's FlexAttention cannot be used here, in one line; None when it can."""
+    if why := devices.torch_unavailable():
+        return why
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError as e:
+        import torch
+
+        return f"torch {torch.__version__} has no FlexAttention ({e})"
+    return None
+
+
 BACKENDS: dict[str, Backend] = {
     "numpy": Backend(
         "numpy",
@@ -202,6 +220,20 @@ BACKENDS: dict[str, Backend] = {
         # a Triton kernel gets its rows through a row stride; elements of a row are adjacent
         layouts=("packed", "padded", "offset"),
         env_vars=("TRITON_INTERPRET",),
+        compiles=True,
+    ),
+    "flex_attention": Backend(
+        "flex_attention",
+        "torch's FlexAttention (compiled on CUDA; eager and forward-only on the CPU); torch "
+        "tensors on $ELASTICBENCH_TORCH_DEVICE",
+        _flex_unavailable,
+        _torch_to_native,
+        _torch_to_numpy,
+        _torch_same_memory,
+        device=_torch_device,
+        view=_torch_view,
+        env_vars=("ELASTICBENCH_TORCH_DEVICE", FLEX_CPU_BACKWARD_ENV),
+        autograd=True,
         compiles=True,
     ),
 }

@@ -48,6 +48,8 @@ BUILTINS: dict[str, str] = {
     "elasticbench.kernels.cpp_kernels": "cpp",
     "elasticbench.kernels.cpp_attention": "cpp",
     "elasticbench.kernels.api_kernels": "torch",
+    "elasticbench.kernels.sdpa_kernels": "torch",
+    "elasticbench.kernels.flex_attention": "flex_attention",
 }
 BUILTIN_MODULES = tuple(BUILTINS)
 _builtins_loaded = False
