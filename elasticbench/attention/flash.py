@@ -79,15 +79,29 @@ def _tile(qb: torch.Tensor, kb: torch.Tensor, scale: float, causal: bool, q0: in
     return s, vis
 
 
-def _weigh_(weight: Weight, s: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """f(s) elementwise, in place in s: |s| (symax), st(s) (stablemax), sigmoid(s + bias)."""
+def _in_place(*tensors: torch.Tensor) -> bool:
+    """Whether the family's loops may overwrite their tile temporaries in place: always,
+    unless autograd records them (a caller differentiating through this code, as the
+    verifier's second-order probe does), where the out-of-place forms keep its graph."""
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def _op(ip: bool, x: torch.Tensor, name: str, *args) -> torch.Tensor:
+    """x.name_(*args) when ip, else x.name(*args)."""
+    return getattr(x, name + "_" if ip else name)(*args)
+
+
+def _weigh(weight: Weight, s: torch.Tensor, bias: torch.Tensor | None,
+           ip: bool) -> torch.Tensor:
+    """f(s) elementwise (in s's storage when ip): |s| (symax), st(s) (stablemax),
+    sigmoid(s + bias) (sigmoid)."""
     if weight is Weight.SYMAX:
-        return s.abs_()
+        return _op(ip, s, "abs")
     if weight is Weight.STABLEMAX:  # st(s) = 1/(1 - min(s, 0)) + max(s, 0); NaN stays NaN
         below = torch.rsub(s.clamp_max(0), 1).reciprocal_()
-        return s.clamp_min_(0).add_(below)
+        return _op(ip, _op(ip, s, "clamp_min", 0), "add", below)
     assert bias is not None
-    return s.add_(bias).sigmoid_()
+    return _op(ip, _op(ip, s, "add", bias), "sigmoid")
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
@@ -163,7 +177,7 @@ def _forward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: tor
             s = _scores(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
             m_new = torch.maximum(m, s.amax(-1))
             alpha = torch.exp(m - m_new)
-            p = s.sub_(m_new[..., None]).exp_()
+            p = (s - m_new[..., None]).exp_()  # amax keeps s for its backward
             l = l * alpha + p.sum(-1)  # noqa: E741
             acc = acc * alpha[..., None] + p @ v[:, :, k0:k1].to(wd)
             m = m_new
@@ -187,6 +201,7 @@ def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.T
     bsz, heads, lq, _ = q.shape
     lk, dv = k.shape[2], v.shape[3]
     sigmoid = weight is Weight.SIGMOID
+    ip = _in_place(q, k, v, p0, p1)
     bias = p0[..., None, None] if sigmoid else None
     out = torch.empty(bsz, heads, lq, dv, dtype=wd, device=q.device)
     m_all = torch.zeros(bsz, heads, lq, dtype=wd, device=q.device)
@@ -198,9 +213,9 @@ def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.T
         for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
             k1 = min(lk, k0 + BLOCK_K)
             s, vis = _tile(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
-            f = _weigh_(weight, s, bias)
-            if vis is not None:
-                f = f.masked_fill_(~vis, 0)  # hidden keys (a NaN there included) do not exist
+            f = _weigh(weight, s, bias, ip)
+            if vis is not None:  # hidden keys (a NaN there included) do not exist
+                f = _op(ip, f, "masked_fill", ~vis, 0)
             vb = v[:, :, k0:k1].to(wd)
             if not sigmoid:  # a column of ones: the GEMM sums the weights too
                 vb = torch.cat((vb, torch.ones_like(vb[..., :1])), -1)
@@ -281,6 +296,7 @@ def _backward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     """softmax1: y = exp(s - m) / den, ds = y (g - c); no parameter (zero gradients). The
     visible-key masks are applied only in the query blocks that hold a NaN or +inf query."""
     wd = work_dtype(q.dtype)
+    ip = _in_place(q, k, v, out, do, m, den, p0, p1)
     lq, lk = q.shape[2], k.shape[2]
     m, den = m.to(wd), den.to(wd)
     inf_row = m == math.inf
@@ -302,10 +318,10 @@ def _backward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
             kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
             s = _scores(qb, kb, scale, causal, q0, k0, key_mask)
             keep = (s != -math.inf) & ~skip if special_rows else None
-            p = s.sub_(mb).exp_().mul_(rb)  # hidden keys: exp(-inf) = 0
-            ds = (dob @ vb.transpose(-1, -2)).sub_(cb).mul_(p)
+            p = _op(ip, s.sub_(mb).exp_(), "mul", rb)  # hidden keys: exp(-inf) = 0
+            ds = _op(ip, (dob @ vb.transpose(-1, -2)).sub_(cb), "mul", p)
             if keep is not None:  # a NaN query's visible keys only; +inf ones are special's
-                p, ds = p.masked_fill_(~keep, 0), ds.masked_fill_(~keep, 0)
+                p, ds = _op(ip, p, "masked_fill", ~keep, 0), _op(ip, ds, "masked_fill", ~keep, 0)
             dv[:, :, k0:k1] += p.transpose(-1, -2) @ dob
             dk[:, :, k0:k1] += (ds.transpose(-1, -2) @ qb) * scale
             dq[:, :, q0:q1] += (ds @ kb) * scale
@@ -324,6 +340,7 @@ def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     wd = work_dtype(q.dtype)
     lq, lk = q.shape[2], k.shape[2]
     sigmoid = weight is Weight.SIGMOID
+    ip = _in_place(q, k, v, out, do, m, den, p0, p1)
     bias = p0[..., None, None] if sigmoid else None
     m, den = m.to(wd), den.to(wd)
     inf_row = m == math.inf
@@ -347,21 +364,22 @@ def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
                 s.masked_fill_(skip, 0)
             if weight is Weight.SYMAX:
                 slope = torch.sign(s)  # 0 at 0, as abs's subgradient
-                f = s.abs_()
+                f = _weigh(weight, s, None, ip)
             elif weight is Weight.STABLEMAX:
                 right = s >= 0
-                f = _weigh_(weight, s, None)
+                f = _weigh(weight, s, None, ip)
                 slope = torch.where(right, 1, f * f)  # 1/(1 - s)^2 on the left
             else:
-                f = _weigh_(weight, s, bias)
+                f = _weigh(weight, s, bias, ip)
                 slope = f * (1 - f)
             g = dob @ vb.transpose(-1, -2)
             if sigmoid:
-                y, ds = f, g.mul_(slope)
+                y, ds = f, _op(ip, g, "mul", slope)
             else:
-                y, ds = f.mul_(rb), g.sub_(cb).mul_(rb).mul_(slope)
+                y = _op(ip, f, "mul", rb)
+                ds = _op(ip, _op(ip, g.sub_(cb), "mul", rb), "mul", slope)
             if vis is not None:
-                y, ds = y.masked_fill_(~vis, 0), ds.masked_fill_(~vis, 0)
+                y, ds = _op(ip, y, "masked_fill", ~vis, 0), _op(ip, ds, "masked_fill", ~vis, 0)
             dv[:, :, k0:k1] += y.transpose(-1, -2) @ dob
             dk[:, :, k0:k1] += (ds.transpose(-1, -2) @ qb) * scale
             dq[:, :, q0:q1] += (ds @ kb) * scale
