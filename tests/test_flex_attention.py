@@ -5,6 +5,7 @@ and the refusals (docs/attention.md sections 3, 4 and 6)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -184,3 +185,40 @@ def test_verify_passes_the_quick_matrix_forward_and_backward():
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "96 cases, 96 passed, 0 failed" in run.stdout + run.stderr
+
+
+@pytest.mark.ci
+def test_the_gpu_attention_cases_load_and_plan():
+    """Under Triton's interpreter (so that triton_attention is registered) the GPU cases load
+    and plan: every kernel in every cell, flash SDPA left out of the padded ones; without it
+    `run` stops in one line that says Triton needs a CUDA GPU (exit 2)."""
+    script = (
+        "import json\n"
+        "from pathlib import Path\n"
+        "from elasticbench.bench.attention import AttentionRunJob\n"
+        "from elasticbench.bench.attention_case import load_attention_run\n"
+        "out = {}\n"
+        "for name in ('attention-gpu', 'attention-gpu-d64', 'attention-gpu-headline'):\n"
+        "    job = AttentionRunJob(load_attention_run(Path('cases') / f'{name}.toml'), 'cuda')\n"
+        "    units = job.plan()\n"
+        "    out[name] = [len(units), sorted({u.spec.name for u in units}), job.skipped,\n"
+        "                 job.case.head_dim]\n"
+        "print(json.dumps(out))\n")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=ROOT, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    plans = json.loads(run.stdout.splitlines()[-1])
+    kernels = ["flex_attention", "sdpa", "sdpa_cudnn", "sdpa_flash", "triton_attention"]
+    # 2 modes x 2 dtypes x 4 lengths x (causal, padded) 4 x 5 kernels, less flash's masked 32
+    assert plans["attention-gpu"][:2] == [288, kernels] and plans["attention-gpu"][3] == 128
+    assert plans["attention-gpu-d64"][:2] == [288, kernels]
+    assert plans["attention-gpu-d64"][3] == 64
+    assert plans["attention-gpu-headline"][:3] == [20, kernels, []]
+    assert all("sdpa_flash" in s for s in plans["attention-gpu"][2])
+    env.pop("TRITON_INTERPRET")
+    run = subprocess.run([sys.executable, "-m", "elasticbench", "run", "--case",
+                          "cases/attention-gpu.toml"], capture_output=True, text=True,
+                         cwd=ROOT, env=env, timeout=300)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "Triton needs a CUDA GPU" in run.stderr
