@@ -44,8 +44,11 @@ else:
 
     DEVICE = "cuda" if devices.has_gpu() else devices.HOST
     DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-    # fused: the defaults; online: every row longer than 16 streams in chunks of 16
-    PATHS = {"fused": (16384, 4096), "online": (16, 16)}
+    # fused: the defaults; online: every row longer than 16 streams in chunks of 16, one
+    # program a row; split: the same rows, three programs a row (fewer on rows of under three
+    # chunks); rows: four rows a program (docs/triton.md, "Launch plans")
+    PATHS = {"fused": {}, "online": {"max_fused": 16, "chunk": 16, "splits": 1},
+             "split": {"max_fused": 16, "chunk": 16, "splits": 3}, "rows": {"row_block": 4}}
     NAN, INF = math.nan, math.inf
 
     @pytest.fixture(scope="module")
@@ -55,8 +58,7 @@ else:
 
     @pytest.fixture(params=list(PATHS))
     def path(request):
-        max_fused, chunk = PATHS[request.param]
-        with launch_options(max_fused=max_fused, chunk=chunk):
+        with launch_options(**PATHS[request.param]):
             yield request.param
 
     def _records(kernels, generators, store, max_elements=4096) -> list[dict]:
@@ -81,13 +83,15 @@ else:
                         "single_nonneg", "huge", "near_exp_limit", "ties_equal", "ties_max",
                         "dominant", "subnormal", "specials"]
 
-    @pytest.mark.parametrize("thresholds", [(16384, 4096), (32, 32)], ids=["fused", "online"])
+    @pytest.mark.parametrize("thresholds", [(16384, 4096, 0), (32, 32, 1), (32, 32, 0)],
+                             ids=["fused", "online", "split"])
     def test_forward_passes_verification(thresholds, store) -> None:
         kernels = [k for k in list_kernels(backend="triton", mode="fwd") if k.kind == "row"]
         assert {k.function for k in kernels} == {"elastic", "softmax", "softmax1",
                                                  "stablemax", "symax"}
-        # online: rows of 33 and more, 32-wide chunks
-        with launch_options(max_fused=thresholds[0], chunk=thresholds[1]):
+        # online: rows of 33 and more, 32-wide chunks; split: those of few rows (the
+        # interpreter's table fills 4 "SMs") several programs a row
+        with launch_options(max_fused=thresholds[0], chunk=thresholds[1], splits=thresholds[2]):
             records = _records(kernels, SHORT_GENERATORS, store)
         assert not _failures(records), "\n".join(_failures(records)[:20])
         assert all(r["special_ok"] for r in records)
@@ -137,6 +141,86 @@ else:
                                                 get_format("fp32"))[0]
             assert (y[0][~nz] == 0).all(), kernel.name
             assert (err <= allowed).all(), f"{kernel.name}: {(err - allowed).max():.3g} ulp over"
+
+    # ---- split rows and several rows a program against one program a row ---------------
+
+    FAMILY = {"elastic": {"tau": 0.5, "beta": 0.7}, "softmax": {}, "softmax1": {},
+              "stablemax": {}, "symax": {"eta": 1.0}}
+
+    def _family_rows(n: int = 200) -> torch.Tensor:
+        """Ordinary rows, and special rows whose NaN and infinities fall in different splits."""
+        x = torch.randn(8, n, generator=torch.Generator().manual_seed(11)) * 3
+        x[0, [3, 150, n - 1]] = INF  # three infinities, three splits
+        x[1, n // 2] = NAN
+        x[2] = -1.0  # elastic keeps nothing
+        x[3] = -INF
+        x[4, [10, n - 10]] = torch.tensor([NAN, INF])
+        x[5] = 0.0
+        x[6, 60:] = -5.0  # the max in the first split only
+        return x
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    @pytest.mark.parametrize("plan", [{"splits": 2}, {"splits": 5}, {"splits": 13},
+                                      {"max_fused": 16384, "row_block": 4}],
+                             ids=["2-splits", "5-splits", "13-splits", "rows"])
+    def test_split_and_grouped_rows_match_one_program_a_row(dtype, plan) -> None:
+        # 200-wide rows in 13 chunks of 16: the split path's combine against the online
+        # kernel's running sums (special rows exactly, ordinary ones within 2 fp32 ulp), and
+        # both against the fp64 family
+        x = _family_rows().to(dtype)
+        for kernel in [k for k in list_kernels(backend="triton", mode="fwd") if k.kind == "row"]:
+            params = FAMILY[kernel.function]
+            with launch_options(max_fused=16, chunk=16, splits=1):
+                one = kernel.fn(x.to(DEVICE), **params).cpu()
+            with launch_options(**{"max_fused": 16, "chunk": 16, **plan}):
+                got = kernel.fn(x.to(DEVICE), **params).cpu()
+            special = [0, 1, 3, 4] + ([2] if kernel.function == "elastic" else [])
+            assert torch.equal(got[special].isnan(), one[special].isnan()), kernel.name
+            assert torch.equal(got[special].nan_to_num(), one[special].nan_to_num()), kernel.name
+            ordinary = [r for r in range(8) if r not in special]
+            a, b = got[ordinary].double(), one[ordinary].double()
+            spacing = torch.finfo(dtype).eps * b.abs().clamp_min(1e-30)
+            assert ((a - b).abs() <= 2 * spacing).all(), kernel.name
+            if kernel.function != "elastic":  # _fp64_family: tau = 1
+                want = torch.stack([_fp64_family(kernel.function, x[r].double())
+                                    for r in ordinary])
+                tol = 64 * torch.finfo(dtype).eps
+                torch.testing.assert_close(a, want, rtol=tol, atol=tol * want.abs().max())
+
+    @pytest.mark.parametrize("plan", [{"splits": 3}, {"splits": 13},
+                                      {"max_fused": 16384, "row_block": 4}],
+                             ids=["3-splits", "13-splits", "rows"])
+    def test_split_and_grouped_backward_match_one_program_a_row(plan) -> None:
+        x, g = _backward_input(torch.float32, rows=6, n=200, seed=4)
+        x[0, [5, 120]] = INF
+        x[5, 150] = NAN
+        y = elastic_forward(x, 0.7, 1.0)
+        with launch_options(max_fused=16, chunk=16, splits=1):
+            one = [elastic_backward(y[r:r + 1], g[r:r + 1], x[r:r + 1], 0.7, 1.0)
+                   for r in range(6)]
+        with launch_options(**{"max_fused": 16, "chunk": 16, **plan}):
+            dx, _, _ = elastic_backward(y, g, x, 0.7, 1.0)
+            per_row = [elastic_backward(y[r:r + 1], g[r:r + 1], x[r:r + 1], 0.7, 1.0)
+                       for r in range(6)]
+        assert (dx[0] == 0).all() and dx[5].isnan().any()  # +inf row: 0; NaN row: NaN
+        for r in range(6):
+            assert torch.equal(dx[r].isnan(), one[r][0][0].isnan()), r
+            # c = sum g y summed in another order: g - c cancels, so relative to the row
+            scale = one[r][0][0].nan_to_num().abs().max().item()
+            torch.testing.assert_close(dx[r], one[r][0][0], rtol=1e-6, atol=1e-5 * scale,
+                                       equal_nan=True)
+            for got, want in zip(per_row[r][1:], one[r][1:], strict=True):
+                if math.isnan(want.item()):
+                    assert math.isnan(got.item()), r
+                else:
+                    assert got.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-9), r
+        rdx, rdtau, rdbeta = _reference_grads(x[1:5], g[1:5], 0.7, 1.0)
+        with launch_options(**{"max_fused": 16, "chunk": 16, **plan}):
+            dx4, dtau4, dbeta4 = elastic_backward(y[1:5], g[1:5], x[1:5], 0.7, 1.0)
+        scale = rdx.abs().max().item()
+        torch.testing.assert_close(dx4.double().cpu(), rdx, rtol=2e-5, atol=2e-5 * scale)
+        assert dtau4.item() == pytest.approx(rdtau.item(), rel=2e-5)
+        assert dbeta4.item() == pytest.approx(rdbeta.item(), rel=2e-5)
 
     # ---- forward: the special-value policy, exactly ------------------------------------
 
@@ -295,14 +379,16 @@ else:
 
     # ---- long rows, extreme temperatures, launch geometry --------------------------------
 
-    def test_four_million_wide_row_is_within_budget() -> None:
-        # 2^22 + 3 elements (a ragged last chunk) on the online path; 64-Ki chunks keep the
-        # interpreter to seconds, the chunk loop and running rescale are those of any chunk size
+    @pytest.mark.parametrize("splits", [1, 0], ids=["online", "split"])
+    def test_four_million_wide_row_is_within_budget(splits) -> None:
+        # 2^22 + 3 elements (a ragged last chunk) on the online path, or split (the table's
+        # choice: 13 programs of 5 chunks); 64-Ki chunks keep the interpreter to seconds, the
+        # chunk loop and running rescale are those of any chunk size
         from elasticbench.numerics.budget import BUDGETS
 
         n = (1 << 22) + 3
         x = torch.randn(1, n, generator=torch.Generator().manual_seed(5)) * 3
-        with launch_options(max_fused=16384, chunk=1 << 16):
+        with launch_options(max_fused=16384, chunk=1 << 16, splits=splits):
             y = elastic_forward(x.to(DEVICE), 1.0, 1.0).cpu().double()
         xd = x.double()
         keep = xd >= 0

@@ -15,12 +15,15 @@ pytest.importorskip("triton")
 
 from elasticbench import devices
 from elasticbench.kernels.triton.launch import (
+    H100_SMS,
     LaunchOptions,
+    RowPlan,
     SMLimits,
     current_options,
     launch_options,
     options_from_env,
     plan,
+    plan_rows,
     resident_programs,
 )
 
@@ -28,8 +31,10 @@ from elasticbench.kernels.triton.launch import (
 def test_options_default_and_from_the_environment() -> None:
     assert options_from_env({}) == LaunchOptions(max_fused=16384, chunk=4096, exp2_ulps=-1)
     env = {"ELASTICBENCH_TRITON_MAX_FUSED": "32", "ELASTICBENCH_TRITON_CHUNK": " 16 ",
-           "ELASTICBENCH_TRITON_EXP2_ULPS": "2"}
-    assert options_from_env(env) == LaunchOptions(max_fused=32, chunk=16, exp2_ulps=2)
+           "ELASTICBENCH_TRITON_EXP2_ULPS": "2", "ELASTICBENCH_TRITON_SPLITS": "3",
+           "ELASTICBENCH_TRITON_ROW_BLOCK": "8"}
+    assert options_from_env(env) == LaunchOptions(max_fused=32, chunk=16, exp2_ulps=2,
+                                                  splits=3, row_block=8)
 
 
 @pytest.mark.parametrize(("var", "value", "message"), [
@@ -37,6 +42,8 @@ def test_options_default_and_from_the_environment() -> None:
     ("ELASTICBENCH_TRITON_CHUNK", "0", r"\$ELASTICBENCH_TRITON_CHUNK: chunk must be a power of two, got 0"),
     ("ELASTICBENCH_TRITON_CHUNK", "big", r"\$ELASTICBENCH_TRITON_CHUNK: must be an integer, got 'big'"),
     ("ELASTICBENCH_TRITON_EXP2_ULPS", "-3", r"\$ELASTICBENCH_TRITON_EXP2_ULPS: exp2_ulps must be an integer >= -1, got -3"),
+    ("ELASTICBENCH_TRITON_SPLITS", "-1", r"\$ELASTICBENCH_TRITON_SPLITS: splits must be an integer >= 0 \(0: automatic\), got -1"),
+    ("ELASTICBENCH_TRITON_ROW_BLOCK", "3", r"\$ELASTICBENCH_TRITON_ROW_BLOCK: row_block must be 0 \(automatic\) or a power of two, got 3"),
 ])
 def test_bad_environment_values_name_the_variable(var, value, message) -> None:
     with pytest.raises(ValueError, match=message):
@@ -62,6 +69,46 @@ def test_row_paths() -> None:
     assert plan(16385, 16384, 4096) == (False, 4096)  # online, in chunks
     assert plan(33, 32, 64) == (False, 64)
     assert plan(1, 16, 16) == (True, 1)
+
+
+def test_launch_table_on_an_h100() -> None:
+    auto = LaunchOptions()
+    # the shapes of cases/gpu.toml: rows that fill the GPU stay one program per row
+    assert plan_rows(512, 4096, 4, auto, H100_SMS) == RowPlan("fused", 4096, 8)
+    assert plan_rows(4096, 4096, 2, auto, H100_SMS) == RowPlan("fused", 4096, 8)
+    # 256 long rows are 2 programs per SM: each row split in 4 programs of 16 chunks
+    assert plan_rows(256, 262144, 4, auto, H100_SMS) == RowPlan("split", 4096, 8, splits=4,
+                                                                span=65536)
+    assert plan_rows(1, 262144, 2, auto, H100_SMS) == RowPlan("split", 4096, 8, splits=64,
+                                                              span=4096)  # one per chunk
+    assert plan_rows(4096, 262144, 4, auto, H100_SMS).path == "online"  # enough rows
+    # short rows: 2048 (fp32) or 4096 (16-bit) elements a program, while >= 4 per SM remain
+    assert plan_rows(65536, 128, 4, auto, H100_SMS) == RowPlan("rows", 128, 8, row_block=16)
+    assert plan_rows(65536, 128, 2, auto, H100_SMS) == RowPlan("rows", 128, 8, row_block=32)
+    assert plan_rows(4096, 128, 4, auto, H100_SMS) == RowPlan("rows", 128, 4, row_block=4)
+    assert plan_rows(512, 128, 4, auto, H100_SMS).path == "fused"  # too few rows to group
+    assert plan_rows(65536, 2048, 4, auto, H100_SMS).path == "fused"  # wide enough alone
+    # the backward holds three arrays: half the forward's register-resident rows
+    assert plan_rows(512, 16384, 4, auto, H100_SMS, max_fused=8192).path == "split"
+    assert plan_rows(512, 16384, 4, auto, H100_SMS).path == "fused"
+
+
+def test_launch_table_follows_the_options() -> None:
+    # splits: 1 never splits; N splits into at most N programs of whole chunks
+    assert plan_rows(2, 100, 4, LaunchOptions(max_fused=16, chunk=16, splits=1),
+                     H100_SMS) == RowPlan("online", 16, 4)
+    assert plan_rows(2, 160, 4, LaunchOptions(max_fused=16, chunk=16, splits=3),
+                     H100_SMS) == RowPlan("split", 16, 4, splits=3, span=64)  # 4+4+2 chunks
+    assert plan_rows(2, 40, 4, LaunchOptions(max_fused=16, chunk=16, splits=99),
+                     H100_SMS).splits == 3  # one program per chunk at most
+    # row_block: forced, capped by the rows there are
+    assert plan_rows(6, 40, 4, LaunchOptions(row_block=4), H100_SMS) == RowPlan(
+        "rows", 64, 4, row_block=4)
+    assert plan_rows(3, 40, 4, LaunchOptions(row_block=64), H100_SMS).row_block == 4
+    assert plan_rows(6, 40, 4, LaunchOptions(row_block=1), H100_SMS).path == "fused"
+    assert RowPlan("split", 4096, 8, splits=4, span=65536).describe() == \
+        "split 4x65536 (4096-chunks, 8 warps)"
+    assert RowPlan("rows", 128, 8, row_block=16).describe() == "rows 16x128 (8 warps)"
 
 
 def test_resident_programs() -> None:

@@ -61,11 +61,15 @@ else:
         g = torch.randn(6, n, generator=gen)
         return x.to(DEVICE), g.to(DEVICE)
 
-    @pytest.mark.parametrize("max_fused", [16384, 16])  # fused rows, then streamed ones
-    def test_each_row_is_the_scalar_kernel_with_its_parameters(max_fused) -> None:
+    # fused rows; four rows a program; rows streamed by one program; rows split in three
+    PATHS = {"fused": {}, "rows": {"row_block": 4}, "online": {"max_fused": 16, "splits": 1},
+             "split": {"max_fused": 16, "splits": 3}}
+
+    @pytest.mark.parametrize("path", list(PATHS))
+    def test_each_row_is_the_scalar_kernel_with_its_parameters(path) -> None:
         x, g = _inputs()
         tau, beta = TAU.to(DEVICE)[:, None], BETA.to(DEVICE)[:, None]
-        with launch_options(max_fused=max_fused, chunk=16):
+        with launch_options(chunk=16, **PATHS[path]):
             y = elastic_forward_params(x, tau, beta)
             dx, dtau, dbeta = elastic_backward_params(x, y, g, tau, beta)
             for r in range(6):
