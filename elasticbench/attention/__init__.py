@@ -1,14 +1,17 @@
-"""Elastic attention: Elastic-Softmax weights over scaled dot-product scores (docs/attention.md).
+"""Attention of the family: Elastic-Softmax, softmax1, symax, stablemax or sigmoid weights
+over scaled dot-product scores (docs/attention.md; the weight: `weights`).
 
 - `layout`: how q, k, v, tau and beta are shaped, and the causal alignment;
-- `composite`: the eager composite (scores, Elastic-Softmax, weights @ v), the readable
-  reference implementation;
-- `flash`: the tiled torch implementation (online max and sum over kept scores, O(length)
-  extra memory) with its hand-written backward;
+- `composite`: the eager composites (scores, the weight, weights @ v), the readable
+  reference implementations;
+- `weights`: the weight as a compile-time choice, and the fused implementations' contract;
+- `flash`: the tiled torch implementation of every weight (an online max for the exp
+  family, running sums for symax and stablemax, none for sigmoid; O(length) extra memory)
+  with its hand-written backward;
 - `cpp`: the fused CPU kernel of the native tier (kernels/cpp/attention.cpp) behind the
   same contract;
-- `special`: queries with a +inf score, off every kernel's hot path;
-- `autograd`: the custom ops and autograd function behind
-  `elasticbench.functional.elastic_attention`, and the choice of implementation per call
-  (native C++, Triton, torch: elasticbench.dispatch).
+- `special`: queries with an infinite weight, off every kernel's hot path;
+- `autograd`: the custom ops and autograd function behind the attention functions of
+  `elasticbench.functional`, and the choice of implementation per call and weight (native
+  C++, Triton, torch: elasticbench.dispatch).
 """

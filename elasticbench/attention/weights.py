@@ -12,7 +12,11 @@ gradient is zero):
 
 m and den are the query statistics the backward recomputes the weights from: the exp
 family's running max and shifted denominator; 0 and the plain denominator for symax and
-stablemax; 0 and 1 for sigmoid (docs/attention.md section 9).
+stablemax; 0 and 1 for sigmoid (docs/attention.md section 9). For the normalized weights,
+m = +inf marks a query with an infinite weight (docs/attention.md section 3: `special`
+finishes it) and m = NaN one with a NaN score (NaN wins); sigmoid's weights are bounded and
+need neither. dp0 and dp1 are per (batch, head), summed over the queries; a parameter the
+weight does not use gets a zero gradient.
 """
 
 from __future__ import annotations
