@@ -384,7 +384,22 @@ def train(kind: str, task: Task, steps: int, args: argparse.Namespace) -> dict:
     return {"attention": kind, "task": task.name, "steps": steps, "train_loss": losses,
             "ms_per_step": 1e3 * statistics.median(times),
             "ms_per_step_mean": 1e3 * statistics.fmean(times), "timed_steps": len(times),
-            "evals": evals, "model_parameters": sum(p.numel() for p in model.parameters())}
+            "evals": evals, "model_parameters": sum(p.numel() for p in model.parameters()),
+            "implementation": implementation(model, x, DTYPES[args.dtype])}
+
+
+def implementation(model: Model, tokens: torch.Tensor, dtype: torch.dtype) -> str:
+    """Which implementation computes the model's attention on these tokens with q in dtype:
+    torch's SDPA, or the one elasticbench's dispatch picks (native C++, Triton, torch)."""
+    a = model.attentions()[0]
+    if a.probe.weight is None:
+        return "torch sdpa"
+    from elasticbench.attention.autograd import choose
+
+    d = model.tok.embedding_dim // a.heads
+    q = torch.empty(tokens.shape[0], a.heads, tokens.shape[1], d, device=tokens.device,
+                    dtype=dtype)
+    return choose(q, a.probe.weight).name
 
 
 # ---------------------------------------------------------------------------------- report
@@ -397,13 +412,14 @@ def table(runs: list[dict]) -> str:
         last = rs[0]["evals"][-1]
         lines += [f"**{task}** ({rs[0]['steps']} steps; uniform weights would put "
                   f"{last['uniform_sink']:.3f} on the first key)", "",
-                  "| attention | eval loss | eval acc | ms/step | first-key weight | "
+                  "| attention | kernel | eval loss | eval acc | ms/step | first-key weight | "
                   "zero share | entropy | total weight (mean, min) | learned parameters |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rs:
             e = r["evals"][-1]
             params = ", ".join(f"{n} {min(v):.3g}..{max(v):.3g}" for n, v in e["params"].items())
-            lines.append(f"| {r['attention']} | {e['loss']:.3f} | {e['acc']:.1%} | "
+            lines.append(f"| {r['attention']} | {r['implementation']} | {e['loss']:.3f} | "
+                         f"{e['acc']:.1%} | "
                          f"{r['ms_per_step']:.1f} | {e['sink']:.3f} | {e['zero']:.3f} | "
                          f"{e['entropy']:.3f} | {e['total']:.3f}, {e['total_min']:.3f} | "
                          f"{params or '-'} |")

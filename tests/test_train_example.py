@@ -41,6 +41,7 @@ def test_every_function_trains_on_both_tasks_with_its_probes_in_range(tiny):
         assert len(r["train_loss"]) == 3 and all(math.isfinite(v) for v in r["train_loss"])
         assert r["timed_steps"] == 2  # the warm-up step is trained, not timed
         assert math.isfinite(r["ms_per_step"]) and r["ms_per_step"] > 0
+        assert (r["implementation"] == "torch sdpa") == (kind == "sdpa"), r["implementation"]
         assert [e["step"] for e in r["evals"]] == [0, 1, 2, 3]
         for e in r["evals"]:
             assert math.isfinite(e["loss"]) and 0 <= e["acc"] <= 1, (task, kind, e)
