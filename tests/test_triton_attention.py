@@ -37,36 +37,45 @@ if not devices.triton_interpreted():
             attention_backward(q, q, q, q, q, stats, stats + 1, heads, heads, 0.125, causal,
                                keep)
         assert [launch.name for launch in launches] == [
-            "attention_forward_kernel", "attention_dkdv_kernel", "attention_dq_kernel"]
+            "attention_forward_kernel", "attention_prepare_kernel", "attention_dkdv_kernel",
+            "attention_dq_kernel"]
         for launch in launches:
             compiled = compile_one(launch, arch, CompileCache(None))
             assert compiled.error is None and 0 < compiled.regs <= 255, compiled
+            assert compiled.spill_bytes == 0, compiled
+
+    def _reports(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool) -> list:
+        from elasticbench.kernels.triton import attention_configs as ac
+
+        return [ac.compile_report(kernel, head_dim, dtype, causal, t)
+                for t in ac.configs(kernel, head_dim, dtype, causal)]
 
     @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-    @pytest.mark.parametrize("head_dim", [64, 128])
-    def test_the_16_bit_kernels_take_hoppers_warpgroup_mma(head_dim):
-        """On sm_90 every dot of the 16-bit kernels is a wgmma (none falls back to
-        mma.sync), within the SM's shared memory; the forward and dq keep their tiles in
-        registers, and so does dk/dv at head_dim 64 (at 128 it spills: the backward's
-        rewrite is open, docs/attention.md section 7)."""
-        from elasticbench.audit.capture import capture_launches
-        from elasticbench.audit.compile import compile_launch, resource_usage
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+    @pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
+    def test_the_favoured_16_bit_configurations_take_wgmma_and_fit(kernel):
+        """The first configuration of each list (bf16, head dim 128: the issue's shape) on
+        sm_90a: every dot a wgmma, none mma.sync, within 227 KiB, no spills. Every
+        configuration of every list: the ci test below."""
+        from elasticbench.kernels.triton import attention_configs as ac
 
-        q = torch.zeros(1, 2, 1024, head_dim, dtype=torch.bfloat16)
-        heads = torch.ones(1, 2)
-        stats = torch.zeros(1, 2, 1024)
-        with capture_launches() as launches:
-            attention_forward(q, q, q, heads, heads, 0.125, True)
-            attention_backward(q, q, q, q, q, stats, stats + 1, heads, heads, 0.125, True)
-        for launch in launches:
-            compiled = compile_launch(launch, 90)
-            ptx = compiled.asm["ptx"]
-            regs, spills = resource_usage(compiled.asm["cubin"])
-            assert "wgmma.mma_async" in ptx and "mma.sync" not in ptx, launch.name
-            assert compiled.metadata.shared <= 227 * 1024, (launch.name, compiled.metadata.shared)
-            if launch.name != "attention_dkdv_kernel" or head_dim <= 64:
-                assert spills == 0, (launch.name, regs, spills)
+        t = ac.configs(kernel, 128, torch.bfloat16, False)[0]
+        report = ac.compile_report(kernel, 128, torch.bfloat16, False, t)
+        assert report.wgmma and not report.problems(), report
+
+    @pytest.mark.ci
+    @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+    @pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
+    @pytest.mark.parametrize("head_dim", [64, 128])
+    @pytest.mark.parametrize("causal", [False, True])
+    def test_every_configuration_takes_wgmma_fits_and_does_not_spill(kernel, head_dim, dtype,
+                                                                      causal):
+        """Each configuration the kernel can be tuned to, compiled for sm_90a: a 16-bit one
+        whose dots fall back to mma.sync, or any that needs more than 227 KiB of shared
+        memory or spills registers, fails (docs/attention.md section 7)."""
+        bad = [f"{r.tiles}: {', '.join(r.problems())}"
+               for r in _reports(kernel, head_dim, dtype, causal) if r.problems()]
+        assert not bad, bad
 
 else:
     from elasticbench.registry import get_kernel
@@ -152,3 +161,78 @@ else:
         out, m, _ = attention_forward(q, k, v, torch.ones(1, 1), torch.ones(1, 1), 1.0, False)
         assert m[0, 0, 1] == float("inf")
         torch.testing.assert_close(out[0, 0, 1], v[0, 0, [0, 2]].mean(0))
+
+    @pytest.mark.parametrize(("dtype", "lq", "lk", "causal", "masked"), [
+        (torch.float32, 150, 130, False, False), (torch.float32, 150, 130, True, True),
+        (torch.float32, 70, 150, True, False), (torch.bfloat16, 150, 130, True, True)])
+    def test_per_head_parameters_and_every_loop_match_the_tiled_torch_code(dtype, lq, lk,
+                                                                           causal, masked):
+        """tau and beta per (batch, head); the unmasked blocks, the causal diagonal, the
+        ragged ends of both lengths and key padding, forward and the five gradients (bf16
+        against fp32 torch: within a few of its roundings of the largest element)."""
+        from elasticbench.attention import flash
+        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+
+        g = torch.Generator().manual_seed(11)
+        q, do = (torch.randn(2, 2, lq, 16, generator=g).to(dtype) for _ in range(2))
+        k, v = (torch.randn(2, 2, lk, 16, generator=g).to(dtype) for _ in range(2))
+        tau = torch.tensor([[0.3, 0.9], [1.7, 0.6]])
+        beta = torch.tensor([[0.0, 2.0], [0.5, 1.0]])
+        mask = None
+        if masked:
+            mask = torch.arange(lk)[None, :] < torch.tensor([[lk], [lk - 21]])
+            mask[1, 3] = False
+        rel = 2e-5 if dtype == torch.float32 else 2e-2
+        got = attention_forward(q, k, v, tau, beta, 0.3, causal, mask)
+        want = flash.forward(q.float(), k.float(), v.float(), tau, beta, 0.3, causal, mask)
+        grads = attention_backward(q, k, v, got[0], do, got[1], got[2], tau, beta, 0.3, causal,
+                                   mask)
+        wants = flash.backward(q.float(), k.float(), v.float(), want[0], do.float(), want[1],
+                               want[2], tau, beta, 0.3, causal, mask)
+        for name, a, b in zip(("out", "m", "den", "dq", "dk", "dv", "dtau", "dbeta"),
+                              (*got, *grads), (*want, *wants), strict=True):
+            err = float((a.float() - b).abs().max())
+            assert err <= rel * float(b.abs().max()), (name, err, float(b.abs().max()))
+
+    def test_a_maximum_whose_exponent_overflows_is_one_hot_like_an_infinite_one():
+        """tau so small that m log2(e)/tau overflows fp32 at every query (scores >= 2.8):
+        the weights are 1/count on the maximum and 0 elsewhere (the fix-up pass of saturated
+        queries), den the count, dv dO/count at the maximum."""
+        from elasticbench.attention import flash
+        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+
+        g = torch.Generator().manual_seed(2)
+        q, k = (torch.randn(1, 1, 20, 8, generator=g).abs() + 1 for _ in range(2))
+        v, do = (torch.randn(1, 1, 20, 8, generator=g) for _ in range(2))
+        tau, beta = torch.full((1, 1), 1e-38), torch.full((1, 1), 0.5)
+        out, m, den = attention_forward(q, k, v, tau, beta, 0.35, False)
+        want = flash.forward(q, k, v, tau, beta, 0.35, False)
+        assert torch.equal(den, torch.ones_like(den))
+        torch.testing.assert_close(out, want[0])
+        dv = attention_backward(q, k, v, out, do, m, den, tau, beta, 0.35, False)[2]
+        torch.testing.assert_close(dv, flash.backward(q, k, v, want[0], do, want[1], want[2],
+                                                      tau, beta, 0.35, False)[2])
+
+    def test_the_weight_and_the_scale_it_cannot_compute_are_refused():
+        from elasticbench.attention.weights import Weight
+        from elasticbench.kernels.triton.attention import WEIGHTS, attention_forward
+
+        q = torch.zeros(1, 1, 4, 4)
+        p = torch.ones(1, 1)
+        assert Weight.ELASTIC in WEIGHTS
+        for weight in set(Weight) - WEIGHTS:
+            with pytest.raises(ValueError, match=weight.name):
+                attention_forward(q, q, q, p, p, 0.5, False, None, weight)
+        for scale in (0.0, -0.5, float("nan")):
+            with pytest.raises(ValueError, match="positive finite scale"):
+                attention_forward(q, q, q, p, p, scale, False)
+
+    def test_the_interpreter_runs_the_smallest_configuration_of_each_list():
+        from elasticbench.kernels.triton import attention_configs as ac
+
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for kernel in ac.KERNELS:
+                options = ac.configs(kernel, 64, dtype, True)
+                q = torch.zeros(1, 1, 4, 64, dtype=dtype)
+                chosen = ac.choose(kernel, 64, q, True, False, lambda t: 1 / 0)
+                assert chosen == ac.smallest(options) and chosen in options

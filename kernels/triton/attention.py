@@ -1,170 +1,252 @@
 """Elastic attention in Triton, forward and backward: the tiled design of docs/attention.md
-section 2.
+section 2, in the FlashAttention-2 structure (docs/attention.md section 7).
 
-One program takes BLOCK_M queries of one (batch, head) and visits blocks of BLOCK_N keys,
-keeping per query a running kept maximum m (from 0), a running sum l and an accumulator:
+Forward: one program per block of BLOCK_M queries of one (batch, head), streaming blocks of
+BLOCK_N keys, with per query a running maximum m of the raw kept scores q.k (from 0: kept
+scores are >= 0), a running sum l and an accumulator:
 
-    s    = scale * q @ k^T               (causally hidden keys out of the mask)
-    m'   = max(m, max of kept s)         (kept: s >= 0 and visible; NaN-propagating)
-    l    = l 2^((m - m') k) + sum_kept 2^((s - m') k)           k = log2(e) / tau
-    acc  = acc 2^((m - m') k) + p @ v
-    out  = acc / (l + beta 2^(-m k))     (exactly 0 where l = 0: nothing kept, any beta)
+    qk   = q @ k^T                                  (raw: the scale is folded below)
+    m'   = max(m, max qk)                           (NaN-propagating; negative qk cannot win)
+    t    = qk k2 - m' k2,  k2 = scale log2(e)/tau   (one constant per head; one FMA each)
+    p    = 2^t where qk >= 0, else 0
+    l    = l 2^(m k2 - m' k2) + sum p;   acc = acc 2^(m k2 - m' k2) + p @ v
+    out  = acc / den,  den = l + beta 2^(-m k2)     (exactly 0 where l = 0: nothing kept)
 
-Scores, sums and the accumulator are fp32. fp32 inputs multiply in IEEE fp32 (not TF32);
-fp16 and bf16 inputs multiply in their own format with fp32 accumulation (their products are
-exact), and p is rounded once to that format for p @ v, as flash kernels do (the budget's
-l term, docs/attention.md section 5). Special queries need no pass of their own and nothing
-read back to the host: a NaN among a query's visible scores makes its m, and so everything
-it computes, NaN; a +inf score makes m = +inf, where each +inf score weighs 1 and every
-finite one 0, so the same loop leaves the mean of those keys' values in out and their count
-in den (docs/attention.md section 3); the backward gives such a query's dO/count to the dv of
-its +inf keys and nothing else. Causal key blocks past the query block's last query are not
-visited.
+It returns m (in score units, m scale) and den. Masks (causal diagonal, the key length, key
+padding) are applied only on the key blocks that need them; the others run an unmasked loop.
+Special values need no per-tile test: a NaN score makes m NaN, and NaN reaches l and acc
+through the rescale; a +inf score makes m k2 = +inf (so does a finite m whose m k2 overflows),
+and such a query (`saturated`: its weights are 1 on the scores equal to its maximum and 0
+elsewhere, docs/attention.md section 3) is finished by a second pass over its keys that runs
+only in a block that has one.
+
+Backward: a preprocessing program per block of queries forms c = rowsum(dO o), the per-query
+operands of the weights (m k2, 1/den, the keep threshold), the sink terms of dtau and dbeta
+summed per block, and a per-(batch, head) flag of saturated queries; then one program per
+block of BLOCK_M keys (resident) accumulates dk and dv over the queries, and one per block of
+BLOCK_M queries (resident) accumulates dq and the block's sum ds z (dtau's first term). Both
+recompute p = 2^(qk k2 - m k2) / den per tile. dtau and dbeta are the fixed-order sums of the
+per-block partials, on the device.
+
+Scores, sums and accumulators are fp32. fp32 inputs multiply in IEEE fp32 (not TF32); fp16
+and bf16 multiply in their own format with fp32 accumulation, and p and ds are rounded once
+to it for the second matmuls (the budget's l term, docs/attention.md section 5).
+
+The row function is one @triton.jit helper per direction selected by the constexpr WEIGHT
+(elasticbench.attention.weights.Weight); `WEIGHTS` lists those this kernel implements.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from elasticbench.attention.flash import param_grads
+from elasticbench.attention.weights import Weight
 
+from .attention_configs import Tiles, choose
 from .exp_family import exp2
 from .launch import run
 from .memory import max_nan
 
+WEIGHTS = frozenset({Weight.ELASTIC})
+
 LOG2E = tl.constexpr(1.4426950408889634)  # a kernel may read only constexpr globals
+LN2 = tl.constexpr(0.6931471805599453)
+# the exponent argument of a weight that is not kept: 2^-1e30 = 0 (also on the SUBNORMAL
+# path), and 0 * -1e30 = 0 where -inf would make dtau's sum ds t NaN
+OFF = tl.constexpr(-1.0e30)
+ELASTIC = tl.constexpr(int(Weight.ELASTIC))
+PREP_M = 64  # queries per preprocessing program
+
+
+# ---------------------------------------------------------------------------------------
+# The weight: the only part that depends on the row function
 
 
 @triton.jit
-def _tile(base, width, offs_r, ok_r, offs_c):
-    """Pointers and mask of rows offs_r (where ok_r) and columns offs_c (< width) of a
-    row-major matrix of `width` columns at base."""
-    return (base + offs_r[:, None] * width + offs_c[None, :],
-            ok_r[:, None] & (offs_c[None, :] < width))
+def _weight_arg(qk, mk, k2, keep, WEIGHT: tl.constexpr):
+    """The exponent argument of each weight of a tile of raw scores qk, OFF where not kept;
+    mk is the query's statistic (its maximum times k2)."""
+    tl.static_assert(WEIGHT == ELASTIC, "this Triton kernel implements Weight.ELASTIC only")
+    return tl.where(keep, qk * k2 - mk, OFF)
 
 
 @triton.jit
-def _tile_t(base, width, offs_r, ok_r, offs_c):
-    """_tile's transpose: the same elements, indexed (column, row)."""
-    return (base + offs_r[None, :] * width + offs_c[:, None],
-            ok_r[None, :] & (offs_c[:, None] < width))
+def _kept(qk, lo, WEIGHT: tl.constexpr):
+    """Which scores of a tile take part: Elastic keeps qk >= lo (lo = 0; -inf for a NaN query,
+    whose every visible weight is NaN; NaN for a saturated one, which the fix-up takes)."""
+    tl.static_assert(WEIGHT == ELASTIC, "this Triton kernel implements Weight.ELASTIC only")
+    return qk >= lo
 
 
 @triton.jit
-def _keys(keep_ptr, bh, heads, lk, offs_n, col_ok, HAS_MASK: tl.constexpr):
-    """The columns offs_n that take part (in range, and kept by the (batch, length_k)
-    key-padding mask where there is one)."""
+def _dscore(p, dp, c, inv_tau, WEIGHT: tl.constexpr):
+    """ds = dL/ds of each score from its normalized weight p and dp = dO . v."""
+    tl.static_assert(WEIGHT == ELASTIC, "this Triton kernel implements Weight.ELASTIC only")
+    return p * (dp - c) * inv_tau
+
+
+# ---------------------------------------------------------------------------------------
+# Loads
+
+
+@triton.jit
+def _load_rows(base, offs_r, row_ok, W: tl.constexpr, BLOCK_W: tl.constexpr,
+               MASKED: tl.constexpr):
+    """Rows offs_r of a row-major matrix of W columns at base, (rows, BLOCK_W); lanes past W,
+    and with MASKED rows where not row_ok, read 0."""
+    offs_c = tl.arange(0, BLOCK_W)
+    ptrs = base + offs_r[:, None] * W + offs_c[None, :]
+    if MASKED:
+        x = tl.load(ptrs, mask=row_ok[:, None] & (offs_c[None, :] < W), other=0.0)
+    elif W == BLOCK_W:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=offs_c[None, :] < W, other=0.0)
+    return x
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:  # noqa: SIM108 (a constexpr branch: the compiler keeps one side)
+        r = tl.dot(a, b, input_precision="ieee")
+    else:
+        r = tl.dot(a, b)
+    return r
+
+
+@triton.jit
+def _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK: tl.constexpr):
+    """The keys offs_n that exist (< lk) and, with a key-padding mask, are kept by it."""
+    ok = offs_n < lk
     if HAS_MASK:
-        keep = tl.load(keep_ptr + (bh // heads) * lk + offs_n, mask=col_ok, other=0)
-        col_ok = col_ok & (keep != 0)
-    return col_ok
+        ok = ok & (tl.load(keep_ptr + batch * lk + offs_n, mask=ok, other=0) != 0)
+    return ok
 
 
 @triton.jit
-def _key_end(kend_ptr, bh, heads, lk, q_end, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
-    """One past the last key a query block ending at q_end visits: causally no key past its
-    last query, and none after the batch's last kept key (key padding)."""
+def _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
+    """For a query block starting at m0: (end of the unmasked key blocks, end of all keys it
+    visits). Causally no key past its last query; with key padding none after the batch's
+    last kept key, and every block masked (the mask may have holes)."""
     end = lk
+    full = lk // BLOCK_N * BLOCK_N
     if CAUSAL:
-        end = tl.minimum(lk, q_end)
+        end = tl.minimum(lk, m0 + BLOCK_M)
+        full = tl.minimum(full, (m0 + 1) // BLOCK_N * BLOCK_N)
     if HAS_MASK:
-        end = tl.minimum(end, tl.load(kend_ptr + bh // heads))
-    return end
+        end = tl.minimum(end, tl.load(kend_ptr + batch))
+        full = 0
+    return full, end
+
+
+# ---------------------------------------------------------------------------------------
+# Forward
 
 
 @triton.jit
-def _query_stats(m_ptr, r_ptr, c_ptr, at, row_ok):
-    """A query block's forward statistics and c: (m with non-finite rows set to 0, r, c,
-    the NaN rows, the +inf rows)."""
-    m = tl.load(m_ptr + at, mask=row_ok, other=0.0)
-    r = tl.load(r_ptr + at, mask=row_ok, other=0.0)
-    c = tl.load(c_ptr + at, mask=row_ok, other=0.0)
-    nan_q = m != m
-    inf_q = m == float("inf")
-    return tl.where(inf_q | nan_q, 0.0, m), r, c, nan_q, inf_q
+def _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l, acc, k2, lk,  # noqa: E741
+              D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
+              CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
+              SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
+    """One block of keys folded into a query block's running (m, l, acc)."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
+    k = _load_rows(k_base, offs_n, col_ok, D, BLOCK_D, MASKED)
+    qk = _dot(q, tl.trans(k), IEEE)
+    if MASKED:
+        visible = col_ok[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None])
+        qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m, max_nan(qk, 1), propagate_nan=tl.PropagateNan.ALL)
+    mk_new = m_new * k2
+    # exactly 1 while the maximum stands (mk - m_new k2 contracted to an FMA would not be 0,
+    # and l, acc would drift by its rounding error once per block)
+    alpha = tl.where(m == m_new, 1.0, exp2(mk - mk_new, False, -1))
+    p = exp2(_weight_arg(qk, mk_new[:, None], k2, _kept(qk, 0.0, WEIGHT), WEIGHT), SUBNORMAL,
+             -1)
+    l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
+    v = _load_rows(v_base, offs_n, col_ok, DV, BLOCK_DV, MASKED)
+    if IEEE:  # noqa: SIM108
+        pv = _dot(p, v, True)
+    else:
+        pv = _dot(p.to(v.dtype), v, False)
+    return m_new, mk_new, l, acc * alpha[:, None] + pv
 
 
 @triton.jit
 def attention_forward_kernel(
     q_ptr, k_ptr, v_ptr, tau_ptr, beta_ptr, out_ptr, m_ptr, den_ptr, keep_ptr, kend_ptr,
-    lq, lk, d, dv, scale, heads,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, HAS_MASK: tl.constexpr,
+    lq, lk, scale, scale_log2e, heads,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
+    WEIGHT: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    # the longest causal blocks first (they are the last query blocks)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_DV)
+    batch = bh // heads
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
     row_ok = offs_m < lq
-    q = tl.load(*_tile(q_ptr + bh * lq * d, d, offs_m, row_ok, offs_d), other=0.0)
+    bh64 = bh.to(tl.int64)
+    q = _load_rows(q_ptr + bh64 * lq * D, offs_m, row_ok, D, BLOCK_D, True)
+    k_base = k_ptr + bh64 * lk * D
+    v_base = v_ptr + bh64 * lk * DV
     tau = tl.load(tau_ptr + bh)
     beta = tl.load(beta_ptr + bh)
-    kk = LOG2E / tau
+    k2 = tl.math.div_rn(scale_log2e, tau)
     m = tl.zeros([BLOCK_M], dtype=tl.float32)
+    mk = tl.zeros([BLOCK_M], dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)  # noqa: E741
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    end = _key_end(kend_ptr, bh, heads, lk, (pid_m + 1) * BLOCK_M, CAUSAL, HAS_MASK)
-    for start in range(0, end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        col_ok = _keys(keep_ptr, bh, heads, lk, offs_n, offs_n < lk, HAS_MASK)
-        kt = tl.load(*_tile_t(k_ptr + bh * lk * d, d, offs_n, col_ok, offs_d), other=0.0)
-        if IEEE:  # noqa: SIM108 (a constexpr branch: the compiler keeps one side)
-            s = tl.dot(q, kt, input_precision="ieee") * scale
-        else:
-            s = tl.dot(q, kt) * scale
-        visible = col_ok[None, :] & row_ok[:, None]
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None])
-        kept = visible & (s >= 0.0)  # +inf kept too; NaN flags the query through the max
-        top = max_nan(tl.where(visible & ((s >= 0.0) | (s != s)), s, 0.0), 1)
-        m_new = tl.maximum(m, top, propagate_nan=tl.PropagateNan.ALL)
-        # m = m_new = +inf: the running sums are the +inf scores' count and values (weight 1
-        # each, every finite score 0), so out is their mean and den their count
-        alpha = exp2(tl.where(m == m_new, 0.0, (m - m_new) * kk), True, -1)
-        p = exp2(tl.where(kept, tl.where(s == m_new[:, None], 0.0, (s - m_new[:, None]) * kk),
-                          float("-inf")), True, -1)
-        l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
-        v = tl.load(*_tile(v_ptr + bh * lk * dv, dv, offs_n, col_ok, offs_e), other=0.0)
-        if IEEE:  # noqa: SIM108
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
-    den = l + beta * exp2(-m * kk, True, -1)  # m = +inf: the count; m NaN: NaN
+    full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
+    for start in range(0, full, BLOCK_N):
+        m, mk, l, acc = _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l,  # noqa: E741
+                                  acc, k2, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
+                                  CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
+    for start in range(full, end, BLOCK_N):
+        m, mk, l, acc = _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l,  # noqa: E741
+                                  acc, k2, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+                                  CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
+    saturated = (mk == float("inf")) & row_ok
+    if tl.max(saturated.to(tl.int32), axis=0) > 0:
+        # weights 1 on the scores equal to the maximum, 0 elsewhere: the count in l, the sum
+        # of those keys' values in acc
+        ms = m * scale
+        l = tl.where(saturated, 0.0, l)  # noqa: E741
+        acc = tl.where(saturated[:, None], 0.0, acc)  # no second accumulator: registers
+        for start in range(0, end, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
+            k = _load_rows(k_base, offs_n, col_ok, D, BLOCK_D, True)
+            hit = col_ok[None, :] & saturated[:, None] & (_dot(q, tl.trans(k), IEEE) * scale
+                                                          == ms[:, None])
+            if CAUSAL:
+                hit = hit & (offs_n[None, :] <= offs_m[:, None])
+            v = _load_rows(v_base, offs_n, col_ok, DV, BLOCK_DV, True)
+            l += tl.sum(hit.to(tl.float32), axis=1)  # noqa: E741
+            acc += _dot(hit.to(v.dtype), v, IEEE)
+        mk = tl.where(saturated, float("inf"), mk)
+    den = l + beta * exp2(-mk, False, -1)  # saturated: the count; m NaN: NaN
     live = (l > 0.0) | (l != l)
-    out = tl.where(live[:, None], acc / tl.where(live, den, 1.0)[:, None], 0.0)
-    out_at, out_ok = _tile(out_ptr + bh * lq * dv, dv, offs_m, row_ok, offs_e)
-    tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=out_ok)
-    tl.store(m_ptr + bh * lq + offs_m, m, mask=row_ok)
-    tl.store(den_ptr + bh * lq + offs_m, den, mask=row_ok)
-
-
-@dataclass(frozen=True)
-class Tiles:
-    """A launch's tiles: queries and keys per block, warps per program, pipeline stages."""
-
-    block_m: int
-    block_n: int
-    warps: int
-    stages: int
-
-
-def tiles(dtype: torch.dtype, backward: bool = False) -> Tiles:
-    """fp16 and bf16: 64 x 64 tiles, where Hopper's warpgroup MMA (wgmma) takes the dots (it
-    needs num_warps % 4 == 0 and each dot's M a multiple of 64; 32-row tiles fall back to
-    mma.sync): the forward on 4 warps and 3 stages (twice the 32 x 32 tiles' speed on an
-    H100), the backward on 8 warps and 2 stages, where its dk and dv accumulators fit the
-    registers (docs/attention.md section 7). fp32 multiplies in IEEE fp32 on the CUDA cores,
-    which no tensor core instruction takes: 32 x 32 keeps its tiles in registers."""
-    if dtype in (torch.float16, torch.bfloat16):
-        return Tiles(64, 64, 8, 2) if backward else Tiles(64, 64, 4, 3)
-    return Tiles(32, 32, 4, 3)
+    safe = tl.where(live, den, 1.0)
+    if IEEE:  # noqa: SIM108
+        out = tl.math.div_rn(acc, safe[:, None])
+    else:
+        out = acc * tl.math.div_rn(1.0, safe)[:, None]
+    out = tl.where(live[:, None], out, 0.0)
+    offs_e = tl.arange(0, BLOCK_DV)
+    out_at = out_ptr + bh64 * lq * DV + offs_m[:, None] * DV + offs_e[None, :]
+    tl.store(out_at, out.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_e[None, :] < DV))
+    tl.store(m_ptr + bh64 * lq + offs_m, m * scale, mask=row_ok)
+    tl.store(den_ptr + bh64 * lq + offs_m, den, mask=row_ok)
 
 
 def _pow2(n: int, least: int = 16) -> int:
@@ -183,179 +265,367 @@ def _key_mask(key_mask: torch.Tensor | None, batch: int, lk: int, device: torch.
     return keep.to(torch.int8).contiguous(), last.to(torch.int32).contiguous()
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
-                      beta: torch.Tensor, scale: float, causal: bool,
-                      key_mask: torch.Tensor | None = None, tile: Tiles | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in fp32; q, k, v
-    (batch, heads, length, dim) in fp32, fp16 or bf16; tau, beta (batch, heads); key_mask
-    (batch, length_k) bool, True where a key takes part, or None."""
+def _check(q: torch.Tensor, scale: float, weight: Weight) -> None:
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"the triton attention kernel takes fp32, fp16 or bf16, not {q.dtype}")
+    if Weight(weight) not in WEIGHTS:
+        raise ValueError(f"the triton attention kernel implements {sorted(w.name for w in WEIGHTS)}"
+                         f", not {Weight(weight).name}")
+    if not (scale > 0 and scale < float("inf")):
+        raise ValueError(f"the triton attention kernel needs a positive finite scale, got {scale}")
+
+
+def _consts(q: torch.Tensor, d: int, dv: int, t: Tiles, causal: bool, has_mask: bool,
+            weight: Weight) -> dict:
+    return {"D": d, "DV": dv, "BLOCK_M": t.block_m, "BLOCK_N": t.block_n,
+            "BLOCK_D": _pow2(d), "BLOCK_DV": _pow2(dv), "CAUSAL": bool(causal),
+            "HAS_MASK": has_mask, "IEEE": q.dtype == torch.float32,
+            # fp16's subnormals end above 2^-126, where ex2's flush is already right
+            "SUBNORMAL": q.dtype != torch.float16, "WEIGHT": int(weight)}
+
+
+def _timer(launch):
+    """time_one for attention_configs.choose: do_bench's median of one launch, in ms."""
+    def time_one(t: Tiles) -> float:
+        return float(triton.testing.do_bench(lambda: launch(t), warmup=5, rep=20,
+                                             return_mode="median"))
+    return time_one
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
+                      p1: torch.Tensor, scale: float, causal: bool,
+                      key_mask: torch.Tensor | None = None, weight: Weight = Weight.ELASTIC,
+                      tile: Tiles | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in fp32; q, k, v
+    (batch, heads, length, dim) in fp32, fp16 or bf16; p0, p1 (batch, heads): tau and beta
+    for Weight.ELASTIC; key_mask (batch, length_k) bool, True where a key takes part, or
+    None; tile: a configuration of attention_configs (else the tuned or interpreter one)."""
+    _check(q, scale, weight)
     b, h, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[3]
     qc, kc, vc = (t.contiguous() for t in (q, k, v))
-    tau32 = tau.to(torch.float32).contiguous()
-    beta32 = beta.to(torch.float32).contiguous()
+    tau32 = p0.to(torch.float32).contiguous()
+    beta32 = p1.to(torch.float32).contiguous()
     out = torch.empty(b, h, lq, dv, dtype=q.dtype, device=q.device)
     m = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
     den = torch.empty_like(m)
-    t = tile or tiles(q.dtype)
-    grid = (triton.cdiv(lq, t.block_m), b * h)
     keep, kend = _key_mask(key_mask, b, lk, q.device)
-    run(attention_forward_kernel, grid,
-        (qc, kc, vc, tau32, beta32, out, m, den, keep, kend, lq, lk, d, dv, float(scale), h),
-        t.warps, {"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "BLOCK_D": _pow2(d),
-            "BLOCK_DV": _pow2(dv), "CAUSAL": bool(causal), "IEEE": q.dtype == torch.float32,
-            "HAS_MASK": key_mask is not None}, t.stages)
+    has_mask = key_mask is not None
+    sl2e = float(scale) * 1.4426950408889634  # rounded once, to fp32, by the launch
+
+    def launch(t: Tiles) -> None:
+        run(attention_forward_kernel, (triton.cdiv(lq, t.block_m), b * h),
+            (qc, kc, vc, tau32, beta32, out, m, den, keep, kend, lq, lk, float(scale), sl2e, h),
+            t.warps, _consts(q, d, dv, t, causal, has_mask, weight), t.stages)
+
+    if b * h * lq == 0:
+        return out, m, den
+    launch(tile or choose("fwd", max(d, dv), q, causal, has_mask, _timer(launch)))
     return out, m, den
 
 
+# ---------------------------------------------------------------------------------------
+# Backward
+
+
 @triton.jit
-def _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok, scale, kk, tau,
-               CAUSAL: tl.constexpr, IEEE: tl.constexpr):
-    """The tile's kept mask, its z = (s - m)/tau and its weights p = 2^((s - m) k) / den,
-    from the forward's statistics (a NaN query keeps every visible key: its p is NaN)."""
-    if IEEE:  # noqa: SIM108
-        s = tl.dot(q, kt, input_precision="ieee") * scale
+def attention_prepare_kernel(
+    out_ptr, do_ptr, m_ptr, den_ptr, tau_ptr, beta_ptr, stats_ptr, sink_ptr, flag_ptr,
+    lq, n_blocks, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """Per query: c = rowsum(dO o), m k2 / scale (= m log2(e)/tau, 0 where saturated), 1/den
+    and the keep threshold lo, into stats (4, batch*heads*length_q); per block the sums of
+    dtau's and dbeta's sink terms (docs/attention.md section 2) into sink (2, bh, blocks);
+    per (batch, head) the number of saturated queries into flag."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < lq
+    bh64 = bh.to(tl.int64)
+    o = _load_rows(out_ptr + bh64 * lq * DV, offs_m, row_ok, DV, BLOCK_DV, True)
+    do = _load_rows(do_ptr + bh64 * lq * DV, offs_m, row_ok, DV, BLOCK_DV, True)
+    c = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    at = bh64 * lq + offs_m
+    m = tl.load(m_ptr + at, mask=row_ok, other=0.0)
+    den = tl.load(den_ptr + at, mask=row_ok, other=0.0)
+    tau = tl.load(tau_ptr + bh)
+    beta = tl.load(beta_ptr + bh)
+    kk = tl.math.div_rn(LOG2E, tau)
+    mk = m * kk
+    saturated = mk == float("inf")
+    r = tl.where(den == 0.0, 0.0, tl.math.div_rn(1.0, tl.where(den == 0.0, 1.0, den)))
+    lo = tl.where(m != m, float("-inf"), tl.where(saturated, float("nan"), 0.0))
+    n = tl.num_programs(1).to(tl.int64) * lq  # stride between the four stats
+    tl.store(stats_ptr + at, c, mask=row_ok)
+    tl.store(stats_ptr + n + at, tl.where(saturated, 0.0, mk), mask=row_ok)
+    tl.store(stats_ptr + 2 * n + at, r, mask=row_ok)
+    tl.store(stats_ptr + 3 * n + at, lo, mask=row_ok)
+    # the sink terms, as flash.param_grads forms them: a saturated query adds nothing
+    m0 = tl.where(saturated, 0.0, m)
+    e = exp2(-(m0 * kk), True, -1)
+    w = beta * e * r
+    wm = tl.where(w != 0.0, w * tl.math.div_rn(m0, tau), 0.0)
+    ok = row_ok & ~saturated
+    tsink = tl.where(ok, tl.math.div_rn(c * wm, tau), 0.0)
+    dbeta = tl.where(ok, c * e * r, 0.0)
+    tl.store(sink_ptr + bh * n_blocks + pid, tl.sum(tsink, axis=0))
+    tl.store(sink_ptr + (tl.num_programs(1) + bh) * n_blocks + pid, tl.sum(dbeta, axis=0))
+    tl.atomic_add(flag_ptr + bh, tl.sum((saturated & row_ok).to(tl.int32), axis=0))
+
+
+@triton.jit
+def _query_stats(stats_ptr, n, at, row_ok, MASKED: tl.constexpr):
+    """(c, m k2, 1/den, lo) of queries at; with MASKED rows past the end read lo = NaN
+    (nothing kept) and 0."""
+    if MASKED:
+        c = tl.load(stats_ptr + at, mask=row_ok, other=0.0)
+        mk = tl.load(stats_ptr + n + at, mask=row_ok, other=0.0)
+        r = tl.load(stats_ptr + 2 * n + at, mask=row_ok, other=0.0)
+        lo = tl.load(stats_ptr + 3 * n + at, mask=row_ok, other=float("nan"))
     else:
-        s = tl.dot(q, kt) * scale
-    visible = row_ok[:, None] & col_ok[None, :]
-    if CAUSAL:
-        visible = visible & (offs_n[None, :] <= offs_m[:, None])
-    keep = visible & ((s >= 0.0) | nan_q[:, None]) & (~inf_q[:, None])
-    d = tl.where(keep, s - m[:, None], 0.0)
-    p = tl.where(keep, exp2(tl.where(keep, d * kk, float("-inf")), True, -1) * r[:, None], 0.0)
-    # a +inf query weighs its +inf scores 1/count each (r = 1/den, den the count): only dv
-    # sees them, as its other gradients are 0
-    p_dv = tl.where(inf_q[:, None] & visible & (s == float("inf")), r[:, None], p)
-    return keep, d / tau, p, p_dv
+        c = tl.load(stats_ptr + at)
+        mk = tl.load(stats_ptr + n + at)
+        r = tl.load(stats_ptr + 2 * n + at)
+        lo = tl.load(stats_ptr + 3 * n + at)
+    return c, mk, r, lo
+
+
+@triton.jit
+def _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n, k2, inv_tau,
+                lq, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
+               CAUSAL: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
+               WEIGHT: tl.constexpr):
+    """One block of queries folded into a key block's dk and dv (transposed tiles: keys are
+    rows, so every dot's M is the resident key block)."""
+    offs_m = start + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < lq
+    q = _load_rows(q_base, offs_m, row_ok, D, BLOCK_D, MASKED)
+    do = _load_rows(do_base, offs_m, row_ok, DV, BLOCK_DV, MASKED)
+    c, mk, r, lo = _query_stats(stats_ptr, n, at0 + offs_m, row_ok, MASKED)
+    qk = _dot(k, tl.trans(q), IEEE)  # (keys, queries)
+    keep = _kept(qk, lo[None, :], WEIGHT)
+    if MASKED and CAUSAL:
+        keep = keep & (offs_n[:, None] <= offs_m[None, :])
+    p = exp2(_weight_arg(qk, mk[None, :], k2, keep, WEIGHT), SUBNORMAL, -1) * r[None, :]
+    dp = _dot(v, tl.trans(do), IEEE)
+    ds = _dscore(p, dp, c[None, :], inv_tau, WEIGHT)
+    if IEEE:
+        dv += _dot(p, do, True)
+        dk += _dot(ds, q, True)
+    else:
+        dv += _dot(p.to(do.dtype), do, False)
+        dk += _dot(ds.to(q.dtype), q, False)
+    return dk, dv
 
 
 @triton.jit
 def attention_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, r_ptr, c_ptr, tau_ptr, dk_ptr, dv_ptr, dtau_ptr,
-    keep_ptr, kend_ptr, lq, lk, d, dv, scale, n_kblocks, heads,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, HAS_MASK: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, flag_ptr, tau_ptr, dk_ptr, dv_ptr,
+    keep_ptr, kend_ptr, lq, lk, scale, scale_log2e, heads,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
+    WEIGHT: tl.constexpr,
 ):
-    """dk and dv of one block of keys over every query that sees them, and the block's
-    share of sum ds z (dtau's first term)."""
+    """dk and dv of one block of BLOCK_M keys (resident) over the BLOCK_N-query blocks that
+    see them."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    batch = bh // heads
+    bh64 = bh.to(tl.int64)
+    n0 = pid_n * BLOCK_M
+    offs_n = n0 + tl.arange(0, BLOCK_M)
+    key_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
+    k = _load_rows(k_ptr + bh64 * lk * D, offs_n, key_ok, D, BLOCK_D, True)
+    v = _load_rows(v_ptr + bh64 * lk * DV, offs_n, key_ok, DV, BLOCK_DV, True)
+    tau = tl.load(tau_ptr + bh)
+    k2 = tl.math.div_rn(scale_log2e, tau)  # the stats hold m log2(e)/tau
+    inv_tau = tl.math.div_rn(1.0, tau)
+    q_base = q_ptr + bh64 * lq * D
+    do_base = do_ptr + bh64 * lq * DV
+    n = tl.num_programs(1).to(tl.int64) * lq
+    at0 = bh64 * lq
+    dk = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    stop = lq
+    if HAS_MASK:  # a key block past the batch's last kept key is seen by no query
+        stop = tl.where(n0 < tl.load(kend_ptr + batch), lq, 0)
+    begin = 0
+    full_lo = 0
+    if CAUSAL:
+        begin = n0 // BLOCK_N * BLOCK_N
+        full_lo = tl.cdiv(n0 + BLOCK_M - 1, BLOCK_N) * BLOCK_N
+    full_hi = lq // BLOCK_N * BLOCK_N
+    for start in range(begin, tl.minimum(full_lo, stop), BLOCK_N):
+        dk, dv = _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n,
+                            k2, inv_tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+                            CAUSAL, IEEE, SUBNORMAL, WEIGHT)
+    for start in range(full_lo, tl.minimum(full_hi, stop), BLOCK_N):
+        dk, dv = _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n,
+                            k2, inv_tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
+                            CAUSAL, IEEE, SUBNORMAL, WEIGHT)
+    for start in range(tl.maximum(full_lo, full_hi), stop, BLOCK_N):
+        dk, dv = _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n,
+                            k2, inv_tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+                            CAUSAL, IEEE, SUBNORMAL, WEIGHT)
+    if tl.load(flag_ptr + bh) > 0:
+        # saturated queries give dO / count to the dv of each key at their maximum
+        for start in range(begin, stop, BLOCK_N):
+            offs_m = start + tl.arange(0, BLOCK_N)
+            row_ok = offs_m < lq
+            q = _load_rows(q_base, offs_m, row_ok, D, BLOCK_D, True)
+            do = _load_rows(do_base, offs_m, row_ok, DV, BLOCK_DV, True)
+            ms = tl.load(m_ptr + at0 + offs_m, mask=row_ok, other=0.0)
+            r = tl.load(stats_ptr + 2 * n + at0 + offs_m, mask=row_ok, other=0.0)
+            lo = tl.load(stats_ptr + 3 * n + at0 + offs_m, mask=row_ok, other=0.0)
+            # (k q^T: a wgmma whose M is the resident keys; q k^T's M would be BLOCK_N)
+            hit = (lo != lo)[None, :] & (_dot(k, tl.trans(q), IEEE) * scale == ms[None, :])
+            if CAUSAL:
+                hit = hit & (offs_n[:, None] <= offs_m[None, :])
+            share = tl.where(hit, r[None, :], 0.0)
+            if IEEE:
+                dv += _dot(share, do, True)
+            else:
+                dv += _dot(share.to(do.dtype), do, False)
+    dk = tl.where(key_ok[:, None], dk * scale, 0.0)
+    dv = tl.where(key_ok[:, None], dv, 0.0)
+    col_ok = offs_n < lk
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_DV)
-    col_ok = offs_n < lk
-    key_ok = _keys(keep_ptr, bh, heads, lk, offs_n, col_ok, HAS_MASK)
-    kt = tl.load(*_tile_t(k_ptr + bh * lk * d, d, offs_n, key_ok, offs_d), other=0.0)
-    vt = tl.load(*_tile_t(v_ptr + bh * lk * dv, dv, offs_n, key_ok, offs_e), other=0.0)
-    tau = tl.load(tau_ptr + bh)
-    kk = LOG2E / tau
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dvv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    dsz = tl.zeros([BLOCK_N], dtype=tl.float32)
-    begin = 0
-    if CAUSAL:
-        begin = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
-    stop = lq  # a key block past the batch's last kept key visits no query
-    if HAS_MASK:
-        stop = tl.where(pid_n * BLOCK_N < tl.load(kend_ptr + bh // heads), lq, begin)
-    for start in range(begin, stop, BLOCK_M):
-        offs_m = start + tl.arange(0, BLOCK_M)
-        row_ok = offs_m < lq
-        q = tl.load(*_tile(q_ptr + bh * lq * d, d, offs_m, row_ok, offs_d), other=0.0)
-        do = tl.load(*_tile(do_ptr + bh * lq * dv, dv, offs_m, row_ok, offs_e), other=0.0)
-        m, r, c, nan_q, inf_q = _query_stats(m_ptr, r_ptr, c_ptr, bh * lq + offs_m, row_ok)
-        keep, z, p, p_dv = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok,
-                                      key_ok, scale, kk, tau, CAUSAL, IEEE)
-        if IEEE:
-            dp = tl.dot(do, vt, input_precision="ieee")
-            ds = tl.where(keep, p * ((dp - c[:, None]) / tau), 0.0)
-            dvv += tl.dot(tl.trans(p_dv), do, input_precision="ieee")
-            dk += tl.dot(tl.trans(ds), q, input_precision="ieee") * scale
-        else:
-            dp = tl.dot(do, vt)
-            ds = tl.where(keep, p * ((dp - c[:, None]) / tau), 0.0)
-            dvv += tl.dot(tl.trans(p_dv.to(do.dtype)), do)
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q) * scale
-        dsz += tl.sum(tl.where(keep, ds * z, 0.0), axis=0)
-    dk_at, dk_ok = _tile(dk_ptr + bh * lk * d, d, offs_n, col_ok, offs_d)
-    tl.store(dk_at, dk, mask=dk_ok)
-    dv_at, dv_ok = _tile(dv_ptr + bh * lk * dv, dv, offs_n, col_ok, offs_e)
-    tl.store(dv_at, dvv, mask=dv_ok)
-    tl.store(dtau_ptr + bh * n_kblocks + pid_n, tl.sum(dsz, axis=0))
+    tl.store(dk_ptr + bh64 * lk * D + offs_n[:, None] * D + offs_d[None, :],
+             dk.to(dk_ptr.dtype.element_ty), mask=col_ok[:, None] & (offs_d[None, :] < D))
+    tl.store(dv_ptr + bh64 * lk * DV + offs_n[:, None] * DV + offs_e[None, :],
+             dv.to(dv_ptr.dtype.element_ty), mask=col_ok[:, None] & (offs_e[None, :] < DV))
+
+
+@triton.jit
+def _dq_tile(q, do, dq, dsz, c, mk, r, lo, k_base, v_base, keep_ptr, batch, start, offs_m,
+             k2, inv_tau, lk, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
+             CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
+             SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
+    """One block of keys folded into a query block's dq and its per-query sum ds t."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
+    k = _load_rows(k_base, offs_n, col_ok, D, BLOCK_D, MASKED)
+    v = _load_rows(v_base, offs_n, col_ok, DV, BLOCK_DV, MASKED)
+    qk = _dot(q, tl.trans(k), IEEE)
+    keep = _kept(qk, lo[:, None], WEIGHT)
+    if MASKED:
+        keep = keep & col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+    arg = _weight_arg(qk, mk[:, None], k2, keep, WEIGHT)
+    p = exp2(arg, SUBNORMAL, -1) * r[:, None]
+    dp = _dot(do, tl.trans(v), IEEE)
+    ds = _dscore(p, dp, c[:, None], inv_tau, WEIGHT)
+    if IEEE:
+        dq += _dot(ds, k, True)
+    else:
+        dq += _dot(ds.to(k.dtype), k, False)
+    return dq, dsz + tl.sum(ds * arg, axis=1)
 
 
 @triton.jit
 def attention_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, r_ptr, c_ptr, tau_ptr, dq_ptr, keep_ptr, kend_ptr,
-    lq, lk, d, dv, scale, heads,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, HAS_MASK: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, do_ptr, stats_ptr, tau_ptr, dq_ptr, dsz_ptr, keep_ptr, kend_ptr,
+    lq, lk, scale, scale_log2e, heads, n_blocks,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
+    WEIGHT: tl.constexpr,
 ):
-    """dq of one block of queries over every key it sees."""
-    pid_m = tl.program_id(0)
+    """dq of one block of queries (resident) over every key it sees, and the block's
+    sum ds (s - m)/tau (dtau's first term) into dsz (bh, blocks)."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_DV)
+    batch = bh // heads
+    bh64 = bh.to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
     row_ok = offs_m < lq
-    q = tl.load(*_tile(q_ptr + bh * lq * d, d, offs_m, row_ok, offs_d), other=0.0)
-    do = tl.load(*_tile(do_ptr + bh * lq * dv, dv, offs_m, row_ok, offs_e), other=0.0)
-    m, r, c, nan_q, inf_q = _query_stats(m_ptr, r_ptr, c_ptr, bh * lq + offs_m, row_ok)
+    q = _load_rows(q_ptr + bh64 * lq * D, offs_m, row_ok, D, BLOCK_D, True)
+    do = _load_rows(do_ptr + bh64 * lq * DV, offs_m, row_ok, DV, BLOCK_DV, True)
+    n = tl.num_programs(1).to(tl.int64) * lq
+    c, mk, r, lo = _query_stats(stats_ptr, n, bh64 * lq + offs_m, row_ok, True)
     tau = tl.load(tau_ptr + bh)
-    kk = LOG2E / tau
+    k2 = tl.math.div_rn(scale_log2e, tau)
+    inv_tau = tl.math.div_rn(1.0, tau)
+    k_base = k_ptr + bh64 * lk * D
+    v_base = v_ptr + bh64 * lk * DV
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    end = _key_end(kend_ptr, bh, heads, lk, (pid_m + 1) * BLOCK_M, CAUSAL, HAS_MASK)
-    for start in range(0, end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        col_ok = _keys(keep_ptr, bh, heads, lk, offs_n, offs_n < lk, HAS_MASK)
-        kt = tl.load(*_tile_t(k_ptr + bh * lk * d, d, offs_n, col_ok, offs_d), other=0.0)
-        vt = tl.load(*_tile_t(v_ptr + bh * lk * dv, dv, offs_n, col_ok, offs_e), other=0.0)
-        keep, _z, p, _ = _recompute(q, kt, m, r, nan_q, inf_q, offs_m, offs_n, row_ok, col_ok,
-                                    scale, kk, tau, CAUSAL, IEEE)
-        if IEEE:
-            dp = tl.dot(do, vt, input_precision="ieee")
-            ds = tl.where(keep, p * ((dp - c[:, None]) / tau), 0.0)
-            dq += tl.dot(ds, tl.trans(kt), input_precision="ieee") * scale
-        else:
-            dp = tl.dot(do, vt)
-            ds = tl.where(keep, p * ((dp - c[:, None]) / tau), 0.0)
-            dq += tl.dot(ds.to(kt.dtype), tl.trans(kt)) * scale
-    dq_at, dq_ok = _tile(dq_ptr + bh * lq * d, d, offs_m, row_ok, offs_d)
-    tl.store(dq_at, dq.to(dq_ptr.dtype.element_ty), mask=dq_ok)
+    dsz = tl.zeros([BLOCK_M], dtype=tl.float32)
+    full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
+    for start in range(0, full, BLOCK_N):
+        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, k_base, v_base, keep_ptr, batch,
+                           start, offs_m, k2, inv_tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+                           False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
+    for start in range(full, end, BLOCK_N):
+        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, k_base, v_base, keep_ptr, batch,
+                           start, offs_m, k2, inv_tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+                           True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
+    offs_d = tl.arange(0, BLOCK_D)
+    tl.store(dq_ptr + bh64 * lq * D + offs_m[:, None] * D + offs_d[None, :],
+             (dq * scale).to(dq_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_d[None, :] < D))
+    tl.store(dsz_ptr + bh * n_blocks + pid_m, tl.sum(dsz, axis=0) * LN2)
 
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        dout: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
-                       tau: torch.Tensor, beta: torch.Tensor, scale: float, causal: bool,
-                       key_mask: torch.Tensor | None = None, tile: Tiles | None = None
-                       ) -> tuple[torch.Tensor, ...]:
-    """(dq, dk, dv) in q's dtype and (dtau, dbeta) per (batch, head) in fp32, from the
-    forward's (out, m, den): docs/attention.md section 2, as the tiled torch code does."""
+                       p0: torch.Tensor, p1: torch.Tensor, scale: float, causal: bool,
+                       key_mask: torch.Tensor | None = None, weight: Weight = Weight.ELASTIC,
+                       tiles: tuple[Tiles, Tiles] | None = None) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) in q's dtype and (dp0, dp1) = (dtau, dbeta) per (batch, head) in fp32,
+    from the forward's (out, m, den): docs/attention.md section 2, as the tiled torch code
+    computes them; tiles: (dk/dv, dq) configurations of attention_configs, else the tuned
+    or interpreter ones."""
+    _check(q, scale, weight)
     b, h, lq, d = q.shape
     lk, dv_ = k.shape[2], v.shape[3]
-    qc, kc, vc, doc = (t.contiguous() for t in (q, k, v, dout))
-    tau32, beta32 = tau.to(torch.float32).contiguous(), beta.to(torch.float32).contiguous()
-    m32 = m.to(torch.float32).contiguous()
-    r = torch.where(den == 0, 0, 1 / den).to(torch.float32).contiguous()
-    c = (dout.float() * out.float()).sum(-1).contiguous()
+    dev = q.device
+    qc, kc, vc, oc, doc = (t.contiguous() for t in (q, k, v, out, dout))
+    tau32, beta32 = p0.to(torch.float32).contiguous(), p1.to(torch.float32).contiguous()
+    m32, den32 = m.to(torch.float32).contiguous(), den.to(torch.float32).contiguous()
     dq = torch.empty_like(qc)
-    dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
-    dv = torch.empty(v.shape, dtype=torch.float32, device=q.device)
-    t = tile or tiles(q.dtype, backward=True)
-    nk = triton.cdiv(lk, t.block_n)
-    dtau_parts = torch.zeros(b * h, nk, dtype=torch.float32, device=q.device)
-    consts = {"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "BLOCK_D": _pow2(d),
-              "BLOCK_DV": _pow2(dv_), "CAUSAL": bool(causal), "IEEE": q.dtype == torch.float32,
-              "HAS_MASK": key_mask is not None}
-    keep, kend = _key_mask(key_mask, b, lk, q.device)
-    run(attention_dkdv_kernel, (nk, b * h),
-        (qc, kc, vc, doc, m32, r, c, tau32, dk, dv, dtau_parts, keep, kend, lq, lk, d, dv_,
-         float(scale), nk, h), t.warps, consts, t.stages)
-    run(attention_dq_kernel, (triton.cdiv(lq, t.block_m), b * h),
-        (qc, kc, vc, doc, m32, r, c, tau32, dq, keep, kend, lq, lk, d, dv_, float(scale), h),
-        t.warps, consts, t.stages)
-    dtau, dbeta = param_grads(dtau_parts.reshape(b, h, nk).sum(-1), c, m32, den, tau32, beta32)
-    return dq, dk.to(q.dtype), dv.to(q.dtype), dtau, dbeta
+    dk = torch.empty_like(kc)
+    dv = torch.empty_like(vc)
+    if b * h == 0 or lq == 0 or lk == 0:
+        zero = torch.zeros(b, h, dtype=torch.float32, device=dev)
+        return dq.zero_(), dk.zero_(), dv.zero_(), zero, zero.clone()
+    keep, kend = _key_mask(key_mask, b, lk, dev)
+    has_mask = key_mask is not None
+    n_prep = triton.cdiv(lq, PREP_M)
+    stats = torch.empty(4, b * h * lq, dtype=torch.float32, device=dev)
+    sink = torch.empty(2, b * h, n_prep, dtype=torch.float32, device=dev)
+    flag = torch.zeros(b * h, dtype=torch.int32, device=dev)
+    run(attention_prepare_kernel, (n_prep, b * h),
+        (oc, doc, m32, den32, tau32, beta32, stats, sink, flag, lq, n_prep),
+        4, {"DV": dv_, "BLOCK_M": PREP_M, "BLOCK_DV": _pow2(dv_)})
+    head_dim = max(d, dv_)
+    sl2e = float(scale) * 1.4426950408889634
+    common = (scale, causal, has_mask, weight)
+
+    def launch_dkdv(t: Tiles) -> None:
+        run(attention_dkdv_kernel, (triton.cdiv(lk, t.block_m), b * h),
+            (qc, kc, vc, doc, m32, stats, flag, tau32, dk, dv, keep, kend, lq, lk,
+             float(scale), sl2e, h), t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
+
+    dsz: list[torch.Tensor] = []
+
+    def launch_dq(t: Tiles) -> None:
+        nb = triton.cdiv(lq, t.block_m)
+        parts = torch.empty(b * h, nb, dtype=torch.float32, device=dev)
+        run(attention_dq_kernel, (nb, b * h),
+            (qc, kc, vc, doc, stats, tau32, dq, parts, keep, kend, lq, lk, float(scale), sl2e,
+             h, nb), t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
+        dsz[:] = [parts]
+
+    t_kv, t_q = tiles or (None, None)
+    launch_dkdv(t_kv or choose("dkdv", head_dim, q, causal, has_mask, _timer(launch_dkdv)))
+    launch_dq(t_q or choose("dq", head_dim, q, causal, has_mask, _timer(launch_dq)))
+    dtau = -(dsz[0].sum(-1) + sink[0].sum(-1)).reshape(b, h)
+    dbeta = -sink[1].sum(-1).reshape(b, h)
+    return dq, dk, dv, dtau, dbeta

@@ -1,0 +1,185 @@
+"""The Triton attention kernel's tile configurations, and the choice among them, cached.
+
+A configuration (`Tiles`) is a launch's resident block, its streamed block, warps and pipeline
+stages. Each of the three kernels (forward; backward dk/dv with keys resident; backward dq
+with queries resident) has a list per (head dim class, 16-bit or fp32, causal). On Hopper the
+16-bit lists hold only tiles whose dots Triton lowers to warpgroup MMA (wgmma: num_warps a
+multiple of 4, each dot's M a multiple of 64) and that fit an SM's shared memory without
+register spills: `tests/test_triton_attention.py` compiles every one of them for sm_90a and
+fails on any that does not (docs/attention.md section 7). fp32 multiplies in IEEE fp32 on the
+CUDA cores (no tensor-core instruction takes it), on small tiles.
+
+On a GPU the first call per (kernel, head dims, dtype, causal, key mask, device capability)
+times every configuration of its list on that call's operands (`triton.testing.do_bench`)
+and keeps the fastest for the process; under Triton's interpreter, or with CPU tensors (the
+compile audit's captured launches), the smallest configuration is taken, deterministically.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from elasticbench.devices import triton_interpreted
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """block_m: rows of the resident block (queries; keys for dk/dv), block_n: rows of the
+    streamed block, warps per program, software-pipeline stages."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+    def __str__(self) -> str:
+        return f"{self.block_m}x{self.block_n} w{self.warps} s{self.stages}"
+
+
+KERNELS = ("fwd", "dkdv", "dq")
+
+# (kernel, head-dim class) -> 16-bit configurations, the first the one expected to win on an
+# H100 (FlexAttention's and the Triton tutorial's H100 choices); _NOT_CAUSAL: those that
+# compile without spills only without the causal mask's extra live values
+_HALF: dict[tuple[str, int], tuple[Tiles, ...]] = {
+    ("fwd", 64): (Tiles(128, 64, 4, 3), Tiles(128, 128, 8, 3), Tiles(128, 64, 8, 3),
+                  Tiles(128, 128, 8, 2), Tiles(64, 64, 4, 3), Tiles(128, 64, 8, 4)),
+    ("fwd", 128): (Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(128, 128, 8, 2),
+                   Tiles(64, 64, 4, 3), Tiles(64, 64, 4, 2)),
+    ("dkdv", 64): (Tiles(128, 64, 8, 2), Tiles(128, 32, 8, 3), Tiles(128, 32, 8, 2),
+                   Tiles(64, 32, 4, 3)),
+    ("dkdv", 128): (Tiles(128, 32, 8, 3), Tiles(128, 32, 8, 2), Tiles(64, 32, 4, 3)),
+    ("dq", 64): (Tiles(128, 64, 8, 2), Tiles(128, 32, 4, 3), Tiles(64, 64, 4, 3),
+                 Tiles(128, 64, 8, 3), Tiles(128, 128, 8, 2)),
+    ("dq", 128): (Tiles(128, 64, 8, 2), Tiles(128, 32, 8, 3), Tiles(64, 64, 4, 2),
+                  Tiles(128, 32, 8, 2), Tiles(64, 32, 4, 3)),
+}
+_NOT_CAUSAL = {("fwd", 64, Tiles(128, 64, 4, 3)), ("dkdv", 64, Tiles(128, 64, 8, 2))}
+# head dims above 128: one small tile, not tuned (audited neither)
+_HALF_WIDE: dict[str, tuple[Tiles, ...]] = {
+    "fwd": (Tiles(64, 32, 4, 2),), "dkdv": (Tiles(64, 32, 4, 2),), "dq": (Tiles(64, 32, 4, 2),)}
+_FP32: dict[str, tuple[Tiles, ...]] = {
+    "fwd": (Tiles(32, 32, 4, 3),), "dkdv": (Tiles(32, 32, 4, 2),), "dq": (Tiles(32, 32, 4, 2),)}
+
+
+def head_dim_class(head_dim: int) -> int:
+    """64 for head dims up to 64, 128 up to 128, else the next power of two."""
+    return max(64, 1 << max(0, (head_dim - 1).bit_length()))
+
+
+def configs(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool) -> tuple[Tiles, ...]:
+    """The configurations of `kernel` ("fwd", "dkdv" or "dq") for a head dim (the larger of
+    q's and v's), an input dtype and causality."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if dtype == torch.float32:
+        return _FP32[kernel]
+    cls = head_dim_class(head_dim)
+    listed = _HALF.get((kernel, cls), _HALF_WIDE[kernel])
+    return tuple(t for t in listed if not (causal and (kernel, cls, t) in _NOT_CAUSAL))
+
+
+def smallest(tiles: tuple[Tiles, ...]) -> Tiles:
+    """The configuration the interpreter runs: the fewest elements per tile, then warps and
+    stages (one choice for every run)."""
+    return min(tiles, key=lambda t: (t.block_m * t.block_n, t.warps, t.stages, t.block_m))
+
+
+_CHOSEN: dict[tuple, Tiles] = {}
+_LOCK = threading.Lock()
+
+
+def choose(kernel: str, head_dim: int, q: torch.Tensor, causal: bool, has_mask: bool,
+           time_one: Callable[[Tiles], float]) -> Tiles:
+    """The configuration for this call: the smallest under the interpreter or on the CPU;
+    on a GPU the fastest by `time_one(tiles)` (ms), timed once per key and kept. A
+    configuration whose launch fails (out of resources on this GPU) is skipped."""
+    options = configs(kernel, head_dim, q.dtype, causal)
+    if triton_interpreted() or not q.is_cuda or len(options) == 1:
+        return smallest(options)
+    cap = torch.cuda.get_device_capability(q.device)
+    key = (kernel, head_dim_class(head_dim), q.dtype, bool(causal), bool(has_mask), cap)
+    with _LOCK:
+        if key not in _CHOSEN:
+            timings = {}
+            for t in options:
+                try:
+                    timings[t] = time_one(t)
+                except Exception:  # out of shared memory on this GPU, say
+                    timings[t] = math.inf
+            best = min(timings, key=timings.__getitem__)
+            if math.isinf(timings[best]):
+                raise RuntimeError(f"no {kernel} attention configuration launches here")
+            _CHOSEN[key] = best
+        return _CHOSEN[key]
+
+
+def chosen() -> dict[tuple, Tiles]:
+    """The choices made so far in this process (for the sweep and reports)."""
+    return dict(_CHOSEN)
+
+
+SHARED_PER_BLOCK = 227 * 1024  # sm_90: 228 KiB per SM, 227 KiB usable by one block
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What the compiler made of one configuration for sm_`arch` (no GPU needed): whether
+    its dots are warpgroup MMAs (wgmma) or the older mma.sync, its shared memory, registers
+    and spilled bytes per thread."""
+
+    kernel: str
+    head_dim: int
+    dtype: str
+    causal: bool
+    tiles: Tiles
+    wgmma: bool
+    mma_sync: bool
+    shared: int
+    regs: int
+    spills: int
+
+    def problems(self) -> list[str]:
+        """What keeps this configuration off Hopper's fast path, if anything (fp32 has no
+        tensor-core instruction, so only its memory and spills count)."""
+        out = []
+        if self.dtype != "float32" and (not self.wgmma or self.mma_sync):
+            out.append("falls back to mma.sync" if self.mma_sync else "no wgmma")
+        if self.shared > SHARED_PER_BLOCK:
+            out.append(f"{self.shared} B of shared memory > {SHARED_PER_BLOCK}")
+        if self.spills:
+            out.append(f"spills {self.spills} B per thread")
+        return out
+
+
+def compile_report(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, tiles: Tiles,
+                   arch: int = 90) -> CompileReport:
+    """Compile `kernel`'s launch with `tiles` for sm_`arch` through elasticbench.audit (the
+    wrapper is driven with CPU tensors and its launches captured, not run)."""
+    from elasticbench.audit.capture import capture_launches
+    from elasticbench.audit.compile import compile_launch, resource_usage
+
+    from .attention import attention_backward, attention_forward
+
+    q = torch.zeros(1, 2, 1024, head_dim, dtype=dtype)
+    heads = torch.ones(1, 2)
+    stats = torch.zeros(1, 2, 1024)
+    with capture_launches() as launches:
+        if kernel == "fwd":
+            attention_forward(q, q, q, heads, heads, 0.125, causal, tile=tiles)
+        else:
+            attention_backward(q, q, q, q, q, stats, stats + 1, heads, heads, 0.125, causal,
+                               tiles=(tiles, tiles))
+    name = {"fwd": "attention_forward_kernel", "dkdv": "attention_dkdv_kernel",
+            "dq": "attention_dq_kernel"}[kernel]
+    compiled = compile_launch(next(la for la in launches if la.name == name), arch)
+    ptx = compiled.asm["ptx"]
+    regs, spills = resource_usage(compiled.asm["cubin"])
+    return CompileReport(kernel, head_dim, str(dtype).removeprefix("torch."), causal, tiles,
+                         "wgmma.mma_async" in ptx, "mma.sync" in ptx,
+                         int(compiled.metadata.shared), regs, spills)
