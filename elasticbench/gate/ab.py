@@ -29,7 +29,7 @@ from ..bench.cases import RunCase
 from ..bench.models import minimum_bytes
 from ..bench.rotation import rotating_call
 from ..bench.runner import params_for, set_threads, verify_quickly
-from ..devices import HOST, ThreadCPUClock
+from ..devices import HOST, CudaClock, HostClock, ThreadCPUClock, is_cuda
 from ..inputs import generate
 from ..numerics.dtypes import get_format
 from ..records import QuickVerdict, RunRecord
@@ -180,12 +180,15 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
     from ..environment import describe
 
     wanted_threads = case.threads if policy.threads is None else policy.threads
-    if policy.clock == "cpu" and (wanted_threads != 1 or any(
-            get_backend(s.backend).device() != HOST for p in pairs for s in (p.base, p.current))):
+    on_device = any(get_backend(s.backend).device() != HOST
+                    for p in pairs for s in (p.base, p.current))
+    if policy.clock == "cpu" and (wanted_threads != 1 or on_device):
         raise ValueError("--clock cpu times the calling thread: it needs --threads 1 and "
                          "kernels that run on the host")
 
-    machine = describe(include_gpu=False)["machine"]
+    # the GPU is part of the machine when the kernels run on it (asking costs a CUDA init,
+    # which host kernels are spared), so that a gate on the samples compares GPUs
+    machine = describe(include_gpu=on_device)["machine"]
     base = Dataset("A (base)", "run", machine, "time")
     current = Dataset("B (current)", "run", machine, "time")
     if verify:
@@ -205,6 +208,10 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
     records: list[dict[str, Any]] = []
     for p in pairs:
         params = params_for(case, p.current.function)
+        # what time_pair times by (devices.clock's choice): CUDA events for a GPU's kernels
+        device = get_backend(p.current.backend).device()
+        clock_name = (ThreadCPUClock.name if policy.clock == "cpu"
+                      else (CudaClock if is_cuda(device) else HostClock).name)
         for d in dtypes:
             if not (p.base.supports(d) and p.current.supports(d)):
                 continue  # a format a version does not take: skipped, as run skips it
@@ -221,8 +228,7 @@ def run_ab(pairs: list[Pair], case: RunCase, dtypes: list[str], shapes: list[tup
                            "mode": "fwd", "dtype": d, "shape": list(shape), "params": params,
                            "generator": case.generator, "seed": case.seed,
                            "timing": {"samples_ns": samples[side], "paired": True,
-                                      "clock": "thread_time_ns" if policy.clock == "cpu"
-                                      else None},
+                                      "clock": clock_name},
                            "median_s": float(np.median(samples[side])) * 1e-9}
                     records.append(rec)  # written as A/B files always had it
                     typed = RunRecord.from_dict(rec)
