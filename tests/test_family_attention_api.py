@@ -222,6 +222,15 @@ def test_symax_with_eta_zero_and_zero_scores_gives_zeros():
     torch.testing.assert_close(out, definition("symax", q, k, v, eta=0.0).nan_to_num(0.0))
 
 
+@pytest.mark.parametrize("name", ["symax", "stablemax"])
+def test_a_sum_that_overflows_gives_nan_not_a_made_up_value(monkeypatch, name):
+    """fp32 scores of 3e38 at three keys: each weight is finite, their sum is not."""
+    monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "torch")
+    q, k = torch.ones(1, 1, 2, 1), torch.full((1, 1, 3, 1), 3e38)
+    v = torch.randn(1, 1, 3, 2, generator=torch.Generator().manual_seed(0))
+    assert _fn(name)(q, k, v, scale=1.0).isnan().all()
+
+
 def test_sigmoid_bias_defaults_to_minus_log_of_the_keys():
     q, k, v = _qkv(4, 6, grad=False)
     torch.testing.assert_close(F.sigmoid_attention(q, k, v),
