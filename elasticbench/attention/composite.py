@@ -105,9 +105,10 @@ def _normalize(a: torch.Tensor, offset: Scalar | None) -> torch.Tensor:
 
 
 def stablemax_weight(s: torch.Tensor) -> torch.Tensor:
-    """st(s) = s + 1 for s >= 0, 1/(1 - s) below (NaN stays NaN), differentiable twice: the
-    branch not taken never sees the other's arguments (no 0 * inf in the gradient)."""
-    return torch.where(s >= 0, s.clamp_min(0) + 1, 1 / (1 - s.clamp_max(0)))
+    """st(s) = s + 1 for s >= 0, 1/(1 - s) below, differentiable twice: the branch not taken
+    never sees the other's arguments (no 0 * inf in the gradient), and a NaN takes s + 1, so
+    that its gradient is NaN too."""
+    return torch.where(s < 0, 1 / (1 - s.clamp_max(0)), s + 1)
 
 
 def attention_weights(weight: Weight, q: torch.Tensor, k: torch.Tensor, *, p0: Scalar,

@@ -10,6 +10,8 @@ each input is for (docs/attention.md section 5):
   masks after shifting, or that ignores the causal mask when keeping, differs there);
 - ties (equal keys), huge scores (the shift must keep every exponential finite), a NaN in
   q, in k or in v, placed so that it reaches some queries and not others;
+- for the family's other weights (docs/attention.md section 9): rows and columns of exact 0
+  scores, infinite scores, scores near 0 (symax's and stablemax's kinks);
 - masks (`generate_mask`): key padding, a random bool mask, a finite float mask that flips
   scores' signs, each leaving some queries with no key.
 """
@@ -107,6 +109,30 @@ def _nan_v(rng, fmt, shape):
     q, k, v = _normal(rng, shape)
     v[-1, 0, shape[3] - 1, 0] = np.nan
     return q, k, v
+
+
+@_generator("zero_scores", "a query and a key of zeros: a row of exact 0 scores (symax's 0/0 "
+            "with eta = 0), a column of them, the rest normal")
+def _zero_scores(rng, fmt, shape):
+    q, k, v = _normal(rng, shape)
+    q[:, :, shape[2] // 2] = 0.0
+    k[:, :, 0] = 0.0  # causally, query 0 sees only this 0 score
+    return q, k, v
+
+
+@_generator("inf_scores", "an infinite component in one query: its scores +-inf (the limits: "
+            "equal shares among the infinite weights, sigmoid 1 and 0)")
+def _inf_scores(rng, fmt, shape):
+    q, k, v = _normal(rng, shape)
+    q[0, 0, shape[2] // 2, 0] = np.inf  # k is normal: never 0, so no inf * 0
+    return q, k, v
+
+
+@_generator("near_zero", "scores near 0 (q scaled by 2^-10): symax's and stablemax's weights "
+            "at the kink, an offset eta or a bias that dominates")
+def _near_zero(rng, fmt, shape):
+    q, k, v = _normal(rng, shape)
+    return q * 2.0**-10, k, v
 
 
 # Masks (docs/attention.md section 5). An input with a mask draws it from its own seed stream,

@@ -113,8 +113,9 @@ class Conditioning:
         self.w = np.where(finite, np.nan_to_num(truth.w, nan=0.0), 0.0)
         self.zabs = np.where(finite, truth.zabs, 0.0)
         self.zbar = np.where(truth.kind != "nan", truth.zbar, 0.0)
-        aq = np.abs(np.nan_to_num(q, nan=0.0, posinf=0.0, neginf=0.0))
-        ak = np.abs(np.nan_to_num(k, nan=0.0, posinf=0.0, neginf=0.0))
+        q0 = np.nan_to_num(q, nan=0.0, posinf=0.0, neginf=0.0)
+        k0 = np.nan_to_num(k, nan=0.0, posinf=0.0, neginf=0.0)
+        aq, ak = np.abs(q0), np.abs(k0)
         self.v0 = np.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
         self.av = np.abs(self.v0)
         self.aq, self.ak = aq, ak
@@ -126,9 +127,9 @@ class Conditioning:
         d, lk = q.shape[3], k.shape[2]
         self.g = math.log2(max(d, 1)) + 2
         self.lq, self.lk = q.shape[2], lk
-        # from float64 scores (for bounds only)
-        s = scale * np.nan_to_num(q, nan=0.0) @ np.swapaxes(np.nan_to_num(k, nan=0.0), -1, -2)
-        s = s + add
+        # from float64 scores (for bounds only; a non-finite input read as 0: the rows it
+        # reaches are NaN or infinite, with no finite gradient to bound)
+        s = scale * q0 @ np.swapaxes(k0, -1, -2) + add
         kept = self.w > 0
         self.kept = kept.astype(np.float64)
         self.sub_ds = self.kept * self.sub / (2 * self.uw)  # a weight's subnormal step

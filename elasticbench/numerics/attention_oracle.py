@@ -82,10 +82,11 @@ def _forward_row(truth: AttentionTruth, fn: AttentionFunction, rowp: dict[str, f
     rt = fn.row.reference_row(s, **rowp)
     truth.kind[b, h, i] = rt.kind
     truth.zbar[b, h, i] = rt.zbar
+    ys, zabs = rt.y, rt.zabs  # (each a list built per call: built once here)
     for p, j in enumerate(keys):
-        truth.zabs[b, h, i, j] = rt.zabs[p]
-        truth.w[b, h, i, j] = float(rt.y[p]) if rt.y[p] is not None else np.nan
-    live = [p for p in range(len(keys)) if rt.y[p] is not None and rt.y[p] != 0]
+        truth.zabs[b, h, i, j] = zabs[p]
+        truth.w[b, h, i, j] = float(ys[p]) if ys[p] is not None else np.nan
+    live = [p for p in range(len(keys)) if ys[p] is not None and ys[p] != 0]
     head.rows[i] = (keys, s, rt, live)
     live_keys = {keys[p] for p in live}
     for e in range(head.bad_v.shape[1]):
@@ -95,7 +96,7 @@ def _forward_row(truth: AttentionTruth, fn: AttentionFunction, rowp: dict[str, f
         if rt.kind == ROW_MASKED:
             truth.out_zero[b, h, i, e] = True
             continue
-        o = mpmath.fsum(rt.y[p] * head.V[keys[p]][e] for p in live)
+        o = mpmath.fsum(ys[p] * head.V[keys[p]][e] for p in live)
         split_double(o, truth.out_hi, truth.out_lo, (b, h, i, e))
         truth.out_nan_ok[b, h, i, e] = any(head.bad_v[j, e] for j in range(len(head.K))
                                            if j not in live_keys)
@@ -121,32 +122,33 @@ def forward_rows(truth: AttentionTruth, fn: AttentionFunction, params: dict[str,
 
 @dataclass
 class Accumulators:
-    """A head's gradients as they are summed over its queries, and what each one reached."""
+    """A head's gradient terms as its queries give them (each gradient summed once, at the
+    end, by one fdot), which gradients are NaN, and what each query reached."""
 
-    DQ: list
-    DK: list
-    DV: list
+    terms_q: list[list]  # per query i: (ds_ij, j) for every nonzero ds_ij
+    terms_k: list[list]  # per key j: (ds_ij, i)
+    terms_v: list[list]  # per key j: (w_ij, i) for every live weight
+    nan_q: np.ndarray  # bool: the gradient is NaN whatever its terms
+    nan_k: np.ndarray
+    nan_v: np.ndarray
     touched_q: np.ndarray
     touched_k: np.ndarray
     touched_v: np.ndarray
     dpar: list[list]
 
     @classmethod
-    def zeros(cls, lq: int, dq: int, lk: int, dv: int, npar: int) -> Accumulators:
-        zero = mpmath.mpf(0)
-        return cls([[zero] * dq for _ in range(lq)], [[zero] * dq for _ in range(lk)],
-                   [[zero] * dv for _ in range(lk)], np.zeros(lq, bool), np.zeros(lk, bool),
-                   np.zeros(lk, bool), [[] for _ in range(npar)])
+    def zeros(cls, lq: int, lk: int, npar: int) -> Accumulators:
+        return cls([[] for _ in range(lq)], [[] for _ in range(lk)], [[] for _ in range(lk)],
+                   np.zeros(lq, bool), np.zeros(lk, bool), np.zeros(lk, bool),
+                   np.zeros(lq, bool), np.zeros(lk, bool), np.zeros(lk, bool),
+                   [[] for _ in range(npar)])
 
 
 def _nan_row(acc: Accumulators, i: int, keys: list[int]) -> None:
     """A NaN query: its dq, the dk and dv of every key it sees and the parameters are NaN."""
-    acc.touched_q[i] = True
+    acc.touched_q[i] = acc.nan_q[i] = True
     for j in keys:
-        acc.DK[j] = [mpmath.nan] * len(acc.DK[j])
-        acc.DV[j] = [mpmath.nan] * len(acc.DV[j])
-        acc.touched_k[j] = acc.touched_v[j] = True
-    acc.DQ[i] = [mpmath.nan] * len(acc.DQ[i])
+        acc.nan_k[j] = acc.nan_v[j] = acc.touched_k[j] = acc.touched_v[j] = True
     for p in acc.dpar:
         p.append(mpmath.nan)
 
@@ -161,42 +163,52 @@ def _gradient_row(acc: Accumulators, fn: AttentionFunction, rowp: dict[str, floa
     zero = mpmath.mpf(0)
     g = [mpmath.fdot(DO[i], head.V[j]) if p in live else zero for p, j in enumerate(keys)]
     rg = fn.gradient_row(s, g, **rowp)
+    ys = rt.y
     for p in live:  # dv_j += w_ij dO_i (the +inf limit included)
         j = keys[p]
         acc.touched_v[j] = True
-        acc.DV[j] = [a + rt.y[p] * d for a, d in zip(acc.DV[j], DO[i], strict=True)]
+        acc.terms_v[j].append((ys[p], i))
     for n, name in enumerate(fn.row_params):
         acc.dpar[n].append(rg.dparams[name])
     for p in live:  # exactly 0 by structure only where nothing is kept
         acc.touched_q[i] = acc.touched_k[keys[p]] = True
-    sc = head.sc
     for p, j in enumerate(keys):
         ds = rg.dx[p]
         if ds is None:  # an elementwise weight's NaN (sigmoid): its key's dk, dv and dq_i
-            acc.DQ[i] = [mpmath.nan] * len(acc.DQ[i])
-            acc.DK[j] = [mpmath.nan] * len(acc.DK[j])
-            acc.DV[j] = [mpmath.nan] * len(acc.DV[j])
+            acc.nan_q[i] = acc.nan_k[j] = acc.nan_v[j] = True
             acc.touched_q[i] = acc.touched_k[j] = acc.touched_v[j] = True
             continue
         if rg.zero[p] or ds == 0:
             continue
-        acc.DQ[i] = [a + sc * ds * kk for a, kk in zip(acc.DQ[i], head.K[j], strict=True)]
-        acc.DK[j] = [a + sc * ds * qq for a, qq in zip(acc.DK[j], head.Q[i], strict=True)]
+        acc.terms_q[i].append((ds, j))
+        acc.terms_k[j].append((ds, i))
 
 
-def _store_gradients(truth: AttentionTruth, head: Head, acc: Accumulators) -> None:
-    """The head's summed gradients into truth, with what nothing reached (exactly 0)."""
-    b, h = head.b, head.h
-    for i, row in enumerate(acc.DQ):
+def _sum(terms: list, rows: list, d: int, factor) -> mpmath.mpf:
+    """factor * sum of t * rows[n][d] over the (t, n) of terms, one fdot (0 for none)."""
+    if not terms:
+        return mpmath.mpf(0)
+    return factor * mpmath.fdot((t, rows[n][d]) for t, n in terms)
+
+
+def _store_gradients(truth: AttentionTruth, head: Head, acc: Accumulators, DO: list) -> None:
+    """The head's summed gradients into truth, with what nothing reached (exactly 0):
+    dq_i = scale sum_j ds_ij k_j, dk_j = scale sum_i ds_ij q_i, dv_j = sum_i w_ij dO_i."""
+    b, h, sc, one = head.b, head.h, head.sc, mpmath.mpf(1)
+    nan = mpmath.nan  # stored as before: hi NaN, lo 0
+    for i, terms in enumerate(acc.terms_q):
         truth.dzero_q[b, h, i] = not acc.touched_q[i]
-        for d, value in enumerate(row):
+        for d in range(len(head.Q[i])):
+            value = nan if acc.nan_q[i] else _sum(terms, head.K, d, sc)
             split_double(value, truth.dq_hi, truth.dq_lo, (b, h, i, d))
-    for j in range(len(acc.DK)):
+    for j in range(len(acc.terms_k)):
         truth.dzero_k[b, h, j] = not acc.touched_k[j]
         truth.dzero_v[b, h, j] = not acc.touched_v[j]
-        for d, value in enumerate(acc.DK[j]):
+        for d in range(len(head.K[j])):
+            value = nan if acc.nan_k[j] else _sum(acc.terms_k[j], head.Q, d, sc)
             split_double(value, truth.dk_hi, truth.dk_lo, (b, h, j, d))
-        for e, value in enumerate(acc.DV[j]):
+        for e in range(len(head.V[j])):
+            value = nan if acc.nan_v[j] else _sum(acc.terms_v[j], DO, e, one)
             split_double(value, truth.dv_hi, truth.dv_lo, (b, h, j, e))
     for n, vals in enumerate(acc.dpar):
         total = (None if any(x is None for x in vals)
@@ -219,7 +231,7 @@ def gradient_heads(truth: AttentionTruth, fn: AttentionFunction, params: dict[st
             for i in range(lq):
                 _forward_row(truth, fn, rowp, head, i)
             DO = _mp(dout[b, h])
-            acc = Accumulators.zeros(lq, q.shape[3], lk, v.shape[3], len(fn.row_params))
+            acc = Accumulators.zeros(lq, lk, len(fn.row_params))
             for i in range(lq):
                 _gradient_row(acc, fn, rowp, head, DO, i)
-            _store_gradients(truth, head, acc)
+            _store_gradients(truth, head, acc, DO)
