@@ -6,7 +6,15 @@ catching it shows the attention verification sees that bug and nothing else:
 - the offset not rescaled: den = l + beta instead of l + beta exp(-m/tau) (the bug
   docs/definitions.md section 1 describes for rows, inside attention);
 - the mask applied after the shift: kept where s - m >= 0, which keeps only the maxima;
-- a query that keeps no key divided 0 / 0: NaN where the policy says exactly 0.
+- a query that keeps no key divided 0 / 0: NaN where the policy says exactly 0;
+
+and one bug of each of the family's other weights (docs/attention.md section 9), each the
+plain form of its weight with one change (the registered composites are their controls):
+
+- symax with its offset eta dropped from the denominator, and symax without the abs;
+- sigmoid without its bias;
+- softmax1 without its 1 (softmax);
+- stablemax with the wrong negative branch: 1 - s, the reciprocal forgotten.
 """
 
 from __future__ import annotations
@@ -58,5 +66,69 @@ ATTENTION_MUTANTS: tuple[Mutant, ...] = (
            "attention: a query that keeps no key divides 0/0 (NaN instead of 0)"),
 )
 
-# the correct form of the mutants' code: it must pass where they fail
+
+
+def _family(q, k, v, scale: float, causal: bool, weigh) -> torch.Tensor:
+    """weigh(s, hidden) -> the weights over the scores (hidden: the causally hidden keys,
+    or None), then weights @ v, a query with no weight giving 0 (the composite's policy)."""
+    wd = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = (q.to(wd) @ k.to(wd).transpose(-1, -2)) * scale
+    hidden = ~visible(s.shape[-2], s.shape[-1], s.device) if causal else None
+    if hidden is not None:
+        s = s.masked_fill(hidden, 0)
+    w = weigh(s, hidden)
+    if hidden is not None:
+        w = w.masked_fill(hidden, 0)
+    live = (w != 0).any(-1, keepdim=True) | w.isnan().any(-1, keepdim=True)
+    return torch.where(live, w @ v.to(wd), 0).to(q.dtype)
+
+
+def _normalize(a: torch.Tensor, hidden, offset) -> torch.Tensor:
+    a = a if hidden is None else a.masked_fill(hidden, 0)
+    den = a.sum(-1, keepdim=True) + offset
+    return torch.where(den != 0, a / torch.where(den != 0, den, 1), 0)
+
+
+def _symax(keep_eta: bool = True, use_abs: bool = True) -> KernelSpec:
+    def fn(q, k, v, *, eta, scale, causal):
+        offset = eta[..., None, None] if keep_eta else 0.0
+        return _family(q, k, v, scale, causal, lambda s, hidden: _normalize(
+            s.abs() if use_abs else s, hidden, offset))
+    name = "symax_eta_dropped" if not keep_eta else "symax_no_abs"
+    return KernelSpec(f"attention_{name}", "symax_attention", "torch", fn, source="selftest")
+
+
+def _sigmoid_no_bias(q, k, v, *, bias, scale, causal):
+    return _family(q, k, v, scale, causal, lambda s, hidden: torch.sigmoid(s))
+
+
+def _softmax1_no_one(q, k, v, *, scale, causal):
+    def weigh(s, hidden):
+        s = s if hidden is None else s.masked_fill(hidden, -math.inf)
+        return torch.softmax(s, -1)
+    return _family(q, k, v, scale, causal, weigh)
+
+
+def _stablemax_wrong_branch(q, k, v, *, scale, causal):
+    return _family(q, k, v, scale, causal, lambda s, hidden: _normalize(
+        torch.where(s >= 0, s + 1, 1 - s), hidden, 0.0))
+
+
+ATTENTION_MUTANTS += (
+    Mutant(_symax(keep_eta=False),
+           "symax attention: eta dropped from the denominator, |s| / sum |s|"),
+    Mutant(_symax(use_abs=False), "symax attention: the abs missing, s / (eta + sum s)"),
+    Mutant(KernelSpec("attention_sigmoid_no_bias", "sigmoid_attention", "torch",
+                      _sigmoid_no_bias, source="selftest"),
+           "sigmoid attention: the bias left out, sigmoid(s)"),
+    Mutant(KernelSpec("attention_softmax1_no_one", "softmax1_attention", "torch",
+                      _softmax1_no_one, source="selftest"),
+           "softmax1 attention: the 1 left out of the denominator (plain softmax)"),
+    Mutant(KernelSpec("attention_stablemax_wrong_branch", "stablemax_attention", "torch",
+                      _stablemax_wrong_branch, source="selftest"),
+           "stablemax attention: the negative branch 1 - s, its reciprocal forgotten"),
+)
+
+# the correct form of the elastic mutants' code: it must pass where they fail (the family's
+# mutants have the registered composites for theirs)
 ATTENTION_CONTROL = _spec("attention_mutant_control")
