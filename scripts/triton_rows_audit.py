@@ -51,7 +51,7 @@ def audit(shapes: list[tuple[int, int]], dtypes: tuple[str, ...]) -> list[dict]:
                         spec.fn(x, x, x, **params.get(spec.function, {}))
                     else:
                         spec.fn(x, **params.get(spec.function, {}))
-                (plan,) = launch_mod.PLANS.values()
+                (plan,) = (p.describe() for p in launch_mod.PLANS.values())
                 for launch in launches:
                     key = (launch.name, dtype, repr(sorted((k, repr(v)) for k, v in
                                                            launch.kwargs.items())))

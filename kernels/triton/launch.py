@@ -262,8 +262,14 @@ def device_sms(x: torch.Tensor) -> int:
     """SMs the plan fills: the device's on CUDA; the interpreter's few programs; else (the
     compile audit, CPU tensors) an H100's, so the audit compiles what an H100 runs."""
     if x.is_cuda:
-        return torch.cuda.get_device_properties(x.device).multi_processor_count
+        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        if index not in _SMS:
+            _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+        return _SMS[index]
     return INTERPRETED_SMS if triton_interpreted() else H100_SMS
+
+
+_SMS: dict[int, int] = {}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -302,15 +308,16 @@ def plan_rows(rows: int, n: int, itemsize: int, options: LaunchOptions, sms: int
     return RowPlan("online", chunk, num_warps(chunk))
 
 
-PLANS: dict[tuple[str, int, int, str], str] = {}  # (kernel, rows, n, dtype) -> describe()
+PLANS: dict[tuple[str, int, int, torch.dtype], RowPlan] = {}  # (kernel, rows, n, dtype)
+MAX_PLANS = 256  # shapes remembered; a model with ever new shapes must not grow it for ever
 
 
 def note_plan(kernel: Any, x: torch.Tensor, chosen: RowPlan) -> None:
-    """Remember the plan a call took (`PLANS`: what scripts/gpu_rows_sweep.py reports)."""
-    name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None),
-                                                        "__name__", str(kernel))
-    PLANS[(name, x.shape[0], x.shape[1], str(x.dtype).removeprefix("torch."))] = \
-        chosen.describe()
+    """Remember the plan a call took (`PLANS`, keyed by the family's fused kernel's name)."""
+    if len(PLANS) >= MAX_PLANS:
+        PLANS.clear()
+    name = getattr(getattr(kernel, "fn", kernel), "__name__", "?")
+    PLANS[(name, x.shape[0], x.shape[1], x.dtype)] = chosen
 
 
 def exp2_model_ulps(options: LaunchOptions) -> int:
