@@ -358,11 +358,11 @@ def train(kind: str, task: Task, steps: int, args: argparse.Namespace) -> dict:
     label = kind if len(args.task) == 1 else f"{kind}/{task.name}"
     evals = [{"step": 0, **evaluate(model, ex, ey, task.vocab, autocast),
               "params": {n: v.tolist() for n, v in model.params().items()}}]
-    losses, times = [], []
+    losses, times, cpu_times = [], [], []
     for step in range(1, steps + 1):
         x, y = (t.to(args.device) for t in task.batch(args.batch, data, "train"))
         synchronize(args.device)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         with autocast():
             logits = model(x)
         loss = F.cross_entropy(logits.float().reshape(-1, task.vocab), y.reshape(-1))
@@ -373,6 +373,9 @@ def train(kind: str, task: Task, steps: int, args: argparse.Namespace) -> dict:
         synchronize(args.device)
         if step > args.warmup:
             times.append(time.perf_counter() - start)
+            # this process's CPU time (all its threads): what the step costs whatever else
+            # the machine runs; on a GPU, only the host's share
+            cpu_times.append(time.process_time() - cpu_start)
         losses.append(loss.item())
         if step % args.every == 0 or step == steps:
             params = model.params()
@@ -384,6 +387,7 @@ def train(kind: str, task: Task, steps: int, args: argparse.Namespace) -> dict:
     return {"attention": kind, "task": task.name, "steps": steps, "train_loss": losses,
             "ms_per_step": 1e3 * statistics.median(times),
             "ms_per_step_mean": 1e3 * statistics.fmean(times), "timed_steps": len(times),
+            "cpu_ms_per_step": 1e3 * statistics.median(cpu_times), "device": args.device,
             "evals": evals, "model_parameters": sum(p.numel() for p in model.parameters()),
             "implementation": implementation(model, x, DTYPES[args.dtype])}
 
@@ -412,15 +416,17 @@ def table(runs: list[dict]) -> str:
         last = rs[0]["evals"][-1]
         lines += [f"**{task}** ({rs[0]['steps']} steps; uniform weights would put "
                   f"{last['uniform_sink']:.3f} on the first key)", "",
-                  "| attention | kernel | eval loss | eval acc | ms/step | first-key weight | "
-                  "zero share | entropy | total weight (mean, min) | learned parameters |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| attention | kernel | eval loss | eval acc | ms/step | CPU ms/step | "
+                  "first-key weight | zero share | entropy | total weight (mean, min) | "
+                  "learned parameters |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rs:
             e = r["evals"][-1]
             params = ", ".join(f"{n} {min(v):.3g}..{max(v):.3g}" for n, v in e["params"].items())
             lines.append(f"| {r['attention']} | {r['implementation']} | {e['loss']:.3f} | "
                          f"{e['acc']:.1%} | "
-                         f"{r['ms_per_step']:.1f} | {e['sink']:.3f} | {e['zero']:.3f} | "
+                         f"{r['ms_per_step']:.1f} | {r['cpu_ms_per_step']:.1f} | "
+                         f"{e['sink']:.3f} | {e['zero']:.3f} | "
                          f"{e['entropy']:.3f} | {e['total']:.3f}, {e['total_min']:.3f} | "
                          f"{params or '-'} |")
         lines.append("")
@@ -428,42 +434,50 @@ def table(runs: list[dict]) -> str:
 
 
 def plot(runs: list[dict], path: str) -> None:
-    """Evaluation loss, accuracy, first-key weight, total weight and the learned parameters'
-    means against the step: one row per task, one line per attention."""
+    """Against the step, one line per attention: per task two rows of panels, the evaluation
+    loss (with the training loss, averaged over 25 steps, faint), accuracy, first-key
+    weight, total weight, entropy, zero share, and the learned parameters' means."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tasks = list(dict.fromkeys(r["task"] for r in runs))
-    columns = ("loss", "acc", "sink", "total", "params")
-    titles = {"loss": "eval loss", "acc": "eval token accuracy", "sink": "weight on first key",
-              "total": "total weight per query", "params": "learned parameters (mean)"}
-    fig, axes = plt.subplots(len(tasks), len(columns), figsize=(4 * len(columns),
-                                                                3.2 * len(tasks)),
-                             squeeze=False)
+    panels = (("loss", "loss (eval; train faint)"), ("acc", "eval token accuracy"),
+              ("sink", "weight on the first key"), ("total", "total weight per query"),
+              ("entropy", "entropy / log(keys seen)"), ("zero", "share of weights exactly 0"),
+              ("positive", "tau, beta (elastic), eta (symax)"), ("bias", "bias (sigmoid)"))
+    fig, axes = plt.subplots(2 * len(tasks), 4, figsize=(16, 6.4 * len(tasks)), squeeze=False)
     colors = dict(zip(KINDS, plt.get_cmap("tab10").colors, strict=False))
-    styles = {"tau": "-", "beta": "--", "eta": "-.", "bias": ":"}
-    for row, task in enumerate(tasks):
+    styles = {"tau": "-", "beta": "--", "eta": "-."}
+    for t, task in enumerate(tasks):
+        ax = {key: axes[2 * t + i // 4, i % 4] for i, (key, _) in enumerate(panels)}
         for r in (r for r in runs if r["task"] == task):
             steps = [e["step"] for e in r["evals"]]
             color = colors[r["attention"]]
-            for col, key in enumerate(columns[:-1]):
-                axes[row, col].plot(steps, [e[key] for e in r["evals"]], color=color,
-                                    label=r["attention"])
+            for key in ("loss", "acc", "sink", "total", "entropy", "zero"):
+                ax[key].plot(steps, [e[key] for e in r["evals"]], color=color,
+                             label=r["attention"])
+            train = torch.tensor(r["train_loss"])
+            if len(train) >= 25:
+                smooth = train.unfold(0, 25, 1).mean(-1)
+                ax["loss"].plot(range(25, len(train) + 1), smooth, color=color, alpha=0.3,
+                                linewidth=0.8)
             for name in r["evals"][0]["params"]:
-                axes[row, -1].plot(steps, [statistics.fmean(e["params"][name])
-                                           for e in r["evals"]],
-                                   color=color, linestyle=styles.get(name, "-"),
-                                   label=f"{r['attention']} {name}")
-        for col, key in enumerate(columns):
-            axes[row, col].set_title(f"{task}: {titles[key]}", fontsize=10)
-            axes[row, col].set_xlabel("step")
-        axes[row, 0].legend(fontsize=8)
-        if axes[row, -1].lines:
-            axes[row, -1].legend(fontsize=7)
+                ax["bias" if name == "bias" else "positive"].plot(
+                    steps, [statistics.fmean(e["params"][name]) for e in r["evals"]],
+                    color=color, linestyle=styles.get(name, "-"),
+                    label=f"{r['attention']} {name}")
+        uniform = next(r for r in runs if r["task"] == task)["evals"][0]["uniform_sink"]
+        ax["sink"].axhline(uniform, color="gray", linestyle=":", linewidth=1)
+        ax["sink"].annotate("uniform", (0, uniform), fontsize=7, color="gray")
+        for key, title in panels:
+            ax[key].set_title(f"{task}: {title}", fontsize=10)
+            ax[key].set_xlabel("step", fontsize=8)
+            if ax[key].lines and key in ("acc", "positive", "bias"):
+                ax[key].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -485,7 +499,7 @@ def _names(allowed: tuple[str, ...], what: str):
     return parse
 
 
-DEFAULT_STEPS = {"chars": 600, "reverse": 600}
+DEFAULT_STEPS = {"chars": 1000, "reverse": 600}
 DEFAULT_LENGTH = {"chars": 64, "reverse": 16}
 
 
@@ -495,7 +509,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated, from {','.join(KINDS)} (or all); default sdpa,elastic")
     p.add_argument("--task", type=_names(TASKS, "tasks"), default=["chars"],
                    help="comma-separated, from chars,reverse (or all); default chars")
-    p.add_argument("--steps", type=int, help="training steps (default: chars 600, reverse 600)")
+    p.add_argument("--steps", type=int, help="training steps (default: chars 1000, reverse 600)")
     p.add_argument("--every", type=int, default=50, help="evaluate and print every N steps")
     p.add_argument("--warmup", type=int,
                    help="first steps trained but not timed (default: 10, or half of --steps)")
@@ -545,7 +559,7 @@ def run(args: argparse.Namespace) -> dict:
     """Every (task, attention) pair in order; the document --json writes."""
     torch.set_num_threads(args.threads)
     load = os.getloadavg()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     runs, tasks = [], []
     for name in args.task:
         length = args.length or DEFAULT_LENGTH[name]
@@ -555,6 +569,7 @@ def run(args: argparse.Namespace) -> dict:
             runs.append(train(kind, task, args.steps or DEFAULT_STEPS[name], args))
     return {"runs": runs, "tasks": tasks, "options": vars(args), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "seconds": time.perf_counter() - start,
+            "cpu_seconds": time.process_time() - cpu_start,
             "load_before": load, "load_after": os.getloadavg()}
 
 
@@ -566,8 +581,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"train.py: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     text = table(doc["runs"])
-    print(f"\n{text}{doc['seconds']:.0f} s in all, {doc['threads']} thread(s), load average "
-          f"{doc['load_before'][0]:.2f} before, {doc['load_after'][0]:.2f} after")
+    print(f"\n{text}{doc['seconds']:.0f} s in all ({doc['cpu_seconds']:.0f} s of CPU time), "
+          f"{doc['threads']} thread(s), load average {doc['load_before'][0]:.2f} before, "
+          f"{doc['load_after'][0]:.2f} after")
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1))
     if args.table:
