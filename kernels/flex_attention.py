@@ -43,7 +43,7 @@ import math
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -52,7 +52,7 @@ from elasticbench.attention.composite import elastic_attention_composite
 from elasticbench.backends import FLEX_CPU_BACKWARD_ENV
 from elasticbench.kernel_spec import register_kernel
 
-RECOMPILE_LIMIT = 256  # compiled shapes per process before recompiling becomes an error
+RECOMPILE_LIMIT = 1024  # compiled shapes per process before recompiling becomes an error
 _MASKS: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()  # key -> (key_mask, BlockMask)
 _MASKS_KEPT = 16
 _COMPILED: dict[str, Callable] = {}
@@ -178,11 +178,74 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor
     mask = block_mask_for(q, k, causal, key_mask)
     if q.device.type != "cuda":
         return composition(q, k, v, tau, beta, mask, scale, shift)
-    import torch._dynamo
-
-    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT,
-                                    fail_on_recompile_limit_hit=True):
+    with _recompiles_allowed():
         return _compiled()(q, k, v, tau, beta, mask, scale, shift)
+
+
+def _recompiles_allowed() -> AbstractContextManager[Any]:
+    """dynamo's recompile limits raised to RECOMPILE_LIMIT for the block, and hitting them an
+    error rather than the silent eager fallback (whichever of the settings this torch has)."""
+    import torch._dynamo.config as config
+
+    settings: dict[str, Any] = {}
+    for new, old in (("recompile_limit", "cache_size_limit"),  # old: torch < 2.6's names
+                     ("accumulated_recompile_limit", "accumulated_cache_size_limit")):
+        name = new if hasattr(config, new) else old
+        settings[name] = max(RECOMPILE_LIMIT, getattr(config, name))
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        settings["fail_on_recompile_limit_hit"] = True
+    return config.patch(**settings)
+
+
+def kept_max(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any,
+             scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, lse) of each query's kept scores themselves, no tau: m their largest (-inf where
+    none is kept), lse NaN or +inf where a visible score is. What torch.compile compiles on
+    CUDA for the shift of `elastic`."""
+    module = flex_module()
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return torch.where(score < 0, -math.inf, score)
+
+    _, aux = module.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                   scale=scale,
+                                   return_aux=module.AuxRequest(lse=True, max_scores=True))
+    return aux.max_scores, aux.lse
+
+
+def _kept_max(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
+              scale: float, causal: bool, key_mask: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """kept_max, compiled, on CUDA; where this torch's flex_attention returns no max_scores,
+    tau lse of the composition instead (within tau log(length_k) of m: the cancellation is
+    then left at the rounding of that product). Off CUDA, _dense_kept_max."""
+    if q.device.type != "cuda":
+        return _dense_kept_max(q, k, scale, causal, key_mask)
+    mask = block_mask_for(q, k, causal, key_mask)
+    if "max_scores" not in getattr(flex_module(), "AuxRequest", tuple)._fields:
+        lse = _attend(q, k, v, tau, torch.ones_like(tau), scale, causal, key_mask)[1]
+        return lse * tau[:, :, None], lse
+    if "kept_max" not in _COMPILED:
+        _COMPILED["kept_max"] = torch.compile(kept_max, dynamic=False)
+    with _recompiles_allowed():
+        return _COMPILED["kept_max"](q, k, v, mask, scale)
+
+
+def _dense_kept_max(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool,
+                    key_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """kept_max off CUDA, where flex_attention returns no max_scores: the scores as
+    FlexAttention's eager dense path forms them (the same operations, so the same values)."""
+    wd = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = (q.to(wd) @ k.to(wd).transpose(-2, -1)) * scale
+    hidden = s < 0
+    if causal:
+        lq, lk = s.shape[-2:]
+        hidden = hidden | (torch.arange(lk, device=s.device)[None, :]
+                           > torch.arange(lq, device=s.device)[:, None])
+    if key_mask is not None:
+        hidden = hidden | ~key_mask.to(device=s.device, dtype=torch.bool)[:, None, None, :]
+    s = s.masked_fill(hidden, -math.inf)
+    return s.amax(-1), torch.logsumexp(s, -1)
 
 
 def special_queries(lse: torch.Tensor) -> torch.Tensor | None:
@@ -217,21 +280,21 @@ def elastic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: torch.Tensor
     """(out, lse) of Elastic attention with the special queries recomputed exactly;
     differentiable in q, k, v, tau and beta where the tensors require grad.
 
-    shifted=True (for gradients) first runs the composition without a graph for each
-    query's tau lse, an upper bound within tau log(length_k) of its largest kept score m,
-    and then again with that shift. Unshifted, autograd sums dtau as -sum ds s/tau^2, whose
-    terms (s/tau^2 ~ 1e4 at tau = 0.01) cancel to a small result: verify measured dtau off
-    by up to several times its value there, in fp64. Shifted, the terms are
-    -ds (s - shift)/tau^2 and the shift's own share, -dlse shift/tau^2, is one term a query,
-    as docs/attention.md section 2 sums dtau. The forward is the same function either way.
+    shifted=True (for gradients) first finds each query's largest kept score m (`kept_max`,
+    without a graph), then runs the composition with score_mod (s - m)/tau and lse + m/tau.
+    Unshifted, autograd sums dtau as -sum ds s/tau^2, whose terms (s/tau^2 ~ 1e4 at tau =
+    0.01) cancel to a small result: verify measured dtau off by several times its value there,
+    in fp64. Shifted, the terms are -ds (s - m)/tau^2, 0 at the largest score, and m's own
+    share, -dlse m/tau^2, is one term a query, as docs/attention.md section 2 sums dtau. The
+    forward is the same function either way.
     """
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, tau, beta))
     shift = None
     if shifted:
         with torch.no_grad():
-            lse0 = _attend(q, k, v, tau, beta, scale, causal, key_mask)[1]
+            shift, lse0 = _kept_max(q, k, v, tau, scale, causal, key_mask)
         idx = special_queries(lse0)
-        shift = torch.where(lse0.isfinite(), lse0 * tau.detach()[:, :, None], 0.0)
+        shift = torch.where(shift.isfinite(), shift, 0.0)
     else:
         out, lse = _attend(q, k, v, tau, beta, scale, causal, key_mask)
         idx = special_queries(lse.detach())
