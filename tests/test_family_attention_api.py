@@ -89,6 +89,8 @@ def impl(request, monkeypatch):
     for module in (flash, cpp):
         monkeypatch.setattr(module, "BLOCK_Q", 3)
         monkeypatch.setattr(module, "BLOCK_K", 2)
+    monkeypatch.setattr(flash, "FAMILY_BLOCK_Q", 3)
+    monkeypatch.setattr(flash, "FAMILY_BLOCK_K", 2)
 
     def need(name: str) -> None:
         if not chosen.accepts(torch.zeros(1), WEIGHT[name]):
@@ -140,8 +142,8 @@ def test_gradcheck_of_the_tiled_torch_code(monkeypatch, name):
     """On the torch code only: the native kernel's gradients are checked against the
     definition above, and gradcheck's hundred tiny calls cost seconds there."""
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "torch")
-    monkeypatch.setattr(flash, "BLOCK_Q", 2)
-    monkeypatch.setattr(flash, "BLOCK_K", 3)
+    monkeypatch.setattr(flash, "FAMILY_BLOCK_Q", 2)
+    monkeypatch.setattr(flash, "FAMILY_BLOCK_K", 3)
     q, k, v = _qkv(3, 4, d=3, b=1, h=2)
     p = _params(name, 2)
     keys = list(p)

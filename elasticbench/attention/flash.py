@@ -45,6 +45,11 @@ from .weights import Weight
 
 BLOCK_Q = 1024
 BLOCK_K = 512
+# The other weights' loops (fewer, in-place passes over each tile): 256 x 256 tiles of all
+# heads at once stay nearer the cache; at B=2 H=4 L=1024 D=64 fp32 on one thread they ran
+# forward+backward 10-30% faster than 1024 x 512 ones.
+FAMILY_BLOCK_Q = 256
+FAMILY_BLOCK_K = 256
 
 
 def _key_end(q1: int, length_k: int, causal: bool) -> int:
@@ -166,14 +171,14 @@ def _forward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: tor
     out = torch.empty(bsz, heads, lq, v.shape[3], dtype=wd, device=q.device)
     m_all = torch.empty(bsz, heads, lq, dtype=wd, device=q.device)
     den_all = torch.empty_like(m_all)
-    for q0 in range(0, lq, BLOCK_Q):
-        q1 = min(lq, q0 + BLOCK_Q)
+    for q0 in range(0, lq, FAMILY_BLOCK_Q):
+        q1 = min(lq, q0 + FAMILY_BLOCK_Q)
         qb = q[:, :, q0:q1].to(wd)
         m = torch.zeros(bsz, heads, q1 - q0, dtype=wd, device=q.device)
         l = torch.zeros_like(m)  # noqa: E741
         acc = torch.zeros(bsz, heads, q1 - q0, v.shape[3], dtype=wd, device=q.device)
-        for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
-            k1 = min(lk, k0 + BLOCK_K)
+        for k0 in range(0, _key_end(q1, lk, causal), FAMILY_BLOCK_K):
+            k1 = min(lk, k0 + FAMILY_BLOCK_K)
             s = _scores(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
             m_new = torch.maximum(m, s.amax(-1))
             alpha = torch.exp(m - m_new)
@@ -206,12 +211,12 @@ def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.T
     out = torch.empty(bsz, heads, lq, dv, dtype=wd, device=q.device)
     m_all = torch.zeros(bsz, heads, lq, dtype=wd, device=q.device)
     den_all = torch.ones_like(m_all)
-    for q0 in range(0, lq, BLOCK_Q):
-        q1 = min(lq, q0 + BLOCK_Q)
+    for q0 in range(0, lq, FAMILY_BLOCK_Q):
+        q1 = min(lq, q0 + FAMILY_BLOCK_Q)
         qb = q[:, :, q0:q1].to(wd)
         acc = torch.zeros(bsz, heads, q1 - q0, dv + (not sigmoid), dtype=wd, device=q.device)
-        for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
-            k1 = min(lk, k0 + BLOCK_K)
+        for k0 in range(0, _key_end(q1, lk, causal), FAMILY_BLOCK_K):
+            k1 = min(lk, k0 + FAMILY_BLOCK_K)
             s, vis = _tile(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
             f = _weigh(weight, s, bias, ip)
             if vis is not None:  # hidden keys (a NaN there included) do not exist
@@ -307,14 +312,14 @@ def _backward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     dq = torch.zeros(q.shape, dtype=wd, device=q.device)
     dk = torch.zeros(k.shape, dtype=wd, device=q.device)
     dv = torch.zeros(v.shape, dtype=wd, device=q.device)
-    for q0 in range(0, lq, BLOCK_Q):
-        q1 = min(lq, q0 + BLOCK_Q)
+    for q0 in range(0, lq, FAMILY_BLOCK_Q):
+        q1 = min(lq, q0 + FAMILY_BLOCK_Q)
         qb, dob = q[:, :, q0:q1].to(wd), do[:, :, q0:q1].to(wd)
         mb, rb, cb = m0[:, :, q0:q1, None], r[:, :, q0:q1, None], c[:, :, q0:q1, None]
         skip = inf_row[:, :, q0:q1, None]
         special_rows = bool((skip | nan_row[:, :, q0:q1, None]).any())
-        for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
-            k1 = min(lk, k0 + BLOCK_K)
+        for k0 in range(0, _key_end(q1, lk, causal), FAMILY_BLOCK_K):
+            k1 = min(lk, k0 + FAMILY_BLOCK_K)
             kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
             s = _scores(qb, kb, scale, causal, q0, k0, key_mask)
             keep = (s != -math.inf) & ~skip if special_rows else None
@@ -350,14 +355,14 @@ def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     dk = torch.zeros(k.shape, dtype=wd, device=q.device)
     dv = torch.zeros(v.shape, dtype=wd, device=q.device)
     dbias = torch.zeros(q.shape[:2], dtype=wd, device=q.device)
-    for q0 in range(0, lq, BLOCK_Q):
-        q1 = min(lq, q0 + BLOCK_Q)
+    for q0 in range(0, lq, FAMILY_BLOCK_Q):
+        q1 = min(lq, q0 + FAMILY_BLOCK_Q)
         qb, dob = q[:, :, q0:q1].to(wd), do[:, :, q0:q1].to(wd)
         rb, cb = r[:, :, q0:q1, None], c[:, :, q0:q1, None]
         skip = inf_row[:, :, q0:q1, None]
         skipping = not sigmoid and bool(skip.any())
-        for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
-            k1 = min(lk, k0 + BLOCK_K)
+        for k0 in range(0, _key_end(q1, lk, causal), FAMILY_BLOCK_K):
+            k1 = min(lk, k0 + FAMILY_BLOCK_K)
             kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
             s, vis = _tile(qb, kb, scale, causal, q0, k0, key_mask)
             if skipping:  # an infinite weight's query is special's: keep its s finite
@@ -366,9 +371,9 @@ def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
                 slope = torch.sign(s)  # 0 at 0, as abs's subgradient
                 f = _weigh(weight, s, None, ip)
             elif weight is Weight.STABLEMAX:
-                right = s >= 0
                 f = _weigh(weight, s, None, ip)
-                slope = torch.where(right, 1, f * f)  # 1/(1 - s)^2 on the left
+                # 1 on the right (f >= 1), 1/(1 - s)^2 = f^2 on the left (f < 1)
+                slope = f.clamp_max(1).square_()
             else:
                 f = _weigh(weight, s, bias, ip)
                 slope = f * (1 - f)
