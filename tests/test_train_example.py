@@ -42,6 +42,7 @@ def test_every_function_trains_on_both_tasks_with_its_probes_in_range(tiny):
         assert r["timed_steps"] == 2  # the warm-up step is trained, not timed
         assert math.isfinite(r["ms_per_step"]) and r["ms_per_step"] > 0
         assert (r["implementation"] == "torch sdpa") == (kind == "sdpa"), r["implementation"]
+        assert math.isfinite(r["cpu_ms_per_step"]) and r["cpu_ms_per_step"] > 0
         assert [e["step"] for e in r["evals"]] == [0, 1, 2, 3]
         for e in r["evals"]:
             assert math.isfinite(e["loss"]) and 0 <= e["acc"] <= 1, (task, kind, e)
@@ -85,6 +86,15 @@ def test_summary_table_has_every_function_of_every_task(tiny):
     assert [row.split("|")[1].strip() for row in rows] == list(train.KINDS) * 2
     for row, r in zip(rows, doc["runs"], strict=True):
         assert f"| {r['evals'][-1]['loss']:.3f} |" in row
+
+
+@pytest.mark.ci  # matplotlib's import and a 16-panel render: seconds of a core, for no value
+def test_figure_is_written(tiny, tmp_path):
+    pytest.importorskip("matplotlib")
+    doc, _ = tiny
+    train.plot(doc["runs"], str(tmp_path / "fig.png"))
+    head = (tmp_path / "fig.png").read_bytes()[:8]
+    assert head == b"\x89PNG\r\n\x1a\n"
 
 
 def test_every_function_starts_from_the_same_weights():
