@@ -98,9 +98,9 @@ def test_query_without_keys_gives_zeros_and_zero_gradients(weight: Weight) -> No
 
 @pytest.mark.parametrize("weight", list(Weight))
 def test_gradients_first_and_second_order(weight: Weight) -> None:
-    q, k, v = (t.requires_grad_() for t in _qkv(5, b=1, h=3, lq=4, lk=4, d=3))
-    p0 = torch.tensor([0.8, 1.2, -0.5], dtype=F64, requires_grad=True)
-    p1 = torch.tensor([0.3, 0.2, 1.0], dtype=F64, requires_grad=True)
+    q, k, v = (t.requires_grad_() for t in _qkv(5, b=1, h=2, lq=3, lk=3, d=2))
+    p0 = torch.tensor([0.8, -0.5], dtype=F64, requires_grad=True)
+    p1 = torch.tensor([0.3, 1.0], dtype=F64, requires_grad=True)
     if weight is Weight.ELASTIC:
         p0 = p0.detach().abs().requires_grad_()  # tau > 0
 
@@ -108,5 +108,93 @@ def test_gradients_first_and_second_order(weight: Weight) -> None:
         return attention_composite(weight, *args[:3], p0=args[3], p1=args[4], scale=0.5,
                                    causal=True)
 
-    assert torch.autograd.gradcheck(f, (q, k, v, p0, p1))
-    assert torch.autograd.gradgradcheck(f, (q, k, v, p0, p1))
+    assert torch.autograd.gradcheck(f, (q, k, v, p0, p1), fast_mode=True)
+    assert torch.autograd.gradgradcheck(f, (q, k, v, p0, p1), fast_mode=True)
+
+
+# --- the exact references of the family's attention (functions/, numerics/) ---------------
+
+import mpmath  # noqa: E402
+
+from elasticbench.functions import get_attention_function  # noqa: E402
+from elasticbench.numerics.attention_truth import certified_phase, oracle_evaluate  # noqa: E402
+from elasticbench.numerics.dtypes import get_format  # noqa: E402
+
+FAMILY = {"softmax1_attention": {}, "symax_attention": {"eta": 0.7},
+          "stablemax_attention": {}, "sigmoid_attention": {"bias": -1.3}}
+
+
+def _loss(fn, row, g, params):
+    truth = fn.row.reference_row(row, **params)
+    return mpmath.fsum(gi * yi for gi, yi in zip(g, truth.y, strict=True))
+
+
+@pytest.mark.parametrize("name", ["symax_attention", "stablemax_attention", "sigmoid_attention"])
+def test_row_gradients_are_the_derivatives_of_the_references(name: str) -> None:
+    fn = get_attention_function(name)
+    row, g = [0.75, -1.5, 2.25, -0.125], [0.5, -1.0, 0.25, 2.0]
+    params = {p: v for p, v in FAMILY[name].items()}
+    with mpmath.workprec(200):
+        grad = fn.gradient_row(row, g, **params)
+        h = mpmath.mpf(2) ** -60
+        for k in range(len(row)):
+            up = [mpmath.mpf(x) + (h if i == k else 0) for i, x in enumerate(row)]
+            dn = [mpmath.mpf(x) - (h if i == k else 0) for i, x in enumerate(row)]
+            fd = (_loss(fn, up, g, params) - _loss(fn, dn, g, params)) / (2 * h)
+            assert abs(grad.dx[k] - fd) <= mpmath.mpf(10) ** -30 * (1 + abs(fd))
+        for p in params:  # deta, dbias
+            up = _loss(fn, row, g, {**params, p: mpmath.mpf(params[p]) + h})
+            dn = _loss(fn, row, g, {**params, p: mpmath.mpf(params[p]) - h})
+            assert abs(grad.dparams[p] - (up - dn) / (2 * h)) <= mpmath.mpf(10) ** -30
+
+
+def test_symax_special_rows() -> None:
+    fn = get_attention_function("symax_attention")
+    zero = fn.gradient_row([0.0, 0.0, -0.0], [1.0, 2.0, 3.0], eta=0.0)  # 0/0: zeros
+    assert zero.truth.kind == "masked" and all(d == 0 for d in zero.dx)
+    inf = fn.row.reference_row([1.0, -math.inf, math.inf], eta=1.0)  # |-inf| = inf
+    assert [float(y) for y in inf.y] == [0.0, 0.5, 0.5]
+    # d|s|/ds at 0 is taken as 0
+    assert fn.gradient_row([0.0, 1.0], [1.0, 2.0], eta=1.0).dx[0] == 0
+
+
+def test_sigmoid_reference_is_elementwise() -> None:
+    fn = get_attention_function("sigmoid_attention")
+    t = fn.row.reference_row([math.nan, 0.0, math.inf, -math.inf], bias=-1.0)
+    assert t.kind == "nan" and t.y[0] is None
+    assert [float(y) for y in t.y[1:]] == [1 / (1 + math.e), 1.0, 0.0]
+    grad = fn.gradient_row([math.nan, 0.0, 3.0], [1.0, 1.0, 1.0], bias=0.0)
+    assert grad.dx[0] is None and grad.dparams["bias"] is None
+    assert float(grad.dx[1]) == 0.25  # y (1 - y) at y = 1/2
+
+
+def test_a_nan_key_makes_only_what_its_sigmoid_weight_reaches_nan() -> None:
+    fn = get_attention_function("sigmoid_attention")
+    q, k, v = (t.numpy() for t in _qkv(6, b=1, h=1, lq=3, lk=4, d=2))
+    k[0, 0, 1, 0] = math.nan
+    dout = np.ones((1, 1, 3, 2))
+    truth = oracle_evaluate(fn, {"bias": 0.0, "causal": 0.0}, q, k, v, 0.5, dout)
+    assert np.isnan(truth.out_hi).all()  # every query sees key 1
+    assert np.isnan(truth.dk_hi[0, 0, 1]).all() and np.isnan(truth.dv_hi[0, 0, 1]).all()
+    others = [0, 2, 3]
+    assert np.isfinite(truth.dv_hi[0, 0, others]).all()
+    assert np.isfinite(truth.dk_hi[0, 0, others]).all()
+    assert np.isnan(truth.dq_hi).all() and np.isnan(truth.dp_hi).all()
+    symax = oracle_evaluate(get_attention_function("symax_attention"),
+                            {"eta": 1.0, "causal": 0.0}, q, k, v, 0.5, dout)
+    assert np.isnan(symax.dv_hi).all()  # a normalized weight: the whole row
+
+
+@pytest.mark.parametrize("name", list(FAMILY))
+def test_the_certified_phase_declines_the_family_and_mpmath_answers(name: str) -> None:
+    fn = get_attention_function(name)
+    q, k, v = (t.numpy() for t in _qkv(7, b=1, h=2, lq=4, lk=4, d=3))
+    params = {**FAMILY[name], "causal": 0.0}
+    dout = np.ones((1, 2, 4, 3))
+    cert = certified_phase(fn, params, q, k, v, 0.5, dout, get_format("fp32"))
+    assert not cert.ok_rows.any() and not cert.ok_heads.any()
+    truth = oracle_evaluate(fn, params, q, k, v, 0.5)
+    w = attention_weights(getattr(Weight, fn.weight), *(torch.from_numpy(a) for a in (q, k)),
+                          p0=params.get("bias", 0.0), p1=params.get("eta", 0.0), scale=0.5,
+                          causal=False)
+    np.testing.assert_allclose(truth.w, w.numpy(), rtol=1e-14, atol=0)
