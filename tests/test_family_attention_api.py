@@ -216,6 +216,26 @@ def test_empty_queries_and_keys(name):
             assert torch.equal(g, torch.zeros_like(x))
 
 
+@pytest.mark.parametrize("shape", [(), (1,), (2, 3, 1, 1), (3, 1, 1)])
+@pytest.mark.parametrize("name", ["symax", "sigmoid"])
+def test_every_parameter_layout_is_the_same_function_and_gets_its_gradient(name, shape):
+    """A 0-d, (1,), (B, H, 1, 1) or (H, 1, 1) eta or bias: the values a (B, H) grid of them
+    gives, and a gradient of the parameter's own shape (summed over what it covers)."""
+    q, k, v = _qkv(4, 5)
+    base = 0.6 if name == "symax" else -0.8
+    p = torch.full(shape, base, dtype=F64) + 0.1 * torch.arange(
+        math.prod(shape), dtype=F64).reshape(shape)
+    p.requires_grad_()
+    out = _fn(name)(q, k, v, **{PARAM[name]: p})
+    grid = p.detach().expand(2, 3, 1, 1) if p.ndim == 4 or p.ndim == 3 else (
+        p.detach().reshape(1, 1, 1, 1).expand(2, 3, 1, 1))
+    rows = [definition(name, q[b:b + 1], k[b:b + 1], v[b:b + 1],
+                       **{PARAM[name]: grid[b, :, 0, 0]}) for b in range(2)]
+    torch.testing.assert_close(out, torch.cat(rows), rtol=1e-12, atol=1e-13)
+    (grad,) = torch.autograd.grad(out.sum(), p)
+    assert grad.shape == p.shape and grad.isfinite().all() and (grad != 0).all()
+
+
 def test_symax_with_eta_zero_and_zero_scores_gives_zeros():
     q, k, v = _qkv(2, 3, b=1, h=1, d=2, grad=False)
     q[0, 0, 0] = 0.0  # every score of query 0 is 0: 0 / (0 + 0) is 0
