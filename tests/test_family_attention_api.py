@@ -345,3 +345,27 @@ def test_opcheck_of_the_custom_op_with_each_weight(name):
     p1 = torch.full((1, 2), 0.7, dtype=F64, requires_grad=True)
     torch.library.opcheck(torch.ops.elasticbench.attention.default,
                           (q, k, v, p0, p1, 0.5, True, None, int(WEIGHT[name])))
+
+
+@pytest.mark.needs("gpu")
+@pytest.mark.parametrize("impl_name", ["torch", "auto"])
+@pytest.mark.parametrize("name", NAMES)
+def test_cuda_tensors_give_the_cpu_values_and_gradients(monkeypatch, name, impl_name):
+    """The same code on CUDA tensors (the tiled torch code, and whatever the dispatch picks
+    there: the Triton kernel where it takes the weight), fp32 against the CPU's fp64."""
+    monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, impl_name)
+    q, k, v = _qkv(70, 90, d=16, dtype=torch.float32)
+    p = {n: t.float() for n, t in _params(name, 3, grad=False).items()}
+    dev = [t.detach().cuda().requires_grad_() for t in (q, k, v)]
+    out = _fn(name)(*dev, causal=True, **{n: t.cuda() for n, t in p.items()})
+    want = _fn(name)(*(t.detach().double().requires_grad_() for t in (q, k, v)), causal=True,
+                     **{n: t.double() for n, t in p.items()})
+    torch.testing.assert_close(out.double().cpu(), want, rtol=1e-5, atol=1e-5)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    got = torch.autograd.grad(out, dev, dout.cuda())
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(_fn(name)(*ref_in, causal=True,
+                                        **{n: t.double() for n, t in p.items()}),
+                              ref_in, dout.double())
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a.double().cpu(), b, rtol=1e-4, atol=1e-4)
