@@ -1,6 +1,12 @@
-"""Differentiable Elastic-Softmax (and softmax, softmax1) with hand-written backward passes.
+"""Differentiable Elastic-Softmax (and softmax, softmax1) with hand-written backward passes,
+and attention with each weight of the family.
 
     y = elastic_softmax(x, tau, beta, dim=-1)
+    out = elastic_attention(q, k, v, tau=..., beta=...)   # and softmax1_, symax_,
+                                                          # stablemax_, sigmoid_attention
+
+The attention functions share one path (operand checks, masks, the fused implementations
+or the composite) and one special-value policy: docs/attention.md sections 1, 3 and 9.
 
 The backward is docs/gradients.md section 2 evaluated in one pass over the saved output y
 (and x, for the mask and the exponent arguments), never autograd through the composite;
