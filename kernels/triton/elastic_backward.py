@@ -267,7 +267,8 @@ def elastic_bwd_split_finish_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split
     offs = tl.arange(0, BLOCK)
     parts = tl.arange(0, SPLITS_P2)
     live = parts < SPLITS
-    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+    for turn in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+        item = rows * SPLITS - 1 - turn  # last split first: its x may still be in L2
         row = item // SPLITS
         start = (item % SPLITS) * SPAN
         end = tl.minimum(start + SPAN, n)
