@@ -38,6 +38,46 @@ def _mp(a: np.ndarray) -> list:
     return [[mpmath.mpf(float(x)) for x in row] for row in a]
 
 
+SPREAD_BITS = 4096  # the widest span of exponents _dot sums in one integer
+
+
+def _parts(x: Any) -> tuple[int, int] | None:
+    """An mpf as (m, e), value m 2^e with m an int (0 for zero); None for NaN and inf."""
+    sign, man, exp, bc = x._mpf_
+    if not man:
+        return (0, 0) if bc == 0 else None
+    return (-int(man) if sign else int(man), int(exp))
+
+
+def _parts_rows(rows: list) -> list:
+    return [[_parts(x) for x in row] for row in rows]
+
+
+def _dot(pairs: Iterable[tuple[Any, Any]]) -> Any:
+    """The sum of the products of the given (m, e) pairs of _parts: exact in integers,
+    rounded once to the working precision (mpmath.fdot's value, at a fraction of its cost);
+    None where a part is NaN or inf, or the exponents span more than SPREAD_BITS (the
+    caller takes fdot)."""
+    terms = []
+    for pa, pb in pairs:
+        if pa is None or pb is None:
+            return None
+        if pa[0] and pb[0]:
+            terms.append((pa[0] * pb[0], pa[1] + pb[1]))
+    if not terms:
+        return mpmath.mpf(0)
+    e0, e1 = min(e for _, e in terms), max(e for _, e in terms)
+    if e1 - e0 > SPREAD_BITS:  # (an mpf's exponent is unbounded): fdot sums those
+        return None
+    return mpmath.mpf((sum(m << (e - e0) for m, e in terms), e0))
+
+
+def exact_dot(a: list, b: list, pa: list, pb: list) -> Any:
+    """sum_n a_n b_n for mpf lists a, b (pa, pb their _parts), rounded once."""
+    value = _dot(zip(pa, pb, strict=True))
+    return mpmath.fdot(a, b) if value is None else value
+
+
 @dataclass
 class Head:
     """One (batch, head) of the inputs in mpmath, and what its query rows share."""
@@ -51,6 +91,8 @@ class Head:
     sc: Any  # the scale as an mpf
     causal: bool
     bias: np.ndarray | None = None  # (Lq, Lk) a mask's: -inf hides a key, else added
+    DO: list = field(default_factory=list)  # the upstream gradient (gradient_heads sets it)
+    parts: dict[str, list] = field(default_factory=dict)  # Q, K, V, DO as _parts
     # query i: (the keys it sees, its scores over them, its row truth, the positions among
     # them of its live keys)
     rows: dict[int, tuple[list[int], list, RowTruth, list[int]]] = field(default_factory=dict)
@@ -62,9 +104,15 @@ class Head:
             return list(range(n))
         return [j for j in range(n) if self.bias[i, j] != -np.inf]
 
+    def part(self, name: str) -> list:
+        """Q, K, V (or DO, once set) as _parts, made once."""
+        if name not in self.parts:
+            self.parts[name] = _parts_rows(getattr(self, name))
+        return self.parts[name]
+
     def score(self, i: int, j: int) -> Any:
         """s_ij exactly: scale q_i . k_j, plus the mask's finite value."""
-        s = self.sc * mpmath.fdot(self.Q[i], self.K[j])
+        s = self.sc * exact_dot(self.Q[i], self.K[j], self.part("Q")[i], self.part("K")[j])
         return s if self.bias is None else s + mpmath.mpf(float(self.bias[i, j]))
 
 
@@ -161,7 +209,9 @@ def _gradient_row(acc: Accumulators, fn: AttentionFunction, rowp: dict[str, floa
         _nan_row(acc, i, keys)
         return
     zero = mpmath.mpf(0)
-    g = [mpmath.fdot(DO[i], head.V[j]) if p in live else zero for p, j in enumerate(keys)]
+    pdo, pv = head.part("DO")[i], head.part("V")
+    g = [exact_dot(DO[i], head.V[j], pdo, pv[j]) if p in live else zero
+         for p, j in enumerate(keys)]
     rg = fn.gradient_row(s, g, **rowp)
     ys = rt.y
     for p in live:  # dv_j += w_ij dO_i (the +inf limit included)
@@ -184,11 +234,15 @@ def _gradient_row(acc: Accumulators, fn: AttentionFunction, rowp: dict[str, floa
         acc.terms_k[j].append((ds, i))
 
 
-def _sum(terms: list, rows: list, d: int, factor) -> mpmath.mpf:
-    """factor * sum of t * rows[n][d] over the (t, n) of terms, one fdot (0 for none)."""
+def _sum(terms: list, rows: list, parts: list, d: int, factor) -> mpmath.mpf:
+    """factor * sum of t * rows[n][d] over the (t, n) of terms, summed exactly and rounded
+    once (fdot where a value is NaN or inf; 0 for no term)."""
     if not terms:
         return mpmath.mpf(0)
-    return factor * mpmath.fdot((t, rows[n][d]) for t, n in terms)
+    value = _dot((_parts(t), parts[n][d]) for t, n in terms)
+    if value is None:
+        value = mpmath.fdot((t, rows[n][d]) for t, n in terms)
+    return factor * value
 
 
 def _store_gradients(truth: AttentionTruth, head: Head, acc: Accumulators, DO: list) -> None:
@@ -199,16 +253,18 @@ def _store_gradients(truth: AttentionTruth, head: Head, acc: Accumulators, DO: l
     for i, terms in enumerate(acc.terms_q):
         truth.dzero_q[b, h, i] = not acc.touched_q[i]
         for d in range(len(head.Q[i])):
-            value = nan if acc.nan_q[i] else _sum(terms, head.K, d, sc)
+            value = nan if acc.nan_q[i] else _sum(terms, head.K, head.part("K"), d, sc)
             split_double(value, truth.dq_hi, truth.dq_lo, (b, h, i, d))
     for j in range(len(acc.terms_k)):
         truth.dzero_k[b, h, j] = not acc.touched_k[j]
         truth.dzero_v[b, h, j] = not acc.touched_v[j]
         for d in range(len(head.K[j])):
-            value = nan if acc.nan_k[j] else _sum(acc.terms_k[j], head.Q, d, sc)
+            value = nan if acc.nan_k[j] else _sum(acc.terms_k[j], head.Q, head.part("Q"),
+                                                   d, sc)
             split_double(value, truth.dk_hi, truth.dk_lo, (b, h, j, d))
         for e in range(len(head.V[j])):
-            value = nan if acc.nan_v[j] else _sum(acc.terms_v[j], DO, e, one)
+            value = nan if acc.nan_v[j] else _sum(acc.terms_v[j], DO, head.part("DO"), e,
+                                                   one)
             split_double(value, truth.dv_hi, truth.dv_lo, (b, h, j, e))
     for n, vals in enumerate(acc.dpar):
         total = (None if any(x is None for x in vals)
@@ -231,6 +287,7 @@ def gradient_heads(truth: AttentionTruth, fn: AttentionFunction, params: dict[st
             for i in range(lq):
                 _forward_row(truth, fn, rowp, head, i)
             DO = _mp(dout[b, h])
+            head.DO = DO
             acc = Accumulators.zeros(lq, lk, len(fn.row_params))
             for i in range(lq):
                 _gradient_row(acc, fn, rowp, head, DO, i)

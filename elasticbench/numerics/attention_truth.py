@@ -32,7 +32,7 @@ from .attention_values import FORWARD_FIELDS, AttentionTruth, empty_truth
 from .dtypes import FloatFormat, get_format
 from .truth_cache import TruthStats, TruthStore
 
-ATTENTION_TRUTH_VERSION = 3  # 3: the certified phase first, keys name the format
+ATTENTION_TRUTH_VERSION = 4  # 4: the oracle sums dot products exactly, rounds once
 BLOCK_ELEMENTS = 1 << 20  # a certified block holds heads up to this many (Lq, Lk, dim) values
 def oracle_evaluate(fn: AttentionFunction, params: dict[str, float], q: np.ndarray,
                     k: np.ndarray, v: np.ndarray, scale: float, dout: np.ndarray | None = None,
