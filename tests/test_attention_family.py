@@ -198,3 +198,24 @@ def test_the_certified_phase_declines_the_family_and_mpmath_answers(name: str) -
                           p0=params.get("bias", 0.0), p1=params.get("eta", 0.0), scale=0.5,
                           causal=False)
     np.testing.assert_allclose(truth.w, w.numpy(), rtol=1e-14, atol=0)
+
+
+def test_the_oracles_dot_products_are_exact_then_rounded_once() -> None:
+    from elasticbench.numerics.attention_oracle import _parts, exact_dot
+
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n = int(rng.integers(1, 24))
+        a, b = (rng.standard_normal(n) * 2.0 ** rng.integers(-500, 500, n) for _ in range(2))
+        a[rng.random(n) < 0.2] = 0.0
+        with mpmath.workprec(128):
+            am, bm = [mpmath.mpf(float(x)) for x in a], [mpmath.mpf(float(x)) for x in b]
+            got = exact_dot(am, bm, [_parts(x) for x in am], [_parts(x) for x in bm])
+        with mpmath.workprec(4000):  # exact: every product's bits within 4000 of each other
+            exact = mpmath.fsum(x * y for x, y in zip(am, bm, strict=True))
+        with mpmath.workprec(128):
+            assert got == +exact
+    with mpmath.workprec(128):
+        nan = [mpmath.mpf(1), mpmath.nan]
+        assert mpmath.isnan(exact_dot(nan, nan, [_parts(x) for x in nan],
+                                      [_parts(x) for x in nan]))
