@@ -39,6 +39,7 @@ from .weights import Weight
 
 @functools.lru_cache(maxsize=64)
 def _takes_weight(fn: Callable) -> bool:
+    """Whether an implementation's function has the weight argument of weights.py's contract."""
     return "weight" in inspect.signature(fn).parameters
 
 
@@ -56,6 +57,7 @@ def _with_weight(fn: Callable) -> Callable:
 
 
 def _cpp_accepts(q: torch.Tensor, weight: int = Weight.ELASTIC) -> bool:
+    """The native kernel's accepts(q, weight); Elastic only where its glue takes no weight."""
     if _takes_weight(cpp.accepts):
         return cpp.accepts(q, weight)
     return Weight(weight) is Weight.ELASTIC and cpp.accepts(q)
