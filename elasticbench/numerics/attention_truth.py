@@ -145,6 +145,9 @@ def certified_phase(fn: AttentionFunction, params: dict[str, float], q: np.ndarr
     bflat = None if bias is None else bias.reshape(b_ * h_, lq, lk)
     ok_rows, trusted_rows = np.zeros(b_ * h_ * lq, bool), np.zeros(b_ * h_ * lq, bool)
     ok_heads, trusted_heads = np.zeros(b_ * h_, bool), np.zeros(b_ * h_, bool)
+    if not certified_attention.row_function_fits(fn, params):  # mpmath answers it all
+        return Certified(truth, bounds, ok_rows.reshape(b_, h_, lq), ok_heads.reshape(b_, h_),
+                         trusted_rows.reshape(b_, h_, lq), trusted_heads.reshape(b_, h_))
     per = max(1, BLOCK_ELEMENTS // (lq * lk * max(d, dv)))
     for start in range(0, b_ * h_, per):
         heads = slice(start, min(b_ * h_, start + per))
