@@ -187,12 +187,6 @@ def run(kernel: Any, grid: tuple[int], args: tuple, warps: int, consts: dict,
         kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **options, **consts)
 
 
-def launch_rows(kernel: Any, rows: int, args: tuple, block: int, **consts: Any) -> None:
-    """Launch a row kernel on a persistent grid sized for `rows` rows of `block`-wide blocks."""
-    warps = num_warps(block)
-    run(kernel, (_programs(kernel, rows, args, warps, consts),), args, warps, consts)
-
-
 def launch_items(kernel: Any, items: int, args: tuple, warps: int, consts: dict) -> None:
     """Launch a kernel that walks `items` work items (rows, row blocks, or (row, split)
     pairs) on a persistent grid of at most SMs x resident programs."""
