@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from elasticbench.functions import ATTENTION_FUNCTIONS, get_attention_function
 from elasticbench.inputs.attention import ATTENTION_GENERATORS, generate_qkv
 from elasticbench.numerics import attention_truth as at
+from elasticbench.numerics import certified_attention
 from elasticbench.numerics.bounds import CERTIFY_ULP
 from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format, work_format
 from elasticbench.numerics.truth_cache import TruthStats
@@ -37,13 +38,19 @@ PROPERTY = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=list(HealthCheck))
 
 
+# the functions the certified phase evaluates (the exp family's; it declines the rest, whose
+# values mpmath alone gives: tests/test_attention_family.py)
+CERTIFIED = sorted(name for name, f in ATTENTION_FUNCTIONS.items()
+                   if certified_attention.row_function_fits(f, f.defaults()))
+
+
 def _examples() -> int:
     return max(8, math.ceil(ELEMENTS / MEAN_VALUES))
 
 
 @st.composite
 def drawn_case(draw, grads: bool):
-    fn = get_attention_function(draw(st.sampled_from(sorted(ATTENTION_FUNCTIONS))))
+    fn = get_attention_function(draw(st.sampled_from(CERTIFIED)))
     dtype = draw(st.sampled_from(DTYPE_NAMES))
     fmt = get_format(dtype)
     shape = (draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 6)),
