@@ -15,13 +15,15 @@ evaluation batch is the same.
 Every `--every` steps each run prints its evaluation loss and token accuracy, its learned
 attention parameters (tau and beta for elastic, eta for symax, the bias for sigmoid) and
 milliseconds per step (the median of the training steps after `--warmup`, the evaluation not
-counted). At each evaluation the attention weights of every layer on the evaluation batch are
+counted; the table adds this process's CPU time per step, what a step costs on a CPU shared
+with other work). At each evaluation the attention weights of every layer on the evaluation batch are
 probed (elasticbench.attention.composite.attention_weights; softmax's with torch.softmax): the
 mean weight on the first key (the attention sink), the share of visible keys with weight
 exactly 0, the entropy of each query's weights (normalized to sum 1, divided by the log of
 the number of keys it sees, so 1 is uniform) and the total weight per query (1 for softmax and
 stablemax; below 1 where the function allows it). A summary table ends the output;
 --json, --table and --plot (matplotlib) write the curves, the table and a figure.
+docs/family_training.md has them for the first command above, and what they show.
 
 --device cuda trains on the GPU (the batches are still drawn on the CPU, so both devices see
 the same data); --dtype bf16 or fp16 runs the forward under torch.autocast in that dtype with
