@@ -336,7 +336,7 @@ def _check_device(q: torch.Tensor, backward: bool) -> None:
 @register_kernel(function="elastic_attention", backend="flex_attention",
                  name="flex_attention", baseline=True)
 def flex_attention(q, k, v, *, tau, beta, scale, causal, key_mask=None):
-    """FlexAttention's composition: score_mod where(s >= 0, s/tau, -inf), lse, a gate."""
+    """FlexAttention's composition: score_mod where(s < 0, -inf, s/tau), lse, a gate."""
     _check_device(q, backward=False)
     return elastic(q, k, v, tau, beta, scale, causal, key_mask)[0]
 

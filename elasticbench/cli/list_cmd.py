@@ -32,10 +32,11 @@ def list_(topic: str, kernel_files: tuple[str, ...]) -> None:
             params = ", ".join(f"{p.name}={p.default:g}" for p in f.params)
             click.echo(f"{f.name:10s} {f.summary}" + (f"  [{params}]" if params else ""))
     elif topic == "backends":
+        width = max(10, *(len(b.name) for b in BACKENDS.values()))
         for b in BACKENDS.values():
             why = b.unavailable()
             state = f"  (not available here: {why})" if why else ""
-            click.echo(f"{b.name:10s} {b.summary}{state}")
+            click.echo(f"{b.name.ljust(width)} {b.summary}{state}")
     elif topic == "inputs":
         for g in GENERATORS.values():
             click.echo(f"{g.name:16s} {g.summary}")
