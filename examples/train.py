@@ -50,9 +50,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elasticbench.attention.composite import scores
+from elasticbench.attention.autograd import choose
+from elasticbench.attention.composite import attention_weights, scores
 from elasticbench.attention.layout import visible
-from elasticbench.nn import ElasticAttention
+from elasticbench.attention.weights import Weight
+from elasticbench.nn import (
+    ElasticAttention,
+    SigmoidAttention,
+    Softmax1Attention,
+    StablemaxAttention,
+    SymaxAttention,
+)
 
 KINDS = ("sdpa", "elastic", "softmax1", "symax", "stablemax", "sigmoid")
 TASKS = ("chars", "reverse")
@@ -61,7 +69,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # ---------------------------------------------------------------------------------- data
 
 # Modules whose source is the character model's text: present in every Python >= 3.10, and
-# plain ASCII (a character outside printable ASCII and newline becomes one "other" token).
+# nearly all ASCII (a character outside printable ASCII and newline is one "other" token).
 TEXT_MODULES = ("argparse", "difflib", "textwrap", "functools", "dataclasses", "inspect")
 
 
@@ -127,27 +135,12 @@ class Probe(NamedTuple):
     parameters (p0, p1) as elasticbench.attention.weights documents them, or None for
     softmax (torch.softmax of the scores)."""
 
-    weight: object | None
+    weight: Weight | None
     # p0, p1 and the learned parameters to report (name -> one value per head), each from
     # the attention module and the number of keys
     p0: Callable[[nn.Module, int], torch.Tensor | float]
     p1: Callable[[nn.Module, int], torch.Tensor | float]
     params: Callable[[nn.Module, int], dict[str, torch.Tensor]] = lambda m, n: {}
-
-
-def _weight(name: str):
-    from elasticbench.attention.weights import Weight
-
-    return Weight[name]
-
-
-def _module(name: str) -> type[nn.Module]:
-    import elasticbench.nn as ebnn
-
-    cls = getattr(ebnn, name, None)
-    if cls is None:
-        raise ValueError(f"--attention: elasticbench.nn has no {name} in this checkout")
-    return cls
 
 
 def make_attention(kind: str, heads: int, causal: bool) -> nn.Module | None:
@@ -159,15 +152,13 @@ def make_attention(kind: str, heads: int, causal: bool) -> nn.Module | None:
     if kind == "elastic":
         return ElasticAttention(param_shape=(heads,), causal=causal)
     if kind == "softmax1":
-        return _module("Softmax1Attention")(causal=causal)
+        return Softmax1Attention(causal=causal)
     if kind == "symax":
-        return _module("SymaxAttention")(eta=1.0, learnable=True, param_shape=(heads,),
-                                         causal=causal)
+        return SymaxAttention(eta=1.0, learnable=True, param_shape=(heads,), causal=causal)
     if kind == "stablemax":
-        return _module("StablemaxAttention")(causal=causal)
+        return StablemaxAttention(causal=causal)
     if kind == "sigmoid":
-        return _module("SigmoidAttention")(bias=None, learnable=True, param_shape=(heads,),
-                                           causal=causal)
+        return SigmoidAttention(bias=None, learnable=True, param_shape=(heads,), causal=causal)
     raise ValueError(f"unknown attention {kind!r}")
 
 
@@ -175,17 +166,16 @@ def _zero(m: nn.Module, n: int) -> float:
     return 0.0
 
 
-PROBES: dict[str, Callable[[], Probe]] = {
-    "sdpa": lambda: Probe(None, _zero, _zero),
-    "elastic": lambda: Probe(_weight("ELASTIC"), lambda m, n: m.tau, lambda m, n: m.beta,
-                             lambda m, n: {"tau": m.tau, "beta": m.beta}),
-    "softmax1": lambda: Probe(_weight("SOFTMAX1"), _zero, _zero),
-    "symax": lambda: Probe(_weight("SYMAX"), _zero, lambda m, n: m.eta,
-                           lambda m, n: {"eta": m.eta}),
-    "stablemax": lambda: Probe(_weight("STABLEMAX"), _zero, _zero),
+PROBES: dict[str, Probe] = {
+    "sdpa": Probe(None, _zero, _zero),
+    "elastic": Probe(Weight.ELASTIC, lambda m, n: m.tau, lambda m, n: m.beta,
+                     lambda m, n: {"tau": m.tau, "beta": m.beta}),
+    "softmax1": Probe(Weight.SOFTMAX1, _zero, _zero),
+    "symax": Probe(Weight.SYMAX, _zero, lambda m, n: m.eta, lambda m, n: {"eta": m.eta}),
+    "stablemax": Probe(Weight.STABLEMAX, _zero, _zero),
     # the bias is -ln(Lk) + a learned shift: it depends on the number of keys
-    "sigmoid": lambda: Probe(_weight("SIGMOID"), lambda m, n: m.bias(n), _zero,
-                             lambda m, n: {"bias": m.bias(n)}),
+    "sigmoid": Probe(Weight.SIGMOID, lambda m, n: m.bias(n), _zero,
+                     lambda m, n: {"bias": m.bias(n)}),
 }
 
 
@@ -195,7 +185,7 @@ class Attention(nn.Module):
         self.heads, self.qkv, self.out = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.kind, self.causal = kind, causal
         self.fn = make_attention(kind, heads, causal)
-        self.probe = Probe(None, _zero, _zero) if kind == "sdpa" else PROBES[kind]()
+        self.probe = PROBES[kind]
         self.keep = False  # set: forward keeps q and k for attention_weights
         self.seen: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -217,8 +207,6 @@ class Attention(nn.Module):
         scale = 1.0 / math.sqrt(q.shape[-1])
         if self.probe.weight is None:
             return torch.softmax(scores(q, k, scale, self.causal), dim=-1)
-        from elasticbench.attention.composite import attention_weights
-
         p0, p1 = (_detached(f(self.fn, k.shape[2])) for f in (self.probe.p0, self.probe.p1))
         return attention_weights(self.probe.weight, q, k, p0=p0, p1=p1, scale=scale,
                                  causal=self.causal)
@@ -400,8 +388,6 @@ def implementation(model: Model, tokens: torch.Tensor, dtype: torch.dtype) -> st
     a = model.attentions()[0]
     if a.probe.weight is None:
         return "torch sdpa"
-    from elasticbench.attention.autograd import choose
-
     d = model.tok.embedding_dim // a.heads
     q = torch.empty(tokens.shape[0], a.heads, tokens.shape[1], d, device=tokens.device,
                     dtype=dtype)
