@@ -11,7 +11,8 @@
 #   install     5%  pip install -e . (no downloads: torch, Triton and the rest must be there)
 #   verify     25%  elasticbench verify --backend triton -d fp32,fp16,bf16 --mode both
 #                   -> verify.json; beside it, untimed too: the native tier's build, then
-#                   pytest on the Triton tests and the torch ops' CUDA cases -> log.txt
+#                   pytest on the Triton tests, the torch ops' CUDA cases and the compiled
+#                   FlexAttention composition against the composite -> log.txt
 #   sweep      10%  scripts/gpu_attention_sweep.py, where it exists: every tuning
 #                   configuration of the Triton attention kernel -> attention_sweep.json
 #   attention  20%  elasticbench run --case cases/attention-gpu-headline.toml: SDPA (torch's
@@ -85,7 +86,8 @@ step verify "$phase" elasticbench verify --backend triton -d fp32,fp16,bf16 --mo
   step native "$phase" python3 -m elasticbench.native
   step tests "$(( phase_end - $(date +%s) ))" python3 -m pytest -q -n 8 -p no:cacheprovider \
       tests/test_triton.py tests/test_triton_rows_params.py tests/test_triton_attention.py \
-      tests/test_torch_ops.py tests/test_host_reads.py
+      tests/test_torch_ops.py tests/test_host_reads.py \
+      "tests/test_flex_attention.py::test_the_compiled_cuda_composition_is_the_composite"
 } &
 wait
 

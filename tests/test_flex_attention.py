@@ -222,3 +222,26 @@ def test_the_gpu_attention_cases_load_and_plan():
                          cwd=ROOT, env=env, timeout=300)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
     assert "Triton needs a CUDA GPU" in run.stderr
+
+
+@pytest.mark.needs("gpu")
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_compiled_cuda_composition_is_the_composite(causal):
+    """On CUDA (torch.compile'd FlexAttention): fp32 forward and the five gradients against
+    the composite, key padding, beta = 0 and a NaN query included (scripts/gpu_checks.sh)."""
+    q, k, v, tau, beta, key_mask = (t.cuda() for t in _inputs(lq=130, lk=150, dim=16))
+    q[0, 1, 5, 0] = math.nan
+    q, k, v, tau, beta = (t.float() for t in (q, k, v, tau, beta))
+    got = _flex(q, k, v, tau, beta, 0.25, causal, key_mask)
+    want = _reference(q, k, v, tau, beta, 0.25, causal, key_mask)
+    assert torch.equal(got.isnan(), want.isnan())
+    torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), rtol=1e-4, atol=1e-5)
+    dout = torch.randn(q.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    grads = get_kernel("flex_attention", "bwd").fn(q, k, v, tau=tau, beta=beta, scale=0.25,
+                                                   causal=causal, key_mask=key_mask)(dout)
+    ref = _grads(lambda q, k, v, t, b: _reference(q, k, v, t, b, 0.25, causal, key_mask),
+                 q, k, v, tau, beta, dout)
+    for name, a, b in zip(("dq", "dk", "dv", "dtau", "dbeta"), grads, ref, strict=True):
+        assert torch.equal(a.isnan(), b.isnan()), name
+        torch.testing.assert_close(a.nan_to_num(), b.nan_to_num(), rtol=2e-3, atol=1e-4,
+                                   msg=name)
