@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from elasticbench.functions import ATTENTION_FUNCTIONS, get_attention_function
 from elasticbench.inputs.attention import ATTENTION_GENERATORS, generate_qkv
+from elasticbench.numerics import attention_budget, certified_attention
 from elasticbench.numerics import attention_truth as at
-from elasticbench.numerics import certified_attention
 from elasticbench.numerics.bounds import CERTIFY_ULP
 from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format, work_format
 from elasticbench.numerics.truth_cache import TruthStats
@@ -115,6 +115,15 @@ def _magnitudes(oracle: at.AttentionTruth, params, fn, q, k, v, scale, dout):
     p = ado @ np.swapaxes(av, -1, -2)  # |dO_i| . |v_j|
     c = (w * p).sum(-1, keepdims=True)
     ds = w * (p + c) / tau
+    if fn.row.weights is not None:  # a weight-normalize member: ds = a'(s) (g - c) / D
+        qs, ks = (np.nan_to_num(a, nan=0, posinf=0, neginf=0) for a in (q, k))
+        s = scale * qs @ np.swapaxes(ks, -1, -2)
+        a, slope, _ = attention_budget._shape(fn.row.name, s)
+        lq, lk = s.shape[-2:]
+        seen = np.tril(np.ones((lq, lk), bool)) if params.get("causal") else np.ones((lq, lk))
+        den = np.where(seen, a, 0).sum(-1, keepdims=True) + fn.row.weight_offset(params)
+        ds = np.where(seen, slope, 0) * (p + c) / np.where(den > 0, den, np.inf)
+        c = c / np.where(den > 0, den, np.inf)
     mt = np.nan_to_num(oracle.zbar)[..., None] + np.nan_to_num(oracle.zabs) + 1
     out["dq"] = scale * ds @ np.abs(np.nan_to_num(k, posinf=0, neginf=0))
     out["dk"] = scale * np.swapaxes(ds, -1, -2) @ np.abs(np.nan_to_num(q, posinf=0, neginf=0))

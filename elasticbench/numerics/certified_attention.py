@@ -21,7 +21,7 @@ import numpy as np
 
 from ..functions import AttentionFunction
 from ..functions.base import ROW_FINITE, ROW_MASKED, ROW_NAN
-from . import dd
+from . import certified_normalize, dd
 from .bounds import SLACK, TAU_RANGE, Bounded, certify
 from .certified_grad import floor_of
 from .dtypes import FloatFormat
@@ -171,6 +171,9 @@ class Weights:
     zbar: np.ndarray  # (r,) the output-weighted mean of |z|, offset included
     zbar_bound: np.ndarray  # (r,) against the oracle's (which sums its own rounded |z|)
     trusted: np.ndarray  # (r,) bool
+    # a weight-normalize member's (numerics/certified_normalize.py; None for the exp family)
+    slope: Bdd | None = None  # (r, n) a'(s) on kept keys
+    inv: Bdd | None = None  # (r,) 1/D
 
 
 def _shift(sc: Scores, kept: np.ndarray, k: np.ndarray) -> tuple[Bdd, np.ndarray, np.ndarray]:
@@ -242,6 +245,8 @@ def weights(fn: AttentionFunction, params: dict[str, float], sc: Scores, k: np.n
             ) -> Weights:
     """The row function's weights on the scores of sc (k: each row's keys, for the ties),
     by the shifted form y_j = exp(z_j) / S, S = sum_kept exp(z) + offset exp(-m/tau)."""
+    if certified_normalize.fits(fn, params):
+        return certified_normalize.weights(fn, params, sc)
     row = fn.row
     tau, offset = row.temperature(params), row.offset(params)
     with np.errstate(invalid="ignore"):
@@ -278,8 +283,10 @@ def weights(fn: AttentionFunction, params: dict[str, float], sc: Scores, k: np.n
 def row_function_fits(fn: AttentionFunction, params: dict[str, float]) -> bool:
     """Whether the row function is an exp-normalize member this phase evaluates (shift by
     the largest kept score) at parameters inside the safe range of numerics/certified.py.
-    Every other member (softmax1's floored shift, the weight-normalize members, sigmoid)
-    is declined: mpmath answers for it."""
+    The weight-normalize members are numerics/certified_normalize.py's; softmax1 (its
+    floored shift) and sigmoid are declined: mpmath answers for them."""
+    if certified_normalize.fits(fn, params):
+        return True
     row = fn.row
     tau, offset = row.temperature(params), row.offset(params)
     return (row.normalized and row.weights is None and row.shift_floor == -math.inf

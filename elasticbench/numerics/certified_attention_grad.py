@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..functions import AttentionFunction
-from ..functions.base import OFFSET, ROW_NAN, TEMPERATURE
+from ..functions.base import DENOMINATOR, OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE
 from . import dd
 from .bounds import CERTIFY_ULP, SLACK, certify
 from .certified_attention import (
@@ -94,6 +94,8 @@ def row_gradients(fn: AttentionFunction, params: dict[str, float], w: Weights, g
                   shape: tuple[int, ...]) -> RowGradients:
     """The row gradients for the weights w (rows reshaped to shape[:-1]) and the dot
     products g_j = dO_i . v_j (of that shape)."""
+    if w.slope is not None:
+        return _normalize_gradients(fn, w, g, shape)
     tau = fn.row.temperature(params)
     kept, top = w.kept.reshape(shape), w.top.reshape(shape[:-1])
     y, z = (Bdd(a.h.reshape(shape), a.l.reshape(shape), a.b.reshape(shape)) for a in (w.y, w.z))
@@ -113,6 +115,29 @@ def row_gradients(fn: AttentionFunction, params: dict[str, float], w: Weights, g
             raise ValueError(f"{fn.name}: parameter {p.name} has no gradient rule")
         dparams.append(by_role[p.role]().where(finite))
     return RowGradients(ds, bdiv_d(bmul(c, share), tau).where(finite), dparams)
+
+
+def _normalize_gradients(fn: AttentionFunction, w: Weights, g: Bdd, shape: tuple[int, ...]
+                         ) -> RowGradients:
+    """A weight-normalize member's: ds = a'(s) (g - c) / D, d eta = -c / D
+    (numerics/certified_normalize.py)."""
+    assert w.slope is not None and w.inv is not None
+    kept, top = w.kept.reshape(shape), w.top.reshape(shape[:-1])
+    y, slope = (Bdd(a.h.reshape(shape), a.l.reshape(shape), a.b.reshape(shape))
+                for a in (w.y, w.slope))
+    share, inv = (Bdd(a.h.reshape(shape[:-1]), a.l.reshape(shape[:-1]),
+                      a.b.reshape(shape[:-1])) for a in (w.share, w.inv))
+    c = bsum(bmul(y, g).where(kept))
+    dif = badd(g, -c[..., None]).where(kept)
+    _dominant_difference(dif, g, y, share, top, kept)
+    ds = bmul(bmul(slope, dif), inv[..., None]).where(kept)
+    finite = (w.kind == ROW_FINITE).reshape(shape[:-1])
+    dparams = []
+    for p in fn.row.params:
+        if p.role != DENOMINATOR:
+            raise ValueError(f"{fn.name}: parameter {p.name} has no gradient rule")
+        dparams.append((-bmul(c, inv)).where(finite))
+    return RowGradients(ds, bsum(ds).where(finite), dparams)
 
 
 def _dq(rg: RowGradients, k: np.ndarray, top: np.ndarray) -> Bdd:
