@@ -207,3 +207,34 @@ def test_gpu_checks_gives_each_step_its_share(tmp_path):
     assert limits["attention_full"] > 400  # nothing before it used its time
     assert re.search(r"scripts/gpu_gates.py --budget 3[123] --json", log)
     assert "--case cases/attention-gpu-headline.toml" in log
+
+
+@pytest.mark.ci
+def test_the_measurement_runs_end_to_end_with_a_host_stand_in(monkeypatch, tmp_path):
+    """gpu_gates.measure on the CPU: torch_elastic for the Triton kernel, a busy wait of one
+    nanosecond a cycle for the GPU's spin. Checks the plumbing (calibration, trials, the
+    JSON), not the figures: this machine's wall clock is too noisy for them."""
+    import time
+
+    import torch
+
+    def spin(cycles: int) -> None:
+        end = time.perf_counter_ns() + cycles
+        while time.perf_counter_ns() < end:
+            pass
+
+    gates = _script()
+    monkeypatch.setattr(torch.cuda, "_sleep", spin)
+    monkeypatch.setattr(gates, "KERNEL", "torch_elastic")
+    monkeypatch.setattr(gates, "SHAPES", ((64, 4096),))
+    monkeypatch.setattr(gates, "SPIN_CYCLES", 200_000)
+    out = tmp_path / "gates.json"
+    doc = gates.measure(gates.parser().parse_args(
+        ["--trials", "2", "--rounds", "5", "--budget", "120", "--json", str(out)]))
+    saved = json.loads(out.read_text())
+    assert saved["summary"] == doc["summary"] and saved["complete"]
+    assert saved["summary"]["aa_trials"] == saved["summary"]["planted_trials"] == 2
+    assert 0.3 < saved["calibration"]["ns_per_cycle"] < 3
+    shape = saved["calibration"]["shapes"]["64x4096"]
+    assert shape["cycles"] > 0 and shape["kernel_ns"] > 0
+    assert all(len(t["ratios"]) == 1 for t in saved["trials"]["A/A"])
