@@ -6,11 +6,12 @@
 // max) from the weight's row kernels (attention_rows.h, vectorized per instruction set); it
 // keeps one score tile per thread and two statistics per query, never a length x length
 // matrix. The backward recomputes p tile by tile from (m, den), in one of two schedules with
-// the same arithmetic (backward_impl), so dq, dk, dv and the parameters' gradients are the same bits
-// whatever the thread count. An optional (batch, length_k) key-padding mask hides keys inside
-// the loop: key blocks it hides whole are skipped, the tile is cut after the last kept key,
-// and hidden keys inside it get -inf scores. NaN and +inf queries are flagged by their
-// statistics (m NaN, m = +inf) and finished in Python (elasticbench/attention/special.py).
+// the same arithmetic (backward_impl), so dq, dk, dv and the parameters' gradients are the
+// same bits whatever the thread count. An optional (batch, length_k) key-padding mask hides
+// keys inside the loop: key blocks it hides whole are skipped, the tile is cut after the last
+// kept key, and hidden keys inside it get a score of weight 0 (hidden_score: -inf, symax 0).
+// NaN queries and those with an infinite weight are flagged by their statistics (m NaN,
+// m = +inf) and the latter finished in Python (elasticbench/attention/special.py).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
