@@ -501,12 +501,15 @@ def attention_dkdv_kernel(
 
 
 @triton.jit
-def _dq_tile(q, do, dq, dsz, c, mk, r, lo, k_base, v_base, keep_ptr, batch, start, offs_m,
-             k2, inv_tau, lk, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
+def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_base, v_base, keep_ptr, batch, start, offs_m,
+             k2, inv_tau, scale, lk, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
              CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
              SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
-    """One block of keys folded into a query block's dq and its per-query sum ds t."""
+    """One block of keys folded into a query block's dq and its per-query sum ds t, with t
+    exactly 0 where the score is the query's maximum: there the exact z is 0 and the exact ds
+    may be far below the rounding noise of the computed one (dtau's budget holds the term to
+    the exact ds z); the fold's qk k2 - m k2 leaves the rounding error of m k2 there."""
     offs_n = start + tl.arange(0, BLOCK_N)
     col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
     k = _load_rows(k_base, offs_n, col_ok, D, BLOCK_D, MASKED)
@@ -525,13 +528,14 @@ def _dq_tile(q, do, dq, dsz, c, mk, r, lo, k_base, v_base, keep_ptr, batch, star
         dq += _dot(ds, k, True)
     else:
         dq += _dot(ds.to(k.dtype), k, False)
-    return dq, dsz + tl.sum(ds * arg, axis=1)
+    t = tl.where(qk * scale == ms[:, None], 0.0, arg)
+    return dq, dsz + tl.sum(ds * t, axis=1)
 
 
 @triton.jit
 def attention_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, stats_ptr, tau_ptr, dq_ptr, dsz_ptr, keep_ptr, kend_ptr,
-    lq, lk, scale, scale_log2e, heads, n_blocks,
+    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, tau_ptr, dq_ptr, dsz_ptr, keep_ptr,
+    kend_ptr, lq, lk, scale, scale_log2e, heads, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
@@ -550,6 +554,7 @@ def attention_dq_kernel(
     do = _load_rows(do_ptr + bh64 * lq * DV, offs_m, row_ok, DV, BLOCK_DV, True)
     n = tl.num_programs(1).to(tl.int64) * lq
     c, mk, r, lo = _query_stats(stats_ptr, n, bh64 * lq + offs_m, row_ok, True)
+    ms = tl.load(m_ptr + bh64 * lq + offs_m, mask=row_ok, other=0.0)
     tau = tl.load(tau_ptr + bh)
     k2 = tl.math.div_rn(scale_log2e, tau)
     inv_tau = tl.math.div_rn(1.0, tau)
@@ -559,12 +564,12 @@ def attention_dq_kernel(
     dsz = tl.zeros([BLOCK_M], dtype=tl.float32)
     full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
     for start in range(0, full, BLOCK_N):
-        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, k_base, v_base, keep_ptr, batch,
-                           start, offs_m, k2, inv_tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_base, v_base, keep_ptr, batch,
+                           start, offs_m, k2, inv_tau, scale, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
                            False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
     for start in range(full, end, BLOCK_N):
-        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, k_base, v_base, keep_ptr, batch,
-                           start, offs_m, k2, inv_tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_base, v_base, keep_ptr, batch,
+                           start, offs_m, k2, inv_tau, scale, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
                            True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
     offs_d = tl.arange(0, BLOCK_D)
     tl.store(dq_ptr + bh64 * lq * D + offs_m[:, None] * D + offs_d[None, :],
@@ -619,8 +624,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         nb = triton.cdiv(lq, t.block_m)
         parts = torch.empty(b * h, nb, dtype=torch.float32, device=dev)
         run(attention_dq_kernel, (nb, b * h),
-            (qc, kc, vc, doc, stats, tau32, dq, parts, keep, kend, lq, lk, float(scale), sl2e,
-             h, nb), t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
+            (qc, kc, vc, doc, m32, stats, tau32, dq, parts, keep, kend, lq, lk, float(scale),
+             sl2e, h, nb), t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
         dsz[:] = [parts]
 
     t_kv, t_q = tiles or (None, None)
