@@ -145,9 +145,11 @@ class Conditioning:
                     + self.g * (self.sigma + self.sigbar[..., None]) / self.tau
                     + budget.d * math.log2(max(lk, 1)))
         self.weps = self.w * self.eps
-        self.dw = self.w / self.tau
+        # a query whose weights are a limit (+inf scores) has exactly zero gradients
+        moving = (truth.kind == "finite")[..., None]
+        self.dw = np.where(moving, self.w / self.tau, 0.0)
         self.dwe = self.dw * self.eps
-        self.sub_ds = self.sub_ds / self.tau
+        self.sub_ds = np.where(moving, self.sub_ds / self.tau, 0.0)
         # m_i / tau and each query's sink share
         m = np.maximum(np.where(kept, s, -np.inf).max(-1, initial=-np.inf), 0.0)
         self.mt = np.where(np.isfinite(m), m, 0.0) / self.tau
@@ -156,6 +158,7 @@ class Conditioning:
             em = np.exp(-self.mt)
             den = e + self.offset * em
             self.qd = np.where(den > 0, em / np.where(den > 0, den, 1), 0.0)
+        self.qd = np.where(moving[..., 0], self.qd, 0.0)
         self.sink = self.offset * self.qd
 
     def _normalize(self, fn: AttentionFunction, params: dict[str, float], s: np.ndarray,
