@@ -237,3 +237,43 @@ else:
                 q = torch.zeros(1, 1, 4, 64, dtype=dtype)
                 chosen = ac.choose(kernel, 64, q, True, False, lambda t: 1 / 0)
                 assert chosen == ac.smallest(options) and chosen in options
+
+    @pytest.mark.parametrize(("causal", "masked"), [(False, False), (True, True)])
+    def test_softmax1_matches_a_torch_composite_in_fp32(causal, masked):
+        """Weight.SOFTMAX1: exp(s) / (1 + sum exp(s)) over every visible score (negative ones
+        too), forward and dq, dk, dv against autograd of the plain composite; its p0 and p1
+        are ignored and their gradients are 0."""
+        import math
+
+        from elasticbench.attention.weights import Weight
+        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+
+        g = torch.Generator().manual_seed(4)
+        q, do = (torch.randn(2, 2, 70, 16, generator=g) for _ in range(2))
+        k, v = (torch.randn(2, 2, 90, 16, generator=g) for _ in range(2))
+        q[0, 0] *= 6  # large scores: the running shift matters
+        mask = None
+        if masked:
+            mask = torch.arange(90)[None, :] < torch.tensor([[90], [50]])
+            mask[1, 3] = False
+        ignored = torch.full((2, 2), 7.0)
+        out, m, den = attention_forward(q, k, v, ignored, ignored, 0.3, causal, mask,
+                                        Weight.SOFTMAX1)
+        grads = attention_backward(q, k, v, out, do, m, den, ignored, ignored, 0.3, causal,
+                                   mask, Weight.SOFTMAX1)
+        qq, kk, vv = (t.double().requires_grad_() for t in (q, k, v))
+        s = qq @ kk.transpose(-1, -2) * 0.3
+        hidden = torch.zeros(s.shape, dtype=torch.bool)
+        if causal:
+            hidden |= torch.arange(90)[None, :] > torch.arange(70)[:, None]
+        if mask is not None:
+            hidden |= ~mask[:, None, None, :]
+        s = s.masked_fill(hidden, -math.inf)
+        shift = s.amax(-1, keepdim=True).clamp_min(0)
+        e = torch.exp(s - shift)
+        want = (e / (torch.exp(-shift) + e.sum(-1, keepdim=True))) @ vv
+        wants = torch.autograd.grad(want, (qq, kk, vv), do.double())
+        torch.testing.assert_close(out.double(), want.detach(), rtol=1e-5, atol=1e-6)
+        for name, a, b in zip(("dq", "dk", "dv"), grads[:3], wants, strict=True):
+            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5, msg=name)
+        assert not grads[3].any() and not grads[4].any()

@@ -49,7 +49,7 @@ from .exp_family import exp2
 from .launch import run
 from .memory import max_nan
 
-WEIGHTS = frozenset({Weight.ELASTIC})
+WEIGHTS = frozenset({Weight.ELASTIC, Weight.SOFTMAX1})
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a kernel may read only constexpr globals
 LN2 = tl.constexpr(0.6931471805599453)
@@ -57,6 +57,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 # path), and 0 * -1e30 = 0 where -inf would make dtau's sum ds t NaN
 OFF = tl.constexpr(-1.0e30)
 ELASTIC = tl.constexpr(int(Weight.ELASTIC))
+SOFTMAX1 = tl.constexpr(int(Weight.SOFTMAX1))
 PREP_M = 64  # queries per preprocessing program
 
 
@@ -67,23 +68,29 @@ PREP_M = 64  # queries per preprocessing program
 @triton.jit
 def _weight_arg(qk, mk, k2, keep, WEIGHT: tl.constexpr):
     """The exponent argument of each weight of a tile of raw scores qk, OFF where not kept;
-    mk is the query's statistic (its maximum times k2)."""
-    tl.static_assert(WEIGHT == ELASTIC, "this Triton kernel implements Weight.ELASTIC only")
+    mk is the query's statistic (its maximum times k2). Elastic and softmax1 alike (softmax1
+    is Elastic at tau = 1, beta = 1 that keeps every score: the host passes those)."""
+    tl.static_assert((WEIGHT == ELASTIC) or (WEIGHT == SOFTMAX1),  # noqa: SIM109
+                     "this Triton kernel implements Weight.ELASTIC and SOFTMAX1 only")
     return tl.where(keep, qk * k2 - mk, OFF)
 
 
 @triton.jit
 def _kept(qk, lo, WEIGHT: tl.constexpr):
-    """Which scores of a tile take part: Elastic keeps qk >= lo (lo = 0; -inf for a NaN query,
-    whose every visible weight is NaN; NaN for a saturated one, which the fix-up takes)."""
-    tl.static_assert(WEIGHT == ELASTIC, "this Triton kernel implements Weight.ELASTIC only")
+    """Which scores of a tile take part: qk >= lo, lo the query's threshold (_floor: 0 for
+    Elastic, -inf for softmax1; -inf for a NaN query, whose every visible weight is NaN; NaN
+    for a saturated one, which the fix-up takes)."""
+    tl.static_assert((WEIGHT == ELASTIC) or (WEIGHT == SOFTMAX1),  # noqa: SIM109
+                     "this Triton kernel implements Weight.ELASTIC and SOFTMAX1 only")
     return qk >= lo
 
 
 @triton.jit
 def _dscore(p, dp, c, inv_tau, WEIGHT: tl.constexpr):
-    """ds = dL/ds of each score from its normalized weight p and dp = dO . v."""
-    tl.static_assert(WEIGHT == ELASTIC, "this Triton kernel implements Weight.ELASTIC only")
+    """ds = dL/ds of each score from its normalized weight p and dp = dO . v (softmax1:
+    inv_tau = 1)."""
+    tl.static_assert((WEIGHT == ELASTIC) or (WEIGHT == SOFTMAX1),  # noqa: SIM109
+                     "this Triton kernel implements Weight.ELASTIC and SOFTMAX1 only")
     return p * (dp - c) * inv_tau
 
 
@@ -167,8 +174,8 @@ def _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l, acc, 
     # exactly 1 while the maximum stands (mk - m_new k2 contracted to an FMA would not be 0,
     # and l, acc would drift by its rounding error once per block)
     alpha = tl.where(m == m_new, 1.0, exp2(mk - mk_new, False, -1))
-    p = exp2(_weight_arg(qk, mk_new[:, None], k2, _kept(qk, 0.0, WEIGHT), WEIGHT), SUBNORMAL,
-             -1)
+    p = exp2(_weight_arg(qk, mk_new[:, None], k2, _kept(qk, _floor(WEIGHT), WEIGHT), WEIGHT),
+             SUBNORMAL, -1)
     l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
     v = _load_rows(v_base, offs_n, col_ok, DV, BLOCK_DV, MASKED)
     if IEEE:  # noqa: SIM108
@@ -249,6 +256,25 @@ def attention_forward_kernel(
     tl.store(den_ptr + bh64 * lq + offs_m, den, mask=row_ok)
 
 
+@triton.jit
+def _floor(WEIGHT: tl.constexpr):
+    """The keep threshold of an ordinary query: Elastic keeps scores >= 0, softmax1 all."""
+    if WEIGHT == ELASTIC:  # noqa: SIM108
+        lo = 0.0
+    else:
+        lo = float("-inf")
+    return lo
+
+
+def _params(p0: torch.Tensor, p1: torch.Tensor, weight: Weight, b: int, h: int,
+            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tau, beta) as (batch, heads) fp32 for the kernels: softmax1 is Elastic at 1 and 1."""
+    if Weight(weight) is Weight.SOFTMAX1:
+        one = torch.ones(b, h, dtype=torch.float32, device=device)
+        return one, one
+    return p0.to(torch.float32).contiguous(), p1.to(torch.float32).contiguous()
+
+
 def _pow2(n: int, least: int = 16) -> int:
     return max(least, 1 << max(0, (n - 1).bit_length()))
 
@@ -305,8 +331,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: tor
     b, h, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[3]
     qc, kc, vc = (t.contiguous() for t in (q, k, v))
-    tau32 = p0.to(torch.float32).contiguous()
-    beta32 = p1.to(torch.float32).contiguous()
+    tau32, beta32 = _params(p0, p1, weight, b, h, q.device)
     out = torch.empty(b, h, lq, dv, dtype=q.dtype, device=q.device)
     m = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
     den = torch.empty_like(m)
@@ -333,6 +358,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: tor
 def attention_prepare_kernel(
     out_ptr, do_ptr, m_ptr, den_ptr, tau_ptr, beta_ptr, stats_ptr, sink_ptr, flag_ptr,
     lq, n_blocks, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+    WEIGHT: tl.constexpr,
 ):
     """Per query: c = rowsum(dO o), m k2 / scale (= m log2(e)/tau, 0 where saturated), 1/den
     and the keep threshold lo, into stats (4, batch*heads*length_q); per block the sums of
@@ -355,7 +381,7 @@ def attention_prepare_kernel(
     mk = m * kk
     saturated = mk == float("inf")
     r = tl.where(den == 0.0, 0.0, tl.math.div_rn(1.0, tl.where(den == 0.0, 1.0, den)))
-    lo = tl.where(m != m, float("-inf"), tl.where(saturated, float("nan"), 0.0))
+    lo = tl.where(m != m, float("-inf"), tl.where(saturated, float("nan"), _floor(WEIGHT)))
     n = tl.num_programs(1).to(tl.int64) * lq  # stride between the four stats
     tl.store(stats_ptr + at, c, mask=row_ok)
     tl.store(stats_ptr + n + at, tl.where(saturated, 0.0, mk), mask=row_ok)
@@ -592,7 +618,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     lk, dv_ = k.shape[2], v.shape[3]
     dev = q.device
     qc, kc, vc, oc, doc = (t.contiguous() for t in (q, k, v, out, dout))
-    tau32, beta32 = p0.to(torch.float32).contiguous(), p1.to(torch.float32).contiguous()
+    tau32, beta32 = _params(p0, p1, weight, b, h, dev)
     m32, den32 = m.to(torch.float32).contiguous(), den.to(torch.float32).contiguous()
     dq = torch.empty_like(qc)
     dk = torch.empty_like(kc)
@@ -608,7 +634,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     flag = torch.zeros(b * h, dtype=torch.int32, device=dev)
     run(attention_prepare_kernel, (n_prep, b * h),
         (oc, doc, m32, den32, tau32, beta32, stats, sink, flag, lq, n_prep),
-        4, {"DV": dv_, "BLOCK_M": PREP_M, "BLOCK_DV": _pow2(dv_)})
+        4, {"DV": dv_, "BLOCK_M": PREP_M, "BLOCK_DV": _pow2(dv_), "WEIGHT": int(weight)})
     head_dim = max(d, dv_)
     sl2e = float(scale) * 1.4426950408889634
     common = (scale, causal, has_mask, weight)
@@ -631,6 +657,9 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     t_kv, t_q = tiles or (None, None)
     launch_dkdv(t_kv or choose("dkdv", head_dim, q, causal, has_mask, _timer(launch_dkdv)))
     launch_dq(t_q or choose("dq", head_dim, q, causal, has_mask, _timer(launch_dq)))
+    if Weight(weight) is Weight.SOFTMAX1:  # no parameter: their gradients are zero
+        zero = torch.zeros(b, h, dtype=torch.float32, device=dev)
+        return dq, dk, dv, zero, zero.clone()
     dtau = -(dsz[0].sum(-1) + sink[0].sum(-1)).reshape(b, h)
     dbeta = -sink[1].sum(-1).reshape(b, h)
     return dq, dk, dv, dtau, dbeta
