@@ -46,9 +46,10 @@ if not devices.triton_interpreted():
             assert arch != 90 or compiled.spill_bytes == 0, compiled
 
     def _reports(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool) -> list:
+        from elasticbench.audit.attention_tiles import compile_report
         from elasticbench.kernels.triton import attention_configs as ac
 
-        return [ac.compile_report(kernel, head_dim, dtype, causal, t)
+        return [compile_report(kernel, head_dim, dtype, causal, t)
                 for t in ac.configs(kernel, head_dim, dtype, causal)]
 
     @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
@@ -57,10 +58,11 @@ if not devices.triton_interpreted():
         """The first configuration of each list (bf16, head dim 128: the issue's shape) on
         sm_90a: every dot a wgmma, none mma.sync, within 227 KiB, no spills. Every
         configuration of every list: the ci test below."""
+        from elasticbench.audit.attention_tiles import compile_report
         from elasticbench.kernels.triton import attention_configs as ac
 
         t = ac.configs(kernel, 128, torch.bfloat16, False)[0]
-        report = ac.compile_report(kernel, 128, torch.bfloat16, False, t)
+        report = compile_report(kernel, 128, torch.bfloat16, False, t)
         assert report.wgmma and not report.problems(), report
 
     @pytest.mark.ci

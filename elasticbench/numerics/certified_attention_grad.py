@@ -9,7 +9,7 @@ offset's share w and q0 = exp(-m/tau)/S, each with an absolute bound):
     mean = sum_j y_j z_j - w m/tau        dbeta_i = -c q0
     dq_i = scale sum_j ds_j k_j   dk_j = scale sum_i ds_ij q_i   dv_j = sum_i y_ij dO_i
 
-every product and sum in double-double with its bound carried (certified_attention.Bdd;
+every product and sum in double-double with its bound carried (bounded_dd.Bdd;
 docs/numerics.md section 6.5). For the row's top key k, g_k - c cancels as y_k nears 1, so
 it is also formed as sum_{j != k} (g_k - g_j) y_j + g_k w (the same number: 1 - y_k =
 sum_{j != k} y_j + w), and the smaller bound kept, as numerics/certified_grad.py does for
@@ -30,20 +30,9 @@ import numpy as np
 from ..functions import AttentionFunction
 from ..functions.base import DENOMINATOR, OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE
 from . import dd
+from .bounded_dd import Bdd, Weights, badd, bdiv_d, bmul, bmul_d, bsum, dot
 from .bounds import CERTIFY_ULP, SLACK, certify
-from .certified_attention import (
-    INPUT_MAX,
-    Bdd,
-    Forward,
-    Weights,
-    badd,
-    bdiv_d,
-    bmul,
-    bmul_d,
-    bsum,
-    dot,
-    row_function_fits,
-)
+from .certified_attention import INPUT_MAX, Forward, row_function_fits
 from .dtypes import FloatFormat, work_format
 
 if TYPE_CHECKING:

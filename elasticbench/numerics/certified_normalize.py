@@ -14,18 +14,15 @@ ds_j = a'(s_j) (g_j - c) / D, d eta = -c / D (docs/numerics.md section 7.5).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..functions import AttentionFunction
 from ..functions.base import ROW_FINITE, ROW_MASKED, ROW_NAN
 from . import dd
+from .bounded_dd import Bdd, Scores, Weights, badd, bmul, bsum
 from .bounds import SLACK
 from .certified_grad import floor_of
-
-if TYPE_CHECKING:
-    from .certified_attention import Bdd, Scores, Weights
 
 MEMBERS = ("symax", "stablemax")
 OFFSET_MAX = 2.0**900  # eta up to this: D and every product stay in range
@@ -41,7 +38,6 @@ def fits(fn: AttentionFunction, params: dict[str, float]) -> bool:
 
 def _reciprocal(t: Bdd) -> tuple[Bdd, np.ndarray]:
     """1/t for t with t.h - t.b > 0, with its bound, and where that holds."""
-    from .certified_attention import Bdd
 
     low = t.h - t.b
     ok = low > 0
@@ -54,7 +50,6 @@ def _reciprocal(t: Bdd) -> tuple[Bdd, np.ndarray]:
 
 def _shape(name: str, s: Bdd) -> tuple[Bdd, Bdd, np.ndarray]:
     """a(s) and a'(s) with their bounds, and where a'(s) is known (symax: the sign)."""
-    from .certified_attention import Bdd, badd, bmul
 
     if name == "symax":
         neg = s.h < 0
@@ -79,7 +74,6 @@ def _shape(name: str, s: Bdd) -> tuple[Bdd, Bdd, np.ndarray]:
 def weights(fn: AttentionFunction, params: dict[str, float], sc: Scores) -> Weights:
     """The weights a(s)/D of each query row of sc, with bounds; a'(s) and 1/D for the
     gradients (Weights.slope, Weights.inv)."""
-    from .certified_attention import Bdd, Weights, badd, bsum
 
     eta = fn.row.weight_offset(params)
     n = sc.s.h.shape[0]

@@ -1,0 +1,69 @@
+"""The Triton attention kernel's configurations as the compiler makes them for Hopper: each
+compiled for sm_90a without a GPU (elasticbench.audit's captured launches), and whether its
+dots are wgmma, its shared memory fits and nothing spills (docs/triton.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.triton.attention import attention_backward, attention_forward
+from ..kernels.triton.attention_configs import Tiles
+from .capture import capture_launches
+from .compile import compile_launch, resource_usage
+
+SHARED_PER_BLOCK = 227 * 1024  # sm_90: 228 KiB per SM, 227 KiB usable by one block
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What the compiler made of one configuration for sm_`arch` (no GPU needed): whether
+    its dots are warpgroup MMAs (wgmma) or the older mma.sync, its shared memory, registers
+    and spilled bytes per thread."""
+
+    kernel: str
+    head_dim: int
+    dtype: str
+    causal: bool
+    tiles: Tiles
+    wgmma: bool
+    mma_sync: bool
+    shared: int
+    regs: int
+    spills: int
+
+    def problems(self) -> list[str]:
+        """What keeps this configuration off Hopper's fast path, if anything (fp32 has no
+        tensor-core instruction, so only its memory and spills count)."""
+        out = []
+        if self.dtype != "float32" and (not self.wgmma or self.mma_sync):
+            out.append("falls back to mma.sync" if self.mma_sync else "no wgmma")
+        if self.shared > SHARED_PER_BLOCK:
+            out.append(f"{self.shared} B of shared memory > {SHARED_PER_BLOCK}")
+        if self.spills:
+            out.append(f"spills {self.spills} B per thread")
+        return out
+
+
+def compile_report(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, tiles: Tiles,
+                   arch: int = 90) -> CompileReport:
+    """Compile `kernel`'s launch with `tiles` for sm_`arch` through elasticbench.audit (the
+    wrapper is driven with CPU tensors and its launches captured, not run)."""
+    q = torch.zeros(1, 2, 1024, head_dim, dtype=dtype)
+    heads = torch.ones(1, 2)
+    stats = torch.zeros(1, 2, 1024)
+    with capture_launches() as launches:
+        if kernel == "fwd":
+            attention_forward(q, q, q, heads, heads, 0.125, causal, tile=tiles)
+        else:
+            attention_backward(q, q, q, q, q, stats, stats + 1, heads, heads, 0.125, causal,
+                               tiles=(tiles, tiles))
+    name = {"fwd": "attention_forward_kernel", "dkdv": "attention_dkdv_kernel",
+            "dq": "attention_dq_kernel"}[kernel]
+    compiled = compile_launch(next(la for la in launches if la.name == name), arch)
+    ptx = compiled.asm["ptx"]
+    regs, spills = resource_usage(compiled.asm["cubin"])
+    return CompileReport(kernel, head_dim, str(dtype).removeprefix("torch."), causal, tiles,
+                         "wgmma.mma_async" in ptx, "mma.sync" in ptx,
+                         int(compiled.metadata.shared), regs, spills)
