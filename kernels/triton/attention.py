@@ -49,15 +49,19 @@ from .exp_family import exp2
 from .launch import run
 from .memory import max_nan
 
-WEIGHTS = frozenset({Weight.ELASTIC, Weight.SOFTMAX1})
+WEIGHTS = frozenset(Weight)
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a kernel may read only constexpr globals
 LN2 = tl.constexpr(0.6931471805599453)
 # the exponent argument of a weight that is not kept: 2^-1e30 = 0 (also on the SUBNORMAL
 # path), and 0 * -1e30 = 0 where -inf would make dtau's sum ds t NaN
 OFF = tl.constexpr(-1.0e30)
+# the exp family (a running max) is WEIGHT <= SOFTMAX1
 ELASTIC = tl.constexpr(int(Weight.ELASTIC))
 SOFTMAX1 = tl.constexpr(int(Weight.SOFTMAX1))
+SYMAX = tl.constexpr(int(Weight.SYMAX))
+STABLEMAX = tl.constexpr(int(Weight.STABLEMAX))
+SIGMOID = tl.constexpr(int(Weight.SIGMOID))
 PREP_M = 64  # queries per preprocessing program
 
 
@@ -67,31 +71,81 @@ PREP_M = 64  # queries per preprocessing program
 
 @triton.jit
 def _weight_arg(qk, mk, k2, keep, WEIGHT: tl.constexpr):
-    """The exponent argument of each weight of a tile of raw scores qk, OFF where not kept;
-    mk is the query's statistic (its maximum times k2). Elastic and softmax1 alike (softmax1
-    is Elastic at tau = 1, beta = 1 that keeps every score: the host passes those)."""
-    tl.static_assert((WEIGHT == ELASTIC) or (WEIGHT == SOFTMAX1),  # noqa: SIM109
-                     "this Triton kernel implements Weight.ELASTIC and SOFTMAX1 only")
+    """The exp family's exponent argument of each weight of a tile of raw scores qk, OFF
+    where not kept; mk is the query's statistic (its maximum times k2). Elastic and softmax1
+    alike (softmax1 is Elastic at tau = 1, beta = 1 that keeps every score: the host passes
+    those)."""
     return tl.where(keep, qk * k2 - mk, OFF)
 
 
 @triton.jit
 def _kept(qk, lo, WEIGHT: tl.constexpr):
     """Which scores of a tile take part: qk >= lo, lo the query's threshold (_floor: 0 for
-    Elastic, -inf for softmax1; -inf for a NaN query, whose every visible weight is NaN; NaN
-    for a saturated one, which the fix-up takes)."""
-    tl.static_assert((WEIGHT == ELASTIC) or (WEIGHT == SOFTMAX1),  # noqa: SIM109
-                     "this Triton kernel implements Weight.ELASTIC and SOFTMAX1 only")
-    return qk >= lo
+    Elastic, -inf for the others; -inf for a NaN query, whose every visible weight is NaN;
+    NaN for a saturated one, which the fix-up takes). The weights that are not exponentials
+    keep a NaN score too (it is NaN in its own products; unless saturated)."""
+    keep = qk >= lo
+    if WEIGHT > SOFTMAX1:
+        keep = keep | ((qk != qk) & (lo == lo))
+    return keep
 
 
 @triton.jit
-def _dscore(p, dp, c, inv_tau, WEIGHT: tl.constexpr):
-    """ds = dL/ds of each score from its normalized weight p and dp = dO . v (softmax1:
-    inv_tau = 1)."""
-    tl.static_assert((WEIGHT == ELASTIC) or (WEIGHT == SOFTMAX1),  # noqa: SIM109
-                     "this Triton kernel implements Weight.ELASTIC and SOFTMAX1 only")
-    return p * (dp - c) * inv_tau
+def _row_fn(s, bias, WEIGHT: tl.constexpr):
+    """The unnormalized weight of the sums family of each scaled score s: |s| (symax),
+    st(s) (stablemax), sigmoid(s + bias) (sigmoid); NaN stays NaN, +-inf take the limit."""
+    tl.static_assert((WEIGHT == SYMAX) or (WEIGHT == STABLEMAX) or (WEIGHT == SIGMOID),  # noqa: SIM109
+                     "no such weight in this Triton kernel")
+    if WEIGHT == SYMAX:
+        f = tl.abs(s)
+    elif WEIGHT == STABLEMAX:  # where picks NaN's 1/(1 - NaN): NaN
+        f = tl.where(s >= 0.0, s + 1.0, 1.0 / (1.0 - s))
+    else:
+        f = tl.sigmoid(s + bias)
+    return f
+
+
+@triton.jit
+def _weight(qk, mk, k2, scale, bias, keep, SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
+    """The unnormalized weight of each raw score qk of a tile, 0 where not kept: 2^arg for
+    the exp family, else _row_fn of qk scale."""
+    if WEIGHT <= SOFTMAX1:
+        f = exp2(_weight_arg(qk, mk, k2, keep, WEIGHT), SUBNORMAL, -1)
+    else:
+        f = tl.where(keep, _row_fn(qk * scale, bias, WEIGHT), 0.0)
+    return f
+
+
+@triton.jit
+def _dscore(f, y, qk, keep, r, dp, c, inv_tau, WEIGHT: tl.constexpr):
+    """ds = dL/ds of each score from its weight f, normalized y = f r (0 where not kept), and
+    dp = dO . v: the exp family y (dp - c)/tau (softmax1: inv_tau = 1); symax and stablemax
+    f'(s) r (dp - c); sigmoid dp y (1 - y)."""
+    if WEIGHT <= SOFTMAX1:
+        ds = y * (dp - c) * inv_tau
+    elif WEIGHT == SYMAX:  # |s|' = sign(s) (0 at 0, as abs's subgradient)
+        slope = tl.where(qk > 0.0, 1.0, tl.where(qk < 0.0, -1.0, 0.0))
+        ds = tl.where(keep, slope, 0.0) * r * (dp - c)
+    elif WEIGHT == STABLEMAX:  # 1 on the right (f >= 1), 1/(1 - s)^2 = f^2 on the left
+        g = tl.minimum(f, 1.0)
+        ds = g * g * r * (dp - c)
+    else:
+        ds = dp * y * (1.0 - y)
+    return ds
+
+
+@triton.jit
+def _hit(qk, scale, ms, WEIGHT: tl.constexpr):
+    """Where a saturated query's weight is infinite (its limit weights): the scores equal to
+    its maximum ms (exp family), |s| = inf (symax), s = +inf (stablemax)."""
+    s = qk * scale
+    if WEIGHT <= SOFTMAX1:
+        hit = s == ms
+    elif WEIGHT == SYMAX:
+        hit = tl.abs(s) == float("inf")
+    else:
+        hit = s == float("inf")
+    return hit
 
 
 # ---------------------------------------------------------------------------------------
@@ -154,12 +208,14 @@ def _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
-def _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l, acc, k2, lk,  # noqa: E741
+def _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l, acc, k2, scale,  # noqa: E741
+              bias, lk,
               D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
               SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
-    """One block of keys folded into a query block's running (m, l, acc)."""
+    """One block of keys folded into a query block's running (m, l, acc); the sums family
+    (symax, stablemax, sigmoid) keeps m = 0 and plain sums."""
     offs_n = start + tl.arange(0, BLOCK_N)
     col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
     k = _load_rows(k_base, offs_n, col_ok, D, BLOCK_D, MASKED)
@@ -169,20 +225,33 @@ def _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l, acc, 
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= offs_m[:, None])
         qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m, max_nan(qk, 1), propagate_nan=tl.PropagateNan.ALL)
-    mk_new = m_new * k2
-    # exactly 1 while the maximum stands (mk - m_new k2 contracted to an FMA would not be 0,
-    # and l, acc would drift by its rounding error once per block)
-    alpha = tl.where(m == m_new, 1.0, exp2(mk - mk_new, False, -1))
-    p = exp2(_weight_arg(qk, mk_new[:, None], k2, _kept(qk, _floor(WEIGHT), WEIGHT), WEIGHT),
-             SUBNORMAL, -1)
-    l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
+    if WEIGHT <= SOFTMAX1:
+        m_new = tl.maximum(m, max_nan(qk, 1), propagate_nan=tl.PropagateNan.ALL)
+        mk_new = m_new * k2
+        # exactly 1 while the maximum stands (mk - m_new k2 contracted to an FMA would not be
+        # 0, and l, acc would drift by its rounding error once per block)
+        alpha = tl.where(m == m_new, 1.0, exp2(mk - mk_new, False, -1))
+        p = _weight(qk, mk_new[:, None], k2, scale, bias, _kept(qk, _floor(WEIGHT), WEIGHT),
+                    SUBNORMAL, WEIGHT)
+        l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
+    else:
+        # hidden keys do not exist (|-inf| would be a weight); NaN scores are kept
+        m_new = m
+        mk_new = mk
+        p = _row_fn(qk * scale, bias, WEIGHT)
+        if MASKED:
+            p = tl.where(visible, p, 0.0)
+        l = l + tl.sum(p, axis=1)  # noqa: E741
     v = _load_rows(v_base, offs_n, col_ok, DV, BLOCK_DV, MASKED)
     if IEEE:  # noqa: SIM108
         pv = _dot(p, v, True)
     else:
         pv = _dot(p.to(v.dtype), v, False)
-    return m_new, mk_new, l, acc * alpha[:, None] + pv
+    if WEIGHT <= SOFTMAX1:  # noqa: SIM108
+        acc = acc * alpha[:, None] + pv
+    else:
+        acc = acc + pv
+    return m_new, mk_new, l, acc
 
 
 @triton.jit
@@ -205,8 +274,8 @@ def attention_forward_kernel(
     q = _load_rows(q_ptr + bh64 * lq * D, offs_m, row_ok, D, BLOCK_D, True)
     k_base = k_ptr + bh64 * lk * D
     v_base = v_ptr + bh64 * lk * DV
-    tau = tl.load(tau_ptr + bh)
-    beta = tl.load(beta_ptr + bh)
+    tau = tl.load(tau_ptr + bh)  # sigmoid: its bias
+    beta = tl.load(beta_ptr + bh)  # symax: eta
     k2 = tl.math.div_rn(scale_log2e, tau)
     m = tl.zeros([BLOCK_M], dtype=tl.float32)
     mk = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -215,13 +284,17 @@ def attention_forward_kernel(
     full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
     for start in range(0, full, BLOCK_N):
         m, mk, l, acc = _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l,  # noqa: E741
-                                  acc, k2, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
+                                  acc, k2, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
                                   CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
     for start in range(full, end, BLOCK_N):
         m, mk, l, acc = _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l,  # noqa: E741
-                                  acc, k2, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+                                  acc, k2, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
                                   CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
-    saturated = (mk == float("inf")) & row_ok
+    if WEIGHT <= SOFTMAX1:
+        saturated = (mk == float("inf")) & row_ok
+    else:  # an infinite weight, or a sum that overflows (refused below: NaN)
+        saturated = (l == float("inf")) & row_ok  # sigmoid's bounded weights: never
+    nan_row = l != l
     if tl.max(saturated.to(tl.int32), axis=0) > 0:
         # weights 1 on the scores equal to the maximum, 0 elsewhere: the count in l, the sum
         # of those keys' values in acc
@@ -232,15 +305,26 @@ def attention_forward_kernel(
             offs_n = start + tl.arange(0, BLOCK_N)
             col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
             k = _load_rows(k_base, offs_n, col_ok, D, BLOCK_D, True)
-            hit = col_ok[None, :] & saturated[:, None] & (_dot(q, tl.trans(k), IEEE) * scale
-                                                          == ms[:, None])
+            hit = col_ok[None, :] & saturated[:, None] & _hit(_dot(q, tl.trans(k), IEEE),
+                                                              scale, ms[:, None], WEIGHT)
             if CAUSAL:
                 hit = hit & (offs_n[None, :] <= offs_m[:, None])
             v = _load_rows(v_base, offs_n, col_ok, DV, BLOCK_DV, True)
             l += tl.sum(hit.to(tl.float32), axis=1)  # noqa: E741
             acc += _dot(hit.to(v.dtype), v, IEEE)
         mk = tl.where(saturated, float("inf"), mk)
-    den = l + beta * exp2(-mk, False, -1)  # saturated: the count; m NaN: NaN
+        if WEIGHT > SOFTMAX1:  # no infinite weight: the sum overflowed
+            l = tl.where(saturated & (l == 0.0), float("nan"), l)  # noqa: E741
+    if WEIGHT <= SOFTMAX1:
+        den = l + beta * exp2(-mk, False, -1)  # saturated: the count; m NaN: NaN
+    elif WEIGHT == SIGMOID:  # m = 0, den = 1: out = acc, NaN only in its own products
+        den = tl.full([BLOCK_M], 1.0, tl.float32)
+        l = tl.full([BLOCK_M], 1.0, tl.float32)  # noqa: E741
+    else:  # symax, stablemax: m marks the NaN and the saturated queries (in score units)
+        den = l
+        if WEIGHT == SYMAX:
+            den = tl.where(saturated, l, l + beta)
+        m = tl.where(nan_row, float("nan"), tl.where(saturated, float("inf"), 0.0)) / scale
     live = (l > 0.0) | (l != l)
     safe = tl.where(live, den, 1.0)
     if IEEE:  # noqa: SIM108
@@ -268,11 +352,21 @@ def _floor(WEIGHT: tl.constexpr):
 
 def _params(p0: torch.Tensor, p1: torch.Tensor, weight: Weight, b: int, h: int,
             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tau, beta) as (batch, heads) fp32 for the kernels: softmax1 is Elastic at 1 and 1."""
-    if Weight(weight) is Weight.SOFTMAX1:
-        one = torch.ones(b, h, dtype=torch.float32, device=device)
+    """The kernels' (tau, beta) slots as (batch, heads) fp32: Elastic's (tau, beta);
+    softmax1 is Elastic at 1 and 1; symax (1, eta), stablemax (1, 0), sigmoid (bias, 0)
+    (an unused slot is never a divisor of 0)."""
+    w = Weight(weight)
+    one = torch.ones(b, h, dtype=torch.float32, device=device)
+    if w is Weight.SOFTMAX1:
         return one, one
-    return p0.to(torch.float32).contiguous(), p1.to(torch.float32).contiguous()
+    a, c = (t.to(device=device, dtype=torch.float32).expand(b, h).contiguous() for t in (p0, p1))
+    if w is Weight.SYMAX:
+        return one, c
+    if w is Weight.STABLEMAX:
+        return one, torch.zeros_like(one)
+    if w is Weight.SIGMOID:
+        return a, torch.zeros_like(one)
+    return a, c
 
 
 def _pow2(n: int, least: int = 16) -> int:
@@ -378,8 +472,12 @@ def attention_prepare_kernel(
     tau = tl.load(tau_ptr + bh)
     beta = tl.load(beta_ptr + bh)
     kk = tl.math.div_rn(LOG2E, tau)
-    mk = m * kk
-    saturated = mk == float("inf")
+    if WEIGHT <= SOFTMAX1:
+        mk = m * kk
+        saturated = mk == float("inf")
+    else:  # m is 0, +inf (saturated) or NaN; tau holds sigmoid's bias
+        saturated = m == float("inf")
+        mk = tl.zeros([BLOCK_M], dtype=tl.float32)
     r = tl.where(den == 0.0, 0.0, tl.math.div_rn(1.0, tl.where(den == 0.0, 1.0, den)))
     lo = tl.where(m != m, float("-inf"), tl.where(saturated, float("nan"), _floor(WEIGHT)))
     n = tl.num_programs(1).to(tl.int64) * lq  # stride between the four stats
@@ -388,13 +486,19 @@ def attention_prepare_kernel(
     tl.store(stats_ptr + 2 * n + at, r, mask=row_ok)
     tl.store(stats_ptr + 3 * n + at, lo, mask=row_ok)
     # the sink terms, as flash.param_grads forms them: a saturated query adds nothing
-    m0 = tl.where(saturated, 0.0, m)
-    e = exp2(-(m0 * kk), True, -1)
-    w = beta * e * r
-    wm = tl.where(w != 0.0, w * tl.math.div_rn(m0, tau), 0.0)
     ok = row_ok & ~saturated
-    tsink = tl.where(ok, tl.math.div_rn(c * wm, tau), 0.0)
-    dbeta = tl.where(ok, c * e * r, 0.0)
+    if WEIGHT <= SOFTMAX1:
+        m0 = tl.where(saturated, 0.0, m)
+        e = exp2(-(m0 * kk), True, -1)
+        w = beta * e * r
+        wm = tl.where(w != 0.0, w * tl.math.div_rn(m0, tau), 0.0)
+        tsink = tl.where(ok, tl.math.div_rn(c * wm, tau), 0.0)
+        dbeta = tl.where(ok, c * e * r, 0.0)
+    else:  # symax's d eta = -sum c / den (into dbeta's place); the others have no sink
+        tsink = tl.zeros([BLOCK_M], dtype=tl.float32)
+        dbeta = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if WEIGHT == SYMAX:
+            dbeta = tl.where(ok, c * r, 0.0)
     tl.store(sink_ptr + bh * n_blocks + pid, tl.sum(tsink, axis=0))
     tl.store(sink_ptr + (tl.num_programs(1) + bh) * n_blocks + pid, tl.sum(dbeta, axis=0))
     tl.atomic_add(flag_ptr + bh, tl.sum((saturated & row_ok).to(tl.int32), axis=0))
@@ -419,7 +523,7 @@ def _query_stats(stats_ptr, n, at, row_ok, MASKED: tl.constexpr):
 
 @triton.jit
 def _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n, k2, inv_tau,
-                lq, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
+               scale, bias, lq, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
                WEIGHT: tl.constexpr):
@@ -434,9 +538,10 @@ def _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n, 
     keep = _kept(qk, lo[None, :], WEIGHT)
     if MASKED and CAUSAL:
         keep = keep & (offs_n[:, None] <= offs_m[None, :])
-    p = exp2(_weight_arg(qk, mk[None, :], k2, keep, WEIGHT), SUBNORMAL, -1) * r[None, :]
+    f = _weight(qk, mk[None, :], k2, scale, bias, keep, SUBNORMAL, WEIGHT)
+    p = f * r[None, :]
     dp = _dot(v, tl.trans(do), IEEE)
-    ds = _dscore(p, dp, c[None, :], inv_tau, WEIGHT)
+    ds = _dscore(f, p, qk, keep, r[None, :], dp, c[None, :], inv_tau, WEIGHT)
     if IEEE:
         dv += _dot(p, do, True)
         dk += _dot(ds, q, True)
@@ -486,15 +591,15 @@ def attention_dkdv_kernel(
     full_hi = lq // BLOCK_N * BLOCK_N
     for start in range(begin, tl.minimum(full_lo, stop), BLOCK_N):
         dk, dv = _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n,
-                            k2, inv_tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+                            k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
                             CAUSAL, IEEE, SUBNORMAL, WEIGHT)
     for start in range(full_lo, tl.minimum(full_hi, stop), BLOCK_N):
         dk, dv = _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n,
-                            k2, inv_tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
+                            k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
                             CAUSAL, IEEE, SUBNORMAL, WEIGHT)
     for start in range(tl.maximum(full_lo, full_hi), stop, BLOCK_N):
         dk, dv = _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n,
-                            k2, inv_tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+                            k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
                             CAUSAL, IEEE, SUBNORMAL, WEIGHT)
     if tl.load(flag_ptr + bh) > 0:
         # saturated queries give dO / count to the dv of each key at their maximum
@@ -507,7 +612,8 @@ def attention_dkdv_kernel(
             r = tl.load(stats_ptr + 2 * n + at0 + offs_m, mask=row_ok, other=0.0)
             lo = tl.load(stats_ptr + 3 * n + at0 + offs_m, mask=row_ok, other=0.0)
             # (k q^T: a wgmma whose M is the resident keys; q k^T's M would be BLOCK_N)
-            hit = (lo != lo)[None, :] & (_dot(k, tl.trans(q), IEEE) * scale == ms[None, :])
+            hit = (lo != lo)[None, :] & _hit(_dot(k, tl.trans(q), IEEE), scale, ms[None, :],
+                                             WEIGHT)
             if CAUSAL:
                 hit = hit & (offs_n[:, None] <= offs_m[None, :])
             share = tl.where(hit, r[None, :], 0.0)
@@ -528,7 +634,7 @@ def attention_dkdv_kernel(
 
 @triton.jit
 def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_base, v_base, keep_ptr, batch, start, offs_m,
-             k2, inv_tau, scale, lk, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
+             k2, inv_tau, scale, bias, lk, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
              CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
              SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
@@ -546,16 +652,21 @@ def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_base, v_base, keep_ptr, batch, 
         keep = keep & col_ok[None, :]
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None])
-    arg = _weight_arg(qk, mk[:, None], k2, keep, WEIGHT)
-    p = exp2(arg, SUBNORMAL, -1) * r[:, None]
+    f = _weight(qk, mk[:, None], k2, scale, bias, keep, SUBNORMAL, WEIGHT)
+    p = f * r[:, None]
     dp = _dot(do, tl.trans(v), IEEE)
-    ds = _dscore(p, dp, c[:, None], inv_tau, WEIGHT)
+    ds = _dscore(f, p, qk, keep, r[:, None], dp, c[:, None], inv_tau, WEIGHT)
     if IEEE:
         dq += _dot(ds, k, True)
     else:
         dq += _dot(ds.to(k.dtype), k, False)
-    t = tl.where(qk * scale == ms[:, None], 0.0, arg)
-    return dq, dsz + tl.sum(ds * t, axis=1)
+    if WEIGHT <= SOFTMAX1:
+        t = tl.where(qk * scale == ms[:, None], 0.0,
+                     _weight_arg(qk, mk[:, None], k2, keep, WEIGHT))
+        dsz += tl.sum(ds * t, axis=1)
+    elif WEIGHT == SIGMOID:  # d bias = sum ds
+        dsz += tl.sum(ds, axis=1)
+    return dq, dsz
 
 
 @triton.jit
@@ -591,17 +702,20 @@ def attention_dq_kernel(
     full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
     for start in range(0, full, BLOCK_N):
         dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_base, v_base, keep_ptr, batch,
-                           start, offs_m, k2, inv_tau, scale, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+                           start, offs_m, k2, inv_tau, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
                            False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
     for start in range(full, end, BLOCK_N):
         dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_base, v_base, keep_ptr, batch,
-                           start, offs_m, k2, inv_tau, scale, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+                           start, offs_m, k2, inv_tau, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
                            True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
     offs_d = tl.arange(0, BLOCK_D)
     tl.store(dq_ptr + bh64 * lq * D + offs_m[:, None] * D + offs_d[None, :],
              (dq * scale).to(dq_ptr.dtype.element_ty),
              mask=row_ok[:, None] & (offs_d[None, :] < D))
-    tl.store(dsz_ptr + bh * n_blocks + pid_m, tl.sum(dsz, axis=0) * LN2)
+    total = tl.sum(dsz, axis=0)
+    if WEIGHT <= SOFTMAX1:  # sum ds (s - m)/tau: the exponents are in base 2
+        total = total * LN2
+    tl.store(dsz_ptr + bh * n_blocks + pid_m, total)
 
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -657,9 +771,14 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     t_kv, t_q = tiles or (None, None)
     launch_dkdv(t_kv or choose("dkdv", head_dim, q, causal, has_mask, _timer(launch_dkdv)))
     launch_dq(t_q or choose("dq", head_dim, q, causal, has_mask, _timer(launch_dq)))
-    if Weight(weight) is Weight.SOFTMAX1:  # no parameter: their gradients are zero
-        zero = torch.zeros(b, h, dtype=torch.float32, device=dev)
+    zero = torch.zeros(b, h, dtype=torch.float32, device=dev)
+    w = Weight(weight)
+    if w in (Weight.SOFTMAX1, Weight.STABLEMAX):  # no parameter: their gradients are zero
         return dq, dk, dv, zero, zero.clone()
+    if w is Weight.SYMAX:  # d eta = -sum c / den
+        return dq, dk, dv, zero, -sink[1].sum(-1).reshape(b, h)
+    if w is Weight.SIGMOID:  # d bias = sum ds
+        return dq, dk, dv, dsz[0].sum(-1).reshape(b, h), zero
     dtau = -(dsz[0].sum(-1) + sink[0].sum(-1)).reshape(b, h)
     dbeta = -sink[1].sum(-1).reshape(b, h)
     return dq, dk, dv, dtau, dbeta
