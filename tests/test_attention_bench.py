@@ -4,6 +4,7 @@ memory, quadratic kernels left out where their scores would not fit (docs/attent
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -91,3 +92,77 @@ def test_padded_cells_give_sdpa_and_the_kernels_the_same_key_padding(cli, tmp_pa
     assert all(x["params"]["padded"] == 0.5 for x in recs)
     assert all(x["speedup"] > 0 for x in recs if not x["baseline"])
     assert "padded" in r.out  # the size column says so (wrapped to the terminal)
+
+
+FAMILY = """
+[attention_run]
+kernels = ["cpp_attention", "cpp_symax_attention", "cpp_sigmoid_attention"]
+optional_kernels = ["cpp_stablemax_attention", "no_such_attention"]
+baseline = "sdpa"
+dtypes = ["fp32"]
+batch = 1
+heads = 2
+head_dim = 8
+lengths = [16, 32]
+causal = [0]
+modes = ["fwd"]
+[attention_run.params]
+tau = 2.0
+[attention_run.params.symax_attention]
+eta = 0.25
+[attention_run.timing]
+warmup_s = 0.0
+min_reps = 3
+max_reps = 3
+budget_s = 0.01
+"""
+
+
+def test_each_function_gets_its_own_row_parameters(tmp_path):
+    case = tmp_path / "fam.toml"
+    case.write_text(FAMILY)
+    c = load_attention_run(case)
+    assert c.function_params["elastic_attention"] == {"tau": 2.0, "beta": 1.0}
+    assert c.function_params["symax_attention"] == {"eta": 0.25}
+    assert c.function_params["stablemax_attention"] == {}
+    assert c.row_params("sigmoid_attention", 32) == {"bias": pytest.approx(-math.log(32))}
+    case.write_text(FAMILY.replace("eta = 0.25", "eta = 0.25\n"
+                                   "[attention_run.params.sigmoid_attention]\nbias = -1.5"))
+    assert load_attention_run(case).row_params("sigmoid_attention", 32) == {"bias": -1.5}
+    bad = {("eta = 0.25", "tau = 0.5"): "symax_attention has no row parameter 'tau'",
+           ("[attention_run.params.symax_attention]", "[attention_run.params.x_attention]"):
+               "no kernel of the case computes 'x_attention'",
+           ("tau = 2.0", "eta = 2.0\ngamma = 1.0"): "no kernel's function has a parameter 'gamma'",
+           ("eta = 0.25\n", "eta = -1.0\n"): "eta must be finite and >= 0",
+           ("eta = 0.25\n", 'eta = "per length"\n'): "eta"}
+    for (old, new), why in bad.items():
+        case.write_text(FAMILY.replace(old, new))
+        with pytest.raises(CaseFileError, match=why):
+            load_attention_run(case)
+
+
+def test_family_run_records_each_kernels_parameters_and_unregistered_ones(cli, tmp_path):
+    case = tmp_path / "fam.toml"
+    case.write_text(FAMILY)
+    out = tmp_path / "run.json"
+    r = cli("run", "--case", str(case), "--json", str(out))
+    assert r.code == 0, r.out + r.err
+    doc = json.loads(out.read_text())
+    params = {(x["kernel"], x["shape"][2]): x["params"] for x in doc["records"]}
+    assert params[("cpp_symax_attention", 16)] == {"eta": 0.25, "causal": 0.0}
+    assert params[("cpp_attention", 32)] == {"tau": 2.0, "beta": 1.0, "causal": 0.0}
+    assert params[("cpp_sigmoid_attention", 32)]["bias"] == pytest.approx(-math.log(32))
+    assert params[("cpp_stablemax_attention", 16)] == {"causal": 0.0}
+    assert params[("sdpa", 16)] == {"causal": 0.0}
+    assert all(x["speedup"] > 0 for x in doc["records"] if not x["baseline"])
+    missing = [s for s in doc["skipped"] if "no_such_attention" in s]
+    assert len(missing) == 1 and missing[0].startswith("no_such_attention: not registered here")
+    assert "no_such_attention" in r.out  # the run says so too
+    rep = cli("report", str(out))
+    assert rep.code == 0 and "symax_attention (fwd)" in rep.out
+    assert "sigmoid_attention (fwd)" in rep.out
+    # a name in `kernels` must be registered: one line, exit 2
+    case.write_text(FAMILY.replace('"cpp_attention",', '"no_such_attention",'))
+    r = cli("run", "--case", str(case))
+    assert r.code == 2 and "unknown kernel 'no_such_attention'" in r.err
+    assert r.err.count("\n") == 1

@@ -5,6 +5,7 @@ A case file's [attention_run] table says what to time (docs/attention.md section
     [attention_run]
     description = "..."
     kernels = ["torch_attention_flash", "torch_attention_composite"]   # attention kernels
+    optional_kernels = ["triton_symax_attention"]   # timed where registered, else `skipped`
     baseline = "sdpa"                  # softmax attention, the vendor; speedups against it
     dtypes = ["fp32"]
     batch = 1
@@ -19,16 +20,22 @@ A case file's [attention_run] table says what to time (docs/attention.md section
     [attention_run.max_length]         # optional: the longest length timed for a kernel
     torch_attention_flash = 4096
     seed = 0
-    [attention_run.params]             # the row parameters of elastic_attention
+    [attention_run.params]             # row parameters shared by every function taking them
     tau = 1.0
     beta = 1.0
+    [attention_run.params.symax_attention]    # one function's own (absent: its default)
+    eta = 1.0
+    [attention_run.params.sigmoid_attention]
+    bias = "per length"                # -ln(Lk) at each length (the default), or a number
     [attention_run.timing]             # bench.timing.Policy
     min_reps = 3
 
 `padded` > 0 gives the baseline and the kernels the same (batch, 1, 1, length) bool
 key-padding mask (the last keys of each batch hidden) as attn_mask or key_mask, whichever a
 kernel declares (attention_contract.py); a kernel that takes neither is not timed there.
-Each cell (dtype, length, causal, padded, mode) times the baseline first, then the kernels; the
+Each kernel gets its own function's row parameters (AttentionRunCase.row_params), recorded
+in its records' params. Each cell (dtype, length, causal, padded, mode) times the baseline
+first, then the kernels (of every function, each timed against that cell's baseline); the
 backward is timed as step(dO) alone, after the kernel's untimed first call (the attention
 contract, docs/attention.md section 4). The ceilings: copy bandwidth (the bytes a fused
 kernel must move: q, k, v and out forward; q, k, v, out, dO and dq, dk, dv backward) and
@@ -51,7 +58,6 @@ from .. import devices
 from ..attention_contract import backward_step, kernel_arguments, mask_argument
 from ..backends import get_backend
 from ..execute import Call, guarded_call
-from ..functions import get_attention_function
 from ..inputs.attention import generate_qkv, padding_mask
 from ..numerics.dtypes import get_format
 from ..records import QuickVerdict, RunRecord
@@ -142,7 +148,7 @@ class AttentionRunJob(Job[AttentionUnit]):
 
     def __init__(self, case: AttentionRunCase, device: str):
         self.case, self.device = case, device
-        self.skipped: list[str] = []
+        self.skipped: list[str] = list(case.missing)
 
     def shape(self, length: int) -> tuple[int, int, int, int, int]:
         c = self.case
@@ -263,8 +269,7 @@ class AttentionRunJob(Job[AttentionUnit]):
         """One unit timed: its record, measured, or with the error that stopped it."""
         c, spec = self.case, u.spec
         shape = self.shape(u.length)
-        row = get_attention_function(spec.function).row_params
-        params = {**{k: v for k, v in c.params.items() if k in row}, "causal": float(u.causal),
+        params = {**c.row_params(spec.function, u.length), "causal": float(u.causal),
                   **({"padded": u.padded} if u.padded else {})}
         record = RunRecord(kernel=spec.name, function=spec.function, backend=spec.backend,
                            source=spec.source, mode=spec.mode, dtype=u.dtype, shape=shape,
