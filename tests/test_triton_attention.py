@@ -45,12 +45,15 @@ if not devices.triton_interpreted():
             # the lists are Hopper's: on sm_80 the 16-bit dq at 64 x 64 spills 40 B a thread
             assert arch != 90 or compiled.spill_bytes == 0, compiled
 
-    def _reports(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool) -> list:
+    def _reports(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
+                 weight: str = "ELASTIC") -> list:
+        from elasticbench.attention.weights import Weight
         from elasticbench.audit.attention_tiles import compile_report
         from elasticbench.kernels.triton import attention_configs as ac
 
-        return [compile_report(kernel, head_dim, dtype, causal, t)
-                for t in ac.configs(kernel, head_dim, dtype, causal)]
+        w = Weight[weight]
+        return [compile_report(kernel, head_dim, dtype, causal, t, weight=w)
+                for t in ac.configs(kernel, head_dim, dtype, causal, w)]
 
     @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
     @pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
@@ -79,6 +82,32 @@ if not devices.triton_interpreted():
         bad = [f"{r.tiles}: {', '.join(r.problems())}"
                for r in _reports(kernel, head_dim, dtype, causal) if r.problems()]
         assert not bad, bad
+
+    @pytest.mark.ci
+    @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+    @pytest.mark.parametrize("weight", ["SOFTMAX1", "SYMAX", "STABLEMAX", "SIGMOID"])
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+    @pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
+    @pytest.mark.parametrize("causal", [False, True])
+    def test_every_configuration_of_every_weight_takes_wgmma_and_does_not_spill(
+            kernel, dtype, causal, weight):
+        """The same at head dim 128 for each weight but Elastic (each compiles its own row
+        function): a configuration that spills for a weight is off that weight's list
+        (attention_configs._SPILLS_FOR), never chosen for it."""
+        reports = _reports(kernel, 128, dtype, causal, weight)
+        assert reports and all(r.weight == weight.lower() for r in reports)
+        bad = [f"{r.tiles}: {', '.join(r.problems())}" for r in reports if r.problems()]
+        assert not bad, bad
+
+    def test_a_configuration_that_spills_for_a_weight_is_off_its_list_alone():
+        from elasticbench.attention.weights import Weight
+        from elasticbench.kernels.triton import attention_configs as ac
+
+        assert ac._SPILLS_FOR
+        for kernel, cls, causal, weight, tiles in ac._SPILLS_FOR:
+            for dtype in (torch.bfloat16, torch.float16):
+                assert tiles not in ac.configs(kernel, cls, dtype, causal, weight)
+                assert tiles in ac.configs(kernel, cls, dtype, causal, Weight.ELASTIC)
 
 else:
     from elasticbench.registry import get_kernel
@@ -222,10 +251,9 @@ else:
 
         q = torch.zeros(1, 1, 4, 4)
         p = torch.ones(1, 1)
-        assert Weight.ELASTIC in WEIGHTS
-        for weight in set(Weight) - WEIGHTS:
-            with pytest.raises(ValueError, match=weight.name):
-                attention_forward(q, q, q, p, p, 0.5, False, None, weight)
+        assert set(Weight) == set(WEIGHTS)
+        with pytest.raises(ValueError, match="not a valid Weight"):
+            attention_forward(q, q, q, p, p, 0.5, False, None, 9)
         for scale in (0.0, -0.5, float("nan")):
             with pytest.raises(ValueError, match="positive finite scale"):
                 attention_forward(q, q, q, p, p, scale, False)
@@ -279,3 +307,103 @@ else:
         for name, a, b in zip(("dq", "dk", "dv"), grads[:3], wants, strict=True):
             torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5, msg=name)
         assert not grads[3].any() and not grads[4].any()
+
+    _SUMS = ("SYMAX", "STABLEMAX", "SIGMOID")
+
+    @pytest.mark.parametrize("weight", _SUMS)
+    @pytest.mark.parametrize(("causal", "masked"), [(False, False), (True, True)])
+    def test_the_sums_weights_match_the_composite_in_fp32(weight, causal, masked):
+        """symax, stablemax and sigmoid: forward, dq, dk, dv and the row parameters' grads
+        (d eta, d bias; the unused one 0) against autograd of attention_composite in fp64,
+        with causal and key padding, across masked and unmasked key blocks."""
+        from elasticbench.attention.composite import attention_composite
+        from elasticbench.attention.weights import Weight
+        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+
+        w = Weight[weight]
+        g = torch.Generator().manual_seed(6)
+        q, do = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(2))
+        k, v = (torch.randn(2, 2, 50, 16, generator=g) for _ in range(2))
+        p0, p1 = torch.randn(2, 2, generator=g), torch.rand(2, 2, generator=g) + 0.5
+        mask = None
+        if masked:
+            mask = torch.arange(50)[None, :] < torch.tensor([[50], [35]])
+            mask[1, 3] = False
+        out, m, den = attention_forward(q, k, v, p0, p1, 0.3, causal, mask, w)
+        grads = attention_backward(q, k, v, out, do, m, den, p0, p1, 0.3, causal, mask, w)
+        qq, kk, vv, a, b = (t.double().requires_grad_() for t in (q, k, v, p0, p1))
+        want = attention_composite(w, qq, kk, vv, p0=a[..., None, None], p1=b[..., None, None],
+                                   scale=0.3, causal=causal,
+                                   attn_mask=None if mask is None else mask[:, None, None, :])
+        wants = torch.autograd.grad(want, (qq, kk, vv, a, b), do.double(), allow_unused=True)
+        torch.testing.assert_close(out.double(), want.detach(), rtol=1e-5, atol=1e-5)
+        for name, x, y in zip(("dq", "dk", "dv", "dp0", "dp1"), grads, wants, strict=True):
+            y = torch.zeros_like(x.double()) if y is None else y
+            torch.testing.assert_close(x.double(), y, rtol=1e-4, atol=1e-5, msg=name)
+        used = {Weight.SYMAX: 4, Weight.SIGMOID: 3}.get(w)
+        assert all(not grads[i].any() for i in (3, 4) if i != used)
+        if used is not None:
+            assert grads[used].abs().min() > 0
+        if masked:  # padded keys get nothing
+            assert not grads[1][1, :, 35:].any() and not grads[2][1, :, 3].any()
+
+    @pytest.mark.parametrize("weight", _SUMS)
+    def test_the_sums_weights_special_values_follow_the_tiled_torch_code(weight):
+        """Head 0: +inf scores from key 30 on for query 7 (and -inf on keys before: infinite
+        weights for symax), a query with no visible key (key padding hides every key of
+        batch 1's query 1, causally), head 1 a NaN key at 45: out, m, den and dv as flash's
+        (the normalized queries NaN; sigmoid's NaN only in the NaN key's products, +inf
+        scores weigh 1, -inf 0)."""
+        from elasticbench.attention import flash
+        from elasticbench.attention.weights import Weight
+        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+
+        w = Weight[weight]
+        g = torch.Generator().manual_seed(7)
+        q, do = (torch.randn(2, 2, 40, 8, generator=g) for _ in range(2))
+        k, v = (torch.randn(2, 2, 50, 8, generator=g) for _ in range(2))
+        k[0, 0, :, 0] = -1.0
+        k[0, 0, 30:, 0] = 1.0
+        q[0, 0, 7, 0] = float("inf")
+        k[:, 1, 45] = float("nan")
+        mask = torch.ones(2, 50, dtype=torch.bool)
+        mask[1, :2] = False  # batch 1, causally: queries 0 and 1 see no key
+        p0, p1 = torch.full((2, 2), 0.3), torch.full((2, 2), 0.6)
+        got = attention_forward(q, k, v, p0, p1, 0.35, False, mask, w)
+        want = flash.forward(q, k, v, p0, p1, 0.35, False, mask, w)
+        for name, x, y in zip(("out", "m", "den"), got, want, strict=True):
+            torch.testing.assert_close(x, y.float(), rtol=1e-5, atol=1e-5, equal_nan=True,
+                                       msg=name)
+        got_c = attention_forward(q, k, v, p0, p1, 0.35, True, mask, w)
+        assert not got_c[0][1, :, :2].any()
+        if w.normalized:
+            hits = 50 if w is Weight.SYMAX else 20
+            assert got[1][0, 0, 7] == float("inf") and got[2][0, 0, 7] == hits
+            assert got[0][:, 1, :40].isnan().all()
+        else:  # one NaN key: NaN everywhere in out, as its value's product is
+            assert got[0][:, 1].isnan().all() and not got[1].any() and (got[2] == 1).all()
+            v2 = v.clone()
+            k2 = k.clone()
+            k2[:, 1, 45] = 0.0
+            ok = attention_forward(q, k2, v2, p0, p1, 0.35, False, mask, w)[0]
+            assert ok[:, 1].isfinite().all()
+        dv = attention_backward(q, k, v, got[0], do, got[1], got[2], p0, p1, 0.35, False, mask,
+                                w)[2]
+        wdv = flash.backward(q, k, v, want[0], do, want[1], want[2], p0, p1, 0.35, False, mask,
+                             w)[2]
+        torch.testing.assert_close(dv[:, 0], wdv[:, 0].float(), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(dv, wdv.float(), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+    def test_a_stablemax_or_symax_sum_that_overflows_is_refused_as_nan():
+        """Finite scores whose st(s) or |s| sum past fp32's largest: NaN, not a mean."""
+        from elasticbench.attention.weights import Weight
+        from elasticbench.kernels.triton.attention import attention_forward
+
+        q = torch.full((1, 1, 1, 1), 3.0e38)
+        k = torch.full((1, 1, 4, 1), 1.0)
+        k[0, 0, 1] = -1.0
+        v = torch.ones(1, 1, 4, 1)
+        one = torch.ones(1, 1)
+        for w in (Weight.STABLEMAX, Weight.SYMAX):
+            out, _, den = attention_forward(q, k, v, one, one, 1.0, False, None, w)
+            assert out.isnan().all() and den.isnan().all()

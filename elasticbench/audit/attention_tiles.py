@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..attention.weights import Weight
 from ..kernels.triton.attention import attention_backward, attention_forward
 from ..kernels.triton.attention_configs import Tiles
 from .capture import capture_launches
@@ -27,6 +28,7 @@ class CompileReport:
     dtype: str
     causal: bool
     tiles: Tiles
+    weight: str
     wgmma: bool
     mma_sync: bool
     shared: int
@@ -47,23 +49,24 @@ class CompileReport:
 
 
 def compile_report(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, tiles: Tiles,
-                   arch: int = 90) -> CompileReport:
-    """Compile `kernel`'s launch with `tiles` for sm_`arch` through elasticbench.audit (the
-    wrapper is driven with CPU tensors and its launches captured, not run)."""
+                   arch: int = 90, weight: Weight = Weight.ELASTIC) -> CompileReport:
+    """Compile `kernel`'s launch for `weight` with `tiles` for sm_`arch` through
+    elasticbench.audit (the wrapper is driven with CPU tensors and its launches captured,
+    not run)."""
     q = torch.zeros(1, 2, 1024, head_dim, dtype=dtype)
     heads = torch.ones(1, 2)
     stats = torch.zeros(1, 2, 1024)
     with capture_launches() as launches:
         if kernel == "fwd":
-            attention_forward(q, q, q, heads, heads, 0.125, causal, tile=tiles)
+            attention_forward(q, q, q, heads, heads, 0.125, causal, weight=weight, tile=tiles)
         else:
             attention_backward(q, q, q, q, q, stats, stats + 1, heads, heads, 0.125, causal,
-                               tiles=(tiles, tiles))
+                               weight=weight, tiles=(tiles, tiles))
     name = {"fwd": "attention_forward_kernel", "dkdv": "attention_dkdv_kernel",
             "dq": "attention_dq_kernel"}[kernel]
     compiled = compile_launch(next(la for la in launches if la.name == name), arch)
     ptx = compiled.asm["ptx"]
     regs, spills = resource_usage(compiled.asm["cubin"])
     return CompileReport(kernel, head_dim, str(dtype).removeprefix("torch."), causal, tiles,
-                         "wgmma.mma_async" in ptx, "mma.sync" in ptx,
+                         Weight(weight).name.lower(), "wgmma.mma_async" in ptx, "mma.sync" in ptx,
                          int(compiled.metadata.shared), regs, spills)

@@ -440,7 +440,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: tor
 
     if b * h * lq == 0:
         return out, m, den
-    launch(tile or choose("fwd", max(d, dv), q, causal, has_mask, _timer(launch)))
+    launch(tile or choose("fwd", max(d, dv), q, causal, has_mask, _timer(launch), weight))
     return out, m, den
 
 
@@ -769,8 +769,9 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         dsz[:] = [parts]
 
     t_kv, t_q = tiles or (None, None)
-    launch_dkdv(t_kv or choose("dkdv", head_dim, q, causal, has_mask, _timer(launch_dkdv)))
-    launch_dq(t_q or choose("dq", head_dim, q, causal, has_mask, _timer(launch_dq)))
+    launch_dkdv(t_kv or choose("dkdv", head_dim, q, causal, has_mask, _timer(launch_dkdv),
+                               weight))
+    launch_dq(t_q or choose("dq", head_dim, q, causal, has_mask, _timer(launch_dq), weight))
     zero = torch.zeros(b, h, dtype=torch.float32, device=dev)
     w = Weight(weight)
     if w in (Weight.SOFTMAX1, Weight.STABLEMAX):  # no parameter: their gradients are zero

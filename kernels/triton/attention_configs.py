@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from elasticbench.attention.weights import Weight
 from elasticbench.devices import triton_interpreted
 
 
@@ -62,6 +63,9 @@ _HALF: dict[tuple[str, int], tuple[Tiles, ...]] = {
                   Tiles(128, 32, 8, 2), Tiles(64, 32, 4, 3)),
 }
 _NOT_CAUSAL = {("fwd", 64, Tiles(128, 64, 4, 3))}
+# (kernel, head-dim class, causal, weight, tiles) that spill for that weight alone (the
+# compile audit, per weight: symax's sign slope keeps more live in the causal dk/dv tile)
+_SPILLS_FOR = {("dkdv", 128, True, Weight.SYMAX, Tiles(128, 32, 8, 2))}
 # head dims above 128: one small tile, not tuned (audited neither)
 _HALF_WIDE: dict[str, tuple[Tiles, ...]] = {
     "fwd": (Tiles(64, 32, 4, 2),), "dkdv": (Tiles(64, 32, 4, 2),), "dq": (Tiles(64, 32, 4, 2),)}
@@ -76,16 +80,19 @@ def head_dim_class(head_dim: int) -> int:
     return max(64, 1 << max(0, (head_dim - 1).bit_length()))
 
 
-def configs(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool) -> tuple[Tiles, ...]:
+def configs(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
+            weight: Weight = Weight.ELASTIC) -> tuple[Tiles, ...]:
     """The configurations of `kernel` ("fwd", "dkdv" or "dq") for a head dim (the larger of
-    q's and v's), an input dtype and causality."""
+    q's and v's), an input dtype, causality and the weight (Weight)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if dtype == torch.float32:
         return _FP32[kernel]
     cls = head_dim_class(head_dim)
     listed = _HALF.get((kernel, cls), _HALF_WIDE[kernel])
-    return tuple(t for t in listed if not (causal and (kernel, cls, t) in _NOT_CAUSAL))
+    w = Weight(weight)
+    return tuple(t for t in listed if not (causal and (kernel, cls, t) in _NOT_CAUSAL)
+                 and (kernel, cls, bool(causal), w, t) not in _SPILLS_FOR)
 
 
 def smallest(tiles: tuple[Tiles, ...]) -> Tiles:
@@ -99,15 +106,17 @@ _LOCK = threading.Lock()
 
 
 def choose(kernel: str, head_dim: int, q: torch.Tensor, causal: bool, has_mask: bool,
-           time_one: Callable[[Tiles], float]) -> Tiles:
+           time_one: Callable[[Tiles], float], weight: Weight = Weight.ELASTIC) -> Tiles:
     """The configuration for this call: the smallest under the interpreter or on the CPU;
-    on a GPU the fastest by `time_one(tiles)` (ms), timed once per key and kept. A
-    configuration whose launch fails (out of resources on this GPU) is skipped."""
-    options = configs(kernel, head_dim, q.dtype, causal)
+    on a GPU the fastest by `time_one(tiles)` (ms), timed once per key (the weight's among
+    them) and kept. A configuration whose launch fails (out of resources on this GPU) is
+    skipped."""
+    options = configs(kernel, head_dim, q.dtype, causal, weight)
     if triton_interpreted() or not q.is_cuda or len(options) == 1:
         return smallest(options)
     cap = torch.cuda.get_device_capability(q.device)
-    key = (kernel, head_dim_class(head_dim), q.dtype, bool(causal), bool(has_mask), cap)
+    key = (kernel, head_dim_class(head_dim), q.dtype, bool(causal), bool(has_mask), cap,
+           int(weight))
     with _LOCK:
         if key not in _CHOSEN:
             timings = {}
