@@ -33,7 +33,15 @@ and bf16 multiply in their own format with fp32 accumulation, and p and ds are r
 to it for the second matmuls (the budget's l term, docs/attention.md section 5).
 
 The row function is one @triton.jit helper per direction selected by the constexpr WEIGHT
-(elasticbench.attention.weights.Weight); `WEIGHTS` lists those this kernel implements.
+(elasticbench.attention.weights.Weight); `WEIGHTS` lists those this kernel implements: all
+of them. The exp family (Elastic; softmax1, Elastic at tau = beta = 1 keeping every score)
+is the above. The sums family has no running max: symax and stablemax add f(s) (|s|, st(s))
+to l and f(s) v to acc, out = acc / den with den = eta + l (symax) or l, m = 0 (NaN for a
+NaN query, +inf for a saturated one: l = +inf, finished by the same second pass over its
+infinite weights; an overflowed sum with none is NaN); sigmoid adds sigmoid(s + bias) v
+with no normalizer (m = 0, den = 1). Their backward recomputes y = f(s)/den and takes
+ds = f'(s)/den (dp - c), sigmoid's dp y (1 - y); d eta = -sum c/den (preprocessing) and
+d bias = sum ds (the dq program), per (batch, head) (docs/attention.md sections 7 and 9).
 """
 
 from __future__ import annotations
