@@ -88,13 +88,14 @@ if not devices.triton_interpreted():
     @pytest.mark.parametrize("weight", ["SOFTMAX1", "SYMAX", "STABLEMAX", "SIGMOID"])
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
     @pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
+    @pytest.mark.parametrize("head_dim", [64, 128])
     @pytest.mark.parametrize("causal", [False, True])
     def test_every_configuration_of_every_weight_takes_wgmma_and_does_not_spill(
-            kernel, dtype, causal, weight):
-        """The same at head dim 128 for each weight but Elastic (each compiles its own row
+            kernel, head_dim, dtype, causal, weight):
+        """The same (16-bit) for each weight but Elastic (each compiles its own row
         function): a configuration that spills for a weight is off that weight's list
         (attention_configs._SPILLS_FOR), never chosen for it."""
-        reports = _reports(kernel, 128, dtype, causal, weight)
+        reports = _reports(kernel, head_dim, dtype, causal, weight)
         assert reports and all(r.weight == weight.lower() for r in reports)
         bad = [f"{r.tiles}: {', '.join(r.problems())}" for r in reports if r.problems()]
         assert not bad, bad
