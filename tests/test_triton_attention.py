@@ -408,3 +408,23 @@ else:
         for w in (Weight.STABLEMAX, Weight.SYMAX):
             out, _, den = attention_forward(q, k, v, one, one, 1.0, False, None, w)
             assert out.isnan().all() and den.isnan().all()
+
+    def test_fp16_symax_and_stablemax_weights_past_fp16s_largest_stay_finite():
+        """|s| and st(s) above 65504 are not fp16 numbers: the forward scales them by the
+        running power of two of the largest before p v (out as the tiled torch code's)."""
+        from elasticbench.attention import flash
+        from elasticbench.attention.weights import Weight
+        from elasticbench.kernels.triton.attention import attention_forward
+
+        g = torch.Generator().manual_seed(3)
+        q = (torch.randn(1, 2, 40, 16, generator=g) * 150).half()
+        k = (torch.randn(1, 2, 50, 16, generator=g) * 150).half()
+        v = torch.randn(1, 2, 50, 16, generator=g).half()
+        q[0, 1] /= 1000  # head 1: small weights, no rescale
+        assert (q[0, 0].float() @ k[0, 0].float().T).abs().max() * 0.25 > 65504
+        p = torch.full((1, 2), 0.5)
+        for w in (Weight.SYMAX, Weight.STABLEMAX):
+            out, _, den = attention_forward(q, k, v, p, p, 0.25, True, None, w)
+            want = flash.forward(q, k, v, p, p, 0.25, True, None, w)
+            torch.testing.assert_close(out, want[0], rtol=2e-3, atol=2e-3)
+            torch.testing.assert_close(den, want[2].float(), rtol=1e-5, atol=0)

@@ -250,12 +250,21 @@ def _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l, acc, 
         if MASKED:
             p = tl.where(visible, p, 0.0)
         l = l + tl.sum(p, axis=1)  # noqa: E741
+        if (WEIGHT == SYMAX or WEIGHT == STABLEMAX) and not SUBNORMAL:  # noqa: SIM109
+            # fp16 (the one input format without SUBNORMAL: _consts): p v rounds p to fp16,
+            # whose largest finite is 65504, and |s|, st(s) are unbounded: p enters acc as
+            # p 2^-m, m the running exponent of the largest weight (m >= 0; a power-of-two
+            # rescale of acc, as the exp family's)
+            e = tl.ceil(tl.log2(tl.max(p, axis=1)))
+            m_new = tl.where((e > m) & (e < float("inf")), e, m)
+            alpha = tl.where(m_new == m, 1.0, exp2(m - m_new, True, -1))
+            p = p * exp2(-m_new, True, -1)[:, None]
     v = _load_rows(v_base, offs_n, col_ok, DV, BLOCK_DV, MASKED)
     if IEEE:  # noqa: SIM108
         pv = _dot(p, v, True)
     else:
         pv = _dot(p.to(v.dtype), v, False)
-    if WEIGHT <= SOFTMAX1:  # noqa: SIM108
+    if WEIGHT <= SOFTMAX1 or ((WEIGHT == SYMAX or WEIGHT == STABLEMAX) and not SUBNORMAL):  # noqa: SIM109
         acc = acc * alpha[:, None] + pv
     else:
         acc = acc + pv
@@ -322,7 +331,9 @@ def attention_forward_kernel(
             acc += _dot(hit.to(v.dtype), v, IEEE)
         mk = tl.where(saturated, float("inf"), mk)
         if WEIGHT > SOFTMAX1:  # no infinite weight: the sum overflowed
+            m = tl.where(saturated, 0.0, m)  # fp16's exponent: the fix-up's acc is unscaled
             l = tl.where(saturated & (l == 0.0), float("nan"), l)  # noqa: E741
+    e16 = m  # the sums family's fp16 exponent (0 otherwise)
     if WEIGHT <= SOFTMAX1:
         den = l + beta * exp2(-mk, False, -1)  # saturated: the count; m NaN: NaN
     elif WEIGHT == SIGMOID:  # m = 0, den = 1: out = acc, NaN only in its own products
@@ -335,8 +346,11 @@ def attention_forward_kernel(
         m = tl.where(nan_row, float("nan"), tl.where(saturated, float("inf"), 0.0)) / scale
     live = (l > 0.0) | (l != l)
     safe = tl.where(live, den, 1.0)
-    if IEEE:  # noqa: SIM108
+    if IEEE:
         out = tl.math.div_rn(acc, safe[:, None])
+    elif (WEIGHT == SYMAX or WEIGHT == STABLEMAX) and not SUBNORMAL:  # noqa: SIM109
+        # acc holds sum f 2^-e v (fp16): times 2^e / den
+        out = acc * tl.math.div_rn(1.0, safe * exp2(-e16, True, -1))[:, None]
     else:
         out = acc * tl.math.div_rn(1.0, safe)[:, None]
     out = tl.where(live[:, None], out, 0.0)
