@@ -65,8 +65,8 @@ _HALF: dict[tuple[str, int], tuple[Tiles, ...]] = {
 _NOT_CAUSAL = {("fwd", 64, Tiles(128, 64, 4, 3))}
 # (kernel, head-dim class, causal, weight, tiles) that spill for that weight alone (the
 # compile audit, per weight, bytes per thread): symax's causal dk/dv 128x32 w8 s2 at 128 (24),
-# and the 4-warp 128x64 forward at 64, already at 252 registers for Elastic (24 for stablemax
-# and sigmoid, 80 for symax in fp16)
+# and the 4-warp 128x64 forward at 64, already at 252 registers for Elastic (24 for sigmoid,
+# stablemax in bf16, 8 for symax in fp16)
 _SPILLS_FOR = {("dkdv", 128, True, Weight.SYMAX, Tiles(128, 32, 8, 2))} | {
     ("fwd", 64, False, w, Tiles(128, 64, 4, 3))
     for w in (Weight.SYMAX, Weight.STABLEMAX, Weight.SIGMOID)}
