@@ -190,8 +190,11 @@ SLOW = textwrap.dedent("""
 def test_an_interrupted_hunt_keeps_what_it_tried(tmp_path):
     (tmp_path / "slow.py").write_text(SLOW)
     out = tmp_path / "h.json"
-    proc = subprocess.Popen([sys.executable, "-m", "elasticbench", "hunt", "--kernel-file",
-                             str(tmp_path / "slow.py"), "--budget", "120", "--json", str(out)],
+    # -X faulthandler: a hunt that hangs after the interrupt dumps every thread's stack on
+    # SIGABRT, and the failure shows where it waits
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "elasticbench", "hunt",
+                             "--kernel-file", str(tmp_path / "slow.py"), "--budget", "120",
+                             "--json", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -199,7 +202,12 @@ def test_an_interrupted_hunt_keeps_what_it_tried(tmp_path):
             break
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        _, err = proc.communicate(timeout=30)
+        pytest.fail(f"the hunt did not stop within 60 s of the interrupt:\n{err[-6000:]}")
     assert proc.returncode == 130, err
     assert "interrupted:" in err and "Traceback" not in err
     doc = json.loads(out.read_text())
