@@ -51,6 +51,7 @@ class HostReads(TorchDispatchMode):
 
 if not devices.triton_interpreted() and not devices.has_gpu():
 
+    @pytest.mark.ci  # 25-50 s of a core: make test kept under 5 minutes on 2 cores
     def test_no_host_reads_under_the_interpreter(under_interpreter) -> None:
         under_interpreter(__file__)
 

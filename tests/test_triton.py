@@ -10,6 +10,7 @@ with `TRITON_INTERPRET=1 pytest tests/test_triton.py`, or on a machine with CUDA
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 
@@ -49,6 +50,10 @@ else:
     # chunks); rows: four rows a program (docs/triton.md, "Launch plans")
     PATHS = {"fused": {}, "online": {"max_fused": 16, "chunk": 16, "splits": 1},
              "split": {"max_fused": 16, "chunk": 16, "splits": 3}, "rows": {"row_block": 4}}
+    # a comma-separated subset: the second Triton's run (tests/test_triton_versions.py)
+    # checks the Triton-facing code on two paths, not every launch path again
+    if only := os.environ.get("ELASTICBENCH_TEST_TRITON_PATHS"):
+        PATHS = {name: PATHS[name] for name in only.split(",")}
     NAN, INF = math.nan, math.inf
 
     @pytest.fixture(scope="module")
@@ -160,9 +165,9 @@ else:
         return x
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-    @pytest.mark.parametrize("plan", [{"splits": 2}, {"splits": 5}, {"splits": 13},
+    @pytest.mark.parametrize("plan", [{"splits": 2}, {"splits": 13},
                                       {"max_fused": 16384, "row_block": 4}],
-                             ids=["2-splits", "5-splits", "13-splits", "rows"])
+                             ids=["2-splits", "13-splits", "rows"])
     def test_split_and_grouped_rows_match_one_program_a_row(dtype, plan) -> None:
         # 200-wide rows in 13 chunks of 16: the split path's combine against the online
         # kernel's running sums (special rows exactly, ordinary ones within 2 fp32 ulp), and

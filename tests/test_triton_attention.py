@@ -16,6 +16,7 @@ pytestmark = pytest.mark.needs("triton")
 
 if not devices.triton_interpreted():
 
+    @pytest.mark.ci  # 40-70 s of a core: make test kept under 5 minutes on 2 cores
     def test_triton_attention_under_the_interpreter(under_interpreter) -> None:
         under_interpreter(__file__)
 
@@ -88,13 +89,14 @@ if not devices.triton_interpreted():
     @pytest.mark.parametrize("weight", ["SOFTMAX1", "SYMAX", "STABLEMAX", "SIGMOID"])
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
     @pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
-    @pytest.mark.parametrize("head_dim", [64, 128])
     @pytest.mark.parametrize("causal", [False, True])
     def test_every_configuration_of_every_weight_takes_wgmma_and_does_not_spill(
-            kernel, head_dim, dtype, causal, weight):
-        """The same (16-bit) for each weight but Elastic (each compiles its own row
-        function): a configuration that spills for a weight is off that weight's list
-        (attention_configs._SPILLS_FOR), never chosen for it."""
+            kernel, dtype, causal, weight):
+        """The same (16-bit, head dim 128) for each weight but Elastic (each compiles its own
+        row function): a configuration that spills for a weight is off that weight's list
+        (attention_configs._SPILLS_FOR), never chosen for it. Head dim 64 as well took CI
+        twelve minutes of a core; docs/attention.md section 7 has its figures."""
+        head_dim = 128
         reports = _reports(kernel, head_dim, dtype, causal, weight)
         assert reports and all(r.weight == weight.lower() for r in reports)
         bad = [f"{r.tiles}: {', '.join(r.problems())}" for r in reports if r.problems()]
