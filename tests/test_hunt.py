@@ -190,15 +190,17 @@ SLOW = textwrap.dedent("""
 def test_an_interrupted_hunt_keeps_what_it_tried(tmp_path):
     (tmp_path / "slow.py").write_text(SLOW)
     out = tmp_path / "h.json"
-    # Its output goes to files and the test waits for the process itself: a pipe's end of
-    # file also waits for every process that inherited it. -X faulthandler: a hunt still
-    # running 60 s after the interrupt dumps every thread's stack on SIGABRT into the failure.
+    # Ctrl-C's default restored in the child: a shell ignores SIGINT in what it starts in the
+    # background (a CI runner's `.ci/run &`), Python keeps it ignored, and the hunt ran on.
+    # Its output goes to files and the test waits for the process itself; -X faulthandler:
+    # a hunt still running 60 s after the interrupt dumps every thread's stack on SIGABRT.
     log = tmp_path / "stderr.txt"
     with open(log, "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "elasticbench",
                                  "hunt", "--kernel-file", str(tmp_path / "slow.py"), "--budget",
                                  "120", "--json", str(out)],
-                                stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+                                stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     while time.time() < deadline:
         if out.exists() and json.loads(out.read_text())["records"]:
