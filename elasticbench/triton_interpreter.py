@@ -184,19 +184,22 @@ class ExactBf16:
 
     # The arguments after `other` (loads) and `mask` (stores) are cache hints whose number
     # differs between Triton versions (cache_modifier and eviction_policy up to 3.6, one
-    # cache_policy later): they are passed on as they came, never read.
-    def create_masked_load(self, builder, ptrs, mask, other, *hints):
+    # cache_policy later), positional from tl.load and by keyword from a tensor descriptor's
+    # load: they are passed on as they came, never read.
+    def create_masked_load(self, builder, ptrs, mask, other, *hints, **named_hints):
         if not _is_bf16(ptrs.get_element_ty()):
-            return self.original["create_masked_load"](builder, ptrs, mask, other, *hints)
+            return self.original["create_masked_load"](builder, ptrs, mask, other, *hints,
+                                                       **named_hints)
         other_bits = (np.zeros_like(ptrs.data, dtype=U16) if other is None
                       else np.broadcast_to(bf16_bits(other.data), ptrs.data.shape))
         bits = it._interpreter.load(ptrs.data, mask.data, np.ascontiguousarray(other_bits),
                                     np.dtype(U16))
         return it.TensorHandle(bits, tl.bfloat16)
 
-    def create_masked_store(self, builder, ptrs, value, mask, *hints):
+    def create_masked_store(self, builder, ptrs, value, mask, *hints, **named_hints):
         if not _is_bf16(ptrs.get_element_ty()):
-            return self.original["create_masked_store"](builder, ptrs, value, mask, *hints)
+            return self.original["create_masked_store"](builder, ptrs, value, mask, *hints,
+                                                        **named_hints)
         bits = np.ascontiguousarray(np.broadcast_to(bf16_bits(value.data), ptrs.data.shape))
         return it._interpreter.store(ptrs.data, bits, mask.data)
 

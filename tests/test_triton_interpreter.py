@@ -175,6 +175,28 @@ else:
         assert out.tolist() == [*scan, 1.0]
         assert acc.item() == 1.0  # atomics: load, add, round, store, lane by lane
 
+    @triton.jit
+    def _descriptor_kernel(src, dst, last, n: tl.constexpr):
+        x = src.load([0, 0])
+        dst.store([0, 0], (x * x + x).to(dst.dtype))
+        last.store([n, 0], tl.sum(x, axis=0)[None, :].to(last.dtype))
+
+    def test_interpreted_bf16_tensor_descriptors_load_and_store_values() -> None:
+        # TMA's loads reach the interpreter's masked load with keyword hints: the patch must
+        # take them and keep the values; a sum of bf16 loaded that way rounds every addition
+        descriptors = pytest.importorskip("triton.tools.tensor_descriptor")
+        n = 16
+        a = (torch.randn(n, n, generator=torch.Generator().manual_seed(3)) * 3).bfloat16()
+        out = torch.full((n + 1, n), 7.0, dtype=torch.bfloat16)
+        src = descriptors.TensorDescriptor.from_tensor(a, [n, n])
+        dst = descriptors.TensorDescriptor.from_tensor(out, [n, n])
+        last = descriptors.TensorDescriptor.from_tensor(out, [1, n])
+        with exact_bf16():
+            _descriptor_kernel[(1,)](src, dst, last, n=n)
+        assert torch.equal(_bits(out[:n]), _bits(a * a + a))  # two bf16 roundings, as torch
+        col = a.float().sum(0)
+        assert (out[n].float() - col).abs().max() <= 2.0 ** -6 * a.float().abs().sum(0).max()
+
     def test_interpreted_third_party_kernels_verify_in_bf16(cli) -> None:
         # Liger-style: the backward multiplies and sums in bf16; without exact bf16 every
         # bf16 case was garbage, while fp32 and fp16 passed
