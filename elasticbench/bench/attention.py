@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import devices
+from .. import devices, launches
 from ..attention_contract import backward_step, kernel_arguments, mask_argument
 from ..backends import get_backend
 from ..execute import Call, guarded_call
@@ -275,6 +275,15 @@ class AttentionRunJob(Job[AttentionUnit]):
                            source=spec.source, mode=spec.mode, dtype=u.dtype, shape=shape,
                            params=params, generator="normal", seed=c.seed, baseline=u.baseline,
                            wraps=wrapped_kernel(spec), verify=verdict)
+        with launches.noting() as notes:
+            self._measure(record, u, params, copy_bps, matmul_gflops)
+        record.launch = launches.summary(notes)
+        return record
+
+    def _measure(self, record: RunRecord, u: AttentionUnit, params: dict[str, float],
+                 copy_bps: float, matmul_gflops: float) -> None:
+        """Time the unit's calls into its record, or set the error that stopped them."""
+        c, spec, shape = self.case, u.spec, record.shape
         backend = get_backend(spec.backend)
         call = self._call(spec, AttentionCase(spec.function, "normal", shape, u.dtype,
                                               tuple(params.items()), c.seed),
@@ -283,11 +292,10 @@ class AttentionRunJob(Job[AttentionUnit]):
             backend, lambda: peak_growth(lambda: (call(0), backend.synchronize())))
         if once.raised is not None:
             record.error = once.error
-            return record
+            return
         assert not isinstance(call, Call)
         timing = time_calls(call, c.timing, backend.clock())
         _measured(record, timing, once.value, copy_bps, matmul_gflops, backend.llc_bytes())
-        return record
 
     def _call(self, spec: KernelSpec, case: AttentionCase, mask: np.ndarray | None
               ) -> Callable[[int], Any] | Call:

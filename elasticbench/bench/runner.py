@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import devices
+from .. import devices, launches
 from ..allocator import pin_heap
 from ..backends import BACKENDS, get_backend
 from ..execute import IN_PROCESS, Isolation, Worker
@@ -183,6 +183,7 @@ class Measurement:
     timing: Timing
     copies: int
     footprint: int
+    launch: str | None = None  # what the kernel's calls launched (elasticbench.launches)
 
     @property
     def out_of_cache(self) -> bool:
@@ -197,9 +198,11 @@ def measure_unit(unit: Unit, case: RunCase, policy: Policy,
     footprint = minimum_bytes(*unit.shape, get_format(unit.dtype).itemsize, spec.mode)
     call = rotating_call(spec, args, params, footprint)
     copies = call.copies
-    timing = time_calls(call, policy, get_backend(spec.backend).clock(), cold=call.out_of_cache)
+    with launches.noting() as notes:
+        timing = time_calls(call, policy, get_backend(spec.backend).clock(),
+                            cold=call.out_of_cache)
     call.release()  # free the rotated copies before the next unit
-    return Measurement(timing, copies, footprint)
+    return Measurement(timing, copies, footprint, launches.summary(notes))
 
 
 def unit_record(unit: Unit, case: RunCase, ceilings: Ceilings, params: dict[str, float],
@@ -223,6 +226,7 @@ def unit_record(unit: Unit, case: RunCase, ceilings: Ceilings, params: dict[str,
         timing=m.timing.to_record(), median_s=seconds, elements_per_s=eps,
         gbps=min_bytes / seconds / 1e9, pct_copy=100 * min_bytes / seconds / ceilings.copy_bps,
         roof=roof.to_dict(), binding=roof.binding, pct_roof=100 * eps / roof.roof_eps,
+        launch=m.launch,
     )
 
 

@@ -104,6 +104,9 @@ class RunRecord(KernelCase):
     gflops: float | None = entry(None, check=positive)
     pct_matmul: float | None = entry(None, check=positive)
     peak_bytes: int | None = entry(None, check=nonnegative)
+    # how the kernel launched what it ran, as its host code noted it (a Triton row plan,
+    # attention tiles: elasticbench.launches); None where it notes nothing
+    launch: str | None = None
     verify: QuickVerdict | None = None
     ranked: bool = False  # timed, verified and not the baseline: it competes
     speedup: float | None = entry(None, check=positive)  # baseline median / own median

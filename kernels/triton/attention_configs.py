@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from elasticbench import launches
 from elasticbench.attention.weights import Weight
 from elasticbench.devices import triton_interpreted
 
@@ -115,6 +116,13 @@ def choose(kernel: str, head_dim: int, q: torch.Tensor, causal: bool, has_mask: 
     on a GPU the fastest by `time_one(tiles)` (ms), timed once per key (the weight's among
     them) and kept. A configuration whose launch fails (out of resources on this GPU) is
     skipped."""
+    tiles = _choose(kernel, head_dim, q, causal, has_mask, time_one, weight)
+    launches.note(f"{kernel} {tiles}")
+    return tiles
+
+
+def _choose(kernel: str, head_dim: int, q: torch.Tensor, causal: bool, has_mask: bool,
+            time_one: Callable[[Tiles], float], weight: Weight) -> Tiles:
     options = configs(kernel, head_dim, q.dtype, causal, weight)
     if triton_interpreted() or not q.is_cuda or len(options) == 1:
         return smallest(options)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from elasticbench import launches
 from elasticbench.devices import triton_interpreted
 from elasticbench.triton_interpreter import exact_bf16
 
@@ -307,11 +308,13 @@ MAX_PLANS = 256  # shapes remembered; a model with ever new shapes must not grow
 
 
 def note_plan(kernel: Any, x: torch.Tensor, chosen: RowPlan) -> None:
-    """Remember the plan a call took (`PLANS`, keyed by the family's fused kernel's name)."""
+    """Remember the plan a call took (`PLANS`, keyed by the family's fused kernel's name) and
+    note it for the run's record (elasticbench.launches)."""
     if len(PLANS) >= MAX_PLANS:
         PLANS.clear()
     name = getattr(getattr(kernel, "fn", kernel), "__name__", "?")
     PLANS[(name, x.shape[0], x.shape[1], x.dtype)] = chosen
+    launches.note(("backward " if "bwd" in name else "") + chosen.describe())
 
 
 def exp2_model_ulps(options: LaunchOptions) -> int:
