@@ -38,6 +38,7 @@ class Backend:
     view: Callable[[Any, Placement], Any] = view_of
     layouts: tuple[str, ...] = LAYOUTS  # the input layouts its kernels must accept
     # environment variables that change how its kernels run: a reproduce command sets them
+    # (a name ending in "*" stands for every variable it begins)
     env_vars: tuple[str, ...] = ()
     # its own compiled exp for the roofline's exp ceiling (docs/benchmarking.md section 1):
     # returns f(x) -> the sum of exp(x) over a 1-D native array of x <= 0, or None when that
@@ -57,7 +58,10 @@ class Backend:
 
     def environment(self) -> dict[str, str]:
         """The env_vars that are set here, with their values."""
-        return {k: os.environ[k] for k in self.env_vars if k in os.environ}
+        exact = {k for k in self.env_vars if not k.endswith("*")}
+        prefixes = tuple(k[:-1] for k in self.env_vars if k.endswith("*"))
+        return {k: v for k, v in sorted(os.environ.items())
+                if k in exact or (prefixes and k.startswith(prefixes))}
 
     def synchronize(self) -> None:
         """Wait until its kernels' work is done (they may return before, on a GPU)."""
@@ -219,7 +223,8 @@ BACKENDS: dict[str, Backend] = {
         view=_torch_view,
         # a Triton kernel gets its rows through a row stride; elements of a row are adjacent
         layouts=("packed", "padded", "offset"),
-        env_vars=("TRITON_INTERPRET",),
+        # the launch options (kernels/triton/launch.py: ELASTICBENCH_TRITON_SPLITS, ...)
+        env_vars=("TRITON_INTERPRET", "ELASTICBENCH_TRITON_*"),
         compiles=True,
     ),
     "flex_attention": Backend(

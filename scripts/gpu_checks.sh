@@ -6,10 +6,10 @@
 # SECONDS (default 480: one device call of 8 minutes) is shared out between the steps: each
 # may run for its share of SECONDS (below, in the order they run) and never past the time
 # left, cut off by `timeout` (a timed run keeps the records it finished: --resume goes on);
-# a step left with under 10 s is skipped, one line each. The shares add up to 94%; time a
+# a step left with under 10 s is skipped, one line each. The shares add up to 96%; time a
 # step does not use goes to the steps after it, and the last three take what is left.
 #   install     5%  pip install -e . (no downloads: torch, Triton and the rest must be there)
-#   verify     25%  elasticbench verify --backend triton -d fp32,fp16,bf16 --mode both
+#   verify     22%  elasticbench verify --backend triton -d fp32,fp16,bf16 --mode both
 #                   -> verify.json; beside it, untimed too: the native tier's build, then
 #                   pytest on the Triton tests, the torch ops' CUDA cases and the compiled
 #                   FlexAttention composition against the composite -> log.txt
@@ -18,7 +18,7 @@
 #   attention  20%  elasticbench run --case cases/attention-gpu-headline.toml: SDPA (torch's
 #                   choice, cuDNN, flash), FlexAttention's Elastic and the Triton kernel,
 #                   bf16 B=4 H=16 D=128 L=8192, fwd and bwd -> attention_headline.json
-#   gates      10%  scripts/gpu_gates.py: ab's A/A false alarms and planted-10% catches,
+#   gates       9%  scripts/gpu_gates.py: ab's A/A false alarms and planted-10% catches,
 #                   20 trials each while its share lasts -> gates.json
 #   user_path   8%  scripts/gpu_user_path.py: a training step under sync debug mode, CUDA
 #                   graphs, torch.compile fullgraph, the public API against the raw kernels
@@ -26,7 +26,10 @@
 #   train_step  8%  scripts/train_step.py --compile both: one step of a 4-layer causal
 #                   transformer, B=8, L=2048, bf16, with SDPA, ElasticAttention and the
 #                   FlexAttention composition (JSON rewritten per variant) -> train_step.json
-#   run         8%  elasticbench run --case cases/gpu.toml (the row kernels) -> run.json
+#   run         7%  elasticbench run --case cases/gpu.toml (the row kernels) -> run.json
+#   rows_sweep  7%  scripts/gpu_rows_sweep.py: the row kernels under every launch plan
+#                   against the in-run copy, the figures behind plan_rows' table
+#                   -> rows-sweep.json
 #   then, in what is left: run --case cases/gpu-bwd.toml -> run_bwd.json;
 #   scripts/warm_cold.py -> warm_cold.json; the whole attention table,
 #   cases/attention-gpu.toml -> attention.json (288 units: --resume it in later calls).
@@ -78,7 +81,7 @@ fi
 
 step install "$(share 5)" python3 -m pip install --quiet --no-deps --no-build-isolation --no-index -e .
 # the verification and the tests side by side (neither is timed), within one share
-phase=$(share 25)
+phase=$(share 22)
 step verify "$phase" elasticbench verify --backend triton -d fp32,fp16,bf16 --mode both \
     --json "$out/verify.json" &
 # the torch ops' tests compare with the CPU's native tier, built first (verify needs none)
@@ -102,7 +105,7 @@ else
 fi
 step attention "$(share 20)" elasticbench run --case cases/attention-gpu-headline.toml \
     --json "$out/attention_headline.json"
-limit=$(share 10)
+limit=$(share 9)
 step gates "$limit" python3 scripts/gpu_gates.py --budget "$(inner "$limit" 15)" \
     --json "$out/gates.json"
 
@@ -112,7 +115,9 @@ step user_path "$limit" python3 scripts/gpu_user_path.py --budget "$(inner "$lim
     --json "$out/user_path.json"
 step train_step "$(share 8)" python3 scripts/train_step.py --compile both \
     --json "$out/train_step.json"
-step run "$(share 8)" elasticbench run --case cases/gpu.toml --json "$out/run.json"
+step run "$(share 7)" elasticbench run --case cases/gpu.toml --json "$out/run.json"
+limit=$(share 7)
+step rows_sweep "$limit" python3 scripts/gpu_rows_sweep.py "$out" --budget-s "$(inner "$limit" 20)"
 
 # time permitting
 step run_bwd "$(left)" elasticbench run --case cases/gpu-bwd.toml --json "$out/run_bwd.json"

@@ -185,7 +185,8 @@ def test_gpu_checks_without_a_gpu_skips_each_step_in_one_line(tmp_path):
     assert all(line.endswith("skipped, no CUDA GPU here (python3 sees none)")
                for line in lines[:-1])
     steps = [line.split()[1].rstrip(":") for line in lines[:-1]]
-    assert {"install", "verify", "attention", "gates", "sweep", "attention_full"} <= set(steps)
+    assert {"install", "verify", "attention", "gates", "sweep", "rows_sweep",
+            "attention_full"} <= set(steps)
     assert "python3 -m pip" not in (tmp_path / "out" / "log.txt").read_text()
 
 
@@ -199,13 +200,15 @@ def test_gpu_checks_gives_each_step_its_share(tmp_path):
     assert run.returncode == 0, run.stderr
     log = (tmp_path / "out" / "log.txt").read_text()
     limits = {m[1]: int(m[2]) for m in re.finditer(r"^== (\w+) \(limit (\d+) s\)", log, re.M)}
-    # 480 s: install 5%, verify 25%, sweep 10%, attention 20%, gates 10%, user_path, train_step
-    # and run 8% each (a second may pass between steps); the rest take what is left
-    want = {"install": 24, "verify": 120, "sweep": 48, "attention": 96, "gates": 48,
-            "user_path": 38, "train_step": 38, "run": 38}
+    # 480 s: install 5%, verify 22%, sweep 10%, attention 20%, gates 9%, user_path and
+    # train_step 8% each, run and rows_sweep 7% each (a second may pass between steps); the
+    # rest take what is left
+    want = {"install": 24, "verify": 105, "sweep": 48, "attention": 96, "gates": 43,
+            "user_path": 38, "train_step": 38, "run": 33, "rows_sweep": 33}
     assert all(want[k] - 2 <= limits[k] <= want[k] for k in want), limits
     assert limits["attention_full"] > 400  # nothing before it used its time
-    assert re.search(r"scripts/gpu_gates.py --budget 3[123] --json", log)
+    assert re.search(r"scripts/gpu_gates.py --budget (2[6-9]|3[0-9]) --json", log)
+    assert re.search(r"scripts/gpu_rows_sweep.py \S+ --budget-s 1[1-3]$", log, re.M)
     assert "--case cases/attention-gpu-headline.toml" in log
 
 

@@ -33,3 +33,16 @@ def test_a_triton_row_plan_is_noted_with_its_direction() -> None:
         launch.note_plan(SimpleNamespace(__name__="elastic_bwd_fused_kernel"), x, plan)
     assert notes == [plan.describe(), "backward " + plan.describe()]
     assert plan.path == "split" and notes[0].startswith("split ")
+
+
+def test_the_triton_backends_environment_carries_its_launch_options(monkeypatch) -> None:
+    # a verify record's reproduce command must set the plan it verified
+    from elasticbench.backends import get_backend
+
+    monkeypatch.setenv("ELASTICBENCH_TRITON_SPLITS", "4")
+    monkeypatch.setenv("ELASTICBENCH_TRITON_ROW_BLOCK", "8")
+    monkeypatch.setenv("ELASTICBENCH_TRITONX", "not a launch option")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    env = get_backend("triton").environment()
+    assert env == {"ELASTICBENCH_TRITON_ROW_BLOCK": "8", "ELASTICBENCH_TRITON_SPLITS": "4"}
+    assert "ELASTICBENCH_TRITON_SPLITS" not in get_backend("cpp").environment()
