@@ -151,6 +151,20 @@ def test_attention_cells_match_on_causal_too_and_other_tables_have_no_column():
     assert "overhead" not in [c.header for c in rows.columns]
 
 
+def test_a_launch_column_last_where_records_say_how_they_launched():
+    plan = "split 8x32768 (4096-chunks, 8 warps); backward split 8x32768 (4096-chunks, 8 warps)"
+    recs = [_record("torch_softmax", 2e-6), _record("triton_elastic", 4e-6)]
+    recs[1].launch = plan
+    (sheet,) = run_sheets(recs)
+    assert [c.header for c in sheet.columns][-2:] == ["verify", "launch"]
+    assert _column(sheet, "launch") == [None, plan]
+    assert sheet.rows[1][-1].text == plan and "launch:" in sheet.caption
+    again = RunRecord.from_dict(json.loads(json.dumps(recs[1].to_dict())))
+    assert again.launch == plan and "launch" not in recs[0].to_dict()
+    (plain,) = run_sheets(recs[:1])
+    assert "launch" not in [c.header for c in plain.columns]
+
+
 def test_the_field_is_optional_in_results_files():
     r = _record("api_elastic", 1e-5, wraps="cpp_elastic")
     again = RunRecord.from_dict(json.loads(json.dumps(r.to_dict())))

@@ -6,11 +6,13 @@ the same); every record holds its measurement or its error (RunRecord.check_meas
 A table whose records declare the kernel they wrap (RunRecord.wraps: an API kernel names
 the raw kernel its call runs) gets an `overhead` column: the record's median over that
 kernel's median in the same cell (function, mode, dtype, shape and parameters) of the same
-records, blank where that kernel was not timed there.
+records, blank where that kernel was not timed there. A table whose records say how their
+kernels launched (RunRecord.launch) gets a last `launch` column.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -65,17 +67,31 @@ def _overhead(r: RunRecord, ratios: dict[int, float]) -> Entry:
     return entry(f"{ratio:.2f}x {r.wraps}", values=(ratio, r.wraps))
 
 
-def _with_overhead(sheet: Sheet, recs: list[RunRecord], ratios: dict[int, float]) -> Sheet:
-    """The sheet with an overhead column after `x base`, where a record declares what it
-    wraps (rows in the records' order, one per record)."""
-    if not any(r.wraps for r in recs):
-        return sheet
-    at = [c.header for c in sheet.columns].index("x base") + 1
-    rows = [[*row[:at], _overhead(r, ratios), *row[at:]]
-            for row, r in zip(sheet.rows, recs, strict=True)]
-    columns = [*sheet.columns[:at], OVERHEAD, *sheet.columns[at:]]
-    return replace(sheet, columns=columns, rows=rows,
-                   caption=f"{sheet.caption}; {OVERHEAD_CAPTION}")
+LAUNCH = Column("launch", ("launch",))
+LAUNCH_CAPTION = "launch: how the kernel's host code launched it (plan, tiles)"
+
+
+def _insert_column(sheet: Sheet, recs: list[RunRecord], column: Column, after: str,
+                   cell: Callable[[RunRecord], Entry], caption: str) -> Sheet:
+    """The sheet with `column` after the column headed `after` (rows in the records' order,
+    one per record), and its caption added."""
+    at = [c.header for c in sheet.columns].index(after) + 1
+    rows = [[*row[:at], cell(r), *row[at:]] for row, r in zip(sheet.rows, recs, strict=True)]
+    columns = [*sheet.columns[:at], column, *sheet.columns[at:]]
+    return replace(sheet, columns=columns, rows=rows, caption=f"{sheet.caption}; {caption}")
+
+
+def _with_extras(sheet: Sheet, recs: list[RunRecord], ratios: dict[int, float]) -> Sheet:
+    """The sheet with an overhead column after `x base` where a record declares what it
+    wraps, and a launch column last where a record says how it launched."""
+    if any(r.wraps for r in recs):
+        sheet = _insert_column(sheet, recs, OVERHEAD, "x base",
+                               lambda r: _overhead(r, ratios), OVERHEAD_CAPTION)
+    if any(r.launch for r in recs):
+        sheet = _insert_column(sheet, recs, LAUNCH, sheet.columns[-1].header,
+                               lambda r: entry(r.launch, values=(r.launch,)) if r.launch
+                               else EMPTY, LAUNCH_CAPTION)
+    return sheet
 
 
 def format_time(s: float) -> str:
@@ -169,10 +185,11 @@ def attention_sheet(name: str, recs: list[RunRecord]) -> Sheet:
 
 def run_sheets(records: list[RunRecord]) -> list[Sheet]:
     """One sheet per function and mode: a row per timed (kernel, size); an overhead column
-    where a record declares the kernel it wraps."""
+    where a record declares the kernel it wraps, a launch column where one says how it
+    launched."""
     ratios = overheads(records)
-    return [_with_overhead(attention_sheet(name, recs) if len(recs[0].shape) == 5  # attention
-                           else row_sheet(name, recs), recs, ratios)
+    return [_with_extras(attention_sheet(name, recs) if len(recs[0].shape) == 5  # attention
+                         else row_sheet(name, recs), recs, ratios)
             for name, recs in group_records(records).items()]
 
 
