@@ -35,10 +35,21 @@ used as an index (`tl.range(tl.program_id(0), ...)`) is read with `.item()`, whi
 interpreters' `int(data)` fails under NumPy 2 for one-element arrays. It is applied
 for the duration of the block and then undone; it changes nothing else for other dtypes, nor
 on a GPU (where the interpreter is not used).
+
+`cooperative_grid()` is the other patch: the interpreter runs a grid's programs one after
+another, so a kernel whose programs wait for each other (a barrier through atomics, which a
+GPU's cooperative launch makes safe) would spin for ever on the first. Within the block, a
+launch that asks for a cooperative grid (`launch_cooperative_grid=True`) runs all its programs
+at once, one Python thread each with its own program id, so the kernel's own barrier code is
+what runs; a launch in which no program changes memory for `timeout_s` (every program waiting:
+a GPU would hang) stops every program and fails with `CooperativeDeadlock`.
 """
 
 from __future__ import annotations
 
+import inspect
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -377,3 +388,241 @@ def exact_bf16() -> Iterator[None]:
         _depth -= 1
         if _depth == 0:
             _ACTIVE.undo()
+
+
+
+# ---- cooperative launches: every program of the grid at once ------------------------------
+
+
+class CooperativeDeadlock(RuntimeError):
+    """A cooperative launch under the interpreter in which no program changed memory for the
+    watchdog's time: its programs wait for each other (on a GPU it would never finish)."""
+
+
+class _Abort(BaseException):
+    """Raised inside a program's thread, at its next memory operation, to stop it."""
+
+
+class _Launch:
+    """One cooperative launch: its programs' threads, what they raised, the watchdog's clock."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.threads: list[threading.Thread] = []
+        self.errors: list[BaseException] = []
+        self.abort = threading.Event()
+        self.last_progress = time.monotonic()
+
+    def start(self, fn: Callable[..., Any], idx: tuple[int, int, int], args: dict,
+              local: threading.local) -> None:
+        """Start the program `idx` of the grid in a thread of its own."""
+
+        def program() -> None:
+            local.launch, local.grid_idx = self, idx
+            try:
+                fn(**args)
+            except BaseException as e:  # re-raised by join
+                self.errors.append(e)
+                self.abort.set()
+            finally:
+                self.last_progress = time.monotonic()
+
+        thread = threading.Thread(target=program, name=f"triton-program-{idx}", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def join(self) -> None:
+        """Wait for every program. CooperativeDeadlock when none changed memory for
+        timeout_s (each is then stopped at its next memory operation); else the first error
+        a program raised, if any."""
+        deadlock = False
+        while any(t.is_alive() for t in self.threads):
+            for t in self.threads:
+                t.join(0.02)
+            if self.abort.is_set():  # a program failed: the others may be waiting for it
+                break
+            if time.monotonic() - self.last_progress > self.timeout_s:
+                self.abort.set()
+                deadlock = True
+                break
+        for t in self.threads:
+            t.join(10.0)
+        if deadlock:
+            stuck = sum(t.is_alive() for t in self.threads)
+            raise CooperativeDeadlock(
+                f"cooperative launch of {len(self.threads)} programs: none changed memory "
+                f"for {self.timeout_s:g} s, so they wait for each other (on a GPU this "
+                f"launch would hang); stopped them"
+                + (f" ({stuck} still running without touching memory)" if stuck else ""))
+        real = [e for e in self.errors if not isinstance(e, _Abort)]
+        if real:
+            raise real[0]
+
+
+class _Programs:
+    """Stands in for a kernel's function in GridExecutor: each call (one per program, in
+    the interpreter's loop over the grid) starts that program in a thread; the call for the
+    grid's last program waits for all of them. Signature and globals are the kernel's, which
+    the executor reads."""
+
+    def __init__(self, fn: Callable[..., Any], patch: CooperativeGrid, launch: _Launch) -> None:
+        self.fn, self.patch, self.launch = fn, patch, launch
+        self.__globals__ = fn.__globals__
+        self.__signature__ = inspect.signature(fn)
+        self.__name__ = fn.__name__
+
+    def __call__(self, **args: Any) -> None:
+        builder = it.interpreter_builder
+        idx = tuple(builder.grid_idx)
+        self.launch.start(self.fn, idx, args, self.patch.local)
+        if all(i == d - 1 for i, d in zip(idx, builder.grid_dim, strict=True)):
+            self.launch.join()
+
+
+class CooperativeGrid:
+    """The patch behind `cooperative_grid()`. GridExecutor.__call__ hands a cooperative
+    launch's kernel to `_Programs`; the program id is read per thread; every memory
+    operation first stops its thread when the launch is aborted, notes progress (a store, or
+    an atomic that can change memory) and, after an atomic that cannot (a spin-wait's read),
+    sleeps briefly so the programs that are working get the interpreter's lock."""
+
+    MEMORY = ("create_masked_load", "create_masked_store", "create_atomic_rmw",
+              "create_atomic_cas")
+    SPIN_SLEEP_S = 1e-4
+
+    def __init__(self) -> None:
+        self.timeout_s = 60.0
+        self.local = threading.local()  # .launch and .grid_idx inside a program's thread
+        self.lock = threading.RLock()
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    @staticmethod
+    def supported() -> bool:
+        """Whether this Triton's interpreter has what the patch replaces."""
+        _import_triton()
+        return (callable(it.GridExecutor.__dict__.get("__call__"))
+                and "create_get_program_id" in it.InterpreterBuilder.__dict__
+                and "set_grid_idx" in it.InterpreterBuilder.__dict__
+                and hasattr(it, "interpreter_builder") and callable(it.__dict__.get("_patch_lang"))
+                and "rewrite" in it.InterpretedFunction.__dict__
+                and all(name in it.InterpreterBuilder.__dict__ for name in CooperativeGrid.MEMORY))
+
+    def install(self) -> None:
+        _import_triton()
+        self._set(it.GridExecutor, "__call__", self._executor_call)
+        self._set(it.InterpreterBuilder, "create_get_program_id", self._program_id)
+        for name in self.MEMORY:
+            self._set(it.InterpreterBuilder, name, self._memory_op)
+        # a device function's first call rewrites it, adding to its module's globals, while
+        # another program's call may be iterating over them (_patch_lang): one at a time
+        self._set(it, "_patch_lang", self._serialized)
+        self._set(it.InterpretedFunction, "rewrite", self._serialized)
+
+    def undo(self) -> None:
+        for owner, name, value in reversed(self._saved):
+            setattr(owner, name, value)
+        self._saved.clear()
+
+    def _set(self, owner: Any, name: str,
+             make: Callable[[str, Any], Callable[..., Any]]) -> None:
+        """Replace owner.name by make(name, the original)."""
+        original = owner.__dict__[name]
+        self._saved.append((owner, name, original))
+        setattr(owner, name, make(name, original))
+
+    def _serialized(self, name: str, original: Any) -> Callable[..., Any]:
+        def serialized(*args: Any, **kwargs: Any) -> Any:
+            with self.lock:
+                return original(*args, **kwargs)
+
+        return serialized
+
+    def _executor_call(self, name: str, original: Any) -> Callable[..., Any]:
+        def call(executor: Any, *args: Any, **kwargs: Any) -> Any:
+            if not kwargs.get("launch_cooperative_grid"):
+                return original(executor, *args, **kwargs)
+            real = executor.fn
+            executor.fn = _Programs(real, self, _Launch(self.timeout_s))
+            try:
+                return original(executor, *args, **kwargs)
+            finally:
+                executor.fn = real
+
+        return call
+
+    def _program_id(self, name: str, original: Any) -> Callable[..., Any]:
+        def program_id(builder: Any, axis: int) -> Any:
+            idx = getattr(self.local, "grid_idx", None)
+            if idx is None:
+                return original(builder, axis)
+            return it.TensorHandle(np.array([idx[axis]], dtype=np.int32), tl.int32)
+
+        return program_id
+
+    def _memory_op(self, name: str, original: Any) -> Callable[..., Any]:
+        def op(builder: Any, *args: Any, **kwargs: Any) -> Any:
+            launch = getattr(self.local, "launch", None)
+            if launch is None:
+                return original(builder, *args, **kwargs)
+            if launch.abort.is_set():
+                raise _Abort()
+            result = original(builder, *args, **kwargs)
+            if _may_change_memory(name, args, result):
+                launch.last_progress = time.monotonic()
+            elif name != "create_masked_load":
+                time.sleep(self.SPIN_SLEEP_S)
+            return result
+
+        return op
+
+
+def _may_change_memory(name: str, args: tuple, result: Any) -> bool:
+    """Whether a memory operation (the builder method `name` with its arguments after the
+    builder, and its result) can have changed memory: a store; an atomic other than adding,
+    or-ing or xor-ing zeros; a compare-and-swap that found its expected value."""
+    if name == "create_masked_store":
+        return True
+    if name == "create_atomic_rmw":
+        op, _, val, mask = args[:4]
+        neutral = (it._ir.ATOMIC_OP.ADD, it._ir.ATOMIC_OP.FADD, it._ir.ATOMIC_OP.OR,
+                   it._ir.ATOMIC_OP.XOR)
+        values = np.broadcast_to(np.asarray(val.data), np.shape(mask.data))[np.asarray(mask.data)]
+        return op not in neutral or bool(np.any(values != 0))
+    if name == "create_atomic_cas":
+        return bool(np.any(np.asarray(result.data) == np.asarray(args[1].data)))
+    return False
+
+
+_COOPERATIVE = CooperativeGrid()
+_coop_depth = 0
+
+
+def cooperative_supported() -> bool:
+    """Whether `cooperative_grid()` can run here (Triton installed, its interpreter has what
+    the patch replaces)."""
+    try:
+        return CooperativeGrid.supported()
+    except ImportError:
+        return False
+
+
+@contextmanager
+def cooperative_grid(timeout_s: float = 60.0) -> Iterator[None]:
+    """Within the block, Triton's interpreter runs each launch that asks for a cooperative
+    grid with all its programs at once (see module doc); a launch in which no program changes
+    memory for timeout_s fails with CooperativeDeadlock. Nestable (the outermost block's
+    timeout holds); RuntimeError where this Triton's interpreter lacks what it patches."""
+    global _coop_depth
+    if not cooperative_supported():
+        raise RuntimeError("this Triton's interpreter cannot run cooperative launches "
+                           "(elasticbench.triton_interpreter.CooperativeGrid.supported)")
+    if _coop_depth == 0:
+        _COOPERATIVE.timeout_s = timeout_s
+        _COOPERATIVE.install()
+    _coop_depth += 1
+    try:
+        yield
+    finally:
+        _coop_depth -= 1
+        if _coop_depth == 0:
+            _COOPERATIVE.undo()

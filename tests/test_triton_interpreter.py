@@ -83,7 +83,11 @@ else:
     import triton.language as tl
 
     from elasticbench.registry import load_kernel_file
-    from elasticbench.triton_interpreter import exact_bf16
+    from elasticbench.triton_interpreter import (
+        CooperativeDeadlock,
+        cooperative_grid,
+        exact_bf16,
+    )
 
     # loaded as `verify --kernel-file` loads it, so that the CLI below finds the same kernels
     fixture = SimpleNamespace(**load_kernel_file(FIXTURE)[0].fn.__globals__)
@@ -204,3 +208,54 @@ else:
                   "-d", "fp32,fp16,bf16", "--input", "normal,uniform,ties_max,dominant")
         assert run.code == 0, run.out[-3000:] + run.err[-2000:]
         assert " 0 failed" in run.out
+
+    # ---- cooperative launches: every program at once ---------------------------------------
+
+    @triton.jit
+    def _barrier_kernel(seen_ptr, cnt_ptr, bf16_ptr, WAIT_FOR: tl.constexpr):
+        """Each program counts itself in, spins until WAIT_FOR have, and records what it saw
+        and its program id; program 0 then adds 1 to a bf16 (exact_bf16's atomics inside)."""
+        pid = tl.program_id(0)
+        tl.atomic_add(cnt_ptr, 1, sem="release")
+        seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+        while seen < WAIT_FOR:
+            seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+        tl.store(seen_ptr + 2 * pid, seen)
+        tl.store(seen_ptr + 2 * pid + 1, pid)
+        if pid == 0:
+            tl.atomic_add(bf16_ptr, 1.0)
+
+    def test_interpreted_cooperative_grid_runs_every_program_at_once() -> None:
+        # program 0 can only pass its barrier once the 5 others have arrived: one after
+        # another (the interpreter's own loop) it would spin for ever
+        seen = torch.zeros(6, 2, dtype=torch.int32)
+        cnt = torch.zeros(1, dtype=torch.int32)
+        one = torch.full((1,), 3.0, dtype=torch.bfloat16)
+        with exact_bf16(), cooperative_grid(timeout_s=20):
+            _barrier_kernel[(6,)](seen, cnt, one, WAIT_FOR=6, launch_cooperative_grid=True)
+        assert (seen[:, 0] >= 6).all() and seen[:, 1].tolist() == list(range(6))
+        assert cnt.item() == 6 and one.item() == 4.0
+
+    def test_interpreted_cooperative_deadlock_fails_in_time() -> None:
+        # a barrier waiting for one program more than the grid has: on a GPU a hang; here
+        # an error once no program has changed memory for the watchdog's time, every program
+        # stopped, and the interpreter's patches undone
+        import threading
+        import time
+
+        threads = threading.active_count()
+        seen = torch.zeros(3, 2, dtype=torch.int32)
+        cnt = torch.zeros(1, dtype=torch.int32)
+        spare = torch.zeros(1, dtype=torch.float32)
+        start = time.monotonic()
+        with pytest.raises(Exception, match=r"CooperativeDeadlock.*none changed memory"), \
+                cooperative_grid(timeout_s=0.5):
+            _barrier_kernel[(3,)](seen, cnt, spare, WAIT_FOR=4, launch_cooperative_grid=True)
+        assert time.monotonic() - start < 15
+        assert threading.active_count() == threads
+        assert issubclass(CooperativeDeadlock, RuntimeError)
+        # outside the block a cooperative launch is the interpreter's own loop again: one
+        # program at a time (a grid of one passes its barrier of one)
+        cnt.zero_()
+        _barrier_kernel[(1,)](seen, cnt, spare, WAIT_FOR=1, launch_cooperative_grid=True)
+        assert seen[0].tolist() == [1, 0]
