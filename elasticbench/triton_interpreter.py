@@ -22,7 +22,7 @@ every bf16 result once to nearest-even, as the GPU does:
   in a pairwise order for sums and left to right for scans. A GPU also rounds every step, in an
   order set by the layout, so the error is of the same kind but not bit-identical;
 - atomics on bf16 memory are done as load, operate, round, store (the interpreter runs programs
-  one at a time, so nothing interleaves).
+  one at a time, so nothing interleaves; `cooperative_grid` below runs atomics one at a time).
 
 One fix is not about bf16: `tl.maximum` / `tl.minimum` (maxnum and minnum, which drop a NaN on
 a GPU) propagate NaN in the interpreters of Triton 3.4 to 3.6; within the block they drop it,
@@ -566,7 +566,11 @@ class CooperativeGrid:
                 return original(builder, *args, **kwargs)
             if launch.abort.is_set():
                 raise _Abort()
-            result = original(builder, *args, **kwargs)
+            if name.startswith("create_atomic"):  # exact_bf16's are several steps: one at a time
+                with self.lock:
+                    result = original(builder, *args, **kwargs)
+            else:
+                result = original(builder, *args, **kwargs)
             if _may_change_memory(name, args, result):
                 launch.last_progress = time.monotonic()
             elif name != "create_masked_load":
