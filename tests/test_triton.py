@@ -88,15 +88,18 @@ else:
                         "single_nonneg", "huge", "near_exp_limit", "ties_equal", "ties_max",
                         "dominant", "subnormal", "specials"]
 
-    @pytest.mark.parametrize("thresholds", [(16384, 4096, 0), (32, 32, 1), (32, 32, 0)],
-                             ids=["fused", "online", "split"])
+    @pytest.mark.parametrize("thresholds", [(16384, 4096, 0, 0), (32, 32, 1, 0),
+                                            (32, 32, 0, -1), (64, 16, 0, 1)],
+                             ids=["fused", "online", "split", "resident"])
     def test_forward_passes_verification(thresholds, store) -> None:
         kernels = [k for k in list_kernels(backend="triton", mode="fwd") if k.kind == "row"]
         assert {k.function for k in kernels} == {"elastic", "softmax", "softmax1",
                                                  "stablemax", "symax"}
         # online: rows of 33 and more, 32-wide chunks; split: those of few rows (the
-        # interpreter's table fills 4 "SMs") several programs a row
-        with launch_options(max_fused=thresholds[0], chunk=thresholds[1], splits=thresholds[2]):
+        # interpreter's table fills 4 "SMs") several programs a row; resident: rows of 65 to
+        # 256 in up to 4 blocks held across the row's barrier (longer ones split)
+        with launch_options(max_fused=thresholds[0], chunk=thresholds[1], splits=thresholds[2],
+                            resident=thresholds[3]):
             records = _records(kernels, SHORT_GENERATORS, store)
         assert not _failures(records), "\n".join(_failures(records)[:20])
         assert all(r["special_ok"] for r in records)

@@ -44,6 +44,7 @@ def test_options_default_and_from_the_environment() -> None:
     ("ELASTICBENCH_TRITON_EXP2_ULPS", "-3", r"\$ELASTICBENCH_TRITON_EXP2_ULPS: exp2_ulps must be an integer >= -1, got -3"),
     ("ELASTICBENCH_TRITON_SPLITS", "-1", r"\$ELASTICBENCH_TRITON_SPLITS: splits must be an integer >= 0 \(0: automatic\), got -1"),
     ("ELASTICBENCH_TRITON_ROW_BLOCK", "3", r"\$ELASTICBENCH_TRITON_ROW_BLOCK: row_block must be 0 \(automatic\) or a power of two, got 3"),
+    ("ELASTICBENCH_TRITON_RESIDENT", "2", r"\$ELASTICBENCH_TRITON_RESIDENT: resident must be -1 \(never\), 0 \(the table's choice\) or 1 \(wherever it runs\), got 2"),
 ])
 def test_bad_environment_values_name_the_variable(var, value, message) -> None:
     with pytest.raises(ValueError, match=message):
@@ -109,6 +110,44 @@ def test_launch_table_follows_the_options() -> None:
     assert RowPlan("split", 4096, 8, splits=4, span=65536).describe() == \
         "split 4x65536 (4096-chunks, 8 warps)"
     assert RowPlan("rows", 128, 8, row_block=16).describe() == "rows 16x128 (8 warps)"
+
+
+def test_resident_path_in_the_launch_table() -> None:
+    auto = LaunchOptions()
+    assert options_from_env({"ELASTICBENCH_TRITON_RESIDENT": "-1"}).resident == -1
+    # where a cooperative launch exists, streamed rows are read once: 4096-wide blocks (the
+    # chunk), as many programs a row as that takes while one per SM can hold a row
+    assert plan_rows(256, 262144, 4, auto, H100_SMS, resident=True) == RowPlan(
+        "resident", 4096, 8, splits=64, span=4096)
+    assert plan_rows(256, 262144, 4, auto, H100_SMS, resident=True).describe() == \
+        "resident 64x4096 (8 warps)"
+    assert plan_rows(4096, 262144, 2, auto, H100_SMS, resident=True).path == "resident"
+    assert plan_rows(1, 1 << 21, 4, auto, H100_SMS, resident=True) == RowPlan(
+        "resident", 16384, 16, splits=128, span=16384)  # blocks grow to fit 132 SMs
+    assert plan_rows(1, 132 * 16384 + 1, 4, auto, H100_SMS, resident=True).path == "split"
+    # the backward's blocks stop at its register-resident limit
+    assert plan_rows(256, 262144, 4, auto, H100_SMS, max_fused=8192, resident=True) == RowPlan(
+        "resident", 4096, 8, splits=64, span=4096)
+    assert plan_rows(1, 1 << 21, 4, auto, H100_SMS, max_fused=8192,
+                     resident=True).path == "split"
+    # never without a cooperative launch, nor where told not to; a forced split count is the
+    # two-read path's unless resident=1, where it sets the programs a row
+    assert plan_rows(256, 262144, 4, auto, H100_SMS).path == "split"
+    never = LaunchOptions(resident=-1)
+    assert plan_rows(256, 262144, 4, never, H100_SMS, resident=True).path == "split"
+    assert plan_rows(256, 262144, 4, LaunchOptions(splits=16), H100_SMS,
+                     resident=True).path == "split"
+    assert plan_rows(256, 262144, 4, LaunchOptions(splits=16, resident=1), H100_SMS,
+                     resident=True) == RowPlan("resident", 16384, 16, splits=16, span=16384)
+    assert plan_rows(256, 262144, 4, LaunchOptions(splits=1, resident=1), H100_SMS,
+                     resident=True).path == "online"
+    # short rows are fused whatever resident says; on 4 "SMs", 4 programs a row at most
+    assert plan_rows(8, 4096, 4, LaunchOptions(resident=1), H100_SMS, resident=True).path == \
+        "fused"
+    small = LaunchOptions(max_fused=16, chunk=16, resident=1)
+    assert plan_rows(5, 50, 4, small, 4, resident=True) == RowPlan("resident", 16, 4, splits=4,
+                                                                  span=16)
+    assert plan_rows(5, 65, 4, small, 4, resident=True).path == "split"
 
 
 def test_resident_programs() -> None:

@@ -23,20 +23,24 @@ import triton.language as tl
 from .exp_family import check_tau_beta, exp2_scaled, keep, log2_arg, online_step
 from .launch import (
     LaunchOptions,
+    RowPlan,
     check_rows,
     current_options,
     device_sms,
     exp2_model_ulps,
     launch_items,
+    launch_resident,
     note_plan,
     plan_rows,
     pow2_at_least,
+    resident_args,
+    resident_available,
     run,
     split_args,
 )
 from .memory import ld, max_nan, st, tile_mask
 from .params import RowParams, memory_params, row_params, rows_params, scalar_params
-from .rows import ordinary
+from .rows import arrive_and_wait, leave, ordinary, publish
 
 LN2 = tl.constexpr(0.6931471805599453)  # jit code reads only constexpr globals
 
@@ -247,11 +251,13 @@ def elastic_bwd_split_partials_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, spl
 
 
 @triton.jit
-def _split_row(split_ptr, row, parts, live, SPLITS: tl.constexpr):
-    """(max, c, the partials' base pointers, their maxes) of a split row from phase 1."""
+def _split_row(split_ptr, row, parts, live, SPLITS: tl.constexpr,
+               VOLATILE: tl.constexpr = False):
+    """(max, c, the partials' base pointers, their maxes) of a split row from phase 1
+    (VOLATILE: written by programs running beside this one, the resident path)."""
     base = split_ptr + (tl.cast(row, tl.int64) * SPLITS + parts) * 5
-    tops = tl.load(base, mask=live, other=float("-inf"))
-    c = tl.sum(tl.load(base + 2, mask=live, other=0.0), axis=0)
+    tops = tl.load(base, mask=live, other=float("-inf"), volatile=VOLATILE)
+    c = tl.sum(tl.load(base + 2, mask=live, other=0.0, volatile=VOLATILE), axis=0)
     return max_nan(tops), c, base, tops
 
 
@@ -306,18 +312,77 @@ def elastic_bwd_split_rows_kernel(part_ptr, split_ptr, rows, k0, pre0, tau0, inv
         k, pre, tau, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
                                           beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                                           FROM_MEMORY)
-        top, c, base, tops = _split_row(split_ptr, row, parts, live, SPLITS)
-        m = tl.where(_regular(top), top, 0.0)
-        dens = tl.load(base + 1, mask=live, other=0.0)
-        own = tl.where(tops > float("-inf"), tops, 0.0)  # the shift each D' was taken at
-        den = tl.sum(tl.where(dens > 0.0,
-                              dens * exp2_scaled(own - m, k, pre, False, EXP2_ULPS), 0.0),
-                     axis=0)
-        a2 = tl.sum(tl.load(base + 3, mask=live, other=0.0), axis=0)
-        b2 = tl.sum(tl.load(base + 4, mask=live, other=0.0), axis=0)
-        dtau, dbeta = _bwd_row_partials(c, a2, b2, den, top, m, k, pre, tau, beta, EXP2_ULPS)
-        tl.store(part_ptr + row, dtau)
-        tl.store(part_ptr + rows + row, dbeta)
+        _split_row_grads(part_ptr, split_ptr, row, rows, parts, live, k, pre, tau, beta,
+                         SPLITS, EXP2_ULPS, False)
+
+
+@triton.jit
+def _split_row_grads(part_ptr, split_ptr, row, rows, parts, live, k, pre, tau, beta,
+                     SPLITS: tl.constexpr, EXP2_ULPS: tl.constexpr, VOLATILE: tl.constexpr):
+    """Store a split row's dtau and dbeta from its splits' five partials."""
+    top, c, base, tops = _split_row(split_ptr, row, parts, live, SPLITS, VOLATILE)
+    m = tl.where(_regular(top), top, 0.0)
+    dens = tl.load(base + 1, mask=live, other=0.0, volatile=VOLATILE)
+    own = tl.where(tops > float("-inf"), tops, 0.0)  # the shift each D' was taken at
+    den = tl.sum(tl.where(dens > 0.0, dens * exp2_scaled(own - m, k, pre, False, EXP2_ULPS),
+                          0.0), axis=0)
+    a2 = tl.sum(tl.load(base + 3, mask=live, other=0.0, volatile=VOLATILE), axis=0)
+    b2 = tl.sum(tl.load(base + 4, mask=live, other=0.0, volatile=VOLATILE), axis=0)
+    dtau, dbeta = _bwd_row_partials(c, a2, b2, den, top, m, k, pre, tau, beta, EXP2_ULPS)
+    tl.store(part_ptr + row, dtau)
+    tl.store(part_ptr + rows + row, dbeta)
+
+
+# Resident rows (launch.plan_rows): SPLITS programs a row, each holding one BLOCK of x, y
+# and g in registers. Each publishes phase 1's max, D' and c of its block, waits at the
+# row's barrier, writes dx and publishes its A/ln2 and B/ln2 (phase 2); the row's last
+# program to leave the barrier combines the five partials into the row's dtau and dbeta
+# (phase 3). x, y, g are read once; a split of one chunk computes what the split path does,
+# so the results are the same bits.
+
+
+@triton.jit
+def elastic_bwd_resident_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr, cnt_ptr,
+                                rows, n, sx, sy, sg, sdx, k0, pre0, tau0, inv_tau0, beta0,
+                                tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
+                                EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
+                                BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                                FROM_MEMORY: tl.constexpr, SPLITS: tl.constexpr,
+                                SPLITS_P2: tl.constexpr):
+    """Resident rows: block (item % SPLITS) of row (item // SPLITS) per work item. Needs all
+    the grid's programs resident at once and a grid that is a multiple of SPLITS."""
+    offs = tl.arange(0, BLOCK)
+    parts = tl.arange(0, SPLITS_P2)
+    live = parts < SPLITS
+    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+        row = item // SPLITS
+        idx = (item % SPLITS) * BLOCK + offs
+        inside = idx < n
+        k, pre, tau, inv_tau, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
+                                                beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
+                                                bs2, FROM_MEMORY)
+        r = tl.cast(row, tl.int64)
+        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
+        s = keep(x, True)
+        top = max_nan(s)
+        own = tl.where(top > float("-inf"), top, 0.0)
+        # + 0.0 as the split path's lane accumulators start from +0.0: the same sign of zero
+        gy = tl.where(x < 0.0, 0.0, g * y) + 0.0
+        mine = split_ptr + tl.cast(item, tl.int64) * 5
+        publish(mine, top)
+        publish(mine + 1, tl.sum(exp2_scaled(s - own, k, pre, False, EXP2_ULPS), axis=0))
+        publish(mine + 2, tl.sum(gy, axis=0))
+        arrive_and_wait(cnt_ptr + row, SPLITS)
+        row_top, c, _, _ = _split_row(split_ptr, row, parts, live, SPLITS, True)
+        m = tl.where(_regular(row_top), row_top, 0.0)
+        st(dx_ptr + r * sdx + idx, _bwd_dx(x, y, g, c, tau, inv_tau, row_top, EXACT), inside,
+           EVEN)
+        t = _bwd_t(s, m, y, k, pre)
+        publish(mine + 3, tl.sum(y * t + 0.0, axis=0))
+        publish(mine + 4, tl.sum(gy * t + 0.0, axis=0))
+        if leave(cnt_ptr + row, SPLITS):
+            _split_row_grads(part_ptr, split_ptr, row, rows, parts, live, k, pre, tau, beta,
+                             SPLITS, EXP2_ULPS, True)
 
 
 @triton.jit
@@ -389,11 +454,24 @@ def _backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, params: RowPa
     part = torch.empty(2 * rows, dtype=torch.float32, device=x2d.device)
     # three arrays live in registers: half the forward's fused rows, or it spills
     chosen = plan_rows(rows, n, x2d.element_size(), options, device_sms(x2d),
-                       max_fused=options.max_fused // 2)
-    consts = {"BLOCK": chosen.block, "EVEN": n % chosen.block == 0,
-              "EXACT": x2d.dtype == torch.float32, "EXP2_ULPS": exp2_model_ulps(options),
-              "FROM_MEMORY": params.from_memory}
+                       max_fused=options.max_fused // 2, resident=resident_available(x2d))
     strides = (x2d.stride(0), y.stride(0), g.stride(0), dx.stride(0))
+
+    def constexprs(plan_: RowPlan) -> dict:
+        return {"BLOCK": plan_.block, "EVEN": n % plan_.block == 0,
+                "EXACT": x2d.dtype == torch.float32, "EXP2_ULPS": exp2_model_ulps(options),
+                "FROM_MEMORY": params.from_memory}
+
+    if chosen.path == "resident":
+        split, counters, extra = resident_args(chosen, rows, x2d, 5)
+        args = (x2d, y, g, dx, part, split, counters, rows, n, *strides, *params.args)
+        if launch_resident(elastic_bwd_resident_kernel, rows, chosen.splits, args,
+                           chosen.warps, {**constexprs(chosen), **extra}, counters):
+            note_plan(elastic_bwd_fused_kernel, x2d, chosen)
+            return dx, part
+        chosen = plan_rows(rows, n, x2d.element_size(), options, device_sms(x2d),
+                           max_fused=options.max_fused // 2)
+    consts = constexprs(chosen)
     if chosen.path == "split":
         split, extra = split_args(chosen, rows, n, x2d, 5)
         args = (x2d, y, g, dx, part, split, rows, n, *strides, *params.args)

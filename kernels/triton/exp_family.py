@@ -18,7 +18,16 @@ import triton.language as tl
 from .launch import LaunchOptions, RowKernels, current_options, exp2_model_ulps, normalize_rows
 from .memory import ld, max_nan, st, tile_mask
 from .params import RowParams, memory_params, row_params, rows_params, scalar_params
-from .rows import add_compensated, ordinary, quotient, reciprocal, special_y
+from .rows import (
+    add_compensated,
+    arrive_and_wait,
+    leave,
+    ordinary,
+    publish,
+    quotient,
+    reciprocal,
+    special_y,
+)
 
 
 @triton.jit
@@ -251,6 +260,20 @@ def exp_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0,
 
 
 @triton.jit
+def _exp_combine(top, tops, dens, k, pre, beta, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
+                 EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr):
+    """(shift, reciprocal for quotient) of an ordinary split row from its splits' maxima and
+    sums (each taken at its own shift) and the row's maximum top."""
+    shift = _exp_shift(top, FLOOR0)
+    own = tl.where(tops > float("-inf"), tops, 0.0)  # the shift each sum was taken at
+    # a split with nothing kept has den 0 (and its rescale may overflow): it adds 0
+    scaled = tl.where(dens > 0.0, dens * exp2_scaled(own - shift, k, pre, False, EXP2_ULPS), 0.0)
+    rden = reciprocal(_exp_den(tl.sum(scaled, axis=0), shift, k, beta, OFFSET, pre, EXP2_ULPS),
+                      EXACT)
+    return shift, rden
+
+
+@triton.jit
 def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, tau0,
                             inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0,
                             bs1, bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
@@ -278,14 +301,8 @@ def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, t
         tops = tl.load(base, mask=live, other=float("-inf"))
         top = max_nan(tops)
         if ordinary(top):
-            shift = _exp_shift(top, FLOOR0)
-            dens = tl.load(base + 1, mask=live, other=0.0)
-            own = tl.where(tops > float("-inf"), tops, 0.0)  # the shift each sum was taken at
-            # a split with nothing kept has den 0 (and its rescale may overflow): it adds 0
-            scaled = tl.where(dens > 0.0,
-                              dens * exp2_scaled(own - shift, k, pre, False, EXP2_ULPS), 0.0)
-            rden = reciprocal(_exp_den(tl.sum(scaled, axis=0), shift, k, beta, OFFSET, pre,
-                                       EXP2_ULPS), EXACT)
+            shift, rden = _exp_combine(top, tops, tl.load(base + 1, mask=live, other=0.0), k,
+                                       pre, beta, FLOOR0, OFFSET, EXACT, EXP2_ULPS)
             for c0 in tl.range(start, end, BLOCK):
                 idx = c0 + offs
                 inside = idx < n
@@ -301,8 +318,65 @@ def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, t
                 st(yrow + idx, special_y(x == float("inf"), n_inf, top), inside, EVEN)
 
 
+# Resident rows (launch.plan_rows): SPLITS programs a row, each holding one BLOCK of it in
+# registers. Each publishes the split phase 1's three partials of its block, waits at the
+# row's barrier (rows.arrive_and_wait), combines the row's partials as phase 2 does and
+# writes its block from registers: one read and one write. A split of one chunk computes its
+# partials exactly as the split path does, so the results are the same bits.
+
+
+@triton.jit
+def exp_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, k0, pre0, tau0,
+                        inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
+                        bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
+                        OFFSET: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
+                        EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                        FROM_MEMORY: tl.constexpr, SPLITS: tl.constexpr,
+                        SPLITS_P2: tl.constexpr):
+    """Resident rows: block (item % SPLITS) of row (item // SPLITS) per work item. Needs all
+    the grid's programs resident at once and a grid that is a multiple of SPLITS (a row's
+    programs then share a wave)."""
+    offs = tl.arange(0, BLOCK)
+    parts = tl.arange(0, SPLITS_P2)
+    live = parts < SPLITS
+    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+        row = item // SPLITS
+        idx = (item % SPLITS) * BLOCK + offs
+        inside = idx < n
+        k, pre, _, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
+                                        beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
+                                        FROM_MEMORY)
+        at = tl.cast(row, tl.int64)
+        x = ld(x_ptr + at * sx + idx, inside, float("-inf"), EVEN)
+        s = keep(x, NONNEG)
+        top = max_nan(s)
+        own = tl.where(top > float("-inf"), top, 0.0)
+        n_inf = tl.full([], 0.0, tl.float32)
+        if top == float("inf"):
+            n_inf = tl.sum((x == float("inf")).to(tl.float32), axis=0)
+        mine = part_ptr + tl.cast(item, tl.int64) * 3
+        publish(mine, top)
+        publish(mine + 1, tl.sum(exp2_scaled(s - own, k, pre, False, EXP2_ULPS), axis=0))
+        publish(mine + 2, n_inf)
+        arrive_and_wait(cnt_ptr + row, SPLITS)
+        base = part_ptr + (at * SPLITS + parts) * 3
+        tops = tl.load(base, mask=live, other=float("-inf"), volatile=True)
+        row_top = max_nan(tops)
+        if ordinary(row_top):
+            dens = tl.load(base + 1, mask=live, other=0.0, volatile=True)
+            shift, rden = _exp_combine(row_top, tops, dens, k, pre, beta, FLOOR0, OFFSET, EXACT,
+                                       EXP2_ULPS)
+            y = quotient(exp2_scaled(s - shift, k, pre, SUBNORMAL, EXP2_ULPS), rden, EXACT)
+        else:
+            n_infs = tl.sum(tl.load(base + 2, mask=live, other=0.0, volatile=True), axis=0)
+            y = special_y(x == float("inf"), n_infs, row_top)
+        leave(cnt_ptr + row, SPLITS)
+        st(y_ptr + at * sy + idx, y, inside, EVEN)
+
+
 EXP_KERNELS = RowKernels(exp_fused_kernel, exp_rows_kernel, exp_online_kernel,
-                         exp_split_partials_kernel, exp_split_finish_kernel, fields=3)
+                         exp_split_partials_kernel, exp_split_finish_kernel, fields=3,
+                         resident=exp_resident_kernel)
 
 
 def exp_normalize(x: torch.Tensor, *, tau: float, beta: float, nonneg: bool, floor0: bool,

@@ -7,6 +7,7 @@ else the defaults, which `$ELASTICBENCH_TRITON_*` can move (read in `options_fro
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
@@ -18,7 +19,7 @@ import torch
 
 from elasticbench import launches
 from elasticbench.devices import triton_interpreted
-from elasticbench.triton_interpreter import exact_bf16
+from elasticbench.triton_interpreter import cooperative_grid, cooperative_supported, exact_bf16
 
 DTYPES = ("fp32", "fp16", "bf16")  # fp64 is not a GPU softmax format; the suite skips it
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -38,7 +39,9 @@ class LaunchOptions:
     moved that many ulps; docs/triton.md); -1: no model. Ignored on a GPU. splits: programs
     per streamed row (0: the table's choice, `plan_rows`; 1: never split; else that many, at
     most one per chunk). row_block: rows one program holds at once on short rows (0: the
-    table's choice; else a power of two).
+    table's choice; else a power of two). resident: the single-read split path for streamed
+    rows (`plan_rows`): 0 where the table takes it (splits 0, and the launch can be
+    cooperative), 1 wherever it can run (splits > 1 then sets its programs per row), -1 never.
     """
 
     max_fused: int = 16384
@@ -46,6 +49,7 @@ class LaunchOptions:
     exp2_ulps: int = -1
     splits: int = 0
     row_block: int = 0
+    resident: int = 0
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -60,6 +64,10 @@ def _check(name: str, value: object) -> None:
     elif name == "splits":
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"splits must be an integer >= 0 (0: automatic), got {value!r}")
+    elif name == "resident":
+        if value not in (-1, 0, 1) or isinstance(value, bool):
+            raise ValueError(f"resident must be -1 (never), 0 (the table's choice) or 1 "
+                             f"(wherever it runs), got {value!r}")
     elif name == "row_block":
         if not isinstance(value, int) or not (value == 0 or _pow2(value)):
             raise ValueError(f"row_block must be 0 (automatic) or a power of two, got {value!r}")
@@ -69,13 +77,14 @@ def _check(name: str, value: object) -> None:
 
 ENV_VARS = {"max_fused": "ELASTICBENCH_TRITON_MAX_FUSED", "chunk": "ELASTICBENCH_TRITON_CHUNK",
             "exp2_ulps": "ELASTICBENCH_TRITON_EXP2_ULPS", "splits": "ELASTICBENCH_TRITON_SPLITS",
-            "row_block": "ELASTICBENCH_TRITON_ROW_BLOCK"}
+            "row_block": "ELASTICBENCH_TRITON_ROW_BLOCK",
+            "resident": "ELASTICBENCH_TRITON_RESIDENT"}
 
 
 def options_from_env(environ: Mapping[str, str] = os.environ) -> LaunchOptions:
-    """The defaults moved by $ELASTICBENCH_TRITON_MAX_FUSED, _CHUNK, _EXP2_ULPS, _SPLITS and
-    _ROW_BLOCK (so a CLI run can verify the online or split path on short rows, or against the
-    ex2 model)."""
+    """The defaults moved by $ELASTICBENCH_TRITON_MAX_FUSED, _CHUNK, _EXP2_ULPS, _SPLITS,
+    _ROW_BLOCK and _RESIDENT (so a CLI run can verify the online, split or resident path on
+    short rows, or against the ex2 model)."""
     changes: dict[str, int] = {}
     for name, var in ENV_VARS.items():
         raw = environ.get(var, "").strip()
@@ -148,24 +157,32 @@ def resident_programs(n_regs: int, shared: int, num_warps: int, sm: SMLimits) ->
 _OCCUPANCY: dict[tuple, int] = {}
 
 
-def _programs(kernel: Any, rows: int, args: tuple, warps: int, consts: dict) -> int:
+INTERPRETED_RESIDENT = 2  # programs per "SM" a cooperative launch gets under the interpreter
+
+
+def _programs(kernel: Any, rows: int, args: tuple, warps: int, consts: dict,
+              cooperative: bool = False) -> int:
     """Persistent grid size: rows capped by SMs x resident programs per SM.
 
     Resident programs per SM come from the compiled kernel's registers and shared memory;
-    under the interpreter a handful of programs is enough to exercise the row loop.
+    under the interpreter a handful of programs is enough to exercise the row loop (a
+    cooperative launch gets two per "SM", so that several rows' programs wait at once).
     """
-    if triton_interpreted() or not args[0].is_cuda:
-        return max(1, min(rows, 4))
+    if triton_interpreted() or not args[0].is_cuda:  # (CPU tensors, not interpreted: the audit)
+        return max(1, min(rows, device_sms(args[0]) * INTERPRETED_RESIDENT if cooperative
+                          else INTERPRETED_SMS))
     dev = args[0].device
-    key = (kernel, dev.index, warps, args[0].dtype, tuple(sorted(consts.items())))
+    key = (kernel, dev.index, warps, args[0].dtype, cooperative,
+           tuple(sorted(consts.items())))
     if key not in _OCCUPANCY:
         props = torch.cuda.get_device_properties(dev)
         sm = SMLimits(regs=getattr(props, "regs_per_multiprocessor", SMLimits.regs),
                       warps=getattr(props, "max_threads_per_multi_processor", 2048) // 32,
                       shared=getattr(props, "shared_memory_per_multiprocessor", SMLimits.shared))
         try:
+            coop = {"launch_cooperative_grid": True} if cooperative else {}
             compiled = kernel.warmup(*args, grid=(1,), num_warps=warps, enable_fp_fusion=True,
-                                     **consts)
+                                     **coop, **consts)
             compiled._init_handles()
             per_sm = resident_programs(compiled.n_regs, compiled.metadata.shared, warps, sm)
         except Exception:  # occupancy is a tuning hint; a failed query must not fail the call
@@ -179,12 +196,17 @@ def _programs(kernel: Any, rows: int, args: tuple, warps: int, consts: dict) -> 
 
 
 def run(kernel: Any, grid: tuple[int], args: tuple, warps: int, consts: dict,
-        stages: int | None = None) -> None:
+        stages: int | None = None, cooperative: bool = False) -> None:
     """Launch kernel[grid](*args) on `warps` warps (and `stages` pipeline stages, where
-    given); under the interpreter with the GPU's bf16 (the audit records these launches
-    instead, elasticbench.audit.capture)."""
-    options = {} if stages is None else {"num_stages": stages}
-    with exact_bf16() if triton_interpreted() else nullcontext():
+    given; a cooperative grid, every program resident at once, where asked); under the
+    interpreter with the GPU's bf16 and, for a cooperative grid, all programs at once (the
+    audit records these launches instead, elasticbench.audit.capture)."""
+    options: dict[str, Any] = {} if stages is None else {"num_stages": stages}
+    interpreted = triton_interpreted()
+    if cooperative:
+        options["launch_cooperative_grid"] = True
+    with exact_bf16() if interpreted else nullcontext(), \
+            cooperative_grid() if interpreted and cooperative else nullcontext():
         kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **options, **consts)
 
 
@@ -192,6 +214,73 @@ def launch_items(kernel: Any, items: int, args: tuple, warps: int, consts: dict)
     """Launch a kernel that walks `items` work items (rows, row blocks, or (row, split)
     pairs) on a persistent grid of at most SMs x resident programs."""
     run(kernel, (_programs(kernel, items, args, warps, consts),), args, warps, consts)
+
+
+_REFUSED: dict[tuple, str] = {}  # cooperative launches the driver refused, and why
+
+
+def launch_resident(kernel: Any, rows: int, splits: int, args: tuple, warps: int,
+                    consts: dict, counters: torch.Tensor) -> bool:
+    """Launch a resident-path kernel (`splits` programs per row that wait for each other) as
+    a cooperative grid of whole rows' programs, at most what is resident at once, so a
+    program only waits for programs of the same wave. False, with nothing launched, where
+    no such grid exists or the driver refused it (remembered: later calls do not retry);
+    under the interpreter, or off a GPU, an error propagates (the counters zeroed first)."""
+    on_gpu = args[0].is_cuda and not triton_interpreted()
+    key = (kernel, args[0].device, warps, args[0].dtype, tuple(sorted(consts.items())))
+    if key in _REFUSED:
+        return False
+    capacity = _programs(kernel, rows * splits, args, warps, consts, cooperative=True)
+    grid = capacity // splits * splits
+    if not grid:
+        _REFUSED[key] = f"{capacity} resident programs, fewer than a row's {splits}"
+        return False
+    try:
+        run(kernel, (grid,), args, warps, consts, cooperative=True)
+    except RuntimeError as e:
+        if not on_gpu:
+            counters.zero_()  # a program stopped mid-barrier must not stall the next call
+            raise
+        _REFUSED[key] = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return False
+    return True
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def row_counters(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """The resident path's per-row arrival counters (int32), zero on entry to every launch:
+    one buffer per device and stream, which each launch leaves at zero (a row's last
+    program to leave its barrier resets the row's counter), so no call fills it."""
+    if x.is_cuda:
+        key: tuple = (x.device.index, torch.cuda.current_stream(x.device).cuda_stream)
+    else:
+        key = ("cpu", 0)
+    have = _COUNTERS.get(key)
+    if have is None or have.numel() < rows:
+        have = torch.zeros(max(rows, 2 * (0 if have is None else have.numel())),
+                           dtype=torch.int32, device=x.device)
+        _COUNTERS[key] = have
+    return have
+
+
+def resident_available(x: torch.Tensor) -> bool:
+    """Whether the resident path can launch for x: under the interpreter where it can run
+    a cooperative grid's programs at once (elasticbench.triton_interpreter); on a GPU (and
+    for the compile audit) where this Triton has the cooperative launch option."""
+    if triton_interpreted():
+        return cooperative_supported()
+    return _cooperative_option()
+
+
+@functools.lru_cache(maxsize=1)
+def _cooperative_option() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except Exception:  # no Triton, or no NVIDIA backend: no cooperative launch
+        return False
+    return "launch_cooperative_grid" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
 # ---------------------------------------------------------------------------------------
@@ -237,7 +326,7 @@ class RowPlan:
     """How one call's rows are launched: the path, the block's columns (the row's power of
     two, or a chunk), rows per program, programs per row and the columns each covers."""
 
-    path: str  # "fused", "rows" (row_block rows per program), "online" or "split"
+    path: str  # "fused", "rows" (row_block rows per program), "online", "split" or "resident"
     block: int
     warps: int
     row_block: int = 1
@@ -250,6 +339,8 @@ class RowPlan:
             return f"rows {self.row_block}x{self.block} ({self.warps} warps)"
         if self.path == "split":
             return f"split {self.splits}x{self.span} ({self.block}-chunks, {self.warps} warps)"
+        if self.path == "resident":
+            return f"resident {self.splits}x{self.block} ({self.warps} warps)"
         return f"{self.path} {self.block} ({self.warps} warps)"
 
 
@@ -272,12 +363,13 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def plan_rows(rows: int, n: int, itemsize: int, options: LaunchOptions, sms: int,
-              max_fused: int | None = None) -> RowPlan:
+              max_fused: int | None = None, resident: bool = False) -> RowPlan:
     """The launch plan of `rows` rows of n elements of `itemsize` bytes on `sms` SMs.
 
     max_fused: the longest register-resident block (default options.max_fused; the backward
     passes half). options.row_block and options.splits (when not 0) replace the table's
-    choice; splits is capped at one program per chunk."""
+    choice; splits is capped at one program per chunk. resident: whether the resident path
+    can launch here (`resident_available`); options.resident says whether to take it."""
     limit = options.max_fused if max_fused is None else max_fused
     block = pow2_at_least(n)
     if block <= limit:
@@ -291,6 +383,11 @@ def plan_rows(rows: int, n: int, itemsize: int, options: LaunchOptions, sms: int
             return RowPlan("rows", block, num_warps(rb * block), row_block=rb)
         return RowPlan("fused", block, num_warps(block))
     chunk = min(options.chunk, block)
+    if resident and options.splits != 1 and (options.resident == 1 or (
+            options.resident == 0 and options.splits == 0)):
+        held = _resident_plan(n, limit, chunk, options.splits, sms)
+        if held is not None:
+            return held
     chunks = _cdiv(n, chunk)
     want = options.splits
     if not want:
@@ -301,6 +398,19 @@ def plan_rows(rows: int, n: int, itemsize: int, options: LaunchOptions, sms: int
     if splits > 1:
         return RowPlan("split", chunk, num_warps(chunk), splits=splits, span=per * chunk)
     return RowPlan("online", chunk, num_warps(chunk))
+
+
+def _resident_plan(n: int, limit: int, chunk: int, splits: int, sms: int) -> RowPlan | None:
+    """A streamed row on the resident path: parts of one power-of-two block each, held in
+    registers (so at most `limit` wide), at least `chunk` wide, at most one program per SM
+    per row (so that a row's programs always fit on the GPU at once); `splits` > 1 asks
+    for that many parts. None where no such block exists."""
+    width = pow2_at_least(_cdiv(n, splits)) if splits > 1 else max(
+        chunk, pow2_at_least(_cdiv(n, sms)))
+    parts = _cdiv(n, width)
+    if width > limit or not 2 <= parts <= sms:
+        return None
+    return RowPlan("resident", width, num_warps(width), splits=parts, span=width)
 
 
 PLANS: dict[tuple[str, int, int, torch.dtype], RowPlan] = {}  # (kernel, rows, n, dtype)
@@ -325,7 +435,8 @@ def exp2_model_ulps(options: LaunchOptions) -> int:
 @dataclass(frozen=True)
 class RowKernels:
     """A forward family's kernels, one per path (`plan_rows`); the split path's two: the
-    chunks' partials (split_partials), then the combine and the write (split_finish)."""
+    chunks' partials (split_partials), then the combine and the write (split_finish); the
+    resident path's one (its arguments: x, y, part, counters, rows, n, strides, scalars)."""
 
     fused: Any
     rows: Any
@@ -333,6 +444,7 @@ class RowKernels:
     split_partials: Any
     split_finish: Any
     fields: int  # fp32 partials per split program
+    resident: Any = None
 
 
 def split_args(plan_: RowPlan, rows: int, n: int, x: torch.Tensor, fields: int
@@ -341,6 +453,15 @@ def split_args(plan_: RowPlan, rows: int, n: int, x: torch.Tensor, fields: int
     part = torch.empty(rows * plan_.splits * fields, dtype=torch.float32, device=x.device)
     return part, {"SPAN": plan_.span, "SPLITS": plan_.splits,
                   "SPLITS_P2": pow2_at_least(plan_.splits)}
+
+
+def resident_args(plan_: RowPlan, rows: int, x: torch.Tensor, fields: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """The resident path's partials buffer (fields fp32 per program), its row counters and
+    its constexprs."""
+    part = torch.empty(rows * plan_.splits * fields, dtype=torch.float32, device=x.device)
+    return part, row_counters(x, rows), {"SPLITS": plan_.splits,
+                                         "SPLITS_P2": pow2_at_least(plan_.splits)}
 
 
 def normalize_rows(x: torch.Tensor, kernels: RowKernels, scalars: tuple[float, ...],
@@ -354,7 +475,18 @@ def normalize_rows(x: torch.Tensor, kernels: RowKernels, scalars: tuple[float, .
     y = torch.empty_like(x)
     if rows == 0 or n == 0:
         return y
-    chosen = plan_rows(rows, n, x.element_size(), options, device_sms(x))
+    chosen = plan_rows(rows, n, x.element_size(), options, device_sms(x),
+                       resident=kernels.resident is not None and resident_available(x))
+    if chosen.path == "resident":
+        part, counters, extra = resident_args(chosen, rows, x, kernels.fields)
+        consts = {"BLOCK": chosen.block, "EVEN": n % chosen.block == 0,
+                  "EXACT": x.dtype == torch.float32, **constexprs, **extra}
+        args = (x, y, part, counters, rows, n, x.stride(0), y.stride(0), *scalars)
+        if launch_resident(kernels.resident, rows, chosen.splits, args, chosen.warps, consts,
+                           counters):
+            note_plan(kernels.fused, x, chosen)
+            return y
+        chosen = plan_rows(rows, n, x.element_size(), options, device_sms(x))
     consts = {"BLOCK": chosen.block, "EVEN": n % chosen.block == 0,
               "EXACT": x.dtype == torch.float32, **constexprs}
     if chosen.path == "split":

@@ -53,3 +53,38 @@ def add_compensated(total, comp, part):
     y = part - comp
     t = total + y
     return t, (t - total) - y
+
+
+# The resident path's barrier (launch.plan_rows): a row's SPLITS programs, all resident at
+# once (a cooperative launch), meet at the row's counter. Partials go through atomics, which
+# one thread of a program performs, so that the release of its arrival orders them.
+
+
+@triton.jit
+def publish(ptr, value):
+    """Store a program's fp32 partial for the other programs of its row (before arriving).
+    As its bits: Triton's interpreter has no floating-point exchange."""
+    tl.atomic_xchg(ptr.to(tl.pointer_type(tl.int32)), value.to(tl.int32, bitcast=True),
+                   sem="relaxed")
+
+
+@triton.jit
+def arrive_and_wait(cnt_ptr, SPLITS: tl.constexpr):
+    """Count this program in at its row's counter and spin until the row's SPLITS programs
+    are; what each published before arriving is then visible (release, acquire)."""
+    tl.atomic_add(cnt_ptr, 1, sem="release")
+    seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+    while seen < SPLITS:
+        seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+
+
+@triton.jit
+def leave(cnt_ptr, SPLITS: tl.constexpr):
+    """After arrive_and_wait: count this program out. The row's last program to leave gets
+    True (with everything the others published before leaving visible) and resets the
+    counter to 0, as the next launch expects it; every program has stopped spinning by then."""
+    gone = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
+    last = gone == 2 * SPLITS - 1
+    if last:
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
+    return last

@@ -15,7 +15,16 @@ import triton.language as tl
 
 from .launch import LaunchOptions, RowKernels, normalize_rows
 from .memory import ld, max_nan, st, tile_mask
-from .rows import add_compensated, ordinary, quotient, reciprocal, special_y
+from .rows import (
+    add_compensated,
+    arrive_and_wait,
+    leave,
+    ordinary,
+    publish,
+    quotient,
+    reciprocal,
+    special_y,
+)
 
 
 @triton.jit
@@ -173,6 +182,16 @@ def weight_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
 
 
 @triton.jit
+def _weight_combine(top, tops, dens, const, EXACT: tl.constexpr):
+    """(the row's scale, reciprocal for quotient) of an ordinary split row from its splits'
+    maxima and sums (each scaled by its own power of two) and the row's maximum top."""
+    inv = _inv_pow2_scale(top)
+    # each sum was scaled by its own 1/2^e >= the row's: the ratio is a power of two
+    den = tl.sum(dens * tl.math.div_rn(inv, _inv_pow2_scale(tops)), axis=0) + const * inv
+    return inv, reciprocal(tl.where(den > 0.0, den, 1.0), EXACT)
+
+
+@triton.jit
 def weight_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
                                OTHER: tl.constexpr, SYMAX: tl.constexpr,
                                EXACT: tl.constexpr, BLOCK: tl.constexpr,
@@ -194,11 +213,8 @@ def weight_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
         tops = tl.load(base, mask=live, other=0.0)
         top = max_nan(tops)
         if ordinary(top):
-            inv = _inv_pow2_scale(top)
-            dens = tl.load(base + 1, mask=live, other=0.0)
-            # each sum was scaled by its own 1/2^e >= the row's: the ratio is a power of two
-            den = tl.sum(dens * tl.math.div_rn(inv, _inv_pow2_scale(tops)), axis=0) + const * inv
-            rden = reciprocal(tl.where(den > 0.0, den, 1.0), EXACT)
+            inv, rden = _weight_combine(top, tops, tl.load(base + 1, mask=live, other=0.0),
+                                        const, EXACT)
             for c0 in tl.range(start, end, BLOCK):
                 idx = c0 + offs
                 inside = idx < n
@@ -213,8 +229,50 @@ def weight_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
                 st(yrow + idx, special_y(w == float("inf"), n_inf, top), inside, EVEN)
 
 
+@triton.jit
+def weight_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, const,
+                           OTHER: tl.constexpr, SYMAX: tl.constexpr, EXACT: tl.constexpr,
+                           BLOCK: tl.constexpr, EVEN: tl.constexpr, SPLITS: tl.constexpr,
+                           SPLITS_P2: tl.constexpr):
+    """Resident rows, as exp_family's: each program publishes the split partials of the block
+    it holds, waits for its row's programs, combines and writes from registers. Needs all the
+    grid's programs resident at once and a grid that is a multiple of SPLITS."""
+    offs = tl.arange(0, BLOCK)
+    parts = tl.arange(0, SPLITS_P2)
+    live = parts < SPLITS
+    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+        row = item // SPLITS
+        idx = (item % SPLITS) * BLOCK + offs
+        inside = idx < n
+        at = tl.cast(row, tl.int64)
+        w = _weight(ld(x_ptr + at * sx + idx, inside, OTHER, EVEN), SYMAX, EXACT)
+        top = tl.maximum(0.0, max_nan(w), propagate_nan=tl.PropagateNan.ALL)
+        n_inf = tl.full([], 0.0, tl.float32)
+        if top == float("inf"):
+            n_inf = tl.sum((w == float("inf")).to(tl.float32), axis=0)
+        mine = part_ptr + tl.cast(item, tl.int64) * 3
+        publish(mine, top)
+        publish(mine + 1, tl.sum(w * _inv_pow2_scale(top), axis=0))
+        publish(mine + 2, n_inf)
+        arrive_and_wait(cnt_ptr + row, SPLITS)
+        base = part_ptr + (at * SPLITS + parts) * 3
+        tops = tl.load(base, mask=live, other=0.0, volatile=True)
+        row_top = max_nan(tops)
+        if ordinary(row_top):
+            inv, rden = _weight_combine(row_top, tops,
+                                        tl.load(base + 1, mask=live, other=0.0, volatile=True),
+                                        const, EXACT)
+            y = quotient(w * inv, rden, EXACT)
+        else:
+            n_infs = tl.sum(tl.load(base + 2, mask=live, other=0.0, volatile=True), axis=0)
+            y = special_y(w == float("inf"), n_infs, row_top)
+        leave(cnt_ptr + row, SPLITS)
+        st(y_ptr + at * sy + idx, y, inside, EVEN)
+
+
 WEIGHT_KERNELS = RowKernels(weight_fused_kernel, weight_rows_kernel, weight_online_kernel,
-                            weight_split_partials_kernel, weight_split_finish_kernel, fields=3)
+                            weight_split_partials_kernel, weight_split_finish_kernel, fields=3,
+                            resident=weight_resident_kernel)
 
 
 def _weight_normalize(x: torch.Tensor, const: float, symax: bool,
