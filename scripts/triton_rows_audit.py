@@ -1,5 +1,7 @@
 """Compile every launch the Triton row kernels make for the GPU shapes, for sm_90, and report
-the launch plan each shape takes and what the compiler made of each kernel.
+the launch plan each shape takes and what the compiler made of each kernel. Where the table
+takes the resident path (one read of a long row), the two-read plan it replaces (resident=-1)
+is compiled and reported too.
 
     python scripts/triton_rows_audit.py [--json results/triton-audit/rows-h100-sxm.json]
 
@@ -19,9 +21,10 @@ import os
 import sys
 from pathlib import Path
 
-# shapes: cases/gpu.toml and cases/gpu-bwd.toml, short rows, and a backward row past the
-# backward's register-resident limit
-SHAPES = [(512, 4096), (4096, 4096), (256, 262144), (65536, 128), (16384, 512), (512, 16384)]
+# shapes: cases/gpu.toml and cases/gpu-bwd.toml, short rows, a backward row past the
+# backward's register-resident limit, and long rows that are neither few nor many
+SHAPES = [(512, 4096), (4096, 4096), (256, 262144), (65536, 128), (16384, 512), (512, 16384),
+          (1024, 65536)]
 DTYPES = ("fp32", "bf16")
 
 
@@ -44,14 +47,7 @@ def audit(shapes: list[tuple[int, int]], dtypes: tuple[str, ...]) -> list[dict]:
     for dtype in dtypes:
         for rows, n in shapes:
             x = torch.empty(rows, n, dtype=torch_dtype[dtype])
-            for spec in specs:
-                launch_mod.PLANS.clear()
-                with capture_launches() as launches:
-                    if spec.mode == "bwd":
-                        spec.fn(x, x, x, **params.get(spec.function, {}))
-                    else:
-                        spec.fn(x, **params.get(spec.function, {}))
-                (plan,) = (p.describe() for p in launch_mod.PLANS.values())
+            for spec, plan, launches in _captures(specs, x, params, capture_launches, launch_mod):
                 for launch in launches:
                     key = (launch.name, dtype, repr(sorted((k, repr(v)) for k, v in
                                                            launch.kwargs.items())))
@@ -62,6 +58,23 @@ def audit(shapes: list[tuple[int, int]], dtypes: tuple[str, ...]) -> list[dict]:
                                      "shape": [rows, n], "plan": plan, "launch": launch.name,
                                      **compiled[key]})
     return rows_out
+
+
+def _captures(specs, x, params, capture_launches, launch_mod):
+    """(spec, plan, launches) of each kernel's call on x: the table's, and where that is the
+    resident path, the plan with it forbidden."""
+    for spec in specs:
+        for options in ({}, {"resident": -1}):
+            launch_mod.PLANS.clear()
+            with launch_mod.launch_options(**options), capture_launches() as launches:
+                if spec.mode == "bwd":
+                    spec.fn(x, x, x, **params.get(spec.function, {}))
+                else:
+                    spec.fn(x, **params.get(spec.function, {}))
+            (plan,) = (p.describe() for p in launch_mod.PLANS.values())
+            yield spec, plan, launches
+            if not plan.startswith("resident"):
+                break
 
 
 def _compile(launch, compile_launch, read_cubin, opcode_width, launch_mod) -> dict:

@@ -1,6 +1,7 @@
 """The Triton row kernels' launch plans compiled for sm_90 (scripts/triton_rows_audit.py): every
 launch the GPU shapes take (fused, several rows a program, split rows, forward and backward)
-compiles, with no register spill, 128-bit loads of the rows and 128-bit stores of the outputs.
+(resident rows included) compiles, with no register spill, 128-bit loads of the rows and 128-bit
+stores of the outputs.
 About a minute of compiling: CI's ci step."""
 
 from __future__ import annotations
@@ -27,23 +28,28 @@ def test_every_row_plan_compiles_without_spills(tmp_path) -> None:
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     rows = json.loads(out.read_text())["rows"]
     plans = {(r["shape"][0], r["shape"][1], r["mode"], r["plan"].split()[0]) for r in rows}
-    assert {(256, 262144, "fwd", "split"), (256, 262144, "bwd", "split"),
+    assert {(256, 262144, "fwd", "resident"), (256, 262144, "bwd", "resident"),
+            (256, 262144, "fwd", "split"), (256, 262144, "bwd", "split"),
             (65536, 128, "fwd", "rows"), (65536, 128, "bwd", "rows"),
-            (4096, 4096, "fwd", "fused"), (512, 16384, "bwd", "split")} <= plans
+            (4096, 4096, "fwd", "fused"), (512, 16384, "bwd", "split"),
+            (512, 16384, "bwd", "resident"), (1024, 65536, "fwd", "resident"),
+            (1024, 65536, "fwd", "online")} <= plans
     launches = {r["launch"] for r in rows}
     for name in ("exp_split_partials_kernel", "exp_split_finish_kernel", "exp_rows_kernel",
                  "weight_split_partials_kernel", "weight_split_finish_kernel",
                  "weight_rows_kernel", "elastic_bwd_split_partials_kernel",
                  "elastic_bwd_split_finish_kernel", "elastic_bwd_split_rows_kernel",
-                 "elastic_bwd_rows_kernel"):
+                 "elastic_bwd_rows_kernel", "exp_resident_kernel", "weight_resident_kernel",
+                 "elastic_bwd_resident_kernel"):
         assert name in launches, name
     for r in rows:
         where = f"{r['launch']} {r['dtype']} {r['shape']}"
         assert "error" not in r, where
         assert r["stl"] == 0 and r["local_bytes"] == 0, f"{where} spills"
         assert 0 < r["regs"] <= 255 and r["programs_per_sm"] >= 1, where
-        if r["launch"].endswith(("_fused_kernel", "_finish_kernel")) or r["launch"] in (
-                "exp_rows_kernel", "weight_rows_kernel", "elastic_bwd_rows_kernel"):
+        whole_rows = ("exp_rows_kernel", "weight_rows_kernel", "elastic_bwd_rows_kernel")
+        if r["launch"].endswith(("_fused_kernel", "_finish_kernel", "_resident_kernel")) or \
+                r["launch"] in whole_rows:
             assert 128 in r["ldg_bits"] and 128 in r["stg_bits"], f"{where}: not 128-bit"
         if r["launch"].endswith("_partials_kernel"):
             assert r["ldg_bits"] == [128], f"{where} loads {r['ldg_bits']}"
