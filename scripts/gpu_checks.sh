@@ -88,7 +88,8 @@ step verify "$phase" elasticbench verify --backend triton -d fp32,fp16,bf16 --mo
 { phase_end=$(( $(date +%s) + phase ))
   step native "$phase" python3 -m elasticbench.native
   step tests "$(( phase_end - $(date +%s) ))" python3 -m pytest -q -n 8 -p no:cacheprovider \
-      tests/test_triton.py tests/test_triton_rows_params.py tests/test_triton_attention.py \
+      tests/test_triton.py tests/test_triton_rows_params.py tests/test_triton_resident.py \
+      tests/test_triton_attention.py \
       tests/test_torch_ops.py tests/test_host_reads.py \
       "tests/test_flex_attention.py::test_the_compiled_cuda_composition_is_the_composite"
 } &
