@@ -28,6 +28,11 @@ BLOCK_M queries (resident) accumulates dq and the block's sum ds z (dtau's first
 recompute p = 2^(qk k2 - m k2) / den per tile. dtau and dbeta are the fixed-order sums of the
 per-block partials, on the device.
 
+A configuration with `tma` (attention_configs.Tiles) loads q, k, v and dO and stores out, dq,
+dk and dv through device-side tensor descriptors (Hopper's TMA) instead of pointer tiles,
+with the same values (docs/attention.md section 7); a call whose tensors TMA cannot address
+runs its tiles with pointer loads.
+
 Scores, sums and accumulators are fp32. fp32 inputs multiply in IEEE fp32 (not TF32); fp16
 and bf16 multiply in their own format with fp32 accumulation, and p and ds are rounded once
 to it for the second matmuls (the budget's l term, docs/attention.md section 5).
@@ -46,13 +51,16 @@ d bias = sum ds (the dq program), per (batch, head) (docs/attention.md sections 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
 
 from elasticbench.attention.weights import Weight
+from elasticbench.devices import triton_interpreted
 
-from .attention_configs import Tiles, choose
+from .attention_configs import Tiles, choose, tma_available
 from .exp_family import exp2
 from .launch import run
 from .memory import max_nan
@@ -177,6 +185,49 @@ def _load_rows(base, offs_r, row_ok, W: tl.constexpr, BLOCK_W: tl.constexpr,
 
 
 @triton.jit
+def _rows_source(ptr, rows, W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+                 TMA: tl.constexpr):
+    """What _read takes blocks of a row-major (rows, W) matrix at ptr from: with TMA a tensor
+    descriptor of (BLOCK_R, BLOCK_W) blocks (past `rows` and W it reads 0, writes nothing),
+    else ptr itself."""
+    if TMA:
+        src = tl.make_tensor_descriptor(ptr, shape=[rows, W], strides=[W, 1],
+                                        block_shape=[BLOCK_R, BLOCK_W])
+    else:
+        src = ptr
+    return src
+
+
+@triton.jit
+def _read(src, start, offs_r, row_ok, W: tl.constexpr, BLOCK_W: tl.constexpr,
+          MASKED: tl.constexpr, HOLES: tl.constexpr, TMA: tl.constexpr):
+    """Rows offs_r = start + arange of a _rows_source, as _load_rows reads them: lanes past W,
+    and with MASKED rows where not row_ok, are 0. A descriptor zeroes only the rows past the
+    end; HOLES (key padding: row_ok has holes inside the matrix) zeroes the others, so a
+    padded key's inf or NaN never meets a zero weight."""
+    if TMA:
+        x = src.load([start, 0])
+        if MASKED and HOLES:
+            x = tl.where(row_ok[:, None], x, tl.zeros_like(x))
+    else:
+        x = _load_rows(src, offs_r, row_ok, W, BLOCK_W, MASKED)
+    return x
+
+
+@triton.jit
+def _write(dst, start, offs_r, row_ok, x, W: tl.constexpr, BLOCK_W: tl.constexpr,
+           TMA: tl.constexpr):
+    """Store x (rows offs_r = start + arange, BLOCK_W lanes) into a _rows_source in its
+    element type: rows not row_ok (past the end) and lanes past W are not written."""
+    if TMA:
+        dst.store([start, 0], x.to(dst.dtype))
+    else:
+        offs_c = tl.arange(0, BLOCK_W)
+        tl.store(dst + offs_r[:, None] * W + offs_c[None, :], x.to(dst.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_c[None, :] < W))
+
+
+@triton.jit
 def _dot(a, b, IEEE: tl.constexpr):
     if IEEE:  # noqa: SIM108 (a constexpr branch: the compiler keeps one side)
         r = tl.dot(a, b, input_precision="ieee")
@@ -216,17 +267,18 @@ def _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
-def _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l, acc, k2, scale,  # noqa: E741
+def _fwd_tile(q, k_src, v_src, keep_ptr, batch, start, offs_m, m, mk, l, acc, k2, scale,  # noqa: E741
               bias, lk,
               D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
-              SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
+              SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr, TMA: tl.constexpr):
     """One block of keys folded into a query block's running (m, l, acc); the sums family
-    (symax, stablemax, sigmoid) keeps m = 0 and plain sums."""
+    (symax, stablemax, sigmoid) keeps m = 0 and plain sums. k_src, v_src: _rows_source."""
     offs_n = start + tl.arange(0, BLOCK_N)
     col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
-    k = _load_rows(k_base, offs_n, col_ok, D, BLOCK_D, MASKED)
+    # a padded key's score is hidden below: k needs no zeroing (HOLES off)
+    k = _read(k_src, start, offs_n, col_ok, D, BLOCK_D, MASKED, False, TMA)
     qk = _dot(q, tl.trans(k), IEEE)
     if MASKED:
         visible = col_ok[None, :]
@@ -259,7 +311,7 @@ def _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l, acc, 
             m_new = tl.where((e > m) & (e < float("inf")), e, m)
             alpha = tl.where(m_new == m, 1.0, exp2(m - m_new, True, -1))
             p = p * exp2(-m_new, True, -1)[:, None]
-    v = _load_rows(v_base, offs_n, col_ok, DV, BLOCK_DV, MASKED)
+    v = _read(v_src, start, offs_n, col_ok, DV, BLOCK_DV, MASKED, HAS_MASK, TMA)
     if IEEE:  # noqa: SIM108
         pv = _dot(p, v, True)
     else:
@@ -278,7 +330,7 @@ def attention_forward_kernel(
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
-    WEIGHT: tl.constexpr,
+    WEIGHT: tl.constexpr, TMA: tl.constexpr,
 ):
     # the longest causal blocks first (they are the last query blocks)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -288,9 +340,12 @@ def attention_forward_kernel(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     row_ok = offs_m < lq
     bh64 = bh.to(tl.int64)
-    q = _load_rows(q_ptr + bh64 * lq * D, offs_m, row_ok, D, BLOCK_D, True)
+    q_src = _rows_source(q_ptr + bh64 * lq * D, lq, D, BLOCK_M, BLOCK_D, TMA)
+    q = _read(q_src, m0, offs_m, row_ok, D, BLOCK_D, True, False, TMA)
     k_base = k_ptr + bh64 * lk * D
     v_base = v_ptr + bh64 * lk * DV
+    k_src = _rows_source(k_base, lk, D, BLOCK_N, BLOCK_D, TMA)
+    v_src = _rows_source(v_base, lk, DV, BLOCK_N, BLOCK_DV, TMA)
     tau = tl.load(tau_ptr + bh)  # sigmoid: its bias
     beta = tl.load(beta_ptr + bh)  # symax: eta
     k2 = tl.math.div_rn(scale_log2e, tau)
@@ -300,13 +355,13 @@ def attention_forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
     for start in range(0, full, BLOCK_N):
-        m, mk, l, acc = _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l,  # noqa: E741
+        m, mk, l, acc = _fwd_tile(q, k_src, v_src, keep_ptr, batch, start, offs_m, m, mk, l,  # noqa: E741
                                   acc, k2, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
-                                  CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
+                                  CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA)
     for start in range(full, end, BLOCK_N):
-        m, mk, l, acc = _fwd_tile(q, k_base, v_base, keep_ptr, batch, start, offs_m, m, mk, l,  # noqa: E741
+        m, mk, l, acc = _fwd_tile(q, k_src, v_src, keep_ptr, batch, start, offs_m, m, mk, l,  # noqa: E741
                                   acc, k2, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
-                                  CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
+                                  CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA)
     if WEIGHT <= SOFTMAX1:
         saturated = (mk == float("inf")) & row_ok
     else:  # an infinite weight, or a sum that overflows (refused below: NaN)
@@ -354,10 +409,8 @@ def attention_forward_kernel(
     else:
         out = acc * tl.math.div_rn(1.0, safe)[:, None]
     out = tl.where(live[:, None], out, 0.0)
-    offs_e = tl.arange(0, BLOCK_DV)
-    out_at = out_ptr + bh64 * lq * DV + offs_m[:, None] * DV + offs_e[None, :]
-    tl.store(out_at, out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_e[None, :] < DV))
+    o_dst = _rows_source(out_ptr + bh64 * lq * DV, lq, DV, BLOCK_M, BLOCK_DV, TMA)
+    _write(o_dst, m0, offs_m, row_ok, out, DV, BLOCK_DV, TMA)
     tl.store(m_ptr + bh64 * lq + offs_m, m * scale, mask=row_ok)
     tl.store(den_ptr + bh64 * lq + offs_m, den, mask=row_ok)
 
@@ -423,7 +476,48 @@ def _consts(q: torch.Tensor, d: int, dv: int, t: Tiles, causal: bool, has_mask: 
             "BLOCK_D": _pow2(d), "BLOCK_DV": _pow2(dv), "CAUSAL": bool(causal),
             "HAS_MASK": has_mask, "IEEE": q.dtype == torch.float32,
             # fp16's subnormals end above 2^-126, where ex2's flush is already right
-            "SUBNORMAL": q.dtype != torch.float16, "WEIGHT": int(weight)}
+            "SUBNORMAL": q.dtype != torch.float16, "WEIGHT": int(weight), "TMA": t.tma}
+
+
+def _tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether this call may move its (batch, heads, length, dim) row-major tensors through
+    tensor descriptors: the installed Triton has them; on a GPU one of compute capability
+    9.0 or later (the interpreter and the compile audit's CPU tensors take any); TMA's
+    16-byte aligned base and row stride in each tensor (its last stride is 1 once
+    contiguous)."""
+    if not tma_available():
+        return False
+    if tensors[0].is_cuda and not triton_interpreted() and \
+            torch.cuda.get_device_capability(tensors[0].device) < (9, 0):
+        return False
+    return all(t.data_ptr() % 16 == 0 and (t.shape[-1] * t.element_size()) % 16 == 0
+               for t in tensors)
+
+
+def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global scratch for device-side tensor descriptors (triton.set_allocator's contract),
+    from torch's caching allocator on the current device."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _usable(t: Tiles, q: torch.Tensor, tma: bool) -> Tiles:
+    """t as this call can launch it: a TMA configuration where the call's tensors do not
+    allow descriptors (tma False) runs its tiles with pointer loads. A TMA launch on a GPU
+    writes its descriptors to global scratch: Triton gets torch's allocator for it, unless
+    the caller set one."""
+    if not t.tma:
+        return t
+    if not tma:
+        return replace(t, tma=False)
+    if q.is_cuda and not triton_interpreted():
+        from triton.runtime import _allocation
+
+        # where this Triton hides whether one is set, set it (a TMA launch needs one)
+        current = getattr(getattr(_allocation, "_allocator", None), "get", None)
+        null = getattr(_allocation, "NullAllocator", None)
+        if current is None or null is None or isinstance(current(), null):
+            triton.set_allocator(_torch_scratch)
+    return t
 
 
 def _timer(launch):
@@ -455,14 +549,18 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: tor
     has_mask = key_mask is not None
     sl2e = float(scale) * 1.4426950408889634  # rounded once, to fp32, by the launch
 
+    tma = _tma_ok(qc, kc, vc, out)
+
     def launch(t: Tiles) -> None:
+        t = _usable(t, q, tma)
         run(attention_forward_kernel, (triton.cdiv(lq, t.block_m), b * h),
             (qc, kc, vc, tau32, beta32, out, m, den, keep, kend, lq, lk, float(scale), sl2e, h),
             t.warps, _consts(q, d, dv, t, causal, has_mask, weight), t.stages)
 
     if b * h * lq == 0:
         return out, m, den
-    launch(tile or choose("fwd", max(d, dv), q, causal, has_mask, _timer(launch), weight))
+    launch(tile or choose("fwd", max(d, dv), q, causal, has_mask, _timer(launch), weight,
+                          tma))
     return out, m, den
 
 
@@ -544,17 +642,17 @@ def _query_stats(stats_ptr, n, at, row_ok, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n, k2, inv_tau,
+def _dkdv_tile(k, v, dk, dv, q_src, do_src, stats_ptr, n, at0, start, offs_n, k2, inv_tau,
                scale, bias, lq, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
-               WEIGHT: tl.constexpr):
+               WEIGHT: tl.constexpr, TMA: tl.constexpr):
     """One block of queries folded into a key block's dk and dv (transposed tiles: keys are
-    rows, so every dot's M is the resident key block)."""
+    rows, so every dot's M is the resident key block). q_src, do_src: _rows_source."""
     offs_m = start + tl.arange(0, BLOCK_M)
     row_ok = offs_m < lq
-    q = _load_rows(q_base, offs_m, row_ok, D, BLOCK_D, MASKED)
-    do = _load_rows(do_base, offs_m, row_ok, DV, BLOCK_DV, MASKED)
+    q = _read(q_src, start, offs_m, row_ok, D, BLOCK_D, MASKED, False, TMA)
+    do = _read(do_src, start, offs_m, row_ok, DV, BLOCK_DV, MASKED, False, TMA)
     c, mk, r, lo = _query_stats(stats_ptr, n, at0 + offs_m, row_ok, MASKED)
     qk = _dot(k, tl.trans(q), IEEE)  # (keys, queries)
     keep = _kept(qk, lo[None, :], WEIGHT)
@@ -580,7 +678,7 @@ def attention_dkdv_kernel(
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
-    WEIGHT: tl.constexpr,
+    WEIGHT: tl.constexpr, TMA: tl.constexpr,
 ):
     """dk and dv of one block of BLOCK_M keys (resident) over the BLOCK_N-query blocks that
     see them."""
@@ -591,13 +689,19 @@ def attention_dkdv_kernel(
     n0 = pid_n * BLOCK_M
     offs_n = n0 + tl.arange(0, BLOCK_M)
     key_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
-    k = _load_rows(k_ptr + bh64 * lk * D, offs_n, key_ok, D, BLOCK_D, True)
-    v = _load_rows(v_ptr + bh64 * lk * DV, offs_n, key_ok, DV, BLOCK_DV, True)
+    k_src = _rows_source(k_ptr + bh64 * lk * D, lk, D, BLOCK_M, BLOCK_D, TMA)
+    v_src = _rows_source(v_ptr + bh64 * lk * DV, lk, DV, BLOCK_M, BLOCK_DV, TMA)
+    # a padded key's row reaches only its own dk, dv rows, zeroed at the end: no HOLES (a
+    # where would hold k and v in registers: 144-160 B of spills per thread at head dim 128)
+    k = _read(k_src, n0, offs_n, key_ok, D, BLOCK_D, True, False, TMA)
+    v = _read(v_src, n0, offs_n, key_ok, DV, BLOCK_DV, True, False, TMA)
     tau = tl.load(tau_ptr + bh)
     k2 = tl.math.div_rn(scale_log2e, tau)  # the stats hold m log2(e)/tau
     inv_tau = tl.math.div_rn(1.0, tau)
     q_base = q_ptr + bh64 * lq * D
     do_base = do_ptr + bh64 * lq * DV
+    q_src = _rows_source(q_base, lq, D, BLOCK_N, BLOCK_D, TMA)
+    do_src = _rows_source(do_base, lq, DV, BLOCK_N, BLOCK_DV, TMA)
     n = tl.num_programs(1).to(tl.int64) * lq
     at0 = bh64 * lq
     dk = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -612,17 +716,17 @@ def attention_dkdv_kernel(
         full_lo = tl.cdiv(n0 + BLOCK_M - 1, BLOCK_N) * BLOCK_N
     full_hi = lq // BLOCK_N * BLOCK_N
     for start in range(begin, tl.minimum(full_lo, stop), BLOCK_N):
-        dk, dv = _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n,
+        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, stats_ptr, n, at0, start, offs_n,
                             k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
-                            CAUSAL, IEEE, SUBNORMAL, WEIGHT)
+                            CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA)
     for start in range(full_lo, tl.minimum(full_hi, stop), BLOCK_N):
-        dk, dv = _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n,
+        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, stats_ptr, n, at0, start, offs_n,
                             k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
-                            CAUSAL, IEEE, SUBNORMAL, WEIGHT)
+                            CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA)
     for start in range(tl.maximum(full_lo, full_hi), stop, BLOCK_N):
-        dk, dv = _dkdv_tile(k, v, dk, dv, q_base, do_base, stats_ptr, n, at0, start, offs_n,
+        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, stats_ptr, n, at0, start, offs_n,
                             k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
-                            CAUSAL, IEEE, SUBNORMAL, WEIGHT)
+                            CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA)
     if tl.load(flag_ptr + bh) > 0:
         # saturated queries give dO / count to the dv of each key at their maximum
         for start in range(begin, stop, BLOCK_N):
@@ -646,28 +750,26 @@ def attention_dkdv_kernel(
     dk = tl.where(key_ok[:, None], dk * scale, 0.0)
     dv = tl.where(key_ok[:, None], dv, 0.0)
     col_ok = offs_n < lk
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_DV)
-    tl.store(dk_ptr + bh64 * lk * D + offs_n[:, None] * D + offs_d[None, :],
-             dk.to(dk_ptr.dtype.element_ty), mask=col_ok[:, None] & (offs_d[None, :] < D))
-    tl.store(dv_ptr + bh64 * lk * DV + offs_n[:, None] * DV + offs_e[None, :],
-             dv.to(dv_ptr.dtype.element_ty), mask=col_ok[:, None] & (offs_e[None, :] < DV))
+    dk_dst = _rows_source(dk_ptr + bh64 * lk * D, lk, D, BLOCK_M, BLOCK_D, TMA)
+    dv_dst = _rows_source(dv_ptr + bh64 * lk * DV, lk, DV, BLOCK_M, BLOCK_DV, TMA)
+    _write(dk_dst, n0, offs_n, col_ok, dk, D, BLOCK_D, TMA)
+    _write(dv_dst, n0, offs_n, col_ok, dv, DV, BLOCK_DV, TMA)
 
 
 @triton.jit
-def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_base, v_base, keep_ptr, batch, start, offs_m,
+def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, keep_ptr, batch, start, offs_m,
              k2, inv_tau, scale, bias, lk, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
              CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
-             SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
+             SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr, TMA: tl.constexpr):
     """One block of keys folded into a query block's dq and its per-query sum ds t, with t
     exactly 0 where the score is the query's maximum: there the exact z is 0 and the exact ds
     may be far below the rounding noise of the computed one (dtau's budget holds the term to
     the exact ds z); the fold's qk k2 - m k2 leaves the rounding error of m k2 there."""
     offs_n = start + tl.arange(0, BLOCK_N)
     col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
-    k = _load_rows(k_base, offs_n, col_ok, D, BLOCK_D, MASKED)
-    v = _load_rows(v_base, offs_n, col_ok, DV, BLOCK_DV, MASKED)
+    k = _read(k_src, start, offs_n, col_ok, D, BLOCK_D, MASKED, HAS_MASK, TMA)
+    v = _read(v_src, start, offs_n, col_ok, DV, BLOCK_DV, MASKED, HAS_MASK, TMA)
     qk = _dot(q, tl.trans(k), IEEE)
     keep = _kept(qk, lo[:, None], WEIGHT)
     if MASKED:
@@ -698,7 +800,7 @@ def attention_dq_kernel(
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
-    WEIGHT: tl.constexpr,
+    WEIGHT: tl.constexpr, TMA: tl.constexpr,
 ):
     """dq of one block of queries (resident) over every key it sees, and the block's
     sum ds (s - m)/tau (dtau's first term) into dsz (bh, blocks)."""
@@ -709,31 +811,31 @@ def attention_dq_kernel(
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     row_ok = offs_m < lq
-    q = _load_rows(q_ptr + bh64 * lq * D, offs_m, row_ok, D, BLOCK_D, True)
-    do = _load_rows(do_ptr + bh64 * lq * DV, offs_m, row_ok, DV, BLOCK_DV, True)
+    q_src = _rows_source(q_ptr + bh64 * lq * D, lq, D, BLOCK_M, BLOCK_D, TMA)
+    do_src = _rows_source(do_ptr + bh64 * lq * DV, lq, DV, BLOCK_M, BLOCK_DV, TMA)
+    q = _read(q_src, m0, offs_m, row_ok, D, BLOCK_D, True, False, TMA)
+    do = _read(do_src, m0, offs_m, row_ok, DV, BLOCK_DV, True, False, TMA)
     n = tl.num_programs(1).to(tl.int64) * lq
     c, mk, r, lo = _query_stats(stats_ptr, n, bh64 * lq + offs_m, row_ok, True)
     ms = tl.load(m_ptr + bh64 * lq + offs_m, mask=row_ok, other=0.0)
     tau = tl.load(tau_ptr + bh)
     k2 = tl.math.div_rn(scale_log2e, tau)
     inv_tau = tl.math.div_rn(1.0, tau)
-    k_base = k_ptr + bh64 * lk * D
-    v_base = v_ptr + bh64 * lk * DV
+    k_src = _rows_source(k_ptr + bh64 * lk * D, lk, D, BLOCK_N, BLOCK_D, TMA)
+    v_src = _rows_source(v_ptr + bh64 * lk * DV, lk, DV, BLOCK_N, BLOCK_DV, TMA)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dsz = tl.zeros([BLOCK_M], dtype=tl.float32)
     full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
     for start in range(0, full, BLOCK_N):
-        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_base, v_base, keep_ptr, batch,
+        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, keep_ptr, batch,
                            start, offs_m, k2, inv_tau, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
-                           False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
+                           False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA)
     for start in range(full, end, BLOCK_N):
-        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_base, v_base, keep_ptr, batch,
+        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, keep_ptr, batch,
                            start, offs_m, k2, inv_tau, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
-                           True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT)
-    offs_d = tl.arange(0, BLOCK_D)
-    tl.store(dq_ptr + bh64 * lq * D + offs_m[:, None] * D + offs_d[None, :],
-             (dq * scale).to(dq_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_d[None, :] < D))
+                           True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA)
+    dq_dst = _rows_source(dq_ptr + bh64 * lq * D, lq, D, BLOCK_M, BLOCK_D, TMA)
+    _write(dq_dst, m0, offs_m, row_ok, dq * scale, D, BLOCK_D, TMA)
     total = tl.sum(dsz, axis=0)
     if WEIGHT <= SOFTMAX1:  # sum ds (s - m)/tau: the exponents are in base 2
         total = total * LN2
@@ -775,7 +877,10 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     sl2e = float(scale) * 1.4426950408889634
     common = (scale, causal, has_mask, weight)
 
+    tma = _tma_ok(qc, kc, vc, doc, dq, dk, dv)
+
     def launch_dkdv(t: Tiles) -> None:
+        t = _usable(t, q, tma)
         run(attention_dkdv_kernel, (triton.cdiv(lk, t.block_m), b * h),
             (qc, kc, vc, doc, m32, stats, flag, tau32, dk, dv, keep, kend, lq, lk,
              float(scale), sl2e, h), t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
@@ -783,6 +888,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     dsz: list[torch.Tensor] = []
 
     def launch_dq(t: Tiles) -> None:
+        t = _usable(t, q, tma)
         nb = triton.cdiv(lq, t.block_m)
         parts = torch.empty(b * h, nb, dtype=torch.float32, device=dev)
         run(attention_dq_kernel, (nb, b * h),
@@ -792,8 +898,9 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
 
     t_kv, t_q = tiles or (None, None)
     launch_dkdv(t_kv or choose("dkdv", head_dim, q, causal, has_mask, _timer(launch_dkdv),
-                               weight))
-    launch_dq(t_q or choose("dq", head_dim, q, causal, has_mask, _timer(launch_dq), weight))
+                               weight, tma))
+    launch_dq(t_q or choose("dq", head_dim, q, causal, has_mask, _timer(launch_dq), weight,
+                            tma))
     zero = torch.zeros(b, h, dtype=torch.float32, device=dev)
     w = Weight(weight)
     if w in (Weight.SOFTMAX1, Weight.STABLEMAX):  # no parameter: their gradients are zero
