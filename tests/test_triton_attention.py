@@ -102,6 +102,77 @@ if not devices.triton_interpreted():
         bad = [f"{r.tiles}: {', '.join(r.problems())}" for r in reports if r.problems()]
         assert not bad, bad
 
+    _TMA_AUDIT = [("fwd", 64), ("fwd", 128), ("dkdv", 64), ("dkdv", 128), ("dq", 64),
+                  ("dq", 128)]
+
+    @pytest.mark.ci
+    @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+    @pytest.mark.parametrize(("kernel", "head_dim"), _TMA_AUDIT)
+    def test_the_tma_configurations_take_tma_and_wgmma_and_do_not_spill(kernel, head_dim):
+        """The TMA configurations (tensor descriptors) on sm_90a: the TMA bulk copies in the
+        PTX, every dot wgmma, within 227 KiB, no spills; the pointer configurations' audit
+        above fails any that uses TMA unasked. A representative subset, 12 compiles (about
+        25 s of a core): of each list the first configuration in bf16, causal with key
+        padding (the most live values: the padded keys' zeroing), and the smallest in fp16,
+        not causal. Every TMA configuration of every list (bf16 and fp16, causal or not,
+        key padding or not; the other weights at head dim 128 without) passed the same
+        checks when the lists were made (docs/attention.md section 7)."""
+        from elasticbench.audit.attention_tiles import compile_report
+        from elasticbench.kernels.triton import attention_configs as ac
+
+        if not ac.tma_available():
+            pytest.skip("this Triton has no tensor descriptors")
+        bf16 = ac.configs(kernel, head_dim, torch.bfloat16, True, tma=True)
+        fp16 = ac.configs(kernel, head_dim, torch.float16, False, tma=True)
+        assert ac.configs(kernel, head_dim, torch.float32, True, tma=True) == ()
+        runs = [(bf16[0], torch.bfloat16, True, True), (ac.smallest(fp16), torch.float16,
+                                                        False, False)]
+        for tiles, dtype, causal, padded in runs:
+            assert tiles.tma
+            report = compile_report(kernel, head_dim, dtype, causal, tiles, padded=padded)
+            assert report.tma and not report.problems(), report
+
+    def test_tma_configurations_are_offered_by_feature_and_never_forced_on_a_call():
+        """TMA configurations exist where this Triton has tensor descriptors; a call whose rows
+        are not 16-byte aligned runs even a forced TMA configuration with pointer loads;
+        $ELASTICBENCH_TRITON_ATTENTION_TMA keeps one kind; the launch note names TMA."""
+        from dataclasses import replace
+        from unittest import mock
+
+        from elasticbench.audit.capture import capture_launches
+        from elasticbench.kernels.triton import attention_configs as ac
+        from elasticbench.kernels.triton.attention import attention_forward
+
+        tma = ac.configs("fwd", 128, torch.bfloat16, False, tma=True)
+        assert tma and all(t.tma for t in tma) and str(tma[0]).endswith(" tma")
+        assert not any(t.tma for t in ac.configs("fwd", 128, torch.bfloat16, False))
+        with mock.patch.object(ac, "tma_available", lambda: False):
+            assert ac.configs("dq", 64, torch.bfloat16, True, tma=True) == ()
+            assert ac.offered("dq", 64, torch.bfloat16, True, tma=True) == ac.configs(
+                "dq", 64, torch.bfloat16, True)
+        plain = ac.configs("dkdv", 64, torch.bfloat16, True)
+        with mock.patch.dict("os.environ", {ac.TMA_ENV: ""}):
+            both = ac.offered("dkdv", 64, torch.bfloat16, True, tma=True)
+        assert both == plain + ac.configs("dkdv", 64, torch.bfloat16, True, tma=True)
+        assert ac.smallest(both) == ac.smallest(plain)  # the interpreter: pointer loads
+        for mode, want in (("1", both[len(plain):]), ("0", plain), ("", both)):
+            with mock.patch.dict("os.environ", {ac.TMA_ENV: mode}):
+                assert ac.offered("dkdv", 64, torch.bfloat16, True, tma=True) == want
+                assert ac.offered("dkdv", 64, torch.bfloat16, True) == plain  # not offered
+        with mock.patch.dict("os.environ", {ac.TMA_ENV: "1"}):  # fp32: for verification
+            fp32 = ac.offered("fwd", 64, torch.float32, False, tma=True)
+            assert [replace(t, tma=False) for t in fp32] == list(ac.configs(
+                "fwd", 64, torch.float32, False)) and all(t.tma for t in fp32)
+        heads = torch.ones(1, 2)
+        for d, dtype, allowed in ((4, torch.bfloat16, False), (8, torch.bfloat16, True),
+                                  (4, torch.float32, True), (6, torch.float32, False)):
+            q = torch.zeros(1, 2, 40, d, dtype=dtype)
+            shifted = torch.zeros(q.numel() + 1, dtype=dtype)[1:].view(q.shape)  # base % 16
+            with capture_launches() as launches:
+                attention_forward(q, q, q, heads, heads, 0.5, False, tile=tma[0])
+                attention_forward(q, shifted, q, heads, heads, 0.5, False, tile=tma[0])
+            assert [la.kwargs["TMA"] for la in launches] == [allowed, False], (d, dtype)
+
     def test_a_configuration_that_spills_for_a_weight_is_off_its_list_alone():
         from elasticbench.attention.weights import Weight
         from elasticbench.kernels.triton import attention_configs as ac
@@ -185,6 +256,51 @@ else:
                                  False)[2]
             torch.testing.assert_close(dv[0, 0].float(), wdv[0, 0].float(), rtol=2e-2,
                                        atol=2e-2)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    def test_tensor_descriptors_give_the_pointer_loads_values_bit_for_bit(dtype):
+        """The TMA form (q, k, v, dO through tensor descriptors, out, dq, dk, dv stored
+        through them) of the interpreter's tiles against their pointer loads: out, m, den and the
+        five gradients bit-identical, with an odd key length (ragged last key block), key
+        padding whose padded keys hold NaN and inf (a descriptor reads them: they must
+        meet no zero weight), causal, in Elastic and symax."""
+        from dataclasses import replace
+
+        from elasticbench.attention.weights import Weight
+        from elasticbench.kernels.triton import attention_configs as ac
+        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+
+        if not ac.tma_available():
+            pytest.skip("this Triton has no tensor descriptors")
+        g = torch.Generator().manual_seed(8)
+        q, do = (torch.randn(2, 1, 70, 16, generator=g).to(dtype) for _ in range(2))
+        k, v = (torch.randn(2, 1, 77, 16, generator=g).to(dtype) for _ in range(2))
+        mask = torch.arange(77)[None, :] < torch.tensor([[77], [56]])
+        mask[1, 3] = False
+        for t in (k, v):
+            t[1, :, 3] = float("nan")
+            t[1, :, 60] = float("inf")
+        tau, beta = torch.tensor([[0.3], [1.7]]), torch.tensor([[2.0], [0.5]])
+        cases = [(Weight.ELASTIC, True, mask), (Weight.ELASTIC, False, None)]
+        if dtype == torch.float32:
+            cases.append((Weight.SYMAX, True, mask))
+        for weight, causal, keep in cases:
+            # the interpreter's tiles (fp32 has no TMA list: its tiles forced to TMA)
+            tiles = [ac.smallest(ac.configs(kernel, 16, dtype, causal, weight))
+                     for kernel in ac.KERNELS]
+            results = []
+            for tma in (False, True):
+                fwd, kv, dq = (replace(t, tma=tma) for t in tiles)
+                out = attention_forward(q, k, v, tau, beta, 0.3, causal, keep, weight, fwd)
+                grads = attention_backward(q, k, v, out[0], do, out[1], out[2], tau, beta, 0.3,
+                                           causal, keep, weight, (kv, dq))
+                results.append([*out, *grads])
+            names = ("out", "m", "den", "dq", "dk", "dv", "dp0", "dp1")
+            for name, a, b in zip(names, *results, strict=True):
+                assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (
+                    weight.name, causal, name)
+            # (unpadded, batch 1's NaN keys are seen: NaN as in both paths)
+            assert keep is None or results[0][0].isfinite().all(), "padded keys seen"
 
     def test_an_infinite_score_gives_the_mean_of_its_values():
         from elasticbench.kernels.triton.attention import attention_forward

@@ -1,6 +1,7 @@
 """The Triton attention kernel's configurations as the compiler makes them for Hopper: each
 compiled for sm_90a without a GPU (elasticbench.audit's captured launches), and whether its
-dots are wgmma, its shared memory fits and nothing spills (docs/triton.md)."""
+dots are wgmma, its shared memory fits, nothing spills and its loads are TMA exactly where
+the configuration says so (docs/triton.md, docs/attention.md section 7)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ SHARED_PER_BLOCK = 227 * 1024  # sm_90: 228 KiB per SM, 227 KiB usable by one bl
 class CompileReport:
     """What the compiler made of one configuration for sm_`arch` (no GPU needed): whether
     its dots are warpgroup MMAs (wgmma) or the older mma.sync, its shared memory, registers
-    and spilled bytes per thread."""
+    and spilled bytes per thread, and whether it moves tiles by TMA (cp.async.bulk.tensor)."""
 
     kernel: str
     head_dim: int
@@ -34,6 +35,7 @@ class CompileReport:
     shared: int
     regs: int
     spills: int
+    tma: bool = False
 
     def problems(self) -> list[str]:
         """What keeps this configuration off Hopper's fast path, if anything (fp32 has no
@@ -45,23 +47,28 @@ class CompileReport:
             out.append(f"{self.shared} B of shared memory > {SHARED_PER_BLOCK}")
         if self.spills:
             out.append(f"spills {self.spills} B per thread")
+        if self.tma != self.tiles.tma:
+            out.append("TMA configuration without TMA" if self.tiles.tma else "TMA unasked")
         return out
 
 
 def compile_report(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, tiles: Tiles,
-                   arch: int = 90, weight: Weight = Weight.ELASTIC) -> CompileReport:
+                   arch: int = 90, weight: Weight = Weight.ELASTIC,
+                   padded: bool = False) -> CompileReport:
     """Compile `kernel`'s launch for `weight` with `tiles` for sm_`arch` through
     elasticbench.audit (the wrapper is driven with CPU tensors and its launches captured,
-    not run)."""
+    not run); padded: with a key-padding mask."""
     q = torch.zeros(1, 2, 1024, head_dim, dtype=dtype)
     heads = torch.ones(1, 2)
     stats = torch.zeros(1, 2, 1024)
+    keep = (torch.arange(1024) < 700)[None] if padded else None
     with capture_launches() as launches:
         if kernel == "fwd":
-            attention_forward(q, q, q, heads, heads, 0.125, causal, weight=weight, tile=tiles)
+            attention_forward(q, q, q, heads, heads, 0.125, causal, keep, weight=weight,
+                              tile=tiles)
         else:
             attention_backward(q, q, q, q, q, stats, stats + 1, heads, heads, 0.125, causal,
-                               weight=weight, tiles=(tiles, tiles))
+                               keep, weight=weight, tiles=(tiles, tiles))
     name = {"fwd": "attention_forward_kernel", "dkdv": "attention_dkdv_kernel",
             "dq": "attention_dq_kernel"}[kernel]
     compiled = compile_launch(next(la for la in launches if la.name == name), arch)
@@ -69,4 +76,5 @@ def compile_report(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     regs, spills = resource_usage(compiled.asm["cubin"])
     return CompileReport(kernel, head_dim, str(dtype).removeprefix("torch."), causal, tiles,
                          Weight(weight).name.lower(), "wgmma.mma_async" in ptx, "mma.sync" in ptx,
-                         int(compiled.metadata.shared), regs, spills)
+                         int(compiled.metadata.shared), regs, spills,
+                         "cp.async.bulk.tensor" in ptx)
