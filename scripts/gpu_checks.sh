@@ -118,7 +118,7 @@ step train_step "$(share 8)" python3 scripts/train_step.py --compile both \
     --json "$out/train_step.json"
 step run "$(share 7)" elasticbench run --case cases/gpu.toml --json "$out/run.json"
 limit=$(share 7)
-step rows_sweep "$limit" python3 scripts/gpu_rows_sweep.py "$out" --budget-s "$(inner "$limit" 20)"
+step rows_sweep "$limit" python3 scripts/gpu_rows_sweep.py "$out" --budget-s "$(inner "$limit" 8)"
 
 # time permitting
 step run_bwd "$(left)" elasticbench run --case cases/gpu-bwd.toml --json "$out/run_bwd.json"

@@ -208,7 +208,7 @@ def test_gpu_checks_gives_each_step_its_share(tmp_path):
     assert all(want[k] - 2 <= limits[k] <= want[k] for k in want), limits
     assert limits["attention_full"] > 400  # nothing before it used its time
     assert re.search(r"scripts/gpu_gates.py --budget (2[6-9]|3[0-9]) --json", log)
-    assert re.search(r"scripts/gpu_rows_sweep.py \S+ --budget-s 1[1-3]$", log, re.M)
+    assert re.search(r"scripts/gpu_rows_sweep.py \S+ --budget-s 2[3-5]$", log, re.M)
     assert "--case cases/attention-gpu-headline.toml" in log
 
 
