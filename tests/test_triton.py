@@ -52,6 +52,7 @@ else:
              "split": {"max_fused": 16, "chunk": 16, "splits": 3}, "rows": {"row_block": 4}}
     # a comma-separated subset: the second Triton's run (tests/test_triton_versions.py)
     # checks the Triton-facing code on two paths, not every launch path again
+    # (the forward verification's launch thresholds below too)
     if only := os.environ.get("ELASTICBENCH_TEST_TRITON_PATHS"):
         PATHS = {name: PATHS[name] for name in only.split(",")}
     NAN, INF = math.nan, math.inf
@@ -88,9 +89,14 @@ else:
                         "single_nonneg", "huge", "near_exp_limit", "ties_equal", "ties_max",
                         "dominant", "subnormal", "specials"]
 
-    @pytest.mark.parametrize("thresholds", [(16384, 4096, 0, 0), (32, 32, 1, 0),
-                                            (32, 32, 0, -1), (64, 16, 0, 1)],
-                             ids=["fused", "online", "split", "resident"])
+    THRESHOLDS = {"fused": (16384, 4096, 0, 0), "online": (32, 32, 1, 0),
+                  "split": (32, 32, 0, -1), "resident": (64, 16, 0, 1)}
+
+    # every plan, or those of ELASTICBENCH_TEST_TRITON_PATHS
+    FORWARD_PLANS = [p for p in THRESHOLDS if p in PATHS or (p == "resident" and not only)]
+
+    @pytest.mark.parametrize("thresholds", [THRESHOLDS[p] for p in FORWARD_PLANS],
+                             ids=FORWARD_PLANS)
     def test_forward_passes_verification(thresholds, store) -> None:
         kernels = [k for k in list_kernels(backend="triton", mode="fwd") if k.kind == "row"]
         assert {k.function for k in kernels} == {"elastic", "softmax", "softmax1",
