@@ -86,6 +86,25 @@ if not devices.triton_interpreted():
 
     @pytest.mark.ci
     @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+    @pytest.mark.parametrize("causal", [False, True])
+    def test_key_padding_takes_the_dkdv_configurations_that_do_not_spill_with_it(causal):
+        """A key-padding mask's flags keep more values live: the pointer dk/dv 128x32 w8
+        tiles at head dim 128 spill with it (8-24 B per thread) and are not offered to a
+        padded call; what is, compiled with padding (bf16; fp16 spills alike), does not."""
+        from elasticbench.audit.attention_tiles import compile_report
+        from elasticbench.kernels.triton import attention_configs as ac
+
+        padded = ac.configs("dkdv", 128, torch.bfloat16, causal, padded=True)
+        plain = ac.configs("dkdv", 128, torch.bfloat16, causal)
+        assert padded and len(padded) < len(plain) and set(padded) < set(plain)
+        assert ac.offered("dkdv", 128, torch.bfloat16, causal, padded=True) == padded
+        bad = [f"{t}: {', '.join(r.problems())}" for t in padded
+               if (r := compile_report("dkdv", 128, torch.bfloat16, causal, t,
+                                       padded=True)).problems()]
+        assert not bad, bad
+
+    @pytest.mark.ci
+    @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
     @pytest.mark.parametrize("weight", ["SOFTMAX1", "SYMAX", "STABLEMAX", "SIGMOID"])
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
     @pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])

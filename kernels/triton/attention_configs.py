@@ -80,6 +80,12 @@ _NOT_CAUSAL = {("fwd", 64, Tiles(128, 64, 4, 3))}
 _SPILLS_FOR = {("dkdv", 128, True, Weight.SYMAX, Tiles(128, 32, 8, 2))} | {
     ("fwd", 64, False, w, Tiles(128, 64, 4, 3))
     for w in (Weight.SYMAX, Weight.STABLEMAX, Weight.SIGMOID)}
+# (kernel, head-dim class, causal, tiles) that spill only with a key-padding mask (its flags
+# hold more live values; the compile audit with padding, bytes per thread, bf16 and fp16
+# alike): the pointer dk/dv's 128x32 w8 at 128 on 3 stages (24, causal 8) and causal on 2 (24)
+_PADDED_SPILLS = {("dkdv", 128, False, Tiles(128, 32, 8, 3)),
+                  ("dkdv", 128, True, Tiles(128, 32, 8, 3)),
+                  ("dkdv", 128, True, Tiles(128, 32, 8, 2))}
 # head dims above 128: one small tile, not tuned (audited neither)
 _HALF_WIDE: dict[str, tuple[Tiles, ...]] = {
     "fwd": (Tiles(64, 32, 4, 2),), "dkdv": (Tiles(64, 32, 4, 2),), "dq": (Tiles(64, 32, 4, 2),)}
@@ -136,10 +142,12 @@ def head_dim_class(head_dim: int) -> int:
 
 
 def configs(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
-            weight: Weight = Weight.ELASTIC, tma: bool = False) -> tuple[Tiles, ...]:
+            weight: Weight = Weight.ELASTIC, tma: bool = False,
+            padded: bool = False) -> tuple[Tiles, ...]:
     """The configurations of `kernel` ("fwd", "dkdv" or "dq") for a head dim (the larger of
     q's and v's), an input dtype, causality and the weight (Weight); tma: only the TMA ones
-    (empty where the installed Triton has no tensor descriptors, or the head dim none)."""
+    (empty where the installed Triton has no tensor descriptors, or the head dim none);
+    padded: for a call with a key-padding mask."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     cls = head_dim_class(head_dim)
@@ -155,21 +163,23 @@ def configs(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
         listed = _HALF.get((kernel, cls), _HALF_WIDE[kernel])
     w = Weight(weight)
     return tuple(t for t in listed if not (causal and (kernel, cls, t) in _NOT_CAUSAL)
-                 and (kernel, cls, bool(causal), w, t) not in _SPILLS_FOR)
+                 and (kernel, cls, bool(causal), w, t) not in _SPILLS_FOR
+                 and not (padded and (kernel, cls, bool(causal), t) in _PADDED_SPILLS))
 
 
 def offered(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
-            weight: Weight = Weight.ELASTIC, tma: bool = False) -> tuple[Tiles, ...]:
+            weight: Weight = Weight.ELASTIC, tma: bool = False,
+            padded: bool = False) -> tuple[Tiles, ...]:
     """What a call chooses among: the pointer configurations and, where tma (the call's
     device and tensors allow descriptors), the TMA ones. $ELASTICBENCH_TRITON_ATTENTION_TMA
     = 0 keeps the pointer ones; = 1 the TMA ones where tma, and where a list has none (fp32)
     its pointer tiles with descriptors: for verification, not speed (they spill on
     Hopper); without tma the pointer ones all the same (it never fails)."""
     mode = tma_mode()
-    plain = configs(kernel, head_dim, dtype, causal, weight)
+    plain = configs(kernel, head_dim, dtype, causal, weight, padded=padded)
     if not tma or mode == "0":
         return plain
-    with_tma = configs(kernel, head_dim, dtype, causal, weight, True)
+    with_tma = configs(kernel, head_dim, dtype, causal, weight, True, padded)
     if mode == "1":
         return with_tma or tuple(replace(t, tma=True) for t in plain)
     return plain + with_tma
@@ -201,7 +211,7 @@ def choose(kernel: str, head_dim: int, q: torch.Tensor, causal: bool, has_mask: 
 
 def _choose(kernel: str, head_dim: int, q: torch.Tensor, causal: bool, has_mask: bool,
             time_one: Callable[[Tiles], float], weight: Weight, tma: bool) -> Tiles:
-    options = offered(kernel, head_dim, q.dtype, causal, weight, tma)
+    options = offered(kernel, head_dim, q.dtype, causal, weight, tma, has_mask)
     if triton_interpreted() or not q.is_cuda or len(options) == 1:
         return smallest(options)
     cap = torch.cuda.get_device_capability(q.device)
