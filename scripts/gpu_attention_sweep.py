@@ -6,8 +6,9 @@
 
 For each dtype, head dim D, length L (batch B = tokens / L, H heads) and causality it times,
 with triton.testing.do_bench (median, L2 flushed), the forward under every configuration of
-attention_configs.configs("fwd", ...), and the backward (preprocessing, dk/dv and dq
-launches) under every dk/dv configuration (dq at its list's first) and every dq
+attention_configs.configs("fwd", ...) and then its TMA ones (tma=True), and the backward
+(preprocessing, dk/dv and dq launches) under every dk/dv configuration, pointer then TMA (dq
+at its list's first), and every dq
 configuration (dk/dv at its first); SDPA (torch's default backend) beside them for the same
 shape. TFLOP/s: forward 4 B H L^2 D, backward 2.5 times that, both halved when causal. Each
 configuration's output is compared with the first configuration's (max relative
@@ -72,6 +73,12 @@ def _rel(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
+def _listed(ac, kernel: str, d: int, dtype, causal: bool) -> tuple:
+    """Every configuration the tuner may pick for kernel: the pointer list, then the TMA
+    list (empty where this Triton has no tensor descriptors)."""
+    return ac.configs(kernel, d, dtype, causal) + ac.configs(kernel, d, dtype, causal, tma=True)
+
+
 def _sweep_shape(dt: str, d: int, length: int, causal: bool, args: argparse.Namespace,
                  bench, device: str = "cuda") -> list[dict]:
     """The rows of one (dtype, head dim, length, causal): SDPA, then every configuration."""
@@ -99,7 +106,7 @@ def _sweep_shape(dt: str, d: int, length: int, causal: bool, args: argparse.Name
     rows.append({**base, "kernel": "sdpa_fwd", "tiles": None, "ms": ms,
                  "tflops": fwd_flops / ms / 1e9})
     first = None
-    for t in ac.configs("fwd", d, dtype, causal):
+    for t in _listed(ac, "fwd", d, dtype, causal):
         try:
             got = kernel.attention_forward(q, k, v, tau, beta, scale, causal, tile=t)
             first = first if first is not None else got
@@ -115,8 +122,8 @@ def _sweep_shape(dt: str, d: int, length: int, causal: bool, args: argparse.Name
     out, m, den = first
     kv0 = ac.configs("dkdv", d, dtype, causal)[0]
     q0 = ac.configs("dq", d, dtype, causal)[0]
-    pairs = [("dkdv", (t, q0)) for t in ac.configs("dkdv", d, dtype, causal)]
-    pairs += [("dq", (kv0, t)) for t in ac.configs("dq", d, dtype, causal)[1:]]
+    pairs = [("dkdv", (t, q0)) for t in _listed(ac, "dkdv", d, dtype, causal)]
+    pairs += [("dq", (kv0, t)) for t in _listed(ac, "dq", d, dtype, causal)[1:]]
     ref = None
     for which, tiles in pairs:
         t = tiles[0] if which == "dkdv" else tiles[1]
