@@ -24,6 +24,7 @@ from typing import Any
 import click
 import torch
 
+from elasticbench import launches
 from elasticbench.functions import get_function
 from elasticbench.kernels.triton.launch import DTYPES, SMLimits, resident_programs
 from elasticbench.registry import KernelSpec, list_kernels
@@ -67,7 +68,7 @@ class Audit:
     mode: str
     dtype: str
     n: int
-    path: str  # fused or online
+    path: str  # the launch plan's path: fused, rows, online, split or resident
     block: int
     num_warps: int
     regs: int
@@ -96,31 +97,35 @@ def _default_params(spec: KernelSpec) -> dict[str, float]:
     return {p.name: p.default for p in get_function(spec.function).params}
 
 
-def _capture(spec: KernelSpec, dtype: str, rows: int, n: int) -> list[Launch]:
+def _capture(spec: KernelSpec, dtype: str, rows: int, n: int) -> tuple[list[Launch], str]:
+    """spec's launches for a (rows, n) call, and the path its launch plan took."""
     x = torch.empty(rows, n, dtype=TORCH_DTYPES[dtype])
-    with capture_launches() as launches:
+    with launches.noting() as notes, capture_launches() as captured:
         if spec.mode == "bwd":
             spec.fn(x, torch.empty_like(x), torch.empty_like(x), **_default_params(spec))
         else:
             spec.fn(x, **_default_params(spec))
-    return launches
+    # the plan's note, as kernels/triton/launch.py writes it: "[backward ]<path> <geometry>"
+    path = notes[-1].removeprefix("backward ").split()[0] if notes else "?"
+    return captured, path
 
 
 def audit_kernel(spec: KernelSpec, dtype: str, n: int, gpu: GPUModel,
                  rows: int = 1024) -> Audit:
     """Compile spec's row kernel for (rows, n) in dtype and model it on gpu."""
-    launch = _capture(spec, dtype, rows, n)[0]  # the row kernel; a reduction may follow
+    captured, path = _capture(spec, dtype, rows, n)
+    launch = captured[0]  # the row kernel (the split path's first pass); more may follow
     compiled = compile_launch(launch, gpu.arch)
     regs, local_bytes, ops = read_cubin(compiled.asm["cubin"])
     ex2 = re.findall(r"\bex2\.approx[.a-z0-9]*", compiled.asm["ptx"])
     divs = re.findall(r"\bdiv\.rn(?:\.ftz)?\.f32", compiled.asm["ptx"])
     block = int(launch.kwargs["BLOCK"])
-    fused = block >= n
     per_thread = block / (32 * launch.num_warps)  # elements a thread holds per row or chunk
     counts = Counter(op.split(".")[0] for op in ops)
     itemsize = TORCH_DTYPES[dtype].itemsize
     arrays = 4 if spec.mode == "bwd" else 2  # x (y, g) read and the result written
-    rereads = 0 if fused else (3 if spec.mode == "bwd" else 1)  # the online pass reads again
+    # the online and split paths read a row again after its statistics; the others hold it
+    rereads = (3 if spec.mode == "bwd" else 1) if path in ("online", "split") else 0
     bytes_per_element = (arrays + rereads) * itemsize
     sass_pe = len(ops) / per_thread
     mufu_pe = counts["MUFU"] / per_thread
@@ -131,7 +136,7 @@ def audit_kernel(spec: KernelSpec, dtype: str, n: int, gpu: GPUModel,
         "memory": gpu.bandwidth_gbs / bytes_per_element,
     }
     return Audit(
-        kernel=spec.name, mode=spec.mode, dtype=dtype, n=n, path="fused" if fused else "online",
+        kernel=spec.name, mode=spec.mode, dtype=dtype, n=n, path=path,
         block=block, num_warps=launch.num_warps, regs=regs, local_bytes=local_bytes,
         local_stores=counts["STL"],
         shared=int(compiled.metadata.shared),
