@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("-d", "--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--shapes", default=",".join(f"{r}x{n}" for r, n in SHAPES),
+                        help="ROWSxN,... (default: every shape above)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("error: run without TRITON_INTERPRET (this compiles)", file=sys.stderr)
@@ -125,7 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: dtypes must be among fp32, fp16, bf16, got {args.dtypes!r}",
               file=sys.stderr)
         return 2
-    rows = audit(SHAPES, dtypes)
+    try:
+        shapes = [(int(r), int(n)) for r, n in (s.split("x") for s in args.shapes.split(","))]
+    except ValueError:
+        print(f"error: shapes must be ROWSxN,..., got {args.shapes!r}", file=sys.stderr)
+        return 2
+    rows = audit(shapes, dtypes)
     print(table(rows))
     if args.json:
         args.json.write_text(json.dumps({"arch": 90, "rows": rows}, indent=1) + "\n")
