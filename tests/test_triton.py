@@ -22,11 +22,17 @@ from elasticbench import devices
 
 if devices.triton_unavailable() is not None:  # neither a GPU nor the interpreter here
 
-    # two halves in their own interpreter processes, so that pytest-xdist's workers share them
+    # shards of about a minute or two of interpreter each, in their own processes, so that
+    # pytest-xdist's two workers share them evenly (one 250 s shard was CI's ci step's tail)
+    LONG = "passes_verification or split_and_grouped or many_chunk or long_rows"
+    SHARDS = {"flushing": "flushing_two_ulp", "verification": "passes_verification",
+              "plans": "split_and_grouped or many_chunk or long_rows",
+              "rest": f"not flushing_two_ulp and not ({LONG})"}
+
     @pytest.mark.ci
-    @pytest.mark.parametrize("half", ["flushing_two_ulp", "not flushing_two_ulp"])
-    def test_triton_kernels_under_the_interpreter(half: str, under_interpreter) -> None:
-        under_interpreter(__file__, "-k", half, timeout=1800)  # four launch paths now
+    @pytest.mark.parametrize("shard", list(SHARDS))
+    def test_triton_kernels_under_the_interpreter(shard: str, under_interpreter) -> None:
+        under_interpreter(__file__, "-k", SHARDS[shard], timeout=1800)
 
 else:
     from elasticbench.kernels import triton_kernels as registered
