@@ -205,7 +205,7 @@ def choose(kernel: str, head_dim: int, q: torch.Tensor, causal: bool, has_mask: 
     and whether TMA was offered among them) and kept. A configuration whose launch fails
     (out of resources on this GPU) is skipped."""
     tiles = _choose(kernel, head_dim, q, causal, has_mask, time_one, weight, tma)
-    launches.note(f"{kernel} {tiles}")
+    launches.note(lambda: f"{kernel} {tiles}")
     return tiles
 
 

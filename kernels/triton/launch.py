@@ -424,7 +424,7 @@ def note_plan(kernel: Any, x: torch.Tensor, chosen: RowPlan) -> None:
         PLANS.clear()
     name = getattr(getattr(kernel, "fn", kernel), "__name__", "?")
     PLANS[(name, x.shape[0], x.shape[1], x.dtype)] = chosen
-    launches.note(("backward " if "bwd" in name else "") + chosen.describe())
+    launches.note(lambda: ("backward " if "bwd" in name else "") + chosen.describe())
 
 
 def exp2_model_ulps(options: LaunchOptions) -> int:
