@@ -32,53 +32,33 @@ of elasticbench.kernels.triton when they import; everything else the torch code.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
 from .attention.weights import Weight
-from .functions import get_function
+from .domains import BETA, BIAS, ETA, TAU, Domain
 from .rows.layout import Scalar
 from .rows.ops import along
 from .rows.spec import ELASTIC, SOFTMAX, SOFTMAX1
 
 
-@functools.cache
-def _elastic_params() -> dict:
-    return {p.name: p for p in get_function("elastic").params}
-
-
-def _check_float(name: str, value: Scalar) -> Scalar:
+def _check_param(domain: Domain, value: Scalar) -> Scalar:
+    """A tensor parameter as given (trusted to hold values of the domain; ElasticSoftmax's
+    and the family's modules guarantee it), a number checked against its domain."""
     if isinstance(value, torch.Tensor):
         if not value.is_floating_point():
-            raise TypeError(f"{name} must be a float or a floating-point tensor")
+            raise TypeError(f"{domain.name} must be a float or a floating-point tensor")
         return value
-    return _elastic_params()[name].validate(value)
+    return domain.check(value)
 
 
 def elastic_softmax(x: torch.Tensor, tau: Scalar = 1.0, beta: Scalar = 1.0, dim: int = -1):
     """Elastic-Softmax of x along dim, differentiable in x, tau and beta (see module doc)."""
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
-    tau, beta = _check_float("tau", tau), _check_float("beta", beta)
+    tau, beta = _check_param(TAU, tau), _check_param(BETA, beta)
     return along(x, tau, beta, dim % max(x.ndim, 1), ELASTIC)
-
-
-def _check_scalar(name: str, value: Scalar, lower: float | None) -> Scalar:
-    """A tensor parameter as given (trusted, as elastic's); a number finite and >= lower."""
-    if isinstance(value, torch.Tensor):
-        if not value.is_floating_point():
-            raise TypeError(f"{name} must be a float or a floating-point tensor")
-        return value
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(v) or (lower is not None and v < lower):
-        bound = "" if lower is None else f" and >= {lower:g}"
-        raise ValueError(f"{name} must be finite{bound}, got {value!r}")
-    return v
 
 
 def _attention(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Scalar,
@@ -133,7 +113,7 @@ def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau:
     a tiled backward recomputes the weights from two saved statistics per query
     (docs/attention.md); with any other mask, the scores are materialized.
     """
-    tau, beta = _check_float("tau", tau), _check_float("beta", beta)
+    tau, beta = _check_param(TAU, tau), _check_param(BETA, beta)
     return _attention(Weight.ELASTIC, q, k, v, tau, beta, scale, causal, attn_mask, is_causal)
 
 
@@ -155,7 +135,7 @@ def symax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eta: S
     0-d or per-head tensor, or one broadcasting against (B, H, 1, 1)); differentiable in q,
     k, v and eta. With eta = 0 a query whose visible scores are all 0 gives zeros.
     """
-    eta = _check_scalar("eta", eta, 0.0)
+    eta = _check_param(ETA, eta)
     return _attention(Weight.SYMAX, q, k, v, 0.0, eta, scale, causal, attn_mask, is_causal)
 
 
@@ -183,7 +163,7 @@ def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if bias is None:
         lk = k.shape[2] if isinstance(k, torch.Tensor) and k.ndim == 4 else 1
         bias = -math.log(lk) if lk > 0 else 0.0  # no key: nothing to weigh
-    bias = _check_scalar("bias", bias, None)
+    bias = _check_param(BIAS, bias)
     return _attention(Weight.SIGMOID, q, k, v, bias, 0.0, scale, causal, attn_mask, is_causal)
 
 

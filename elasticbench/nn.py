@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from .dispatch import traced
+from .domains import BETA, ETA, TAU
 from .functional import (
     elastic_attention,
     elastic_softmax,
@@ -43,7 +44,6 @@ from .functional import (
     stablemax_attention,
     symax_attention,
 )
-from .functions import get_function
 from .rows.cpp import CPP, extension
 from .rows.layout import as_rows, work_dtype
 from .rows.spec import ELASTIC, ExpSpec
@@ -117,7 +117,7 @@ class _LearnableTauBeta(nn.Module):
     def __init__(self, tau: float, beta: float, learnable: bool, param_shape: tuple[int, ...],
                  learn_tau: bool | None = None, learn_beta: bool | None = None):
         super().__init__()
-        checked = get_function("elastic").validate_params({"tau": tau, "beta": beta})
+        checked = {"tau": TAU.check(tau), "beta": BETA.check(beta)}
         self.learn_tau = learnable if learn_tau is None else learn_tau
         self.learn_beta = learnable if learn_beta is None else learn_beta
         if self.learn_beta and checked["beta"] == 0:
@@ -267,7 +267,7 @@ class SymaxAttention(_FamilyAttention):
                  param_shape: tuple[int, ...] = (), scale: float | None = None,
                  causal: bool = False):
         super().__init__(scale, causal)
-        checked = get_function("symax").validate_params({"eta": eta})["eta"]
+        checked = ETA.check(eta)
         if learnable and checked == 0:
             raise ValueError("a learned eta needs eta > 0 (it is learned on a log scale); pass "
                              "learnable=False to keep it at 0, or a small eta such as 1e-3")
