@@ -51,6 +51,8 @@ d bias = sum ds (the dq program), per (batch, head) (docs/attention.md sections 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import replace
 
 import torch
@@ -62,7 +64,7 @@ from elasticbench.devices import triton_interpreted
 
 from .attention_configs import Tiles, choose, tma_available
 from .exp_family import exp2
-from .launch import run
+from .launch import current_options, run
 from .memory import max_nan
 
 WEIGHTS = frozenset(Weight)
@@ -122,23 +124,27 @@ def _row_fn(s, bias, WEIGHT: tl.constexpr):
 
 
 @triton.jit
-def _weight(qk, mk, k2, scale, bias, keep, SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
+def _weight(qk, mk, k2, scale, bias, keep, SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr,
+            EXP2_ULPS: tl.constexpr):
     """The unnormalized weight of each raw score qk of a tile, 0 where not kept: 2^arg for
-    the exp family, else _row_fn of qk scale."""
+    the exp family, else _row_fn of qk scale. EXP2_ULPS >= 0: the interpreter's model of
+    the GPU's ex2.approx (exp_family.exp2, docs/triton.md); -1 on a GPU."""
     if WEIGHT <= SOFTMAX1:
-        f = exp2(_weight_arg(qk, mk, k2, keep, WEIGHT), SUBNORMAL, -1)
+        f = exp2(_weight_arg(qk, mk, k2, keep, WEIGHT), SUBNORMAL, EXP2_ULPS)
     else:
         f = tl.where(keep, _row_fn(qk * scale, bias, WEIGHT), 0.0)
     return f
 
 
 @triton.jit
-def _dscore(f, y, qk, keep, r, dp, c, inv_tau, WEIGHT: tl.constexpr):
+def _dscore(f, y, qk, keep, r, dp, c, WEIGHT: tl.constexpr):
     """ds = dL/ds of each score from its weight f, normalized y = f r (0 where not kept), and
-    dp = dO . v: the exp family y (dp - c)/tau (softmax1: inv_tau = 1); symax and stablemax
-    f'(s) r (dp - c); sigmoid dp y (1 - y)."""
+    dp = dO . v: symax and stablemax f'(s) r (dp - c); sigmoid dp y (1 - y); the exp family
+    tau ds = y (dp - c), without its 1/tau: ds is rounded to 16 bits for the dot, and at a
+    small tau (1e-3) y (dp - c)/tau passes fp16's 65504; the callers apply 1/tau, one
+    constant per (batch, head), to the fp32 sums instead (_ds_unit)."""
     if WEIGHT <= SOFTMAX1:
-        ds = y * (dp - c) * inv_tau
+        ds = y * (dp - c)
     elif WEIGHT == SYMAX:  # |s|' = sign(s) (0 at 0, as abs's subgradient)
         slope = tl.where(qk > 0.0, 1.0, tl.where(qk < 0.0, -1.0, 0.0))
         ds = tl.where(keep, slope, 0.0) * r * (dp - c)
@@ -148,6 +154,63 @@ def _dscore(f, y, qk, keep, r, dp, c, inv_tau, WEIGHT: tl.constexpr):
     else:
         ds = dp * y * (1.0 - y)
     return ds
+
+
+@triton.jit
+def _ds_unit(inv_tau, WEIGHT: tl.constexpr):
+    """What a sum of _dscore's ds is multiplied by to be in ds's units: 1/tau for the exp
+    family, 1 for the others."""
+    if WEIGHT <= SOFTMAX1:  # noqa: SIM108 (a constexpr branch)
+        unit = inv_tau
+    else:
+        unit = 1.0
+    return unit
+
+
+@triton.jit
+def _bh_params(p0_ptr, p0_sb, p0_sh, p1_ptr, p1_sb, p1_sh, batch, head,
+               WEIGHT: tl.constexpr):
+    """The kernels' (tau, beta) slots of one (batch, head), in fp32, read from the caller's
+    parameters in their own float type at batch p_sb + head p_sh (a stride of 0 broadcasts
+    a scalar or a per-head tensor): Elastic's (tau, beta); softmax1 (1, 1), Elastic at tau =
+    beta = 1; symax (1, eta); stablemax (1, 0); sigmoid (bias, 0). A slot the weight does
+    not use is never read (an unused one is never a divisor of 0)."""
+    return (_bh_tau(p0_ptr, p0_sb, p0_sh, batch, head, WEIGHT),
+            _bh_beta(p1_ptr, p1_sb, p1_sh, batch, head, WEIGHT))
+
+
+@triton.jit
+def _bh_tau(p0_ptr, p0_sb, p0_sh, batch, head, WEIGHT: tl.constexpr):
+    """The tau slot of _bh_params (all the backward's dk/dv and dq programs need)."""
+    tau = tl.full([], 1.0, tl.float32)
+    if WEIGHT == ELASTIC or WEIGHT == SIGMOID:  # noqa: SIM109
+        tau = tl.load(p0_ptr + batch.to(tl.int64) * p0_sb + head.to(tl.int64) * p0_sh)
+        tau = tau.to(tl.float32)
+    return tau
+
+
+@triton.jit
+def _bh_beta(p1_ptr, p1_sb, p1_sh, batch, head, WEIGHT: tl.constexpr):
+    """The beta slot of _bh_params."""
+    beta = tl.full([], 0.0, tl.float32)
+    if WEIGHT == ELASTIC or WEIGHT == SYMAX:  # noqa: SIM109
+        beta = tl.load(p1_ptr + batch.to(tl.int64) * p1_sb + head.to(tl.int64) * p1_sh)
+        beta = beta.to(tl.float32)
+    elif WEIGHT == SOFTMAX1:
+        beta = tl.full([], 1.0, tl.float32)
+    return beta
+
+
+@triton.jit
+def _grid_place(pid, n_blocks, REVERSED: tl.constexpr):
+    """(block, batch-head) of program pid on the one-dimensional grid `grid` makes: a
+    (batch, head)'s n_blocks programs are consecutive, as the x axis of a (blocks, b h) grid
+    ran them; REVERSED: its last block first (the longest causal query blocks first)."""
+    bh = pid // n_blocks
+    block = pid - bh * n_blocks
+    if REVERSED:
+        block = n_blocks - 1 - block
+    return block, bh
 
 
 @triton.jit
@@ -169,12 +232,22 @@ def _hit(qk, scale, ms, WEIGHT: tl.constexpr):
 
 
 @triton.jit
-def _load_rows(base, offs_r, row_ok, W: tl.constexpr, BLOCK_W: tl.constexpr,
-               MASKED: tl.constexpr):
-    """Rows offs_r of a row-major matrix of W columns at base, (rows, BLOCK_W); lanes past W,
-    and with MASKED rows where not row_ok, read 0."""
+def _tile_ptrs(base, start, offs_r, stride, BLOCK_W: tl.constexpr):
+    """Pointers to rows offs_r = start + arange of a matrix whose rows lie `stride` elements
+    apart (its columns 1 apart) at base: the tile's first row in 64 bits (start times a
+    transposed view's row stride may pass 2^31), the offsets inside the tile in 32."""
     offs_c = tl.arange(0, BLOCK_W)
-    ptrs = base + offs_r[:, None] * W + offs_c[None, :]
+    tile = base + tl.cast(start, tl.int64) * stride
+    return tile + (offs_r - start)[:, None] * stride + offs_c[None, :]
+
+
+@triton.jit
+def _load_rows(base, start, offs_r, row_ok, stride, W: tl.constexpr, BLOCK_W: tl.constexpr,
+               MASKED: tl.constexpr):
+    """Rows offs_r = start + arange of a matrix of W columns at base, rows `stride` apart,
+    (rows, BLOCK_W); lanes past W, and with MASKED rows where not row_ok, read 0."""
+    offs_c = tl.arange(0, BLOCK_W)
+    ptrs = _tile_ptrs(base, start, offs_r, stride, BLOCK_W)
     if MASKED:
         x = tl.load(ptrs, mask=row_ok[:, None] & (offs_c[None, :] < W), other=0.0)
     elif W == BLOCK_W:
@@ -185,13 +258,13 @@ def _load_rows(base, offs_r, row_ok, W: tl.constexpr, BLOCK_W: tl.constexpr,
 
 
 @triton.jit
-def _rows_source(ptr, rows, W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
-                 TMA: tl.constexpr):
-    """What _read takes blocks of a row-major (rows, W) matrix at ptr from: with TMA a tensor
-    descriptor of (BLOCK_R, BLOCK_W) blocks (past `rows` and W it reads 0, writes nothing),
-    else ptr itself."""
+def _rows_source(ptr, rows, stride, W: tl.constexpr, BLOCK_R: tl.constexpr,
+                 BLOCK_W: tl.constexpr, TMA: tl.constexpr):
+    """What _read takes blocks of a (rows, W) matrix at ptr, rows `stride` elements apart,
+    from: with TMA a tensor descriptor of (BLOCK_R, BLOCK_W) blocks (past `rows` and W it
+    reads 0, writes nothing; the host checked its 16-byte rules, _tma_ok), else ptr itself."""
     if TMA:
-        src = tl.make_tensor_descriptor(ptr, shape=[rows, W], strides=[W, 1],
+        src = tl.make_tensor_descriptor(ptr, shape=[rows, W], strides=[stride, 1],
                                         block_shape=[BLOCK_R, BLOCK_W])
     else:
         src = ptr
@@ -199,7 +272,7 @@ def _rows_source(ptr, rows, W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.
 
 
 @triton.jit
-def _read(src, start, offs_r, row_ok, W: tl.constexpr, BLOCK_W: tl.constexpr,
+def _read(src, start, offs_r, row_ok, stride, W: tl.constexpr, BLOCK_W: tl.constexpr,
           MASKED: tl.constexpr, HOLES: tl.constexpr, TMA: tl.constexpr):
     """Rows offs_r = start + arange of a _rows_source, as _load_rows reads them: lanes past W,
     and with MASKED rows where not row_ok, are 0. A descriptor zeroes only the rows past the
@@ -210,12 +283,12 @@ def _read(src, start, offs_r, row_ok, W: tl.constexpr, BLOCK_W: tl.constexpr,
         if MASKED and HOLES:
             x = tl.where(row_ok[:, None], x, tl.zeros_like(x))
     else:
-        x = _load_rows(src, offs_r, row_ok, W, BLOCK_W, MASKED)
+        x = _load_rows(src, start, offs_r, row_ok, stride, W, BLOCK_W, MASKED)
     return x
 
 
 @triton.jit
-def _write(dst, start, offs_r, row_ok, x, W: tl.constexpr, BLOCK_W: tl.constexpr,
+def _write(dst, start, offs_r, row_ok, x, stride, W: tl.constexpr, BLOCK_W: tl.constexpr,
            TMA: tl.constexpr):
     """Store x (rows offs_r = start + arange, BLOCK_W lanes) into a _rows_source in its
     element type: rows not row_ok (past the end) and lanes past W are not written."""
@@ -223,7 +296,7 @@ def _write(dst, start, offs_r, row_ok, x, W: tl.constexpr, BLOCK_W: tl.constexpr
         dst.store([start, 0], x.to(dst.dtype))
     else:
         offs_c = tl.arange(0, BLOCK_W)
-        tl.store(dst + offs_r[:, None] * W + offs_c[None, :], x.to(dst.dtype.element_ty),
+        tl.store(_tile_ptrs(dst, start, offs_r, stride, BLOCK_W), x.to(dst.dtype.element_ty),
                  mask=row_ok[:, None] & (offs_c[None, :] < W))
 
 
@@ -241,7 +314,7 @@ def _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK: tl.constexpr):
     """The keys offs_n that exist (< lk) and, with a key-padding mask, are kept by it."""
     ok = offs_n < lk
     if HAS_MASK:
-        ok = ok & (tl.load(keep_ptr + batch * lk + offs_n, mask=ok, other=0) != 0)
+        ok = ok & (tl.load(keep_ptr + batch.to(tl.int64) * lk + offs_n, mask=ok, other=0) != 0)
     return ok
 
 
@@ -267,18 +340,19 @@ def _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
-def _fwd_tile(q, k_src, v_src, keep_ptr, batch, start, offs_m, m, mk, l, acc, k2, scale,  # noqa: E741
-              bias, lk,
+def _fwd_tile(q, k_src, v_src, sk, sv, keep_ptr, batch, start, offs_m, m, mk, l, acc, k2,  # noqa: E741
+              scale, bias, lk,
               D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
-              SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr, TMA: tl.constexpr):
+              SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr, TMA: tl.constexpr,
+              EXP2_ULPS: tl.constexpr):
     """One block of keys folded into a query block's running (m, l, acc); the sums family
     (symax, stablemax, sigmoid) keeps m = 0 and plain sums. k_src, v_src: _rows_source."""
     offs_n = start + tl.arange(0, BLOCK_N)
     col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
     # a padded key's score is hidden below: k needs no zeroing (HOLES off)
-    k = _read(k_src, start, offs_n, col_ok, D, BLOCK_D, MASKED, False, TMA)
+    k = _read(k_src, start, offs_n, col_ok, sk, D, BLOCK_D, MASKED, False, TMA)
     qk = _dot(q, tl.trans(k), IEEE)
     if MASKED:
         visible = col_ok[None, :]
@@ -290,9 +364,9 @@ def _fwd_tile(q, k_src, v_src, keep_ptr, batch, start, offs_m, m, mk, l, acc, k2
         mk_new = m_new * k2
         # exactly 1 while the maximum stands (mk - m_new k2 contracted to an FMA would not be
         # 0, and l, acc would drift by its rounding error once per block)
-        alpha = tl.where(m == m_new, 1.0, exp2(mk - mk_new, False, -1))
+        alpha = tl.where(m == m_new, 1.0, exp2(mk - mk_new, False, EXP2_ULPS))
         p = _weight(qk, mk_new[:, None], k2, scale, bias, _kept(qk, _floor(WEIGHT), WEIGHT),
-                    SUBNORMAL, WEIGHT)
+                    SUBNORMAL, WEIGHT, EXP2_ULPS)
         l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
     else:
         # hidden keys do not exist (|-inf| would be a weight); NaN scores are kept
@@ -311,7 +385,7 @@ def _fwd_tile(q, k_src, v_src, keep_ptr, batch, start, offs_m, m, mk, l, acc, k2
             m_new = tl.where((e > m) & (e < float("inf")), e, m)
             alpha = tl.where(m_new == m, 1.0, exp2(m - m_new, True, -1))
             p = p * exp2(-m_new, True, -1)[:, None]
-    v = _read(v_src, start, offs_n, col_ok, DV, BLOCK_DV, MASKED, HAS_MASK, TMA)
+    v = _read(v_src, start, offs_n, col_ok, sv, DV, BLOCK_DV, MASKED, HAS_MASK, TMA)
     if IEEE:  # noqa: SIM108
         pv = _dot(p, v, True)
     else:
@@ -325,29 +399,35 @@ def _fwd_tile(q, k_src, v_src, keep_ptr, batch, start, offs_m, m, mk, l, acc, k2
 
 @triton.jit
 def attention_forward_kernel(
-    q_ptr, k_ptr, v_ptr, tau_ptr, beta_ptr, out_ptr, m_ptr, den_ptr, keep_ptr, kend_ptr,
-    lq, lk, scale, scale_log2e, heads,
+    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, keep_ptr, kend_ptr,
+    sq_b, sq_h, sq_l, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, so_b, so_h, so_l,
+    p0_b, p0_h, p1_b, p1_h, lq, lk, scale, scale_log2e, heads, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
-    WEIGHT: tl.constexpr, TMA: tl.constexpr,
+    WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr,
 ):
+    """out, m and den of one block of BLOCK_M queries of one (batch, head). q, k, v and out
+    are reached through their (batch, head, row) strides, their columns 1 apart; the
+    parameters through their (batch, head) strides (_bh_params)."""
     # the longest causal blocks first (they are the last query blocks)
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
+    pid_m, bh = _grid_place(tl.program_id(0), n_blocks, True)
     batch = bh // heads
+    head = bh - batch * heads
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     row_ok = offs_m < lq
     bh64 = bh.to(tl.int64)
-    q_src = _rows_source(q_ptr + bh64 * lq * D, lq, D, BLOCK_M, BLOCK_D, TMA)
-    q = _read(q_src, m0, offs_m, row_ok, D, BLOCK_D, True, False, TMA)
-    k_base = k_ptr + bh64 * lk * D
-    v_base = v_ptr + bh64 * lk * DV
-    k_src = _rows_source(k_base, lk, D, BLOCK_N, BLOCK_D, TMA)
-    v_src = _rows_source(v_base, lk, DV, BLOCK_N, BLOCK_DV, TMA)
-    tau = tl.load(tau_ptr + bh)  # sigmoid: its bias
-    beta = tl.load(beta_ptr + bh)  # symax: eta
+    b64 = batch.to(tl.int64)
+    h64 = head.to(tl.int64)
+    q_src = _rows_source(q_ptr + b64 * sq_b + h64 * sq_h, lq, sq_l, D, BLOCK_M, BLOCK_D, TMA)
+    q = _read(q_src, m0, offs_m, row_ok, sq_l, D, BLOCK_D, True, False, TMA)
+    k_base = k_ptr + b64 * sk_b + h64 * sk_h
+    v_base = v_ptr + b64 * sv_b + h64 * sv_h
+    k_src = _rows_source(k_base, lk, sk_l, D, BLOCK_N, BLOCK_D, TMA)
+    v_src = _rows_source(v_base, lk, sv_l, DV, BLOCK_N, BLOCK_DV, TMA)
+    # tau holds sigmoid's bias, beta symax's eta
+    tau, beta = _bh_params(p0_ptr, p0_b, p0_h, p1_ptr, p1_b, p1_h, batch, head, WEIGHT)
     k2 = tl.math.div_rn(scale_log2e, tau)
     m = tl.zeros([BLOCK_M], dtype=tl.float32)
     mk = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -355,13 +435,15 @@ def attention_forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
     for start in range(0, full, BLOCK_N):
-        m, mk, l, acc = _fwd_tile(q, k_src, v_src, keep_ptr, batch, start, offs_m, m, mk, l,  # noqa: E741
-                                  acc, k2, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
-                                  CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA)
+        m, mk, l, acc = _fwd_tile(q, k_src, v_src, sk_l, sv_l, keep_ptr, batch, start,  # noqa: E741
+                                  offs_m, m, mk, l, acc, k2, scale, tau, lk, D, DV, BLOCK_N,
+                                  BLOCK_D, BLOCK_DV, False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL,
+                                  WEIGHT, TMA, EXP2_ULPS)
     for start in range(full, end, BLOCK_N):
-        m, mk, l, acc = _fwd_tile(q, k_src, v_src, keep_ptr, batch, start, offs_m, m, mk, l,  # noqa: E741
-                                  acc, k2, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
-                                  CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA)
+        m, mk, l, acc = _fwd_tile(q, k_src, v_src, sk_l, sv_l, keep_ptr, batch, start,  # noqa: E741
+                                  offs_m, m, mk, l, acc, k2, scale, tau, lk, D, DV, BLOCK_N,
+                                  BLOCK_D, BLOCK_DV, True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL,
+                                  WEIGHT, TMA, EXP2_ULPS)
     if WEIGHT <= SOFTMAX1:
         saturated = (mk == float("inf")) & row_ok
     else:  # an infinite weight, or a sum that overflows (refused below: NaN)
@@ -376,12 +458,12 @@ def attention_forward_kernel(
         for start in range(0, end, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
-            k = _load_rows(k_base, offs_n, col_ok, D, BLOCK_D, True)
+            k = _load_rows(k_base, start, offs_n, col_ok, sk_l, D, BLOCK_D, True)
             hit = col_ok[None, :] & saturated[:, None] & _hit(_dot(q, tl.trans(k), IEEE),
                                                               scale, ms[:, None], WEIGHT)
             if CAUSAL:
                 hit = hit & (offs_n[None, :] <= offs_m[:, None])
-            v = _load_rows(v_base, offs_n, col_ok, DV, BLOCK_DV, True)
+            v = _load_rows(v_base, start, offs_n, col_ok, sv_l, DV, BLOCK_DV, True)
             l += tl.sum(hit.to(tl.float32), axis=1)  # noqa: E741
             acc += _dot(hit.to(v.dtype), v, IEEE)
         mk = tl.where(saturated, float("inf"), mk)
@@ -390,7 +472,7 @@ def attention_forward_kernel(
             l = tl.where(saturated & (l == 0.0), float("nan"), l)  # noqa: E741
     e16 = m  # the sums family's fp16 exponent (0 otherwise)
     if WEIGHT <= SOFTMAX1:
-        den = l + beta * exp2(-mk, False, -1)  # saturated: the count; m NaN: NaN
+        den = l + beta * exp2(-mk, False, EXP2_ULPS)  # saturated: the count; m NaN: NaN
     elif WEIGHT == SIGMOID:  # m = 0, den = 1: out = acc, NaN only in its own products
         den = tl.full([BLOCK_M], 1.0, tl.float32)
         l = tl.full([BLOCK_M], 1.0, tl.float32)  # noqa: E741
@@ -409,8 +491,9 @@ def attention_forward_kernel(
     else:
         out = acc * tl.math.div_rn(1.0, safe)[:, None]
     out = tl.where(live[:, None], out, 0.0)
-    o_dst = _rows_source(out_ptr + bh64 * lq * DV, lq, DV, BLOCK_M, BLOCK_DV, TMA)
-    _write(o_dst, m0, offs_m, row_ok, out, DV, BLOCK_DV, TMA)
+    o_dst = _rows_source(out_ptr + b64 * so_b + h64 * so_h, lq, so_l, DV, BLOCK_M, BLOCK_DV,
+                         TMA)
+    _write(o_dst, m0, offs_m, row_ok, out, so_l, DV, BLOCK_DV, TMA)
     tl.store(m_ptr + bh64 * lq + offs_m, m * scale, mask=row_ok)
     tl.store(den_ptr + bh64 * lq + offs_m, den, mask=row_ok)
 
@@ -425,42 +508,54 @@ def _floor(WEIGHT: tl.constexpr):
     return lo
 
 
-def _params(p0: torch.Tensor, p1: torch.Tensor, weight: Weight, b: int, h: int,
-            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels' (tau, beta) slots as (batch, heads) fp32: Elastic's (tau, beta);
-    softmax1 is Elastic at 1 and 1; symax (1, eta), stablemax (1, 0), sigmoid (bias, 0)
-    (an unused slot is never a divisor of 0)."""
-    w = Weight(weight)
-    one = torch.ones(b, h, dtype=torch.float32, device=device)
-    if w is Weight.SOFTMAX1:
-        return one, one
-    a, c = (t.to(device=device, dtype=torch.float32).expand(b, h).contiguous() for t in (p0, p1))
-    if w is Weight.SYMAX:
-        return one, c
-    if w is Weight.STABLEMAX:
-        return one, torch.zeros_like(one)
-    if w is Weight.SIGMOID:
-        return a, torch.zeros_like(one)
-    return a, c
+Param = torch.Tensor | float
+
+
+def _param(p: Param, b: int, h: int, device: torch.device, name: str
+           ) -> tuple[torch.Tensor, int, int]:
+    """A parameter as the kernels read it (_bh_params): the caller's tensor in its own float
+    type, as a (batch, heads) view and its two strides (0 where broadcast), with no copy
+    unless it is on another device or not a float type; a float, a 0-d, (heads,), (batch,
+    heads) or (batch, heads, 1, 1) tensor, or any other shape that broadcasts to (batch,
+    heads)."""
+    if not isinstance(p, torch.Tensor):
+        p = torch.full((), float(p), dtype=torch.float32, device=device)
+    if p.device != device or not p.is_floating_point():
+        p = p.to(device=device, dtype=p.dtype if p.is_floating_point() else torch.float32)
+    if p.ndim == 4 and p.shape[2:] == (1, 1):
+        p = p[:, :, 0, 0]
+    try:
+        view = p.expand(b, h)
+    except RuntimeError:
+        raise ValueError(f"the triton attention kernel's {name} must broadcast to (batch, "
+                         f"heads) = ({b}, {h}), got shape {tuple(p.shape)}") from None
+    return view, view.stride(0), view.stride(1)
 
 
 def _pow2(n: int, least: int = 16) -> int:
     return max(least, 1 << max(0, (n - 1).bit_length()))
 
 
+_NO_MASK: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
 def _key_mask(key_mask: torch.Tensor | None, batch: int, lk: int, device: torch.device
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernels' key-padding operands: (batch, length_k) int8 keep flags and, per batch,
-    one past the last kept key (int32); placeholders when there is no mask."""
+    one past the last kept key (int32); without a mask, one placeholder pair per device,
+    never read (HAS_MASK off), made on the first call."""
     if key_mask is None:
-        dummy = torch.zeros(1, dtype=torch.int32, device=device)
-        return dummy.to(torch.int8), dummy
+        dummy = _NO_MASK.get(device)
+        if dummy is None:
+            flags = torch.zeros(1, dtype=torch.int32, device=device)
+            dummy = _NO_MASK.setdefault(device, (flags.to(torch.int8), flags))
+        return dummy
     keep = key_mask.to(device=device, dtype=torch.bool).reshape(batch, lk)
     last = torch.where(keep, torch.arange(1, lk + 1, device=device), 0).amax(-1)
     return keep.to(torch.int8).contiguous(), last.to(torch.int32).contiguous()
 
 
-def _check(q: torch.Tensor, scale: float, weight: Weight) -> None:
+def _check(q: torch.Tensor, scale: float, weight: Weight, *others: torch.Tensor) -> None:
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"the triton attention kernel takes fp32, fp16 or bf16, not {q.dtype}")
     if Weight(weight) not in WEIGHTS:
@@ -468,6 +563,28 @@ def _check(q: torch.Tensor, scale: float, weight: Weight) -> None:
                          f", not {Weight(weight).name}")
     if not (scale > 0 and scale < float("inf")):
         raise ValueError(f"the triton attention kernel needs a positive finite scale, got {scale}")
+    for t in others:
+        if t.device != q.device or t.dtype != q.dtype or t.ndim != 4:
+            raise ValueError(f"the triton attention kernel takes 4-d tensors on one device in "
+                             f"one dtype: q is {q.dtype} on {q.device}, another {t.ndim}-d "
+                             f"{t.dtype} on {t.device}")
+
+
+def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+    """t (batch, heads, length, dim) as the kernels take it, with its (batch, head, row)
+    strides: any layout whose columns are 1 apart as it is (a (batch, length, heads, dim)
+    tensor transposed to (batch, heads, length, dim), heads sliced from a fused projection,
+    heads broadcast by a stride of 0), else a contiguous copy."""
+    if t.stride(3) != 1 and t.shape[3] > 1:
+        t = t.contiguous()
+    return t, t.stride(0), t.stride(1), t.stride(2)
+
+
+def _exp2_ulps() -> int:
+    """The EXP2_ULPS the kernels are compiled with: under the interpreter the ex2 model's
+    ulps ($ELASTICBENCH_TRITON_EXP2_ULPS, docs/triton.md), else -1 (no model: the GPU's
+    own ex2.approx)."""
+    return current_options().exp2_ulps if triton_interpreted() else -1
 
 
 def _consts(q: torch.Tensor, d: int, dv: int, t: Tiles, causal: bool, has_mask: bool,
@@ -476,28 +593,63 @@ def _consts(q: torch.Tensor, d: int, dv: int, t: Tiles, causal: bool, has_mask: 
             "BLOCK_D": _pow2(d), "BLOCK_DV": _pow2(dv), "CAUSAL": bool(causal),
             "HAS_MASK": has_mask, "IEEE": q.dtype == torch.float32,
             # fp16's subnormals end above 2^-126, where ex2's flush is already right
-            "SUBNORMAL": q.dtype != torch.float16, "WEIGHT": int(weight), "TMA": t.tma}
+            "SUBNORMAL": q.dtype != torch.float16, "WEIGHT": int(weight), "TMA": t.tma,
+            "EXP2_ULPS": _exp2_ulps()}
+
+
+GRID_MAX = 2**31 - 1  # a CUDA grid's x dimension; y and z stop at 65535
+
+
+def grid(blocks: int, bh: int) -> tuple[int]:
+    """The one-dimensional grid of `blocks` programs for each of bh (batch, head) pairs
+    (_grid_place inverts it): every b h fits, where b h on the y axis stopped at 65535."""
+    programs = blocks * bh
+    if programs > GRID_MAX:
+        raise ValueError(f"the triton attention kernel launches at most {GRID_MAX} programs, "
+                         f"and {bh} (batch, head) pairs of {blocks} blocks are {programs}")
+    return (programs,)
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    """A CUDA device's compute capability, looked up once per device."""
+    return torch.cuda.get_device_capability(device)
 
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:
-    """Whether this call may move its (batch, heads, length, dim) row-major tensors through
-    tensor descriptors: the installed Triton has them; on a GPU one of compute capability
-    9.0 or later (the interpreter and the compile audit's CPU tensors take any); TMA's
-    16-byte aligned base and row stride in each tensor (its last stride is 1 once
-    contiguous)."""
+    """Whether this call may move its (batch, heads, length, dim) tensors, columns 1 apart,
+    through tensor descriptors: the installed Triton has them; on a GPU one of compute
+    capability 9.0 or later (the interpreter and the compile audit's CPU tensors take any);
+    TMA's 16-byte rules on the addresses each descriptor gets: the base of every (batch,
+    head), so the data pointer and the batch and head strides, and the row stride and the
+    row's width in bytes."""
     if not tma_available():
         return False
     if tensors[0].is_cuda and not triton_interpreted() and \
-            torch.cuda.get_device_capability(tensors[0].device) < (9, 0):
+            _capability(tensors[0].device) < (9, 0):
         return False
-    return all(t.data_ptr() % 16 == 0 and (t.shape[-1] * t.element_size()) % 16 == 0
-               for t in tensors)
+    for t in tensors:
+        size = t.element_size()
+        if t.data_ptr() % 16 or (t.shape[-1] * size) % 16 or (t.stride(2) * size) % 16:
+            return False
+        if any((t.stride(i) * size) % 16 for i in (0, 1) if t.shape[i] > 1):
+            return False
+    return True
+
+
+def _on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """The device guard of a launch on t: its device made current (so Triton launches there,
+    on that device's current stream), or nothing where it already is or t is not on CUDA."""
+    if t.is_cuda and torch.cuda.current_device() != t.device.index:
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
 
 
 def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     """Global scratch for device-side tensor descriptors (triton.set_allocator's contract),
-    from torch's caching allocator on the current device."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+    from torch's caching allocator on the device of the launch: the launches run under
+    _on_device, so that is the current one."""
+    return torch.empty(size, dtype=torch.int8, device=torch.device("cuda", torch.cuda.current_device()))
 
 
 def _usable(t: Tiles, q: torch.Tensor, tma: bool) -> Tiles:
@@ -528,39 +680,49 @@ def _timer(launch):
     return time_one
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
-                      p1: torch.Tensor, scale: float, causal: bool,
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Param,
+                      p1: Param, scale: float, causal: bool,
                       key_mask: torch.Tensor | None = None, weight: Weight = Weight.ELASTIC,
                       tile: Tiles | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in fp32; q, k, v
-    (batch, heads, length, dim) in fp32, fp16 or bf16; p0, p1 (batch, heads): tau and beta
-    for Weight.ELASTIC; key_mask (batch, length_k) bool, True where a key takes part, or
-    None; tile: a configuration of attention_configs (else the tuned or interpreter one)."""
-    _check(q, scale, weight)
+    """(out in q's dtype, m, den) with out (batch, heads, length_q, dim_v) contiguous, m and
+    den (batch, heads, length_q) in fp32; q, k, v (batch, heads, length, dim) in fp32, fp16
+    or bf16, in any layout whose last dimension is contiguous (a transposed (batch, length,
+    heads, dim) view is read in place; others are copied); p0, p1: tau and beta for
+    Weight.ELASTIC (the weight's parameters, weights.py), each a float or a tensor that
+    broadcasts to (batch, heads) (also (batch, heads, 1, 1)), read by the kernel in its own
+    float type; key_mask (batch, length_k) bool, True where a key takes part, or None; tile:
+    a configuration of attention_configs (else the tuned or interpreter one). The kernel
+    runs on q's device and its current stream."""
+    _check(q, scale, weight, k, v)
     b, h, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[3]
-    qc, kc, vc = (t.contiguous() for t in (q, k, v))
-    tau32, beta32 = _params(p0, p1, weight, b, h, q.device)
-    out = torch.empty(b, h, lq, dv, dtype=q.dtype, device=q.device)
-    m = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
+    dev = q.device
+    (qc, *sq), (kc, *sk), (vc, *sv) = _rows(q), _rows(k), _rows(v)
+    (p0v, *s0), (p1v, *s1) = _param(p0, b, h, dev, "p0"), _param(p1, b, h, dev, "p1")
+    out = torch.empty(b, h, lq, dv, dtype=q.dtype, device=dev)
+    m = torch.empty(b, h, lq, dtype=torch.float32, device=dev)
     den = torch.empty_like(m)
-    keep, kend = _key_mask(key_mask, b, lk, q.device)
+    keep, kend = _key_mask(key_mask, b, lk, dev)
     has_mask = key_mask is not None
     sl2e = float(scale) * 1.4426950408889634  # rounded once, to fp32, by the launch
+    so = out.stride()[:3]
 
     tma = _tma_ok(qc, kc, vc, out)
 
     def launch(t: Tiles) -> None:
         t = _usable(t, q, tma)
-        run(attention_forward_kernel, (triton.cdiv(lq, t.block_m), b * h),
-            (qc, kc, vc, tau32, beta32, out, m, den, keep, kend, lq, lk, float(scale), sl2e, h),
-            t.warps, _consts(q, d, dv, t, causal, has_mask, weight), t.stages)
+        blocks = triton.cdiv(lq, t.block_m)
+        with _on_device(q):
+            run(attention_forward_kernel, grid(blocks, b * h),
+                (qc, kc, vc, out, m, den, p0v, p1v, keep, kend, *sq, *sk, *sv, *so, *s0, *s1,
+                 lq, lk, float(scale), sl2e, h, blocks),
+                t.warps, _consts(q, d, dv, t, causal, has_mask, weight), t.stages)
 
     if b * h * lq == 0:
         return out, m, den
     launch(tile or choose("fwd", max(d, dv), q, causal, has_mask, _timer(launch), weight,
-                          tma))
+                          tma, max(lq, lk)))
     return out, m, den
 
 
@@ -570,27 +732,33 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: tor
 
 @triton.jit
 def attention_prepare_kernel(
-    out_ptr, do_ptr, m_ptr, den_ptr, tau_ptr, beta_ptr, stats_ptr, sink_ptr, flag_ptr,
-    lq, n_blocks, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
-    WEIGHT: tl.constexpr,
+    out_ptr, do_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, stats_ptr, sink_ptr, flag_ptr,
+    so_b, so_h, so_l, sd_b, sd_h, sd_l, p0_b, p0_h, p1_b, p1_h, lq, heads, n_bh, n_blocks,
+    DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, WEIGHT: tl.constexpr,
+    EXP2_ULPS: tl.constexpr,
 ):
     """Per query: c = rowsum(dO o), m k2 / scale (= m log2(e)/tau, 0 where saturated), 1/den
     and the keep threshold lo, into stats (4, batch*heads*length_q); per block the sums of
     dtau's and dbeta's sink terms (docs/attention.md section 2) into sink (2, bh, blocks);
     per (batch, head) the number of saturated queries into flag."""
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid, bh = _grid_place(tl.program_id(0), n_blocks, False)
+    batch = bh // heads
+    head = bh - batch * heads
+    m0 = pid * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
     row_ok = offs_m < lq
     bh64 = bh.to(tl.int64)
-    o = _load_rows(out_ptr + bh64 * lq * DV, offs_m, row_ok, DV, BLOCK_DV, True)
-    do = _load_rows(do_ptr + bh64 * lq * DV, offs_m, row_ok, DV, BLOCK_DV, True)
+    b64 = batch.to(tl.int64)
+    h64 = head.to(tl.int64)
+    o = _load_rows(out_ptr + b64 * so_b + h64 * so_h, m0, offs_m, row_ok, so_l, DV, BLOCK_DV,
+                   True)
+    do = _load_rows(do_ptr + b64 * sd_b + h64 * sd_h, m0, offs_m, row_ok, sd_l, DV, BLOCK_DV,
+                    True)
     c = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     at = bh64 * lq + offs_m
     m = tl.load(m_ptr + at, mask=row_ok, other=0.0)
     den = tl.load(den_ptr + at, mask=row_ok, other=0.0)
-    tau = tl.load(tau_ptr + bh)
-    beta = tl.load(beta_ptr + bh)
+    tau, beta = _bh_params(p0_ptr, p0_b, p0_h, p1_ptr, p1_b, p1_h, batch, head, WEIGHT)
     kk = tl.math.div_rn(LOG2E, tau)
     if WEIGHT <= SOFTMAX1:
         mk = m * kk
@@ -600,7 +768,7 @@ def attention_prepare_kernel(
         mk = tl.zeros([BLOCK_M], dtype=tl.float32)
     r = tl.where(den == 0.0, 0.0, tl.math.div_rn(1.0, tl.where(den == 0.0, 1.0, den)))
     lo = tl.where(m != m, float("-inf"), tl.where(saturated, float("nan"), _floor(WEIGHT)))
-    n = tl.num_programs(1).to(tl.int64) * lq  # stride between the four stats
+    n = n_bh.to(tl.int64) * lq  # stride between the four stats
     tl.store(stats_ptr + at, c, mask=row_ok)
     tl.store(stats_ptr + n + at, tl.where(saturated, 0.0, mk), mask=row_ok)
     tl.store(stats_ptr + 2 * n + at, r, mask=row_ok)
@@ -608,10 +776,10 @@ def attention_prepare_kernel(
     # the sink terms, as flash.param_grads forms them: a saturated query adds nothing
     ok = row_ok & ~saturated
     if WEIGHT <= SOFTMAX1:
-        m0 = tl.where(saturated, 0.0, m)
-        e = exp2(-(m0 * kk), True, -1)
+        ms = tl.where(saturated, 0.0, m)
+        e = exp2(-(ms * kk), True, EXP2_ULPS)
         w = beta * e * r
-        wm = tl.where(w != 0.0, w * tl.math.div_rn(m0, tau), 0.0)
+        wm = tl.where(w != 0.0, w * tl.math.div_rn(ms, tau), 0.0)
         tsink = tl.where(ok, tl.math.div_rn(c * wm, tau), 0.0)
         dbeta = tl.where(ok, c * e * r, 0.0)
     else:  # symax's d eta = -sum c / den (into dbeta's place); the others have no sink
@@ -619,8 +787,8 @@ def attention_prepare_kernel(
         dbeta = tl.zeros([BLOCK_M], dtype=tl.float32)
         if WEIGHT == SYMAX:
             dbeta = tl.where(ok, c * r, 0.0)
-    tl.store(sink_ptr + bh * n_blocks + pid, tl.sum(tsink, axis=0))
-    tl.store(sink_ptr + (tl.num_programs(1) + bh) * n_blocks + pid, tl.sum(dbeta, axis=0))
+    tl.store(sink_ptr + bh64 * n_blocks + pid, tl.sum(tsink, axis=0))
+    tl.store(sink_ptr + (n_bh + bh64) * n_blocks + pid, tl.sum(dbeta, axis=0))
     tl.atomic_add(flag_ptr + bh, tl.sum((saturated & row_ok).to(tl.int32), axis=0))
 
 
@@ -642,26 +810,27 @@ def _query_stats(stats_ptr, n, at, row_ok, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_tile(k, v, dk, dv, q_src, do_src, stats_ptr, n, at0, start, offs_n, k2, inv_tau,
+def _dkdv_tile(k, v, dk, dv, q_src, do_src, sq, sd, stats_ptr, n, at0, start, offs_n, k2,
                scale, bias, lq, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
-               WEIGHT: tl.constexpr, TMA: tl.constexpr):
-    """One block of queries folded into a key block's dk and dv (transposed tiles: keys are
-    rows, so every dot's M is the resident key block). q_src, do_src: _rows_source."""
+               WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr):
+    """One block of queries folded into a key block's dk (without the exp family's 1/tau:
+    _dscore) and dv (transposed tiles: keys are rows, so every dot's M is the resident key
+    block). q_src, do_src: _rows_source, rows sq and sd apart."""
     offs_m = start + tl.arange(0, BLOCK_M)
     row_ok = offs_m < lq
-    q = _read(q_src, start, offs_m, row_ok, D, BLOCK_D, MASKED, False, TMA)
-    do = _read(do_src, start, offs_m, row_ok, DV, BLOCK_DV, MASKED, False, TMA)
+    q = _read(q_src, start, offs_m, row_ok, sq, D, BLOCK_D, MASKED, False, TMA)
+    do = _read(do_src, start, offs_m, row_ok, sd, DV, BLOCK_DV, MASKED, False, TMA)
     c, mk, r, lo = _query_stats(stats_ptr, n, at0 + offs_m, row_ok, MASKED)
     qk = _dot(k, tl.trans(q), IEEE)  # (keys, queries)
     keep = _kept(qk, lo[None, :], WEIGHT)
     if MASKED and CAUSAL:
         keep = keep & (offs_n[:, None] <= offs_m[None, :])
-    f = _weight(qk, mk[None, :], k2, scale, bias, keep, SUBNORMAL, WEIGHT)
+    f = _weight(qk, mk[None, :], k2, scale, bias, keep, SUBNORMAL, WEIGHT, EXP2_ULPS)
     p = f * r[None, :]
     dp = _dot(v, tl.trans(do), IEEE)
-    ds = _dscore(f, p, qk, keep, r[None, :], dp, c[None, :], inv_tau, WEIGHT)
+    ds = _dscore(f, p, qk, keep, r[None, :], dp, c[None, :], WEIGHT)
     if IEEE:
         dv += _dot(p, do, True)
         dk += _dot(ds, q, True)
@@ -673,36 +842,41 @@ def _dkdv_tile(k, v, dk, dv, q_src, do_src, stats_ptr, n, at0, start, offs_n, k2
 
 @triton.jit
 def attention_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, flag_ptr, tau_ptr, dk_ptr, dv_ptr,
-    keep_ptr, kend_ptr, lq, lk, scale, scale_log2e, heads,
+    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, flag_ptr, p0_ptr, dk_ptr, dv_ptr,
+    keep_ptr, kend_ptr, sq_b, sq_h, sq_l, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sd_b, sd_h, sd_l,
+    sdk_b, sdk_h, sdk_l, sdv_b, sdv_h, sdv_l, p0_b, p0_h, lq, lk, scale, scale_log2e, heads,
+    n_bh, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
-    WEIGHT: tl.constexpr, TMA: tl.constexpr,
+    WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr,
 ):
     """dk and dv of one block of BLOCK_M keys (resident) over the BLOCK_N-query blocks that
-    see them."""
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
+    see them; every tensor of (batch, heads, length, dim) through its strides."""
+    pid_n, bh = _grid_place(tl.program_id(0), n_blocks, False)
     batch = bh // heads
-    bh64 = bh.to(tl.int64)
+    head = bh - batch * heads
+    b64 = batch.to(tl.int64)
+    h64 = head.to(tl.int64)
     n0 = pid_n * BLOCK_M
     offs_n = n0 + tl.arange(0, BLOCK_M)
     key_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
-    k_src = _rows_source(k_ptr + bh64 * lk * D, lk, D, BLOCK_M, BLOCK_D, TMA)
-    v_src = _rows_source(v_ptr + bh64 * lk * DV, lk, DV, BLOCK_M, BLOCK_DV, TMA)
+    k_src = _rows_source(k_ptr + b64 * sk_b + h64 * sk_h, lk, sk_l, D, BLOCK_M, BLOCK_D, TMA)
+    v_src = _rows_source(v_ptr + b64 * sv_b + h64 * sv_h, lk, sv_l, DV, BLOCK_M, BLOCK_DV,
+                         TMA)
     # a padded key's row reaches only its own dk, dv rows, zeroed at the end: no HOLES (a
     # where would hold k and v in registers: 144-160 B of spills per thread at head dim 128)
-    k = _read(k_src, n0, offs_n, key_ok, D, BLOCK_D, True, False, TMA)
-    v = _read(v_src, n0, offs_n, key_ok, DV, BLOCK_DV, True, False, TMA)
-    tau = tl.load(tau_ptr + bh)
+    k = _read(k_src, n0, offs_n, key_ok, sk_l, D, BLOCK_D, True, False, TMA)
+    v = _read(v_src, n0, offs_n, key_ok, sv_l, DV, BLOCK_DV, True, False, TMA)
+    tau = _bh_tau(p0_ptr, p0_b, p0_h, batch, head, WEIGHT)
     k2 = tl.math.div_rn(scale_log2e, tau)  # the stats hold m log2(e)/tau
     inv_tau = tl.math.div_rn(1.0, tau)
-    q_base = q_ptr + bh64 * lq * D
-    do_base = do_ptr + bh64 * lq * DV
-    q_src = _rows_source(q_base, lq, D, BLOCK_N, BLOCK_D, TMA)
-    do_src = _rows_source(do_base, lq, DV, BLOCK_N, BLOCK_DV, TMA)
-    n = tl.num_programs(1).to(tl.int64) * lq
+    q_base = q_ptr + b64 * sq_b + h64 * sq_h
+    do_base = do_ptr + b64 * sd_b + h64 * sd_h
+    q_src = _rows_source(q_base, lq, sq_l, D, BLOCK_N, BLOCK_D, TMA)
+    do_src = _rows_source(do_base, lq, sd_l, DV, BLOCK_N, BLOCK_DV, TMA)
+    bh64 = bh.to(tl.int64)
+    n = n_bh.to(tl.int64) * lq
     at0 = bh64 * lq
     dk = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
@@ -716,24 +890,24 @@ def attention_dkdv_kernel(
         full_lo = tl.cdiv(n0 + BLOCK_M - 1, BLOCK_N) * BLOCK_N
     full_hi = lq // BLOCK_N * BLOCK_N
     for start in range(begin, tl.minimum(full_lo, stop), BLOCK_N):
-        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, stats_ptr, n, at0, start, offs_n,
-                            k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
-                            CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA)
+        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_l, sd_l, stats_ptr, n, at0, start,
+                            offs_n, k2, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+                            CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA, EXP2_ULPS)
     for start in range(full_lo, tl.minimum(full_hi, stop), BLOCK_N):
-        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, stats_ptr, n, at0, start, offs_n,
-                            k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
-                            CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA)
+        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_l, sd_l, stats_ptr, n, at0, start,
+                            offs_n, k2, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
+                            CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA, EXP2_ULPS)
     for start in range(tl.maximum(full_lo, full_hi), stop, BLOCK_N):
-        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, stats_ptr, n, at0, start, offs_n,
-                            k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
-                            CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA)
+        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_l, sd_l, stats_ptr, n, at0, start,
+                            offs_n, k2, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+                            CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA, EXP2_ULPS)
     if tl.load(flag_ptr + bh) > 0:
         # saturated queries give dO / count to the dv of each key at their maximum
         for start in range(begin, stop, BLOCK_N):
             offs_m = start + tl.arange(0, BLOCK_N)
             row_ok = offs_m < lq
-            q = _load_rows(q_base, offs_m, row_ok, D, BLOCK_D, True)
-            do = _load_rows(do_base, offs_m, row_ok, DV, BLOCK_DV, True)
+            q = _load_rows(q_base, start, offs_m, row_ok, sq_l, D, BLOCK_D, True)
+            do = _load_rows(do_base, start, offs_m, row_ok, sd_l, DV, BLOCK_DV, True)
             ms = tl.load(m_ptr + at0 + offs_m, mask=row_ok, other=0.0)
             r = tl.load(stats_ptr + 2 * n + at0 + offs_m, mask=row_ok, other=0.0)
             lo = tl.load(stats_ptr + 3 * n + at0 + offs_m, mask=row_ok, other=0.0)
@@ -747,39 +921,42 @@ def attention_dkdv_kernel(
                 dv += _dot(share, do, True)
             else:
                 dv += _dot(share.to(do.dtype), do, False)
-    dk = tl.where(key_ok[:, None], dk * scale, 0.0)
+    dk = tl.where(key_ok[:, None], dk * (scale * _ds_unit(inv_tau, WEIGHT)), 0.0)
     dv = tl.where(key_ok[:, None], dv, 0.0)
     col_ok = offs_n < lk
-    dk_dst = _rows_source(dk_ptr + bh64 * lk * D, lk, D, BLOCK_M, BLOCK_D, TMA)
-    dv_dst = _rows_source(dv_ptr + bh64 * lk * DV, lk, DV, BLOCK_M, BLOCK_DV, TMA)
-    _write(dk_dst, n0, offs_n, col_ok, dk, D, BLOCK_D, TMA)
-    _write(dv_dst, n0, offs_n, col_ok, dv, DV, BLOCK_DV, TMA)
+    dk_dst = _rows_source(dk_ptr + b64 * sdk_b + h64 * sdk_h, lk, sdk_l, D, BLOCK_M, BLOCK_D,
+                          TMA)
+    dv_dst = _rows_source(dv_ptr + b64 * sdv_b + h64 * sdv_h, lk, sdv_l, DV, BLOCK_M,
+                          BLOCK_DV, TMA)
+    _write(dk_dst, n0, offs_n, col_ok, dk, sdk_l, D, BLOCK_D, TMA)
+    _write(dv_dst, n0, offs_n, col_ok, dv, sdv_l, DV, BLOCK_DV, TMA)
 
 
 @triton.jit
-def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, keep_ptr, batch, start, offs_m,
-             k2, inv_tau, scale, bias, lk, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
-             CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
-             SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr, TMA: tl.constexpr):
+def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk, sv, keep_ptr, batch, start,
+             offs_m, k2, scale, bias, lk, D: tl.constexpr, DV: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+             MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+             IEEE: tl.constexpr, SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr,
+             TMA: tl.constexpr, EXP2_ULPS: tl.constexpr):
     """One block of keys folded into a query block's dq and its per-query sum ds t, with t
     exactly 0 where the score is the query's maximum: there the exact z is 0 and the exact ds
     may be far below the rounding noise of the computed one (dtau's budget holds the term to
     the exact ds z); the fold's qk k2 - m k2 leaves the rounding error of m k2 there."""
     offs_n = start + tl.arange(0, BLOCK_N)
     col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
-    k = _read(k_src, start, offs_n, col_ok, D, BLOCK_D, MASKED, HAS_MASK, TMA)
-    v = _read(v_src, start, offs_n, col_ok, DV, BLOCK_DV, MASKED, HAS_MASK, TMA)
+    k = _read(k_src, start, offs_n, col_ok, sk, D, BLOCK_D, MASKED, HAS_MASK, TMA)
+    v = _read(v_src, start, offs_n, col_ok, sv, DV, BLOCK_DV, MASKED, HAS_MASK, TMA)
     qk = _dot(q, tl.trans(k), IEEE)
     keep = _kept(qk, lo[:, None], WEIGHT)
     if MASKED:
         keep = keep & col_ok[None, :]
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None])
-    f = _weight(qk, mk[:, None], k2, scale, bias, keep, SUBNORMAL, WEIGHT)
+    f = _weight(qk, mk[:, None], k2, scale, bias, keep, SUBNORMAL, WEIGHT, EXP2_ULPS)
     p = f * r[:, None]
     dp = _dot(do, tl.trans(v), IEEE)
-    ds = _dscore(f, p, qk, keep, r[:, None], dp, c[:, None], inv_tau, WEIGHT)
+    ds = _dscore(f, p, qk, keep, r[:, None], dp, c[:, None], WEIGHT)
     if IEEE:
         dq += _dot(ds, k, True)
     else:
@@ -795,72 +972,85 @@ def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, keep_ptr, batch, st
 
 @triton.jit
 def attention_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, tau_ptr, dq_ptr, dsz_ptr, keep_ptr,
-    kend_ptr, lq, lk, scale, scale_log2e, heads, n_blocks,
+    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, p0_ptr, dq_ptr, dsz_ptr, keep_ptr,
+    kend_ptr, sq_b, sq_h, sq_l, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sd_b, sd_h, sd_l,
+    sdq_b, sdq_h, sdq_l, p0_b, p0_h, lq, lk, scale, scale_log2e, heads, n_bh, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
-    WEIGHT: tl.constexpr, TMA: tl.constexpr,
+    WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr,
 ):
     """dq of one block of queries (resident) over every key it sees, and the block's
-    sum ds (s - m)/tau (dtau's first term) into dsz (bh, blocks)."""
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
+    sum ds (s - m)/tau (dtau's first term) into dsz (bh, blocks); every tensor of (batch,
+    heads, length, dim) through its strides."""
+    pid_m, bh = _grid_place(tl.program_id(0), n_blocks, True)
     batch = bh // heads
+    head = bh - batch * heads
     bh64 = bh.to(tl.int64)
+    b64 = batch.to(tl.int64)
+    h64 = head.to(tl.int64)
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     row_ok = offs_m < lq
-    q_src = _rows_source(q_ptr + bh64 * lq * D, lq, D, BLOCK_M, BLOCK_D, TMA)
-    do_src = _rows_source(do_ptr + bh64 * lq * DV, lq, DV, BLOCK_M, BLOCK_DV, TMA)
-    q = _read(q_src, m0, offs_m, row_ok, D, BLOCK_D, True, False, TMA)
-    do = _read(do_src, m0, offs_m, row_ok, DV, BLOCK_DV, True, False, TMA)
-    n = tl.num_programs(1).to(tl.int64) * lq
+    q_src = _rows_source(q_ptr + b64 * sq_b + h64 * sq_h, lq, sq_l, D, BLOCK_M, BLOCK_D, TMA)
+    do_src = _rows_source(do_ptr + b64 * sd_b + h64 * sd_h, lq, sd_l, DV, BLOCK_M, BLOCK_DV,
+                          TMA)
+    q = _read(q_src, m0, offs_m, row_ok, sq_l, D, BLOCK_D, True, False, TMA)
+    do = _read(do_src, m0, offs_m, row_ok, sd_l, DV, BLOCK_DV, True, False, TMA)
+    n = n_bh.to(tl.int64) * lq
     c, mk, r, lo = _query_stats(stats_ptr, n, bh64 * lq + offs_m, row_ok, True)
     ms = tl.load(m_ptr + bh64 * lq + offs_m, mask=row_ok, other=0.0)
-    tau = tl.load(tau_ptr + bh)
+    tau = _bh_tau(p0_ptr, p0_b, p0_h, batch, head, WEIGHT)
     k2 = tl.math.div_rn(scale_log2e, tau)
     inv_tau = tl.math.div_rn(1.0, tau)
-    k_src = _rows_source(k_ptr + bh64 * lk * D, lk, D, BLOCK_N, BLOCK_D, TMA)
-    v_src = _rows_source(v_ptr + bh64 * lk * DV, lk, DV, BLOCK_N, BLOCK_DV, TMA)
+    k_src = _rows_source(k_ptr + b64 * sk_b + h64 * sk_h, lk, sk_l, D, BLOCK_N, BLOCK_D, TMA)
+    v_src = _rows_source(v_ptr + b64 * sv_b + h64 * sv_h, lk, sv_l, DV, BLOCK_N, BLOCK_DV,
+                         TMA)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dsz = tl.zeros([BLOCK_M], dtype=tl.float32)
     full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
     for start in range(0, full, BLOCK_N):
-        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, keep_ptr, batch,
-                           start, offs_m, k2, inv_tau, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
-                           False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA)
+        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk_l, sv_l, keep_ptr,
+                           batch, start, offs_m, k2, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D,
+                           BLOCK_DV, False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA,
+                           EXP2_ULPS)
     for start in range(full, end, BLOCK_N):
-        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, keep_ptr, batch,
-                           start, offs_m, k2, inv_tau, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
-                           True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA)
-    dq_dst = _rows_source(dq_ptr + bh64 * lq * D, lq, D, BLOCK_M, BLOCK_D, TMA)
-    _write(dq_dst, m0, offs_m, row_ok, dq * scale, D, BLOCK_D, TMA)
+        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk_l, sv_l, keep_ptr,
+                           batch, start, offs_m, k2, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D,
+                           BLOCK_DV, True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA,
+                           EXP2_ULPS)
+    unit = _ds_unit(inv_tau, WEIGHT)  # the exp family's 1/tau, kept out of ds (_dscore)
+    dq_dst = _rows_source(dq_ptr + b64 * sdq_b + h64 * sdq_h, lq, sdq_l, D, BLOCK_M, BLOCK_D,
+                          TMA)
+    _write(dq_dst, m0, offs_m, row_ok, dq * (scale * unit), sdq_l, D, BLOCK_D, TMA)
     total = tl.sum(dsz, axis=0)
     if WEIGHT <= SOFTMAX1:  # sum ds (s - m)/tau: the exponents are in base 2
-        total = total * LN2
-    tl.store(dsz_ptr + bh * n_blocks + pid_m, total)
+        total = total * LN2 * unit
+    tl.store(dsz_ptr + bh64 * n_blocks + pid_m, total)
 
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        dout: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
-                       p0: torch.Tensor, p1: torch.Tensor, scale: float, causal: bool,
+                       p0: Param, p1: Param, scale: float, causal: bool,
                        key_mask: torch.Tensor | None = None, weight: Weight = Weight.ELASTIC,
                        tiles: tuple[Tiles, Tiles] | None = None) -> tuple[torch.Tensor, ...]:
-    """(dq, dk, dv) in q's dtype and (dp0, dp1) = (dtau, dbeta) per (batch, head) in fp32,
-    from the forward's (out, m, den): docs/attention.md section 2, as the tiled torch code
-    computes them; tiles: (dk/dv, dq) configurations of attention_configs, else the tuned
-    or interpreter ones."""
-    _check(q, scale, weight)
+    """(dq, dk, dv) in q's dtype, contiguous, and (dp0, dp1) = (dtau, dbeta) per (batch,
+    head) in fp32, from the forward's (out, m, den): docs/attention.md section 2, as the
+    tiled torch code computes them; q, k, v, out and dout in any layout attention_forward
+    takes (read in place where their last dimension is contiguous), p0 and p1 as it takes
+    them; tiles: (dk/dv, dq) configurations of attention_configs, else the tuned or
+    interpreter ones. The kernels run on q's device and its current stream."""
+    _check(q, scale, weight, k, v, out, dout)
     b, h, lq, d = q.shape
     lk, dv_ = k.shape[2], v.shape[3]
     dev = q.device
-    qc, kc, vc, oc, doc = (t.contiguous() for t in (q, k, v, out, dout))
-    tau32, beta32 = _params(p0, p1, weight, b, h, dev)
+    (qc, *sq), (kc, *sk), (vc, *sv) = _rows(q), _rows(k), _rows(v)
+    (oc, *so), (doc, *sd) = _rows(out), _rows(dout)
+    (p0v, *s0), (p1v, *s1) = _param(p0, b, h, dev, "p0"), _param(p1, b, h, dev, "p1")
     m32, den32 = m.to(torch.float32).contiguous(), den.to(torch.float32).contiguous()
-    dq = torch.empty_like(qc)
-    dk = torch.empty_like(kc)
-    dv = torch.empty_like(vc)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
+    dk = torch.empty(k.shape, dtype=q.dtype, device=dev)
+    dv = torch.empty(v.shape, dtype=q.dtype, device=dev)
     if b * h == 0 or lq == 0 or lk == 0:
         zero = torch.zeros(b, h, dtype=torch.float32, device=dev)
         return dq.zero_(), dk.zero_(), dv.zero_(), zero, zero.clone()
@@ -870,20 +1060,27 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     stats = torch.empty(4, b * h * lq, dtype=torch.float32, device=dev)
     sink = torch.empty(2, b * h, n_prep, dtype=torch.float32, device=dev)
     flag = torch.zeros(b * h, dtype=torch.int32, device=dev)
-    run(attention_prepare_kernel, (n_prep, b * h),
-        (oc, doc, m32, den32, tau32, beta32, stats, sink, flag, lq, n_prep),
-        4, {"DV": dv_, "BLOCK_M": PREP_M, "BLOCK_DV": _pow2(dv_), "WEIGHT": int(weight)})
+    with _on_device(q):
+        run(attention_prepare_kernel, grid(n_prep, b * h),
+            (oc, doc, m32, den32, p0v, p1v, stats, sink, flag, *so, *sd, *s0, *s1, lq, h,
+             b * h, n_prep),
+            4, {"DV": dv_, "BLOCK_M": PREP_M, "BLOCK_DV": _pow2(dv_), "WEIGHT": int(weight),
+                "EXP2_ULPS": _exp2_ulps()})
     head_dim = max(d, dv_)
     sl2e = float(scale) * 1.4426950408889634
     common = (scale, causal, has_mask, weight)
+    sdq, sdk, sdv = dq.stride()[:3], dk.stride()[:3], dv.stride()[:3]
 
     tma = _tma_ok(qc, kc, vc, doc, dq, dk, dv)
 
     def launch_dkdv(t: Tiles) -> None:
         t = _usable(t, q, tma)
-        run(attention_dkdv_kernel, (triton.cdiv(lk, t.block_m), b * h),
-            (qc, kc, vc, doc, m32, stats, flag, tau32, dk, dv, keep, kend, lq, lk,
-             float(scale), sl2e, h), t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
+        blocks = triton.cdiv(lk, t.block_m)
+        with _on_device(q):
+            run(attention_dkdv_kernel, grid(blocks, b * h),
+                (qc, kc, vc, doc, m32, stats, flag, p0v, dk, dv, keep, kend, *sq, *sk, *sv,
+                 *sd, *sdk, *sdv, *s0, lq, lk, float(scale), sl2e, h, b * h, blocks),
+                t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
 
     dsz: list[torch.Tensor] = []
 
@@ -891,24 +1088,27 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         t = _usable(t, q, tma)
         nb = triton.cdiv(lq, t.block_m)
         parts = torch.empty(b * h, nb, dtype=torch.float32, device=dev)
-        run(attention_dq_kernel, (nb, b * h),
-            (qc, kc, vc, doc, m32, stats, tau32, dq, parts, keep, kend, lq, lk, float(scale),
-             sl2e, h, nb), t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
+        with _on_device(q):
+            run(attention_dq_kernel, grid(nb, b * h),
+                (qc, kc, vc, doc, m32, stats, p0v, dq, parts, keep, kend, *sq, *sk, *sv, *sd,
+                 *sdq, *s0, lq, lk, float(scale), sl2e, h, b * h, nb),
+                t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
         dsz[:] = [parts]
 
     t_kv, t_q = tiles or (None, None)
     launch_dkdv(t_kv or choose("dkdv", head_dim, q, causal, has_mask, _timer(launch_dkdv),
-                               weight, tma))
+                               weight, tma, max(lq, lk)))
     launch_dq(t_q or choose("dq", head_dim, q, causal, has_mask, _timer(launch_dq), weight,
-                            tma))
-    zero = torch.zeros(b, h, dtype=torch.float32, device=dev)
+                            tma, max(lq, lk)))
     w = Weight(weight)
+    if w is Weight.ELASTIC:
+        dtau = -(dsz[0].sum(-1) + sink[0].sum(-1)).reshape(b, h)
+        return dq, dk, dv, dtau, -sink[1].sum(-1).reshape(b, h)
+    zero = torch.zeros(b, h, dtype=torch.float32, device=dev)
     if w in (Weight.SOFTMAX1, Weight.STABLEMAX):  # no parameter: their gradients are zero
         return dq, dk, dv, zero, zero.clone()
     if w is Weight.SYMAX:  # d eta = -sum c / den
         return dq, dk, dv, zero, -sink[1].sum(-1).reshape(b, h)
     if w is Weight.SIGMOID:  # d bias = sum ds
         return dq, dk, dv, dsz[0].sum(-1).reshape(b, h), zero
-    dtau = -(dsz[0].sum(-1) + sink[0].sum(-1)).reshape(b, h)
-    dbeta = -sink[1].sum(-1).reshape(b, h)
-    return dq, dk, dv, dtau, dbeta
+    raise AssertionError(f"no gradients for {w.name}")  # WEIGHTS is every Weight
