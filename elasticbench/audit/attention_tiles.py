@@ -5,11 +5,13 @@ the configuration says so (docs/triton.md, docs/attention.md section 7)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 
 import torch
 
 from ..attention.weights import Weight
+from ..kernels.triton import attention_configs as ac
 from ..kernels.triton.attention import attention_backward, attention_forward
 from ..kernels.triton.attention_configs import Tiles
 from .capture import capture_launches
@@ -36,6 +38,7 @@ class CompileReport:
     regs: int
     spills: int
     tma: bool = False
+    padded: bool = False
 
     def problems(self) -> list[str]:
         """What keeps this configuration off Hopper's fast path, if anything (fp32 has no
@@ -77,4 +80,64 @@ def compile_report(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     return CompileReport(kernel, head_dim, str(dtype).removeprefix("torch."), causal, tiles,
                          Weight(weight).name.lower(), "wgmma.mma_async" in ptx, "mma.sync" in ptx,
                          int(compiled.metadata.shared), regs, spills,
-                         "cp.async.bulk.tensor" in ptx)
+                         "cp.async.bulk.tensor" in ptx, padded)
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class AuditItem:
+    """One configuration a call can launch: the key it is offered for and its tiles."""
+
+    kernel: str
+    head_dim: int
+    dtype: str
+    causal: bool
+    padded: bool
+    weight: str
+    tiles: Tiles
+
+
+def launchable(dtypes: tuple[str, ...] = ("bf16", "fp16", "fp32"),
+               weights: tuple[str, ...] | None = None,
+               head_dims: tuple[int, ...] = (64, 128)) -> Iterator[AuditItem]:
+    """Every configuration the table and the rule can launch at these head-dim classes: for
+    each (kernel, dtype, causal, key padding, weight) the pointer configurations and the
+    TMA ones (where this Triton has descriptors), as `attention_configs.configs` lists them
+    (a table may name only those: attention_configs.load_table refuses others)."""
+    names = weights or tuple(w.name.lower() for w in Weight)
+    for weight in names:
+        w = Weight[weight.upper()]
+        for dtype in dtypes:
+            for kernel in ac.KERNELS:
+                for head_dim in head_dims:
+                    for causal in (False, True):
+                        for padded in (False, True):
+                            for tma in (False, True):
+                                for t in ac.configs(kernel, head_dim, DTYPES[dtype], causal,
+                                                    w, tma, padded):
+                                    yield AuditItem(kernel, head_dim, dtype, causal, padded,
+                                                    w.name.lower(), t)
+
+
+def audit(items: list[AuditItem], arch: int = 90,
+          progress: Callable[[AuditItem, CompileReport], None] | None = None
+          ) -> list[CompileReport]:
+    """Compile each item for sm_`arch` (`compile_report`); progress(item, report) after each."""
+    reports = []
+    for item in items:
+        report = compile_report(item.kernel, item.head_dim, DTYPES[item.dtype], item.causal,
+                                item.tiles, arch, Weight[item.weight.upper()], item.padded)
+        reports.append(report)
+        if progress is not None:
+            progress(item, report)
+    return reports
+
+
+def report_record(report: CompileReport) -> dict:
+    """A report as a JSON object (tiles as their text, `problems` listed)."""
+    out = asdict(report)
+    out["tiles"] = str(report.tiles)
+    out["problems"] = report.problems()
+    return out

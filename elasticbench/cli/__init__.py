@@ -48,6 +48,7 @@ def cli(ctx: click.Context, quiet: bool) -> None:
 
 def _register_commands() -> None:
     from .ab_cmd import ab
+    from .audit_cmd import audit
     from .baseline_cmd import baseline
     from .compare_cmd import compare_
     from .gate_cmd import gate
@@ -57,6 +58,7 @@ def _register_commands() -> None:
     from .report_cmd import report
     from .run_cmd import run
     from .selftest_cmd import selftest
+    from .tune_cmd import tune
     from .verify_cmd import verify
 
     cli.add_command(verify)
@@ -67,6 +69,8 @@ def _register_commands() -> None:
     for command in (compare_, gate, ab, baseline, merge):
         cli.add_command(command)
     cli.add_command(report)
+    cli.add_command(audit)
+    cli.add_command(tune)
 
 
 _register_commands()

@@ -1,32 +1,45 @@
-"""The Triton attention kernel's tile configurations, and the choice among them, cached.
+"""The Triton attention kernel's tile configurations, and the choice among them.
 
 A configuration (`Tiles`) is a launch's resident block, its streamed block, warps and pipeline
 stages. Each of the three kernels (forward; backward dk/dv with keys resident; backward dq
 with queries resident) has a list per (head dim class, 16-bit or fp32, causal). On Hopper the
 16-bit lists hold only tiles whose dots Triton lowers to warpgroup MMA (wgmma: num_warps a
 multiple of 4, each dot's M a multiple of 64) and that fit an SM's shared memory without
-register spills: `tests/test_triton_attention.py` compiles every one of them for sm_90a and
-fails on any that does not (docs/attention.md section 7). fp32 multiplies in IEEE fp32 on the
-CUDA cores (no tensor-core instruction takes it), on small tiles.
+register spills, with Triton 3.6.0 (the GPU machines') and 3.9.0 (the pinned one) alike:
+`elasticbench audit --attention` compiles every one of them for sm_90a and fails on any that
+does not (docs/attention.md section 7). fp32 multiplies in IEEE fp32 on the CUDA cores (no
+tensor-core instruction takes it), on small tiles.
 
-On a GPU the first call per (kernel, head dims, dtype, causal, key mask, device capability)
-times every configuration of its list on that call's operands (`triton.testing.do_bench`)
-and keeps the fastest for the process; under Triton's interpreter, or with CPU tensors (the
-compile audit's captured launches), the smallest configuration is taken, deterministically.
+The choice (docs/attention.md section 7) is a lookup, never a timing inside a user's call: a
+table (`Table`: the file in $ELASTICBENCH_ATTENTION_TABLE, read once at first use, then the
+package's `tables/*.json`, written by `elasticbench tune` on a GPU) names the configuration
+per `Key` (the GPU's capability and name, kernel, dtype, head-dim class, causal, key
+padding, weight and a length class); a key no table has takes the rule (`rule`): the first
+configuration of its pointer list (TMA only where ELASTICBENCH_TRITON_ATTENTION_TMA=1). Under
+Triton's interpreter, or with CPU tensors (the compile audit's captured launches), the
+smallest configuration runs. A given key maps to one configuration, in a process and across
+processes. Timing on first use is opt-in ($ELASTICBENCH_ATTENTION_TUNE=1, read once), never
+while the stream captures a CUDA graph, and swallows only the errors that mean "this
+configuration does not fit" (`does_not_fit`).
 
 TMA: the 16-bit lists have a second form of tiles that move through tensor descriptors
 (`Tiles.tma`), offered beside them (`offered`) where the installed Triton has descriptors
-(`tma_available`) and the call's device and tensors allow them; the tuner picks either, the
-interpreter the pointer form; $ELASTICBENCH_TRITON_ATTENTION_TMA=0 / 1 keeps one kind.
+(`tma_available`) and the call's device and tensors allow them; a table may name either, the
+rule and the interpreter take the pointer form; $ELASTICBENCH_TRITON_ATTENTION_TMA=0 / 1
+keeps one kind.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -150,9 +163,17 @@ def configs(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     padded: for a call with a key-padding mask."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    cls = head_dim_class(head_dim)
+    if tma and not tma_available():
+        return ()
+    return _listed(kernel, head_dim_class(head_dim), dtype, causal, Weight(weight), tma,
+                   padded)
+
+
+def _listed(kernel: str, cls: int, dtype: torch.dtype, causal: bool, w: Weight, tma: bool,
+            padded: bool) -> tuple[Tiles, ...]:
+    """`configs` for a head-dim class, whatever this Triton has."""
     if tma:
-        if not tma_available() or dtype == torch.float32:
+        if dtype == torch.float32:
             return ()
         listed = tuple(Tiles(t.block_m, t.block_n, t.warps, t.stages, True)
                        for t in _TMA_HALF.get((kernel, cls), ())
@@ -161,7 +182,6 @@ def configs(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
         return _FP32[kernel]
     else:
         listed = _HALF.get((kernel, cls), _HALF_WIDE[kernel])
-    w = Weight(weight)
     return tuple(t for t in listed if not (causal and (kernel, cls, t) in _NOT_CAUSAL)
                  and (kernel, cls, bool(causal), w, t) not in _SPILLS_FOR
                  and not (padded and (kernel, cls, bool(causal), t) in _PADDED_SPILLS))
@@ -192,44 +212,379 @@ def smallest(tiles: tuple[Tiles, ...]) -> Tiles:
                                      t.tma))
 
 
+def rule(options: tuple[Tiles, ...]) -> Tiles:
+    """The configuration of a key no table names: the first offered, which is the first of
+    its pointer list (the one expected to win on an H100; TMA only where
+    $ELASTICBENCH_TRITON_ATTENTION_TMA=1 offers nothing else: TMA has never run on a GPU)."""
+    return options[0]
+
+
+_TILES_TEXT = re.compile(r"(\d+)x(\d+) w(\d+) s(\d+)( tma)?")
+
+
+def parse_tiles(text: str) -> Tiles:
+    """A configuration from its text (`str(Tiles)`: "128x64 w8 s3", "... tma")."""
+    found = _TILES_TEXT.fullmatch(text.strip()) if isinstance(text, str) else None
+    if found is None:
+        raise ValueError(f"{text!r} is not a configuration (write it as '128x64 w8 s3', "
+                         "optionally followed by ' tma')")
+    bm, bn, w, s = (int(x) for x in found.groups()[:4])
+    return Tiles(bm, bn, w, s, found.group(5) is not None)
+
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def length_class(length: int) -> int:
+    """The length class of a call whose longer side (max(lq, lk)) is `length`: the smallest
+    power of 4 at least `length`, from 64 (64, 256, 1024, 4096, 16384, ...)."""
+    n = 64
+    while n < length:
+        n *= 4
+    return n
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU as a table names it: compute capability and the device name torch reports
+    (name "*": every GPU of that capability)."""
+
+    capability: tuple[int, int]
+    name: str
+
+
+@dataclass(frozen=True)
+class Key:
+    """What a table entry is keyed by: the GPU, kernel ("fwd", "dkdv", "dq"), dtype name
+    ("bf16", "fp16", "fp32"), head-dim class (`head_dim_class`), causal, key padding, the
+    weight's lower-case name and the length class (`length_class`)."""
+
+    gpu: Gpu
+    kernel: str
+    dtype: str
+    head_dim: int
+    causal: bool
+    padded: bool
+    weight: str
+    length: int
+
+    def __str__(self) -> str:
+        flags = [self.dtype, f"d{self.head_dim}", self.weight, f"L<={self.length}"] + \
+            (["causal"] if self.causal else []) + (["padded"] if self.padded else [])
+        return f"{self.kernel} {' '.join(flags)}"
+
+
+TABLE_FORMAT = "elasticbench-attention-table"
+TABLE_VERSION = 1
+TABLE_ENV = "ELASTICBENCH_ATTENTION_TABLE"
+TUNE_ENV = "ELASTICBENCH_ATTENTION_TUNE"
+PACKAGED_TABLES = Path(__file__).with_name("tables")
+
+
+class TableError(ValueError):
+    """A configuration table that cannot be used; the message names the file and why."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """A loaded table: its file, its entries, and whether its timings came from Triton's
+    interpreter (plumbing only: never a GPU table)."""
+
+    path: str
+    entries: dict[Key, Tiles]
+    interpreter: bool = False
+
+
+def _offered_anywhere(key: Key, tiles: Tiles) -> bool:
+    """Whether `tiles` is on the key's pointer or TMA list (whatever this Triton has): what
+    `elasticbench audit --attention` compiles, so all a table may name."""
+    return tiles in _listed(key.kernel, key.head_dim, DTYPES[key.dtype], key.causal,
+                            Weight[key.weight.upper()], tiles.tma, key.padded)
+
+
+def _entry(raw: Any) -> tuple[Key, Tiles]:
+    if not isinstance(raw, dict):
+        raise ValueError("not an object")
+    need = {"gpu": str, "capability": list, "kernel": str, "dtype": str, "head_dim": int,
+            "causal": bool, "padded": bool, "weight": str, "length": int, "tiles": str}
+    for name, kind in need.items():
+        if not isinstance(raw.get(name), kind) or (kind is int and isinstance(raw[name], bool)):
+            raise ValueError(f"{name!r} missing or not a {kind.__name__}")
+    cap = raw["capability"]
+    if len(cap) != 2 or not all(isinstance(c, int) and not isinstance(c, bool) for c in cap):
+        raise ValueError("'capability' must be [major, minor]")
+    if raw["kernel"] not in KERNELS:
+        raise ValueError(f"kernel {raw['kernel']!r} is not one of {', '.join(KERNELS)}")
+    if raw["dtype"] not in DTYPES:
+        raise ValueError(f"dtype {raw['dtype']!r} is not one of {', '.join(DTYPES)}")
+    if raw["head_dim"] != head_dim_class(raw["head_dim"]):
+        raise ValueError(f"head_dim {raw['head_dim']} is not a head-dim class (64, 128, ...)")
+    if raw["length"] != length_class(raw["length"]):
+        raise ValueError(f"length {raw['length']} is not a length class (64 times a power "
+                         "of 4)")
+    names = [w.name.lower() for w in Weight]
+    if raw["weight"] not in names:
+        raise ValueError(f"weight {raw['weight']!r} is not one of {', '.join(names)}")
+    key = Key(Gpu((cap[0], cap[1]), raw["gpu"]), raw["kernel"], raw["dtype"],
+              raw["head_dim"], raw["causal"], raw["padded"], raw["weight"], raw["length"])
+    tiles = parse_tiles(raw["tiles"])
+    if not _offered_anywhere(key, tiles):
+        raise ValueError(f"{tiles} is not an offered configuration for {key} (only those "
+                         "`elasticbench audit --attention` compiles may be named)")
+    return key, tiles
+
+
+def load_table(path: str | os.PathLike) -> Table:
+    """The table in a JSON file (docs/attention.md section 7: {"format": TABLE_FORMAT,
+    "version": 1, "interpreter": bool, "entries": [{"gpu", "capability", "kernel", "dtype",
+    "head_dim", "causal", "padded", "weight", "length", "tiles"}, ...]}, other fields
+    informational). Raises TableError naming the file on anything unusable."""
+    where = f"attention configuration table {os.fspath(path)}"
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise TableError(f"{where}: cannot be read ({e.strerror or e})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TableError(f"{where}: not JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT:
+        raise TableError(f"{where}: not an attention table (no \"format\": \"{TABLE_FORMAT}\")")
+    if data.get("version") != TABLE_VERSION:
+        raise TableError(f"{where}: version {data.get('version')!r}; this elasticbench reads "
+                         f"version {TABLE_VERSION}")
+    raw_entries = data.get("entries")
+    if not isinstance(raw_entries, list):
+        raise TableError(f"{where}: \"entries\" must be a list")
+    entries: dict[Key, Tiles] = {}
+    for i, raw in enumerate(raw_entries):
+        try:
+            key, tiles = _entry(raw)
+        except ValueError as e:
+            raise TableError(f"{where}: entry {i}: {e}") from None
+        if key in entries:
+            raise TableError(f"{where}: entry {i}: a second entry for {key}")
+        entries[key] = tiles
+    return Table(os.fspath(path), entries, bool(data.get("interpreter", False)))
+
+
+def entry_record(key: Key, tiles: Tiles, **extra: Any) -> dict:
+    """A table entry as `load_table` reads it (extra: informational fields, e.g. timings)."""
+    return {"gpu": key.gpu.name, "capability": list(key.gpu.capability),
+            "kernel": key.kernel, "dtype": key.dtype, "head_dim": key.head_dim,
+            "causal": key.causal, "padded": key.padded, "weight": key.weight,
+            "length": key.length, "tiles": str(tiles), **extra}
+
+
+def _packaged() -> list[Table]:
+    out = []
+    for path in sorted(PACKAGED_TABLES.glob("*.json")):
+        table = load_table(path)
+        if table.interpreter:
+            raise TableError(f"attention configuration table {path}: interpreter timings "
+                             "are never a GPU table")
+        out.append(table)
+    return out
+
+
+_TABLES: tuple[Table, ...] | None = None
+_TUNE: bool | None = None
+_LOCK = threading.RLock()
+
+
+def tables() -> tuple[Table, ...]:
+    """The tables a choice consults, first match wins: the file named by
+    $ELASTICBENCH_ATTENTION_TABLE (read once, at first use) and then the package's, by name.
+    Raises TableError (naming the file) on a bad one."""
+    global _TABLES
+    if _TABLES is None:
+        with _LOCK:
+            if _TABLES is None:
+                user = os.environ.get(TABLE_ENV, "").strip()
+                if user:
+                    try:
+                        first = [load_table(user)]
+                    except TableError as e:
+                        raise TableError(f"{TABLE_ENV}: {e}") from None
+                else:
+                    first = []
+                _TABLES = tuple(first + _packaged())
+    return _TABLES
+
+
+def tuning_enabled() -> bool:
+    """$ELASTICBENCH_ATTENTION_TUNE=1: time the offered configurations on the first call of
+    a key no table names (read once); unset, empty or 0: never."""
+    global _TUNE
+    if _TUNE is None:
+        value = os.environ.get(TUNE_ENV, "").strip()
+        if value not in ("", "0", "1"):
+            raise ValueError(f"{TUNE_ENV} must be 0, 1 or unset, got {value!r}")
+        _TUNE = value == "1"
+    return _TUNE
+
+
+def reset() -> None:
+    """Forget the tables, the tuning switch and every choice made (tests; `elasticbench
+    tune` between its keys): the next call reads the environment again."""
+    global _TABLES, _TUNE
+    with _LOCK:
+        _TABLES, _TUNE = None, None
+        _CHOSEN.clear()
+        _GPUS.clear()
+
+
+def lookup(key: Key) -> Tiles | None:
+    """The configuration the tables name for `key` (its GPU by name, then any of its
+    capability under the name "*"), or None."""
+    anyname = replace(key, gpu=Gpu(key.gpu.capability, "*"))
+    for table in tables():
+        found = table.entries.get(key) or table.entries.get(anyname)
+        if found is not None:
+            return found
+    return None
+
+
+def decide(key: Key, options: tuple[Tiles, ...]) -> Tiles:
+    """The configuration for `key` among the call's `options` (`offered`), without timing:
+    the tables' where it is offered (its tiles in pointer form where the call cannot use
+    TMA), else `rule(options)`. Pure: the same key and options give the same answer."""
+    found = lookup(key)
+    if found is not None:
+        if found in options:
+            return found
+        if found.tma and replace(found, tma=False) in options:
+            return replace(found, tma=False)
+    return rule(options)
+
+
+_FIT_ERRORS: tuple[type[BaseException], ...] | None = None
+
+
+def _fit_errors() -> tuple[type[BaseException], ...]:
+    """Triton's "out of resources" classes, wherever this Triton defines them."""
+    global _FIT_ERRORS
+    if _FIT_ERRORS is None:
+        import importlib
+
+        found: list[type[BaseException]] = []
+        for module in ("triton.runtime.errors", "triton.runtime.autotuner",
+                       "triton.compiler.errors"):
+            try:
+                cls = getattr(importlib.import_module(module), "OutOfResources", None)
+            except ImportError:
+                continue
+            if isinstance(cls, type) and cls not in found:
+                found.append(cls)
+        _FIT_ERRORS = tuple(found)
+    return _FIT_ERRORS
+
+
+def does_not_fit(error: BaseException) -> bool:
+    """Whether a launch's error means only "this configuration does not fit this GPU":
+    Triton's OutOfResources (shared memory, threads), ptxas refusing a kernel for its
+    resources ("uses too much shared data"), or the driver's "too many resources requested
+    for launch". Anything else (out of memory, a device fault, a grid too large, a compile
+    error) is not, and reaches the caller."""
+    if isinstance(error, _fit_errors()):
+        return True
+    text = str(error)
+    if type(error).__name__ == "PTXASError":
+        return "too much" in text or "out of resource" in text.lower()
+    return isinstance(error, RuntimeError) and "too many resources requested for launch" in text
+
+
+def tune(options: tuple[Tiles, ...], time_one: Callable[[Tiles], float],
+         what: str = "attention") -> tuple[Tiles, dict[Tiles, float]]:
+    """(fastest, timings in ms) of `options` by `time_one`; one that does not fit
+    (`does_not_fit`) times inf, any other error propagates; ties go to the earlier option.
+    Raises RuntimeError when none fits."""
+    timings: dict[Tiles, float] = {}
+    for t in options:
+        try:
+            timings[t] = float(time_one(t))
+        except Exception as e:
+            if not does_not_fit(e):
+                raise
+            timings[t] = math.inf
+    best = min(options, key=lambda t: (timings[t], options.index(t)))
+    if math.isinf(timings[best]):
+        raise RuntimeError(f"no {what} configuration fits this GPU (all "
+                           f"{len(options)} out of resources)")
+    return best, timings
+
+
+_GPUS: dict[int, Gpu] = {}
+
+
+def gpu_of(device: torch.device) -> Gpu:
+    """The GPU of a CUDA device (capability and name), looked up once per device index."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    gpu = _GPUS.get(index)
+    if gpu is None:
+        major, minor = torch.cuda.get_device_capability(index)
+        gpu = Gpu((int(major), int(minor)), torch.cuda.get_device_name(index))
+        _GPUS[index] = gpu
+    return gpu
+
+
 _CHOSEN: dict[tuple, Tiles] = {}
-_LOCK = threading.Lock()
+
+
+def _gpu_for(q: torch.Tensor) -> Gpu | None:
+    """q's GPU; None under the interpreter and for CPU tensors (the smallest configuration)."""
+    return gpu_of(q.device) if q.is_cuda and not triton_interpreted() else None
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False where torch has no CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def choose(kernel: str, head_dim: int, q: torch.Tensor, causal: bool, has_mask: bool,
-           time_one: Callable[[Tiles], float], weight: Weight = Weight.ELASTIC,
-           tma: bool = False) -> Tiles:
+           time_one: Callable[[Tiles], float] | None = None, weight: Weight = Weight.ELASTIC,
+           tma: bool = False, length: int = 0, gpu: Gpu | None = None) -> Tiles:
     """The configuration for this call among `offered(...)` (tma: the call may use tensor
-    descriptors): the smallest under the interpreter or on the CPU (pointer loads before
-    TMA); on a GPU the fastest by `time_one(tiles)` (ms), timed once per key (the weight's
-    and whether TMA was offered among them) and kept. A configuration whose launch fails
-    (out of resources on this GPU) is skipped."""
-    tiles = _choose(kernel, head_dim, q, causal, has_mask, time_one, weight, tma)
+    descriptors; length: max(lq, lk)): under the interpreter or with CPU tensors the
+    smallest; on a GPU (q's, or `gpu` as if on it) `decide` by the key's table entry or the
+    rule, remembered per key: no timing, no synchronization, no allocation. Only with
+    $ELASTICBENCH_ATTENTION_TUNE=1, a key no table names, and the stream not capturing a
+    CUDA graph, the offered configurations are timed by `time_one(tiles)` (ms) once and the
+    fastest kept (`tune`)."""
+    tiles = _choose(kernel, head_dim, q, causal, has_mask, time_one, weight, tma, length, gpu)
     launches.note(lambda: f"{kernel} {tiles}")
     return tiles
 
 
 def _choose(kernel: str, head_dim: int, q: torch.Tensor, causal: bool, has_mask: bool,
-            time_one: Callable[[Tiles], float], weight: Weight, tma: bool) -> Tiles:
+            time_one: Callable[[Tiles], float] | None, weight: Weight, tma: bool, length: int,
+            gpu: Gpu | None) -> Tiles:
+    if gpu is None:
+        gpu = _gpu_for(q)
+    cls = head_dim_class(head_dim)
+    cache_key = (gpu, kernel, cls, q.dtype, bool(causal), bool(has_mask), int(weight),
+                 bool(tma), tma_mode(), length_class(length))
+    hit = _CHOSEN.get(cache_key)
+    if hit is not None:
+        return hit
     options = offered(kernel, head_dim, q.dtype, causal, weight, tma, has_mask)
-    if triton_interpreted() or not q.is_cuda or len(options) == 1:
-        return smallest(options)
-    cap = torch.cuda.get_device_capability(q.device)
-    key = (kernel, head_dim_class(head_dim), q.dtype, bool(causal), bool(has_mask), cap,
-           int(weight), any(t.tma for t in options), all(t.tma for t in options))
-    with _LOCK:
-        if key not in _CHOSEN:
-            timings = {}
-            for t in options:
-                try:
-                    timings[t] = time_one(t)
-                except Exception:  # out of shared memory on this GPU, say
-                    timings[t] = math.inf
-            best = min(timings, key=timings.__getitem__)
-            if math.isinf(timings[best]):
-                raise RuntimeError(f"no {kernel} attention configuration launches here")
-            _CHOSEN[key] = best
-        return _CHOSEN[key]
+    if gpu is None:
+        chosen = smallest(options)
+    else:
+        key = Key(gpu, kernel, _DTYPE_NAMES.get(q.dtype, str(q.dtype)), cls, bool(causal),
+                  bool(has_mask), Weight(weight).name.lower(), length_class(length))
+        with _LOCK:
+            if cache_key in _CHOSEN:
+                return _CHOSEN[cache_key]
+            named = lookup(key)
+            if named is None and time_one is not None and len(options) > 1 and \
+                    tuning_enabled():
+                if _capturing():
+                    return rule(options)  # not kept: timed at the first call outside
+                chosen = tune(options, time_one, f"{kernel} attention")[0]
+            else:
+                chosen = decide(key, options)
+    _CHOSEN[cache_key] = chosen
+    return chosen
 
 
 def chosen() -> dict[tuple, Tiles]:
