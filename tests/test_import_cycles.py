@@ -116,9 +116,10 @@ def test_the_check_finds_a_cycle() -> None:
 
 
 def readme_layers() -> dict[str, int]:
-    """Top-level package or module of elasticbench -> its layer in the README's picture
-    (section Architecture: a number starts a layer, a line without one continues it)."""
-    text = (ROOT / "README.md").read_text().split("## Architecture", 1)[1]
+    """Top-level package or module of elasticbench -> its layer in the picture of
+    docs/architecture.md (section Layers: a number starts a layer, a line without one
+    continues it)."""
+    text = (ROOT / "docs" / "architecture.md").read_text().split("## Layers", 1)[1]
     lines = text.split("```", 2)[1].strip("\n").splitlines()
     cut = lines[0].index("what they are")
     out: dict[str, int] = {}
@@ -131,7 +132,7 @@ def readme_layers() -> dict[str, int]:
 
 
 def top(module: str) -> str:
-    """The README's name for a module: elasticbench's package or module right under it; in
+    """The layer picture's name for a module: elasticbench's package or module right under it; in
     kernels/, the registering modules `<backend>_<anything>` are `kernels/<backend>_*` (the
     harness's) and the rest `kernels` (the kernels the library runs)."""
     parts = module.split(".")
@@ -152,7 +153,7 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     layers = readme_layers()
     graph = import_graph()
     unplaced = sorted({top(m) for m in graph} - set(layers))
-    assert not unplaced, f"place these in README's architecture picture: {unplaced}"
+    assert not unplaced, f"place these in docs/architecture.md's layer picture: {unplaced}"
     found = upward(graph, layers)
     assert not found, "imports of a layer above: " + "; ".join(found)
 
