@@ -147,3 +147,20 @@ def test_the_readme_is_at_most_10_kb_and_has_no_dated_measurement() -> None:
     assert len(readme.encode()) <= 10 * 1024
     assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", readme)
     assert "make test" in readme
+
+
+def test_the_docs_tables_are_generated_from_their_results_files() -> None:
+    docs_tables = _script("docs_tables")
+    assert not docs_tables.stale(), "a doc's table is not current: run scripts/docs_tables.py"
+    shown = (ROOT / "docs" / "numerics.md").read_text()
+    assert "<!-- table: results/verify-speed/native-sweeps.json -->" in shown
+
+
+def test_a_table_block_is_rewritten_from_its_file(tmp_path: Path) -> None:
+    docs_tables = _script("docs_tables")
+    table = docs_tables.ROOT / "results" / "verify-speed" / "native-sweeps.json"
+    block = f"<!-- table: {table.relative_to(docs_tables.ROOT)} -->\nold figures\n<!-- end table -->"
+    new = docs_tables.render_doc(f"before\n{block}\nafter\n")
+    assert "old figures" not in new
+    assert "|  | 74b0fe2 | native sweeps |" in new and "measured 2026-11-27" in new
+    assert new.startswith("before\n") and new.endswith("<!-- end table -->\nafter\n")
