@@ -42,7 +42,13 @@ GPU's cooperative launch makes safe) would spin for ever on the first. Within th
 launch that asks for a cooperative grid (`launch_cooperative_grid=True`) runs all its programs
 at once, one Python thread each with its own program id, so the kernel's own barrier code is
 what runs; a launch in which no program changes memory for `timeout_s` (every program waiting:
-a GPU would hang) stops every program and fails with `CooperativeDeadlock`.
+a GPU would hang) stops every program and fails with `CooperativeDeadlock`. A program that
+executes the resident barrier's `trap` (inline assembly the interpreter cannot run;
+kernels/triton/rows.py, arrive_and_wait, after its bounded wait) fails the launch with
+`BarrierTrap`, as the trap fails it on a GPU.
+
+Nothing in the library imports this module unless TRITON_INTERPRET=1 (kernels/triton/launch.py
+imports it at its first interpreted launch).
 """
 
 from __future__ import annotations
@@ -399,6 +405,11 @@ class CooperativeDeadlock(RuntimeError):
     watchdog's time: its programs wait for each other (on a GPU it would never finish)."""
 
 
+class BarrierTrap(RuntimeError):
+    """A program of a cooperative launch under the interpreter executed the resident
+    barrier's trap (kernels/triton/rows.py, `trap`): on a GPU the launch fails."""
+
+
 class _Abort(BaseException):
     """Raised inside a program's thread, at its next memory operation, to stop it."""
 
@@ -459,6 +470,18 @@ class _Launch:
             raise real[0]
 
 
+def _trap_within(error: BaseException) -> BarrierTrap | None:
+    """The BarrierTrap that `error` wraps (the interpreter re-raises what a program raised as
+    its own InterpreterError, at each level), if any: the launch fails with it, as a GPU's
+    trap fails it."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, BarrierTrap):
+            return seen
+        seen = seen.__cause__
+    return None
+
+
 class _Programs:
     """Stands in for a kernel's function in GridExecutor: each call (one per program, in
     the interpreter's loop over the grid) starts that program in a thread; the call for the
@@ -517,6 +540,8 @@ class CooperativeGrid:
         # another program's call may be iterating over them (_patch_lang): one at a time
         self._set(it, "_patch_lang", self._serialized)
         self._set(it.InterpretedFunction, "rewrite", self._serialized)
+        if "create_inline_asm" in it.InterpreterBuilder.__dict__:
+            self._set(it.InterpreterBuilder, "create_inline_asm", self._inline_asm)
 
     def undo(self) -> None:
         for owner, name, value in reversed(self._saved):
@@ -545,10 +570,29 @@ class CooperativeGrid:
             executor.fn = _Programs(real, self, _Launch(self.timeout_s))
             try:
                 return original(executor, *args, **kwargs)
+            except Exception as e:  # the interpreter wraps what a program raised: unwrap a trap
+                trap = _trap_within(e)
+                if trap is None:
+                    raise
+                raise trap from None
             finally:
                 executor.fn = real
 
         return call
+
+    TRAP = "trap;"  # what the GPU's trap looks like in a kernel's inline assembly
+
+    def _inline_asm(self, name: str, original: Any) -> Callable[..., Any]:
+        def inline_asm(builder: Any, asm: str, *args: Any, **kwargs: Any) -> Any:
+            if self.TRAP in asm and getattr(self.local, "launch", None) is not None:
+                idx = getattr(self.local, "grid_idx", None)
+                raise BarrierTrap(f"program {idx[0] if idx else '?'} of a cooperative launch "
+                                  f"executed `trap` ({asm.splitlines()[0].strip()}): a row's "
+                                  "programs did not all reach its barrier within the bounded "
+                                  "wait; on a GPU the launch fails")
+            return original(builder, asm, *args, **kwargs)
+
+        return inline_asm
 
     def _program_id(self, name: str, original: Any) -> Callable[..., Any]:
         def program_id(builder: Any, axis: int) -> Any:

@@ -218,14 +218,14 @@ def elastic_bwd_rows_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, 
 # max, den, c, A/ln2, B/ln2. x, y, g are read twice, as on the online path.
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS"])
 def elastic_bwd_split_partials_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr, rows, n,
                                       sx, sy, sg, sdx, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
                                       beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                                       EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
                                       BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                                      FROM_MEMORY: tl.constexpr, SPAN: tl.constexpr,
-                                      SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+                                      FROM_MEMORY: tl.constexpr, SPAN,
+                                      SPLITS, SPLITS_P2: tl.constexpr):
     """Split rows, phase 1: max, D' and c of each (row, split)."""
     offs = tl.arange(0, BLOCK)
     for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
@@ -251,7 +251,7 @@ def elastic_bwd_split_partials_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, spl
 
 
 @triton.jit
-def _split_row(split_ptr, row, parts, live, SPLITS: tl.constexpr,
+def _split_row(split_ptr, row, parts, live, SPLITS,
                VOLATILE: tl.constexpr = False):
     """(max, c, the partials' base pointers, their maxes) of a split row from phase 1
     (VOLATILE: written by programs running beside this one, the resident path)."""
@@ -261,14 +261,14 @@ def _split_row(split_ptr, row, parts, live, SPLITS: tl.constexpr,
     return max_nan(tops), c, base, tops
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS"])
 def elastic_bwd_split_finish_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr, rows, n,
                                     sx, sy, sg, sdx, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
                                     beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                                     EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
                                     BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                                    FROM_MEMORY: tl.constexpr, SPAN: tl.constexpr,
-                                    SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+                                    FROM_MEMORY: tl.constexpr, SPAN,
+                                    SPLITS, SPLITS_P2: tl.constexpr):
     """Split rows, phase 2: dx over the span, and its A/ln2, B/ln2 at the row's shift."""
     offs = tl.arange(0, BLOCK)
     parts = tl.arange(0, SPLITS_P2)
@@ -300,11 +300,11 @@ def elastic_bwd_split_finish_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split
         tl.store(split_ptr + at + 4, tl.sum(b_lanes, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS"])
 def elastic_bwd_split_rows_kernel(part_ptr, split_ptr, rows, k0, pre0, tau0, inv_tau0, beta0,
                                   tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                                   EXP2_ULPS: tl.constexpr, FROM_MEMORY: tl.constexpr,
-                                  SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+                                  SPLITS, SPLITS_P2: tl.constexpr):
     """Split rows, phase 3: each row's dtau and dbeta from its splits' sums."""
     parts = tl.arange(0, SPLITS_P2)
     live = parts < SPLITS
@@ -318,7 +318,7 @@ def elastic_bwd_split_rows_kernel(part_ptr, split_ptr, rows, k0, pre0, tau0, inv
 
 @triton.jit
 def _split_row_grads(part_ptr, split_ptr, row, rows, parts, live, k, pre, tau, beta,
-                     SPLITS: tl.constexpr, EXP2_ULPS: tl.constexpr, VOLATILE: tl.constexpr):
+                     SPLITS, EXP2_ULPS: tl.constexpr, VOLATILE: tl.constexpr):
     """Store a split row's dtau and dbeta from its splits' five partials."""
     top, c, base, tops = _split_row(split_ptr, row, parts, live, SPLITS, VOLATILE)
     m = tl.where(_regular(top), top, 0.0)
@@ -341,13 +341,13 @@ def _split_row_grads(part_ptr, split_ptr, row, rows, parts, live, k, pre, tau, b
 # so the results are the same bits.
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS"])
 def elastic_bwd_resident_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr, cnt_ptr,
                                 rows, n, sx, sy, sg, sdx, k0, pre0, tau0, inv_tau0, beta0,
                                 tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                                 EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
                                 BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                                FROM_MEMORY: tl.constexpr, SPLITS: tl.constexpr,
+                                FROM_MEMORY: tl.constexpr, SPLITS,
                                 SPLITS_P2: tl.constexpr):
     """Resident rows: block (item % SPLITS) of row (item // SPLITS) per work item. Needs all
     the grid's programs resident at once and a grid that is a multiple of SPLITS."""

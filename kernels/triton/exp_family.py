@@ -223,15 +223,15 @@ def exp_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, bet
 # shift) and writes its span. Two reads and one write, as the online path.
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS"])
 def exp_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, tau0,
                               inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0,
                               bs1, bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
                               OFFSET: tl.constexpr, EXACT: tl.constexpr,
                               SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr,
                               BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                              FROM_MEMORY: tl.constexpr, SPAN: tl.constexpr,
-                              SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+                              FROM_MEMORY: tl.constexpr, SPAN,
+                              SPLITS, SPLITS_P2: tl.constexpr):
     """Split rows, phase 1: the partials of each (row, split)."""
     offs = tl.arange(0, BLOCK)
     for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
@@ -273,15 +273,15 @@ def _exp_combine(top, tops, dens, k, pre, beta, FLOOR0: tl.constexpr, OFFSET: tl
     return shift, rden
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS"])
 def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, tau0,
                             inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0,
                             bs1, bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
                             OFFSET: tl.constexpr, EXACT: tl.constexpr,
                             SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr,
                             BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                            FROM_MEMORY: tl.constexpr, SPAN: tl.constexpr,
-                            SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+                            FROM_MEMORY: tl.constexpr, SPAN,
+                            SPLITS, SPLITS_P2: tl.constexpr):
     """Split rows, phase 2: combine the row's partials, write the span."""
     offs = tl.arange(0, BLOCK)
     parts = tl.arange(0, SPLITS_P2)
@@ -325,13 +325,13 @@ def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, t
 # partials exactly as the split path does, so the results are the same bits.
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS"])
 def exp_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, k0, pre0, tau0,
                         inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
                         bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
                         OFFSET: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
                         EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                        FROM_MEMORY: tl.constexpr, SPLITS: tl.constexpr,
+                        FROM_MEMORY: tl.constexpr, SPLITS,
                         SPLITS_P2: tl.constexpr):
     """Resident rows: block (item % SPLITS) of row (item // SPLITS) per work item. Needs all
     the grid's programs resident at once and a grid that is a multiple of SPLITS (a row's

@@ -57,7 +57,18 @@ def add_compensated(total, comp, part):
 
 # The resident path's barrier (launch.plan_rows): a row's SPLITS programs, all resident at
 # once (a cooperative launch), meet at the row's counter. Partials go through atomics, which
-# one thread of a program performs, so that the release of its arrival orders them.
+# one thread of a program performs, so that the release of its arrival orders them. SPLITS is
+# a runtime value (one compiled kernel serves every row length of a block width).
+#
+# The wait is bounded (docs/triton.md, "The resident path's barrier"): an honest wait is for
+# programs that are resident and running, microseconds; SPIN_LIMIT polls (each an L2 atomic,
+# about half a microsecond or more: seconds in all) can only run out when the invariant is
+# broken (counters not zero at launch, a row's programs not all resident). Then the program
+# executes `trap`, which fails the launch with a CUDA error at the host's next synchronization:
+# never a hang, never a result computed from partials that are not all there. Under the
+# interpreter, elasticbench.triton_interpreter.cooperative_grid raises BarrierTrap instead.
+
+SPIN_LIMIT = 1 << 24
 
 
 @triton.jit
@@ -69,17 +80,31 @@ def publish(ptr, value):
 
 
 @triton.jit
-def arrive_and_wait(cnt_ptr, SPLITS: tl.constexpr):
-    """Count this program in at its row's counter and spin until the row's SPLITS programs
-    are; what each published before arriving is then visible (release, acquire)."""
-    tl.atomic_add(cnt_ptr, 1, sem="release")
-    seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
-    while seen < SPLITS:
-        seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+def trap(value):
+    """Abort the launch (PTX `trap`): the kernel fails, the host sees a CUDA error. value is
+    any int32 scalar (inline assembly needs an operand) and is returned unchanged."""
+    return tl.inline_asm_elementwise("trap; // elasticbench: resident-row barrier\n"
+                                     "mov.b32 $0, $1;", "=r,r", [value], dtype=tl.int32,
+                                     is_pure=False, pack=1)
 
 
 @triton.jit
-def leave(cnt_ptr, SPLITS: tl.constexpr):
+def arrive_and_wait(cnt_ptr, SPLITS, LIMIT: tl.constexpr = SPIN_LIMIT):
+    """Count this program in at its row's counter and spin until the row's SPLITS programs
+    are; what each published before arriving is then visible (release, acquire). After LIMIT
+    polls without them, trap (the launch fails): the barrier's invariant is broken."""
+    tl.atomic_add(cnt_ptr, 1, sem="release")
+    seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+    polls = 0
+    while (seen < SPLITS) & (polls < LIMIT):
+        seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+        polls += 1
+    if seen < SPLITS:
+        trap(seen)
+
+
+@triton.jit
+def leave(cnt_ptr, SPLITS):
     """After arrive_and_wait: count this program out. The row's last program to leave gets
     True (with everything the others published before leaving visible) and resets the
     counter to 0, as the next launch expects it; every program has stopped spinning by then."""

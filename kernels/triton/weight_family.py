@@ -143,12 +143,12 @@ def weight_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr
 # +inf count; phase 2 rescales the sums to the row's power of two (exact) and writes.
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS"])
 def weight_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
                                  OTHER: tl.constexpr, SYMAX: tl.constexpr,
                                  EXACT: tl.constexpr, BLOCK: tl.constexpr,
-                                 EVEN: tl.constexpr, SPAN: tl.constexpr,
-                                 SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+                                 EVEN: tl.constexpr, SPAN,
+                                 SPLITS, SPLITS_P2: tl.constexpr):
     """Split rows, phase 1: the partials of each (row, split)."""
     offs = tl.arange(0, BLOCK)
     for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
@@ -191,12 +191,12 @@ def _weight_combine(top, tops, dens, const, EXACT: tl.constexpr):
     return inv, reciprocal(tl.where(den > 0.0, den, 1.0), EXACT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS"])
 def weight_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
                                OTHER: tl.constexpr, SYMAX: tl.constexpr,
                                EXACT: tl.constexpr, BLOCK: tl.constexpr,
-                               EVEN: tl.constexpr, SPAN: tl.constexpr,
-                               SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+                               EVEN: tl.constexpr, SPAN,
+                               SPLITS, SPLITS_P2: tl.constexpr):
     """Split rows, phase 2: combine the row's partials, write the span."""
     offs = tl.arange(0, BLOCK)
     parts = tl.arange(0, SPLITS_P2)
@@ -229,10 +229,10 @@ def weight_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
                 st(yrow + idx, special_y(w == float("inf"), n_inf, top), inside, EVEN)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS"])
 def weight_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, const,
                            OTHER: tl.constexpr, SYMAX: tl.constexpr, EXACT: tl.constexpr,
-                           BLOCK: tl.constexpr, EVEN: tl.constexpr, SPLITS: tl.constexpr,
+                           BLOCK: tl.constexpr, EVEN: tl.constexpr, SPLITS,
                            SPLITS_P2: tl.constexpr):
     """Resident rows, as exp_family's: each program publishes the split partials of the block
     it holds, waits for its row's programs, combines and writes from registers. Needs all the
