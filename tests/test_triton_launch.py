@@ -24,6 +24,7 @@ from elasticbench.kernels.triton.launch import (
     options_from_env,
     plan,
     plan_rows,
+    refresh_options,
     resident_programs,
 )
 
@@ -53,15 +54,21 @@ def test_bad_environment_values_name_the_variable(var, value, message) -> None:
 
 def test_per_call_options_override_the_environment(monkeypatch) -> None:
     monkeypatch.setenv("ELASTICBENCH_TRITON_CHUNK", "64")
-    assert current_options().chunk == 64  # read when a kernel is called, not at import
-    with launch_options(max_fused=32) as outer:
-        assert outer == LaunchOptions(max_fused=32, chunk=64)
-        with launch_options(chunk=8):
-            assert current_options() == LaunchOptions(max_fused=32, chunk=8)
-        assert current_options() == outer
-    assert current_options() == LaunchOptions(chunk=64)
-    with pytest.raises(ValueError, match="power of two"), launch_options(chunk=12):
-        pass
+    try:
+        # read at the first call that needs them (or when refreshed), not at import
+        assert refresh_options().chunk == 64
+        assert current_options().chunk == 64
+        with launch_options(max_fused=32) as outer:
+            assert outer == LaunchOptions(max_fused=32, chunk=64)
+            with launch_options(chunk=8):
+                assert current_options() == LaunchOptions(max_fused=32, chunk=8)
+            assert current_options() == outer
+        assert current_options() == LaunchOptions(chunk=64)
+        with pytest.raises(ValueError, match="power of two"), launch_options(chunk=12):
+            pass
+    finally:
+        monkeypatch.undo()
+        refresh_options()
 
 
 def test_row_paths() -> None:

@@ -26,10 +26,14 @@ if devices.triton_unavailable() is not None:  # neither a GPU nor the interprete
         under_interpreter(__file__, timeout=900)
 
 else:
+    import triton
+    import triton.language as tl
+
     from elasticbench.kernels.triton import launch
     from elasticbench.kernels.triton.elastic_backward import elastic_backward_params
     from elasticbench.kernels.triton.exp_family import elastic_forward, exp_normalize
     from elasticbench.kernels.triton.launch import PLANS, launch_options
+    from elasticbench.kernels.triton.rows import arrive_and_wait
     from elasticbench.kernels.triton.weight_family import stablemax_forward, symax_forward
 
     pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -120,3 +124,56 @@ else:
         assert _plan() == "split 4x16 (16-chunks, 4 warps)"
         assert torch.equal(_bits(got), _bits(want))
         assert list(launch._REFUSED.values()) == ["3 resident programs, fewer than a row's 4"]
+
+    @triton.jit
+    def _meet_kernel(cnt_ptr, out_ptr, SPLITS, LIMIT: tl.constexpr):
+        """Every program meets at one counter, then writes its id: the barrier alone."""
+        arrive_and_wait(cnt_ptr, SPLITS, LIMIT)
+        tl.store(out_ptr + tl.program_id(0), tl.program_id(0) + 1)
+
+    def test_the_barrier_wait_is_bounded_and_then_traps() -> None:
+        from elasticbench.triton_interpreter import BarrierTrap
+
+        # two programs of two meet: both pass
+        cnt, out = torch.zeros(1, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+        launch.run(_meet_kernel, (2,), (cnt, out, 2), 4, {"LIMIT": 1 << 20}, cooperative=True)
+        assert out.tolist() == [1, 2] and cnt.item() == 2
+        # one program waiting for two never sees them: after LIMIT polls it traps (the launch
+        # fails, as `trap` fails it on a GPU), long before the interpreter's hang watchdog,
+        # and writes nothing computed past the barrier
+        cnt, out = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+        with pytest.raises(BarrierTrap, match="did not all reach its barrier"):
+            launch.run(_meet_kernel, (1,), (cnt, out, 2), 4, {"LIMIT": 64}, cooperative=True)
+        assert out.tolist() == [0]
+
+    def test_captured_calls_use_counters_of_their_own(monkeypatch) -> None:
+        # under capture (simulated) every resident launch takes a fresh zeroed buffer, not the
+        # stream's cached one, and computes the same bits
+        x = _rows(9, 50, seed=4).to(DEVICE)
+        g = torch.randn(9, 50, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        tau = torch.full((), 0.7)
+        beta = torch.full((), 0.5)
+        with launch_options(max_fused=32, chunk=16, resident=1):
+            want = (FORWARD["elastic"](x),
+                    *elastic_backward_params(x, FORWARD["elastic"](x), g, tau, beta))
+        monkeypatch.setattr(launch, "_COUNTERS", {})
+        monkeypatch.setattr(launch, "capturing", lambda device: True)
+        made: list[torch.Tensor] = []
+        real = launch.row_counters
+
+        def spy(x: torch.Tensor, rows: int) -> torch.Tensor:
+            made.append(real(x, rows))
+            return made[-1]
+
+        monkeypatch.setattr(launch, "row_counters", spy)
+        with launch_options(max_fused=32, chunk=16, resident=1):
+            y = FORWARD["elastic"](x)
+            assert _plan() == "resident 4x16 (4 warps)"
+            again = FORWARD["elastic"](x)  # a second graph's call: other counters
+            got = (y, *elastic_backward_params(x, y, g, tau, beta))
+            assert _plan() == "resident 4x16 (4 warps)"
+        assert len(made) == 3 and len({t.data_ptr() for t in made}) == 3
+        assert torch.equal(_bits(again), _bits(y))
+        assert launch._COUNTERS == {}
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(_bits(a), _bits(b))

@@ -2,7 +2,15 @@
 
 Everything here runs on the host. `LaunchOptions` are the launcher's arguments: every wrapper
 takes `options=`; without it the options of the innermost `launch_options(...)` block apply,
-else the defaults, which `$ELASTICBENCH_TRITON_*` can move (read in `options_from_env` only).
+else the defaults, which `$ELASTICBENCH_TRITON_*` can move: read once, at the first call that
+needs them (`environment_options`; `refresh_options` reads them again), so a call reads no
+environment variable. TRITON_INTERPRET is read when this module is imported, as Triton reads
+it when `triton.jit` decorates the kernels; the interpreter's patch
+(elasticbench.triton_interpreter) is imported only when it is on.
+
+Every launch goes to the device of its first tensor argument, on that device's current stream
+(`run`), whichever device is current. docs/triton.md describes the resident path's barrier
+counters under CUDA-graph capture (`row_counters`) and the bounded wait (rows.arrive_and_wait).
 """
 
 from __future__ import annotations
@@ -19,7 +27,10 @@ import torch
 
 from elasticbench import launches
 from elasticbench.devices import triton_interpreted
-from elasticbench.triton_interpreter import cooperative_grid, cooperative_supported, exact_bf16
+
+# Read once, as Triton reads it once (when `triton.jit` decorates a kernel): the kernels of
+# this process are interpreted or compiled for their whole life.
+INTERPRETED = triton_interpreted()
 
 DTYPES = ("fp32", "fp16", "bf16")  # fp64 is not a GPU softmax format; the suite skips it
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -100,11 +111,29 @@ def options_from_env(environ: Mapping[str, str] = os.environ) -> LaunchOptions:
 
 
 _OPTIONS: ContextVar[LaunchOptions | None] = ContextVar("triton_launch_options", default=None)
+_FROM_ENV: list[LaunchOptions] = []  # the environment's options, once read
+
+
+def environment_options() -> LaunchOptions:
+    """The defaults as $ELASTICBENCH_TRITON_* move them, read from the environment at the
+    first call only (a bad value raises ValueError at each call until it is fixed and
+    `refresh_options` is called, or the process restarts)."""
+    if not _FROM_ENV:
+        _FROM_ENV.append(options_from_env())
+    return _FROM_ENV[0]
+
+
+def refresh_options() -> LaunchOptions:
+    """Read $ELASTICBENCH_TRITON_* again (a test or tool that changed them in this process);
+    later calls without `options=` use what it returns."""
+    _FROM_ENV.clear()
+    return environment_options()
 
 
 def current_options() -> LaunchOptions:
-    """The options of the innermost `launch_options` block, else those of the environment."""
-    return _OPTIONS.get() or options_from_env()
+    """The options of the innermost `launch_options` block, else those of the environment as
+    first read (`environment_options`): no environment variable is read here."""
+    return _OPTIONS.get() or environment_options()
 
 
 @contextmanager
@@ -156,6 +185,25 @@ def resident_programs(n_regs: int, shared: int, num_warps: int, sm: SMLimits) ->
 
 _OCCUPANCY: dict[tuple, int] = {}
 
+# Launch values that are arguments of the kernels, not constexprs: they pass with the
+# constexprs but name no compiled kernel, so they stay out of the keys of what is cached
+# per compiled kernel (occupancy, refused cooperative launches).
+RUNTIME_VALUES = frozenset({"SPAN", "SPLITS"})
+
+
+def _compiled_key(consts: dict) -> tuple:
+    return tuple(sorted((k, v) for k, v in consts.items() if k not in RUNTIME_VALUES))
+
+
+@functools.cache
+def device_properties(index: int) -> Any:
+    """torch.cuda.get_device_properties of CUDA device `index`, asked once per device."""
+    return torch.cuda.get_device_properties(index)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
 
 INTERPRETED_RESIDENT = 2  # programs per "SM" a cooperative launch gets under the interpreter
 
@@ -168,22 +216,22 @@ def _programs(kernel: Any, rows: int, args: tuple, warps: int, consts: dict,
     under the interpreter a handful of programs is enough to exercise the row loop (a
     cooperative launch gets two per "SM", so that several rows' programs wait at once).
     """
-    if triton_interpreted() or not args[0].is_cuda:  # (CPU tensors, not interpreted: the audit)
+    if INTERPRETED or not args[0].is_cuda:  # (CPU tensors, not interpreted: the audit)
         return max(1, min(rows, device_sms(args[0]) * INTERPRETED_RESIDENT if cooperative
                           else INTERPRETED_SMS))
-    dev = args[0].device
-    key = (kernel, dev.index, warps, args[0].dtype, cooperative,
-           tuple(sorted(consts.items())))
+    index = _index(args[0].device)
+    key = (kernel, index, warps, args[0].dtype, cooperative, _compiled_key(consts))
     if key not in _OCCUPANCY:
-        props = torch.cuda.get_device_properties(dev)
+        props = device_properties(index)
         sm = SMLimits(regs=getattr(props, "regs_per_multiprocessor", SMLimits.regs),
                       warps=getattr(props, "max_threads_per_multi_processor", 2048) // 32,
                       shared=getattr(props, "shared_memory_per_multiprocessor", SMLimits.shared))
         try:
             coop = {"launch_cooperative_grid": True} if cooperative else {}
-            compiled = kernel.warmup(*args, grid=(1,), num_warps=warps, enable_fp_fusion=True,
-                                     **coop, **consts)
-            compiled._init_handles()
+            with torch.cuda.device(index):  # the JIT compiles for the current device
+                compiled = kernel.warmup(*args, grid=(1,), num_warps=warps,
+                                         enable_fp_fusion=True, **coop, **consts)
+                compiled._init_handles()
             per_sm = resident_programs(compiled.n_regs, compiled.metadata.shared, warps, sm)
         except Exception:  # occupancy is a tuning hint; a failed query must not fail the call
             per_sm = max(1, sm.warps // warps)
@@ -198,16 +246,28 @@ def _programs(kernel: Any, rows: int, args: tuple, warps: int, consts: dict,
 def run(kernel: Any, grid: tuple[int], args: tuple, warps: int, consts: dict,
         stages: int | None = None, cooperative: bool = False) -> None:
     """Launch kernel[grid](*args) on `warps` warps (and `stages` pipeline stages, where
-    given; a cooperative grid, every program resident at once, where asked); under the
-    interpreter with the GPU's bf16 and, for a cooperative grid, all programs at once (the
-    audit records these launches instead, elasticbench.audit.capture)."""
+    given; a cooperative grid, every program resident at once, where asked), on the device
+    of args[0] (a tensor) and that device's current stream: Triton launches on the current
+    device, so another one is made current for the launch. Under the interpreter with the
+    GPU's bf16 and, for a cooperative grid, all programs at once (the audit records these
+    launches instead, elasticbench.audit.capture). `consts` also carries the kernels'
+    runtime values named in RUNTIME_VALUES."""
     options: dict[str, Any] = {} if stages is None else {"num_stages": stages}
-    interpreted = triton_interpreted()
     if cooperative:
         options["launch_cooperative_grid"] = True
-    with exact_bf16() if interpreted else nullcontext(), \
-            cooperative_grid() if interpreted and cooperative else nullcontext():
-        kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **options, **consts)
+    if INTERPRETED:
+        from elasticbench.triton_interpreter import cooperative_grid, exact_bf16
+
+        with exact_bf16(), cooperative_grid() if cooperative else nullcontext():
+            kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **options, **consts)
+        return
+    device = args[0].device
+    if device.type == "cuda" and device.index is not None and \
+            device.index != torch.cuda.current_device():
+        with torch.cuda.device(device.index):
+            kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **options, **consts)
+        return
+    kernel[grid](*args, num_warps=warps, enable_fp_fusion=True, **options, **consts)
 
 
 def launch_items(kernel: Any, items: int, args: tuple, warps: int, consts: dict) -> None:
@@ -226,8 +286,8 @@ def launch_resident(kernel: Any, rows: int, splits: int, args: tuple, warps: int
     program only waits for programs of the same wave. False, with nothing launched, where
     no such grid exists or the driver refused it (remembered: later calls do not retry);
     under the interpreter, or off a GPU, an error propagates (the counters zeroed first)."""
-    on_gpu = args[0].is_cuda and not triton_interpreted()
-    key = (kernel, args[0].device, warps, args[0].dtype, tuple(sorted(consts.items())))
+    on_gpu = args[0].is_cuda and not INTERPRETED
+    key = (kernel, args[0].device, warps, args[0].dtype, _compiled_key(consts))
     if key in _REFUSED:
         return False
     capacity = _programs(kernel, rows * splits, args, warps, consts, cooperative=True)
@@ -249,10 +309,34 @@ def launch_resident(kernel: Any, rows: int, splits: int, args: tuple, warps: int
 _COUNTERS: dict[tuple, torch.Tensor] = {}
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether `device`'s current stream is capturing a CUDA graph now (a capture makes its
+    stream the current one). False off CUDA."""
+    if device.type != "cuda":
+        return False
+    if device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device.index):
+            return torch.cuda.is_current_stream_capturing()
+    return torch.cuda.is_current_stream_capturing()
+
+
 def row_counters(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """The resident path's per-row arrival counters (int32), zero on entry to every launch:
-    one buffer per device and stream, which each launch leaves at zero (a row's last
-    program to leave its barrier resets the row's counter), so no call fills it."""
+    """The resident path's per-row arrival counters (int32), zero on entry to every launch.
+
+    Outside a CUDA-graph capture: one buffer per device and stream, allocated zeroed (the
+    fill runs at once) and reused by every launch on that stream, each of which leaves it at
+    zero (a row's last program to leave its barrier resets the row's counter), so no call
+    fills it; launches on one stream run in order, so none sees another's counts.
+
+    While capturing: a buffer of the call's own, allocated from the graph's memory pool
+    and zeroed by a fill that the graph records before the kernel. Each replay then zeroes
+    it before its launch, whatever an earlier replay (or an aborted one) left, and no two
+    graphs, nor a graph and eager calls, share counters, so graphs may be replayed in any
+    order and on any stream. The cached buffer is neither created nor used under capture (a
+    buffer first allocated there would belong to the graph's pool and be zero only once its
+    recorded fill had replayed). The cost is a fill of rows x 4 bytes per replay."""
+    if capturing(x.device):
+        return torch.zeros(rows, dtype=torch.int32, device=x.device)
     if x.is_cuda:
         key: tuple = (x.device.index, torch.cuda.current_stream(x.device).cuda_stream)
     else:
@@ -269,7 +353,9 @@ def resident_available(x: torch.Tensor) -> bool:
     """Whether the resident path can launch for x: under the interpreter where it can run
     a cooperative grid's programs at once (elasticbench.triton_interpreter); on a GPU (and
     for the compile audit) where this Triton has the cooperative launch option."""
-    if triton_interpreted():
+    if INTERPRETED:
+        from elasticbench.triton_interpreter import cooperative_supported
+
         return cooperative_supported()
     return _cooperative_option()
 
@@ -348,14 +434,8 @@ def device_sms(x: torch.Tensor) -> int:
     """SMs the plan fills: the device's on CUDA; the interpreter's few programs; else (the
     compile audit, CPU tensors) an H100's, so the audit compiles what an H100 runs."""
     if x.is_cuda:
-        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        if index not in _SMS:
-            _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-        return _SMS[index]
-    return INTERPRETED_SMS if triton_interpreted() else H100_SMS
-
-
-_SMS: dict[int, int] = {}
+        return device_properties(_index(x.device)).multi_processor_count
+    return INTERPRETED_SMS if INTERPRETED else H100_SMS
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -429,7 +509,7 @@ def note_plan(kernel: Any, x: torch.Tensor, chosen: RowPlan) -> None:
 
 def exp2_model_ulps(options: LaunchOptions) -> int:
     """The ex2 model's ulps for a kernel launch: only under the interpreter, else -1."""
-    return options.exp2_ulps if triton_interpreted() else -1
+    return options.exp2_ulps if INTERPRETED else -1
 
 
 @dataclass(frozen=True)
