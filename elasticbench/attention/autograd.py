@@ -25,8 +25,6 @@ through the composite, so that second orders are exact (docs/gradients.md sectio
 from __future__ import annotations
 
 import functools
-import inspect
-from collections.abc import Callable
 
 import torch
 
@@ -36,36 +34,9 @@ from . import cpp, flash
 from .layout import Scalar, head_params, work_dtype
 from .weights import Weight
 
-
-@functools.lru_cache(maxsize=64)
-def _takes_weight(fn: Callable) -> bool:
-    """Whether an implementation's function has the weight argument of weights.py's contract."""
-    return "weight" in inspect.signature(fn).parameters
-
-
-def _with_weight(fn: Callable) -> Callable:
-    """fn called as the contract calls it, weight last; an implementation whose functions
-    do not take a weight yet runs Elastic's only (its accepts says so)."""
-    if _takes_weight(fn):
-        return fn
-
-    def call(*args, weight: int = Weight.ELASTIC):
-        if Weight(weight) is not Weight.ELASTIC:
-            raise ValueError(f"{fn.__qualname__} computes Elastic attention only")
-        return fn(*args)
-    return call
-
-
-def _cpp_accepts(q: torch.Tensor, weight: int = Weight.ELASTIC) -> bool:
-    """The native kernel's accepts(q, weight); Elastic only where its glue takes no weight."""
-    if _takes_weight(cpp.accepts):
-        return cpp.accepts(q, weight)
-    return Weight(weight) is Weight.ELASTIC and cpp.accepts(q)
-
-
 TORCH = Implementation("torch", lambda q, weight=Weight.ELASTIC: True, flash.forward,
                        flash.backward)
-CPP = Implementation("cpp", _cpp_accepts, _with_weight(cpp.forward), _with_weight(cpp.backward))
+CPP = Implementation("cpp", cpp.accepts, cpp.forward, cpp.backward)
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,14 +47,11 @@ def _triton() -> Implementation | None:
     except ImportError:
         return None
 
-    weights = frozenset(getattr(kernel, "WEIGHTS", (Weight.ELASTIC,)))
-
     def accepts(q: torch.Tensor, weight: int = Weight.ELASTIC) -> bool:
-        return (weight in weights and q.dtype in TRITON_DTYPES
+        return (weight in kernel.WEIGHTS and q.dtype in TRITON_DTYPES
                 and (q.is_cuda or (q.device.type == "cpu" and devices.triton_interpreted())))
 
-    return Implementation("triton", accepts, _with_weight(kernel.attention_forward),
-                          _with_weight(kernel.attention_backward))
+    return Implementation("triton", accepts, kernel.attention_forward, kernel.attention_backward)
 
 
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -241,10 +209,3 @@ def attention_op(weight: Weight | int, q: torch.Tensor, k: torch.Tensor, v: torc
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, t, b)):
         return _Attention.apply(*args)[0]
     return choose(q, w).forward(*args[:8], weight=w)[0]
-
-
-def elastic_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: Scalar,
-                         beta: Scalar, scale: float, causal: bool,
-                         key_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Elastic attention (attention_op with Weight.ELASTIC: p0 = tau, p1 = beta)."""
-    return attention_op(Weight.ELASTIC, q, k, v, tau, beta, scale, causal, key_mask)

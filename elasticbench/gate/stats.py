@@ -70,11 +70,6 @@ class RatioEstimate:
     inconclusive: str | None = None
     confidence: float = 0.95  # the level of [lo, hi]
 
-    @property
-    def resolvable(self) -> bool:
-        """True when the samples are numerous enough that p could fall below 0.05."""
-        return self.inconclusive is None and self.min_p < 0.05
-
 
 def _scipy_stats() -> ModuleType:
     """scipy.stats, imported on first use: half a second of every command's start otherwise."""

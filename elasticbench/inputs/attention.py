@@ -208,13 +208,6 @@ def padding_mask(batch: int, length: int, padded: float) -> np.ndarray:
     return np.broadcast_to(np.arange(length) < kept, (batch, 1, 1, length)).copy()
 
 
-def key_padding_of(mask: np.ndarray | None) -> np.ndarray | None:
-    """The (B, Lk) bool key-padding mask of a (B, 1, 1, Lk) bool mask; None for others."""
-    if mask is None or mask.dtype != bool or mask.shape[1:3] != (1, 1):
-        return None
-    return np.ascontiguousarray(mask[:, 0, 0, :])
-
-
 def get_attention_generator(name: str) -> AttentionGenerator:
     try:
         return ATTENTION_GENERATORS[name]

@@ -41,10 +41,6 @@ class AttentionTruth:
 
     FIELDS: ClassVar[tuple[str, ...]] = ()  # set below: every field, in order (TruthStore)
 
-    @property
-    def has_gradients(self) -> bool:
-        return self.dq_hi.size > 0
-
     def arrays(self) -> dict[str, np.ndarray]:
         out = {f: getattr(self, f) for f in self.FIELDS}
         out["kind"] = self.kind.astype("U8")

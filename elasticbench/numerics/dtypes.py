@@ -91,11 +91,3 @@ def work_format(fmt: FloatFormat) -> tuple[float, float, float]:
     if fmt.name == "fp64":
         return 2.0**-53, 2.0**-1022, 2.0**-1074
     return 2.0**-24, 2.0**-126, 2.0**-149
-
-
-def format_of(array: np.ndarray) -> FloatFormat:
-    """The format of a NumPy array's dtype."""
-    for fmt in FORMATS.values():
-        if array.dtype == fmt.numpy:
-            return fmt
-    raise ValueError(f"dtype {array.dtype} is not one of {', '.join(DTYPE_NAMES)}")
