@@ -15,12 +15,18 @@ runs the Triton kernels in Triton's interpreter (TRITON_INTERPRET=1), which is h
 CUDA path is tested on a machine without a GPU. A forced implementation that declines a
 call (a dtype its kernels do not take) leaves it to the torch code. The forward and the
 backward of one call run the same implementation (docs/dispatch.md).
+
+The variable is read once, at the first call that asks, and kept: a call reads no
+environment. Code that changes it in the process afterwards calls `refresh()` after each
+change, or sets it for a block with `forcing(name)`, which does both (docs/dispatch.md
+section 2, "Reading the environment").
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,25 +49,64 @@ class Implementation:
     backward: Callable[..., Any]
 
 
-def forced() -> str | None:
-    """The implementation $ELASTICBENCH_IMPLEMENTATION forces, None for the preference;
-    ValueError in one line for any other value."""
-    raw = os.environ.get(IMPLEMENTATION_ENV, "").strip().lower()
-    if raw in ("", "auto"):
+# What $ELASTICBENCH_IMPLEMENTATION said, as a 1-tuple once read (a read that failed keeps
+# nothing, so a bad value is reported on every call until it is fixed); refresh() forgets it.
+_read: tuple[str | None] | None = None
+
+
+def _parse(raw: str) -> str | None:
+    """The implementation a value of the variable names, None for the preference; ValueError
+    in one line for any other value."""
+    value = raw.strip().lower()
+    if value in ("", "auto"):
         return None
-    if raw not in NAMES:
+    if value not in NAMES:
         raise ValueError(f"${IMPLEMENTATION_ENV} must be one of auto, {', '.join(NAMES)}; "
-                         f"got {raw!r}")
-    return raw
+                         f"got {value!r}")
+    return value
+
+
+def forced() -> str | None:
+    """The implementation $ELASTICBENCH_IMPLEMENTATION forces, None for the preference (read
+    at the first call, then kept: see refresh); ValueError in one line for any other value."""
+    global _read
+    if _read is None:
+        _read = (_parse(os.environ.get(IMPLEMENTATION_ENV, "")),)
+    return _read[0]
+
+
+def refresh() -> None:
+    """Forget the variable's value: the next call reads it again. For code that changes
+    $ELASTICBENCH_IMPLEMENTATION in its own process after a call was made (a test, a script
+    comparing implementations); a command reads it once, at its first call."""
+    global _read
+    _read = None
+
+
+@contextmanager
+def forcing(name: str | None) -> Iterator[None]:
+    """Calls within the block run `name` (cpp, triton or torch; None or "auto": the
+    preference), the variable set to it and read again; both restored on leaving."""
+    _parse(name or "")  # a bad name fails here, before anything changes
+    old = os.environ.get(IMPLEMENTATION_ENV)
+    os.environ[IMPLEMENTATION_ENV] = name or "auto"
+    refresh()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(IMPLEMENTATION_ENV, None)
+        else:
+            os.environ[IMPLEMENTATION_ENV] = old
+        refresh()
 
 
 def preference(device: torch.device) -> tuple[str, ...]:
     """The implementations a call on `device` may run, in order; `torch` always last."""
-    if not os.environ.get(IMPLEMENTATION_ENV):  # the common case, read on every call
-        return PREFERENCE.get(device.type, ("torch",))
     first = forced()
-    head = (first,) if first is not None else PREFERENCE.get(device.type, ())
-    return tuple(dict.fromkeys((*head, "torch")))
+    if first is None:
+        return PREFERENCE.get(device.type, ("torch",))
+    return (first, "torch") if first != "torch" else ("torch",)
 
 
 def choose(device: torch.device, lookup: Callable[[str], Implementation | None],

@@ -24,10 +24,11 @@ def small_tiles(request, monkeypatch):
     impl = request.param
     if not impl.accepts(torch.zeros(1)):
         pytest.skip(f"{impl.name} does not run here")
-    monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, impl.name)
     for module in (flash, cpp):
         monkeypatch.setattr(module, "BLOCK_Q", 3)
         monkeypatch.setattr(module, "BLOCK_K", 2)
+    with dispatch.forcing(impl.name):
+        yield
 
 
 def _qkv(lq, lk, d=8, b=2, h=3, dtype=F64, seed=0, grad=True):

@@ -12,6 +12,7 @@ On a GPU the same test runs on CUDA tensors and also counts device-to-host copie
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -66,8 +67,9 @@ else:
     DEVICE = "cuda" if devices.has_gpu() and not devices.triton_interpreted() else "cpu"
 
     @pytest.fixture(autouse=True)
-    def _triton(monkeypatch) -> None:
-        monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "triton")
+    def _triton() -> Iterator[None]:
+        with dispatch.forcing("triton"):
+            yield
 
     def _gen(seed: int) -> torch.Generator:
         return torch.Generator().manual_seed(seed)
