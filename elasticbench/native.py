@@ -1,11 +1,20 @@
-"""Build and load the native C++ kernels (kernels/cpp) through torch's extension API.
+"""Build and load the native C++ code of kernels/cpp through torch's extension API.
 
-The extension is compiled on first use (JIT, `torch.utils.cpp_extension.load`) into a build
-directory keyed by a hash of the sources, the flags, the compiler, torch's and Python's
-versions, so an edited source or a new torch never loads a stale binary, and a machine
-without a compiler still installs and runs everything else (docs/native.md says why JIT).
+Two extensions, each built apart from the other:
 
-    python -m elasticbench.native    # build now; print the instruction set, or why not
+- the library's (`LIBRARY`): the kernels elasticbench.functional and elasticbench.nn run on
+  CPU tensors, loaded by `load()`;
+- the harness's (`REFERENCE`): the exact reference's certified gradient sweeps
+  (reference_grad.cpp), which verify's and hunt's reference processes use where it is built
+  (`built()`); the library never loads it (docs/dispatch.md section 1).
+
+Each is compiled on first use (JIT, `torch.utils.cpp_extension.load`) into a build
+directory keyed by a hash of its sources (the headers included), the flags, the compiler,
+torch's and Python's versions, so an edited source or a new torch never loads a stale
+binary, and a machine without a compiler still installs and runs everything else
+(docs/native.md section 4 says why JIT).
+
+    python -m elasticbench.native    # build both now; print the instruction set, or why not
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import platform
 import shutil
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -36,18 +46,43 @@ class NativeBuildError(RuntimeError):
     """The project's own C++ sources did not compile; the message holds the compiler's log."""
 
 
+@dataclass(frozen=True)
+class Extension:
+    """One extension built from kernels/cpp: the stem of its module's name, its translation
+    units, and those added on x86 (the instruction-set files)."""
+
+    stem: str
+    units: tuple[str, ...]
+    x86_units: tuple[str, ...] = ()
+
+
+LIBRARY = Extension("elasticbench_cpp", ("ops.cpp", "cpu.cpp", "isa_generic.cpp",
+                                         "attention.cpp", "attention_isa_generic.cpp"),
+                    X86_SOURCES)
+REFERENCE = Extension("elasticbench_reference", ("reference_grad.cpp",))
+EXTENSIONS = (LIBRARY, REFERENCE)
+
+
 def source_dir() -> Path:
     from . import kernels
 
     return Path(kernels.__file__).parent / "cpp"
 
 
-def sources() -> list[Path]:
-    names = ["ops.cpp", "cpu.cpp", "isa_generic.cpp", "attention.cpp", "attention_isa_generic.cpp",
-             "reference_grad.cpp"]
+def sources(ext: Extension = LIBRARY) -> list[Path]:
+    """The translation units `ext` compiles on this machine."""
+    names = list(ext.units)
     if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
-        names += X86_SOURCES
+        names += ext.x86_units
     return [source_dir() / n for n in names]
+
+
+def _keyed_files(ext: Extension) -> list[Path]:
+    """The files whose bytes decide ext's binary: every header, and every .cpp but those
+    another extension compiles (so editing the reference never rebuilds the library)."""
+    others = {n for e in EXTENSIONS if e != ext for n in (*e.units, *e.x86_units)}
+    return [p for p in sorted(source_dir().iterdir())
+            if p.suffix == ".h" or (p.suffix == ".cpp" and p.name not in others)]
 
 
 def compiler() -> str | None:
@@ -63,16 +98,15 @@ def build_root() -> Path:
     return Path(base) / "elasticbench" / "cpp"
 
 
-def build_key() -> str:
-    """Hash of everything that decides the binary (sources, headers, flags, toolchain) and of
-    where the sources are."""
+def build_key(ext: Extension = LIBRARY) -> str:
+    """Hash of everything that decides ext's binary (its sources, the headers, flags,
+    toolchain) and of where the sources are."""
     import torch
 
-    h = hashlib.sha256()
-    for path in sorted(source_dir().iterdir()):
-        if path.suffix in (".cpp", ".h"):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
+    h = hashlib.sha256(ext.stem.encode())
+    for path in _keyed_files(ext):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
     # the checkout's own path too: torch writes absolute source paths into the build
     # directory's ninja file, so two checkouts sharing one directory rebuild each other's
     for part in (*FLAGS, torch.__version__, sys.version, platform.machine(), str(compiler()),
@@ -96,20 +130,33 @@ def missing_tools() -> str | None:
     return None
 
 
-def _library() -> tuple[Path, str]:
-    """The build directory and module name of these sources' library (build_key)."""
-    key = build_key()
-    return build_root() / key, f"elasticbench_cpp_{key}"
+def _library(ext: Extension = LIBRARY) -> tuple[Path, str]:
+    """The build directory and module name of ext for these sources (build_key)."""
+    key = build_key(ext)
+    return build_root() / key, f"{ext.stem}_{key}"
 
 
 @functools.lru_cache(maxsize=1)
 def load() -> ModuleType:
-    """The compiled extension, built first if need be. NativeBuildError if it does not build."""
+    """The library's extension (the kernels elasticbench.functional runs), built first if
+    need be. NativeBuildError if it does not build."""
+    return _load(LIBRARY)
+
+
+@functools.lru_cache(maxsize=1)
+def load_reference() -> ModuleType:
+    """The harness's extension (the reference's certified gradient sweeps), built first if
+    need be. NativeBuildError if it does not build."""
+    return _load(REFERENCE)
+
+
+def _load(ext: Extension) -> ModuleType:
+    """ext, imported from its build directory, compiled there first where it is not built."""
     if why := missing_tools():
         raise NativeBuildError(why)
     from torch.utils.cpp_extension import load as load_extension
 
-    directory, name = _library()
+    directory, name = _library(ext)
     directory.mkdir(parents=True, exist_ok=True)
     with _build_lock(directory):
         if (built := _import_built(directory, name)) is not None:
@@ -117,7 +164,7 @@ def load() -> ModuleType:
         try:
             return load_extension(
                 name=name,
-                sources=[str(s) for s in sources()],
+                sources=[str(s) for s in sources(ext)],
                 extra_cflags=list(FLAGS),
                 extra_ldflags=["-fopenmp"],
                 extra_include_paths=[str(source_dir())],
@@ -130,10 +177,11 @@ def load() -> ModuleType:
 
 @functools.lru_cache(maxsize=1)
 def built() -> ModuleType | None:
-    """The extension where it is built already for these sources (imported, never compiled:
-    the fast reference uses it where it is there, numerics/certified_grad.py), else None."""
+    """The harness's extension (REFERENCE) where it is built already for these sources
+    (imported, never compiled: the fast reference uses it where it is there,
+    numerics/certified_grad.py), else None. `make native` builds it."""
     try:
-        directory, name = _library()
+        directory, name = _library(REFERENCE)
     except (ImportError, OSError):  # no torch, or no sources to key a build on
         return None
     if (loaded := sys.modules.get(name)) is not None:
@@ -206,20 +254,23 @@ def unavailable() -> str | None:
 
 
 def main() -> int:
-    """Build now (make test and make run call this): 0 built or no compiler, 1 a build error."""
+    """Build both extensions now (make test and make run call this): 0 built or no compiler,
+    1 a build error."""
     if why := missing_tools():
         print(f"elasticbench native kernels: skipped, {why}")
         return 0
     try:
         ext = load()
+        print(f"elasticbench native kernels: built for {ext.isa()} "
+              f"(available: {', '.join(ext.isas())}) in {build_root() / build_key()}")
+        load_reference()
+        print(f"elasticbench reference sweeps: built in {build_root() / build_key(REFERENCE)}")
     except NativeBuildError as e:
-        print(f"elasticbench native kernels: BUILD FAILED: {e}", file=sys.stderr)
+        print(f"elasticbench native code: BUILD FAILED: {e}", file=sys.stderr)
         cause = e.__cause__
         if cause is not None:
             print(str(cause), file=sys.stderr)
         return 1
-    print(f"elasticbench native kernels: built for {ext.isa()} "
-          f"(available: {', '.join(ext.isas())}) in {build_root() / build_key()}")
     return 0
 
 

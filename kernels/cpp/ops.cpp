@@ -517,7 +517,6 @@ at::Tensor elastic_scaled(const at::Tensor& x, const at::Tensor& tau0, const at:
 }  // namespace
 
 namespace eb { void bind_attention(pybind11::module_& m, const char* (*isa)()); }  // attention.cpp
-namespace eb { void bind_reference(pybind11::module_& m); }  // reference_grad.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "elasticbench native CPU kernels (docs/native.md)";
@@ -553,5 +552,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     *differentiable_scaled_backward = std::move(fn);
   }, "the torch code elastic_scaled's backward runs where autograd builds the gradient's graph");
   eb::bind_attention(m, [] { return eb::current_table()->isa; });  // follows set_isa
-  eb::bind_reference(m);
 }

@@ -410,3 +410,10 @@ void bind_reference(pybind11::module_& m) {
 }
 
 }  // namespace eb
+
+// The harness's own extension, apart from the library's kernels (elasticbench/native.py
+// builds both; docs/native.md section 4): the library never loads this code.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "elasticbench's reference sweeps, the harness's native code (docs/native.md)";
+  eb::bind_reference(m);
+}
