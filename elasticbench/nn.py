@@ -75,14 +75,12 @@ def _one_native_node(module: ElasticSoftmax, x: torch.Tensor) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _fits(param: tuple[int, ...], x: tuple[int, ...]) -> bool:
-    """A parameter of this shape broadcasts against x with size 1 in x's last dimension."""
+    """A parameter of this shape broadcasts against x with size 1 in x's last dimension.
+    (Compared here: torch.broadcast_shapes imports torch's symbolic shapes, and with them
+    sympy and mpmath, on its first call, a second of a model's first step.)"""
     if len(param) > len(x) or (param and param[-1] != 1):
         return False
-    try:
-        torch.broadcast_shapes(param, x)
-    except RuntimeError:
-        return False
-    return True
+    return all(p == n or 1 in (p, n) for p, n in zip(param, x[len(x) - len(param):], strict=True))
 
 
 @functools.cache
