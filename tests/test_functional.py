@@ -135,6 +135,28 @@ def test_python_float_parameters_are_checked():
         F.elastic_softmax(torch.ones(2, 3), tau=1.0, beta=-1.0)
 
 
+def test_the_library_s_domains_are_the_exact_definitions_ranges():
+    """elasticbench.domains (the library's checks) and the harness's exact definitions
+    (elasticbench.functions) state each parameter's range alike: a value one accepts, the
+    other accepts, with the same message when refused."""
+    from elasticbench.domains import DOMAINS
+    from elasticbench.functions import elastic, sigmoid, symax
+
+    params = {p.name: p for f in (elastic, symax, sigmoid) for p in f.FUNCTION.params}
+    assert set(params) == set(DOMAINS)
+    for name, domain in DOMAINS.items():
+        assert (params[name].lower, params[name].strict) == (domain.lower, domain.strict), name
+        for value in (-1.0, -0.0, 0.0, 1e-300, 2.5, math.inf, math.nan, "x"):
+            try:
+                want = params[name].validate(value)
+            except ValueError:
+                with pytest.raises(ValueError, match=f"^{name} must be "):
+                    domain.check(value)
+            else:
+                assert domain.check(value) == want, (name, value)
+    assert DOMAINS["bias"].describe() == "finite" and DOMAINS["tau"].describe() == "finite and > 0"
+
+
 def test_parameter_with_a_size_along_dim_is_rejected():
     with pytest.raises(ValueError, match="size 1 along dim"):
         F.elastic_softmax(torch.ones(2, 3), tau=torch.ones(3), beta=1.0)
