@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.elasticbench-installed
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
-	# torch is pinned to 2.13.0: on a CPU-only machine pip takes the CPU build; see README for CUDA.
+	# torch is pinned to 2.13.0: on a CPU-only machine pip takes the CPU build; see docs/guide/install.md for CUDA.
 	# --no-compile: pip's own compile of every file of torch, sympy and scipy took half the
 	# install's time on 2 cores; see compileall below
 	$(BIN)/python -m pip install --quiet --no-compile -r requirements.lock

@@ -15,8 +15,8 @@ input changes them.
 | `offset`     | packed, starting 5 elements into its buffer                |
 | `transposed` | element stride = rows, row stride 1: a transposed view     |
 
-Which layouts a backend's kernels must accept is the backend's `layouts` (README, kernel
-contract).
+Which layouts a backend's kernels must accept is the backend's `layouts`
+(docs/guide/writing-a-kernel.md).
 """
 
 from __future__ import annotations
