@@ -16,7 +16,7 @@ input changes them.
 | `transposed` | element stride = rows, row stride 1: a transposed view     |
 
 Which layouts a backend's kernels must accept is the backend's `layouts`
-(docs/guide/writing-a-kernel.md).
+(docs/inputs.md section 2).
 """
 
 from __future__ import annotations
