@@ -253,6 +253,7 @@ def test_only_does_not_fit_errors_are_swallowed(ac):
         ac.tune(options, lambda t: (_ for _ in ()).throw(too_big), "fwd attention")
 
 
+@pytest.mark.ci  # two child processes importing torch: 5-20 s
 def test_the_same_key_maps_to_the_same_configuration_in_another_process(ac, tmp_path):
     fwd = ac.configs("fwd", 64, torch.float16, True)
     path = _table(tmp_path / "t.json", [_entry(ac, fwd[-1], head_dim=64, dtype="fp16",
@@ -300,3 +301,38 @@ def test_tune_and_audit_refuse_what_they_cannot_do_in_one_line(cli, monkeypatch)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     r = cli("audit", "--attention")
     assert r.code == 2 and "unset TRITON_INTERPRET" in r.err
+
+
+@pytest.mark.ci  # two child processes under the interpreter: about 25 s of a core
+def test_tune_under_the_interpreter_writes_a_loadable_table_marked_as_such(ac, tmp_path):
+    """`elasticbench tune --quick` under TRITON_INTERPRET=1 (scripts/gpu_checks.sh's dry
+    run): a table of the three kernels at head dim 64 that load_table reads, each choice on
+    its key's offered list, marked as interpreter timings; a spent budget writes what it
+    has (nothing) and says so."""
+    from elasticbench import devices
+
+    env = devices.interpreter_env(on=True)
+    for name in (ac.TABLE_ENV, ac.TUNE_ENV, ac.TMA_ENV):
+        env.pop(name, None)
+    out = tmp_path / "table.json"
+    done = subprocess.run([sys.executable, "-m", "elasticbench", "tune", "--quick", "--out",
+                           str(out), "--budget", "120"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tuned 3 of 3 keys on Triton interpreter" in done.stdout
+    table = ac.load_table(out)
+    data = json.loads(out.read_text())
+    assert table.interpreter and data["complete"] and "never to be committed" in data["note"]
+    assert sorted(k.kernel for k in table.entries) == ["dkdv", "dq", "fwd"]
+    for key, tiles in table.entries.items():
+        assert (key.dtype, key.head_dim, key.causal, key.padded, key.length) == (
+            "bf16", 64, False, False, 64)
+        offered = ac.offered(key.kernel, 64, torch.bfloat16, False, tma=ac.tma_available())
+        assert tiles in offered
+    spent = tmp_path / "spent.json"
+    done = subprocess.run([sys.executable, "-m", "elasticbench", "tune", "--quick", "--out",
+                           str(spent), "--budget", "0.001"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "the budget (0.001 s) stopped it" in done.stdout
+    assert json.loads(spent.read_text())["complete"] is False
+    assert ac.load_table(spent).entries == {}

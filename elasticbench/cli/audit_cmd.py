@@ -4,8 +4,10 @@ to mma.sync or overflows shared memory (docs/attention.md section 7)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -71,6 +73,8 @@ def audit(attention: bool, arch: int, dtypes: tuple[str, ...], weights: tuple[st
     from ..audit.attention_tiles import audit as run_audit
     from ..audit.attention_tiles import launchable, report_record
 
+    ac_module = "elasticbench.kernels.triton.attention_configs"
+
     items = list(launchable(names, wnames, dims))
     out = console()
     err = console(stderr=True)
@@ -100,7 +104,14 @@ def audit(attention: bool, arch: int, dtypes: tuple[str, ...], weights: tuple[st
                       str(sum(1 for r in rs if r.problems())))
     out.print(table)
     if json_path:
-        record = {"triton": triton.__version__, "arch": arch, "dtypes": list(names),
+        from ..environment import git_commit
+
+        source = Path(sys.modules[ac_module].__file__).parent / "attention.py"
+        record = {"triton": triton.__version__, "arch": arch,
+                  "commit": git_commit(),
+                  # the kernel audited, whether or not committed
+                  "kernel_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+                  "dtypes": list(names),
                   "weights": list(wnames), "head_dims": list(dims),
                   "configurations": len(reports), "failing": len(bad),
                   "reports": [report_record(r) for r in reports]}

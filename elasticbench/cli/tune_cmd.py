@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from .common import EXIT_OK, console, fail, quiet, split_names
 FULL = {"dtypes": ("bf16", "fp16"), "head_dims": (128, 64), "lengths": (4096, 16384, 1024),
         "weights": ("elastic", "softmax1", "symax", "stablemax", "sigmoid")}
 QUICK = {"dtypes": ("bf16",), "head_dims": (128,), "lengths": (4096,),
-         "weights": ("elastic",)}
+         "weights": ("elastic",)}  # under the interpreter: not causal, not padded, d 64
 INTERPRETER_LENGTH = 40  # under TRITON_INTERPRET=1: plumbing at a tiny shape
 
 
@@ -66,16 +65,13 @@ def _shape(length: int, interpreted: bool) -> tuple[int, int]:
 
 
 def _timer(interpreted: bool, quick: bool) -> Callable[[Callable[[], Any]], float]:
-    """Median milliseconds of a function: do_bench's on a GPU; under the interpreter the
-    median of 3 wall-clock runs (plumbing, not a GPU figure)."""
+    """Median milliseconds of a function: do_bench's on a GPU; under the interpreter one
+    wall-clock run (plumbing, not a GPU figure)."""
     if interpreted:
         def wall(fn: Callable[[], Any]) -> float:
-            runs = []
-            for _ in range(3):
-                start = time.perf_counter()
-                fn()
-                runs.append((time.perf_counter() - start) * 1e3)
-            return statistics.median(runs)
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e3
         return wall
     import triton.testing
 
@@ -216,8 +212,10 @@ def tune(out_path: str, budget: float | None, quick: bool, dtypes: str | None,
     picked_weights = tuple(split_names([weights])) if weights else base["weights"]
     if not picked_weights or any(w not in names for w in picked_weights):
         fail(f"--weights: choose from {', '.join(names)}, got {weights!r}")
-    if interpreted:
+    if interpreted:  # plumbing: a tiny length; --quick one key per kernel at head dim 64
         lens = (INTERPRETER_LENGTH,)
+        if quick and not head_dims:
+            dims = (64,)
     path = Path(out_path)
     if path.parent and not path.parent.is_dir():
         fail(f"--out {out_path}: no directory {path.parent}")
@@ -246,6 +244,8 @@ def tune(out_path: str, budget: float | None, quick: bool, dtypes: str | None,
         meta["note"] = ("timings from Triton's CPU interpreter at a tiny shape: plumbing "
                         "only, never to be committed or used as a GPU table")
     todo = list(jobs(picked_dtypes, dims, lens, picked_weights))
+    if interpreted and quick:
+        todo = [j for j in todo if not j.causal and not j.padded]
     deadline = math.inf if budget is None else start + budget
     bench = _timer(interpreted, quick)
     entries: list[dict] = []

@@ -79,13 +79,18 @@ _HALF: dict[tuple[str, int], tuple[Tiles, ...]] = {
     ("fwd", 128): (Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(64, 64, 4, 3),
                    Tiles(64, 64, 4, 2)),
     ("dkdv", 64): (Tiles(128, 32, 8, 3), Tiles(128, 32, 8, 2), Tiles(64, 32, 4, 3)),
-    ("dkdv", 128): (Tiles(128, 32, 8, 3), Tiles(128, 32, 8, 2), Tiles(64, 32, 4, 3)),
+    ("dkdv", 128): (Tiles(128, 32, 8, 3), Tiles(128, 32, 8, 2), Tiles(128, 16, 8, 2)),
     ("dq", 64): (Tiles(128, 64, 8, 2), Tiles(128, 32, 4, 3), Tiles(64, 64, 4, 3),
                  Tiles(128, 64, 8, 3)),
     ("dq", 128): (Tiles(128, 64, 8, 2), Tiles(128, 32, 8, 3), Tiles(64, 64, 4, 2),
                   Tiles(128, 32, 8, 2), Tiles(64, 32, 4, 3)),
 }
-_NOT_CAUSAL = {("fwd", 64, Tiles(128, 64, 4, 3))}
+_NOT_CAUSAL = {("fwd", 64, Tiles(128, 64, 4, 3)), ("dq", 64, Tiles(128, 32, 4, 3))}
+# Triton 3.6.0 (the GPU machines' Triton; `elasticbench audit --attention` with it first on
+# the path, docs/attention.md section 7): dk/dv 64x32 w4 s3 at head dim 128 spills 32-64 B
+# per thread in every case (off; 128x16 w8 s2 in its place, the one tile found that spills
+# with neither Triton causal with key padding), dq 128x32 w4 s3 at 64 causal 24 B (causal
+# off, above), and every TMA dk/dv at 128 16-136 B (the TMA list at 128 is empty)
 # (kernel, head-dim class, causal, weight, tiles) that spill for that weight alone (the
 # compile audit, per weight, bytes per thread): symax's causal dk/dv 128x32 w8 s2 at 128 (24),
 # and the 4-warp 128x64 forward at 64, already at 252 registers for Elastic (24 for sigmoid,
@@ -119,15 +124,14 @@ _TMA_HALF: dict[tuple[str, int], tuple[Tiles, ...]] = {
     ("fwd", 128): (Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(64, 64, 4, 3),
                    Tiles(64, 64, 4, 2)),
     ("dkdv", 64): (Tiles(128, 32, 8, 3), Tiles(128, 32, 8, 2), Tiles(64, 32, 4, 3)),
-    ("dkdv", 128): (Tiles(128, 32, 8, 3), Tiles(128, 32, 8, 2), Tiles(64, 32, 4, 3)),
+    ("dkdv", 128): (),
     ("dq", 64): (Tiles(128, 64, 8, 2), Tiles(64, 64, 4, 3), Tiles(128, 64, 8, 3)),
     ("dq", 128): (Tiles(128, 64, 8, 2), Tiles(128, 32, 8, 3), Tiles(64, 64, 4, 2),
                   Tiles(128, 32, 8, 2), Tiles(64, 32, 4, 3)),
 }
-# (kernel, head-dim class, dtype, causal, tiles) whose TMA form spills (bytes per thread):
-# fp16's causal dk/dv at 128 on 3 stages (16, 24 with key padding; bf16 none)
-_TMA_SPILLS = {("dkdv", 128, torch.float16, True, Tiles(128, 32, 8, 3)),
-               ("dkdv", 128, torch.float16, True, Tiles(64, 32, 4, 3))}
+# (kernel, head-dim class, dtype, causal, tiles) whose TMA form spills for one dtype alone:
+# none since the dk/dv TMA list at 128 (fp16's causal 3-stage ones, 16-24 B) is empty
+_TMA_SPILLS: set[tuple[str, int, torch.dtype, bool, Tiles]] = set()
 TMA_ENV = "ELASTICBENCH_TRITON_ATTENTION_TMA"
 
 
