@@ -2,6 +2,13 @@
 
     python3 scripts/gpu_user_path.py [--device cuda|cpu] [--quick] [--json PATH]
                                      [--only sync,graph,compile,rows,attention] [--budget S]
+                                     [--dtype bf16|fp32]
+
+The model of sync, graph and compile is in --dtype (bf16 by default: its parameters, inputs
+and so every kernel it calls, so that the attention configuration table's path is what runs
+and what a graph captures, not fp32's single configuration); each of these sections records
+the launches the library noted while it ran (elasticbench.launches: the row plans and the
+attention configurations), so the JSON says which configurations the step launched.
 
 Sections (each runs on its own: one that fails records a one-line reason and the others run):
 
@@ -9,11 +16,13 @@ Sections (each runs on its own: one that fails records a one-line reason and the
              ElasticSoftmax(param_shape=(H, 1, 1)) over attention scores and
              ElasticAttention(param_shape=(H,), causal=True) with a (B, 1, 1, L) bool
              key-padding mask, under torch.cuda.set_sync_debug_mode("error"), after one
-             warm-up step (whose sync warnings are counted). CUDA only.
+             warm-up step (whose sync warnings are counted). CUDA only (on the CPU the
+             warm-up step runs eagerly, for its launches, and the section says skipped).
   graph      the same model's whole training step (AdamW with capturable=True) captured in a
              torch.cuda.CUDAGraph after a warm-up on a side stream, replayed three times, and
              compared with three eager steps of a copy from the same state (model and
-             optimizer): passed when every loss agrees within 1e-6 relative. CUDA only.
+             optimizer): passed when every loss agrees within 1e-6 relative (the same
+             kernels on the same values: the same bits). CUDA only.
   compile    torch.compile(model, fullgraph=True) forward and backward (fullgraph raises on a
              graph break), its loss and gradients against eager ones, and the graph-break
              count of torch._dynamo.explain.
@@ -65,6 +74,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from elasticbench import launches
 from elasticbench.environment import cpu_model
 from elasticbench.functional import elastic_attention, elastic_softmax
 from elasticbench.nn import ElasticAttention, ElasticSoftmax
@@ -168,6 +178,7 @@ class Run:
             "environment": {k: os.environ.get(k) for k in
                             ("ELASTICBENCH_IMPLEMENTATION", "TRITON_INTERPRET")},
             "budget_s": args.budget,
+            "model_dtype": args.dtype,
             "sections": {},
         }
         if args.device == "cuda":
@@ -251,13 +262,15 @@ def model_sizes(run: Run) -> dict[str, int]:
 
 
 def model_inputs(run: Run, seed: int = 0) -> tuple[UserModel, torch.Tensor, torch.Tensor]:
-    """The model (fp32, weights from seed), an input batch and its (B, 1, 1, L) bool
-    key-padding mask (the later sequences shorter), all on the run's device."""
+    """The model (in --dtype, weights from seed), an input batch in --dtype and its
+    (B, 1, 1, L) bool key-padding mask (the later sequences shorter), all on the run's
+    device."""
     s = model_sizes(run)
+    dtype = DTYPES[run.args.dtype]
     torch.manual_seed(seed)
-    model = UserModel(s["d_model"], s["heads"]).to(run.device)
+    model = UserModel(s["d_model"], s["heads"]).to(run.device, dtype)
     g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(s["batch"], s["length"], s["d_model"], generator=g).to(run.device)
+    x = torch.randn(s["batch"], s["length"], s["d_model"], generator=g).to(run.device, dtype)
     lengths = torch.tensor([s["length"] - i * s["length"] // (2 * s["batch"])
                             for i in range(s["batch"])])
     mask = (torch.arange(s["length"])[None, :] < lengths[:, None])[:, None, None, :]
@@ -269,11 +282,16 @@ def loss_of(model: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> torch.Tens
 
 
 def section_sync(run: Run, out: dict) -> None:
-    if run.device != "cuda":
-        out.update(status="skipped", reason="cuda only")
-        return
     model, x, mask = model_inputs(run)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    out["dtype"] = run.args.dtype
+    if run.device != "cuda":  # the eager step, for its launches; the check is CUDA's
+        with launches.noting() as notes:
+            loss = loss_of(model, x, mask)
+            loss.backward()
+        out.update(status="skipped", reason="cuda only", launches=list(notes),
+                   eager_loss=float(loss.detach()))
+        return
     phase = "forward"
 
     def step() -> torch.Tensor:
@@ -293,9 +311,11 @@ def section_sync(run: Run, out: dict) -> None:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            step()
+            with launches.noting() as notes:
+                step()
         finally:
             torch.cuda.set_sync_debug_mode(0)
+    out["launches"] = list(notes)
     syncs = [str(w.message).splitlines()[0] for w in caught
              if "synchroniz" in str(w.message).lower()]
     out["warmup_step_sync_warnings"] = len(syncs)
@@ -326,7 +346,7 @@ def section_graph(run: Run, out: dict) -> None:
         return
     model, x, mask = model_inputs(run)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
-    out["model"] = model_sizes(run)
+    out["model"], out["dtype"] = model_sizes(run), run.args.dtype
     phase = "warm-up"
     try:
         # torch's recipe: warm up on a side stream, then capture on the graph's own
@@ -346,10 +366,11 @@ def section_graph(run: Run, out: dict) -> None:
         phase = "capture"
         graph = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph):
+        with launches.noting() as notes, torch.cuda.graph(graph):
             static_loss = loss_of(model, x, mask)
             static_loss.backward()
             opt.step()
+        out["launches"] = list(notes)
         torch.cuda.synchronize()
         phase = "replay"
         replayed = []
@@ -388,14 +409,16 @@ def section_graph(run: Run, out: dict) -> None:
 def section_compile(run: Run, out: dict) -> None:
     model, x, mask = model_inputs(run)
     params = list(model.parameters())
-    out["model"] = model_sizes(run)
+    out["model"], out["dtype"] = model_sizes(run), run.args.dtype
     eager_loss = loss_of(model, x, mask)
     eager_grads = torch.autograd.grad(eager_loss, params)
     compiled = torch.compile(model, fullgraph=True)
     t0 = time.perf_counter()
     try:
-        loss = compiled(x, mask).float().square().mean()
-        grads = torch.autograd.grad(loss, params)
+        with launches.noting() as notes:
+            loss = compiled(x, mask).float().square().mean()
+            grads = torch.autograd.grad(loss, params)
+        out["launches"] = list(notes)
         sync(run.device)
     except Exception as e:
         out.update(status="failed", reason=one_line(e), where=where(e))
@@ -736,6 +759,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch's CPU threads with --device cpu (default 1: the timings of one "
                         "core, undisturbed by a busy machine's scheduling of a second)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16",
+                   help="the dtype of sync, graph and compile's model (default bf16)")
     p.add_argument("--attention-lengths", default="2048,8192",
                    help="comma list of attention lengths, not --quick (default 2048,8192)")
     args = p.parse_args(argv)
