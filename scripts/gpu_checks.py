@@ -51,7 +51,9 @@ MIN_STEP_S = 8  # a step with less than this left is skipped
 # the least a step gets, whatever its share (torch's import and CUDA's start alone take
 # seconds on a cold machine; pip's editable install some more)
 FLOOR_S = {"env": 25, "install": 40}
-DRY_FLOOR_S = 20  # the dry run's steps are tiny and fixed: each gets this at least
+# the dry run's steps are tiny and fixed: each gets this at least, even past SECONDS (a busy
+# machine may run them slower than SECONDS's shares foresee)
+DRY_FLOOR_S = 25
 KILL_GRACE_S = 5  # SIGTERM, then SIGKILL after this
 STEPS = ("env", "install", "api", "right", "exact", "user_path", "headline", "train_step",
          "rows_sweep", "tune", "verify", "gpu_tests", "sweep", "gates")
@@ -121,11 +123,7 @@ class Run:
         if name == "env":
             return [*lib, "env"]
         if name == "install":
-            if dry:  # the venv is installed already: check that the package imports
-                return [py, "-c", "import elasticbench, sys; print('dry run: not installed; "
-                        "elasticbench imports from', elasticbench.__file__)"]
-            return [py, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "-e", str(ROOT)]
+            return [*lib, "install"]
         need_library = name not in ("gpu_tests",)
         if need_library and self.imports.get("elasticbench.functional", "ok") != "ok":
             return (f"failed: elasticbench.functional does not import "
@@ -184,10 +182,11 @@ class Run:
             if "pytest" in self.missing:
                 return "failed: pytest is missing here"
             jobs = [] if dry or "xdist" in self.missing else ["-n", "8"]
-            select = ["--collect-only"] if dry else []
-            return [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *jobs, *select,
+            # the dry run collects one file's selection: the command's plumbing, not the tests
+            select = ["--collect-only", GPU_TESTS[1]] if dry else list(GPU_TESTS)
+            return [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *jobs,
                     f"--junitxml={work / 'gpu_tests.xml'}",
-                    "-m", "not ci", "-k", "not interpreter", *GPU_TESTS]
+                    "-m", "not ci", "-k", "not interpreter", *select]
         if name == "sweep":
             extra = (["--dims", "16", "--lengths", "64", "--tokens", "64", "--heads", "2"]
                      if dry else [])
@@ -260,7 +259,7 @@ class Run:
     def after(self, step: Step) -> None:
         """What follows every step: its figures harvested from its JSON, the header, the
         summary and the archive rewritten."""
-        if step.name == "env":
+        if step.name in ("env", "install"):
             self.read_env()
         try:
             harvest(step, self.step_work(step), gpu_figures.Figures(step.name, self.device),
@@ -272,13 +271,14 @@ class Run:
         self.save()
 
     def read_env(self) -> None:
-        path = self.work / "env" / "env.json"
-        if not path.exists():
-            return
-        doc = json.loads(path.read_text())
-        self.missing = doc.get("missing", [])
-        self.imports = doc.get("imports", {})
-        self.device = doc.get("device") or ("cpu (dry run)" if self.dry else None)
+        """What env and install found: missing packages, the device, the library's imports."""
+        env, install = (self.work / "env" / "env.json", self.work / "install" / "install.json")
+        if env.exists():
+            doc = json.loads(env.read_text())
+            self.missing = doc.get("missing", [])
+            self.device = doc.get("device") or ("cpu (dry run)" if self.dry else None)
+        if install.exists():
+            self.imports = json.loads(install.read_text()).get("imports", {})
 
     def save(self) -> None:
         """summary.json, summary.md and the archive, each written whole then renamed."""
@@ -313,8 +313,10 @@ class Run:
                 step.status = f"skipped: {first_failed.name} failed"
                 self.log(f"== {step.name}: skipped, {first_failed.name} failed")
                 continue
-            floor = DRY_FLOOR_S if self.dry else FLOOR_S.get(step.name, 0)
-            limit = int(min(max(share + unused, floor), self.left()))
+            if self.dry:  # every step's plumbing is the point: none is skipped for time
+                limit = int(max(min(share + unused, self.left()), DRY_FLOOR_S))
+            else:
+                limit = int(min(max(share + unused, FLOOR_S.get(step.name, 0)), self.left()))
             step.limit = limit
             if limit < MIN_STEP_S:
                 step.status = f"skipped: {max(self.left(), 0):.0f} s left"
@@ -362,12 +364,16 @@ def harvest(step: Step, work: Path, figures: gpu_figures.Figures, where: Path) -
                 figures.add(f"user_path {section} {what}", e.get("ms"), "ms",
                             status=e.get("status"), tflops=e.get("tflops"))
     elif name == "train_step" and (doc := _load(work / "train_step.json")):
+        opts = doc.get("options", {})
+        shape = [opts.get(k) for k in ("layers", "d_model", "heads", "batch", "length")]
         for v in doc.get("variants", []):
-            label = v.get("name") or f"{v.get('kind')}{' compiled' if v.get('compiled') else ''}"
-            figures.add(f"train_step {label}", v.get("ms"), "ms/step",
-                        status=v.get("status"), error=v.get("reason"),
-                        ratio_to_sdpa=v.get("ratio"), peak_mib=v.get("peak_mib"),
-                        first_step_s=v.get("first_step_s"))
+            label = f"train_step {v.get('variant')}"
+            figures.add(label, v.get("ms_per_step"), "ms/step", status=v.get("status"),
+                        error=v.get("reason"), ratio_to_sdpa=v.get("ratio_to_sdpa"),
+                        peak_mib=v.get("peak_mib"), dtype=opts.get("dtype"), shape=shape,
+                        note="shape: layers, d_model, heads, batch, length")
+            figures.add(f"{label} first step", v.get("first_step_ms"), "ms",
+                        status=v.get("status"), dtype=opts.get("dtype"), shape=shape)
     elif name in ("exact", "verify") and (doc := _load(work / f"{name}.json")):
         cells: dict[tuple, dict] = {}
         for r in doc.get("records", []):

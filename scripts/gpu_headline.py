@@ -18,7 +18,7 @@
    the backward reads x, y and dy and writes dx: twice the copy's traffic).
 
 The not-causal attention comes first (the issue's targets), then the rows, then causal
-attention. When --budget seconds are spent no new unit starts; the JSON lists what was left.
+attention, then the FlexAttention composition (not causal, causal: its compiles take longest). When --budget seconds are spent no new unit starts; the JSON lists what was left.
 Exit 1 when an Elastic unit (ours) failed; a baseline that fails (cuDNN refusing a shape,
 flex_attention missing) is a figure with its error, not a failure of this step. In the dry
 run (GPU_CHECKS_DRY_RUN=1) the shapes are tiny, the device the CPU, the timer a
@@ -163,7 +163,10 @@ def flex_elastic() -> Any:
     return module
 
 
-def attention(h: Headline, causal: bool) -> None:
+def attention(h: Headline, causal: bool, flex_only: bool = False) -> None:
+    """The attention units of one causality: elastic_attention and SDPA's two backends
+    (flex_only False), or the FlexAttention composition alone (its compiles take the longest,
+    so it comes after everything else)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -192,6 +195,8 @@ def attention(h: Headline, causal: bool) -> None:
         ("elastic_attention", elastic, True, None),
         ("sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION), False, None),
         ("sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION), False, None)]
+    if flex_only:
+        impls = []
     try:
         fe = flex_elastic()
         kernel = fe.compiled_flex_attention() if dev == "cuda" else None
@@ -200,9 +205,11 @@ def attention(h: Headline, causal: bool) -> None:
         def flex(*qkv: Any) -> Any:
             return fe.flex_elastic_attention(*qkv, 1.0, 1.0, block_mask=mask, kernel=kernel)
 
-        impls.append(("flex_elastic", flex, False, None))
+        if flex_only:
+            impls.append(("flex_elastic", flex, False, None))
     except Exception as e:
-        impls.append(("flex_elastic", None, False, one_line(e)))
+        if flex_only:
+            impls.append(("flex_elastic", None, False, one_line(e)))
     tag = "causal" if causal else "not causal"
     for mode in ("fwd", "bwd"):
         for name, fn, ours, why in impls:
@@ -279,8 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     # said once by torch when flex_attention runs eagerly (the dry run's CPU)
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
     h = Headline(args)
-    parts = [lambda: attention(h, False), lambda: rows(h), lambda: attention(h, True)]
-    for part in parts[:2] if h.dry else parts:  # the dry run: causal is the same plumbing
+    parts = [lambda: attention(h, False), lambda: rows(h), lambda: attention(h, True),
+             lambda: attention(h, False, flex_only=True),
+             lambda: attention(h, True, flex_only=True)]
+    # the dry run: causal is the same plumbing
+    for part in parts[:2] + parts[3:4] if h.dry else parts:
         try:
             part()
             if h.device == "cuda":

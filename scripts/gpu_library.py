@@ -1,13 +1,20 @@
 """The first steps of scripts/gpu_checks.sh: the machine, and whether the library is right on it.
 
     python3 scripts/gpu_library.py env     # (a) the machine, the packages, the commit
+    python3 scripts/gpu_library.py install # (a) pip install -e ., then the library's imports
     python3 scripts/gpu_library.py api     # (a) one call of every public function and module
     python3 scripts/gpu_library.py right [--budget S]   # (b) right against the torch reference
 
 env   nvidia-smi, Python, every package the project imports (version or "missing", and what
-      needs it), torch's CUDA and device (name, capability, SMs), Triton, the commit, and
-      whether elasticbench.functional, elasticbench.nn and the CLI import. Exit 1 when torch
-      does not import or (outside the dry run) sees no CUDA device: nothing after it can run.
+      needs it), torch's CUDA and device (name, capability, SMs), Triton, the commit. Exit 1
+      when torch does not import or (outside the dry run) sees no CUDA device: nothing after
+      it can run.
+install
+      python3 -m pip install --no-deps --no-build-isolation --no-index -e . (again with
+      --break-system-packages where pip calls the system Python externally managed; the dry
+      run installs nothing), then whether elasticbench, .functional, .nn, the CLI, the Triton
+      attention kernels and verify import, asked of a fresh interpreter. Exit 1 when pip
+      fails (its last line says why) or elasticbench does not import.
 api   every name of elasticbench.functional.__all__ and elasticbench.nn.__all__, called once on
       the device (bf16, small shapes) forward and backward: ok, or failed with the error's
       first line; the first call's seconds (it compiles) and the launches it noted
@@ -46,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_figures import Figures, commit, dry_run, one_line, work_file
+from gpu_figures import ROOT, Figures, commit, dry_run, one_line, work_file
 
 # What the project imports, and what breaks without it (pyproject.toml's dependencies).
 PACKAGES = {
@@ -149,26 +156,79 @@ def part_env(args: argparse.Namespace) -> int:
     print(f"torch {doc['torch']} (CUDA {doc['cuda']}), CUDA available: {doc['cuda_available']}"
           + (f", {doc['device']} sm_{doc['capability']} {doc['sms']} SMs" if
              doc["cuda_available"] else ""))
-    imports: dict[str, str] = {}
-    for name in ("elasticbench", "elasticbench.functional", "elasticbench.nn",
-                 "elasticbench.cli", "elasticbench.kernels.triton.attention",
-                 "elasticbench.verify"):
-        try:
-            mod = importlib.import_module(name)
-            imports[name] = "ok"
-            if name == "elasticbench":
-                doc["elasticbench_file"] = getattr(mod, "__file__", None)
-        except Exception as e:
-            imports[name] = f"failed: {one_line(e)}"
-        print(f"  import {name}: {imports[name]}")
-        figures.add(f"import {name}", imports[name] == "ok", "ok", error=(
-            None if imports[name] == "ok" else imports[name]))
-    doc["imports"] = imports
     _dump("env.json", doc)
     if not doc["cuda_available"] and not dry_run():
         print("FAILED: torch sees no CUDA device: the GPU checks cannot run")
         return 1
     return 0
+
+
+# ---------------------------------------------------------------------------------------
+# install
+
+LIBRARY = ("elasticbench", "elasticbench.functional", "elasticbench.nn", "elasticbench.cli",
+           "elasticbench.kernels.triton.attention", "elasticbench.verify")
+_IMPORTS = """
+import importlib, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        mod = importlib.import_module(name)
+        out[name] = "ok"
+        if name == "elasticbench":
+            out["file"] = mod.__file__
+    except Exception as e:
+        lines = [s.strip() for s in str(e).splitlines() if s.strip()]
+        out[name] = "failed: " + type(e).__name__ + (": " + lines[0] if lines else "")
+print(json.dumps(out))
+"""
+
+
+def _pip(extra: list[str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+           "--no-build-isolation", "--no-index", *extra, "-e", str(ROOT)]
+    print("$ " + " ".join(cmd), flush=True)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def part_install(args: argparse.Namespace) -> int:
+    """pip's editable install (the dry run: none, the venv is installed), then the library's
+    imports asked of a fresh interpreter (this one started before the install)."""
+    figures = Figures()
+    doc: dict[str, Any] = {"dry_run": dry_run()}
+    if not dry_run():
+        done = _pip([])
+        if done.returncode != 0 and "externally-managed" in done.stdout + done.stderr:
+            print("pip refuses the system Python (externally managed): again with "
+                  "--break-system-packages (an editable install of this repository only)")
+            done = _pip(["--break-system-packages"])
+        print((done.stdout + done.stderr).strip()[-4000:])
+        doc["pip_rc"] = done.returncode
+        if done.returncode != 0:
+            lines = [ln for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
+            why = lines[-1].strip() if lines else f"exit {done.returncode}"
+            print(f"FAILED: pip install -e . exits {done.returncode}: {why}")
+            doc["status"] = f"failed: {why}"
+            _dump("install.json", doc)
+            figures.add("install", False, "ok", error=why)
+            return 1
+    names = LIBRARY[:3] if dry_run() else LIBRARY  # the dry run: the plumbing, quickly
+    child = subprocess.run([sys.executable, "-c", _IMPORTS, *names], capture_output=True,
+                           text=True, timeout=300, cwd=str(Path.home()))
+    try:
+        imports = json.loads(child.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
+        imports = {name: f"failed: {tail}" for name in names}
+    doc["imports"] = imports
+    doc["elasticbench_file"] = imports.pop("file", None)
+    for name, status in imports.items():
+        print(f"  import {name}: {status}")
+        figures.add(f"import {name}", status == "ok", "ok",
+                    error=None if status == "ok" else status)
+    print(f"elasticbench imports from {doc['elasticbench_file']}")
+    _dump("install.json", doc)
+    return 0 if imports.get("elasticbench") == "ok" else 1
 
 
 # ---------------------------------------------------------------------------------------
@@ -508,11 +568,12 @@ def part_right(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("env", "api", "right"))
+    p.add_argument("part", choices=("env", "install", "api", "right"))
     p.add_argument("--budget", type=float, default=120.0,
                    help="right: seconds after which no new case starts (default 120)")
     args = p.parse_args(argv)
-    return {"env": part_env, "api": part_api, "right": part_right}[args.part](args)
+    return {"env": part_env, "install": part_install, "api": part_api,
+            "right": part_right}[args.part](args)
 
 
 if __name__ == "__main__":

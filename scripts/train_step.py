@@ -192,11 +192,19 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_steps(step, x, y, args: argparse.Namespace) -> tuple[list[float], list[float]]:
-    """ms per step of each repeat, and the loss of every step run (warm-up included)."""
+def time_steps(step, x, y, args: argparse.Namespace, row: dict | None = None
+               ) -> tuple[list[float], list[float]]:
+    """ms per step of each repeat, and the loss of every step run (warm-up included); the
+    first step's ms (compiles included, synchronized) into row["first_step_ms"]."""
     losses = []
-    for _ in range(args.warmup):
+    synchronize(args.device)
+    t0 = time.perf_counter()
+    for i in range(args.warmup):
         losses.append(step(x, y))
+        if i == 0:
+            synchronize(args.device)
+            if row is not None:
+                row["first_step_ms"] = 1e3 * (time.perf_counter() - t0)
     synchronize(args.device)
     per_step = []
     for _ in range(args.repeats):
@@ -240,7 +248,7 @@ def run_variant(kind: str, compiled: bool, args: argparse.Namespace) -> dict:
         model = build_model(args, kind, compiled)
         x, y = make_batch(args)
         step = make_step(model, args, compiled)
-        per_step, losses = time_steps(step, x, y, args)
+        per_step, losses = time_steps(step, x, y, args, row)
         if not all(math.isfinite(v) for v in losses):
             raise FloatingPointError(f"a loss is not finite: {losses}")
         row.update(ms_per_step=statistics.median(per_step), ms_repeats=per_step,
