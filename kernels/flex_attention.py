@@ -57,6 +57,7 @@ import torch
 from elasticbench.attention.composite import elastic_attention_composite
 from elasticbench.backends import FLEX_CPU_BACKWARD_ENV
 from elasticbench.kernel_spec import register_kernel
+from elasticbench.kernels.attention_family import autograd_step
 
 RECOMPILE_LIMIT = 1024  # compiled shapes per process before recompiling becomes an error
 _MASKS: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()  # key -> (key_mask, BlockMask)
@@ -346,16 +347,11 @@ def flex_attention(q, k, v, *, tau, beta, scale, causal, key_mask=None):
 def flex_attention_bwd(q, k, v, *, tau, beta, scale, causal, key_mask=None):
     """The composition's gradients through autograd (FlexAttention's own backward)."""
     _check_device(q, backward=True)
-    leaves = [t.detach().requires_grad_() for t in (q, k, v, tau, beta)]
     module = flex_module()
     lifted = q.device.type == "cpu"  # only reached when cpu_backward_refusal() is None
-    with torch.enable_grad(), (_cpu_backward_allowed(module) if lifted else nullcontext()):
-        out = elastic(*leaves, scale, causal, key_mask, shifted=True)[0]
-
-    def step(dout: torch.Tensor):
-        with _cpu_backward_allowed(module) if lifted else nullcontext():
-            return torch.autograd.grad(out, leaves, dout, retain_graph=True)
-    return step
+    return autograd_step(lambda *t: elastic(*t, scale, causal, key_mask, shifted=True)[0],
+                         (q, k, v, tau, beta),
+                         (lambda: _cpu_backward_allowed(module)) if lifted else nullcontext)
 
 
 flex_attention_bwd.second_order = "no"  # FlexAttention has no double backward

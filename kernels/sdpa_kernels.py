@@ -21,6 +21,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from elasticbench.kernel_spec import register_kernel
+from elasticbench.kernels.attention_family import autograd_step
 from elasticbench.kernels.torch_attention import _sdpa
 
 
@@ -39,14 +40,8 @@ def _with_grad(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.T
                ) -> Callable[[torch.Tensor], Any]:
     """The forward with autograd, then step(dout) -> (dq, dk, dv) by SDPA's backward (run
     under the same backend)."""
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    with torch.enable_grad():
-        out = _pinned(backend, *leaves, scale, causal, attn_mask)
-
-    def step(dout: torch.Tensor):
-        with sdpa_kernel([backend]):
-            return torch.autograd.grad(out, leaves, dout, retain_graph=True)
-    return step
+    return autograd_step(lambda *t: _pinned(backend, *t, scale, causal, attn_mask), (q, k, v),
+                         lambda: sdpa_kernel([backend]))
 
 
 @register_kernel(function="softmax_attention", backend="torch", name="sdpa_cudnn",

@@ -87,3 +87,127 @@ def test_torch_kernels_follow_the_contract_and_agree(causal):
     assert torch.equal(get_kernel("sdpa").fn(*args, **kw), want)
     with pytest.raises(TypeError, match="step"):
         backward_step(outs[0])
+
+
+# The family's kernels come from one table (kernels/attention_family.py): each registering
+# module hands over its implementation, and the table names, describes and wraps it.
+
+
+def test_the_family_table_registers_each_kernel_as_the_contract_reads_it():
+    import inspect
+    import pickle
+    import sys
+
+    from elasticbench.kernels.attention_family import FAMILY
+
+    registered = {(k.name, k.mode): k for k in list_kernels()}  # loads the built-ins
+    where = {"composite": ("torch_attention", "COMPOSITE"), "flash": ("torch_attention", "FLASH"),
+             "cpp": ("cpp_attention", "CPP"), "triton": ("triton_attention", "TRITON")}
+    checked = 0
+    for member in FAMILY:
+        assert set(member.params) == set(get_attention_function(member.function).row_params)
+        for key, (fwd_doc, bwd_doc) in member.kernels.items():
+            module = f"elasticbench.kernels.{where[key][0]}"
+            if module not in sys.modules:  # its backend is not available here
+                continue
+            impl = getattr(sys.modules[module], where[key][1])
+            name = member.name(impl)
+            for mode, doc in (("fwd", fwd_doc), ("bwd", bwd_doc)):
+                spec = registered[name, mode]
+                assert (spec.function, spec.backend, spec.description) == (
+                    member.function, impl.backend, doc)
+                assert list(inspect.signature(spec.fn).parameters) == [
+                    "q", "k", "v", *member.params, "scale", "causal", impl.mask]
+                assert spec.fn.__module__ == module
+                assert pickle.loads(pickle.dumps(spec.fn)) is spec.fn
+                checked += 1
+    assert checked >= 2 * 2 * len(FAMILY)  # the composite and the tiled code at least
+    assert {("torch_attention_composite", "bwd"), ("torch_symax_attention_flash", "fwd"),
+            ("torch_sigmoid_attention_composite", "fwd")} <= set(registered)
+    assert "attn_mask" in inspect.signature(get_kernel("torch_attention_composite").fn).parameters
+
+
+def _fake_fused(calls: list) -> object:
+    """A fused implementation that records its calls and returns marked gradients."""
+    from elasticbench.kernels.attention_family import Implementation
+
+    def forward(q, k, v, p0, p1, scale, causal, mask, weight):
+        calls.append((p0, p1, mask, weight))
+        return q * 2, torch.zeros(q.shape[:3]), torch.ones(q.shape[:3])
+
+    def backward(q, k, v, out, dout, m, den, p0, p1, scale, causal, mask, weight):
+        heads = torch.ones(q.shape[:2])
+        return dout, dout + 1, dout + 2, heads * 10, heads * 11
+
+    return Implementation("cpp", "torch", "fake", forward, backward)
+
+
+def test_a_fused_kernel_fills_the_unused_slot_and_returns_the_used_gradients():
+    from elasticbench.attention.weights import Weight
+    from elasticbench.kernels.attention_family import register_family
+
+    calls: list = []
+    namespace = {"__name__": "fake_module"}
+    q = torch.ones(2, 3, 4, 5, dtype=torch.float64)
+    eta, bias, keep = torch.full((2, 3), 0.5), torch.full((2, 3), 0.25), torch.ones(2, 4) > 0
+    with scoped_kernels():
+        register_family(_fake_fused(calls), namespace)
+        assert sorted(namespace) == sorted(["__name__", *(
+            f"fake_{f}{suffix}" for f in ("attention", "softmax1_attention", "symax_attention",
+                                          "stablemax_attention", "sigmoid_attention")
+            for suffix in ("", "_bwd"))])
+        symax = get_kernel("fake_symax_attention", "bwd")
+        assert symax.fn.__name__ == "fake_symax_attention_bwd"
+        dq, dk, dv, deta = symax.fn(q, q, q, eta=eta, scale=0.5, causal=False,
+                                    key_mask=keep)(q)
+        assert torch.equal(dq, q) and torch.equal(dk, q + 1) and torch.equal(dv, q + 2)
+        assert torch.equal(deta, torch.full((2, 3), 11.0))
+        p0, p1, mask, weight = calls[-1]
+        assert weight is Weight.SYMAX and p1 is eta and mask is keep
+        assert torch.equal(p0, torch.zeros(2, 3)) and p0.dtype == eta.dtype
+        grads = get_kernel("fake_sigmoid_attention", "bwd").fn(q, q, q, bias=bias, scale=0.5,
+                                                               causal=True)(q)
+        assert len(grads) == 4 and torch.equal(grads[3], torch.full((2, 3), 10.0))
+        assert calls[-1][0] is bias and calls[-1][2] is None
+        out, _, _ = get_kernel("fake_softmax1_attention").fn(q, q, q, scale=0.5, causal=False)
+        assert torch.equal(out, q * 2)
+        p0, p1, _, weight = calls[-1]  # neither slot given: (batch, heads) zeros in fp64
+        assert weight is Weight.SOFTMAX1 and p0.shape == (2, 3) and p0.dtype == torch.float64
+        assert len(get_kernel("fake_attention", "bwd").fn(
+            q, q, q, tau=eta, beta=bias, scale=0.5, causal=False)(q)) == 5
+        with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'eta'"):
+            symax.fn(q, q, q, scale=0.5, causal=False)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'tau'"):
+            get_kernel("fake_symax_attention").fn(q, q, q, eta=eta, tau=eta, scale=0.5,
+                                                  causal=False)
+    with pytest.raises(ValueError, match="unknown kernel"):
+        get_kernel("fake_symax_attention")
+
+
+def test_a_differentiable_kernel_gets_autograds_gradients_of_the_used_slots():
+    from elasticbench.kernels.attention_family import Implementation, register_family
+
+    seen: list = []
+
+    def forward(q, k, v, p0, p1, scale, causal, mask, weight):
+        seen.append((p0, p1))
+        return q * p0[:, :, None, None] * scale + k * v
+
+    impl = Implementation("composite", "torch", "fake", forward, suffix="_eager",
+                          mask="attn_mask")
+    g = torch.Generator().manual_seed(1)
+    q, k, v, dout = (torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64)
+                     for _ in range(4))
+    bias = torch.tensor([[0.5, -2.0]], dtype=torch.float64)
+    with scoped_kernels():
+        register_family(impl, {"__name__": "fake_module"}, ["sigmoid_attention"])
+        assert [k.name for k in list_kernels(backend="torch") if k.name.startswith("fake")] == [
+            "fake_sigmoid_attention_eager"] * 2
+        dq, dk, dv, dbias = get_kernel("fake_sigmoid_attention_eager", "bwd").fn(
+            q, k, v, bias=bias, scale=0.5, causal=False)(dout)
+    assert seen[-1][1] is None and seen[-1][0] is not bias  # a leaf, not the tensor itself
+    torch.testing.assert_close(dq, dout * bias[:, :, None, None] * 0.5, rtol=0, atol=0)
+    torch.testing.assert_close(dk, dout * v, rtol=0, atol=0)
+    torch.testing.assert_close(dv, dout * k, rtol=0, atol=0)
+    torch.testing.assert_close(dbias, (dout * q * 0.5).sum((2, 3)), rtol=1e-15, atol=0)
+    assert not q.requires_grad and bias.grad is None  # the caller's tensors are untouched

@@ -28,7 +28,8 @@ HARNESS = ("__main__", "allocator", "attention_contract", "audit", "backends", "
            "environment", "execute", "functions", "gate", "handoff", "hunt", "inputs",
            "interrupt", "kernel_spec", "kinds", "numerics", "passes", "records", "registry",
            "report", "selftest", "session", "shards", "threads", "triton_interpreter",
-           "verify", "worker", "kernels.api_kernels", "kernels.cpp_attention",
+           "verify", "worker", "kernels.api_kernels", "kernels.attention_family",
+           "kernels.cpp_attention",
            "kernels.cpp_kernels", "kernels.flex_attention", "kernels.numpy_kernels",
            "kernels.sdpa_kernels", "kernels.torch_attention", "kernels.torch_kernels",
            "kernels.torch_variants", "kernels.triton_attention", "kernels.triton_kernels")
