@@ -1,8 +1,8 @@
 """elasticbench: numerics verification and roofline benchmarking for the softmax family.
 
 Importing the package imports nothing else: the library (elasticbench.functional,
-elasticbench.nn) must load without the harness that judges it (docs/dispatch.md, "The
-library and the harness"). The harness's names a kernel file uses, `register_kernel`,
+elasticbench.nn) must load without the harness that judges it (docs/dispatch.md
+section 1). The harness's names a kernel file uses, `register_kernel`,
 `KernelSpec`, `list_kernels`, `load_kernel_file` and `PassModel`, are imported on first
 access (PEP 562), so `from elasticbench import register_kernel` works as before.
 """
