@@ -183,7 +183,7 @@ class Run:
                 return "failed: pytest is missing here"
             jobs = [] if dry or "xdist" in self.missing else ["-n", "8"]
             # the dry run collects one file's selection: the command's plumbing, not the tests
-            select = ["--collect-only", GPU_TESTS[1]] if dry else list(GPU_TESTS)
+            select = ["--collect-only", "-qq", GPU_TESTS[1]] if dry else list(GPU_TESTS)
             return [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *jobs,
                     f"--junitxml={work / 'gpu_tests.xml'}",
                     "-m", "not ci", "-k", "not interpreter", *select]

@@ -11,7 +11,7 @@ scripts/gpu_checks.py (the driver) sets, for each step it starts:
 
 `Figures.add` appends one JSON object per figure and flushes it at once, so a step killed by
 its time limit keeps every figure it measured. Run by hand (none of these set), a script
-prints its figures and writes nothing.
+writes no figures (its printed lines hold the same values).
 
 This module imports only the standard library: the driver and the environment step import it
 before they know whether torch works.
@@ -101,9 +101,7 @@ class Figures:
                **{k: _clean(v) for k, v in fields.items()},
                "device": self.device, "commit": self.commit, "time": round(time.time(), 3)}
         line = json.dumps(rec, default=str)
-        if self.path is None:
-            print("figure", line, flush=True)
-        else:
+        if self.path is not None:  # run by hand, the script's own lines say it all
             with open(self.path, "a") as f:
                 f.write(line + "\n")
                 f.flush()

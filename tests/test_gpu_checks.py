@@ -76,6 +76,57 @@ def test_an_out_folder_holding_other_files_is_refused(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+def _failed_sections(log: str) -> str:
+    """The log's sections of the steps whose header is not rc 0 (else its last lines)."""
+    sections = re.split(r"^(?=== \S+ start )", log, flags=re.MULTILINE)
+    bad = [sec for sec in sections if re.search(r"^== \S+: rc [1-9]", sec, re.MULTILINE)]
+    return "\n".join(sec[-3000:] for sec in bad) or log[-4000:]
+
+
+def test_each_step_gets_its_share_and_what_the_steps_before_it_left(tmp_path):
+    """A stand-in Python that exits at once for every step: each limit is then the shares
+    so far (nothing was used), floors aside, and never past SECONDS."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/usr/bin/env bash\nexit 0\n")
+    fake.chmod(0o755)
+    table = _table()
+    rows = [f"{n} {s} {p} what" for n, s, p in table]
+    child = subprocess.run([sys.executable, str(DRIVER), str(tmp_path / "out"), "480",
+                            "--python", str(fake), *(a for r in rows for a in ("--step", r))],
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
+    log = (tmp_path / "out" / "log.txt").read_text()
+    limits = {m[1]: int(m[2]) for m in re.finditer(r"^== (\S+) start \(limit (\d+) s\)", log,
+                                                   re.MULTILINE)}
+    assert list(limits) == [name for name, _, _ in table]
+    floors = _driver().FLOOR_S
+    so_far = 0.0
+    for name, share, _ in table:
+        so_far += 480 * share / 100
+        want = max(so_far, floors.get(name, 0))
+        assert want - 2 <= limits[name] <= want, (name, limits)
+    assert max(limits.values()) <= 480
+
+
+@pytest.mark.ci  # a child that imports torch: about 6-9 s
+def test_no_gpu_fails_the_env_step_and_skips_the_rest(tmp_path):
+    """This machine's torch sees no GPU: outside the dry run that is a failure (exit 1), said
+    once, not every step skipped and exit 0."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["GPU_CHECKS_PYTHON"] = sys.executable
+    child = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), "60"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    log = (tmp_path / "out" / "log.txt").read_text()
+    assert child.returncode == 1, log
+    assert "FAILED: torch sees no CUDA device" in log
+    assert re.search(r"^== env: rc 1 in \d+ s", log, re.MULTILINE)
+    later = [name for name, _, _ in _table()][1:]
+    assert all(f"== {name}: skipped, env failed" in log for name in later), log
+    assert "pip install" not in log
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [s["status"] for s in summary["steps"]][1:] == ["skipped: env failed"] * len(later)
+
+
 @pytest.mark.ci  # the whole dry run in a child: about 2.5 minutes on 2 cores
 def test_the_dry_run_passes_and_writes_what_comes_back(tmp_path):
     out = tmp_path / "out"
@@ -84,7 +135,7 @@ def test_the_dry_run_passes_and_writes_what_comes_back(tmp_path):
     child = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], capture_output=True,
                            text=True, env=env, timeout=300)
     log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
-    assert child.returncode == 0, log[-6000:] + child.stderr[-2000:]
+    assert child.returncode == 0, _failed_sections(log) + child.stderr[-2000:]
     files = sorted(out.iterdir())
     assert len(files) <= 8 and all(f.is_file() and NAME.match(f.name) for f in files), files
     assert {f.name for f in files} == {"log.txt", "figures.jsonl", "summary.json",
