@@ -215,24 +215,32 @@ def _signature(member: Member, mask: str) -> inspect.Signature:
     return inspect.Signature(tensors + keywords)
 
 
-def _slots(member: Member, mask: str, fname: str, kw: dict[str, Any]
-           ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """(p0, p1, mask) from a kernel call's keywords; TypeError, as Python raises it, for a
-    row parameter missing or a keyword the kernel does not take."""
-    missing = [p for p in member.params if p not in kw]
-    if missing:
-        raise TypeError(f"{fname}() missing 1 required keyword-only argument: "
-                        f"{missing[0]!r}")
-    unknown = sorted(set(kw) - {*member.params, mask})
-    if unknown:
-        raise TypeError(f"{fname}() got an unexpected keyword argument {unknown[0]!r}")
-    return (None if member.p0 is None else kw[member.p0],
-            None if member.p1 is None else kw[member.p1], kw.get(mask))
+def _keywords(member: Member, mask: str
+              ) -> Callable[[dict[str, Any], str], tuple[Any, Any, Any]]:
+    """take(kw, fname) -> (p0, p1, mask) from a kernel call's keywords (None for a slot the
+    function does not use, or no mask); TypeError, as Python words it, for a row parameter
+    missing or a keyword the kernel does not take. What can be is worked out here, once."""
+    p0, p1, params = member.p0, member.p1, member.params
+    allowed = frozenset((*params, mask))
+
+    def take(kw: dict[str, Any], fname: str) -> tuple[Any, Any, Any]:
+        if not allowed.issuperset(kw):
+            unknown = sorted(set(kw) - allowed)[0]
+            raise TypeError(f"{fname}() got an unexpected keyword argument {unknown!r}")
+        try:
+            return (None if p0 is None else kw[p0], None if p1 is None else kw[p1],
+                    kw.get(mask))
+        except KeyError as e:
+            raise TypeError(f"{fname}() missing 1 required keyword-only argument: "
+                            f"{e.args[0]!r}") from None
+    return take
 
 
 def _zeros_for(q: Tensor, p0: Tensor | None, p1: Tensor | None) -> tuple[Tensor, Tensor]:
     """(p0, p1) for a fused kernel: an absent one as zeros of the given one's shape, or
     (batch, heads) zeros in the working precision on q's device when neither is given."""
+    if p0 is not None and p1 is not None:
+        return p0, p1
     given = p0 if p0 is not None else p1
     if given is None:
         zero = torch.zeros(q.shape[:2], device=q.device,
@@ -246,18 +254,18 @@ def _kernel(member: Member, impl: Implementation, mode: str) -> Callable[..., An
     """The kernel function of (member, impl, mode), under the attention contract: the
     forward returns impl's output; the backward runs the forward and returns step(dout) ->
     (dq, dk, dv, *the row parameters' gradients, in signature order)."""
-    weight, backward = member.weight, impl.backward
+    weight, backward, take = member.weight, impl.backward, _keywords(member, impl.mask)
 
     def forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool,
                 **kw: Any) -> Any:
-        p0, p1, mask = _slots(member, impl.mask, forward.__name__, kw)
+        p0, p1, mask = take(kw, forward.__name__)
         if backward is not None:
             p0, p1 = _zeros_for(q, p0, p1)
         return impl.forward(q, k, v, p0, p1, scale, causal, mask, weight)
 
     def autograd_backward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool,
                           **kw: Any) -> Step:
-        p0, p1, mask = _slots(member, impl.mask, autograd_backward.__name__, kw)
+        p0, p1, mask = take(kw, autograd_backward.__name__)
 
         def differentiable(q: Tensor, k: Tensor, v: Tensor, *params: Tensor) -> Any:
             leaf = iter(params)  # the leaves of the used slots, in order
@@ -268,7 +276,7 @@ def _kernel(member: Member, impl: Implementation, mode: str) -> Callable[..., An
 
     def fused_backward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool,
                        **kw: Any) -> Step:
-        p0, p1, mask = _slots(member, impl.mask, fused_backward.__name__, kw)
+        p0, p1, mask = take(kw, fused_backward.__name__)
         a, b = _zeros_for(q, p0, p1)
         out, m, den = impl.forward(q, k, v, a, b, scale, causal, mask, weight)
 
