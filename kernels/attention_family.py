@@ -183,10 +183,11 @@ FUNCTIONS = tuple(m.function for m in FAMILY)
 
 def register_family(impl: Implementation, namespace: dict[str, Any],
                     functions: Sequence[str] = FUNCTIONS) -> None:
-    """Register impl's forward and backward kernel for each of `functions` (in that order,
-    which is the registry's and so `elasticbench list`'s) that FAMILY gives impl; each kernel
-    function also becomes an attribute of the calling module, whose globals() `namespace`
-    is, so that it pickles by reference and its module is the one that registered it."""
+    """Register impl's forward and backward kernel for each of `functions` that FAMILY
+    gives impl, in that order (the registry's, which `elasticbench list` shows). namespace
+    is the calling module's globals(): each kernel function becomes an attribute of that
+    module and names it as its own, so that it pickles by reference and the module that
+    registered it can be found from it (verify's lanes, `gate ab --rev`)."""
     members = {m.function: m for m in FAMILY}
     for function in functions:
         member = members[function]
