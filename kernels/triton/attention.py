@@ -137,14 +137,20 @@ def _weight(qk, mk, k2, scale, bias, keep, SUBNORMAL: tl.constexpr, WEIGHT: tl.c
 
 
 @triton.jit
-def _dscore(f, y, qk, keep, r, dp, c, WEIGHT: tl.constexpr):
+def _dscore(f, y, qk, keep, r, dp, c, tau, SUBNORMAL: tl.constexpr,
+            WEIGHT: tl.constexpr):
     """ds = dL/ds of each score from its weight f, normalized y = f r (0 where not kept), and
     dp = dO . v: symax and stablemax f'(s) r (dp - c); sigmoid dp y (1 - y); the exp family
-    tau ds = y (dp - c), without its 1/tau: ds is rounded to 16 bits for the dot, and at a
-    small tau (1e-3) y (dp - c)/tau passes fp16's 65504; the callers apply 1/tau, one
-    constant per (batch, head), to the fp32 sums instead (_ds_unit)."""
+    y (dp - c)/tau (softmax1: inv_tau = 1), in fp16 (no SUBNORMAL) without its 1/tau: ds
+    is rounded to fp16 for the dots, and at a small tau (1e-3) y (dp - c)/tau passes 65504;
+    there the callers apply 1/tau, one constant per (batch, head), to the fp32 sums instead
+    (_ds_unit). bf16 has fp32's range, and keeps the form whose dk/dv tiles do not spill
+    (without the multiply, or with 1/tau held across the loop, the causal 128x32 w8 s2
+    dk/dv tile at head dim 128 spills 32 B per thread)."""
     if WEIGHT <= SOFTMAX1:
         ds = y * (dp - c)
+        if SUBNORMAL:  # 1/tau formed here, not kept live across the tile loop
+            ds = ds * tl.math.div_rn(1.0, tau)
     elif WEIGHT == SYMAX:  # |s|' = sign(s) (0 at 0, as abs's subgradient)
         slope = tl.where(qk > 0.0, 1.0, tl.where(qk < 0.0, -1.0, 0.0))
         ds = tl.where(keep, slope, 0.0) * r * (dp - c)
@@ -157,10 +163,10 @@ def _dscore(f, y, qk, keep, r, dp, c, WEIGHT: tl.constexpr):
 
 
 @triton.jit
-def _ds_unit(inv_tau, WEIGHT: tl.constexpr):
+def _ds_unit(inv_tau, SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
     """What a sum of _dscore's ds is multiplied by to be in ds's units: 1/tau for the exp
-    family, 1 for the others."""
-    if WEIGHT <= SOFTMAX1:  # noqa: SIM108 (a constexpr branch)
+    family in fp16, else 1."""
+    if WEIGHT <= SOFTMAX1 and not SUBNORMAL:  # noqa: SIM108 (a constexpr branch)
         unit = inv_tau
     else:
         unit = 1.0
@@ -232,22 +238,34 @@ def _hit(qk, scale, ms, WEIGHT: tl.constexpr):
 
 
 @triton.jit
-def _tile_ptrs(base, start, offs_r, stride, BLOCK_W: tl.constexpr):
-    """Pointers to rows offs_r = start + arange of a matrix whose rows lie `stride` elements
-    apart (its columns 1 apart) at base: the tile's first row in 64 bits (start times a
-    transposed view's row stride may pass 2^31), the offsets inside the tile in 32."""
+def _tile_ptrs(base, offs_r, stride, BLOCK_W: tl.constexpr):
+    """Pointers to rows offs_r of a matrix whose rows lie `stride` elements apart (its
+    columns 1 apart) at base: offsets in 32 bits for a constexpr stride, in 64 for an int64
+    one (_row_stride)."""
     offs_c = tl.arange(0, BLOCK_W)
-    tile = base + tl.cast(start, tl.int64) * stride
-    return tile + (offs_r - start)[:, None] * stride + offs_c[None, :]
+    return base + offs_r[:, None] * stride + offs_c[None, :]
 
 
 @triton.jit
-def _load_rows(base, start, offs_r, row_ok, stride, W: tl.constexpr, BLOCK_W: tl.constexpr,
+def _row_stride(stride: tl.constexpr, WIDE: tl.constexpr):
+    """A kernel's row stride as its tiles use it: the constexpr itself, or with WIDE (a row
+    times a row stride may pass 2^31: a long transposed view, whose rows are heads x dim
+    apart) an int64 scalar, which makes every row offset 64-bit. Only where needed: 64-bit
+    row offsets cost the head-dim-128 dk/dv and dq tiles 8-88 B of spills per thread."""
+    if WIDE:  # noqa: SIM108 (a constexpr branch)
+        r = tl.full([], stride, tl.int64)
+    else:
+        r = stride
+    return r
+
+
+@triton.jit
+def _load_rows(base, offs_r, row_ok, stride, W: tl.constexpr, BLOCK_W: tl.constexpr,
                MASKED: tl.constexpr):
-    """Rows offs_r = start + arange of a matrix of W columns at base, rows `stride` apart,
-    (rows, BLOCK_W); lanes past W, and with MASKED rows where not row_ok, read 0."""
+    """Rows offs_r of a matrix of W columns at base, rows `stride` apart, (rows, BLOCK_W);
+    lanes past W, and with MASKED rows where not row_ok, read 0."""
     offs_c = tl.arange(0, BLOCK_W)
-    ptrs = _tile_ptrs(base, start, offs_r, stride, BLOCK_W)
+    ptrs = _tile_ptrs(base, offs_r, stride, BLOCK_W)
     if MASKED:
         x = tl.load(ptrs, mask=row_ok[:, None] & (offs_c[None, :] < W), other=0.0)
     elif W == BLOCK_W:
@@ -283,7 +301,7 @@ def _read(src, start, offs_r, row_ok, stride, W: tl.constexpr, BLOCK_W: tl.const
         if MASKED and HOLES:
             x = tl.where(row_ok[:, None], x, tl.zeros_like(x))
     else:
-        x = _load_rows(src, start, offs_r, row_ok, stride, W, BLOCK_W, MASKED)
+        x = _load_rows(src, offs_r, row_ok, stride, W, BLOCK_W, MASKED)
     return x
 
 
@@ -296,7 +314,7 @@ def _write(dst, start, offs_r, row_ok, x, stride, W: tl.constexpr, BLOCK_W: tl.c
         dst.store([start, 0], x.to(dst.dtype))
     else:
         offs_c = tl.arange(0, BLOCK_W)
-        tl.store(_tile_ptrs(dst, start, offs_r, stride, BLOCK_W), x.to(dst.dtype.element_ty),
+        tl.store(_tile_ptrs(dst, offs_r, stride, BLOCK_W), x.to(dst.dtype.element_ty),
                  mask=row_ok[:, None] & (offs_c[None, :] < W))
 
 
@@ -399,17 +417,21 @@ def _fwd_tile(q, k_src, v_src, sk, sv, keep_ptr, batch, start, offs_m, m, mk, l,
 
 @triton.jit
 def attention_forward_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, keep_ptr, kend_ptr,
-    sq_b, sq_h, sq_l, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, so_b, so_h, so_l,
-    p0_b, p0_h, p1_b, p1_h, lq, lk, scale, scale_log2e, heads, n_blocks,
+    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, keep_ptr, kend_ptr, sq_b,
+    sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr, sv_b, sv_h,
+    sv_l: tl.constexpr, p0_b, p0_h, p1_b, p1_h, lq, lk, scale, scale_log2e, heads, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
     WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     """out, m and den of one block of BLOCK_M queries of one (batch, head). q, k, v and out
     are reached through their (batch, head, row) strides, their columns 1 apart; the
     parameters through their (batch, head) strides (_bh_params)."""
+    sq_r = _row_stride(sq_l, WIDE)
+    sk_r = _row_stride(sk_l, WIDE)
+    sv_r = _row_stride(sv_l, WIDE)
     # the longest causal blocks first (they are the last query blocks)
     pid_m, bh = _grid_place(tl.program_id(0), n_blocks, True)
     batch = bh // heads
@@ -420,12 +442,12 @@ def attention_forward_kernel(
     bh64 = bh.to(tl.int64)
     b64 = batch.to(tl.int64)
     h64 = head.to(tl.int64)
-    q_src = _rows_source(q_ptr + b64 * sq_b + h64 * sq_h, lq, sq_l, D, BLOCK_M, BLOCK_D, TMA)
-    q = _read(q_src, m0, offs_m, row_ok, sq_l, D, BLOCK_D, True, False, TMA)
+    q_src = _rows_source(q_ptr + b64 * sq_b + h64 * sq_h, lq, sq_r, D, BLOCK_M, BLOCK_D, TMA)
+    q = _read(q_src, m0, offs_m, row_ok, sq_r, D, BLOCK_D, True, False, TMA)
     k_base = k_ptr + b64 * sk_b + h64 * sk_h
     v_base = v_ptr + b64 * sv_b + h64 * sv_h
-    k_src = _rows_source(k_base, lk, sk_l, D, BLOCK_N, BLOCK_D, TMA)
-    v_src = _rows_source(v_base, lk, sv_l, DV, BLOCK_N, BLOCK_DV, TMA)
+    k_src = _rows_source(k_base, lk, sk_r, D, BLOCK_N, BLOCK_D, TMA)
+    v_src = _rows_source(v_base, lk, sv_r, DV, BLOCK_N, BLOCK_DV, TMA)
     # tau holds sigmoid's bias, beta symax's eta
     tau, beta = _bh_params(p0_ptr, p0_b, p0_h, p1_ptr, p1_b, p1_h, batch, head, WEIGHT)
     k2 = tl.math.div_rn(scale_log2e, tau)
@@ -435,12 +457,12 @@ def attention_forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
     for start in range(0, full, BLOCK_N):
-        m, mk, l, acc = _fwd_tile(q, k_src, v_src, sk_l, sv_l, keep_ptr, batch, start,  # noqa: E741
+        m, mk, l, acc = _fwd_tile(q, k_src, v_src, sk_r, sv_r, keep_ptr, batch, start,  # noqa: E741
                                   offs_m, m, mk, l, acc, k2, scale, tau, lk, D, DV, BLOCK_N,
                                   BLOCK_D, BLOCK_DV, False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL,
                                   WEIGHT, TMA, EXP2_ULPS)
     for start in range(full, end, BLOCK_N):
-        m, mk, l, acc = _fwd_tile(q, k_src, v_src, sk_l, sv_l, keep_ptr, batch, start,  # noqa: E741
+        m, mk, l, acc = _fwd_tile(q, k_src, v_src, sk_r, sv_r, keep_ptr, batch, start,  # noqa: E741
                                   offs_m, m, mk, l, acc, k2, scale, tau, lk, D, DV, BLOCK_N,
                                   BLOCK_D, BLOCK_DV, True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL,
                                   WEIGHT, TMA, EXP2_ULPS)
@@ -458,12 +480,12 @@ def attention_forward_kernel(
         for start in range(0, end, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
-            k = _load_rows(k_base, start, offs_n, col_ok, sk_l, D, BLOCK_D, True)
+            k = _load_rows(k_base, offs_n, col_ok, sk_r, D, BLOCK_D, True)
             hit = col_ok[None, :] & saturated[:, None] & _hit(_dot(q, tl.trans(k), IEEE),
                                                               scale, ms[:, None], WEIGHT)
             if CAUSAL:
                 hit = hit & (offs_n[None, :] <= offs_m[:, None])
-            v = _load_rows(v_base, start, offs_n, col_ok, sv_l, DV, BLOCK_DV, True)
+            v = _load_rows(v_base, offs_n, col_ok, sv_r, DV, BLOCK_DV, True)
             l += tl.sum(hit.to(tl.float32), axis=1)  # noqa: E741
             acc += _dot(hit.to(v.dtype), v, IEEE)
         mk = tl.where(saturated, float("inf"), mk)
@@ -491,9 +513,9 @@ def attention_forward_kernel(
     else:
         out = acc * tl.math.div_rn(1.0, safe)[:, None]
     out = tl.where(live[:, None], out, 0.0)
-    o_dst = _rows_source(out_ptr + b64 * so_b + h64 * so_h, lq, so_l, DV, BLOCK_M, BLOCK_DV,
-                         TMA)
-    _write(o_dst, m0, offs_m, row_ok, out, so_l, DV, BLOCK_DV, TMA)
+    # out is the wrapper's own, contiguous
+    o_dst = _rows_source(out_ptr + bh64 * lq * DV, lq, DV, DV, BLOCK_M, BLOCK_DV, TMA)
+    _write(o_dst, m0, offs_m, row_ok, out, _row_stride(DV, WIDE), DV, BLOCK_DV, TMA)
     tl.store(m_ptr + bh64 * lq + offs_m, m * scale, mask=row_ok)
     tl.store(den_ptr + bh64 * lq + offs_m, den, mask=row_ok)
 
@@ -587,14 +609,20 @@ def _exp2_ulps() -> int:
     return current_options().exp2_ulps if triton_interpreted() else -1
 
 
+def _wide(*tensors: torch.Tensor) -> bool:
+    """Whether a row offset of these (batch, heads, length, dim) tensors may pass 2^31 (the
+    kernels' WIDE: rows up to a block past the length, _row_stride)."""
+    return any((t.shape[2] + 256) * t.stride(2) + t.shape[3] > 2**31 - 1 for t in tensors)
+
+
 def _consts(q: torch.Tensor, d: int, dv: int, t: Tiles, causal: bool, has_mask: bool,
-            weight: Weight) -> dict:
+            weight: Weight, wide: bool) -> dict:
     return {"D": d, "DV": dv, "BLOCK_M": t.block_m, "BLOCK_N": t.block_n,
             "BLOCK_D": _pow2(d), "BLOCK_DV": _pow2(dv), "CAUSAL": bool(causal),
             "HAS_MASK": has_mask, "IEEE": q.dtype == torch.float32,
             # fp16's subnormals end above 2^-126, where ex2's flush is already right
             "SUBNORMAL": q.dtype != torch.float16, "WEIGHT": int(weight), "TMA": t.tma,
-            "EXP2_ULPS": _exp2_ulps()}
+            "EXP2_ULPS": _exp2_ulps(), "WIDE": wide}
 
 
 GRID_MAX = 2**31 - 1  # a CUDA grid's x dimension; y and z stop at 65535
@@ -706,7 +734,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Par
     keep, kend = _key_mask(key_mask, b, lk, dev)
     has_mask = key_mask is not None
     sl2e = float(scale) * 1.4426950408889634  # rounded once, to fp32, by the launch
-    so = out.stride()[:3]
+    wide = _wide(qc, kc, vc, out)
 
     tma = _tma_ok(qc, kc, vc, out)
 
@@ -715,9 +743,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Par
         blocks = triton.cdiv(lq, t.block_m)
         with _on_device(q):
             run(attention_forward_kernel, grid(blocks, b * h),
-                (qc, kc, vc, out, m, den, p0v, p1v, keep, kend, *sq, *sk, *sv, *so, *s0, *s1,
-                 lq, lk, float(scale), sl2e, h, blocks),
-                t.warps, _consts(q, d, dv, t, causal, has_mask, weight), t.stages)
+                (qc, kc, vc, out, m, den, p0v, p1v, keep, kend, *sq, *sk, *sv, *s0, *s1, lq,
+                 lk, float(scale), sl2e, h, blocks),
+                t.warps, _consts(q, d, dv, t, causal, has_mask, weight, wide), t.stages)
 
     if b * h * lq == 0:
         return out, m, den
@@ -732,15 +760,18 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Par
 
 @triton.jit
 def attention_prepare_kernel(
-    out_ptr, do_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, stats_ptr, sink_ptr, flag_ptr,
-    so_b, so_h, so_l, sd_b, sd_h, sd_l, p0_b, p0_h, p1_b, p1_h, lq, heads, n_bh, n_blocks,
+    out_ptr, do_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, stats_ptr, sink_ptr, flag_ptr, so_b,
+    so_h, so_l: tl.constexpr, sd_b, sd_h, sd_l: tl.constexpr, p0_b, p0_h, p1_b, p1_h, lq,
+    heads, n_bh, n_blocks,
     DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, WEIGHT: tl.constexpr,
-    EXP2_ULPS: tl.constexpr,
+    EXP2_ULPS: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Per query: c = rowsum(dO o), m k2 / scale (= m log2(e)/tau, 0 where saturated), 1/den
     and the keep threshold lo, into stats (4, batch*heads*length_q); per block the sums of
     dtau's and dbeta's sink terms (docs/attention.md section 2) into sink (2, bh, blocks);
     per (batch, head) the number of saturated queries into flag."""
+    so_r = _row_stride(so_l, WIDE)
+    sd_r = _row_stride(sd_l, WIDE)
     pid, bh = _grid_place(tl.program_id(0), n_blocks, False)
     batch = bh // heads
     head = bh - batch * heads
@@ -750,10 +781,8 @@ def attention_prepare_kernel(
     bh64 = bh.to(tl.int64)
     b64 = batch.to(tl.int64)
     h64 = head.to(tl.int64)
-    o = _load_rows(out_ptr + b64 * so_b + h64 * so_h, m0, offs_m, row_ok, so_l, DV, BLOCK_DV,
-                   True)
-    do = _load_rows(do_ptr + b64 * sd_b + h64 * sd_h, m0, offs_m, row_ok, sd_l, DV, BLOCK_DV,
-                    True)
+    o = _load_rows(out_ptr + b64 * so_b + h64 * so_h, offs_m, row_ok, so_r, DV, BLOCK_DV, True)
+    do = _load_rows(do_ptr + b64 * sd_b + h64 * sd_h, offs_m, row_ok, sd_r, DV, BLOCK_DV, True)
     c = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     at = bh64 * lq + offs_m
     m = tl.load(m_ptr + at, mask=row_ok, other=0.0)
@@ -830,7 +859,7 @@ def _dkdv_tile(k, v, dk, dv, q_src, do_src, sq, sd, stats_ptr, n, at0, start, of
     f = _weight(qk, mk[None, :], k2, scale, bias, keep, SUBNORMAL, WEIGHT, EXP2_ULPS)
     p = f * r[None, :]
     dp = _dot(v, tl.trans(do), IEEE)
-    ds = _dscore(f, p, qk, keep, r[None, :], dp, c[None, :], WEIGHT)
+    ds = _dscore(f, p, qk, keep, r[None, :], dp, c[None, :], bias, SUBNORMAL, WEIGHT)
     if IEEE:
         dv += _dot(p, do, True)
         dk += _dot(ds, q, True)
@@ -843,16 +872,21 @@ def _dkdv_tile(k, v, dk, dv, q_src, do_src, sq, sd, stats_ptr, n, at0, start, of
 @triton.jit
 def attention_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, flag_ptr, p0_ptr, dk_ptr, dv_ptr,
-    keep_ptr, kend_ptr, sq_b, sq_h, sq_l, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sd_b, sd_h, sd_l,
-    sdk_b, sdk_h, sdk_l, sdv_b, sdv_h, sdv_l, p0_b, p0_h, lq, lk, scale, scale_log2e, heads,
-    n_bh, n_blocks,
+    keep_ptr, kend_ptr, sq_b, sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr,
+    sv_b, sv_h, sv_l: tl.constexpr, sd_b, sd_h, sd_l: tl.constexpr, p0_b, p0_h, lq,
+    lk, scale, scale_log2e, heads, n_bh, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
     WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     """dk and dv of one block of BLOCK_M keys (resident) over the BLOCK_N-query blocks that
     see them; every tensor of (batch, heads, length, dim) through its strides."""
+    sq_r = _row_stride(sq_l, WIDE)
+    sk_r = _row_stride(sk_l, WIDE)
+    sv_r = _row_stride(sv_l, WIDE)
+    sd_r = _row_stride(sd_l, WIDE)
     pid_n, bh = _grid_place(tl.program_id(0), n_blocks, False)
     batch = bh // heads
     head = bh - batch * heads
@@ -861,20 +895,20 @@ def attention_dkdv_kernel(
     n0 = pid_n * BLOCK_M
     offs_n = n0 + tl.arange(0, BLOCK_M)
     key_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
-    k_src = _rows_source(k_ptr + b64 * sk_b + h64 * sk_h, lk, sk_l, D, BLOCK_M, BLOCK_D, TMA)
-    v_src = _rows_source(v_ptr + b64 * sv_b + h64 * sv_h, lk, sv_l, DV, BLOCK_M, BLOCK_DV,
+    k_src = _rows_source(k_ptr + b64 * sk_b + h64 * sk_h, lk, sk_r, D, BLOCK_M, BLOCK_D, TMA)
+    v_src = _rows_source(v_ptr + b64 * sv_b + h64 * sv_h, lk, sv_r, DV, BLOCK_M, BLOCK_DV,
                          TMA)
     # a padded key's row reaches only its own dk, dv rows, zeroed at the end: no HOLES (a
     # where would hold k and v in registers: 144-160 B of spills per thread at head dim 128)
-    k = _read(k_src, n0, offs_n, key_ok, sk_l, D, BLOCK_D, True, False, TMA)
-    v = _read(v_src, n0, offs_n, key_ok, sv_l, DV, BLOCK_DV, True, False, TMA)
+    k = _read(k_src, n0, offs_n, key_ok, sk_r, D, BLOCK_D, True, False, TMA)
+    v = _read(v_src, n0, offs_n, key_ok, sv_r, DV, BLOCK_DV, True, False, TMA)
     tau = _bh_tau(p0_ptr, p0_b, p0_h, batch, head, WEIGHT)
     k2 = tl.math.div_rn(scale_log2e, tau)  # the stats hold m log2(e)/tau
     inv_tau = tl.math.div_rn(1.0, tau)
     q_base = q_ptr + b64 * sq_b + h64 * sq_h
     do_base = do_ptr + b64 * sd_b + h64 * sd_h
-    q_src = _rows_source(q_base, lq, sq_l, D, BLOCK_N, BLOCK_D, TMA)
-    do_src = _rows_source(do_base, lq, sd_l, DV, BLOCK_N, BLOCK_DV, TMA)
+    q_src = _rows_source(q_base, lq, sq_r, D, BLOCK_N, BLOCK_D, TMA)
+    do_src = _rows_source(do_base, lq, sd_r, DV, BLOCK_N, BLOCK_DV, TMA)
     bh64 = bh.to(tl.int64)
     n = n_bh.to(tl.int64) * lq
     at0 = bh64 * lq
@@ -890,15 +924,15 @@ def attention_dkdv_kernel(
         full_lo = tl.cdiv(n0 + BLOCK_M - 1, BLOCK_N) * BLOCK_N
     full_hi = lq // BLOCK_N * BLOCK_N
     for start in range(begin, tl.minimum(full_lo, stop), BLOCK_N):
-        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_l, sd_l, stats_ptr, n, at0, start,
+        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_r, sd_r, stats_ptr, n, at0, start,
                             offs_n, k2, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
                             CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA, EXP2_ULPS)
     for start in range(full_lo, tl.minimum(full_hi, stop), BLOCK_N):
-        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_l, sd_l, stats_ptr, n, at0, start,
+        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_r, sd_r, stats_ptr, n, at0, start,
                             offs_n, k2, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
                             CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA, EXP2_ULPS)
     for start in range(tl.maximum(full_lo, full_hi), stop, BLOCK_N):
-        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_l, sd_l, stats_ptr, n, at0, start,
+        dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_r, sd_r, stats_ptr, n, at0, start,
                             offs_n, k2, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
                             CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA, EXP2_ULPS)
     if tl.load(flag_ptr + bh) > 0:
@@ -906,8 +940,8 @@ def attention_dkdv_kernel(
         for start in range(begin, stop, BLOCK_N):
             offs_m = start + tl.arange(0, BLOCK_N)
             row_ok = offs_m < lq
-            q = _load_rows(q_base, start, offs_m, row_ok, sq_l, D, BLOCK_D, True)
-            do = _load_rows(do_base, start, offs_m, row_ok, sd_l, DV, BLOCK_DV, True)
+            q = _load_rows(q_base, offs_m, row_ok, sq_r, D, BLOCK_D, True)
+            do = _load_rows(do_base, offs_m, row_ok, sd_r, DV, BLOCK_DV, True)
             ms = tl.load(m_ptr + at0 + offs_m, mask=row_ok, other=0.0)
             r = tl.load(stats_ptr + 2 * n + at0 + offs_m, mask=row_ok, other=0.0)
             lo = tl.load(stats_ptr + 3 * n + at0 + offs_m, mask=row_ok, other=0.0)
@@ -921,15 +955,16 @@ def attention_dkdv_kernel(
                 dv += _dot(share, do, True)
             else:
                 dv += _dot(share.to(do.dtype), do, False)
-    dk = tl.where(key_ok[:, None], dk * (scale * _ds_unit(inv_tau, WEIGHT)), 0.0)
+    dk = tl.where(key_ok[:, None], dk * (scale * _ds_unit(inv_tau, SUBNORMAL, WEIGHT)), 0.0)
     dv = tl.where(key_ok[:, None], dv, 0.0)
     col_ok = offs_n < lk
-    dk_dst = _rows_source(dk_ptr + b64 * sdk_b + h64 * sdk_h, lk, sdk_l, D, BLOCK_M, BLOCK_D,
-                          TMA)
-    dv_dst = _rows_source(dv_ptr + b64 * sdv_b + h64 * sdv_h, lk, sdv_l, DV, BLOCK_M,
-                          BLOCK_DV, TMA)
-    _write(dk_dst, n0, offs_n, col_ok, dk, sdk_l, D, BLOCK_D, TMA)
-    _write(dv_dst, n0, offs_n, col_ok, dv, sdv_l, DV, BLOCK_DV, TMA)
+    # dk and dv are the wrapper's own, contiguous: addressed from bh, which the loop keeps
+    # live anyway (their own strides would keep 4 more registers live: 40 B of spills per
+    # thread in the causal 128x32 tiles at head dim 128)
+    dk_dst = _rows_source(dk_ptr + bh64 * lk * D, lk, D, D, BLOCK_M, BLOCK_D, TMA)
+    dv_dst = _rows_source(dv_ptr + bh64 * lk * DV, lk, DV, DV, BLOCK_M, BLOCK_DV, TMA)
+    _write(dk_dst, n0, offs_n, col_ok, dk, _row_stride(D, WIDE), D, BLOCK_D, TMA)
+    _write(dv_dst, n0, offs_n, col_ok, dv, _row_stride(DV, WIDE), DV, BLOCK_DV, TMA)
 
 
 @triton.jit
@@ -956,7 +991,7 @@ def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk, sv, keep_ptr, b
     f = _weight(qk, mk[:, None], k2, scale, bias, keep, SUBNORMAL, WEIGHT, EXP2_ULPS)
     p = f * r[:, None]
     dp = _dot(do, tl.trans(v), IEEE)
-    ds = _dscore(f, p, qk, keep, r[:, None], dp, c[:, None], WEIGHT)
+    ds = _dscore(f, p, qk, keep, r[:, None], dp, c[:, None], bias, SUBNORMAL, WEIGHT)
     if IEEE:
         dq += _dot(ds, k, True)
     else:
@@ -973,16 +1008,22 @@ def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk, sv, keep_ptr, b
 @triton.jit
 def attention_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, p0_ptr, dq_ptr, dsz_ptr, keep_ptr,
-    kend_ptr, sq_b, sq_h, sq_l, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sd_b, sd_h, sd_l,
-    sdq_b, sdq_h, sdq_l, p0_b, p0_h, lq, lk, scale, scale_log2e, heads, n_bh, n_blocks,
+    kend_ptr, sq_b, sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr, sv_b, sv_h,
+    sv_l: tl.constexpr, sd_b, sd_h, sd_l: tl.constexpr,
+    p0_b, p0_h, lq, lk, scale, scale_log2e, heads, n_bh, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
     WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     """dq of one block of queries (resident) over every key it sees, and the block's
     sum ds (s - m)/tau (dtau's first term) into dsz (bh, blocks); every tensor of (batch,
     heads, length, dim) through its strides."""
+    sq_r = _row_stride(sq_l, WIDE)
+    sk_r = _row_stride(sk_l, WIDE)
+    sv_r = _row_stride(sv_l, WIDE)
+    sd_r = _row_stride(sd_l, WIDE)
     pid_m, bh = _grid_place(tl.program_id(0), n_blocks, True)
     batch = bh // heads
     head = bh - batch * heads
@@ -992,37 +1033,38 @@ def attention_dq_kernel(
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     row_ok = offs_m < lq
-    q_src = _rows_source(q_ptr + b64 * sq_b + h64 * sq_h, lq, sq_l, D, BLOCK_M, BLOCK_D, TMA)
-    do_src = _rows_source(do_ptr + b64 * sd_b + h64 * sd_h, lq, sd_l, DV, BLOCK_M, BLOCK_DV,
+    q_src = _rows_source(q_ptr + b64 * sq_b + h64 * sq_h, lq, sq_r, D, BLOCK_M, BLOCK_D, TMA)
+    do_src = _rows_source(do_ptr + b64 * sd_b + h64 * sd_h, lq, sd_r, DV, BLOCK_M, BLOCK_DV,
                           TMA)
-    q = _read(q_src, m0, offs_m, row_ok, sq_l, D, BLOCK_D, True, False, TMA)
-    do = _read(do_src, m0, offs_m, row_ok, sd_l, DV, BLOCK_DV, True, False, TMA)
+    q = _read(q_src, m0, offs_m, row_ok, sq_r, D, BLOCK_D, True, False, TMA)
+    do = _read(do_src, m0, offs_m, row_ok, sd_r, DV, BLOCK_DV, True, False, TMA)
     n = n_bh.to(tl.int64) * lq
     c, mk, r, lo = _query_stats(stats_ptr, n, bh64 * lq + offs_m, row_ok, True)
     ms = tl.load(m_ptr + bh64 * lq + offs_m, mask=row_ok, other=0.0)
     tau = _bh_tau(p0_ptr, p0_b, p0_h, batch, head, WEIGHT)
     k2 = tl.math.div_rn(scale_log2e, tau)
     inv_tau = tl.math.div_rn(1.0, tau)
-    k_src = _rows_source(k_ptr + b64 * sk_b + h64 * sk_h, lk, sk_l, D, BLOCK_N, BLOCK_D, TMA)
-    v_src = _rows_source(v_ptr + b64 * sv_b + h64 * sv_h, lk, sv_l, DV, BLOCK_N, BLOCK_DV,
+    k_src = _rows_source(k_ptr + b64 * sk_b + h64 * sk_h, lk, sk_r, D, BLOCK_N, BLOCK_D, TMA)
+    v_src = _rows_source(v_ptr + b64 * sv_b + h64 * sv_h, lk, sv_r, DV, BLOCK_N, BLOCK_DV,
                          TMA)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dsz = tl.zeros([BLOCK_M], dtype=tl.float32)
     full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
     for start in range(0, full, BLOCK_N):
-        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk_l, sv_l, keep_ptr,
+        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk_r, sv_r, keep_ptr,
                            batch, start, offs_m, k2, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D,
                            BLOCK_DV, False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA,
                            EXP2_ULPS)
     for start in range(full, end, BLOCK_N):
-        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk_l, sv_l, keep_ptr,
+        dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk_r, sv_r, keep_ptr,
                            batch, start, offs_m, k2, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D,
                            BLOCK_DV, True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA,
                            EXP2_ULPS)
-    unit = _ds_unit(inv_tau, WEIGHT)  # the exp family's 1/tau, kept out of ds (_dscore)
-    dq_dst = _rows_source(dq_ptr + b64 * sdq_b + h64 * sdq_h, lq, sdq_l, D, BLOCK_M, BLOCK_D,
-                          TMA)
-    _write(dq_dst, m0, offs_m, row_ok, dq * (scale * unit), sdq_l, D, BLOCK_D, TMA)
+    unit = _ds_unit(inv_tau, SUBNORMAL, WEIGHT)  # 1/tau where _dscore leaves it out
+    # dq is the wrapper's own, contiguous
+    dq_dst = _rows_source(dq_ptr + bh64 * lq * D, lq, D, D, BLOCK_M, BLOCK_D, TMA)
+    _write(dq_dst, m0, offs_m, row_ok, dq * (scale * unit), _row_stride(D, WIDE), D, BLOCK_D,
+           TMA)
     total = tl.sum(dsz, axis=0)
     if WEIGHT <= SOFTMAX1:  # sum ds (s - m)/tau: the exponents are in base 2
         total = total * LN2 * unit
@@ -1060,16 +1102,16 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     stats = torch.empty(4, b * h * lq, dtype=torch.float32, device=dev)
     sink = torch.empty(2, b * h, n_prep, dtype=torch.float32, device=dev)
     flag = torch.zeros(b * h, dtype=torch.int32, device=dev)
+    wide = _wide(qc, kc, vc, oc, doc, dq, dk, dv)
     with _on_device(q):
         run(attention_prepare_kernel, grid(n_prep, b * h),
             (oc, doc, m32, den32, p0v, p1v, stats, sink, flag, *so, *sd, *s0, *s1, lq, h,
              b * h, n_prep),
             4, {"DV": dv_, "BLOCK_M": PREP_M, "BLOCK_DV": _pow2(dv_), "WEIGHT": int(weight),
-                "EXP2_ULPS": _exp2_ulps()})
+                "EXP2_ULPS": _exp2_ulps(), "WIDE": wide})
     head_dim = max(d, dv_)
     sl2e = float(scale) * 1.4426950408889634
-    common = (scale, causal, has_mask, weight)
-    sdq, sdk, sdv = dq.stride()[:3], dk.stride()[:3], dv.stride()[:3]
+    common = (scale, causal, has_mask, weight, wide)
 
     tma = _tma_ok(qc, kc, vc, doc, dq, dk, dv)
 
@@ -1079,7 +1121,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         with _on_device(q):
             run(attention_dkdv_kernel, grid(blocks, b * h),
                 (qc, kc, vc, doc, m32, stats, flag, p0v, dk, dv, keep, kend, *sq, *sk, *sv,
-                 *sd, *sdk, *sdv, *s0, lq, lk, float(scale), sl2e, h, b * h, blocks),
+                 *sd, *s0, lq, lk, float(scale), sl2e, h, b * h, blocks),
                 t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
 
     dsz: list[torch.Tensor] = []
@@ -1091,7 +1133,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         with _on_device(q):
             run(attention_dq_kernel, grid(nb, b * h),
                 (qc, kc, vc, doc, m32, stats, p0v, dq, parts, keep, kend, *sq, *sk, *sv, *sd,
-                 *sdq, *s0, lq, lk, float(scale), sl2e, h, b * h, nb),
+                 *s0, lq, lk, float(scale), sl2e, h, b * h, nb),
                 t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
         dsz[:] = [parts]
 
