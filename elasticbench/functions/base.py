@@ -21,6 +21,8 @@ from typing import Any
 import mpmath
 import numpy as np
 
+from ..domains import Domain
+
 # Why a row's outputs are what they are; kept in the truth and in failure reports.
 ROW_FINITE = "finite"
 ROW_NAN = "nan"  # a NaN in the row: every output NaN
@@ -208,16 +210,9 @@ class Param:
     span: tuple[float, float] = (1e-3, 1e3)
 
     def validate(self, value: object) -> float:
-        """Return value as a float, or raise ValueError saying what is wrong with it."""
-        try:
-            v = float(value)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise ValueError(f"{self.name} must be a number, got {value!r}") from None
-        op = ">" if self.strict else ">="
-        ok = math.isfinite(v) and (v > self.lower if self.strict else v >= self.lower)
-        if not ok:
-            raise ValueError(f"{self.name} must be finite and {op} {self.lower:g}, got {value!r}")
-        return v
+        """Return value as a float, or raise ValueError saying what is wrong with it (the
+        library's check, elasticbench.domains, so both sides say it the same way)."""
+        return Domain(self.name, self.lower, self.strict).check(value)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 import mpmath
 
+from ..domains import BETA, TAU
 from .base import (
     OFFSET,
     ROW_FINITE,
@@ -71,9 +72,9 @@ FUNCTION = Function(
     summary="Elastic-Softmax: negatives masked, exp(s/tau) / (sum exp(s/tau) + beta)",
     reference_row=reference,
     params=(
-        Param("tau", 1.0, 0.0, True, (0.01, 1.0, 10.0), "temperature, finite and > 0",
+        Param("tau", 1.0, TAU.lower, TAU.strict, (0.01, 1.0, 10.0), "temperature, finite and > 0",
               TEMPERATURE, span=(1e-3, 1e3)),
-        Param("beta", 1.0, 0.0, False, (0.0, 1e-10, 1.0, 100.0), "denominator offset, >= 0",
+        Param("beta", 1.0, BETA.lower, BETA.strict, (0.0, 1e-10, 1.0, 100.0), "denominator offset, >= 0",
               OFFSET, span=(1e-12, 1e6)),
     ),
     notes="rows sum to S/(S+beta); masked positions are exactly 0",

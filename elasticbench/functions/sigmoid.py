@@ -14,6 +14,7 @@ import math
 
 import mpmath
 
+from ..domains import BIAS
 from .base import ROW_FINITE, ROW_NAN, SHIFT, Function, Param, RowGrad, RowTruth, distinct
 
 # -ln(64): FlashSigmoid's -ln(n) for 64 keys, the longest rows of the attention matrix
@@ -76,7 +77,7 @@ FUNCTION = Function(
     name="sigmoid",
     summary="sigmoid: 1 / (1 + exp(-(x + bias))), each element alone (attention only)",
     reference_row=reference,
-    params=(Param("bias", 0.0, -math.inf, False, (0.0, MINUS_LN_64),
+    params=(Param("bias", 0.0, BIAS.lower, BIAS.strict, (0.0, MINUS_LN_64),
                   "added to every argument, any finite value (FlashSigmoid: -ln(n))", SHIFT,
                   span=(1e-3, 1e3)),),
     exps_per_element=1,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
+from ..domains import ETA
 from .base import (
     DENOMINATOR,
     Function,
@@ -43,7 +44,7 @@ FUNCTION = Function(
     name="symax",
     summary="symax: |x| / (eta + sum |x|)",
     reference_row=reference,
-    params=(Param("eta", 1.0, 0.0, False, (0.0, 1.0), "denominator offset, >= 0",
+    params=(Param("eta", 1.0, ETA.lower, ETA.strict, (0.0, 1.0), "denominator offset, >= 0",
                   DENOMINATOR, span=(1e-12, 1e6)),),
     exps_per_element=0,
     weights=weights,
