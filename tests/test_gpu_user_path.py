@@ -50,6 +50,11 @@ def test_sync_and_graph_say_skipped_on_the_cpu(quick):
     for name in ("sync", "graph"):
         assert doc["sections"][name]["status"] == "skipped"
         assert doc["sections"][name]["reason"] == "cuda only"
+    # the model is bf16 (the attention table's path on a GPU), and sync still ran its eager
+    # step here, recording what it launched (the native CPU kernels note nothing)
+    sync = doc["sections"]["sync"]
+    assert doc["model_dtype"] == "bf16" and sync["dtype"] == "bf16"
+    assert math.isfinite(sync["eager_loss"]) and isinstance(sync["launches"], list)
 
 
 @pytest.mark.ci  # the script in a child process: CI, not make test's 5 minutes
