@@ -170,7 +170,7 @@ class Run:
                     str(inner), *(["--dry-run"] if dry else [])]
         if name == "tune":
             probe = subprocess.run([*cli, "tune", "--help"], capture_output=True, text=True,
-                                   cwd=ROOT, timeout=120)
+                                   cwd=ROOT, timeout=min(120, limit), env=self.env(step))
             if probe.returncode != 0:
                 lines = (probe.stderr or probe.stdout).strip().splitlines()
                 return f"not available: `elasticbench tune --help` exits {probe.returncode}" + (
@@ -218,7 +218,10 @@ class Run:
     def execute(self, step: Step, limit: int) -> None:
         """Run the step's command for at most limit seconds; its output into the log."""
         t0 = time.monotonic()
-        cmd = self.command(step, limit)
+        try:
+            cmd = self.command(step, limit)
+        except (OSError, subprocess.SubprocessError) as e:  # e.g. tune's probe hung
+            cmd = f"failed: its command could not be formed: {gpu_figures.one_line(e)}"
         if isinstance(cmd, str):
             step.rc = 0 if cmd.startswith("not available") else 1
             step.status = cmd
@@ -227,8 +230,13 @@ class Run:
         step.command = cmd
         self.log(f"== {step.name} start (limit {limit} s): {shlex.join(cmd)}")
         with open(self.out / "log.txt", "a") as log:
-            self.child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                          env=self.env(step), start_new_session=True)
+            try:
+                self.child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                              cwd=ROOT, env=self.env(step),
+                                              start_new_session=True)
+            except OSError as e:  # the interpreter itself is missing or not executable
+                step.rc, step.status = 127, f"failed: {gpu_figures.one_line(e)}"
+                return
             try:
                 step.rc = self.child.wait(timeout=limit)
                 step.status = "passed" if step.rc == 0 else "failed"
