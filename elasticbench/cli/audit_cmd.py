@@ -79,16 +79,40 @@ def audit(attention: bool, arch: int, dtypes: tuple[str, ...], weights: tuple[st
     out = console()
     err = console(stderr=True)
     start = time.monotonic()
-    done = [0]
+    reports: list = []
+    source = Path(sys.modules[ac_module].__file__).parent / "attention.py"
+    from ..environment import git_commit
+
+    head = {"triton": triton.__version__, "arch": arch, "commit": git_commit(),
+            # the kernel audited, whether or not committed
+            "kernel_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+            "dtypes": list(names), "weights": list(wnames), "head_dims": list(dims)}
+
+    def write(complete: bool) -> None:
+        """The JSON as far as compiled (rewritten after each: a kill leaves the done part)."""
+        if not json_path:
+            return
+        bad = [r for r in reports if r.problems()]
+        record = {**head, "complete": complete, "configurations": len(reports),
+                  "of": len(items), "failing": len(bad),
+                  "reports": [report_record(r) for r in reports]}
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".partial")
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, path)
 
     def progress(item, report) -> None:
-        done[0] += 1
+        reports.append(report)
+        write(False)
         if report.problems():
             err.print(f"  {_name(report)}: {', '.join(report.problems())}")
-        elif not quiet() and done[0] % 25 == 0:
-            err.print(f"  {done[0]}/{len(items)} compiled ({time.monotonic() - start:.0f} s)")
+        elif not quiet() and len(reports) % 25 == 0:
+            err.print(f"  {len(reports)}/{len(items)} compiled "
+                      f"({time.monotonic() - start:.0f} s)")
 
-    reports = run_audit(items, arch, progress)
+    run_audit(items, arch, progress)
+    write(True)
     bad = [r for r in reports if r.problems()]
     table = Table(title=f"attention configurations compiled for sm_{arch}a, "
                         f"Triton {triton.__version__}")
@@ -103,21 +127,6 @@ def audit(attention: bool, arch: int, dtypes: tuple[str, ...], weights: tuple[st
                       f"{max(r.shared for r in rs) / 1024:.0f}",
                       str(sum(1 for r in rs if r.problems())))
     out.print(table)
-    if json_path:
-        from ..environment import git_commit
-
-        source = Path(sys.modules[ac_module].__file__).parent / "attention.py"
-        record = {"triton": triton.__version__, "arch": arch,
-                  "commit": git_commit(),
-                  # the kernel audited, whether or not committed
-                  "kernel_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
-                  "dtypes": list(names),
-                  "weights": list(wnames), "head_dims": list(dims),
-                  "configurations": len(reports), "failing": len(bad),
-                  "reports": [report_record(r) for r in reports]}
-        path = Path(json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1) + "\n")
     summary = (f"{len(reports)} attention configurations compiled for sm_{arch}a with Triton "
                f"{triton.__version__} in {time.monotonic() - start:.0f} s: ")
     if bad:
