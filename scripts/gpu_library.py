@@ -148,6 +148,7 @@ def part_env(args: argparse.Namespace) -> int:
     doc["cuda_available"] = torch.cuda.is_available()
     if doc["cuda_available"]:
         props = torch.cuda.get_device_properties(0)
+        figures.device = props.name
         doc.update(device=props.name, capability=f"{props.major}.{props.minor}",
                    sms=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1),
                    devices=torch.cuda.device_count())
