@@ -48,7 +48,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -247,18 +246,13 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-@contextmanager
-def implementation(name: str) -> Iterator[None]:
-    """ELASTICBENCH_IMPLEMENTATION=name within the block (docs/dispatch.md: read per call)."""
-    old = os.environ.get("ELASTICBENCH_IMPLEMENTATION")
-    os.environ["ELASTICBENCH_IMPLEMENTATION"] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("ELASTICBENCH_IMPLEMENTATION", None)
-        else:
-            os.environ["ELASTICBENCH_IMPLEMENTATION"] = old
+def implementation(name: str):
+    """Calls within the block run implementation `name` (docs/dispatch.md section 2: the
+    library reads ELASTICBENCH_IMPLEMENTATION once, so a change in-process goes through
+    dispatch.forcing)."""
+    from elasticbench import dispatch
+
+    return dispatch.forcing(name)
 
 
 def dtypes() -> dict[str, Any]:
