@@ -156,62 +156,6 @@ def test_without_cuda_it_says_so_in_one_line(monkeypatch, capsys):
         gates.main(["--trials", "0"])
 
 
-def _fake_bin(tmp_path: Path, gpu: int) -> dict[str, str]:
-    """PATH with stand-ins for python3, elasticbench and nvidia-smi that print their
-    arguments and succeed at once (python3 says whether torch sees a GPU)."""
-    import os
-    import stat
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, body in (("python3", f'case "$*" in *is_available*) echo {gpu};; '
-                                   '*) echo "python3 $*";; esac'),
-                       ("elasticbench", 'echo "elasticbench $*"'),
-                       ("nvidia-smi", 'echo "nvidia-smi $*"')):
-        path = bin_dir / name
-        path.write_text(f"#!/usr/bin/env bash\n{body}\n")
-        path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-
-
-def test_gpu_checks_without_a_gpu_skips_each_step_in_one_line(tmp_path):
-    import subprocess
-
-    run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_checks.sh"),
-                          str(tmp_path / "out"), "480"], capture_output=True, text=True,
-                         cwd=ROOT, env=_fake_bin(tmp_path, 0), timeout=60)
-    lines = run.stdout.splitlines()
-    assert run.returncode == 0 and lines[-1].startswith("== done")
-    assert all(line.endswith("skipped, no CUDA GPU here (python3 sees none)")
-               for line in lines[:-1])
-    steps = [line.split()[1].rstrip(":") for line in lines[:-1]]
-    assert {"install", "verify", "attention", "gates", "sweep", "rows_sweep",
-            "attention_full"} <= set(steps)
-    assert "python3 -m pip" not in (tmp_path / "out" / "log.txt").read_text()
-
-
-def test_gpu_checks_gives_each_step_its_share(tmp_path):
-    import re
-    import subprocess
-
-    run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_checks.sh"),
-                          str(tmp_path / "out"), "480"], capture_output=True, text=True,
-                         cwd=ROOT, env=_fake_bin(tmp_path, 1), timeout=60)
-    assert run.returncode == 0, run.stderr
-    log = (tmp_path / "out" / "log.txt").read_text()
-    limits = {m[1]: int(m[2]) for m in re.finditer(r"^== (\w+) \(limit (\d+) s\)", log, re.M)}
-    # 480 s: install 5%, verify 22%, sweep 10%, attention 20%, gates 9%, user_path and
-    # train_step 8% each, run and rows_sweep 7% each (a second may pass between steps); the
-    # rest take what is left
-    want = {"install": 24, "verify": 105, "sweep": 48, "attention": 96, "gates": 43,
-            "user_path": 38, "train_step": 38, "run": 33, "rows_sweep": 33}
-    assert all(want[k] - 2 <= limits[k] <= want[k] for k in want), limits
-    assert limits["attention_full"] > 400  # nothing before it used its time
-    assert re.search(r"scripts/gpu_gates.py --budget (2[6-9]|3[0-9]) --json", log)
-    assert re.search(r"scripts/gpu_rows_sweep.py \S+ --budget-s 2[3-5]$", log, re.M)
-    assert "--case cases/attention-gpu-headline.toml" in log
-
-
 @pytest.mark.ci
 def test_the_measurement_runs_end_to_end_with_a_host_stand_in(monkeypatch, tmp_path):
     """gpu_gates.measure on the CPU: torch_elastic for the Triton kernel, a busy wait of one
