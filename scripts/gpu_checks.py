@@ -96,6 +96,7 @@ class Run:
         self.device: str | None = None
         self.missing: list[str] = []
         self.imports: dict[str, str] = {}
+        self.pythonpath: str | None = None  # set where pip could not install (install.json)
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -207,6 +208,9 @@ class Run:
                    PYTHONWARNINGS="ignore:Editable installation")
         if self.device:
             env["GPU_CHECKS_DEVICE"] = self.device
+        if self.pythonpath:  # pip could not install: the package's linked layout
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (self.pythonpath, env.get("PYTHONPATH")) if p)
         if self.dry:
             env.update(GPU_CHECKS_DRY_RUN="1", TRITON_INTERPRET="1",
                        ELASTICBENCH_IMPLEMENTATION="triton")
@@ -286,7 +290,9 @@ class Run:
             self.missing = doc.get("missing", [])
             self.device = doc.get("device") or ("cpu (dry run)" if self.dry else None)
         if install.exists():
-            self.imports = json.loads(install.read_text()).get("imports", {})
+            doc = json.loads(install.read_text())
+            self.imports = doc.get("imports", {})
+            self.pythonpath = doc.get("pythonpath")
 
     def save(self) -> None:
         """summary.json, summary.md and the archive, each written whole then renamed."""
