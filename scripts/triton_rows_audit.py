@@ -49,8 +49,10 @@ def audit(shapes: list[tuple[int, int]], dtypes: tuple[str, ...]) -> list[dict]:
             x = torch.empty(rows, n, dtype=torch_dtype[dtype])
             for spec, plan, launches in _captures(specs, x, params, capture_launches, launch_mod):
                 for launch in launches:
-                    key = (launch.name, dtype, repr(sorted((k, repr(v)) for k, v in
-                                                           launch.kwargs.items())))
+                    # runtime values (the grid's size, a split's span) compile alike
+                    key = (launch.name, dtype, repr(sorted(
+                        (k, repr(v)) for k, v in launch.kwargs.items()
+                        if k not in launch_mod.RUNTIME_VALUES)))
                     if key not in compiled:
                         compiled[key] = _compile(launch, compile_launch, read_cubin,
                                                  opcode_width, launch_mod)
@@ -135,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = audit(shapes, dtypes)
     print(table(rows))
     if args.json:
-        args.json.write_text(json.dumps({"arch": 90, "rows": rows}, indent=1) + "\n")
+        import triton
+
+        args.json.write_text(json.dumps({"arch": 90, "triton": triton.__version__, "rows": rows},
+                                        indent=1) + "\n")
     bad = [r for r in rows if "error" in r or r["stl"] or r["local_bytes"]]
     return 1 if bad else 0
 

@@ -167,9 +167,11 @@ else:
 
         monkeypatch.setattr(launch, "row_counters", spy)
         with launch_options(max_fused=32, chunk=16, resident=1):
+            PLANS.clear()
             y = FORWARD["elastic"](x)
             assert _plan() == "resident 4x16 (4 warps)"
             again = FORWARD["elastic"](x)  # a second graph's call: other counters
+            PLANS.clear()
             got = (y, *elastic_backward_params(x, y, g, tau, beta))
             assert _plan() == "resident 4x16 (4 warps)"
         assert len(made) == 3 and len({t.data_ptr() for t in made}) == 3

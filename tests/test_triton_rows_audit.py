@@ -1,12 +1,14 @@
 """The Triton row kernels' launch plans compiled for sm_90 (scripts/triton_rows_audit.py): every
 launch the GPU shapes take (fused, several rows a program, split rows, forward and backward)
 (resident rows included) compiles, with no register spill, 128-bit loads of the rows and 128-bit
-stores of the outputs.
-About a minute of compiling: CI's ci step."""
+stores of the outputs: with the pinned Triton, and with Triton 3.6.0 (what the GPU machines
+have) where it is installed alone in .cache/triton/3.6.0 (docs/triton.md, "Triton 3.6.0").
+About a minute of compiling each: CI's ci step."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,15 +22,28 @@ pytestmark = [pytest.mark.needs("triton"), pytest.mark.ci]
 SCRIPT = Path(__file__).parent.parent / "scripts" / "triton_rows_audit.py"
 
 
-def test_every_row_plan_compiles_without_spills(tmp_path) -> None:
+ROOT = Path(__file__).resolve().parent.parent
+GPU_TRITON = ROOT / ".cache" / "triton" / "3.6.0"  # as tests/test_triton_versions.py installs
+
+
+@pytest.mark.parametrize("triton_dir", [None, GPU_TRITON], ids=["pinned", "3.6.0"])
+def test_every_row_plan_compiles_without_spills(tmp_path, triton_dir) -> None:
     out = tmp_path / "rows.json"
     env = {**devices.interpreter_env(on=False), "TRITON_DEFAULT_FP_FUSION": "1"}
+    if triton_dir is not None:
+        if not (triton_dir / "triton" / "__init__.py").is_file():
+            pytest.skip(f"Triton 3.6.0 is not installed in {triton_dir} (pip install --no-deps "
+                        f"--target {triton_dir} triton==3.6.0)")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(triton_dir),
+                                                        env.get("PYTHONPATH")) if p)
     # the shapes asserted on below (the script's others repeat their kernels' paths)
     shapes = "256x262144,65536x128,4096x4096,512x16384,1024x65536"
     run = subprocess.run([sys.executable, str(SCRIPT), "--shapes", shapes, "--json", str(out)],
                          env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    rows = json.loads(out.read_text())["rows"]
+    audit = json.loads(out.read_text())
+    assert triton_dir is None or audit["triton"] == "3.6.0"
+    rows = audit["rows"]
     plans = {(r["shape"][0], r["shape"][1], r["mode"], r["plan"].split()[0]) for r in rows}
     assert {(256, 262144, "fwd", "resident"), (256, 262144, "bwd", "resident"),
             (256, 262144, "fwd", "split"), (256, 262144, "bwd", "split"),

@@ -153,3 +153,23 @@ def test_long_rows_of_any_length_share_compiled_kernels(rows, lengths, options, 
     keys = _jit_keys(recorded)
     assert {name: len(k) for name, k in keys.items()} == dict.fromkeys(keys, 1), keys
     assert len(keys) >= 3  # ... and one compiled kernel per kernel for all of them
+
+
+# ---------------------------------------------------------------------------------------
+# No kernel per call for a float parameter beside a tensor one
+
+
+def test_a_float_parameter_is_filled_once_per_value(monkeypatch) -> None:
+    from elasticbench.kernels.triton import tier
+
+    x = torch.empty(2, 4)
+    monkeypatch.setattr(tier, "_CONSTANTS", {})
+    first = tier._tensor(0.5, x)
+    assert first.dtype == torch.float32 and first.ndim == 0 and first.item() == 0.5
+    assert tier._tensor(0.5, x) is first  # reused: no fill on later calls
+    assert tier._tensor(None, x).item() == 0.0
+    given = torch.tensor([[0.7]])
+    assert tier._tensor(given, x) is not given and tier._tensor(given, x).equal(given)
+    monkeypatch.setattr(launch, "capturing", lambda device: True)
+    assert tier._tensor(0.5, x) is not first  # under capture: filled in the graph
+    assert set(tier._CONSTANTS) == {(x.device, 0.5), (x.device, 0.0)}

@@ -16,6 +16,8 @@ Per-row partials go to a buffer that one program then sums in a fixed order.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -98,16 +100,16 @@ def _bwd_row_partials(c, a2, b2, den, top, shift, k, pre, tau, beta,
     return dtau, dbeta
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PROGRAMS"])
 def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
                              k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2,
                              bs0, bs1, bs2,
                              EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
-                             EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr):
+                             EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr, PROGRAMS):
     """x, y, g read once into registers; dx written once."""
     offs = tl.arange(0, BLOCK)
     inside = offs < n
-    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+    for row in tl.range(tl.program_id(0), rows, PROGRAMS):
         r = tl.cast(row, tl.int64)
         k, pre, tau, inv_tau, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
                                                 beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
@@ -129,15 +131,15 @@ def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx,
         tl.store(part_ptr + rows + row, dbeta)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PROGRAMS"])
 def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
                               k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2,
                               bs0, bs1, bs2,
                               EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
-                              EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr):
+                              EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr, PROGRAMS):
     """Rows streamed in BLOCK-wide chunks: x, y, g read twice, dx written once."""
     offs = tl.arange(0, BLOCK)
-    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+    for row in tl.range(tl.program_id(0), rows, PROGRAMS):
         r = tl.cast(row, tl.int64)
         k, pre, tau, inv_tau, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
                                                 beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
@@ -174,16 +176,16 @@ def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx
         tl.store(part_ptr + rows + row, dbeta)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PROGRAMS"])
 def elastic_bwd_rows_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
                             k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0,
                             ts1, ts2, bs0, bs1, bs2,
                             EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
                             EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr,
-                            ROWS: tl.constexpr):
+                            ROWS: tl.constexpr, PROGRAMS):
     """Short rows, ROWS at a time: x, y, g read once into registers; dx written once."""
     cols = tl.arange(0, BLOCK)
-    for blk in tl.range(tl.program_id(0), tl.cdiv(rows, ROWS), tl.num_programs(0)):
+    for blk in tl.range(tl.program_id(0), tl.cdiv(rows, ROWS), PROGRAMS):
         row = blk * ROWS + tl.arange(0, ROWS)
         k, pre, tau, inv_tau, beta = rows_params(row, rows, k0, pre0, tau0, inv_tau0, beta0,
                                                  tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2,
@@ -218,17 +220,17 @@ def elastic_bwd_rows_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, 
 # max, den, c, A/ln2, B/ln2. x, y, g are read twice, as on the online path.
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
+@triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def elastic_bwd_split_partials_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr, rows, n,
                                       sx, sy, sg, sdx, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
                                       beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                                       EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
                                       BLOCK: tl.constexpr, EVEN: tl.constexpr,
                                       FROM_MEMORY: tl.constexpr, SPAN,
-                                      SPLITS, SPLITS_P2: tl.constexpr):
+                                      SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 1: max, D' and c of each (row, split)."""
     offs = tl.arange(0, BLOCK)
-    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+    for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         row = item // SPLITS
         start = (item % SPLITS) * SPAN
         end = tl.minimum(start + SPAN, n)
@@ -261,19 +263,19 @@ def _split_row(split_ptr, row, parts, live, SPLITS,
     return max_nan(tops), c, base, tops
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
+@triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def elastic_bwd_split_finish_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr, rows, n,
                                     sx, sy, sg, sdx, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
                                     beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                                     EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
                                     BLOCK: tl.constexpr, EVEN: tl.constexpr,
                                     FROM_MEMORY: tl.constexpr, SPAN,
-                                    SPLITS, SPLITS_P2: tl.constexpr):
+                                    SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 2: dx over the span, and its A/ln2, B/ln2 at the row's shift."""
     offs = tl.arange(0, BLOCK)
     parts = tl.arange(0, SPLITS_P2)
     live = parts < SPLITS
-    for turn in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+    for turn in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         item = rows * SPLITS - 1 - turn  # last split first: its x may still be in L2
         row = item // SPLITS
         start = (item % SPLITS) * SPAN
@@ -300,15 +302,15 @@ def elastic_bwd_split_finish_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split
         tl.store(split_ptr + at + 4, tl.sum(b_lanes, axis=0))
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
+@triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def elastic_bwd_split_rows_kernel(part_ptr, split_ptr, rows, k0, pre0, tau0, inv_tau0, beta0,
                                   tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                                   EXP2_ULPS: tl.constexpr, FROM_MEMORY: tl.constexpr,
-                                  SPLITS, SPLITS_P2: tl.constexpr):
+                                  SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 3: each row's dtau and dbeta from its splits' sums."""
     parts = tl.arange(0, SPLITS_P2)
     live = parts < SPLITS
-    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+    for row in tl.range(tl.program_id(0), rows, PROGRAMS):
         k, pre, tau, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
                                           beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                                           FROM_MEMORY)
@@ -341,20 +343,20 @@ def _split_row_grads(part_ptr, split_ptr, row, rows, parts, live, k, pre, tau, b
 # so the results are the same bits.
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
+@triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def elastic_bwd_resident_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr, cnt_ptr,
                                 rows, n, sx, sy, sg, sdx, k0, pre0, tau0, inv_tau0, beta0,
                                 tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                                 EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
                                 BLOCK: tl.constexpr, EVEN: tl.constexpr,
                                 FROM_MEMORY: tl.constexpr, SPLITS,
-                                SPLITS_P2: tl.constexpr):
+                                SPLITS_P2: tl.constexpr, PROGRAMS):
     """Resident rows: block (item % SPLITS) of row (item // SPLITS) per work item. Needs all
     the grid's programs resident at once and a grid that is a multiple of SPLITS."""
     offs = tl.arange(0, BLOCK)
     parts = tl.arange(0, SPLITS_P2)
     live = parts < SPLITS
-    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+    for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         row = item // SPLITS
         idx = (item % SPLITS) * BLOCK + offs
         inside = idx < n
@@ -395,6 +397,20 @@ def sum_rows_kernel(part_ptr, out_ptr, rows, BLOCK: tl.constexpr):
         idx = start + offs
         acc += tl.load(part_ptr + k * rows + idx, mask=idx < rows, other=0.0).to(tl.float64)
     tl.store(out_ptr + k, tl.sum(acc, axis=0).to(tl.float32))
+
+
+@functools.cache
+def register_cap() -> dict[str, int]:
+    """The register cap of the split partials and rows kernels: {"maxnreg": 128} (two
+    programs of 8 warps per SM) on Triton before 3.7, else none. The ptxas of Triton 3.6.0
+    (CUDA 12.8) aims these two at 80 registers without a cap and spills 8 bytes to reach
+    it (they need 89-128); 3.9.0's (12.9) fits them in 75-118 unasked, where a cap would
+    only raise some (docs/triton.md, "Triton 3.6.0")."""
+    try:
+        major, minor = (int(v) for v in triton.__version__.split(".")[:2])
+    except ValueError:  # a version this cannot read: the pinned Triton's way
+        return {}
+    return {"maxnreg": 128} if (major, minor) < (3, 7) else {}
 
 
 def _sum_partials(part: torch.Tensor | None, rows: int, device: torch.device) -> torch.Tensor:
@@ -477,7 +493,7 @@ def _backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, params: RowPa
         args = (x2d, y, g, dx, part, split, rows, n, *strides, *params.args)
         items = rows * chosen.splits
         launch_items(elastic_bwd_split_partials_kernel, items, args, chosen.warps,
-                     {**consts, **extra})
+                     {**consts, **extra, **register_cap()})
         launch_items(elastic_bwd_split_finish_kernel, items, args, chosen.warps,
                      {**consts, **extra})
         launch_items(elastic_bwd_split_rows_kernel, rows, (part, split, rows, *params.args), 4,
@@ -487,7 +503,7 @@ def _backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, params: RowPa
         kernel = {"fused": elastic_bwd_fused_kernel, "rows": elastic_bwd_rows_kernel,
                   "online": elastic_bwd_online_kernel}[chosen.path]
         if chosen.path == "rows":
-            consts["ROWS"] = chosen.row_block
+            consts.update(ROWS=chosen.row_block, **register_cap())
         args = (x2d, y, g, dx, part, rows, n, *strides, *params.args)
         launch_items(kernel, -(-rows // chosen.row_block), args, chosen.warps, consts)
     note_plan(elastic_bwd_fused_kernel, x2d, chosen)

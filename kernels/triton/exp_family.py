@@ -107,17 +107,17 @@ def online_step(top, den, comp, s, k, pre, EXP2_ULPS: tl.constexpr):
     return new, den, comp
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PROGRAMS"])
 def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, beta0,
                      tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                      NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
                      EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
                      EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                     FROM_MEMORY: tl.constexpr):
+                     FROM_MEMORY: tl.constexpr, PROGRAMS):
     """The whole row in registers: one read and one write per element."""
     offs = tl.arange(0, BLOCK)
     inside = offs < n
-    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+    for row in tl.range(tl.program_id(0), rows, PROGRAMS):
         r = tl.cast(row, tl.int64)
         k, pre, _, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr,
                                         d1, d2, ts0, ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
@@ -135,16 +135,16 @@ def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, be
         st(y_ptr + r * sy + offs, y, inside, EVEN)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PROGRAMS"])
 def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, beta0,
                       tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                       NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
                       EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
                       EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                      FROM_MEMORY: tl.constexpr):
+                      FROM_MEMORY: tl.constexpr, PROGRAMS):
     """Rows streamed in BLOCK-wide chunks: two reads and one write per element."""
     offs = tl.arange(0, BLOCK)
-    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+    for row in tl.range(tl.program_id(0), rows, PROGRAMS):
         r = tl.cast(row, tl.int64)
         k, pre, _, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr,
                                         d1, d2, ts0, ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
@@ -183,18 +183,18 @@ def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, b
                 st(yrow + idx, special_y(x == float("inf"), n_inf, top), inside, EVEN)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PROGRAMS"])
 def exp_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, beta0,
                     tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                     NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
                     EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
                     EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                    FROM_MEMORY: tl.constexpr, ROWS: tl.constexpr):
+                    FROM_MEMORY: tl.constexpr, ROWS: tl.constexpr, PROGRAMS):
     """Short rows, ROWS at a time in registers: one read and one write per element. A block
     whose rows are all ordinary takes no special-value select; one with a special row selects
     per row."""
     cols = tl.arange(0, BLOCK)
-    for blk in tl.range(tl.program_id(0), tl.cdiv(rows, ROWS), tl.num_programs(0)):
+    for blk in tl.range(tl.program_id(0), tl.cdiv(rows, ROWS), PROGRAMS):
         row = blk * ROWS + tl.arange(0, ROWS)
         k, pre, _, _, beta = rows_params(row, rows, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
                                          beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
@@ -223,7 +223,7 @@ def exp_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, bet
 # shift) and writes its span. Two reads and one write, as the online path.
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
+@triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def exp_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, tau0,
                               inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0,
                               bs1, bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
@@ -231,10 +231,10 @@ def exp_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0,
                               SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr,
                               BLOCK: tl.constexpr, EVEN: tl.constexpr,
                               FROM_MEMORY: tl.constexpr, SPAN,
-                              SPLITS, SPLITS_P2: tl.constexpr):
+                              SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 1: the partials of each (row, split)."""
     offs = tl.arange(0, BLOCK)
-    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+    for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         row = item // SPLITS
         start = (item % SPLITS) * SPAN
         end = tl.minimum(start + SPAN, n)
@@ -273,7 +273,7 @@ def _exp_combine(top, tops, dens, k, pre, beta, FLOOR0: tl.constexpr, OFFSET: tl
     return shift, rden
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
+@triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, tau0,
                             inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0,
                             bs1, bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
@@ -281,12 +281,12 @@ def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, t
                             SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr,
                             BLOCK: tl.constexpr, EVEN: tl.constexpr,
                             FROM_MEMORY: tl.constexpr, SPAN,
-                            SPLITS, SPLITS_P2: tl.constexpr):
+                            SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 2: combine the row's partials, write the span."""
     offs = tl.arange(0, BLOCK)
     parts = tl.arange(0, SPLITS_P2)
     live = parts < SPLITS
-    for turn in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+    for turn in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         item = rows * SPLITS - 1 - turn  # last split first: its x may still be in L2
         row = item // SPLITS
         start = (item % SPLITS) * SPAN
@@ -325,21 +325,21 @@ def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, t
 # partials exactly as the split path does, so the results are the same bits.
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
+@triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def exp_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, k0, pre0, tau0,
                         inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
                         bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
                         OFFSET: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
                         EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
                         FROM_MEMORY: tl.constexpr, SPLITS,
-                        SPLITS_P2: tl.constexpr):
+                        SPLITS_P2: tl.constexpr, PROGRAMS):
     """Resident rows: block (item % SPLITS) of row (item // SPLITS) per work item. Needs all
     the grid's programs resident at once and a grid that is a multiple of SPLITS (a row's
     programs then share a wave)."""
     offs = tl.arange(0, BLOCK)
     parts = tl.arange(0, SPLITS_P2)
     live = parts < SPLITS
-    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+    for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         row = item // SPLITS
         idx = (item % SPLITS) * BLOCK + offs
         inside = idx < n

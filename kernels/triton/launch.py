@@ -186,9 +186,17 @@ def resident_programs(n_regs: int, shared: int, num_warps: int, sm: SMLimits) ->
 _OCCUPANCY: dict[tuple, int] = {}
 
 # Launch values that are arguments of the kernels, not constexprs: they pass with the
-# constexprs but name no compiled kernel, so they stay out of the keys of what is cached
-# per compiled kernel (occupancy, refused cooperative launches).
-RUNTIME_VALUES = frozenset({"SPAN", "SPLITS"})
+# constexprs but name no compiled kernel (the kernels take them unspecialized), so they stay
+# out of the keys of what is cached per compiled kernel (occupancy, refused cooperative
+# launches). PROGRAMS is the grid's size, the stride of every row kernel's loop over its
+# work items: passed, not read as tl.num_programs(0), because Triton 3.6.0's ptxas keeps
+# %nctaid on the stack across the IEEE division's slow-path call (8 bytes of local memory
+# in three row kernels) where it reloads a parameter from the constant bank (docs/triton.md).
+RUNTIME_VALUES = frozenset({"SPAN", "SPLITS", "PROGRAMS"})
+
+def _row_launch(grid: int) -> dict[str, int]:
+    """What every row kernel's launch adds to its constexprs: its grid's size."""
+    return {"PROGRAMS": grid}
 
 
 def _compiled_key(consts: dict) -> tuple:
@@ -230,7 +238,8 @@ def _programs(kernel: Any, rows: int, args: tuple, warps: int, consts: dict,
             coop = {"launch_cooperative_grid": True} if cooperative else {}
             with torch.cuda.device(index):  # the JIT compiles for the current device
                 compiled = kernel.warmup(*args, grid=(1,), num_warps=warps,
-                                         enable_fp_fusion=True, **coop, **consts)
+                                         enable_fp_fusion=True, **coop, **consts,
+                                         **_row_launch(1))
                 compiled._init_handles()
             per_sm = resident_programs(compiled.n_regs, compiled.metadata.shared, warps, sm)
         except Exception:  # occupancy is a tuning hint; a failed query must not fail the call
@@ -271,9 +280,11 @@ def run(kernel: Any, grid: tuple[int], args: tuple, warps: int, consts: dict,
 
 
 def launch_items(kernel: Any, items: int, args: tuple, warps: int, consts: dict) -> None:
-    """Launch a kernel that walks `items` work items (rows, row blocks, or (row, split)
-    pairs) on a persistent grid of at most SMs x resident programs."""
-    run(kernel, (_programs(kernel, items, args, warps, consts),), args, warps, consts)
+    """Launch a row kernel that walks `items` work items (rows, row blocks, or (row, split)
+    pairs) on a persistent grid of at most SMs x resident programs (its size passed as
+    PROGRAMS)."""
+    grid = _programs(kernel, items, args, warps, consts)
+    run(kernel, (grid,), args, warps, {**consts, **_row_launch(grid)})
 
 
 _REFUSED: dict[tuple, str] = {}  # cooperative launches the driver refused, and why
@@ -296,7 +307,7 @@ def launch_resident(kernel: Any, rows: int, splits: int, args: tuple, warps: int
         _REFUSED[key] = f"{capacity} resident programs, fewer than a row's {splits}"
         return False
     try:
-        run(kernel, (grid,), args, warps, consts, cooperative=True)
+        run(kernel, (grid,), args, warps, {**consts, **_row_launch(grid)}, cooperative=True)
     except RuntimeError as e:
         if not on_gpu:
             counters.zero_()  # a program stopped mid-barrier must not stall the next call

@@ -23,7 +23,8 @@ from elasticbench.devices import triton_interpreted
 from elasticbench.dispatch import Implementation
 from elasticbench.rows.spec import Backward, ExpSpec
 
-from .launch import SUPPORTED_DTYPES  # launch imports no Triton
+from . import launch  # launch imports no Triton
+from .launch import SUPPORTED_DTYPES
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,12 +45,28 @@ def accepts(x: torch.Tensor, spec: ExpSpec) -> bool:
             and _kernels() is not None)
 
 
+_CONSTANTS: dict[tuple[torch.device, float], torch.Tensor] = {}
+MAX_CONSTANTS = 64  # distinct float parameters remembered; past that the table starts again
+
+
 def _tensor(v: float | torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """A parameter as the kernels read it: a tensor stays, a float is filled on the device
-    (no copy from the host)."""
+    """A parameter as the kernels read it: a tensor stays; a float (where the other
+    parameter is a tensor) becomes a 0-d fp32 tensor on x's device, filled there once per
+    value and device and then reused, so a call launches no fill kernel for it. Under
+    CUDA-graph capture it is filled in the graph instead (a tensor first made there belongs
+    to the graph's memory pool), and not remembered."""
     if isinstance(v, torch.Tensor):
         return v.detach()
-    return torch.full((), 0.0 if v is None else float(v), dtype=torch.float32, device=x.device)
+    value = 0.0 if v is None else float(v)
+    if launch.capturing(x.device):
+        return torch.full((), value, dtype=torch.float32, device=x.device)
+    key = (x.device, value)
+    have = _CONSTANTS.get(key)
+    if have is None:
+        if len(_CONSTANTS) >= MAX_CONSTANTS:
+            _CONSTANTS.clear()
+        have = _CONSTANTS[key] = torch.full((), value, dtype=torch.float32, device=x.device)
+    return have
 
 
 def _floats(spec: ExpSpec) -> bool:

@@ -46,14 +46,14 @@ def _inv_pow2_scale(top):
     return tl.math.div_rn(1.0, tl.where((top > 1.0) & (top < float("inf")), p2, 1.0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PROGRAMS"])
 def weight_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr,
                         SYMAX: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr,
-                        EVEN: tl.constexpr):
+                        EVEN: tl.constexpr, PROGRAMS):
     """The whole row in registers: one read and one write per element."""
     offs = tl.arange(0, BLOCK)
     inside = offs < n
-    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+    for row in tl.range(tl.program_id(0), rows, PROGRAMS):
         r = tl.cast(row, tl.int64)
         w = _weight(ld(x_ptr + r * sx + offs, inside, OTHER, EVEN), SYMAX, EXACT)
         top = max_nan(w)
@@ -68,13 +68,13 @@ def weight_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexp
         st(y_ptr + r * sy + offs, y, inside, EVEN)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PROGRAMS"])
 def weight_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr,
                          SYMAX: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr,
-                         EVEN: tl.constexpr):
+                         EVEN: tl.constexpr, PROGRAMS):
     """Rows streamed in BLOCK-wide chunks: two reads and one write per element."""
     offs = tl.arange(0, BLOCK)
-    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+    for row in tl.range(tl.program_id(0), rows, PROGRAMS):
         r = tl.cast(row, tl.int64)
         xrow = x_ptr + r * sx
         yrow = y_ptr + r * sy
@@ -114,13 +114,13 @@ def weight_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constex
                 st(yrow + idx, special_y(w == float("inf"), n_inf, top), inside, EVEN)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PROGRAMS"])
 def weight_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr,
                        SYMAX: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr,
-                       EVEN: tl.constexpr, ROWS: tl.constexpr):
+                       EVEN: tl.constexpr, ROWS: tl.constexpr, PROGRAMS):
     """Short rows, ROWS at a time in registers: one read and one write per element."""
     cols = tl.arange(0, BLOCK)
-    for blk in tl.range(tl.program_id(0), tl.cdiv(rows, ROWS), tl.num_programs(0)):
+    for blk in tl.range(tl.program_id(0), tl.cdiv(rows, ROWS), PROGRAMS):
         row = blk * ROWS + tl.arange(0, ROWS)
         mask = tile_mask(row, rows, cols, n, ROWS, BLOCK, EVEN)
         at = row.to(tl.int64)[:, None]
@@ -143,15 +143,15 @@ def weight_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr
 # +inf count; phase 2 rescales the sums to the row's power of two (exact) and writes.
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
+@triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def weight_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
                                  OTHER: tl.constexpr, SYMAX: tl.constexpr,
                                  EXACT: tl.constexpr, BLOCK: tl.constexpr,
                                  EVEN: tl.constexpr, SPAN,
-                                 SPLITS, SPLITS_P2: tl.constexpr):
+                                 SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 1: the partials of each (row, split)."""
     offs = tl.arange(0, BLOCK)
-    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+    for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         row = item // SPLITS
         start = (item % SPLITS) * SPAN
         end = tl.minimum(start + SPAN, n)
@@ -191,17 +191,17 @@ def _weight_combine(top, tops, dens, const, EXACT: tl.constexpr):
     return inv, reciprocal(tl.where(den > 0.0, den, 1.0), EXACT)
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
+@triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def weight_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
                                OTHER: tl.constexpr, SYMAX: tl.constexpr,
                                EXACT: tl.constexpr, BLOCK: tl.constexpr,
                                EVEN: tl.constexpr, SPAN,
-                               SPLITS, SPLITS_P2: tl.constexpr):
+                               SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 2: combine the row's partials, write the span."""
     offs = tl.arange(0, BLOCK)
     parts = tl.arange(0, SPLITS_P2)
     live = parts < SPLITS
-    for turn in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+    for turn in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         item = rows * SPLITS - 1 - turn  # last split first: its x may still be in L2
         row = item // SPLITS
         start = (item % SPLITS) * SPAN
@@ -229,18 +229,18 @@ def weight_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
                 st(yrow + idx, special_y(w == float("inf"), n_inf, top), inside, EVEN)
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
+@triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def weight_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, const,
                            OTHER: tl.constexpr, SYMAX: tl.constexpr, EXACT: tl.constexpr,
                            BLOCK: tl.constexpr, EVEN: tl.constexpr, SPLITS,
-                           SPLITS_P2: tl.constexpr):
+                           SPLITS_P2: tl.constexpr, PROGRAMS):
     """Resident rows, as exp_family's: each program publishes the split partials of the block
     it holds, waits for its row's programs, combines and writes from registers. Needs all the
     grid's programs resident at once and a grid that is a multiple of SPLITS."""
     offs = tl.arange(0, BLOCK)
     parts = tl.arange(0, SPLITS_P2)
     live = parts < SPLITS
-    for item in tl.range(tl.program_id(0), rows * SPLITS, tl.num_programs(0)):
+    for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         row = item // SPLITS
         idx = (item % SPLITS) * BLOCK + offs
         inside = idx < n
