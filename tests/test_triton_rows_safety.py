@@ -67,6 +67,39 @@ def test_capture_is_asked_of_the_tensors_device(monkeypatch) -> None:
     assert launch.capturing(torch.device("cuda", 0)) is False
 
 
+def test_a_launch_goes_to_its_tensors_device(monkeypatch) -> None:
+    current: list[int] = [0]
+    launched: list[tuple] = []
+
+    class Device:  # torch.cuda.device: makes `index` current within the block
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        def __enter__(self) -> None:
+            self.saved, current[0] = current[0], self.index
+
+        def __exit__(self, *exc: object) -> None:
+            current[0] = self.saved
+
+    class Kernel:  # records the device current at each launch
+        def __getitem__(self, grid: tuple) -> object:
+            return lambda *args, **kwargs: launched.append((current[0], grid, kwargs))
+
+    class Tensor:
+        def __init__(self, index: int) -> None:
+            self.device = torch.device("cuda", index)
+
+    monkeypatch.setattr(launch, "INTERPRETED", False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    launch.run(Kernel(), (3,), (Tensor(1),), 4, {"BLOCK": 16})
+    launch.run(Kernel(), (2,), (Tensor(0),), 4, {"BLOCK": 16}, cooperative=True)
+    assert [(dev, grid) for dev, grid, _ in launched] == [(1, (3,)), (0, (2,))]
+    assert current == [0]  # the caller's device is current again
+    assert launched[1][2] == {"num_warps": 4, "enable_fp_fusion": True,
+                              "launch_cooperative_grid": True, "BLOCK": 16}
+
+
 # ---------------------------------------------------------------------------------------
 # Configuration read once
 

@@ -190,9 +190,10 @@ _OCCUPANCY: dict[tuple, int] = {}
 # out of the keys of what is cached per compiled kernel (occupancy, refused cooperative
 # launches). PROGRAMS is the grid's size, the stride of every row kernel's loop over its
 # work items: passed, not read as tl.num_programs(0), because Triton 3.6.0's ptxas keeps
-# %nctaid on the stack across the IEEE division's slow-path call (8 bytes of local memory
-# in three row kernels) where it reloads a parameter from the constant bank (docs/triton.md).
+# %nctaid on the stack across the IEEE division's slow-path call (8 bytes of local memory)
+# where it reloads a parameter from the constant bank (docs/triton.md, "Triton 3.6.0").
 RUNTIME_VALUES = frozenset({"SPAN", "SPLITS", "PROGRAMS"})
+
 
 def _row_launch(grid: int) -> dict[str, int]:
     """What every row kernel's launch adds to its constexprs: its grid's size."""
