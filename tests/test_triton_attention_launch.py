@@ -60,8 +60,7 @@ if not devices.triton_interpreted():
         beta = torch.tensor(1.5)
         attention_forward(q, k, v, tau, beta, 0.25, True)
         (name, grid, args), = recorded
-        assert name == "attention_forward_kernel" and len(grid) == 1
-        assert grid[0] % (b * h) == 0 and grid[0] == args[-1] * b * h  # blocks per (b, h)
+        assert name == "attention_forward_kernel" and grid == (b * h, args[-1])  # (b h, blocks)
         assert [a.data_ptr() for a in args[:3]] == [t.data_ptr() for t in (q, k, v)]
         assert args[10:19] == (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
         assert args[6].data_ptr() == tau.data_ptr()
@@ -121,15 +120,17 @@ if not devices.triton_interpreted():
             attention_forward(q, q, q, 0.5, torch.ones(2), 0.25, False)
 
     def test_the_grid_takes_millions_of_batch_heads_on_its_x_axis() -> None:
-        """b h on the y axis stopped at 65535; the one-dimensional grid takes b h blocks up
-        to 2^31 - 1 programs and refuses more in one line."""
-        from elasticbench.kernels.triton.attention import GRID_MAX, grid
+        """b h on the y axis stopped at 65535; the grid puts b h on x (up to 2^31 - 1) and
+        the blocks of a length on y, and refuses more in one line."""
+        from elasticbench.kernels.triton.attention import GRID_X, GRID_Y, grid
 
-        assert grid(1, 65536) == (65536,)
-        assert grid(128, 4_000_000) == (512_000_000,)
-        assert grid(1, GRID_MAX) == (GRID_MAX,)
-        with pytest.raises(ValueError, match="at most 2147483647 programs"):
-            grid(2, 2**30)
+        assert grid(1, 65536) == (65536, 1)
+        assert grid(128, 4_000_000) == (4_000_000, 128)
+        assert grid(GRID_Y, GRID_X) == (GRID_X, GRID_Y)
+        for blocks, bh in ((GRID_Y + 1, 1), (1, GRID_X + 1)):
+            with pytest.raises(ValueError, match=r"at most 2147483647 \(batch, head\) pairs and "
+                                                 "65535 blocks"):
+                grid(blocks, bh)
 
     def test_tma_is_taken_only_where_the_actual_strides_allow_it(monkeypatch) -> None:
         """TMA's 16-byte rules on each (batch, head)'s base and on the row stride: a

@@ -137,20 +137,22 @@ def _weight(qk, mk, k2, scale, bias, keep, SUBNORMAL: tl.constexpr, WEIGHT: tl.c
 
 
 @triton.jit
-def _dscore(f, y, qk, keep, r, dp, c, tau, SUBNORMAL: tl.constexpr,
+def _dscore(f, y, qk, keep, r, dp, c, tau, inv_tau, SUBNORMAL: tl.constexpr,
             WEIGHT: tl.constexpr):
     """ds = dL/ds of each score from its weight f, normalized y = f r (0 where not kept), and
     dp = dO . v: symax and stablemax f'(s) r (dp - c); sigmoid dp y (1 - y); the exp family
-    y (dp - c)/tau (softmax1: inv_tau = 1), in fp16 (no SUBNORMAL) without its 1/tau: ds
-    is rounded to fp16 for the dots, and at a small tau (1e-3) y (dp - c)/tau passes 65504;
-    there the callers apply 1/tau, one constant per (batch, head), to the fp32 sums instead
-    (_ds_unit). bf16 has fp32's range, and keeps the form whose dk/dv tiles do not spill
-    (without the multiply, or with 1/tau held across the loop, the causal 128x32 w8 s2
-    dk/dv tile at head dim 128 spills 32 B per thread)."""
+    y (dp - c)/tau (softmax1: tau = 1), in fp16 (no SUBNORMAL) divided by _ds_half(tau) =
+    2^k ~ 1/sqrt(tau), which the callers multiply back on the fp32 sums (_ds_unit): ds is
+    rounded to fp16 for the dots, and at a small tau (1e-3) y (dp - c)/tau passes 65504,
+    while y (dp - c) alone would fall under fp16's normal range for the small ds (9 of 180
+    fp16 verify cases at tau = 1e-3 failed so); a power of two splits the range and changes
+    no rounding elsewhere."""
     if WEIGHT <= SOFTMAX1:
         ds = y * (dp - c)
-        if SUBNORMAL:  # 1/tau formed here, not kept live across the tile loop
-            ds = ds * tl.math.div_rn(1.0, tau)
+        if SUBNORMAL:  # noqa: SIM108 (a constexpr branch)
+            ds = ds * inv_tau
+        else:
+            ds = ds * (inv_tau * tl.math.div_rn(1.0, _ds_half(tau)))
     elif WEIGHT == SYMAX:  # |s|' = sign(s) (0 at 0, as abs's subgradient)
         slope = tl.where(qk > 0.0, 1.0, tl.where(qk < 0.0, -1.0, 0.0))
         ds = tl.where(keep, slope, 0.0) * r * (dp - c)
@@ -163,11 +165,19 @@ def _dscore(f, y, qk, keep, r, dp, c, tau, SUBNORMAL: tl.constexpr,
 
 
 @triton.jit
-def _ds_unit(inv_tau, SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
-    """What a sum of _dscore's ds is multiplied by to be in ds's units: 1/tau for the exp
-    family in fp16, else 1."""
+def _ds_half(tau):
+    """2^k with k = max(0, floor(log2(1/tau) / 2)): the power of two of fp16 ds's 1/tau
+    applied to the fp32 sums instead (_dscore); exact, formed from the exponent bits."""
+    k = tl.minimum(tl.maximum(tl.floor(-tl.log2(tau) * 0.5), 0.0), 126.0)
+    return ((k.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _ds_unit(tau, SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
+    """What a sum of _dscore's ds is multiplied by to be in ds's units: _ds_half(tau) for
+    the exp family in fp16, else 1."""
     if WEIGHT <= SOFTMAX1 and not SUBNORMAL:  # noqa: SIM108 (a constexpr branch)
-        unit = inv_tau
+        unit = _ds_half(tau)
     else:
         unit = 1.0
     return unit
@@ -208,15 +218,16 @@ def _bh_beta(p1_ptr, p1_sb, p1_sh, batch, head, WEIGHT: tl.constexpr):
 
 
 @triton.jit
-def _grid_place(pid, n_blocks, REVERSED: tl.constexpr):
-    """(block, batch-head) of program pid on the one-dimensional grid `grid` makes: a
-    (batch, head)'s n_blocks programs are consecutive, as the x axis of a (blocks, b h) grid
-    ran them; REVERSED: its last block first (the longest causal query blocks first)."""
-    bh = pid // n_blocks
-    block = pid - bh * n_blocks
+def _grid_place(REVERSED: tl.constexpr):
+    """(block, batch-head) of this program on the grid `grid` makes: (b h, blocks), b h on
+    the x axis, which takes 2^31 - 1 (y and z stop at 65535); REVERSED: the last block
+    first (the longest causal query blocks first). Both are program ids, which the compiler
+    re-reads instead of holding (a flat grid's quotient, held across the tile loops, costs
+    the head-dim-128 dk/dv tiles 8-56 B of spills per thread)."""
+    block = tl.program_id(1)
     if REVERSED:
-        block = n_blocks - 1 - block
-    return block, bh
+        block = tl.num_programs(1) - 1 - block
+    return block, tl.program_id(0)
 
 
 @triton.jit
@@ -433,7 +444,7 @@ def attention_forward_kernel(
     sk_r = _row_stride(sk_l, WIDE)
     sv_r = _row_stride(sv_l, WIDE)
     # the longest causal blocks first (they are the last query blocks)
-    pid_m, bh = _grid_place(tl.program_id(0), n_blocks, True)
+    pid_m, bh = _grid_place(True)
     batch = bh // heads
     head = bh - batch * heads
     m0 = pid_m * BLOCK_M
@@ -597,9 +608,11 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     strides: any layout whose columns are 1 apart as it is (a (batch, length, heads, dim)
     tensor transposed to (batch, heads, length, dim), heads sliced from a fused projection,
     heads broadcast by a stride of 0), else a contiguous copy."""
-    if t.stride(3) != 1 and t.shape[3] > 1:
+    st = t.stride()
+    if st[3] != 1 and t.shape[3] > 1:
         t = t.contiguous()
-    return t, t.stride(0), t.stride(1), t.stride(2)
+        st = t.stride()
+    return t, st[0], st[1], st[2]
 
 
 def _exp2_ulps() -> int:
@@ -625,17 +638,17 @@ def _consts(q: torch.Tensor, d: int, dv: int, t: Tiles, causal: bool, has_mask: 
             "EXP2_ULPS": _exp2_ulps(), "WIDE": wide}
 
 
-GRID_MAX = 2**31 - 1  # a CUDA grid's x dimension; y and z stop at 65535
+GRID_X, GRID_Y = 2**31 - 1, 65535  # a CUDA grid's x dimension; y (and z) stop at 65535
 
 
-def grid(blocks: int, bh: int) -> tuple[int]:
-    """The one-dimensional grid of `blocks` programs for each of bh (batch, head) pairs
-    (_grid_place inverts it): every b h fits, where b h on the y axis stopped at 65535."""
-    programs = blocks * bh
-    if programs > GRID_MAX:
-        raise ValueError(f"the triton attention kernel launches at most {GRID_MAX} programs, "
-                         f"and {bh} (batch, head) pairs of {blocks} blocks are {programs}")
-    return (programs,)
+def grid(blocks: int, bh: int) -> tuple[int, int]:
+    """The grid of `blocks` programs for each of bh (batch, head) pairs: (bh, blocks), so
+    every b h up to 2^31 - 1 fits (on the y axis b h stopped at 65535), and a length up to
+    65535 blocks (4M queries at 64 a block)."""
+    if bh > GRID_X or blocks > GRID_Y:
+        raise ValueError(f"the triton attention kernel takes at most {GRID_X} (batch, head) "
+                         f"pairs and {GRID_Y} blocks of a length, got {bh} and {blocks}")
+    return (bh, blocks)
 
 
 @functools.cache
@@ -657,10 +670,10 @@ def _tma_ok(*tensors: torch.Tensor) -> bool:
             _capability(tensors[0].device) < (9, 0):
         return False
     for t in tensors:
-        size = t.element_size()
-        if t.data_ptr() % 16 or (t.shape[-1] * size) % 16 or (t.stride(2) * size) % 16:
+        size, st, shape = t.element_size(), t.stride(), t.shape
+        if t.data_ptr() % 16 or (shape[3] * size) % 16 or (st[2] * size) % 16:
             return False
-        if any((t.stride(i) * size) % 16 for i in (0, 1) if t.shape[i] > 1):
+        if (shape[0] > 1 and (st[0] * size) % 16) or (shape[1] > 1 and (st[1] * size) % 16):
             return False
     return True
 
@@ -772,7 +785,7 @@ def attention_prepare_kernel(
     per (batch, head) the number of saturated queries into flag."""
     so_r = _row_stride(so_l, WIDE)
     sd_r = _row_stride(sd_l, WIDE)
-    pid, bh = _grid_place(tl.program_id(0), n_blocks, False)
+    pid, bh = _grid_place(False)
     batch = bh // heads
     head = bh - batch * heads
     m0 = pid * BLOCK_M
@@ -840,7 +853,7 @@ def _query_stats(stats_ptr, n, at, row_ok, MASKED: tl.constexpr):
 
 @triton.jit
 def _dkdv_tile(k, v, dk, dv, q_src, do_src, sq, sd, stats_ptr, n, at0, start, offs_n, k2,
-               scale, bias, lq, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
+               inv_tau, scale, bias, lq, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
                WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr):
@@ -859,7 +872,7 @@ def _dkdv_tile(k, v, dk, dv, q_src, do_src, sq, sd, stats_ptr, n, at0, start, of
     f = _weight(qk, mk[None, :], k2, scale, bias, keep, SUBNORMAL, WEIGHT, EXP2_ULPS)
     p = f * r[None, :]
     dp = _dot(v, tl.trans(do), IEEE)
-    ds = _dscore(f, p, qk, keep, r[None, :], dp, c[None, :], bias, SUBNORMAL, WEIGHT)
+    ds = _dscore(f, p, qk, keep, r[None, :], dp, c[None, :], bias, inv_tau, SUBNORMAL, WEIGHT)
     if IEEE:
         dv += _dot(p, do, True)
         dk += _dot(ds, q, True)
@@ -887,7 +900,7 @@ def attention_dkdv_kernel(
     sk_r = _row_stride(sk_l, WIDE)
     sv_r = _row_stride(sv_l, WIDE)
     sd_r = _row_stride(sd_l, WIDE)
-    pid_n, bh = _grid_place(tl.program_id(0), n_blocks, False)
+    pid_n, bh = _grid_place(False)
     batch = bh // heads
     head = bh - batch * heads
     b64 = batch.to(tl.int64)
@@ -925,15 +938,15 @@ def attention_dkdv_kernel(
     full_hi = lq // BLOCK_N * BLOCK_N
     for start in range(begin, tl.minimum(full_lo, stop), BLOCK_N):
         dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_r, sd_r, stats_ptr, n, at0, start,
-                            offs_n, k2, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+                            offs_n, k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
                             CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA, EXP2_ULPS)
     for start in range(full_lo, tl.minimum(full_hi, stop), BLOCK_N):
         dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_r, sd_r, stats_ptr, n, at0, start,
-                            offs_n, k2, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
+                            offs_n, k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
                             CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA, EXP2_ULPS)
     for start in range(tl.maximum(full_lo, full_hi), stop, BLOCK_N):
         dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_r, sd_r, stats_ptr, n, at0, start,
-                            offs_n, k2, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+                            offs_n, k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
                             CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA, EXP2_ULPS)
     if tl.load(flag_ptr + bh) > 0:
         # saturated queries give dO / count to the dv of each key at their maximum
@@ -955,7 +968,9 @@ def attention_dkdv_kernel(
                 dv += _dot(share, do, True)
             else:
                 dv += _dot(share.to(do.dtype), do, False)
-    dk = tl.where(key_ok[:, None], dk * (scale * _ds_unit(inv_tau, SUBNORMAL, WEIGHT)), 0.0)
+    if WEIGHT <= SOFTMAX1 and not SUBNORMAL:
+        dk = dk * _ds_unit(tau, SUBNORMAL, WEIGHT)
+    dk = tl.where(key_ok[:, None], dk * scale, 0.0)
     dv = tl.where(key_ok[:, None], dv, 0.0)
     col_ok = offs_n < lk
     # dk and dv are the wrapper's own, contiguous: addressed from bh, which the loop keeps
@@ -969,7 +984,7 @@ def attention_dkdv_kernel(
 
 @triton.jit
 def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk, sv, keep_ptr, batch, start,
-             offs_m, k2, scale, bias, lk, D: tl.constexpr, DV: tl.constexpr,
+             offs_m, k2, inv_tau, scale, bias, lk, D: tl.constexpr, DV: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
              MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
              IEEE: tl.constexpr, SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr,
@@ -991,7 +1006,7 @@ def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk, sv, keep_ptr, b
     f = _weight(qk, mk[:, None], k2, scale, bias, keep, SUBNORMAL, WEIGHT, EXP2_ULPS)
     p = f * r[:, None]
     dp = _dot(do, tl.trans(v), IEEE)
-    ds = _dscore(f, p, qk, keep, r[:, None], dp, c[:, None], bias, SUBNORMAL, WEIGHT)
+    ds = _dscore(f, p, qk, keep, r[:, None], dp, c[:, None], bias, inv_tau, SUBNORMAL, WEIGHT)
     if IEEE:
         dq += _dot(ds, k, True)
     else:
@@ -1024,7 +1039,7 @@ def attention_dq_kernel(
     sk_r = _row_stride(sk_l, WIDE)
     sv_r = _row_stride(sv_l, WIDE)
     sd_r = _row_stride(sd_l, WIDE)
-    pid_m, bh = _grid_place(tl.program_id(0), n_blocks, True)
+    pid_m, bh = _grid_place(True)
     batch = bh // heads
     head = bh - batch * heads
     bh64 = bh.to(tl.int64)
@@ -1052,15 +1067,15 @@ def attention_dq_kernel(
     full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
     for start in range(0, full, BLOCK_N):
         dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk_r, sv_r, keep_ptr,
-                           batch, start, offs_m, k2, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D,
+                           batch, start, offs_m, k2, inv_tau, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D,
                            BLOCK_DV, False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA,
                            EXP2_ULPS)
     for start in range(full, end, BLOCK_N):
         dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk_r, sv_r, keep_ptr,
-                           batch, start, offs_m, k2, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D,
+                           batch, start, offs_m, k2, inv_tau, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D,
                            BLOCK_DV, True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA,
                            EXP2_ULPS)
-    unit = _ds_unit(inv_tau, SUBNORMAL, WEIGHT)  # 1/tau where _dscore leaves it out
+    unit = _ds_unit(tau, SUBNORMAL, WEIGHT)  # the power of two _dscore leaves out
     # dq is the wrapper's own, contiguous
     dq_dst = _rows_source(dq_ptr + bh64 * lq * D, lq, D, D, BLOCK_M, BLOCK_D, TMA)
     _write(dq_dst, m0, offs_m, row_ok, dq * (scale * unit), _row_stride(D, WIDE), D, BLOCK_D,
