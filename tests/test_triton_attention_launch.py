@@ -219,6 +219,18 @@ else:
         _same_bits(got, want)
         assert got[0].isfinite().all() and got[3].isfinite().all()
 
+    def test_64_bit_row_offsets_give_the_same_bits(monkeypatch) -> None:
+        """WIDE (a row offset that may pass 2^31, _row_stride) forced on a small transposed
+        call: out, m, den and the five gradients bit-identical to the 32-bit offsets."""
+        from elasticbench.kernels.triton import attention
+
+        g = torch.Generator().manual_seed(6)
+        q, k, v, do = (_heads_last(1, 24, 2, 16, torch.bfloat16, g) for _ in range(4))
+        tau, beta = torch.tensor([0.4, 0.8]), torch.tensor(1.0)
+        want = _both(q, k, v, do, tau, beta, True)
+        monkeypatch.setattr(attention, "_wide", lambda *tensors: True)
+        _same_bits(_both(q, k, v, do, tau, beta, True), want)
+
     def test_every_parameter_form_gives_the_results_of_a_batch_head_tensor() -> None:
         """tau and beta as a float, a 0-d, (heads,), (batch, heads), (batch, heads, 1, 1)
         or fp16 tensor, a (batch, heads) view with a batch stride of 0: the results of the
