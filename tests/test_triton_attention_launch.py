@@ -231,6 +231,30 @@ else:
         monkeypatch.setattr(attention, "_wide", lambda *tensors: True)
         _same_bits(_both(q, k, v, do, tau, beta, True), want)
 
+    def test_tensor_descriptors_take_the_strides_of_a_transposed_view() -> None:
+        """The TMA form on heads of a fused projection, transposed (descriptors built on each
+        (batch, head)'s base with the view's row stride): the pointer loads' bits."""
+        from dataclasses import replace
+
+        from elasticbench.kernels.triton import attention_configs as ac
+
+        if not ac.tma_available():
+            pytest.skip("this Triton has no tensor descriptors")
+        g = torch.Generator().manual_seed(9)
+        q, k, v, do = (_heads_last(2, 40, 2, 16, torch.bfloat16, g, parts=4, part=i)
+                       for i in range(4))
+        tau, beta = torch.tensor([[0.3, 0.7], [1.1, 0.5]]), torch.ones(2, 2)
+        tiles = [ac.smallest(ac.configs(kernel, 16, torch.bfloat16, True, Weight.ELASTIC))
+                 for kernel in ac.KERNELS]
+        results = []
+        for tma in (False, True):
+            fwd, kv, dq = (replace(t, tma=tma) for t in tiles)
+            out = attention_forward(q, k, v, tau, beta, 0.3, True, None, Weight.ELASTIC, fwd)
+            results.append([*out, *attention_backward(q, k, v, out[0], do, out[1], out[2], tau,
+                                                      beta, 0.3, True, None, Weight.ELASTIC,
+                                                      (kv, dq))])
+        _same_bits(*results)
+
     def test_every_parameter_form_gives_the_results_of_a_batch_head_tensor() -> None:
         """tau and beta as a float, a 0-d, (heads,), (batch, heads), (batch, heads, 1, 1)
         or fp16 tensor, a (batch, heads) view with a batch stride of 0: the results of the

@@ -33,6 +33,15 @@ dk and dv through device-side tensor descriptors (Hopper's TMA) instead of point
 with the same values (docs/attention.md section 7); a call whose tensors TMA cannot address
 runs its tiles with pointer loads.
 
+Launches: q, k, v, dO (and out, which the backward reads) are read where they lie, through
+their (batch, head) strides and a row stride (a compile-time constant: it depends on the
+layout, heads x dim for a transposed (batch, length, heads, dim) view, never on the length),
+copied only where their last dimension is not contiguous; 64-bit row offsets only where a
+row offset may pass 2^31 (WIDE). The outputs are the wrapper's own, contiguous. The
+parameters are read from the caller's tensors in their own float type through (batch,
+head) strides (0 where broadcast). Every launch runs under a guard that makes q's device
+current (its current stream), on a (b h, blocks) grid: b h on the x axis, up to 2^31 - 1.
+
 Scores, sums and accumulators are fp32. fp32 inputs multiply in IEEE fp32 (not TF32); fp16
 and bf16 multiply in their own format with fp32 accumulation, and p and ds are rounded once
 to it for the second matmuls (the budget's l term, docs/attention.md section 5).
