@@ -79,7 +79,7 @@ _HALF: dict[tuple[str, int], tuple[Tiles, ...]] = {
     ("fwd", 128): (Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(64, 64, 4, 3),
                    Tiles(64, 64, 4, 2)),
     ("dkdv", 64): (Tiles(128, 32, 8, 3), Tiles(128, 32, 8, 2), Tiles(64, 32, 4, 3)),
-    ("dkdv", 128): (Tiles(128, 32, 8, 3), Tiles(128, 32, 8, 2), Tiles(128, 16, 8, 2)),
+    ("dkdv", 128): (Tiles(128, 16, 8, 2),),
     ("dq", 64): (Tiles(128, 64, 8, 2), Tiles(128, 32, 4, 3), Tiles(64, 64, 4, 3),
                  Tiles(128, 64, 8, 3)),
     ("dq", 128): (Tiles(128, 64, 8, 2), Tiles(128, 32, 8, 3), Tiles(64, 64, 4, 2),
@@ -87,23 +87,21 @@ _HALF: dict[tuple[str, int], tuple[Tiles, ...]] = {
 }
 _NOT_CAUSAL = {("fwd", 64, Tiles(128, 64, 4, 3)), ("dq", 64, Tiles(128, 32, 4, 3))}
 # Triton 3.6.0 (the GPU machines' Triton; `elasticbench audit --attention` with it first on
-# the path, docs/attention.md section 7): dk/dv 64x32 w4 s3 at head dim 128 spills 32-64 B
-# per thread in every case (off; 128x16 w8 s2 in its place, the one tile found that spills
-# with neither Triton causal with key padding), dq 128x32 w4 s3 at 64 causal 24 B (causal
-# off, above), and every TMA dk/dv at 128 16-136 B (the TMA list at 128 is empty)
+# the path, docs/attention.md section 7): dk/dv 64x32 w4 s3 at head dim 128 spilled 32-64 B
+# per thread in every case, dk/dv 128x32 w8 s2 at 128 8-16 B (3.9.0 8-32) and 128x32 w8 s3
+# at 128 causal 8 B (3.9.0: fp16 not causal 24): the dk/dv list at 128 is 128x16 w8 s2
+# alone, the one tile found that spills with neither Triton, causal or not, key padding or
+# not; dq 128x32 w4 s3 at 64 causal 24 B (causal off, above); every TMA dk/dv at 128
+# 16-136 B (the TMA list at 128 is empty)
 # (kernel, head-dim class, causal, weight, tiles) that spill for that weight alone (the
-# compile audit, per weight, bytes per thread): symax's causal dk/dv 128x32 w8 s2 at 128 (24),
-# and the 4-warp 128x64 forward at 64, already at 252 registers for Elastic (24 for sigmoid,
-# stablemax in bf16, 8 for symax in fp16)
-_SPILLS_FOR = {("dkdv", 128, True, Weight.SYMAX, Tiles(128, 32, 8, 2))} | {
-    ("fwd", 64, False, w, Tiles(128, 64, 4, 3))
-    for w in (Weight.SYMAX, Weight.STABLEMAX, Weight.SIGMOID)}
+# compile audit, per weight, bytes per thread): the 4-warp 128x64 forward at 64, already at
+# 252 registers for Elastic (24 for sigmoid, stablemax in bf16, 8 for symax in fp16)
+_SPILLS_FOR = {("fwd", 64, False, w, Tiles(128, 64, 4, 3))
+               for w in (Weight.SYMAX, Weight.STABLEMAX, Weight.SIGMOID)}
 # (kernel, head-dim class, causal, tiles) that spill only with a key-padding mask (its flags
-# hold more live values; the compile audit with padding, bytes per thread, bf16 and fp16
-# alike): the pointer dk/dv's 128x32 w8 at 128 on 3 stages (24, causal 8) and causal on 2 (24)
-_PADDED_SPILLS = {("dkdv", 128, False, Tiles(128, 32, 8, 3)),
-                  ("dkdv", 128, True, Tiles(128, 32, 8, 3)),
-                  ("dkdv", 128, True, Tiles(128, 32, 8, 2))}
+# hold more live values): none since the dk/dv list at 128 lost its 128x32 tiles (their
+# spills with padding: 8-24 B per thread)
+_PADDED_SPILLS: set[tuple[str, int, bool, Tiles]] = set()
 # head dims above 128: one small tile, not tuned (audited neither)
 _HALF_WIDE: dict[str, tuple[Tiles, ...]] = {
     "fwd": (Tiles(64, 32, 4, 2),), "dkdv": (Tiles(64, 32, 4, 2),), "dq": (Tiles(64, 32, 4, 2),)}
