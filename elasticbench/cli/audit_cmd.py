@@ -82,10 +82,14 @@ def audit(attention: bool, arch: int, dtypes: tuple[str, ...], weights: tuple[st
     reports: list = []
     source = Path(sys.modules[ac_module].__file__).parent / "attention.py"
     from ..environment import git_commit
+    from ..kernels.triton import attention as kernels
 
     head = {"triton": triton.__version__, "arch": arch, "commit": git_commit(),
-            # the kernel audited, whether or not committed
+            # the kernel file when the audit began, and the kernels as imported (Triton's
+            # cache keys: their sources and every function they call)
             "kernel_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+            "kernel_cache_keys": {name: str(getattr(kernels, name).cache_key) for name in (
+                "attention_forward_kernel", "attention_dkdv_kernel", "attention_dq_kernel")},
             "dtypes": list(names), "weights": list(wnames), "head_dims": list(dims)}
 
     def write(complete: bool) -> None:
