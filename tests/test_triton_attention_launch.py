@@ -60,7 +60,7 @@ if not devices.triton_interpreted():
         beta = torch.tensor(1.5)
         attention_forward(q, k, v, tau, beta, 0.25, True)
         (name, grid, args), = recorded
-        assert name == "attention_forward_kernel" and grid == (b * h, args[-1])  # (b h, blocks)
+        assert name == "attention_forward_kernel" and grid == (args[-1], b * h)  # (blocks, b h)
         assert [a.data_ptr() for a in args[:3]] == [t.data_ptr() for t in (q, k, v)]
         assert args[10:19] == (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
         assert args[6].data_ptr() == tau.data_ptr()
@@ -119,12 +119,15 @@ if not devices.triton_interpreted():
                                              r"\(2, 3\), got shape \(2,\)$"):
             attention_forward(q, q, q, 0.5, torch.ones(2), 0.25, False)
 
-    def test_the_grid_takes_millions_of_batch_heads_on_its_x_axis() -> None:
-        """b h on the y axis stopped at 65535; the grid puts b h on x (up to 2^31 - 1) and
-        the blocks of a length on y, and refuses more in one line."""
-        from elasticbench.kernels.triton.attention import GRID_X, GRID_Y, grid
+    def test_the_grid_keeps_a_heads_blocks_together_and_takes_millions_of_heads() -> None:
+        """Up to 65535 (batch, head) pairs the grid is (blocks, b h): one head's blocks run
+        side by side and share its keys and values in L2; past that b h moves to the x axis
+        (up to 2^31 - 1), the kernels told so by BH_X; more is refused in one line."""
+        from elasticbench.kernels.triton.attention import GRID_X, GRID_Y, bh_on_x, grid
 
-        assert grid(1, 65536) == (65536, 1)
+        assert grid(128, 64) == (128, 64) and not bh_on_x(64)
+        assert grid(3, GRID_Y) == (3, GRID_Y) and not bh_on_x(GRID_Y)
+        assert grid(1, 65536) == (65536, 1) and bh_on_x(65536)
         assert grid(128, 4_000_000) == (4_000_000, 128)
         assert grid(GRID_Y, GRID_X) == (GRID_X, GRID_Y)
         for blocks, bh in ((GRID_Y + 1, 1), (1, GRID_X + 1)):
@@ -230,6 +233,21 @@ else:
         want = _both(q, k, v, do, tau, beta, True)
         monkeypatch.setattr(attention, "_wide", lambda *tensors: True)
         _same_bits(_both(q, k, v, do, tau, beta, True), want)
+
+    def test_batch_heads_on_the_x_axis_give_the_same_bits(monkeypatch) -> None:
+        """The grid past 65535 (batch, head) pairs, (b h, blocks) with BH_X, forced on 3 x 2
+        pairs by lowering the y axis's limit: out, m, den and the five gradients bit-identical
+        to the (blocks, b h) grid, causal with key padding."""
+        from elasticbench.kernels.triton import attention
+
+        g = torch.Generator().manual_seed(8)
+        q, k, v, do = (_heads_last(3, 40, 2, 16, torch.bfloat16, g) for _ in range(4))
+        mask = torch.arange(40)[None, :] < torch.tensor([[40], [21], [33]])
+        tau, beta = torch.rand(3, 2, generator=g) + 0.2, torch.tensor(0.5)
+        want = _both(q, k, v, do, tau, beta, True, mask)
+        monkeypatch.setattr(attention, "GRID_Y", 5)
+        assert attention.bh_on_x(6) and attention.grid(3, 6) == (6, 3)
+        _same_bits(_both(q, k, v, do, tau, beta, True, mask), want)
 
     def test_tensor_descriptors_take_the_strides_of_a_transposed_view() -> None:
         """The TMA form on heads of a fused projection, transposed (descriptors built on each

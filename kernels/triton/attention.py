@@ -227,16 +227,24 @@ def _bh_beta(p1_ptr, p1_sb, p1_sh, batch, head, WEIGHT: tl.constexpr):
 
 
 @triton.jit
-def _grid_place(REVERSED: tl.constexpr):
-    """(block, batch-head) of this program on the grid `grid` makes: (b h, blocks), b h on
-    the x axis, which takes 2^31 - 1 (y and z stop at 65535); REVERSED: the last block
-    first (the longest causal query blocks first). Both are program ids, which the compiler
-    re-reads instead of holding (a flat grid's quotient, held across the tile loops, costs
-    the head-dim-128 dk/dv tiles 8-56 B of spills per thread)."""
-    block = tl.program_id(1)
-    if REVERSED:
-        block = tl.num_programs(1) - 1 - block
-    return block, tl.program_id(0)
+def _grid_place(REVERSED: tl.constexpr, BH_X: tl.constexpr):
+    """(block, batch-head) of this program on the grid `grid` makes: (blocks, b h), so that
+    the programs that run together are one head's blocks, which share its keys and values in
+    L2; BH_X: (b h, blocks), b h on the x axis, which takes 2^31 - 1 where y stops at 65535.
+    REVERSED: the last block first (the longest causal query blocks first). Both are program
+    ids, which the compiler re-reads instead of holding (a flat grid's quotient, held across
+    the tile loops, costs the head-dim-128 dk/dv tiles 8-56 B of spills per thread)."""
+    if BH_X:
+        block = tl.program_id(1)
+        if REVERSED:
+            block = tl.num_programs(1) - 1 - block
+        bh = tl.program_id(0)
+    else:
+        block = tl.program_id(0)
+        if REVERSED:
+            block = tl.num_programs(0) - 1 - block
+        bh = tl.program_id(1)
+    return block, bh
 
 
 @triton.jit
@@ -444,7 +452,7 @@ def attention_forward_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
     WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr,
-    WIDE: tl.constexpr,
+    WIDE: tl.constexpr, BH_X: tl.constexpr,
 ):
     """out, m and den of one block of BLOCK_M queries of one (batch, head). q, k, v and out
     are reached through their (batch, head, row) strides, their columns 1 apart; the
@@ -453,7 +461,7 @@ def attention_forward_kernel(
     sk_r = _row_stride(sk_l, WIDE)
     sv_r = _row_stride(sv_l, WIDE)
     # the longest causal blocks first (they are the last query blocks)
-    pid_m, bh = _grid_place(True)
+    pid_m, bh = _grid_place(True, BH_X)
     batch = bh // heads
     head = bh - batch * heads
     m0 = pid_m * BLOCK_M
@@ -644,20 +652,27 @@ def _consts(q: torch.Tensor, d: int, dv: int, t: Tiles, causal: bool, has_mask: 
             "HAS_MASK": has_mask, "IEEE": q.dtype == torch.float32,
             # fp16's subnormals end above 2^-126, where ex2's flush is already right
             "SUBNORMAL": q.dtype != torch.float16, "WEIGHT": int(weight), "TMA": t.tma,
-            "EXP2_ULPS": _exp2_ulps(), "WIDE": wide}
+            "EXP2_ULPS": _exp2_ulps(), "WIDE": wide, "BH_X": bh_on_x(q.shape[0] * q.shape[1])}
 
 
 GRID_X, GRID_Y = 2**31 - 1, 65535  # a CUDA grid's x dimension; y (and z) stop at 65535
 
 
 def grid(blocks: int, bh: int) -> tuple[int, int]:
-    """The grid of `blocks` programs for each of bh (batch, head) pairs: (bh, blocks), so
-    every b h up to 2^31 - 1 fits (on the y axis b h stopped at 65535), and a length up to
-    65535 blocks (4M queries at 64 a block)."""
+    """The grid of `blocks` programs for each of bh (batch, head) pairs: (blocks, bh), one
+    head's blocks side by side (they share its keys and values in L2, as FlashAttention
+    orders them), up to 65535 pairs; past that (bh, blocks), b h on the x axis (up to
+    2^31 - 1), `bh_on_x` telling the kernels which; at most 65535 blocks of a length (4M
+    queries at 64 a block)."""
     if bh > GRID_X or blocks > GRID_Y:
         raise ValueError(f"the triton attention kernel takes at most {GRID_X} (batch, head) "
                          f"pairs and {GRID_Y} blocks of a length, got {bh} and {blocks}")
-    return (bh, blocks)
+    return (bh, blocks) if bh_on_x(bh) else (blocks, bh)
+
+
+def bh_on_x(bh: int) -> bool:
+    """Whether `grid` puts the (batch, head) pairs on the x axis (more than y takes)."""
+    return bh > GRID_Y
 
 
 @functools.cache
@@ -786,7 +801,7 @@ def attention_prepare_kernel(
     so_h, so_l: tl.constexpr, sd_b, sd_h, sd_l: tl.constexpr, p0_b, p0_h, p1_b, p1_h, lq,
     heads, n_bh, n_blocks,
     DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, WEIGHT: tl.constexpr,
-    EXP2_ULPS: tl.constexpr, WIDE: tl.constexpr,
+    EXP2_ULPS: tl.constexpr, WIDE: tl.constexpr, BH_X: tl.constexpr,
 ):
     """Per query: c = rowsum(dO o), m k2 / scale (= m log2(e)/tau, 0 where saturated), 1/den
     and the keep threshold lo, into stats (4, batch*heads*length_q); per block the sums of
@@ -794,7 +809,7 @@ def attention_prepare_kernel(
     per (batch, head) the number of saturated queries into flag."""
     so_r = _row_stride(so_l, WIDE)
     sd_r = _row_stride(sd_l, WIDE)
-    pid, bh = _grid_place(False)
+    pid, bh = _grid_place(False, BH_X)
     batch = bh // heads
     head = bh - batch * heads
     m0 = pid * BLOCK_M
@@ -901,7 +916,7 @@ def attention_dkdv_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
     WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr,
-    WIDE: tl.constexpr,
+    WIDE: tl.constexpr, BH_X: tl.constexpr,
 ):
     """dk and dv of one block of BLOCK_M keys (resident) over the BLOCK_N-query blocks that
     see them; every tensor of (batch, heads, length, dim) through its strides."""
@@ -909,7 +924,7 @@ def attention_dkdv_kernel(
     sk_r = _row_stride(sk_l, WIDE)
     sv_r = _row_stride(sv_l, WIDE)
     sd_r = _row_stride(sd_l, WIDE)
-    pid_n, bh = _grid_place(False)
+    pid_n, bh = _grid_place(False, BH_X)
     batch = bh // heads
     head = bh - batch * heads
     b64 = batch.to(tl.int64)
@@ -1039,7 +1054,7 @@ def attention_dq_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
     WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr,
-    WIDE: tl.constexpr,
+    WIDE: tl.constexpr, BH_X: tl.constexpr,
 ):
     """dq of one block of queries (resident) over every key it sees, and the block's
     sum ds (s - m)/tau (dtau's first term) into dsz (bh, blocks); every tensor of (batch,
@@ -1048,7 +1063,7 @@ def attention_dq_kernel(
     sk_r = _row_stride(sk_l, WIDE)
     sv_r = _row_stride(sv_l, WIDE)
     sd_r = _row_stride(sd_l, WIDE)
-    pid_m, bh = _grid_place(True)
+    pid_m, bh = _grid_place(True, BH_X)
     batch = bh // heads
     head = bh - batch * heads
     bh64 = bh.to(tl.int64)
@@ -1132,7 +1147,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
             (oc, doc, m32, den32, p0v, p1v, stats, sink, flag, *so, *sd, *s0, *s1, lq, h,
              b * h, n_prep),
             4, {"DV": dv_, "BLOCK_M": PREP_M, "BLOCK_DV": _pow2(dv_), "WEIGHT": int(weight),
-                "EXP2_ULPS": _exp2_ulps(), "WIDE": wide})
+                "EXP2_ULPS": _exp2_ulps(), "WIDE": wide, "BH_X": bh_on_x(b * h)})
     head_dim = max(d, dv_)
     sl2e = float(scale) * 1.4426950408889634
     common = (scale, causal, has_mask, weight, wide)
