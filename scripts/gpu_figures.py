@@ -22,8 +22,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +108,24 @@ class Figures:
                 f.write(line + "\n")
                 f.flush()
         return rec
+
+
+def timer(on_cuda: bool) -> Callable[[Callable[[], Any]], float]:
+    """ms of a call: do_bench's median (L2 flushed) on CUDA; elsewhere (the dry run, which
+    checks plumbing: its figures mean nothing) the median of two perf_counter calls after
+    one untimed."""
+    if on_cuda:
+        from triton.testing import do_bench
+
+        return lambda fn: float(do_bench(fn, return_mode="median"))
+
+    def timed(fn: Callable[[], Any]) -> float:
+        fn()
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+        return statistics.median(times)
+
+    return timed

@@ -31,7 +31,6 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_figures import Figures, dry_run, one_line, work_file
+from gpu_figures import Figures, dry_run, one_line, timer, work_file
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_MS = {("fwd", False): 4.4, ("bwd", False): 12.5}  # issue 55's targets, not causal
@@ -67,18 +66,8 @@ class Timer:
         return 1e3 * (time.perf_counter() - t0)
 
     def warm(self, fn: Callable[[], Any]) -> float:
-        """ms: do_bench's median on CUDA, else the mean of 2 perf_counter calls (the dry run
-        checks plumbing: its figures mean nothing)."""
-        if self.device == "cuda":
-            from triton.testing import do_bench
-
-            return float(do_bench(fn, return_mode="median"))
-        times = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-        return statistics.median(times)
+        """ms of a warm call (gpu_figures.timer: do_bench's median on CUDA)."""
+        return timer(self.device == "cuda")(fn)
 
 
 class Headline:

@@ -26,15 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_figures import Figures, one_line
+from gpu_figures import Figures, one_line, timer
 
 # the issue's long-row target first: gpu_checks.sh gives the sweep a short budget, and a
 # shape it does not reach is not timed at all
@@ -50,26 +48,6 @@ def alternatives(path: str) -> list[dict[str, int]]:
         return ([{"splits": s, "resident": -1} for s in SPLITS]
                 + [{"splits": s, "resident": 1} for s in RESIDENT_SPLITS])
     return [{"row_block": b} for b in ROW_BLOCKS]
-
-
-def _timer(dry: bool) -> Callable[[Callable[[], Any]], float]:
-    """ms of a call: do_bench's median (L2 flushed) on CUDA; in the dry run the median of
-    two perf_counter calls after one untimed."""
-    if not dry:
-        from triton.testing import do_bench
-
-        return lambda fn: float(do_bench(fn, return_mode="median"))
-
-    def timed(fn: Callable[[], Any]) -> float:
-        fn()
-        times = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-        return statistics.median(times)
-
-    return timed
 
 
 def _write(path: Path, doc: dict) -> None:
@@ -105,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = "cpu" if args.dry_run else "cuda"
     shapes = [(4, 64)] if args.dry_run else SHAPES
-    time_ms = _timer(args.dry_run)
+    time_ms = timer(not args.dry_run)
     figures = Figures()
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "rows-sweep.json"

@@ -3,7 +3,7 @@
 The interpreter patch (elasticbench/triton_interpreter.py) and the compile audit
 (elasticbench/audit) find what they need by feature, so they must work on every Triton from
 3.4 to the pinned one. The suite runs on the pinned Triton; with ELASTICBENCH_OTHER_TRITON
-set to a version (.ci/run sets the oldest supported, 3.4.0), the last test installs that
+set to a version (.ci/run sets 3.6.0, the GPU machines' Triton), the last test installs that
 Triton alone into a scratch directory (pip, no dependencies: the rest is this venv's) and runs
 the Triton tests again in a child pytest with that directory first on the import path.
 """
@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 OTHER = os.environ.get("ELASTICBENCH_OTHER_TRITON")
 SCRATCH = ROOT / ".cache" / "triton"  # one directory per version, kept between runs
 TRITON_TESTS = ("test_triton_interpreter.py", "test_triton.py", "test_triton_audit.py",
-                "test_triton_compile.py", "test_triton_launch.py")
+                "test_triton_compile.py", "test_triton_launch.py", "test_triton_rows_safety.py",
+                "test_attention_configs.py", "test_triton_attention_launch.py")
 
 
 def test_version_prints_what_a_results_file_records(cli):
@@ -61,7 +62,7 @@ def _scratch_triton(version: str) -> Path:
 
 
 @pytest.mark.needs("triton", "no_gpu")
-@pytest.mark.skipif(OTHER is None, reason="set ELASTICBENCH_OTHER_TRITON=3.4.0 to run the "
+@pytest.mark.skipif(OTHER is None, reason="set ELASTICBENCH_OTHER_TRITON=3.6.0 to run the "
                     "Triton tests on a second Triton too (.ci/run does)")
 def test_the_triton_tests_pass_on_a_second_triton():
     assert OTHER is not None
