@@ -27,6 +27,7 @@ import importlib.util
 import os
 import platform
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -259,13 +260,21 @@ def main() -> int:
     if why := missing_tools():
         print(f"elasticbench native kernels: skipped, {why}")
         return 0
+    # the reference's one unit compiles in a process of its own beside the library's units,
+    # which leave a core idle at their end: built one after the other, it added its 40-odd
+    # seconds to every fresh build on 2 cores
+    beside = subprocess.Popen([sys.executable, "-c",
+                               "from elasticbench import native; native.load_reference()"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         ext = load()
         print(f"elasticbench native kernels: built for {ext.isa()} "
               f"(available: {', '.join(ext.isas())}) in {build_root() / build_key()}")
-        load_reference()
+        beside.wait()
+        load_reference()  # loads what the process built; builds it, with its errors, if not
         print(f"elasticbench reference sweeps: built in {build_root() / build_key(REFERENCE)}")
     except NativeBuildError as e:
+        beside.wait()
         print(f"elasticbench native code: BUILD FAILED: {e}", file=sys.stderr)
         cause = e.__cause__
         if cause is not None:
