@@ -95,9 +95,11 @@ _NOT_CAUSAL = {("fwd", 64, Tiles(128, 64, 4, 3)), ("dq", 64, Tiles(128, 32, 4, 3
 # 16-136 B (the TMA list at 128 is empty)
 # (kernel, head-dim class, causal, weight, tiles) that spill for that weight alone (the
 # compile audit, per weight, bytes per thread): the 4-warp 128x64 forward at 64, already at
-# 252 registers for Elastic (24 for sigmoid, stablemax in bf16, 8 for symax in fp16)
+# 252 registers for Elastic (24 for sigmoid, stablemax in bf16, 8 for symax in fp16); with
+# Triton 3.6.0, softmax1's dq 64x64 w4 s2 at 128 (8, fp16 with key padding; off causal or not)
 _SPILLS_FOR = {("fwd", 64, False, w, Tiles(128, 64, 4, 3))
-               for w in (Weight.SYMAX, Weight.STABLEMAX, Weight.SIGMOID)}
+               for w in (Weight.SYMAX, Weight.STABLEMAX, Weight.SIGMOID)} | {
+    ("dq", 128, causal, Weight.SOFTMAX1, Tiles(64, 64, 4, 2)) for causal in (False, True)}
 # (kernel, head-dim class, causal, tiles) that spill only with a key-padding mask (its flags
 # hold more live values): none since the dk/dv list at 128 lost its 128x32 tiles (their
 # spills with padding: 8-24 B per thread)
