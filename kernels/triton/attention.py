@@ -205,12 +205,17 @@ def _bh_params(p0_ptr, p0_sb, p0_sh, p1_ptr, p1_sb, p1_sh, batch, head,
 
 
 @triton.jit
+def _bh_load(ptr, sb, sh, batch, head):
+    """One (batch, head)'s parameter, at batch sb + head sh, as fp32."""
+    return tl.load(ptr + batch.to(tl.int64) * sb + head.to(tl.int64) * sh).to(tl.float32)
+
+
+@triton.jit
 def _bh_tau(p0_ptr, p0_sb, p0_sh, batch, head, WEIGHT: tl.constexpr):
     """The tau slot of _bh_params (all the backward's dk/dv and dq programs need)."""
     tau = tl.full([], 1.0, tl.float32)
     if WEIGHT == ELASTIC or WEIGHT == SIGMOID:  # noqa: SIM109
-        tau = tl.load(p0_ptr + batch.to(tl.int64) * p0_sb + head.to(tl.int64) * p0_sh)
-        tau = tau.to(tl.float32)
+        tau = _bh_load(p0_ptr, p0_sb, p0_sh, batch, head)
     return tau
 
 
@@ -219,8 +224,7 @@ def _bh_beta(p1_ptr, p1_sb, p1_sh, batch, head, WEIGHT: tl.constexpr):
     """The beta slot of _bh_params."""
     beta = tl.full([], 0.0, tl.float32)
     if WEIGHT == ELASTIC or WEIGHT == SYMAX:  # noqa: SIM109
-        beta = tl.load(p1_ptr + batch.to(tl.int64) * p1_sb + head.to(tl.int64) * p1_sh)
-        beta = beta.to(tl.float32)
+        beta = _bh_load(p1_ptr, p1_sb, p1_sh, batch, head)
     elif WEIGHT == SOFTMAX1:
         beta = tl.full([], 1.0, tl.float32)
     return beta
