@@ -16,11 +16,11 @@ __version__ = "0.1.0"
 
 # Each lazily imported name and the harness module that defines it.
 _HARNESS = {
-    "KernelSpec": "kernel_spec",
-    "register_kernel": "kernel_spec",
-    "PassModel": "passes",
-    "list_kernels": "registry",
-    "load_kernel_file": "registry",
+    "KernelSpec": "harness.kernel_spec",
+    "register_kernel": "harness.kernel_spec",
+    "PassModel": "harness.passes",
+    "list_kernels": "harness.registry",
+    "load_kernel_file": "harness.registry",
 }
 
 __all__ = ["KernelSpec", "PassModel", "__version__", "list_kernels", "load_kernel_file",

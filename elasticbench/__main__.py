@@ -1,6 +1,6 @@
 """`python -m elasticbench` runs the command line."""
 
-from .cli import entry
+from .harness.cli import entry
 
 if __name__ == "__main__":
     entry()

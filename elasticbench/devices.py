@@ -1,5 +1,5 @@
 """The devices kernels run on, "cpu" or a CUDA device ("cuda", "cuda:1"): the one place that
-tells them apart. Backends name their device (elasticbench.backends); the benchmark asks it
+tells them apart. Backends name their device (elasticbench.harness.backends); the benchmark asks it
 here how to wait for it, how to time it and how large its last-level cache is.
 
 A clock times a span of calls. On the host it reads perf_counter_ns around them. On a CUDA
@@ -73,7 +73,7 @@ def torch_unavailable() -> str | None:
 
 def triton_installed() -> bool:
     """Whether Triton and torch (whose tensors its kernels take) are installed: enough to
-    compile Triton kernels for a GPU without one (elasticbench.audit)."""
+    compile Triton kernels for a GPU without one (elasticbench.harness.audit)."""
     try:
         import torch  # noqa: F401
         import triton  # noqa: F401

@@ -2,7 +2,7 @@
 
 This is the library's own (elasticbench.functional and elasticbench.nn check their float
 arguments here); it imports nothing but the standard library, so the harness's exact
-definitions (elasticbench.functions) can state their parameters' ranges from it without the
+definitions (elasticbench.harness.functions) can state their parameters' ranges from it without the
 library importing them (docs/dispatch.md section 1).
 
     tau   temperature of Elastic-Softmax     finite and > 0

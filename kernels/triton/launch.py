@@ -260,7 +260,7 @@ def run(kernel: Any, grid: tuple[int], args: tuple, warps: int, consts: dict,
     of args[0] (a tensor) and that device's current stream: Triton launches on the current
     device, so another one is made current for the launch. Under the interpreter with the
     GPU's bf16 and, for a cooperative grid, all programs at once (the audit records these
-    launches instead, elasticbench.audit.capture). `consts` also carries the kernels'
+    launches instead, elasticbench.harness.audit.capture). `consts` also carries the kernels'
     runtime values named in RUNTIME_VALUES."""
     options: dict[str, Any] = {} if stages is None else {"num_stages": stages}
     if cooperative:

@@ -1,0 +1,88 @@
+"""The attention kernel contract: how `verify` and `run` call a registered attention kernel.
+
+A kernel registered with function="elastic_attention" (or "softmax_attention") is called
+
+    forward:   fn(q, k, v, *, scale, causal, **row_params) -> out
+    backward:  fn(q, k, v, *, scale, causal, **row_params) -> step;  step(dout) -> grads
+
+q, k, v (batch, heads, length, dim) and dout arrive in the backend's array type and the
+case's dtype; every row parameter (tau and beta for elastic) arrives as a (batch, heads)
+array of the backend's type in the working precision (fp64 for fp64 inputs, else fp32);
+scale is a float, causal a bool. A case with a mask passes it to the kernels that declare
+a parameter for it: `attn_mask` takes any mask as SDPA does (bool, True takes part, or float,
+added to the scores; (batch, heads, length_q, length_k) or broadcastable), `key_mask` only a
+key-padding one, as a (batch, length_k) bool array; other kernels are not given the case.
+out has q's dtype and shape (batch, heads, length_q,
+value_dim). A backward kernel does whatever forward it needs in its first call, which a
+benchmark leaves untimed, and returns `step`; step(dout) returns (dq, dk, dv, *dparams), the
+parameter gradients per (batch, head) in the row function's order (dtau, dbeta). The kernel
+must not write its inputs. docs/attention.md section 4 says the same for kernel authors.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from elasticbench.harness.backends import get_backend
+from elasticbench.harness.functions import get_attention_function
+from elasticbench.harness.numerics.dtypes import get_format
+from elasticbench.harness.registry import KernelSpec
+
+
+def work_numpy_dtype(dtype: str) -> np.dtype:
+    """The working precision of a case's dtype: fp64 for fp64, else fp32."""
+    return np.dtype(np.float64 if get_format(dtype).name == "fp64" else np.float32)
+
+
+def head_arrays(params: dict[str, float], row_params: tuple[str, ...], batch: int,
+                heads: int, dtype: str) -> dict[str, np.ndarray]:
+    """The row parameters as (batch, heads) NumPy arrays in the working precision."""
+    wd = work_numpy_dtype(dtype)
+    return {name: np.full((batch, heads), params[name], dtype=wd) for name in row_params}
+
+
+def mask_argument(spec: KernelSpec, mask: np.ndarray | None) -> dict[str, np.ndarray] | None:
+    """The keyword the kernel takes this mask by ({} for no mask), or None where it takes
+    none that fits: `attn_mask` as it is, `key_mask` (batch, length_k) for key padding."""
+    if mask is None:
+        return {}
+    takes = inspect.signature(spec.fn).parameters
+    if "attn_mask" in takes:
+        return {"attn_mask": mask}
+    if "key_mask" in takes and mask.dtype == bool and mask.shape[1:3] == (1, 1):
+        return {"key_mask": np.ascontiguousarray(mask[:, 0, 0, :])}
+    return None
+
+
+def kernel_arguments(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                     params: dict[str, float], dtype: str, scale: float,
+                     mask: np.ndarray | None = None
+                     ) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
+    """Fresh backend copies of q, k, v and the keyword arguments of the contract (the mask
+    by mask_argument; a kernel that takes none that fits is never given a masked case)."""
+    backend = get_backend(spec.backend)
+    fn = get_attention_function(spec.function)
+    heads = head_arrays(params, fn.row_params, q.shape[0], q.shape[1], dtype)
+    kw: dict[str, Any] = {name: backend.to_native(a) for name, a in heads.items()}
+    kw.update(scale=float(scale), causal=bool(params.get("causal", 0.0)))
+    kw.update({name: backend.to_native(a)
+               for name, a in (mask_argument(spec, mask) or {}).items()})
+    return (backend.to_native(q), backend.to_native(k), backend.to_native(v)), kw
+
+
+def forward_output(value: Any) -> Any:
+    """The output of a forward kernel (a tuple's first element: kernels may return their
+    row statistics beside it)."""
+    return value[0] if isinstance(value, tuple | list) else value
+
+
+def backward_step(value: Any) -> Callable[[Any], Any]:
+    """The step a backward kernel's first call returned; TypeError if it is not callable."""
+    if not callable(value):
+        raise TypeError(f"an attention backward kernel returns step(dout), got "
+                        f"{type(value).__name__}")
+    return value

@@ -1,0 +1,185 @@
+"""The registry's low level: what a registered kernel is (`KernelSpec`), the one registry
+object, and `register_kernel`, the decorator kernel modules call on import.
+
+This module imports no kernel module, so the built-in kernel modules (kernels/*.py) import
+`register_kernel` from here; elasticbench.harness.registry, above both, loads them and answers the
+questions (list_kernels, get_kernel, load_kernel_file). Users import `register_kernel` from
+`elasticbench` itself, which is this same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from elasticbench.harness.backends import get_backend
+from elasticbench.harness.functions import ATTENTION, ROW, function_kind, get_function
+from elasticbench.harness.numerics.contract import WIDE, check_accuracy
+from elasticbench.harness.numerics.dtypes import get_format
+from elasticbench.harness.passes import PassModel
+
+MODES = ("fwd", "bwd")
+
+# How an unpickled KernelSpec finds its kernel in another process: f(name, mode, source),
+# which loads the built-ins (and the kernel file `source`) there. elasticbench.harness.registry sets
+# it on import, being the module that can load them; until then a spec pickles by value.
+Resolver = Callable[[str, str, str], "KernelSpec"]
+_resolver: Resolver | None = None
+
+
+def set_resolver(resolve: Resolver) -> None:
+    """Name the function that finds a registered kernel again after unpickling (a module
+    attribute, so that pickle stores it by reference)."""
+    global _resolver
+    _resolver = resolve
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A registered kernel: what it computes, on which backend, and the callable."""
+
+    name: str
+    function: str
+    backend: str
+    fn: Callable
+    mode: str = "fwd"
+    source: str = "builtin"
+    description: str = ""
+    baseline: bool = False  # a vendor reference point: timed by run, verified only by name
+    dtypes: tuple[str, ...] | None = None  # formats it accepts; None: all of them
+    model: PassModel | None = None  # its declared passes; None: its function's minimum
+    accuracy: str = WIDE  # the contract its budgets come from (numerics/contract.py)
+    compiles: bool = False  # compiles code per input shape (Backend.compiles)
+
+    @property
+    def kind(self) -> str:
+        """"row" (fn(x, **params)) or "attention" (fn(q, k, v, ...), docs/attention.md)."""
+        return function_kind(self.function)
+
+    def supports(self, dtype: str) -> bool:
+        """Whether the kernel takes inputs of this format (others are skipped, not failed)."""
+        return self.dtypes is None or dtype in self.dtypes
+
+    def takes_layout(self, layout: str) -> bool:
+        """Whether its backend's kernels must accept inputs in this layout (inputs/layouts.py)."""
+        return layout in get_backend(self.backend).layouts
+
+    def __reduce__(self):  # type: ignore[override]
+        # A registered kernel travels to another process by name and is looked up (its
+        # kernel file loaded) there: functions of a user's file do not pickle by reference.
+        if _resolver is not None and REGISTRY.get(self.name, self.mode) is self:
+            return (_resolver, (self.name, self.mode, self.source))
+        return super().__reduce__()
+
+
+class KernelRegistry:
+    """Kernels by (name, mode), in registration order; `scoped` undoes what a block adds."""
+
+    def __init__(self) -> None:
+        self._kernels: dict[tuple[str, str], KernelSpec] = {}
+
+    def get(self, name: str, mode: str) -> KernelSpec | None:
+        return self._kernels.get((name, mode))
+
+    def add(self, spec: KernelSpec) -> None:
+        self._kernels[(spec.name, spec.mode)] = spec
+
+    def specs(self) -> list[KernelSpec]:
+        return list(self._kernels.values())
+
+    @contextmanager
+    def scoped(self, *, alone: bool = False) -> Iterator[None]:
+        """Kernels registered inside the block are forgotten after it; alone=True also hides
+        the ones registered before, for the block's duration."""
+        saved = dict(self._kernels)
+        if alone:
+            self._kernels.clear()
+        try:
+            yield
+        finally:
+            self._kernels.clear()
+            self._kernels.update(saved)
+
+
+REGISTRY = KernelRegistry()
+_loading_source = "builtin"
+_loaded_keys: list[tuple[str, str]] | None = None  # what the file being loaded registers
+
+
+@contextmanager
+def registering_from(source: str) -> Iterator[list[tuple[str, str]]]:
+    """Kernels registered inside the block get `source` (a kernel file's path) as theirs;
+    the list it yields collects the (name, mode) of each, in order."""
+    global _loading_source, _loaded_keys
+    keys: list[tuple[str, str]] = []
+    _loading_source, _loaded_keys = source, keys
+    try:
+        yield keys
+    finally:
+        _loading_source, _loaded_keys = "builtin", None
+
+
+def register_kernel(
+    *,
+    function: str,
+    backend: str,
+    name: str | None = None,
+    mode: str = "fwd",
+    description: str = "",
+    baseline: bool = False,
+    dtypes: Iterable[str] | None = None,
+    model: PassModel | None = None,
+    accuracy: str = WIDE,
+    compiles: bool | None = None,
+) -> Callable[[Callable], Callable]:
+    """Decorator: register fn as the kernel `name` (default: the function's __name__).
+
+    baseline=True marks a vendor reference point (torch.softmax, say): `run` compares
+    against it, and `verify` checks it only when it is named with --only. dtypes limits the
+    formats the kernel is given (fp64 for a GPU kernel, say); by default all four. model
+    declares its passes over memory and its exponentials (elasticbench.harness.passes), which give
+    it its own roof in `run`. accuracy names the contract its budgets come from: "wide" (a
+    16-bit kernel computes in fp32 and rounds once, the default) or "own" (every step rounds
+    to its own format; row kernels only), numerics/contract.py. compiles says whether it
+    compiles code for each input shape it meets (torch.compile, a JIT); by default, what its
+    backend's kernels may do (Backend.compiles).
+    """
+    kind = function_kind(function)
+    check_accuracy(accuracy)
+    if accuracy != WIDE and kind == ATTENTION:
+        raise ValueError(f"attention kernels are judged by the {WIDE!r} contract only, "
+                         f"got accuracy={accuracy!r}")
+    per_shape = get_backend(backend).compiles if compiles is None else compiles
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
+    if kind == ROW and mode == "bwd" and get_function(function).gradient_row is None:
+        raise ValueError(f"{function} has no gradient, so it takes no backward kernel")
+    formats = None if dtypes is None else tuple(get_format(d).name for d in dtypes)
+
+    def deco(fn: Callable) -> Callable:
+        kname = name or fn.__name__
+        summary = description or (fn.__doc__ or "").strip().partition("\n")[0]
+        spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline,
+                          formats, model, accuracy, per_shape)
+        old = REGISTRY.get(kname, mode)
+        if _loaded_keys is not None:
+            _loaded_keys.append((kname, mode))
+        if old is not None and old.source != spec.source:
+            if _same_definition(old.fn, fn):  # a module imported by two kernel files
+                return fn
+            raise ValueError(
+                f"kernel {kname!r} ({mode}) is already registered by {old.source}"
+            )
+        REGISTRY.add(spec)
+        return fn
+
+    return deco
+
+
+def _same_definition(a: Callable, b: Callable) -> bool:
+    """Whether two functions come from the same lines of the same file (one module executed
+    twice, under two names)."""
+    ca, cb = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return (ca is not None and cb is not None and ca.co_filename == cb.co_filename
+            and ca.co_firstlineno == cb.co_firstlineno)

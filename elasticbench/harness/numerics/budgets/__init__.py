@@ -1,0 +1,1 @@
+"""Error budgets in ulps: for rows (`rows`) and attention (`attention`)."""

@@ -1,0 +1,205 @@
+"""Verifying attention kernels: the call, the truth, the record, the job (the matrix and its
+cases are verify/attention_matrix.py).
+
+Each case's exact truth is computed once for all its kernels (certified in double-double,
+mpmath where that cannot decide, the mpmath part cached on disk by content:
+numerics/attention_truth.py); every kernel call gets fresh copies of q, k, v (and dO), so
+a kernel that writes its inputs is caught, and the record is a VerifyRecord whose shape is
+the five sizes.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from elasticbench.harness.attention_contract import backward_step, forward_output, kernel_arguments, mask_argument
+from elasticbench.harness.backends import get_backend
+from elasticbench.harness.execute import IN_PROCESS, Isolation, guarded_call
+from elasticbench.harness.functions import get_attention_function
+from elasticbench.harness.inputs.attention import generate_mask, generate_qkv, mask_bias
+from elasticbench.harness.inputs.generators import stream_seed
+from elasticbench.harness.numerics.budgets.attention import ATTENTION_BUDGETS, Conditioning
+from elasticbench.harness.numerics.truth.attention import AttentionTruth, cached_evaluate
+from elasticbench.harness.numerics.contract import Judging
+from elasticbench.harness.numerics.dtypes import FloatFormat, get_format
+from elasticbench.harness.numerics.truth.cache import TruthStats
+from elasticbench.harness.records import VerifyRecord
+from elasticbench.harness.registry import KernelSpec
+from elasticbench.harness.session import Job, Session
+from elasticbench.harness.verify.attention_check import check_backward, check_forward
+from elasticbench.harness.verify.attention_matrix import AttentionCase
+from elasticbench.harness.verify.case import case_key, shard_key
+from elasticbench.harness.verify.check import CheckResult
+from elasticbench.harness.verify.record import verify_record
+from elasticbench.harness.verify.second_order import second_order
+
+
+def upstream_gradient(case: AttentionCase, shape: tuple[int, ...]) -> np.ndarray:
+    """The seeded dO of a case: N(0, 1) in the case's format."""
+    seed = [*stream_seed(case.seed, f"attention/{case.generator}", case.dtype, case.shape),
+            zlib.crc32(b"upstream")]
+    return get_format(case.dtype).cast(np.random.default_rng(seed).standard_normal(shape))
+
+
+@dataclass
+class AttentionOutcome:
+    """What one call of an attention kernel gave: out, or the gradients (NumPy)."""
+
+    outputs: list[np.ndarray] | None
+    error: str | None
+    modified_input: bool
+    seconds: float
+    raised: dict[str, Any] | None = None
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+
+
+def call_attention(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                   params: dict[str, float], dtype: str, scale: float,
+                   dout: np.ndarray | None, mask: np.ndarray | None = None) -> AttentionOutcome:
+    """Run spec on fresh native copies by the contract (attention_contract.py): the forward's
+    out, or step(dO)'s gradients, brought back as NumPy arrays."""
+    backend = get_backend(spec.backend)
+    args, kw = kernel_arguments(spec, q, k, v, params, dtype, scale, mask)
+
+    def run() -> Any:
+        value = spec.fn(*args, **kw)
+        if dout is None:
+            return [forward_output(value)]
+        return list(backward_step(value)(backend.to_native(dout)))
+
+    call = guarded_call(backend, run)
+    if call.raised is not None:
+        return AttentionOutcome(None, call.error, False, call.seconds, call.raised,
+                                call.warnings)
+    modified = any(not np.array_equal(backend.to_numpy(n).view(np.uint8), a.view(np.uint8))
+                   for n, a in zip(args, (q, k, v), strict=True))
+    want = 1 if dout is None else 3 + len(get_attention_function(spec.function).row_params)
+    if len(call.value) != want:
+        return AttentionOutcome(None, f"step(dout) must return {want} gradients, got "
+                                f"{len(call.value)}", modified, call.seconds,
+                                warnings=call.warnings)
+    try:
+        outputs = [np.array(backend.to_numpy(t), copy=True) for t in call.value]
+    except TypeError as e:
+        return AttentionOutcome(None, f"returned the wrong type: {e}", modified, call.seconds,
+                                warnings=call.warnings)
+    return AttentionOutcome(outputs, None, modified, call.seconds, warnings=call.warnings)
+
+
+def _failed(reason: str, seconds: float) -> AttentionOutcome:
+    return AttentionOutcome(None, reason, False, seconds)
+
+
+@dataclass
+class PreparedCase:
+    case: AttentionCase
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    dout: np.ndarray | None
+    truth: AttentionTruth
+    cond: Conditioning
+    mask: np.ndarray | None = None  # the input's attn_mask (inputs.attention.generate_mask)
+
+
+def prepare(case: AttentionCase, mode: str, cache_dir: Path | None,
+            precision: int, stats: TruthStats | None = None) -> PreparedCase:
+    """Inputs, upstream gradient, exact truth and conditioning of one case (stats counts
+    the truth's values and those mpmath computed)."""
+    fn = get_attention_function(case.function)
+    fmt = get_format(case.dtype)
+    q, k, v = generate_qkv(case.generator, case.dtype, case.shape, case.seed)
+    mask = generate_mask(case.generator, case.dtype, case.shape, case.seed)
+    bias = mask_bias(mask, case.shape)
+    dout = upstream_gradient(case, (*q.shape[:3], v.shape[3])) if mode == "bwd" else None
+    f64 = [a.astype(np.float64) for a in (q, k, v)]
+    truth = cached_evaluate(cache_dir, fn, case.param_dict, *f64, case.scale,
+                            None if dout is None else dout.astype(np.float64), precision,
+                            fmt, stats, bias)
+    cond = Conditioning(fn, case.param_dict, *f64, case.scale, truth, fmt,
+                        ATTENTION_BUDGETS[case.dtype], bias)
+    return PreparedCase(case, q, k, v, dout, truth, cond, mask)
+
+
+def _judge(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat, scale: float
+           ) -> tuple[CheckResult, dict[str, Any]]:
+    """The verdict on what the kernel gave, and the parameters' gradient checks (backward),
+    every allowance times the run's budget scale."""
+    assert outcome.outputs is not None
+    if prep.dout is None:
+        return check_forward(outcome.outputs[0], prep.truth, prep.cond, fmt, scale), {}
+    # c_i = dO_i . out_i uses the output a model saved: the exact one, in the format
+    saved = fmt.cast(np.nan_to_num(prep.truth.out_hi)).astype(np.float64)
+    return check_backward(outcome.outputs, prep.truth, prep.cond,
+                          get_attention_function(prep.case.function),
+                          prep.dout.astype(np.float64), saved, fmt, scale)
+
+
+def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
+                         isolation: Isolation = IN_PROCESS, scale: float = 1.0) -> VerifyRecord:
+    """Run one attention kernel on one case and return its record (allowances times
+    scale)."""
+    case, fmt = prep.case, get_format(prep.case.dtype)
+    outcome = isolation.run(partial(call_attention, spec, prep.q, prep.k, prep.v,
+                                    case.param_dict, case.dtype, case.scale, prep.dout,
+                                    prep.mask),
+                            _failed)
+    verdict, checks = _judge(outcome, prep, fmt, scale) if outcome.outputs is not None else (None, {})
+    b, h, lq = case.shape[:3]
+    record = verify_record(spec, case, outcome, verdict,
+                           budget=ATTENTION_BUDGETS[case.dtype].to_dict(),
+                           judging=Judging(spec.accuracy, scale),
+                           rows_checked=b * h * lq,
+                           broken=["modified its input"] if outcome.modified_input else None)
+    if prep.dout is not None:
+        record.dparams = {n: c.to_dict() for n, c in checks.items()}
+        rels = [c.rel_err for c in checks.values() if math.isfinite(c.rel_err)]
+        record.max_param_rel = max(rels) if rels else None
+        record.second_order = second_order(spec, isolation)
+    return record
+
+
+class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
+    """Items are (mode, case): each case's truth is computed once for all its kernels."""
+
+    kind = "verify"
+
+    def __init__(self, kernels: dict[str, list[KernelSpec]],
+                 cases: dict[str, list[AttentionCase]], *, cache_dir: Path | None,
+                 precision: int, isolation: Isolation, scale: float = 1.0):
+        self.kernels, self.cases = kernels, cases
+        self.cache_dir, self.precision, self.isolation = cache_dir, precision, isolation
+        self.scale = scale
+
+    def plan(self) -> list[tuple[str, AttentionCase]]:
+        return [(m, c) for m, cases in self.cases.items() for c in cases]
+
+    def shard_key(self, item: tuple[str, AttentionCase]) -> Any:
+        return shard_key(*item)
+
+    def _todo(self, mode: str, case: AttentionCase, done: set) -> list[KernelSpec]:
+        mask = generate_mask(case.generator, case.dtype, case.shape, case.seed)
+        return [k for k in self.kernels.get(mode, []) if k.function == case.function
+                and k.supports(case.dtype) and mask_argument(k, mask) is not None
+                and case_key(k, case) not in done]
+
+    def work(self, items: list[tuple[str, AttentionCase]], session: Session) -> None:
+        done = {r.key for r in session.records}
+        todo = [(m, c, ks) for m, c in items if (ks := self._todo(m, c, done))]
+        references = session.task("reference", len(todo))
+        checks = session.task("kernels", sum(len(ks) for _, _, ks in todo))
+        stats = TruthStats()
+        for mode, case, specs in todo:
+            prep = prepare(case, mode, self.cache_dir, self.precision, stats)
+            references.advance()
+            for spec in specs:
+                session.add(verify_attention_one(spec, prep, self.isolation, self.scale))
+                checks.advance()
+        session.header["reference"] = stats.to_dict()

@@ -1,5 +1,0 @@
-"""Named, seeded input generators: the adversarial inputs of docs/inputs.md."""
-
-from .generators import GENERATORS, Generator, generate, get_generator
-
-__all__ = ["GENERATORS", "Generator", "generate", "get_generator"]

@@ -1,0 +1,385 @@
+"""The family in Hugging Face transformers models, through transformers' AttentionInterface.
+
+    from elasticbench.integrations import transformers as eb_hf
+    model = LlamaForCausalLM(config)
+    eb_hf.use_family(model, "elastic")       # per-head tau, beta on every attention layer
+    model(...); model.generate(...)          # attention runs elasticbench.functional's
+
+`register()` (idempotent; use_family calls it) registers one attention function per member
+of the family under FAMILY's names (`elastic`, `softmax1`, `symax`, `stablemax`, `sigmoid`)
+with transformers' AttentionInterface, and for each the boolean mask builder transformers'
+`sdpa` uses with AttentionMaskInterface, so a model selecting one of these names builds the
+same 4-D boolean masks (or None) that it builds for SDPA. After `register()`,
+`attn_implementation="elastic"` works as any built-in name (from_config,
+set_attn_implementation).
+
+Each registered function takes what transformers' attention layers pass (module, query,
+key, value, attention_mask, dropout=, scaling=, is_causal=, sliding_window=, softcap=,
+**kwargs; q in (B, H, Lq, D), k and v in (B, Hkv, Lk, D)) and returns (output in
+(B, Lq, H, Dv), None), computing elasticbench.functional's function of that name:
+
+- parameters: those of the `family_attention` submodule use_family puts on the layer (an
+  elasticbench.nn module: ElasticAttention's tau and beta, SymaxAttention's eta,
+  SigmoidAttention's bias, per head, learned on elasticbench.nn's scales); a layer without
+  one computes with the nn modules' initial values (tau = beta = 1, eta = 1,
+  bias = -ln(Lk)), which nothing learns.
+- GQA (Hkv < H): the H // Hkv query heads of a key head are folded into the batch,
+  (B Hkv, H // Hkv, ...), with the key head broadcast across them (a stride-0 view: the
+  Triton kernel reads it in place; the native CPU kernel makes its operands contiguous, so
+  there the copy is made inside the call). Per-head parameters fold the same way.
+- masks: None is what transformers' SDPA path means by it: causal (top-left) when the layer
+  is causal and Lq > 1, nothing hidden otherwise. A 4-D boolean mask that is exactly
+  causal and/or key padding becomes causal=True and a (B, 1, 1, Lk) key-padding mask, which
+  the fused kernels take (O(length) memory); a causal mask aligned bottom-right (a query
+  block at the end of the cache) becomes causal="bottom_right" where the installed library
+  takes it (`bottom_right_supported()`); any other mask is passed as attn_mask (the
+  materialized path). A float mask's entries at or below half of its dtype's lowest value
+  (transformers' "masked") hide their keys exactly (-inf): added as they are, symax would
+  weigh |s - 3.4e38|.
+- scaling is the scale (None: 1/sqrt(D)).
+- refused with one ValueError line: softcap, dropout > 0 on a layer in training,
+  sliding_window on a call without the mask that would express it, output_attentions,
+  position_bias, attention sinks (s_aux).
+
+Bit for bit: a call through the interface computes what elasticbench.functional's function
+computes on the same q, keys repeated per query head, mask and parameters (the fold only
+regroups independent (batch, head) slices). The library never imports this module, and this
+module is the only one that imports transformers (docs/transformers.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .. import functional as F
+from ..attention.layout import head_params, visible
+from ..nn import (
+    ElasticAttention,
+    SigmoidAttention,
+    Softmax1Attention,
+    StablemaxAttention,
+    SymaxAttention,
+)
+
+FAMILY = ("elastic", "softmax1", "symax", "stablemax", "sigmoid")
+PARAM_ATTR = "family_attention"  # the submodule of an attention layer holding its parameters
+
+_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "elastic": F.elastic_attention,
+    "softmax1": F.softmax1_attention,
+    "symax": F.symax_attention,
+    "stablemax": F.stablemax_attention,
+    "sigmoid": F.sigmoid_attention,
+}
+_MODULES: dict[str, type[nn.Module]] = {
+    "elastic": ElasticAttention,
+    "softmax1": Softmax1Attention,
+    "symax": SymaxAttention,
+    "stablemax": StablemaxAttention,
+    "sigmoid": SigmoidAttention,
+}
+
+
+def _check_name(name: str) -> str:
+    if name not in FAMILY:
+        raise ValueError(f"unknown attention {name!r}: the family's names are "
+                         f"{', '.join(FAMILY)}")
+    return name
+
+
+# ------------------------------------------------------------------------- the attention
+
+
+def _params(name: str, module: nn.Module | None, length_k: int) -> dict[str, object]:
+    """The keyword parameters of `name`'s functional form from the layer's family_attention
+    submodule (the nn modules' initial values where the layer has none)."""
+    held = getattr(module, PARAM_ATTR, None) if module is not None else None
+    if held is not None and not isinstance(held, _MODULES[name]):
+        raise ValueError(f"the layer holds {type(held).__name__} parameters but attention "
+                         f"{name!r} was asked: call use_family(model, {name!r})")
+    if name == "elastic":
+        if held is None:
+            return {"tau": 1.0, "beta": 1.0}
+        tau, beta = held.params()
+        return {"tau": tau, "beta": beta}
+    if name == "symax":
+        return {"eta": 1.0 if held is None else held.eta}
+    if name == "sigmoid":
+        if held is None:
+            return {"bias": _context_bias(module)}
+        return {"bias": held.bias(length_k)}
+    return {}
+
+
+def _context_bias(module: nn.Module | None) -> float | None:
+    """Sigmoid's bias -ln(n) for the model's context n (its config's
+    max_position_embeddings), None (-ln(Lk) at each call) where it has none. -ln(Lk) would
+    make a token's output depend on how many tokens follow it, so a cached decode and the
+    full forward would differ."""
+    n = getattr(getattr(module, "config", None), "max_position_embeddings", None)
+    return -math.log(n) if isinstance(n, int) and n > 0 else None
+
+
+def _refuse(name: str, module: nn.Module | None, dropout: float, softcap: float | None,
+            sliding_window: int | None, mask: torch.Tensor | None, length_k: int,
+            kwargs: dict) -> None:
+    """One ValueError line for what the family's attention cannot honour."""
+    what = f"elasticbench's {name} attention"
+    if softcap is not None:
+        raise ValueError(f"{what} cannot apply softcap (logit soft-capping): use a model "
+                         "config without attn_logit_softcapping")
+    if dropout and dropout > 0 and getattr(module, "training", True):
+        raise ValueError(f"{what} has no attention dropout (dropout={dropout} in training): "
+                         "set the config's attention dropout to 0")
+    if sliding_window is not None and mask is None and length_k > sliding_window:
+        raise ValueError(f"{what} got sliding_window={sliding_window} without a mask "
+                         f"expressing it over {length_k} keys")
+    if kwargs.get("output_attentions"):
+        raise ValueError(f"{what} does not return attention weights (output_attentions): "
+                         "use attn_implementation='eager' to inspect them")
+    for key in ("position_bias", "s_aux"):
+        if kwargs.get(key) is not None:
+            raise ValueError(f"{what} cannot add {key} to the scores")
+
+
+@functools.lru_cache(maxsize=1)
+def bottom_right_supported() -> bool:
+    """Whether the installed library's attention functions align causal="bottom_right" at
+    the end of the keys: one query against two keys must see both (top-left would hide the
+    second). Checked by its values, not its signature, since an older library reads any
+    true value as top-left causal."""
+    q = torch.ones(1, 1, 1, 1)
+    k = torch.ones(1, 1, 2, 1)
+    v = torch.tensor([0.0, 1.0]).reshape(1, 1, 2, 1)
+    try:
+        out = F.softmax1_attention(q, k, v, causal="bottom_right")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return bool(out.item() > 0)
+
+
+def _float_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A float mask as a bool one where it only hides or keeps keys, else with its hidden
+    entries (at or below half the dtype's lowest value, transformers' "masked") at -inf."""
+    hidden = mask <= torch.finfo(mask.dtype).min / 2
+    if bool(((mask == 0) | hidden).all()):
+        return ~hidden
+    return mask.masked_fill(hidden, -math.inf)
+
+
+def _canonical(mask: torch.Tensor | None, lq: int, lk: int, causal: bool
+               ) -> tuple[torch.Tensor | None, bool | str]:
+    """(attn_mask, causal) for the functional call from transformers' mask: see module doc.
+    A mask that is exactly causal and/or key padding leaves as causal and a (B, 1, 1, Lk)
+    bool mask (None if no key is padded), which the fused kernels take."""
+    if mask is None:
+        return None, bool(causal and lq > 1)
+    if mask.is_floating_point():
+        mask = _float_mask(mask)
+        if mask.is_floating_point():
+            return mask, False
+    if mask.dtype != torch.bool or mask.ndim != 4 or mask.shape[1:] != (1, lq, lk):
+        return mask, False
+    pad = mask[:, :, -1:, :]  # the last query sees every unpadded key under either causal
+    if torch.equal(mask, pad.expand_as(mask)):
+        return (None if bool(pad.all()) else pad), False
+    if lq > lk:
+        return mask, False
+    if lq == lk:
+        kind: bool | str = True
+    elif bottom_right_supported():
+        kind = "bottom_right"
+    else:
+        return mask, False
+    tri = visible(lq, lk, mask.device, q0=lk - lq)  # bottom-right; top-left when lq == lk
+    if torch.equal(mask, tri & pad):
+        return (None if bool(pad.all()) else pad), kind
+    return mask, False
+
+
+def _fold_heads(value: object, batch: int, kv_heads: int, groups: int) -> object:
+    """A parameter (a float, or a tensor of one value, one per head or broadcasting against
+    (B, H, 1, 1)) laid out for (B Hkv, G) folded heads; one value stays as it is."""
+    if not isinstance(value, torch.Tensor) or value.numel() == 1:
+        return value
+    heads = kv_heads * groups
+    t = head_params(value, batch, heads, value.dtype, value.device)
+    assert isinstance(t, torch.Tensor)
+    return t.expand(batch, heads, 1, 1).reshape(batch * kv_heads, groups, 1, 1)
+
+
+def _fold_mask(mask: torch.Tensor | None, batch: int, kv_heads: int, groups: int
+               ) -> torch.Tensor | None:
+    """A mask broadcasting against (B, H, Lq, Lk) for (B Hkv, G) folded heads."""
+    if mask is None:
+        return None
+    m = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+    if m.shape[:2] == (1, 1):
+        return m
+    if m.shape[1] == 1:  # one mask for every head of a batch row: each key head's copy
+        m = m[:, None].expand(batch, kv_heads, 1, *m.shape[2:])
+        return m.reshape(batch * kv_heads, 1, *m.shape[3:])
+    m = m.expand(batch, kv_heads * groups, *m.shape[2:])
+    return m.reshape(batch * kv_heads, groups, *m.shape[2:])
+
+
+def _attention(name: str, module: nn.Module | None, query: torch.Tensor, key: torch.Tensor,
+               value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
+               scaling: float | None = None, is_causal: bool | None = None,
+               sliding_window: int | None = None, softcap: float | None = None,
+               **kwargs) -> tuple[torch.Tensor, None]:
+    """The registered function of `name` (module doc): (B, Lq, H, Dv) output and None."""
+    batch, heads, lq, _ = query.shape
+    kv_heads, lk = key.shape[1], key.shape[2]
+    _refuse(name, module, dropout, softcap, sliding_window, attention_mask, lk, kwargs)
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} key heads evenly")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    mask, causal = _canonical(attention_mask, lq, lk, bool(is_causal))
+    params = _params(name, module, lk)
+    groups = heads // kv_heads
+    q, k, v = query, key, value
+    if groups > 1:
+        q = query.reshape(batch * kv_heads, groups, lq, query.shape[3])
+        k = key.reshape(batch * kv_heads, 1, lk, key.shape[3]).expand(-1, groups, -1, -1)
+        v = value.reshape(batch * kv_heads, 1, lk, value.shape[3]).expand(-1, groups, -1, -1)
+        params = {p: _fold_heads(x, batch, kv_heads, groups) for p, x in params.items()}
+        mask = _fold_mask(mask, batch, kv_heads, groups)
+    out = _FUNCTIONS[name](q, k, v, scale=scaling, causal=causal, attn_mask=mask, **params)
+    out = out.reshape(batch, heads, lq, value.shape[3])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def attention_function(name: str) -> Callable[..., tuple[torch.Tensor, None]]:
+    """The function register() registers under `name` (an AttentionInterface function)."""
+    _check_name(name)
+    return _REGISTERED[name]
+
+
+def _make(name: str) -> Callable[..., tuple[torch.Tensor, None]]:
+    def forward(module, query, key, value, attention_mask, **kwargs):
+        return _attention(name, module, query, key, value, attention_mask, **kwargs)
+
+    forward.__name__ = f"{name}_attention_forward"
+    forward.__doc__ = f"elasticbench's {name} attention for transformers (module doc)."
+    return forward
+
+
+_REGISTERED = {name: _make(name) for name in FAMILY}
+
+
+# ---------------------------------------------------------------------- registration
+
+
+def register() -> None:
+    """Register every name of FAMILY with transformers' AttentionInterface (and SDPA's mask
+    builder with AttentionMaskInterface); calling it again changes nothing."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    for name, fn in _REGISTERED.items():
+        if AttentionInterface._global_mapping.get(name) is not fn:
+            AttentionInterface.register(name, fn)
+        if AttentionMaskInterface._global_mapping.get(name) is not sdpa_mask:
+            AttentionMaskInterface.register(name, sdpa_mask)
+
+
+def attention_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of each attention layer that dispatches through AttentionInterface:
+    a module with a config, a layer index and a head dimension, as transformers' attention
+    classes hold them (LlamaAttention, GPT2Attention, ...)."""
+    return [(n, m) for n, m in model.named_modules()
+            if all(hasattr(m, a) for a in ("config", "layer_idx", "head_dim"))
+            and not isinstance(m, nn.ModuleList)]
+
+
+def _heads(layer: nn.Module) -> int:
+    for attr in ("num_heads", "num_attention_heads"):
+        if isinstance(getattr(layer, attr, None), int):
+            return getattr(layer, attr)
+    return int(layer.config.num_attention_heads)
+
+
+def _param_shape(param_shape: str | tuple[int, ...], heads: int) -> tuple[int, ...]:
+    if param_shape == "head":
+        return (heads,)
+    if param_shape == "layer":
+        return ()
+    if isinstance(param_shape, tuple) and all(isinstance(n, int) for n in param_shape):
+        return param_shape
+    raise ValueError(f"param_shape must be 'head', 'layer' or a tuple of ints, got "
+                     f"{param_shape!r}")
+
+
+def _new_module(name: str, shape: tuple[int, ...], learnable: bool, tau: float, beta: float,
+                eta: float, bias: float | None) -> nn.Module | None:
+    if name == "elastic":
+        return ElasticAttention(tau=tau, beta=beta, learnable=learnable, param_shape=shape)
+    if name == "symax":
+        return SymaxAttention(eta=eta, learnable=learnable, param_shape=shape)
+    if name == "sigmoid":
+        return SigmoidAttention(bias=bias, learnable=learnable, param_shape=shape)
+    return None  # softmax1 and stablemax have no parameter
+
+
+def _held_shape(module: nn.Module) -> tuple[int, ...]:
+    """The param_shape an elasticbench.nn module was built with."""
+    for attr in ("tau0", "eta0", "bias_shift"):
+        if isinstance(t := getattr(module, attr, None), torch.Tensor):
+            return tuple(t.shape)
+    return ()
+
+
+def use_family(model: nn.Module, name: str, *, param_shape: str | tuple[int, ...] = "head",
+               learnable: bool = True, tau: float = 1.0, beta: float = 1.0, eta: float = 1.0,
+               bias: float | None = None) -> nn.Module:
+    """Switch `model` (a transformers PreTrainedModel) to the family's attention `name`.
+
+    Registers the family (register()), gives each attention layer (attention_layers) a
+    `family_attention` submodule holding its parameters, an elasticbench.nn module:
+    ElasticAttention(tau, beta), SymaxAttention(eta) or SigmoidAttention(bias) with
+    param_shape "head" (one value per query head, the default), "layer" (one per layer) or
+    a tuple, learned on nn's scales when learnable; softmax1 and stablemax have none. The
+    submodules are ordinary parameters of the model (the optimizer, state_dict, save and
+    load see them), on the device and in the floating dtype of the layer's own parameters.
+    A layer already holding a module of the same kind and shape keeps it (and what it has
+    learned); any other is replaced. Then sets the model's attention implementation
+    (set_attn_implementation). Returns the model. ValueError (one line) for an unknown
+    name, a bad param_shape, or a model without attention layers.
+    """
+    _check_name(name)
+    register()
+    layers = attention_layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no attention layer that dispatches "
+                         "through transformers' AttentionInterface")
+    for _, layer in layers:
+        shape = _param_shape(param_shape, _heads(layer))
+        held = getattr(layer, PARAM_ATTR, None)
+        fresh = _new_module(name, shape, learnable, tau, beta, eta,
+                            _context_bias(layer) if bias is None else bias)
+        if fresh is None:
+            if held is not None:
+                delattr(layer, PARAM_ATTR)
+            continue
+        if isinstance(held, type(fresh)) and _held_shape(held) == shape:
+            continue
+        ref = next((p for p in layer.parameters() if p.is_floating_point()), None)
+        if ref is not None:
+            fresh = fresh.to(device=ref.device, dtype=ref.dtype)
+        setattr(layer, PARAM_ATTR, fresh)
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:
+        model.config._attn_implementation = name
+    return model
+
+
+__all__ = ["FAMILY", "PARAM_ATTR", "attention_function", "attention_layers",
+           "bottom_right_supported", "register", "use_family"]
