@@ -24,6 +24,13 @@ either sign, so it learns an additive shift: bias = bias0 + bias_shift (bias_shi
 init), bias0 = -ln(Lk) at each call when no bias is given. Their parameters have
 param_shape: () for one value, (H,) for one per head, or any shape broadcasting against
 (B, H, 1, 1).
+
+Storage: a learned (or fixed) log-scale or shift of param_shape () is stored as a 1-D tensor
+of shape (1,), and viewed as 0-d where the module computes, so tau, beta, eta and the bias
+keep param_shape (a 0-d tau for param_shape ()). FSDP2's fully_shard refuses 0-d
+parameters; 1-D ones shard, all-reduce and checkpoint as any other (docs/distributed.md).
+Checkpoints saved when these were 0-d load as they are: a 0-d saved value is reshaped to
+(1,) on load. Other shapes are stored as given.
 """
 
 from __future__ import annotations
@@ -52,6 +59,50 @@ from .rows.tiers import TORCH, choose
 LOG_SCALE_LIMIT = 40.0
 
 
+def _stored_shape(param_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape a parameter of param_shape is stored in: (1,) for (), else param_shape."""
+    return tuple(param_shape) or (1,)
+
+
+class _OneForScalar(nn.Module):
+    """A module whose log-scales (or shift) of param_shape () are stored with shape (1,)
+    and viewed as 0-d to compute (module doc). `_scalar_names` lists the tensors concerned;
+    loading a state dict reshapes their 0-d saved values (checkpoints from before) to (1,)."""
+
+    param_shape: tuple[int, ...] = ()
+    _scalar_names: tuple[str, ...] = ()
+
+    def _shaped(self, name: str) -> torch.Tensor:
+        """The tensor `name` viewed as param_shape (itself unless param_shape is ())."""
+        value = getattr(self, name)
+        return value.reshape(()) if self.param_shape == () and value.ndim == 1 else value
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        if self.param_shape == ():
+            for name in self._scalar_names:
+                saved = state_dict.get(prefix + name)
+                if isinstance(saved, torch.Tensor) and saved.ndim == 0:
+                    state_dict[prefix + name] = saved.reshape(1)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+    def _shown(self, value: torch.Tensor) -> str:
+        """One value as a number, more (or a sharded one, whose value is spread across
+        processes) as their shape."""
+        if self.param_shape == () and not _distributed_tensor(value):
+            return f"{value.detach().reshape(()).item():.4g}"
+        return f"shape {self.param_shape}"
+
+
+def _distributed_tensor(value: torch.Tensor) -> bool:
+    """Whether value is a DTensor (FSDP2 holds sharded parameters as such between steps)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+    return isinstance(value, DTensor)
+
+
 def _scale(base: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
     """base exp(clamp(log_scale)) in log_scale's dtype, base rounded to it once."""
     scale = torch.exp(log_scale.clamp(-LOG_SCALE_LIMIT, LOG_SCALE_LIMIT))
@@ -70,7 +121,7 @@ def _one_native_node(module: ElasticSoftmax, x: torch.Tensor) -> bool:
     if not (x.requires_grad or s_tau.requires_grad or module.log_beta_scale.requires_grad):
         return False
     return (not traced(x) and s_tau.device == x.device and choose(x, ELASTIC) is CPP
-            and _fits(tuple(s_tau.shape), tuple(x.shape)))
+            and _fits(module.param_shape, tuple(x.shape)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -109,8 +160,10 @@ def _differentiable_scaled_backward(x, y, g, tau0, log_tau, beta0, log_beta, lim
     return tuple(out)
 
 
-class _LearnableTauBeta(nn.Module):
+class _LearnableTauBeta(_OneForScalar):
     """tau = tau0 exp(log_tau_scale), beta = beta0 exp(log_beta_scale) (see module doc)."""
+
+    _scalar_names = ("log_tau_scale", "log_beta_scale")
 
     def __init__(self, tau: float, beta: float, learnable: bool, param_shape: tuple[int, ...],
                  learn_tau: bool | None = None, learn_beta: bool | None = None):
@@ -123,13 +176,14 @@ class _LearnableTauBeta(nn.Module):
                              "pass learn_beta=False to keep it at 0, or a small beta such as "
                              "1e-3")
         self.learnable = self.learn_tau and self.learn_beta
+        self.param_shape = tuple(param_shape)
         # float64 whatever the module's dtype (see _apply): the user's values, exactly
         self.register_buffer("tau0", torch.full(param_shape, checked["tau"], dtype=torch.float64))
         self.register_buffer("beta0", torch.full(param_shape, checked["beta"],
                                                  dtype=torch.float64))
         for name, learned in (("log_tau_scale", self.learn_tau),
                               ("log_beta_scale", self.learn_beta)):
-            scale = torch.zeros(param_shape)
+            scale = torch.zeros(_stored_shape(param_shape))
             if learned:
                 setattr(self, name, nn.Parameter(scale))
             else:
@@ -152,7 +206,7 @@ class _LearnableTauBeta(nn.Module):
         CPU tensors, eagerly, as one native autograd node (elasticbench.native): the eight
         small nodes of the composite cost more than a small Elastic-Softmax itself
         (docs/dispatch.md section 5)."""
-        s_tau, s_beta = self.log_tau_scale, self.log_beta_scale
+        s_tau, s_beta = self._shaped("log_tau_scale"), self._shaped("log_beta_scale")
         if s_tau.device.type == "cpu" and not traced(s_tau) and (ext := extension()) is not None:
             tau, beta = ext.scaled_params(self.tau0, s_tau, self.beta0, s_beta, LOG_SCALE_LIMIT)
             return tau, beta
@@ -167,9 +221,11 @@ class _LearnableTauBeta(nn.Module):
         return self.params()[1]
 
     def _params_repr(self) -> str:
-        t, b = self.tau.detach(), self.beta.detach()
-        show = (lambda v: f"{v.item():.4g}") if t.ndim == 0 else (lambda v: f"shape {tuple(v.shape)}")
-        return (f"tau={show(t)}, beta={show(b)}, learn_tau={self.learn_tau}, "
+        if _distributed_tensor(self.log_tau_scale) or _distributed_tensor(self.log_beta_scale):
+            tau = beta = f"shape {self.param_shape}"
+        else:
+            tau, beta = (self._shown(v) for v in self.params())
+        return (f"tau={tau}, beta={beta}, learn_tau={self.learn_tau}, "
                 f"learn_beta={self.learn_beta}")
 
 
@@ -188,8 +244,9 @@ class ElasticSoftmax(_LearnableTauBeta):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _one_native_node(self, x):
-            return _native_scaled().elastic_scaled(x, self.tau0, self.log_tau_scale, self.beta0,
-                                                   self.log_beta_scale, LOG_SCALE_LIMIT)
+            return _native_scaled().elastic_scaled(x, self.tau0, self._shaped("log_tau_scale"),
+                                                   self.beta0, self._shaped("log_beta_scale"),
+                                                   LOG_SCALE_LIMIT)
         tau, beta = self.params()
         return elastic_softmax(x, tau, beta, dim=self.dim)
 
@@ -256,10 +313,12 @@ class StablemaxAttention(_FamilyAttention):
         return stablemax_attention(q, k, v, **self._kwargs(attn_mask, is_causal))
 
 
-class SymaxAttention(_FamilyAttention):
+class SymaxAttention(_FamilyAttention, _OneForScalar):
     """symax attention of (q, k, v) with eta = eta0 exp(log_eta_scale), learned on a log scale
     as ElasticAttention's tau (see module doc); param_shape () or (H,) or broadcasting
     against (B, H, 1, 1)."""
+
+    _scalar_names = ("log_eta_scale",)
 
     def __init__(self, eta: float = 1.0, learnable: bool = True,
                  param_shape: tuple[int, ...] = (), scale: float | None = None,
@@ -270,8 +329,9 @@ class SymaxAttention(_FamilyAttention):
             raise ValueError("a learned eta needs eta > 0 (it is learned on a log scale); pass "
                              "learnable=False to keep it at 0, or a small eta such as 1e-3")
         self.learnable = learnable
+        self.param_shape = tuple(param_shape)
         self.register_buffer("eta0", torch.full(param_shape, checked, dtype=torch.float64))
-        scale0 = torch.zeros(param_shape)
+        scale0 = torch.zeros(_stored_shape(param_shape))
         if learnable:
             self.log_eta_scale = nn.Parameter(scale0)
         else:
@@ -288,22 +348,24 @@ class SymaxAttention(_FamilyAttention):
     @property
     def eta(self) -> torch.Tensor:
         """eta0 exp(log_eta_scale) in the log-scale's dtype (the module's)."""
-        return _scale(self.eta0, self.log_eta_scale)
+        return _scale(self.eta0, self._shaped("log_eta_scale"))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         return symax_attention(q, k, v, eta=self.eta, **self._kwargs(attn_mask, is_causal))
 
     def extra_repr(self) -> str:
-        e = self.eta.detach()
-        shown = f"{e.item():.4g}" if e.ndim == 0 else f"shape {tuple(e.shape)}"
+        shown = (f"shape {self.param_shape}" if _distributed_tensor(self.log_eta_scale)
+                 else self._shown(self.eta))
         return f"eta={shown}, learnable={self.learnable}, {super().extra_repr()}"
 
 
-class SigmoidAttention(_FamilyAttention):
+class SigmoidAttention(_FamilyAttention, _OneForScalar):
     """sigmoid attention of (q, k, v) with bias = bias0 + bias_shift (see module doc):
     bias0 the given bias, or -ln(Lk) at each call when bias is None; bias_shift learned
     when learnable."""
+
+    _scalar_names = ("bias_shift",)
 
     def __init__(self, bias: float | None = None, learnable: bool = True,
                  param_shape: tuple[int, ...] = (), scale: float | None = None,
@@ -318,7 +380,8 @@ class SigmoidAttention(_FamilyAttention):
                 raise ValueError(f"bias must be finite, got {bias!r}")
         self.bias0 = bias
         self.learnable = learnable
-        shift = torch.zeros(param_shape)
+        self.param_shape = tuple(param_shape)
+        shift = torch.zeros(_stored_shape(param_shape))
         if learnable:
             self.bias_shift = nn.Parameter(shift)
         else:
@@ -328,7 +391,7 @@ class SigmoidAttention(_FamilyAttention):
         """The bias for length_k keys, in the shift's dtype, differentiable in the shift."""
         base = self.bias0 if self.bias0 is not None else (
             -math.log(length_k) if length_k > 0 else 0.0)
-        return self.bias_shift + base
+        return self._shaped("bias_shift") + base
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:

@@ -112,3 +112,85 @@ def test_training_example_runs_both_attentions(tmp_path):
                                                   ("elastic", 4)]
     assert all(0 < float(loss) < 10 for _, _, loss, _, _ in rows)
     assert all("tau" in rest and "beta" in rest for k, *_, rest in rows if k == "elastic")
+
+
+def _modules_with_one_value() -> list[nn.Module]:
+    from elasticbench.nn import ElasticAttention, SigmoidAttention, SymaxAttention
+
+    return [ElasticSoftmax(tau=0.7, beta=0.3), ElasticAttention(tau=0.7, beta=0.3),
+            ElasticSoftmax(tau=0.7, beta=0.0, learn_beta=False), SymaxAttention(eta=0.6),
+            SymaxAttention(eta=0.6, learnable=False), SigmoidAttention(bias=-1.5),
+            SigmoidAttention(learnable=False)]
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_one_value_is_stored_1d_and_computed_0d(index):
+    """param_shape (): the log-scales (or shift) are stored (1,) (FSDP2 shards no 0-d
+    parameter), tau, beta, eta and the bias are 0-d as before."""
+    m = _modules_with_one_value()[index]
+    stored = {n: t for n, t in m.state_dict().items() if n in m._scalar_names}
+    assert stored and all(t.shape == (1,) for t in stored.values())
+    assert all(p.ndim == 1 for p in m.parameters())
+    values = (m.params() if hasattr(m, "params") else
+              [m.eta] if hasattr(m, "eta") else [m.bias(16)])
+    assert all(v.ndim == 0 for v in values)
+    assert "shape" not in repr(m)
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_a_checkpoint_of_0d_parameters_loads(index):
+    """A state dict saved when these were 0-d (before they were stored (1,)) loads strictly,
+    with its values, and the module computes as the one it was saved from."""
+    torch.manual_seed(index)
+    saved_from = _modules_with_one_value()[index]
+    with torch.no_grad():
+        for name in saved_from._scalar_names:
+            getattr(saved_from, name).add_(torch.randn(1) * 0.3)
+    old = {n: (t.reshape(()) if n in saved_from._scalar_names else t)
+           for n, t in saved_from.state_dict().items()}
+    assert any(t.ndim == 0 for n, t in old.items() if n in saved_from._scalar_names)
+    m = _modules_with_one_value()[index]
+    m.load_state_dict(old)
+    for name in m._scalar_names:
+        assert torch.equal(getattr(m, name), getattr(saved_from, name))
+        assert getattr(m, name).shape == (1,)
+    if isinstance(m, ElasticSoftmax):
+        x = torch.randn(3, 8)
+        assert torch.equal(m(x), saved_from(x))
+    else:
+        q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)
+        assert torch.equal(m(q, k, v), saved_from(q, k, v))
+
+
+def test_a_checkpoint_nested_in_a_model_loads_and_a_per_head_one_is_unchanged():
+    from elasticbench.nn import ElasticAttention
+
+    model = nn.ModuleDict({"a": ElasticAttention(), "b": ElasticAttention(param_shape=(3,))})
+    old = {n: (t.reshape(()) if n.startswith("a.log_") else t)
+           for n, t in model.state_dict().items()}
+    assert old["a.log_tau_scale"].ndim == 0 and old["b.log_tau_scale"].shape == (3,)
+    model.load_state_dict(old)
+    assert model["a"].log_tau_scale.shape == (1,) and model["b"].log_tau_scale.shape == (3,)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        model.load_state_dict({**old, "b.log_tau_scale": torch.zeros(())})
+
+
+def test_one_value_gradients_and_values_are_those_of_the_0d_composite():
+    """The stored (1,) log-scales receive, in shape (1,), the gradient the composite gives a
+    0-d log-scale: tau0 exp(s) differentiated by hand."""
+    from elasticbench.nn import _scale
+
+    m = ElasticSoftmax(tau=0.7, beta=0.3)
+    with torch.no_grad():
+        m.log_tau_scale.fill_(0.2)
+        m.log_beta_scale.fill_(-0.4)
+    x = torch.randn(4, 9, generator=torch.Generator().manual_seed(3))
+    m(x).pow(2).sum().backward()
+    s_tau = m.log_tau_scale.detach().reshape(()).clone().requires_grad_()
+    s_beta = m.log_beta_scale.detach().reshape(()).clone().requires_grad_()
+    elastic_softmax(x, _scale(m.tau0, s_tau), _scale(m.beta0, s_beta)).pow(2).sum().backward()
+    assert m.log_tau_scale.grad.shape == (1,) and m.log_beta_scale.grad.shape == (1,)
+    torch.testing.assert_close(m.log_tau_scale.grad.reshape(()), s_tau.grad, rtol=1e-5,
+                               atol=1e-7)
+    torch.testing.assert_close(m.log_beta_scale.grad.reshape(()), s_beta.grad, rtol=1e-5,
+                               atol=1e-7)
