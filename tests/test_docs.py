@@ -164,3 +164,30 @@ def test_a_table_block_is_rewritten_from_its_file(tmp_path: Path) -> None:
     assert "old figures" not in new
     assert "|  | 74b0fe2 | native sweeps |" in new and "measured 2026-11-27" in new
     assert new.startswith("before\n") and new.endswith("<!-- end table -->\nafter\n")
+
+
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+
+
+def dated_prose(text: str) -> list[str]:
+    """The lines of a doc that carry a date outside its generated table blocks (a dated
+    measurement belongs in results/, shown through scripts/docs_tables.py)."""
+    docs_tables = _script("docs_tables")
+    prose = docs_tables.BLOCK.sub(lambda m: m[1] + m[4], text)
+    return [line for line in prose.splitlines() if DATE.search(line)]
+
+
+def test_no_dated_measurement_in_the_docs_prose() -> None:
+    changelog = ROOT / "docs" / "guide" / "CHANGELOG.md"
+    dated = [f"{p.relative_to(ROOT)}: {line.strip()[:80]}"
+             for p in sorted((ROOT / "docs").rglob("*.md")) if p != changelog
+             for line in dated_prose(p.read_text())]
+    assert not dated, "move dated measurements to results/ (docs/guide/CHANGELOG.md):\n" + \
+        "\n".join(dated)
+
+
+def test_the_date_check_skips_generated_tables_only() -> None:
+    block = "<!-- table: results/x.json -->\nmeasured 2026-11-27\n<!-- end table -->"
+    assert dated_prose(f"intro\n{block}\nafter\n") == []
+    assert dated_prose(f"measured 2026-11-27 on this machine\n{block}\n") == [
+        "measured 2026-11-27 on this machine"]
