@@ -23,10 +23,13 @@ key, value, attention_mask, dropout=, scaling=, is_causal=, sliding_window=, sof
   SigmoidAttention's bias, per head, learned on elasticbench.nn's scales); a layer without
   one computes with the nn modules' initial values (tau = beta = 1, eta = 1,
   bias = -ln(Lk)), which nothing learns.
-- GQA (Hkv < H): the H // Hkv query heads of a key head are folded into the batch,
-  (B Hkv, H // Hkv, ...), with the key head broadcast across them (a stride-0 view: the
-  Triton kernel reads it in place; the native CPU kernel makes its operands contiguous, so
-  there the copy is made inside the call). Per-head parameters fold the same way.
+- GQA (Hkv < H): where the fused kernels run (below), the H // Hkv query heads of a key
+  head are folded into the batch, (B Hkv, H // Hkv, ...), with the key head broadcast
+  across them (a stride-0 view: the Triton kernel reads it in place; the native CPU kernel
+  makes its operands contiguous, so there the copy is made inside the call); per-head
+  parameters fold the same way. Where a mask takes the materialized path (scores of
+  H Lq Lk anyway), keys and values are repeated per query head, as transformers'
+  repeat_kv does.
 - masks: None is what transformers' SDPA path means by it: causal (top-left) when the layer
   is causal and Lq > 1, nothing hidden otherwise. A 4-D boolean mask that is exactly
   causal and/or key padding becomes causal=True and a (B, 1, 1, Lk) key-padding mask, which
@@ -228,6 +231,13 @@ def _fold_mask(mask: torch.Tensor | None, batch: int, kv_heads: int, groups: int
     return m.reshape(batch * kv_heads, groups, *m.shape[2:])
 
 
+def _fused(mask: torch.Tensor | None, length_k: int) -> bool:
+    """Whether the functional call with this mask takes the fused kernels: no mask, or a
+    bool key-padding mask (elasticbench.attention.layout.key_padding)."""
+    return mask is None or (mask.dtype == torch.bool and mask.ndim == 4
+                            and mask.shape[1:] == (1, 1, length_k))
+
+
 def _attention(name: str, module: nn.Module | None, query: torch.Tensor, key: torch.Tensor,
                value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
                scaling: float | None = None, is_causal: bool | None = None,
@@ -245,7 +255,12 @@ def _attention(name: str, module: nn.Module | None, query: torch.Tensor, key: to
     params = _params(name, module, lk)
     groups = heads // kv_heads
     q, k, v = query, key, value
-    if groups > 1:
+    if groups > 1 and not _fused(mask, lk):
+        # the materialized path: the scores cost H Lq Lk anyway, so keys are repeated per
+        # query head, and the call is the functional one on the same shapes, bit for bit
+        k, v = (x[:, :, None].expand(batch, kv_heads, groups, *x.shape[2:])
+                .reshape(batch, heads, *x.shape[2:]) for x in (key, value))
+    elif groups > 1:
         q = query.reshape(batch * kv_heads, groups, lq, query.shape[3])
         k = key.reshape(batch * kv_heads, 1, lk, key.shape[3]).expand(-1, groups, -1, -1)
         v = value.reshape(batch * kv_heads, 1, lk, value.shape[3]).expand(-1, groups, -1, -1)
@@ -330,10 +345,7 @@ def _new_module(name: str, shape: tuple[int, ...], learnable: bool, tau: float, 
 
 def _held_shape(module: nn.Module) -> tuple[int, ...]:
     """The param_shape an elasticbench.nn module was built with."""
-    for attr in ("tau0", "eta0", "bias_shift"):
-        if isinstance(t := getattr(module, attr, None), torch.Tensor):
-            return tuple(t.shape)
-    return ()
+    return tuple(getattr(module, "param_shape", ()))
 
 
 def use_family(model: nn.Module, name: str, *, param_shape: str | tuple[int, ...] = "head",

@@ -1,0 +1,228 @@
+"""elasticbench.integrations.transformers: the family through transformers' AttentionInterface
+(registration, per-head parameters that train, the functional form bit for bit, masks, GQA,
+cached decoding against the full forward, refusals). Skipped where transformers is absent."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed "
+                                   "(pip install elasticbench[transformers])")
+
+from elasticbench import functional as F  # noqa: E402
+from elasticbench.integrations import transformers as eb_hf  # noqa: E402
+from elasticbench.nn import ElasticAttention, SigmoidAttention, SymaxAttention  # noqa: E402
+
+PARAMS = {"elastic": ("log_tau_scale", "log_beta_scale"), "symax": ("log_eta_scale",),
+          "sigmoid": ("bias_shift",), "softmax1": (), "stablemax": ()}
+
+
+def tiny_llama(layers: int = 1, seed: int = 0) -> transformers.LlamaForCausalLM:
+    """4 query heads sharing 2 key heads (GQA), head dim 8, context 32."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=31, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return transformers.LlamaForCausalLM(config)
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x.repeat_interleave(groups, dim=1)
+
+
+class Layer(torch.nn.Module):
+    """What an attention layer offers the registered functions: is_causal and, when given,
+    the family's parameters (per head, moved off their initial values)."""
+
+    def __init__(self, name: str, heads: int):
+        super().__init__()
+        self.is_causal = True
+        held = {"elastic": lambda: ElasticAttention(param_shape=(heads,)),
+                "symax": lambda: SymaxAttention(param_shape=(heads,)),
+                "sigmoid": lambda: SigmoidAttention(bias=-2.0, param_shape=(heads,))}
+        if name in held:
+            self.family_attention = held[name]()
+            with torch.no_grad():
+                for p in self.family_attention.parameters():
+                    p.copy_(torch.linspace(-0.3, 0.4, p.numel()).reshape(p.shape))
+
+
+def direct_params(layer: Layer, name: str, lk: int) -> dict:
+    m = getattr(layer, "family_attention", None)
+    if name == "elastic":
+        tau, beta = m.params()
+        return {"tau": tau, "beta": beta}
+    return {"symax": lambda: {"eta": m.eta}, "sigmoid": lambda: {"bias": m.bias(lk)}}.get(
+        name, dict)()
+
+
+def test_register_is_idempotent():
+    eb_hf.register()
+    first = {n: transformers.AttentionInterface._global_mapping[n] for n in eb_hf.FAMILY}
+    eb_hf.register()
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    for name in eb_hf.FAMILY:
+        assert transformers.AttentionInterface._global_mapping[name] is first[name]
+        assert first[name] is eb_hf.attention_function(name)
+        assert AttentionMaskInterface._global_mapping[name] is sdpa_mask
+
+
+@pytest.mark.parametrize("name", eb_hf.FAMILY)
+def test_each_function_trains_its_parameters(name):
+    model = eb_hf.use_family(tiny_llama(), name)
+    assert model.config._attn_implementation == name
+    held = dict(model.named_parameters())
+    ours = [k for k in held if ".family_attention." in k]
+    assert sorted(k.rsplit(".", 1)[1] for k in ours) == sorted(PARAMS[name])
+    for k in ours:
+        assert held[k].shape == (4,)  # one per query head
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 31, (4, 12), generator=data)
+    losses = []
+    for _ in range(3):
+        loss = model(x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        for k in ours:
+            g = held[k].grad
+            assert g is not None and torch.isfinite(g).all() and g.abs().max() > 0, k
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("name", eb_hf.FAMILY)
+def test_interface_is_the_functional_bit_for_bit(name):
+    from transformers.masking_utils import sdpa_mask
+    gen = torch.Generator().manual_seed(2)
+    b, h, hkv, lq, d = 2, 4, 2, 6, 8
+    layer = Layer(name, h)
+    fn = eb_hf.attention_function(name)
+    fns = {"elastic": F.elastic_attention, "softmax1": F.softmax1_attention,
+           "symax": F.symax_attention, "stablemax": F.stablemax_attention,
+           "sigmoid": F.sigmoid_attention}
+    for lk, mask in ((lq, None),  # prefill: causal
+                     (9, None),  # decode-like, full attention (as SDPA reads a None mask)
+                     (9, torch.rand(b, 1, lq, 9, generator=gen) > 0.3)):  # any mask
+        q = torch.randn(b, h, lq if mask is not None or lk == lq else 1, d, generator=gen)
+        k, v = (torch.randn(b, hkv, lk, d, generator=gen) for _ in range(2))
+        out, weights = fn(layer, q, k, v, mask, scaling=0.3)
+        assert weights is None and out.shape == (b, q.shape[2], h, d)
+        want = fns[name](q, repeat_kv(k, 2), repeat_kv(v, 2), scale=0.3,
+                         causal=mask is None and q.shape[2] > 1, attn_mask=mask,
+                         **direct_params(layer, name, lk))
+        assert torch.equal(out, want.transpose(1, 2))
+    # a padded causal prefill: the mask leaves as causal + key padding (the fused path)
+    pad = torch.ones(b, lq, dtype=torch.bool)
+    pad[1, :2] = False
+    mask = sdpa_mask(batch_size=b, q_length=lq, kv_length=lq, attention_mask=pad)
+    q, k, v = (torch.randn(b, n, lq, d, generator=gen) for n in (h, hkv, hkv))
+    out, _ = fn(layer, q, k, v, mask)
+    want = fns[name](q, repeat_kv(k, 2), repeat_kv(v, 2), causal=True,
+                     attn_mask=pad[:, None, None, :], **direct_params(layer, name, lq))
+    assert torch.equal(out, want.transpose(1, 2))
+    materialized = fns[name](q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask,
+                             **direct_params(layer, name, lq))
+    torch.testing.assert_close(out, materialized.transpose(1, 2), rtol=1e-5, atol=1e-6)
+
+
+def test_masks_reach_the_fused_kernels_when_they_can():
+    from transformers.masking_utils import sdpa_mask
+    causal = sdpa_mask(batch_size=2, q_length=5, kv_length=5,
+                       attention_mask=torch.ones(2, 5, dtype=torch.bool))
+    assert causal is None  # transformers' own skip: causal=True
+    pad = torch.tensor([[True] * 5, [False, False, True, True, True]])
+    mask = sdpa_mask(batch_size=2, q_length=5, kv_length=5, attention_mask=pad)
+    got, kind = eb_hf._canonical(mask, 5, 5, True)
+    assert kind is True and torch.equal(got, pad[:, None, None, :])
+    additive = torch.zeros(2, 1, 5, 5).masked_fill(~mask, torch.finfo(torch.float32).min)
+    got, kind = eb_hf._canonical(additive, 5, 5, True)
+    assert kind is True and torch.equal(got, pad[:, None, None, :])
+    # a query block at the end of the cache: bottom-right, kept as a mask until supported
+    br = sdpa_mask(batch_size=1, q_length=2, kv_length=5, q_offset=3,
+                   attention_mask=torch.ones(1, 5, dtype=torch.bool))
+    got, kind = eb_hf._canonical(br, 2, 5, True)
+    if eb_hf.bottom_right_supported():
+        assert kind == "bottom_right" and got is None
+    else:
+        assert kind is False and torch.equal(got, br)
+
+
+@pytest.mark.parametrize("name", eb_hf.FAMILY)
+def test_cached_decoding_is_the_full_forward(name):
+    model = eb_hf.use_family(tiny_llama(layers=2), name).eval()
+    with torch.no_grad():  # parameters off their initial values
+        for p in model.parameters():
+            if p.ndim == 1 and p.shape == (4,):
+                p.add_(torch.linspace(-0.2, 0.3, 4))
+    prompt = torch.randint(0, 31, (2, 5), generator=torch.Generator().manual_seed(3))
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6,
+                         do_sample=False, use_cache=True, output_logits=True,
+                         return_dict_in_generate=True, pad_token_id=0)
+    seq = out.sequences
+    with torch.no_grad():
+        full = model(seq).logits
+        # a chunk of 3 queries against a cache of 6 keys (the bottom-right mask)
+        cache = transformers.DynamicCache(config=model.config)
+        model(seq[:, :6], cache=cache, use_cache=True)
+        chunk = model(seq[:, 6:9], cache=cache, use_cache=True).logits
+    # fp32 through two layers: a few units of rounding of logits of size about 1
+    budget = 64 * torch.finfo(torch.float32).eps * max(1.0, full.abs().max().item())
+    for step, logits in enumerate(out.logits):
+        assert (logits - full[:, 4 + step]).abs().max() <= budget
+    assert torch.equal(full[:, 4:-1].argmax(-1), seq[:, 5:])
+    assert (chunk - full[:, 6:9]).abs().max() <= budget
+
+
+def test_refusals_are_one_line():
+    fn = eb_hf.attention_function("elastic")
+    layer = Layer("elastic", 2)
+    q = k = v = torch.randn(1, 2, 4, 8)
+    for kwargs, word in (({"softcap": 30.0}, "softcap"), ({"dropout": 0.1}, "dropout"),
+                         ({"sliding_window": 2}, "sliding_window"),
+                         ({"output_attentions": True}, "output_attentions")):
+        with pytest.raises(ValueError, match=word) as err:
+            fn(layer, q, k, v, None, **kwargs)
+        assert "\n" not in str(err.value)
+    fn(layer.eval(), q, k, v, None, dropout=0.1)  # dropout is only ever drawn in training
+    with pytest.raises(ValueError, match="unknown attention"):
+        eb_hf.use_family(tiny_llama(), "softmax2")
+    with pytest.raises(ValueError, match="holds SymaxAttention"):
+        eb_hf.attention_function("elastic")(Layer("symax", 2), q, k, v, None)
+
+
+def test_parameters_save_and_load_with_the_model():
+    a = eb_hf.use_family(tiny_llama(), "elastic")
+    with torch.no_grad():
+        a.model.layers[0].self_attn.family_attention.log_tau_scale.fill_(0.25)
+    b = eb_hf.use_family(tiny_llama(seed=1), "elastic")
+    b.load_state_dict(a.state_dict())
+    x = torch.randint(0, 31, (1, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(a(x).logits, b(x).logits)
+    eb_hf.use_family(b, "elastic")  # the same kind again keeps what was learned
+    assert b.model.layers[0].self_attn.family_attention.log_tau_scale.eq(0.25).all()
+
+
+def test_only_the_integration_imports_transformers():
+    """No module of elasticbench but integrations/transformers.py names transformers in an
+    import, and the integrations package does not import that module: the library loads
+    without it (a fresh interpreter's view is tests/test_library_alone.py's)."""
+    root = Path(eb_hf.__file__).resolve().parents[1]
+    importing = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [n.name for n in node.names] if isinstance(node, ast.ImportFrom)
+                     else [])
+            if any(n == "transformers" or n.startswith("transformers.") for n in names):
+                importing.append(path.relative_to(root).as_posix())
+    assert sorted(set(importing)) == ["integrations/transformers.py"]
