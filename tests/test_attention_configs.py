@@ -169,7 +169,7 @@ def test_the_table_path_does_no_timing_no_synchronization(ac, tmp_path, monkeypa
     if on an H100: do_bench, every synchronize and the timing callback raise if touched."""
     import triton.testing
 
-    from elasticbench.audit.capture import capture_launches
+    from elasticbench.harness.audit.capture import capture_launches
     from elasticbench.kernels.triton.attention import attention_backward, attention_forward
 
     kv = ac.configs("dkdv", 64, torch.bfloat16, True)
@@ -336,3 +336,36 @@ def test_tune_under_the_interpreter_writes_a_loadable_table_marked_as_such(ac, t
     assert done.returncode == 0 and "the budget (0.001 s) stopped it" in done.stdout
     assert json.loads(spent.read_text())["complete"] is False
     assert ac.load_table(spent).entries == {}
+
+
+def test_the_family_weights_offer_the_rules_and_the_smallest_configuration_alone(ac):
+    """Each family weight's list (pointer and TMA) is Elastic's less what spills for that
+    weight, trimmed to its first and its smallest configuration: the rule and the
+    interpreter choose as from the whole list (the module docstring says why)."""
+    from elasticbench.attention.weights import Weight
+
+    family = [w for w in Weight if w != Weight.ELASTIC]
+    assert len(family) == 4
+    lengths = []
+    for kernel in ac.KERNELS:
+        for cls in (64, 128):
+            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                for causal in (False, True):
+                    for padded in (False, True):
+                        for tma in (False, True):
+                            full = ac.configs(kernel, cls, dtype, causal, Weight.ELASTIC,
+                                              tma, padded)
+                            for w in family:
+                                untrimmed = tuple(
+                                    t for t in full
+                                    if (kernel, cls, causal, w, t) not in ac._SPILLS_FOR)
+                                got = ac.configs(kernel, cls, dtype, causal, w, tma, padded)
+                                lengths.append(len(got))
+                                if not untrimmed:
+                                    assert got == ()
+                                    continue
+                                assert got[0] == untrimmed[0]
+                                assert ac.smallest(got) == ac.smallest(untrimmed)
+                                assert set(got) == {untrimmed[0], ac.smallest(untrimmed)}
+                                assert list(got) == [t for t in untrimmed if t in got]
+    assert max(lengths) == 2 and 0 in lengths  # fp32 and dk/dv at 128 have no TMA list

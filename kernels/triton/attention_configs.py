@@ -27,6 +27,19 @@ TMA: the 16-bit lists have a second form of tiles that move through tensor descr
 (`tma_available`) and the call's device and tensors allow them; a table may name either, the
 rule and the interpreter take the pointer form; $ELASTICBENCH_TRITON_ATTENTION_TMA=0 / 1
 keeps one kind.
+
+The family's other weights (softmax1, symax, stablemax, sigmoid) are offered at most
+two configurations per list, where Elastic has up to five: of what Elastic's list leaves them (less
+what spills for them, `_SPILLS_FOR`), the rule's (the first) and the smallest (the
+interpreter's, and a tile that fits where the larger does not), pointer and TMA lists alike
+(`_family_trim`). The lists were chosen for Elastic and none of their configurations has run
+on a GPU for any weight; a GPU session tunes Elastic's keys first (`elasticbench tune`:
+144 keys at the two 16-bit dtypes and head dims 64 and 128), and the family's 576 more keys
+with up to ten candidates each are more than a session times, so their further
+candidates would only be audited, never chosen. Both the rule and the interpreter choose
+as they would from the full lists, and each compile the audit does not need (1-3 s on a
+2-core CPU, one per configuration, weight, dtype, head dim, causal and padding, per Triton)
+is gone: 768 family configurations instead of 1292.
 """
 
 from __future__ import annotations
@@ -191,9 +204,20 @@ def _listed(kernel: str, cls: int, dtype: torch.dtype, causal: bool, w: Weight, 
         return _FP32_AT.get((kernel, cls), _FP32[kernel])
     else:
         listed = _HALF.get((kernel, cls), _HALF_WIDE[kernel])
-    return tuple(t for t in listed if not (causal and (kernel, cls, t) in _NOT_CAUSAL)
+    kept = tuple(t for t in listed if not (causal and (kernel, cls, t) in _NOT_CAUSAL)
                  and (kernel, cls, bool(causal), w, t) not in _SPILLS_FOR
                  and not (padded and (kernel, cls, bool(causal), t) in _PADDED_SPILLS))
+    return kept if w == Weight.ELASTIC else _family_trim(kept)
+
+
+def _family_trim(kept: tuple[Tiles, ...]) -> tuple[Tiles, ...]:
+    """A family weight's list (every weight but Elastic; see the module docstring): of what
+    Elastic's list leaves it, the rule's configuration (the first) and the smallest (the
+    interpreter's, and the one that fits where a larger one does not), in list order."""
+    if len(kept) <= 2:
+        return kept
+    keep = {kept[0], smallest(kept)}
+    return tuple(t for t in kept if t in keep)
 
 
 def offered(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
