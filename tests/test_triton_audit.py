@@ -51,7 +51,7 @@ def audits(tmp_path_factory) -> list[dict]:
         if not out.exists():
             env = {**devices.interpreter_env(on=False), "TRITON_DEFAULT_FP_FUSION": "1"}
             part = out.with_suffix(".part")
-            cmd = [sys.executable, "-m", "elasticbench.audit", "--gpu", "h100-sxm",
+            cmd = [sys.executable, "-m", "elasticbench.harness.audit", "--gpu", "h100-sxm",
                    "-d", "fp32,bf16", "--sizes", "4096,65536", "--json", str(part)]
             run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
             assert run.returncode == 0, run.stderr[-4000:]
@@ -111,3 +111,83 @@ def test_16_bit_outputs_divide_per_row_not_per_element(audits) -> None:
             assert a["ptx_div_rn"] < per_thread, a  # a per-element division would be >= it
         if a["dtype"] == "fp32" and a["mode"] == "fwd" and a["path"] == "fused":
             assert a["ptx_div_rn"] >= per_thread  # fp32 keeps the correctly rounded quotient
+
+
+# The attention compile audits as committed (results/triton-audit/attention-triton-*.json,
+# `elasticbench audit --attention --json`): read, never recompiled here (a full audit is an
+# hour of a core per Triton). What fails: a file that contradicts itself, a configuration
+# still offered that the file says fails, or a file that says complete=true yet misses a
+# configuration the lists offer now (a list grew without an audit). What only warns: the
+# kernel source changed since the audit (audits lag kernel edits; the next audit says).
+AUDITS = Path(__file__).parent.parent / "results" / "triton-audit"
+KERNEL_SOURCE = Path(__file__).parent.parent / "kernels" / "triton" / "attention.py"
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _attention_audits() -> list[Path]:
+    return sorted(AUDITS.glob("attention-triton-*.json"))
+
+
+def _offered_now(record: dict) -> set[tuple]:
+    """(kernel, head dim, dtype, causal, padded, weight, tiles text) of every configuration
+    the lists offer now for the file's dtypes, weights and head dims (what the audit command
+    enumerates: pointer and TMA lists, each causal and key-padding case)."""
+    import itertools
+
+    import torch
+
+    from elasticbench.attention.weights import Weight
+    from elasticbench.kernels.triton import attention_configs as ac
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    out = set()
+    for weight, dtype, kernel, head_dim, causal, padded, tma in itertools.product(
+            record["weights"], record["dtypes"], ac.KERNELS, record["head_dims"],
+            (False, True), (False, True), (False, True)):
+        for t in ac.configs(kernel, head_dim, dtypes[dtype], causal, Weight[weight.upper()],
+                            tma, padded):
+            out.add((kernel, head_dim, _DTYPE_NAMES[dtype], causal, padded, weight, str(t)))
+    return out
+
+
+def _audited(report: dict) -> tuple:
+    return (report["kernel"], report["head_dim"], report["dtype"], report["causal"],
+            report["padded"], report["weight"], report["tiles"])
+
+
+def test_the_committed_attention_audits_are_consistent_and_cover_what_they_claim() -> None:
+    import hashlib
+    import warnings
+
+    paths = _attention_audits()
+    assert {p.name for p in paths} >= {"attention-triton-3.6.0.json",
+                                       "attention-triton-3.9.0.json"}
+    source = hashlib.sha256(KERNEL_SOURCE.read_bytes()).hexdigest()
+    for path in paths:
+        record = json.loads(path.read_text())
+        version = path.stem.removeprefix("attention-triton-")
+        assert record["triton"] == version and record["arch"] == 90, path.name
+        reports = record["reports"]
+        assert record["configurations"] == len(reports), path.name
+        assert record["failing"] == sum(1 for r in reports if r["problems"]), path.name
+        audited = [_audited(r) for r in reports]
+        assert len(set(audited)) == len(audited), f"{path.name} audits a configuration twice"
+        offered = _offered_now(record)
+        still_failing = sorted(str(a) for a, r in zip(audited, reports, strict=True)
+                               if r["problems"] and a in offered)
+        assert not still_failing, f"{path.name}: offered, yet the audit says they fail: " + \
+            "; ".join(still_failing[:5])
+        missing = sorted(str(a) for a in offered - set(audited))
+        if record["complete"]:
+            assert record["configurations"] == record["of"], path.name
+            assert not missing, (f"{path.name} says complete, yet {len(missing)} offered "
+                                 f"configurations are not in it, e.g. {missing[0]}: audit "
+                                 "again (docs/attention.md section 7)")
+        else:
+            warnings.warn(f"{path.name}: a partial audit ({record['configurations']} of "
+                          f"{record['of']}); {len(missing)} offered configurations unaudited",
+                          stacklevel=1)
+        if record["kernel_sha256"] != source:
+            warnings.warn(f"{path.name} audited kernels/triton/attention.py at commit "
+                          f"{record['commit'][:7]}; the file has changed since: audit again "
+                          "before trusting it for the current kernel", stacklevel=1)
