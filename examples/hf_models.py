@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -226,7 +227,8 @@ def table(doc: dict) -> str:
                  f"{o['d_model']}, {o['layers']} layers, {o['heads']} heads (Llama: "
                  f"{o['kv_heads']} key heads), AdamW lr {o['lr']}, seed {o['seed']}; "
                  f"{doc['machine']}, {doc['threads']} thread(s); torch {doc['torch']}, "
-                 f"transformers {doc['transformers']}; {doc['seconds']:.0f} s in all.")
+                 f"transformers {doc['transformers']}; commit {doc.get('commit') or '?'}; "
+                 f"{doc['seconds']:.0f} s in all.")
     return "\n".join(lines) + "\n"
 
 
@@ -315,11 +317,21 @@ def run(args: argparse.Namespace) -> dict:
     task = _train_example().chars_task(args.length)
     start, cpu_start = time.perf_counter(), time.process_time()
     runs = [train(model, kind, task, args) for model in args.model for kind in args.attention]
-    return {"runs": runs, "task": task.about, "options": vars(args),
+    return {"runs": runs, "task": task.about, "options": vars(args), "commit": _commit(),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
             "threads": torch.get_num_threads(), "seconds": time.perf_counter() - start,
             "cpu_seconds": time.process_time() - cpu_start}
+
+
+def _commit() -> str | None:
+    """The checkout's commit (None outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=EXAMPLES,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
 
 
 def main(argv: list[str] | None = None) -> None:

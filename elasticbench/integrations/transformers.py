@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -175,6 +176,11 @@ def _float_mask(mask: torch.Tensor) -> torch.Tensor:
     return mask.masked_fill(hidden, -math.inf)
 
 
+# The last mask _canonical read and its answer: a model passes the same mask tensor to every
+# layer, so it is read once per forward (a weak reference, so it is not kept alive here).
+_LAST: list = [None, None, None]
+
+
 def _canonical(mask: torch.Tensor | None, lq: int, lk: int, causal: bool
                ) -> tuple[torch.Tensor | None, bool | str]:
     """(attn_mask, causal) for the functional call from transformers' mask: see module doc.
@@ -182,6 +188,19 @@ def _canonical(mask: torch.Tensor | None, lq: int, lk: int, causal: bool
     bool mask (None if no key is padded), which the fused kernels take."""
     if mask is None:
         return None, bool(causal and lq > 1)
+    try:
+        key = (mask._version, lq, lk)
+    except RuntimeError:  # an inference-mode tensor keeps no version: read it each time
+        return _read_mask(mask, lq, lk)
+    if _LAST[0] is not None and _LAST[0]() is mask and _LAST[1] == key:
+        return _LAST[2]
+    answer = _read_mask(mask, lq, lk)
+    _LAST[:] = [weakref.ref(mask), key, answer]
+    return answer
+
+
+def _read_mask(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor | None, bool | str]:
+    """_canonical's answer for a mask, reading its values."""
     if mask.is_floating_point():
         mask = _float_mask(mask)
         if mask.is_floating_point():
@@ -393,5 +412,28 @@ def use_family(model: nn.Module, name: str, *, param_shape: str | tuple[int, ...
     return model
 
 
+def family_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The entries of model.state_dict() that use_family added (the `family_attention`
+    submodules' parameters and buffers), by their state_dict names."""
+    return {k: v for k, v in model.state_dict().items() if f".{PARAM_ATTR}." in f".{k}"}
+
+
+def load_family_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load the family's parameters of `model` (after use_family) from a state dict holding
+    them, such as a save_pretrained checkpoint's tensors: transformers' from_pretrained
+    builds the layers without them and drops them as unexpected keys. Every entry
+    family_state(model) names must be in `state` (ValueError, one line, naming the first
+    one missing); nothing else of the model is touched."""
+    wanted = family_state(model)
+    if not wanted:
+        raise ValueError("the model has no family parameters: call use_family first")
+    missing = [k for k in wanted if k not in state]
+    if missing:
+        raise ValueError(f"{len(missing)} of the model's {len(wanted)} family entries are "
+                         f"not in the state dict, the first {missing[0]!r}")
+    model.load_state_dict({k: state[k] for k in wanted}, strict=False)
+
+
 __all__ = ["FAMILY", "PARAM_ATTR", "attention_function", "attention_layers",
-           "bottom_right_supported", "register", "use_family"]
+           "bottom_right_supported", "family_state", "load_family_state", "register",
+           "use_family"]

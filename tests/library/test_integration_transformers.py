@@ -145,6 +145,11 @@ def test_masks_reach_the_fused_kernels_when_they_can():
     additive = torch.zeros(2, 1, 5, 5).masked_fill(~mask, torch.finfo(torch.float32).min)
     got, kind = eb_hf._canonical(additive, 5, 5, True)
     assert kind is True and torch.equal(got, pad[:, None, None, :])
+    # read once per mask tensor, again after an in-place change
+    assert eb_hf._canonical(mask, 5, 5, True)[1] is True
+    mask[0, 0, 4, 0] = False
+    got, kind = eb_hf._canonical(mask, 5, 5, True)
+    assert kind is False and got is mask
     # a query block at the end of the cache: bottom-right, kept as a mask until supported
     br = sdpa_mask(batch_size=1, q_length=2, kv_length=5, q_offset=3,
                    attention_mask=torch.ones(1, 5, dtype=torch.bool))
@@ -209,6 +214,13 @@ def test_parameters_save_and_load_with_the_model():
         assert torch.equal(a(x).logits, b(x).logits)
     eb_hf.use_family(b, "elastic")  # the same kind again keeps what was learned
     assert b.model.layers[0].self_attn.family_attention.log_tau_scale.eq(0.25).all()
+    # from_pretrained drops the family's entries; load_family_state puts them back
+    c = eb_hf.use_family(tiny_llama(), "elastic")
+    eb_hf.load_family_state(c, dict(a.state_dict()))
+    assert c.model.layers[0].self_attn.family_attention.log_tau_scale.eq(0.25).all()
+    assert sorted(eb_hf.family_state(c)) == sorted(eb_hf.family_state(a))
+    with pytest.raises(ValueError, match="not in the state dict"):
+        eb_hf.load_family_state(c, {})
 
 
 def test_only_the_integration_imports_transformers():
