@@ -11,11 +11,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 from elasticbench.attention.weights import Weight
+from elasticbench.harness.audit.capture import capture_launches
+from elasticbench.harness.audit.compile import compile_launch, resource_usage
 from elasticbench.kernels.triton import attention_configs as ac
 from elasticbench.kernels.triton.attention import attention_backward, attention_forward
 from elasticbench.kernels.triton.attention_configs import Tiles
-from elasticbench.harness.audit.capture import capture_launches
-from elasticbench.harness.audit.compile import compile_launch, resource_usage
 
 SHARED_PER_BLOCK = 227 * 1024  # sm_90: 228 KiB per SM, 227 KiB usable by one block
 
@@ -105,7 +105,18 @@ def launchable(dtypes: tuple[str, ...] = ("bf16", "fp16", "fp32"),
     """Every configuration the table and the rule can launch at these head-dim classes: for
     each (kernel, dtype, causal, key padding, weight) the pointer configurations and the
     TMA ones (where this Triton has descriptors), as `attention_configs.configs` lists them
-    (a table may name only those: attention_configs.load_table refuses others)."""
+    (a table may name only those: attention_configs.load_table refuses others). The rule's
+    configurations (the first of each pointer list: what a call launches where no table
+    names its key) come first, then the rest, so that an audit stopped early has covered
+    what runs by default."""
+    items = list(_every(dtypes, weights, head_dims))
+    ruled = [_is_rule(i) for i in items]
+    yield from (i for i, r in zip(items, ruled, strict=True) if r)
+    yield from (i for i, r in zip(items, ruled, strict=True) if not r)
+
+
+def _every(dtypes: tuple[str, ...], weights: tuple[str, ...] | None,
+           head_dims: tuple[int, ...]) -> Iterator[AuditItem]:
     names = weights or tuple(w.name.lower() for w in Weight)
     for weight in names:
         w = Weight[weight.upper()]
@@ -119,6 +130,15 @@ def launchable(dtypes: tuple[str, ...] = ("bf16", "fp16", "fp32"),
                                                     w, tma, padded):
                                     yield AuditItem(kernel, head_dim, dtype, causal, padded,
                                                     w.name.lower(), t)
+
+
+def _is_rule(item: AuditItem) -> bool:
+    """Whether `item` is the rule's configuration for its key (attention_configs.rule)."""
+    if item.tiles.tma:
+        return False
+    plain = ac.configs(item.kernel, item.head_dim, DTYPES[item.dtype], item.causal,
+                       Weight[item.weight.upper()], padded=item.padded)
+    return bool(plain) and ac.rule(plain) == item.tiles
 
 
 def audit(items: list[AuditItem], arch: int = 90,
