@@ -14,12 +14,16 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed "
                                    "(pip install elasticbench[transformers])")
 
+from elasticbench import devices, dispatch  # noqa: E402
 from elasticbench import functional as F  # noqa: E402
 from elasticbench.integrations import transformers as eb_hf  # noqa: E402
 from elasticbench.nn import ElasticAttention, SigmoidAttention, SymaxAttention  # noqa: E402
 
 PARAMS = {"elastic": ("log_tau_scale", "log_beta_scale"), "symax": ("log_eta_scale",),
           "sigmoid": ("bias_shift",), "softmax1": (), "stablemax": ()}
+FUNCTIONS = {"elastic": F.elastic_attention, "softmax1": F.softmax1_attention,
+             "symax": F.symax_attention, "stablemax": F.stablemax_attention,
+             "sigmoid": F.sigmoid_attention}
 
 
 def tiny_llama(layers: int = 1, seed: int = 0) -> transformers.LlamaForCausalLM:
@@ -105,9 +109,6 @@ def test_interface_is_the_functional_bit_for_bit(name):
     b, h, hkv, lq, d = 2, 4, 2, 6, 8
     layer = Layer(name, h)
     fn = eb_hf.attention_function(name)
-    fns = {"elastic": F.elastic_attention, "softmax1": F.softmax1_attention,
-           "symax": F.symax_attention, "stablemax": F.stablemax_attention,
-           "sigmoid": F.sigmoid_attention}
     for lk, mask in ((lq, None),  # prefill: causal
                      (9, None),  # decode-like, full attention (as SDPA reads a None mask)
                      (9, torch.rand(b, 1, lq, 9, generator=gen) > 0.3)):  # any mask
@@ -115,7 +116,7 @@ def test_interface_is_the_functional_bit_for_bit(name):
         k, v = (torch.randn(b, hkv, lk, d, generator=gen) for _ in range(2))
         out, weights = fn(layer, q, k, v, mask, scaling=0.3)
         assert weights is None and out.shape == (b, q.shape[2], h, d)
-        want = fns[name](q, repeat_kv(k, 2), repeat_kv(v, 2), scale=0.3,
+        want = FUNCTIONS[name](q, repeat_kv(k, 2), repeat_kv(v, 2), scale=0.3,
                          causal=mask is None and q.shape[2] > 1, attn_mask=mask,
                          **direct_params(layer, name, lk))
         assert torch.equal(out, want.transpose(1, 2))
@@ -125,10 +126,10 @@ def test_interface_is_the_functional_bit_for_bit(name):
     mask = sdpa_mask(batch_size=b, q_length=lq, kv_length=lq, attention_mask=pad)
     q, k, v = (torch.randn(b, n, lq, d, generator=gen) for n in (h, hkv, hkv))
     out, _ = fn(layer, q, k, v, mask)
-    want = fns[name](q, repeat_kv(k, 2), repeat_kv(v, 2), causal=True,
+    want = FUNCTIONS[name](q, repeat_kv(k, 2), repeat_kv(v, 2), causal=True,
                      attn_mask=pad[:, None, None, :], **direct_params(layer, name, lq))
     assert torch.equal(out, want.transpose(1, 2))
-    materialized = fns[name](q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask,
+    materialized = FUNCTIONS[name](q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask,
                              **direct_params(layer, name, lq))
     torch.testing.assert_close(out, materialized.transpose(1, 2), rtol=1e-5, atol=1e-6)
 
@@ -230,7 +231,10 @@ def test_only_the_integration_imports_transformers():
     root = Path(eb_hf.__file__).resolve().parents[1]
     importing = []
     for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        text = path.read_text(encoding="utf-8")
+        if "transformers" not in text:  # no import can name it
+            continue
+        for node in ast.walk(ast.parse(text)):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
                      else [n.name for n in node.names] if isinstance(node, ast.ImportFrom)
@@ -238,3 +242,37 @@ def test_only_the_integration_imports_transformers():
             if any(n == "transformers" or n.startswith("transformers.") for n in names):
                 importing.append(path.relative_to(root).as_posix())
     assert sorted(set(importing)) == ["integrations/transformers.py"]
+
+
+if not devices.triton_interpreted():
+
+    @pytest.mark.ci  # about 40 s of a core under the interpreter
+    @pytest.mark.needs("triton")
+    def test_the_triton_kernel_under_the_interpreter(under_interpreter):
+        under_interpreter(__file__, "-k", "triton_kernel_reads", timeout=600)
+
+else:
+
+    @pytest.mark.needs("triton")
+    def test_the_triton_kernel_reads_the_folded_heads():
+        """GQA folded into the batch, keys a stride-0 view across the query heads: the
+        Triton kernel's output and gradients (q, k, v and the parameters) are those of the
+        functional call on keys repeated per head, bit for bit."""
+        from elasticbench.attention.autograd import choose
+        gen = torch.Generator().manual_seed(0)
+        b, h, hkv, length, d = 1, 4, 2, 16, 16
+        with dispatch.forcing("triton"):
+            for name in eb_hf.FAMILY:
+                layer = Layer(name, h)
+                q = torch.randn(b, h, length, d, generator=gen, requires_grad=True)
+                k, v = (torch.randn(b, hkv, length, d, generator=gen, requires_grad=True)
+                        for _ in range(2))
+                assert choose(q).name == "triton"
+                wrt = [q, k, v, *layer.parameters()]
+                out, _ = eb_hf.attention_function(name)(layer, q, k, v, None)
+                got = torch.autograd.grad(out.sum(), wrt)
+                want = FUNCTIONS[name](q, repeat_kv(k, 2), repeat_kv(v, 2), causal=True,
+                                       **direct_params(layer, name, length)).transpose(1, 2)
+                assert torch.equal(out, want), name
+                for g, w in zip(got, torch.autograd.grad(want.sum(), wrt), strict=True):
+                    assert torch.equal(g, w), name
