@@ -369,16 +369,19 @@ def _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
+def _query_ranges(m0, lk, offset, kend_ptr, batch, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
     """For a query block starting at m0: (end of the unmasked key blocks, end of all keys it
-    visits). Causally no key past its last query; with key padding none after the batch's
-    last kept key, and every block masked (the mask may have holes)."""
+    visits). Causally (query i sees key j iff j <= i + offset) no key past what its last
+    query sees, and unmasked only the blocks its first query sees whole; both 0 where no
+    query of the block sees a key (offset < -m0: its queries keep nothing, out = 0); with key
+    padding none after the batch's last kept key, and every block masked (the mask may have
+    holes)."""
     end = lk
     full = lk // BLOCK_N * BLOCK_N
-    if CAUSAL:
-        end = tl.minimum(lk, m0 + BLOCK_M)
-        full = tl.minimum(full, (m0 + 1) // BLOCK_N * BLOCK_N)
+    if CAUSAL:  # clamped at 0 before the division: // of a negative int32 truncates
+        end = tl.minimum(lk, tl.maximum(m0 + BLOCK_M + offset, 0))
+        full = tl.minimum(full, tl.maximum(m0 + 1 + offset, 0) // BLOCK_N * BLOCK_N)
     if HAS_MASK:
         end = tl.minimum(end, tl.load(kend_ptr + batch))
         full = 0
@@ -391,14 +394,15 @@ def _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 
 @triton.jit
 def _fwd_tile(q, k_src, v_src, sk, sv, keep_ptr, batch, start, offs_m, m, mk, l, acc, k2,  # noqa: E741
-              scale, bias, lk,
+              scale, bias, lk, offset,
               D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
               SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr, TMA: tl.constexpr,
               EXP2_ULPS: tl.constexpr):
     """One block of keys folded into a query block's running (m, l, acc); the sums family
-    (symax, stablemax, sigmoid) keeps m = 0 and plain sums. k_src, v_src: _rows_source."""
+    (symax, stablemax, sigmoid) keeps m = 0 and plain sums. k_src, v_src: _rows_source;
+    causally query i sees key j iff j <= i + offset."""
     offs_n = start + tl.arange(0, BLOCK_N)
     col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
     # a padded key's score is hidden below: k needs no zeroing (HOLES off)
@@ -407,7 +411,7 @@ def _fwd_tile(q, k_src, v_src, sk, sv, keep_ptr, batch, start, offs_m, m, mk, l,
     if MASKED:
         visible = col_ok[None, :]
         if CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            visible = visible & ((offs_n - offset)[None, :] <= offs_m[:, None])
         qk = tl.where(visible, qk, float("-inf"))
     if WEIGHT <= SOFTMAX1:
         m_new = tl.maximum(m, max_nan(qk, 1), propagate_nan=tl.PropagateNan.ALL)
@@ -447,11 +451,13 @@ def _fwd_tile(q, k_src, v_src, sk, sv, keep_ptr, batch, start, offs_m, m, mk, l,
     return m_new, mk_new, l, acc
 
 
-@triton.jit
+# offset unspecialized: a decode step's lk - lq varies per call, one compile serves all
+@triton.jit(do_not_specialize=["offset"])
 def attention_forward_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, keep_ptr, kend_ptr, sq_b,
     sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr, sv_b, sv_h,
-    sv_l: tl.constexpr, p0_b, p0_h, p1_b, p1_h, lq, lk, scale, scale_log2e, heads, n_blocks,
+    sv_l: tl.constexpr, p0_b, p0_h, p1_b, p1_h, lq, lk, offset, scale, scale_log2e, heads,
+    n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
@@ -460,7 +466,8 @@ def attention_forward_kernel(
 ):
     """out, m and den of one block of BLOCK_M queries of one (batch, head). q, k, v and out
     are reached through their (batch, head, row) strides, their columns 1 apart; the
-    parameters through their (batch, head) strides (_bh_params)."""
+    parameters through their (batch, head) strides (_bh_params); with CAUSAL query i sees
+    key j iff j <= i + offset (a runtime integer: 0 top-left, lk - lq bottom-right)."""
     sq_r = _row_stride(sq_l, WIDE)
     sk_r = _row_stride(sk_l, WIDE)
     sv_r = _row_stride(sv_l, WIDE)
@@ -487,15 +494,16 @@ def attention_forward_kernel(
     mk = tl.zeros([BLOCK_M], dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)  # noqa: E741
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
+    full, end = _query_ranges(m0, lk, offset, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL,
+                              HAS_MASK)
     for start in range(0, full, BLOCK_N):
         m, mk, l, acc = _fwd_tile(q, k_src, v_src, sk_r, sv_r, keep_ptr, batch, start,  # noqa: E741
-                                  offs_m, m, mk, l, acc, k2, scale, tau, lk, D, DV, BLOCK_N,
+                                  offs_m, m, mk, l, acc, k2, scale, tau, lk, offset, D, DV, BLOCK_N,
                                   BLOCK_D, BLOCK_DV, False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL,
                                   WEIGHT, TMA, EXP2_ULPS)
     for start in range(full, end, BLOCK_N):
         m, mk, l, acc = _fwd_tile(q, k_src, v_src, sk_r, sv_r, keep_ptr, batch, start,  # noqa: E741
-                                  offs_m, m, mk, l, acc, k2, scale, tau, lk, D, DV, BLOCK_N,
+                                  offs_m, m, mk, l, acc, k2, scale, tau, lk, offset, D, DV, BLOCK_N,
                                   BLOCK_D, BLOCK_DV, True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL,
                                   WEIGHT, TMA, EXP2_ULPS)
     if WEIGHT <= SOFTMAX1:
@@ -516,7 +524,7 @@ def attention_forward_kernel(
             hit = col_ok[None, :] & saturated[:, None] & _hit(_dot(q, tl.trans(k), IEEE),
                                                               scale, ms[:, None], WEIGHT)
             if CAUSAL:
-                hit = hit & (offs_n[None, :] <= offs_m[:, None])
+                hit = hit & ((offs_n - offset)[None, :] <= offs_m[:, None])
             v = _load_rows(v_base, offs_n, col_ok, sv_r, DV, BLOCK_DV, True)
             l += tl.sum(hit.to(tl.float32), axis=1)  # noqa: E741
             acc += _dot(hit.to(v.dtype), v, IEEE)
@@ -584,6 +592,17 @@ def _param(p: Param, b: int, h: int, device: torch.device, name: str
         raise ValueError(f"the triton attention kernel's {name} must broadcast to (batch, "
                          f"heads) = ({b}, {h}), got shape {tuple(p.shape)}") from None
     return view, view.stride(0), view.stride(1)
+
+
+def _offset(causal: bool, offset: int) -> int:
+    """The kernels' causal offset: `offset` where causal (an int, |offset| < 2^31), else 0
+    (unread: CAUSAL off)."""
+    if not causal:
+        return 0
+    if isinstance(offset, bool) or not isinstance(offset, int) or abs(offset) >= 2**31:
+        raise ValueError(f"the triton attention kernel's causal offset must be an integer "
+                         f"of magnitude < 2^31, got {offset!r}")
+    return offset
 
 
 def _pow2(n: int, least: int = 16) -> int:
@@ -752,7 +771,7 @@ def _timer(launch):
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Param,
                       p1: Param, scale: float, causal: bool,
                       key_mask: torch.Tensor | None = None, weight: Weight = Weight.ELASTIC,
-                      tile: Tiles | None = None
+                      tile: Tiles | None = None, offset: int = 0
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out in q's dtype, m, den) with out (batch, heads, length_q, dim_v) contiguous, m and
     den (batch, heads, length_q) in fp32; q, k, v (batch, heads, length, dim) in fp32, fp16
@@ -761,9 +780,12 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Par
     Weight.ELASTIC (the weight's parameters, weights.py), each a float or a tensor that
     broadcasts to (batch, heads) (also (batch, heads, 1, 1)), read by the kernel in its own
     float type; key_mask (batch, length_k) bool, True where a key takes part, or None; tile:
-    a configuration of attention_configs (else the tuned or interpreter one). The kernel
-    runs on q's device and its current stream."""
+    a configuration of attention_configs (else the tuned or interpreter one); offset: the
+    causal diagonal, query i seeing key j iff j <= i + offset (0: top-left, SDPA's
+    is_causal; length_k - length_q: bottom-right, a decode cache's; read only with causal).
+    The kernel runs on q's device and its current stream."""
     _check(q, scale, weight, k, v)
+    offset = _offset(causal, offset)
     b, h, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[3]
     dev = q.device
@@ -785,7 +807,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Par
         with _on_device(q):
             run(attention_forward_kernel, grid(blocks, b * h),
                 (qc, kc, vc, out, m, den, p0v, p1v, keep, kend, *sq, *sk, *sv, *s0, *s1, lq,
-                 lk, float(scale), sl2e, h, blocks),
+                 lk, offset, float(scale), sl2e, h, blocks),
                 t.warps, _consts(q, d, dv, t, causal, has_mask, weight, wide), t.stages)
 
     if b * h * lq == 0:
@@ -881,7 +903,7 @@ def _query_stats(stats_ptr, n, at, row_ok, MASKED: tl.constexpr):
 
 @triton.jit
 def _dkdv_tile(k, v, dk, dv, q_src, do_src, sq, sd, stats_ptr, n, at0, start, offs_n, k2,
-               inv_tau, scale, bias, lq, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
+               inv_tau, scale, bias, lq, offset, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
                WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr):
@@ -896,7 +918,7 @@ def _dkdv_tile(k, v, dk, dv, q_src, do_src, sq, sd, stats_ptr, n, at0, start, of
     qk = _dot(k, tl.trans(q), IEEE)  # (keys, queries)
     keep = _kept(qk, lo[None, :], WEIGHT)
     if MASKED and CAUSAL:
-        keep = keep & (offs_n[:, None] <= offs_m[None, :])
+        keep = keep & ((offs_n - offset)[:, None] <= offs_m[None, :])
     f = _weight(qk, mk[None, :], k2, scale, bias, keep, SUBNORMAL, WEIGHT, EXP2_ULPS)
     p = f * r[None, :]
     dp = _dot(v, tl.trans(do), IEEE)
@@ -910,12 +932,13 @@ def _dkdv_tile(k, v, dk, dv, q_src, do_src, sq, sd, stats_ptr, n, at0, start, of
     return dk, dv
 
 
-@triton.jit
+# offset unspecialized: a decode step's lk - lq varies per call, one compile serves all
+@triton.jit(do_not_specialize=["offset"])
 def attention_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, flag_ptr, p0_ptr, dk_ptr, dv_ptr,
     keep_ptr, kend_ptr, sq_b, sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr,
     sv_b, sv_h, sv_l: tl.constexpr, sd_b, sd_h, sd_l: tl.constexpr, p0_b, p0_h, lq,
-    lk, scale, scale_log2e, heads, n_bh, n_blocks,
+    lk, offset, scale, scale_log2e, heads, n_bh, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
@@ -923,7 +946,8 @@ def attention_dkdv_kernel(
     WIDE: tl.constexpr, BH_X: tl.constexpr,
 ):
     """dk and dv of one block of BLOCK_M keys (resident) over the BLOCK_N-query blocks that
-    see them; every tensor of (batch, heads, length, dim) through its strides."""
+    see them (with CAUSAL query i sees key j iff j <= i + offset); every tensor of (batch,
+    heads, length, dim) through its strides."""
     sq_r = _row_stride(sq_l, WIDE)
     sk_r = _row_stride(sk_l, WIDE)
     sv_r = _row_stride(sv_l, WIDE)
@@ -960,21 +984,21 @@ def attention_dkdv_kernel(
         stop = tl.where(n0 < tl.load(kend_ptr + batch), lq, 0)
     begin = 0
     full_lo = 0
-    if CAUSAL:
-        begin = n0 // BLOCK_N * BLOCK_N
-        full_lo = tl.cdiv(n0 + BLOCK_M - 1, BLOCK_N) * BLOCK_N
+    if CAUSAL:  # the first query block that sees key n0; the first that sees the block whole
+        begin = tl.maximum(n0 - offset, 0) // BLOCK_N * BLOCK_N
+        full_lo = tl.cdiv(tl.maximum(n0 + BLOCK_M - 1 - offset, 0), BLOCK_N) * BLOCK_N
     full_hi = lq // BLOCK_N * BLOCK_N
     for start in range(begin, tl.minimum(full_lo, stop), BLOCK_N):
         dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_r, sd_r, stats_ptr, n, at0, start,
-                            offs_n, k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+                            offs_n, k2, inv_tau, scale, tau, lq, offset, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
                             CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA, EXP2_ULPS)
     for start in range(full_lo, tl.minimum(full_hi, stop), BLOCK_N):
         dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_r, sd_r, stats_ptr, n, at0, start,
-                            offs_n, k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
+                            offs_n, k2, inv_tau, scale, tau, lq, offset, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, False,
                             CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA, EXP2_ULPS)
     for start in range(tl.maximum(full_lo, full_hi), stop, BLOCK_N):
         dk, dv = _dkdv_tile(k, v, dk, dv, q_src, do_src, sq_r, sd_r, stats_ptr, n, at0, start,
-                            offs_n, k2, inv_tau, scale, tau, lq, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+                            offs_n, k2, inv_tau, scale, tau, lq, offset, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, True,
                             CAUSAL, IEEE, SUBNORMAL, WEIGHT, TMA, EXP2_ULPS)
     if tl.load(flag_ptr + bh) > 0:
         # saturated queries give dO / count to the dv of each key at their maximum
@@ -990,7 +1014,7 @@ def attention_dkdv_kernel(
             hit = (lo != lo)[None, :] & _hit(_dot(k, tl.trans(q), IEEE), scale, ms[None, :],
                                              WEIGHT)
             if CAUSAL:
-                hit = hit & (offs_n[:, None] <= offs_m[None, :])
+                hit = hit & ((offs_n - offset)[:, None] <= offs_m[None, :])
             share = tl.where(hit, r[None, :], 0.0)
             if IEEE:
                 dv += _dot(share, do, True)
@@ -1012,7 +1036,7 @@ def attention_dkdv_kernel(
 
 @triton.jit
 def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk, sv, keep_ptr, batch, start,
-             offs_m, k2, inv_tau, scale, bias, lk, D: tl.constexpr, DV: tl.constexpr,
+             offs_m, k2, inv_tau, scale, bias, lk, offset, D: tl.constexpr, DV: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
              MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
              IEEE: tl.constexpr, SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr,
@@ -1030,7 +1054,7 @@ def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk, sv, keep_ptr, b
     if MASKED:
         keep = keep & col_ok[None, :]
         if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            keep = keep & ((offs_n - offset)[None, :] <= offs_m[:, None])
     f = _weight(qk, mk[:, None], k2, scale, bias, keep, SUBNORMAL, WEIGHT, EXP2_ULPS)
     p = f * r[:, None]
     dp = _dot(do, tl.trans(v), IEEE)
@@ -1048,19 +1072,21 @@ def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk, sv, keep_ptr, b
     return dq, dsz
 
 
-@triton.jit
+# offset unspecialized: a decode step's lk - lq varies per call, one compile serves all
+@triton.jit(do_not_specialize=["offset"])
 def attention_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, p0_ptr, dq_ptr, dsz_ptr, keep_ptr,
     kend_ptr, sq_b, sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr, sv_b, sv_h,
     sv_l: tl.constexpr, sd_b, sd_h, sd_l: tl.constexpr,
-    p0_b, p0_h, lq, lk, scale, scale_log2e, heads, n_bh, n_blocks,
+    p0_b, p0_h, lq, lk, offset, scale, scale_log2e, heads, n_bh, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
     WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr,
     WIDE: tl.constexpr, BH_X: tl.constexpr,
 ):
-    """dq of one block of queries (resident) over every key it sees, and the block's
+    """dq of one block of queries (resident) over every key it sees (with CAUSAL query i sees
+    key j iff j <= i + offset), and the block's
     sum ds (s - m)/tau (dtau's first term) into dsz (bh, blocks); every tensor of (batch,
     heads, length, dim) through its strides."""
     sq_r = _row_stride(sq_l, WIDE)
@@ -1092,17 +1118,18 @@ def attention_dq_kernel(
                          TMA)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dsz = tl.zeros([BLOCK_M], dtype=tl.float32)
-    full, end = _query_ranges(m0, lk, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL, HAS_MASK)
+    full, end = _query_ranges(m0, lk, offset, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL,
+                              HAS_MASK)
     for start in range(0, full, BLOCK_N):
         dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk_r, sv_r, keep_ptr,
-                           batch, start, offs_m, k2, inv_tau, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D,
-                           BLOCK_DV, False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA,
-                           EXP2_ULPS)
+                           batch, start, offs_m, k2, inv_tau, scale, tau, lk, offset, D, DV,
+                           BLOCK_N, BLOCK_D, BLOCK_DV, False, CAUSAL, HAS_MASK, IEEE, SUBNORMAL,
+                           WEIGHT, TMA, EXP2_ULPS)
     for start in range(full, end, BLOCK_N):
         dq, dsz = _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk_r, sv_r, keep_ptr,
-                           batch, start, offs_m, k2, inv_tau, scale, tau, lk, D, DV, BLOCK_N, BLOCK_D,
-                           BLOCK_DV, True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL, WEIGHT, TMA,
-                           EXP2_ULPS)
+                           batch, start, offs_m, k2, inv_tau, scale, tau, lk, offset, D, DV,
+                           BLOCK_N, BLOCK_D, BLOCK_DV, True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL,
+                           WEIGHT, TMA, EXP2_ULPS)
     unit = _ds_unit(tau, SUBNORMAL, WEIGHT)  # the power of two _dscore leaves out
     # dq is the wrapper's own, contiguous
     dq_dst = _rows_source(dq_ptr + bh64 * lq * D, lq, D, D, BLOCK_M, BLOCK_D, TMA)
@@ -1118,14 +1145,17 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        dout: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
                        p0: Param, p1: Param, scale: float, causal: bool,
                        key_mask: torch.Tensor | None = None, weight: Weight = Weight.ELASTIC,
-                       tiles: tuple[Tiles, Tiles] | None = None) -> tuple[torch.Tensor, ...]:
+                       tiles: tuple[Tiles, Tiles] | None = None, offset: int = 0
+                       ) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv) in q's dtype, contiguous, and (dp0, dp1) = (dtau, dbeta) per (batch,
     head) in fp32, from the forward's (out, m, den): docs/attention.md section 2, as the
     tiled torch code computes them; q, k, v, out and dout in any layout attention_forward
     takes (read in place where their last dimension is contiguous), p0 and p1 as it takes
     them; tiles: (dk/dv, dq) configurations of attention_configs, else the tuned or
-    interpreter ones. The kernels run on q's device and its current stream."""
+    interpreter ones; offset: the causal diagonal, as attention_forward takes it. The kernels
+    run on q's device and its current stream."""
     _check(q, scale, weight, k, v, out, dout)
+    offset = _offset(causal, offset)
     b, h, lq, d = q.shape
     lk, dv_ = k.shape[2], v.shape[3]
     dev = q.device
@@ -1164,7 +1194,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         with _on_device(q):
             run(attention_dkdv_kernel, grid(blocks, b * h),
                 (qc, kc, vc, doc, m32, stats, flag, p0v, dk, dv, keep, kend, *sq, *sk, *sv,
-                 *sd, *s0, lq, lk, float(scale), sl2e, h, b * h, blocks),
+                 *sd, *s0, lq, lk, offset, float(scale), sl2e, h, b * h, blocks),
                 t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
 
     dsz: list[torch.Tensor] = []
@@ -1176,7 +1206,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         with _on_device(q):
             run(attention_dq_kernel, grid(nb, b * h),
                 (qc, kc, vc, doc, m32, stats, p0v, dq, parts, keep, kend, *sq, *sk, *sv, *sd,
-                 *s0, lq, lk, float(scale), sl2e, h, b * h, nb),
+                 *s0, lq, lk, offset, float(scale), sl2e, h, b * h, nb),
                 t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
         dsz[:] = [parts]
 
