@@ -23,6 +23,7 @@ The table gives whether the tokens agree and the largest difference between the 
 them causally over the whole sequence).
 
 --json writes every run (curves, timings, decode check); --table the markdown table;
+--plot the evaluation loss curves (matplotlib);
 --doc rewrites the table between the markers `<!-- hf-table:begin -->` and
 `<!-- hf-table:end -->` of a markdown file (docs/transformers.md); --from-json renders a
 saved --json without training. A bad option is one line on stderr and exit status 2.
@@ -209,7 +210,7 @@ def table(doc: dict) -> str:
         lines += [f"**{model}** ({rs[0]['model_parameters']} parameters with sdpa, "
                   f"{rs[0]['steps']} steps)", "",
                   "| attention | kernel | eval loss (step 0 -> last) | eval acc | ms/step | "
-                  "CPU ms/step | cached decode == recompute | max logit diff | "
+                  "CPU ms/step | cached decode == recompute | max logit diff (u) | "
                   "learned parameters |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in rs:
@@ -220,9 +221,12 @@ def table(doc: dict) -> str:
                 f"| {r['attention']} | {r['kernel']} | {first['loss']:.3f} -> {last['loss']:.3f}"
                 f" | {last['acc']:.1%} | {r['ms_per_step']:.1f} | {r['cpu_ms_per_step']:.1f} | "
                 f"{'yes' if dec['tokens_equal'] else 'NO'} ({len(dec['cached_tokens'][0])} "
-                f"tokens) | {dec['max_logit_diff']:.2g} | {params or '-'} |")
+                f"tokens) | {dec['max_logit_diff']:.2g} ({_units(dec):.1f}) | {params or '-'} |")
         lines.append("")
     o = doc["options"]
+    lines.append("u: fp32's machine epsilon times the largest |logit| of the recomputed "
+                 "steps (the logits' unit of rounding).")
+    lines.append("")
     lines.append(f"Character task, length {o['length']}, batch {o['batch']}, d_model "
                  f"{o['d_model']}, {o['layers']} layers, {o['heads']} heads (Llama: "
                  f"{o['kv_heads']} key heads), AdamW lr {o['lr']}, seed {o['seed']}; "
@@ -230,6 +234,41 @@ def table(doc: dict) -> str:
                  f"transformers {doc['transformers']}; commit {doc.get('commit') or '?'}; "
                  f"{doc['seconds']:.0f} s in all.")
     return "\n".join(lines) + "\n"
+
+
+def _units(decode: dict) -> float:
+    """A decode check's largest logit difference in units of fp32's epsilon times the
+    largest |logit|."""
+    return decode["max_logit_diff"] / (torch.finfo(torch.float32).eps
+                                       * max(decode["max_abs_logit"], 1e-30))
+
+
+def plot(doc: dict, path: str) -> None:
+    """The evaluation loss against the step, one panel per model, one line per attention
+    (the training loss averaged over 25 steps, faint)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in doc["runs"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    colors = dict(zip(KINDS, plt.get_cmap("tab10").colors, strict=False))
+    for ax, model in zip(axes[0], models, strict=True):
+        for r in (r for r in doc["runs"] if r["model"] == model):
+            color = colors[r["attention"]]
+            ax.plot([e["step"] for e in r["evals"]], [e["loss"] for e in r["evals"]],
+                    color=color, marker="o", label=r["attention"])
+            train = torch.tensor(r["train_loss"])
+            if len(train) >= 25:
+                ax.plot(range(25, len(train) + 1), train.unfold(0, 25, 1).mean(-1),
+                        color=color, alpha=0.3, linewidth=0.8)
+        ax.set_title(f"{model}: eval loss (train, 25-step mean, faint)", fontsize=10)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def write_doc(path: str, text: str) -> None:
@@ -268,7 +307,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attention", type=_names(KINDS, "functions"), default=list(KINDS),
                    help=f"comma-separated, from {','.join(KINDS)} (or all); default all")
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--every", type=int, default=100, help="evaluate and print every N steps")
+    p.add_argument("--every", type=int, default=50, help="evaluate and print every N steps")
     p.add_argument("--warmup", type=int, default=10, help="first steps trained, not timed")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--eval-batch", type=int, default=32)
@@ -284,6 +323,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gen-tokens", type=int, default=16, help="decode check: new tokens")
     p.add_argument("--json", help="write every run here")
     p.add_argument("--table", help="write the markdown table here")
+    p.add_argument("--plot", help="write the loss curves (PNG, needs matplotlib) here")
     p.add_argument("--doc", help="rewrite the table between the hf-table markers of this file")
     p.add_argument("--from-json", help="render this --json file instead of training")
     args = p.parse_args(argv)
@@ -306,6 +346,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         import transformers  # noqa: F401
     except ImportError:
         p.error("needs transformers (pip install elasticbench[transformers])")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error("--plot needs matplotlib (pip install elasticbench[plot])")
     return args
 
 
@@ -352,6 +397,8 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.json).write_text(json.dumps(doc, indent=1))
     if args.table:
         Path(args.table).write_text(text)
+    if args.plot:
+        plot(doc, args.plot)
 
 
 if __name__ == "__main__":

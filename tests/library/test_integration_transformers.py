@@ -5,6 +5,8 @@ cached decoding against the full forward, refusals). Skipped where transformers 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -276,3 +278,40 @@ else:
                 assert torch.equal(out, want), name
                 for g, w in zip(got, torch.autograd.grad(want.sum(), wrt), strict=True):
                     assert torch.equal(g, w), name
+
+
+def _example():
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("hf_models_example",
+                                                  root / "examples" / "hf_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_example_trains_checks_decoding_and_renders(tmp_path, capsys):
+    """examples/hf_models.py at toy sizes: both models, sdpa and elastic, 3 steps; the JSON,
+    the table, the doc's block between its markers; a bad option is one line, status 2."""
+    example = _example()
+    doc = tmp_path / "page.md"
+    doc.write_text(f"before\n{example.BEGIN}\nold\n{example.END}\nafter\n")
+    out = tmp_path / "run.json"
+    example.main(["--attention", "sdpa,elastic", "--steps", "3", "--warmup", "1", "--every",
+                  "3", "--length", "16", "--prompt", "4", "--gen-tokens", "4", "--batch", "2",
+                  "--eval-batch", "2", "--d-model", "16", "--heads", "2", "--kv-heads", "1",
+                  "--layers", "1", "--json", str(out), "--doc", str(doc)])
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["model"], r["attention"]) for r in runs] == [
+        ("llama", "sdpa"), ("llama", "elastic"), ("gpt2", "sdpa"), ("gpt2", "elastic")]
+    for r in runs:
+        assert len(r["train_loss"]) == 3 and all(math.isfinite(v) for v in r["train_loss"])
+        assert r["decode"]["tokens_equal"] and len(r["decode"]["cached_tokens"][0]) == 4
+    assert sorted(runs[1]["evals"][-1]["params"]) == ["beta", "tau"]
+    page = doc.read_text()
+    assert page.startswith(f"before\n{example.BEGIN}\n**llama**") and "old" not in page
+    assert page.endswith(f"{example.END}\nafter\n") and "| elastic | cpp |" in page
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as bad:
+        example.main(["--model", "bert"])
+    assert bad.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
