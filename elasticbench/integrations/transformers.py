@@ -21,11 +21,15 @@ key, value, attention_mask, dropout=, scaling=, is_causal=, sliding_window=, sof
 - parameters: those of the `family_attention` submodule use_family puts on the layer (an
   elasticbench.nn module: ElasticAttention's tau and beta, SymaxAttention's eta,
   SigmoidAttention's bias, per head, learned on elasticbench.nn's scales); a layer without
-  one computes with the nn modules' initial values (tau = beta = 1, eta = 1,
-  bias = -ln(Lk)), which nothing learns.
+  one computes with the nn modules' initial values (tau = beta = 1, eta = 1), which
+  nothing learns. Sigmoid's bias is -ln(n), n the config's max_position_embeddings (the
+  context), plus the learned shift, not the functional default -ln(Lk): that would make a
+  token's output depend on how many tokens follow it, so a cached decode and the full
+  forward would differ.
 - GQA (Hkv < H): where the fused kernels run (below), the H // Hkv query heads of a key
   head are folded into the batch, (B Hkv, H // Hkv, ...), with the key head broadcast
-  across them (a stride-0 view: the Triton kernel reads it in place; the native CPU kernel
+  across them (a stride-0 view: the Triton kernel reads operands through their (batch,
+  head) strides, kernels/triton/attention.py, so it is not copied; the native CPU kernel
   makes its operands contiguous, so there the copy is made inside the call); per-head
   parameters fold the same way. Where a mask takes the materialized path (scores of
   H Lq Lk anyway), keys and values are repeated per query head, as transformers'
@@ -46,8 +50,9 @@ key, value, attention_mask, dropout=, scaling=, is_causal=, sliding_window=, sof
 
 Bit for bit: a call through the interface computes what elasticbench.functional's function
 computes on the same q, keys repeated per query head, mask and parameters (the fold only
-regroups independent (batch, head) slices). The library never imports this module, and this
-module is the only one that imports transformers (docs/transformers.md).
+regroups independent (batch, head) slices). `load_family_state` puts back the parameters
+that transformers' from_pretrained drops. The library never imports this module, and this
+module imports transformers only inside register() (docs/transformers.md).
 """
 
 from __future__ import annotations
