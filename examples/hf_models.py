@@ -359,10 +359,11 @@ def run(args: argparse.Namespace) -> dict:
     import transformers
 
     torch.set_num_threads(args.threads)
+    commit = _commit()  # before the runs: the code they load is this checkout's now
     task = _train_example().chars_task(args.length)
     start, cpu_start = time.perf_counter(), time.process_time()
     runs = [train(model, kind, task, args) for model in args.model for kind in args.attention]
-    return {"runs": runs, "task": task.about, "options": vars(args), "commit": _commit(),
+    return {"runs": runs, "task": task.about, "options": vars(args), "commit": commit,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
             "threads": torch.get_num_threads(), "seconds": time.perf_counter() - start,
