@@ -61,35 +61,51 @@ def elastic_softmax(x: torch.Tensor, tau: Scalar = 1.0, beta: Scalar = 1.0, dim:
     return along(x, tau, beta, dim % max(x.ndim, 1), ELASTIC)
 
 
+Causal = bool | str  # False, True (= "top_left"), "top_left" or "bottom_right"
+
+
 def _attention(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Scalar,
-               p1: Scalar, scale: float | None, causal: bool, attn_mask: torch.Tensor | None,
-               is_causal: bool) -> torch.Tensor:
-    """Every attention function's path: operands and scale checked, then the fused
-    implementations (no mask, or a bool key-padding mask) or the composite (any other)."""
+               p1: Scalar, scale: float | None, causal: Causal,
+               attn_mask: torch.Tensor | None, is_causal: Causal) -> torch.Tensor:
+    """Every attention function's path: operands, scale and causal checked, then the fused
+    implementations (no mask, or a bool key-padding mask) or the composite (any other), the
+    causal alignment as one integer offset (layout.causal_offset)."""
     from .attention import composite
     from .attention.autograd import attention_op
-    from .attention.layout import check_operands, default_scale, key_padding
+    from .attention.layout import causal_offset, check_operands, default_scale, key_padding
 
     check_operands(q, k, v)
     if scale is None:
         scale = default_scale(q.shape[-1])
     elif not (isinstance(scale, int | float) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
-    causal = bool(causal or is_causal)
+    lq, lk = q.shape[2], k.shape[2]
+    diag = causal_offset(causal, lq, lk)
+    spelled = causal_offset(is_causal, lq, lk)
+    if diag is None:
+        diag = spelled
+    elif spelled is not None and spelled != diag:
+        raise ValueError(f"causal={causal!r} and is_causal={is_causal!r} align the causal "
+                         "mask differently: give one")
+    on, offset = diag is not None, diag or 0
     key_mask = None if attn_mask is None else key_padding(attn_mask, q, k)
     if attn_mask is not None and key_mask is None:
         if weight is Weight.ELASTIC:
             return composite.elastic_attention_composite(
-                q, k, v, tau=p0, beta=p1, scale=float(scale), causal=causal, attn_mask=attn_mask)
+                q, k, v, tau=p0, beta=p1, scale=float(scale), causal=on, attn_mask=attn_mask,
+                offset=offset)
         return composite.attention_composite(weight, q, k, v, p0=p0, p1=p1, scale=float(scale),
-                                   causal=causal, attn_mask=attn_mask)
-    return attention_op(weight, q, k, v, p0, p1, float(scale), causal, key_mask)
+                                             causal=on, attn_mask=attn_mask, offset=offset)
+    return attention_op(weight, q, k, v, p0, p1, float(scale), on, key_mask, offset)
 
 
 _SHARED_DOC = """
     q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv) -> (B, H, Lq, Dv); scale defaults to
-    1/sqrt(D); causal (or is_causal, SDPA's spelling) hides key j from query i when j > i
-    (top-left, as SDPA). attn_mask, broadcastable to (B, H, Lq, Lk), as SDPA takes it: bool
+    1/sqrt(D); causal (or is_causal, SDPA's spelling): False, True or "top_left" hide key j
+    from query i when j > i (top-left, as SDPA's is_causal), "bottom_right" when
+    j > i + Lk - Lq (as FlashAttention, and a decode step's queries at the end of the cached
+    keys); anything else is a ValueError. attn_mask, broadcastable to (B, H, Lq, Lk), as
+    SDPA takes it: bool
     (True takes part) or float (added to the scores; -inf hides the key); a query left with
     no key gives zeros. Without a mask, or with a bool key-padding mask ((B, 1, 1, Lk)),
     the fused implementations run (O(length) memory, a tiled backward); any other mask
@@ -98,14 +114,16 @@ _SHARED_DOC = """
 
 
 def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau: Scalar,
-                      beta: Scalar, scale: float | None = None, causal: bool = False,
-                      attn_mask: torch.Tensor | None = None, is_causal: bool = False
+                      beta: Scalar, scale: float | None = None, causal: Causal = False,
+                      attn_mask: torch.Tensor | None = None, is_causal: Causal = False
                       ) -> torch.Tensor:
     """Elastic-Softmax attention, as scaled_dot_product_attention with Elastic weights.
 
     q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv) -> (B, H, Lq, Dv); scale defaults to
-    1/sqrt(D); causal (or is_causal, SDPA's spelling) hides key j from query i when j > i
-    (top-left, as SDPA). tau and beta are floats, 0-d tensors or per-head tensors ((H,) or
+    1/sqrt(D); causal (or is_causal, SDPA's spelling): False, True or "top_left" hide key j
+    from query i when j > i (top-left, as SDPA's is_causal), "bottom_right" when
+    j > i + Lk - Lq (as FlashAttention, and a decode step against a cache); anything else
+    is a ValueError. tau and beta are floats, 0-d tensors or per-head tensors ((H,) or
     broadcasting against (B, H, 1, 1)). attn_mask, broadcastable to (B, H, Lq, Lk), as SDPA
     takes it: a bool mask (True takes part) or a float mask added to the scores before the
     negative scores are dropped; a query left with no key gives zeros. Differentiable in q,
@@ -118,8 +136,8 @@ def elastic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tau:
 
 
 def softmax1_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                       scale: float | None = None, causal: bool = False,
-                       attn_mask: torch.Tensor | None = None, is_causal: bool = False
+                       scale: float | None = None, causal: Causal = False,
+                       attn_mask: torch.Tensor | None = None, is_causal: Causal = False
                        ) -> torch.Tensor:
     """Attention with softmax1 weights, exp(s_ij) / (1 + sum_j' exp(s_ij')): a query may
     give almost no weight to any key ("attention is off by one"). Differentiable in q, k, v.
@@ -128,8 +146,8 @@ def softmax1_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 
 def symax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eta: Scalar = 1.0,
-                    scale: float | None = None, causal: bool = False,
-                    attn_mask: torch.Tensor | None = None, is_causal: bool = False
+                    scale: float | None = None, causal: Causal = False,
+                    attn_mask: torch.Tensor | None = None, is_causal: Causal = False
                     ) -> torch.Tensor:
     """Attention with symax weights, |s_ij| / (eta + sum_j' |s_ij'|), eta >= 0 (a float, a
     0-d or per-head tensor, or one broadcasting against (B, H, 1, 1)); differentiable in q,
@@ -140,8 +158,8 @@ def symax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eta: S
 
 
 def stablemax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                        scale: float | None = None, causal: bool = False,
-                        attn_mask: torch.Tensor | None = None, is_causal: bool = False
+                        scale: float | None = None, causal: Causal = False,
+                        attn_mask: torch.Tensor | None = None, is_causal: Causal = False
                         ) -> torch.Tensor:
     """Attention with stablemax weights, st(s_ij) / sum_j' st(s_ij'), st(s) = s + 1 for
     s >= 0 and 1/(1 - s) below ("Grokking at the edge of numerical stability");
@@ -153,8 +171,8 @@ def stablemax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                       bias: Scalar | None = None, scale: float | None = None,
-                      causal: bool = False, attn_mask: torch.Tensor | None = None,
-                      is_causal: bool = False) -> torch.Tensor:
+                      causal: Causal = False, attn_mask: torch.Tensor | None = None,
+                      is_causal: Causal = False) -> torch.Tensor:
     """Attention with sigmoid weights, sigmoid(s_ij + bias) each, no normalizer (Apple's
     "Theory, Analysis, and Best Practices for Sigmoid Self-Attention"). bias None is
     -ln(Lk), Lk the number of keys (k.shape[2], masked ones included), as the paper sets

@@ -1,17 +1,22 @@
 """The family's attention as torch custom ops, and the choice of implementation.
 
-    elasticbench::attention(q, k, v, p0, p1, scale, causal, key_mask, weight)
+    elasticbench::attention(q, k, v, p0, p1, scale, causal, key_mask, weight, offset)
         -> (out, m, den)
     elasticbench::attention_backward(q, k, v, out, dout, m, den, p0, p1, scale, causal,
-                                     key_mask, weight) -> (dq, dk, dv, dp0, dp1)
+                                     key_mask, weight, offset) -> (dq, dk, dv, dp0, dp1)
 
 weight is a `weights.Weight` as an int (Elastic, 0, by default), p0 and p1 its parameters
 as weights.py names them (tau and beta for Elastic). key_mask is None or a (batch,
 length_k) bool key-padding mask (True: the key takes part), which every implementation
-applies inside its tiled loop.
+applies inside its tiled loop. causal hides key j from query i unless j <= i + offset (0:
+top-left, SDPA's is_causal; length_k - length_q: bottom-right, a decode cache's;
+docs/attention.md section 1).
 
-p0 and p1 are (batch, heads) tensors in the working precision (bh_params lays a float, a
-per-head or a per-(batch, head) parameter out so, keeping its graph). Every implementation
+p0 and p1 are (batch, heads) tensors in the working precision: bh_params lays a float, a
+per-head or a per-(batch, head) parameter out so as a view of the caller's tensor (stride 0
+where broadcast), keeping its graph and launching no kernel; every implementation reads it
+through its strides (docs/attention.md section 7). The incoming gradient dO reaches the
+backward in the layout autograd gives it, strided or not. Every implementation
 has the contract of `weights` (forward -> (out, m, den), backward from those row
 statistics); elasticbench.dispatch picks one per call among those that accept (q, weight):
 the fused native kernel on CPU tensors when it is built, the Triton kernel
@@ -68,32 +73,45 @@ def choose(q: torch.Tensor, weight: int = Weight.ELASTIC) -> Implementation:
 
 
 def bh_params(value: Scalar, q: torch.Tensor) -> torch.Tensor:
-    """A parameter (tau, beta, eta, bias) as a contiguous (batch, heads) tensor in q's working precision, keeping
-    the autograd graph of a tensor (its gradient flows back through the layout)."""
+    """A parameter (tau, beta, eta, bias) as a (batch, heads) tensor in q's working
+    precision, keeping the autograd graph of a tensor (its gradient flows back through the
+    layout): a view of the caller's tensor (expand, stride 0 where broadcast), so no kernel
+    runs per call unless it is on another device or in another float type; a float as a
+    cached 0-d tensor per (value, dtype, device), expanded (made afresh where the call is
+    traced or a CUDA stream is capturing, whose recorded fill a cached tensor would miss)."""
     b, h = q.shape[:2]
     wd = work_dtype(q.dtype)
     if not isinstance(value, torch.Tensor):
-        return torch.full((b, h), float(value), dtype=wd, device=q.device)
+        if dispatch.traced(q) or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return torch.full((b, h), float(value), dtype=wd, device=q.device)
+        return _constant(float(value), wd, q.device).expand(b, h)
     t = head_params(value, b, h, wd, q.device)
     assert isinstance(t, torch.Tensor)
-    return t[:, :, 0, 0].expand(b, h).contiguous()
+    return t[:, :, 0, 0].expand(b, h)
+
+
+@functools.lru_cache(maxsize=256)
+def _constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-d tensor holding value, made once per (value, dtype, device); never written."""
+    return torch.full((), value, dtype=dtype, device=device)
 
 
 @torch.library.custom_op("elasticbench::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
               p1: torch.Tensor, scale: float, causal: bool,
-              key_mask: torch.Tensor | None = None, weight: int = 0
+              key_mask: torch.Tensor | None = None, weight: int = 0, offset: int = 0
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, m, den): the output in q's dtype and each query's two statistics (work dtype),
-    by the implementation `choose` picks; p0 and p1 are (batch, heads)."""
+    by the implementation `choose` picks; p0 and p1 are (batch, heads); causal: query i sees
+    key j iff j <= i + offset."""
     out, m, den = choose(q, weight).forward(q, k, v, p0, p1, scale, causal, key_mask,
-                                            weight=weight)
+                                            weight=weight, offset=offset)
     return out.contiguous(), m.contiguous(), den.contiguous()
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, p0, p1, scale, causal, key_mask=None, weight=0):
-    stats = q.new_empty(q.shape[:3], dtype=p0.dtype)
+def _attention_fake(q, k, v, p0, p1, scale, causal, key_mask=None, weight=0, offset=0):
+    stats = q.new_empty(q.shape[:3], dtype=work_dtype(q.dtype))
     return q.new_empty((*q.shape[:3], v.shape[3])), stats, stats.new_empty(stats.shape)
 
 
@@ -101,28 +119,30 @@ def _attention_fake(q, k, v, p0, p1, scale, causal, key_mask=None, weight=0):
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        grad: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
                        p0: torch.Tensor, p1: torch.Tensor, scale: float, causal: bool,
-                       key_mask: torch.Tensor | None = None, weight: int = 0
+                       key_mask: torch.Tensor | None = None, weight: int = 0,
+                       offset: int = 0
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                   torch.Tensor]:
     """(dq, dk, dv, dp0, dp1) from the forward's two statistics; dp0, dp1 per
     (batch, head)."""
     parts = choose(q, weight).backward(q, k, v, out, grad, m, den, p0, p1, scale, causal,
-                                       key_mask, weight=weight)
+                                       key_mask, weight=weight, offset=offset)
     return tuple(p.contiguous() for p in parts)  # type: ignore[return-value]
 
 
 @attention_backward.register_fake
 def _attention_backward_fake(q, k, v, out, grad, m, den, p0, p1, scale, causal,
-                             key_mask=None, weight=0):
+                             key_mask=None, weight=0, offset=0):
     # contiguous, as the real op returns them (empty_like would copy a view's strides)
     return tuple(t.new_empty(t.shape) for t in (q, k, v, p0, p1))
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, p0, p1, scale, causal, key_mask, weight = inputs
+    q, k, v, p0, p1, scale, causal, key_mask, weight, offset = inputs
     out, m, den = output
     ctx.save_for_backward(q, k, v, out, m, den, p0, p1)
     ctx.scale, ctx.causal, ctx.key_mask, ctx.weight = scale, causal, key_mask, weight
+    ctx.offset = offset
 
 
 def _gradients(ctx, grad: torch.Tensor, backward) -> tuple:
@@ -131,11 +151,13 @@ def _gradients(ctx, grad: torch.Tensor, backward) -> tuple:
     if torch.is_grad_enabled():
         return _differentiable_backward(ctx, grad)
     q, k, v, out, m, den, p0, p1 = ctx.saved_tensors
-    dq, dk, dv, dp0, dp1 = backward(q, k, v, out, grad.contiguous(), m, den, p0, p1,
-                                    ctx.scale, ctx.causal, ctx.key_mask, weight=ctx.weight)
+    # grad as autograd gives it: every implementation reads dO through its strides
+    dq, dk, dv, dp0, dp1 = backward(q, k, v, out, grad, m, den, p0, p1, ctx.scale,
+                                    ctx.causal, ctx.key_mask, weight=ctx.weight,
+                                    offset=ctx.offset)
     need = ctx.needs_input_grad
     return (dq, dk, dv, dp0 if need[3] else None, dp1 if need[4] else None, None, None,
-            None, None)
+            None, None, None)
 
 
 def _backward(ctx, grad, _grad_m, _grad_den):
@@ -160,14 +182,14 @@ def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
         if Weight(ctx.weight) is Weight.ELASTIC:  # Elastic's own, as before the family
             out = composite.elastic_attention_composite(
                 q, k, v, tau=p0_4, beta=p1_4, scale=ctx.scale, causal=ctx.causal,
-                attn_mask=mask)
+                attn_mask=mask, offset=ctx.offset)
         else:
             out = composite.attention_composite(
                 Weight(ctx.weight), q, k, v, p0=p0_4, p1=p1_4, scale=ctx.scale,
-                causal=ctx.causal, attn_mask=mask)
+                causal=ctx.causal, attn_mask=mask, offset=ctx.offset)
         got = torch.autograd.grad(out, [inputs[i] for i in wanted], grad, create_graph=True,
                                   allow_unused=True)
-    grads: list[torch.Tensor | None] = [None] * 9
+    grads: list[torch.Tensor | None] = [None] * 10
     for i, g in zip(wanted, got, strict=True):
         grads[i] = g if g is not None else torch.zeros_like(inputs[i])
     return tuple(grads)
@@ -181,11 +203,13 @@ class _Attention(torch.autograd.Function):
     implementation is chosen once, in the forward, and kept for the backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, p0, p1, scale, causal, key_mask, weight):
+    def forward(ctx, q, k, v, p0, p1, scale, causal, key_mask, weight, offset):
         impl = choose(q, weight)
-        out, m, den = impl.forward(q, k, v, p0, p1, scale, causal, key_mask, weight=weight)
+        out, m, den = impl.forward(q, k, v, p0, p1, scale, causal, key_mask, weight=weight,
+                                   offset=offset)
         ctx.impl = impl
-        _setup_context(ctx, (q, k, v, p0, p1, scale, causal, key_mask, weight), (out, m, den))
+        _setup_context(ctx, (q, k, v, p0, p1, scale, causal, key_mask, weight, offset),
+                       (out, m, den))
         ctx.mark_non_differentiable(m, den)
         return out, m, den
 
@@ -196,16 +220,18 @@ class _Attention(torch.autograd.Function):
 
 def attention_op(weight: Weight | int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  p0: Scalar, p1: Scalar, scale: float, causal: bool,
-                 key_mask: torch.Tensor | None = None) -> torch.Tensor:
+                 key_mask: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
     """Attention of `weight`, differentiable in q, k, v, p0 and p1, through the custom op
     where the call is traced (elasticbench.dispatch.traced), else the autograd function, or
     straight to the implementation where autograd has nothing to record; key_mask (batch,
-    length_k) bool hides padded keys inside the fused loop."""
+    length_k) bool hides padded keys inside the fused loop; causal: query i sees key j iff
+    j <= i + offset (an int; layout.causal_offset)."""
     w = int(weight)
+    offset = int(offset) if causal else 0
     t, b = bh_params(p0, q), bh_params(p1, q)
-    args = (q, k, v, t, b, scale, causal, key_mask, w)
+    args = (q, k, v, t, b, scale, causal, key_mask, w, offset)
     if dispatch.traced(q):
         return attention(*args)[0]
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, t, b)):
         return _Attention.apply(*args)[0]
-    return choose(q, w).forward(*args[:8], weight=w)[0]
+    return choose(q, w).forward(*args[:8], weight=w, offset=offset)[0]

@@ -1,6 +1,7 @@
 """The eager composites: the readable reference implementations of the family's attention.
 
-    scores = scale * q @ k^T                 (causally hidden keys set to -inf)
+    scores = scale * q @ k^T                 (causally hidden keys set to -inf: key j is
+                                              hidden from query i when j > i + offset)
     w      = elastic_softmax(scores, tau, beta)
     out    = w @ v                           (exactly 0 for a query that keeps no key)
 
@@ -24,12 +25,15 @@ from .layout import Scalar, default_scale, head_params, visible, work_dtype
 from .weights import Weight
 
 
-def scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
-    """scale * q @ k^T in the working precision, causally hidden keys at -inf."""
+def scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool,
+           offset: int = 0) -> torch.Tensor:
+    """scale * q @ k^T in the working precision, causally hidden keys (j > i + offset) at
+    -inf."""
     wd = work_dtype(q.dtype)
     s = (q.to(wd) @ k.to(wd).transpose(-1, -2)) * scale
     if causal:
-        s = s.masked_fill(~visible(q.shape[2], k.shape[2], q.device), -math.inf)
+        s = s.masked_fill(~visible(q.shape[2], k.shape[2], q.device, offset=offset),
+                          -math.inf)
     return s
 
 
@@ -50,12 +54,13 @@ def with_mask(s: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
 
 def elastic_attention_composite(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                                 tau: Scalar, beta: Scalar, scale: float | None = None,
-                                causal: bool = False, attn_mask: torch.Tensor | None = None
-                                ) -> torch.Tensor:
+                                causal: bool = False, attn_mask: torch.Tensor | None = None,
+                                offset: int = 0) -> torch.Tensor:
     """Elastic attention by materializing the scores (differentiable through autograd),
-    under attn_mask where one is given (see with_mask)."""
+    under attn_mask where one is given (see with_mask); causal: the diagonal j <= i +
+    offset."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
-    s = scores(q, k, scale, causal)
+    s = scores(q, k, scale, causal, offset)
     if attn_mask is not None:
         s = with_mask(s, attn_mask)
     b, h = q.shape[:2]
@@ -69,10 +74,12 @@ def elastic_attention_composite(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def hidden_keys(q: torch.Tensor, k: torch.Tensor, causal: bool,
-                attn_mask: torch.Tensor | None) -> torch.Tensor | None:
+                attn_mask: torch.Tensor | None, offset: int = 0) -> torch.Tensor | None:
     """Where a key does not exist for a query, broadcastable to (B, H, Lq, Lk): hidden by
-    the causal mask, a bool mask's False or a float mask's -inf (None: every key takes part)."""
-    hidden = None if not causal else ~visible(q.shape[2], k.shape[2], q.device)
+    the causal mask (diagonal j <= i + offset), a bool mask's False or a float mask's -inf
+    (None: every key takes part)."""
+    hidden = None if not causal else ~visible(q.shape[2], k.shape[2], q.device,
+                                              offset=offset)
     if attn_mask is None:
         return hidden
     shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
@@ -113,9 +120,10 @@ def stablemax_weight(s: torch.Tensor) -> torch.Tensor:
 
 def attention_weights(weight: Weight, q: torch.Tensor, k: torch.Tensor, *, p0: Scalar,
                       p1: Scalar, scale: float, causal: bool,
-                      attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+                      attn_mask: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
     """The weights w (B, H, Lq, Lk), in q's working precision, of `weight` over the scores
-    scale * q @ k^T: the keys a query does not see (causal, attn_mask) do not exist for it
+    scale * q @ k^T: the keys a query does not see (causal with the diagonal j <= i +
+    offset, attn_mask) do not exist for it
     (weight 0, outside every sum); a float mask is added to the scores. p0 and p1 as
     attention/weights.py names them: floats or tensors broadcasting against (B, H, 1, 1)."""
     weight = Weight(weight)
@@ -123,7 +131,7 @@ def attention_weights(weight: Weight, q: torch.Tensor, k: torch.Tensor, *, p0: S
     s = (q.to(wd) @ k.to(wd).transpose(-1, -2)) * scale
     if attn_mask is not None and attn_mask.is_floating_point():
         s = s + attn_mask.to(device=s.device, dtype=wd)
-    hidden = hidden_keys(q, k, causal, attn_mask)
+    hidden = hidden_keys(q, k, causal, attn_mask, offset)
     b, h = q.shape[:2]
     t0, t1 = (head_params(p, b, h, wd, s.device) for p in (p0, p1))
     if weight.exponential:
@@ -149,12 +157,13 @@ def attention_weights(weight: Weight, q: torch.Tensor, k: torch.Tensor, *, p0: S
 
 def attention_composite(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         *, p0: Scalar, p1: Scalar, scale: float, causal: bool,
-                        attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+                        attn_mask: torch.Tensor | None = None, offset: int = 0
+                        ) -> torch.Tensor:
     """out = attention_weights(...) @ v in q's dtype, differentiable in q, k, v and tensor
     p0, p1; a query whose weights are all 0 (no visible key, or none kept) gives exactly 0
     and zero gradients even where v holds NaN or inf."""
     w = attention_weights(weight, q, k, p0=p0, p1=p1, scale=scale, causal=causal,
-                          attn_mask=attn_mask)
+                          attn_mask=attn_mask, offset=offset)
     out = w @ v.to(w.dtype)
     live = (w != 0).any(-1, keepdim=True) | w.isnan().any(-1, keepdim=True)
     return torch.where(live, out, 0).to(q.dtype)

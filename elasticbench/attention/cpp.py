@@ -1,12 +1,14 @@
 """The fused CPU kernel of the native tier (kernels/cpp/attention.cpp) behind the contract of
 `weights`, for every weight of `weights.Weight`:
 
-    forward(q, k, v, p0, p1, scale, causal, key_mask=None, weight=Weight.ELASTIC)
+    forward(q, k, v, p0, p1, scale, causal, key_mask=None, weight=Weight.ELASTIC, offset=0)
         -> (out in q's dtype, m, den)
     backward(q, k, v, out, dout, m, den, p0, p1, scale, causal, key_mask=None,
-             weight=Weight.ELASTIC) -> (dq, dk, dv, dp0, dp1)
+             weight=Weight.ELASTIC, offset=0) -> (dq, dk, dv, dp0, dp1)
 
-p0, p1 are Elastic's tau and beta, so Elastic's positional calls read as before. key_mask is
+p0, p1 are Elastic's tau and beta, so Elastic's positional calls read as before; each a
+(batch, heads) tensor in any strides (a broadcast one, stride 0, is read in place). causal:
+query i sees key j iff j <= i + offset. key_mask is
 an optional (batch, length_k) bool. The C++ kernel flags queries with an infinite weight by
 m = +inf and NaN ones by m = NaN, and `special` finishes the infinite ones here, as it does
 for every kernel. fp16 and bf16 are converted to fp32 once, computed in fp32 and rounded
@@ -38,26 +40,28 @@ def accepts(q: torch.Tensor, weight: Weight | int = Weight.ELASTIC) -> bool:
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
             p1: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
-            weight: Weight | int = Weight.ELASTIC
+            weight: Weight | int = Weight.ELASTIC, offset: int = 0
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in the work dtype;
     key_mask (batch, length_k) bool hides the keys where it is False inside the fused loop."""
     weight = Weight(weight)
+    offset = offset if causal else 0
     out, m, den = native.load().attention_forward(q, k, v, p0, p1, scale, causal, BLOCK_Q,
-                                                  BLOCK_K, key_mask, int(weight))
-    special.fix_forward(q, k, v, out, m, den, scale, causal, key_mask, weight)
+                                                  BLOCK_K, key_mask, int(weight), offset)
+    special.fix_forward(q, k, v, out, m, den, scale, causal, key_mask, weight, offset)
     return out.to(q.dtype), m, den
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
              do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
              p1: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
-             weight: Weight | int = Weight.ELASTIC
+             weight: Weight | int = Weight.ELASTIC, offset: int = 0
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in q's dtype and (dp0, dp1) per (batch, head) in the work dtype."""
     weight = Weight(weight)
+    offset = offset if causal else 0
     dq, dk, dv, dp0, dp1 = native.load().attention_backward(
         q, k, v, out, do, m, den, p0, p1, scale, causal, BLOCK_Q, BLOCK_K, key_mask,
-        int(weight))
-    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask, weight)
+        int(weight), offset)
+    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask, weight, offset)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp0, dp1

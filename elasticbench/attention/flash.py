@@ -52,32 +52,36 @@ FAMILY_BLOCK_Q = 256
 FAMILY_BLOCK_K = 256
 
 
-def _key_end(q1: int, length_k: int, causal: bool) -> int:
-    """Keys past the last query of the block are hidden from all of it (causal)."""
-    return min(length_k, q1) if causal else length_k
+def _key_end(q1: int, length_k: int, diag: int | None) -> int:
+    """Keys past what the block's last query sees are hidden from all of it: causally
+    (diag: the offset of the diagonal, key j visible to query i iff j <= i + diag; None: no
+    causal mask) none from q1 + diag on."""
+    return length_k if diag is None else min(length_k, max(0, q1 + diag))
 
 
-def _scores(qb: torch.Tensor, kb: torch.Tensor, scale: float, causal: bool, q0: int,
+def _scores(qb: torch.Tensor, kb: torch.Tensor, scale: float, diag: int | None, q0: int,
             k0: int, key_mask: torch.Tensor | None) -> torch.Tensor:
-    """The tile's scores, keys hidden causally or by key_mask (batch, length_k) at -inf."""
+    """The tile's scores, keys hidden causally (diag: _key_end) or by key_mask (batch,
+    length_k) at -inf."""
     s = (qb @ kb.transpose(-1, -2)) * scale
-    if causal and k0 + s.shape[-1] - 1 > q0:  # the tile crosses the diagonal
-        s = s.masked_fill(~visible(s.shape[-2], s.shape[-1], s.device, q0, k0), -math.inf)
+    if diag is not None and k0 + s.shape[-1] - 1 > q0 + diag:  # the tile crosses the diagonal
+        s = s.masked_fill(~visible(s.shape[-2], s.shape[-1], s.device, q0, k0, diag),
+                          -math.inf)
     if key_mask is not None:
         keep = key_mask[:, None, None, k0:k0 + s.shape[-1]].to(device=s.device, dtype=torch.bool)
         s = s.masked_fill(~keep, -math.inf)
     return s
 
 
-def _tile(qb: torch.Tensor, kb: torch.Tensor, scale: float, causal: bool, q0: int, k0: int,
-          key_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _tile(qb: torch.Tensor, kb: torch.Tensor, scale: float, diag: int | None, q0: int,
+          k0: int, key_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The tile's raw scores (a fresh tensor the caller may overwrite) and which keys each
     query sees (None: all of them); the weights that are not exponentials need both, since
     symax gives -inf a weight."""
     s = (qb @ kb.transpose(-1, -2)).mul_(scale)
     vis = None
-    if causal and k0 + s.shape[-1] - 1 > q0:
-        vis = visible(s.shape[-2], s.shape[-1], s.device, q0, k0)
+    if diag is not None and k0 + s.shape[-1] - 1 > q0 + diag:
+        vis = visible(s.shape[-2], s.shape[-1], s.device, q0, k0, diag)
     if key_mask is not None:
         keep = key_mask[:, None, None, k0:k0 + s.shape[-1]].to(device=s.device, dtype=torch.bool)
         vis = keep if vis is None else vis & keep
@@ -111,15 +115,17 @@ def _weigh(weight: Weight, s: torch.Tensor, bias: torch.Tensor | None,
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
             p1: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
-            weight: Weight | int = Weight.ELASTIC
+            weight: Weight | int = Weight.ELASTIC, offset: int = 0
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in the work dtype;
-    key_mask (batch, length_k) bool: the keys where it is False take no part."""
+    key_mask (batch, length_k) bool: the keys where it is False take no part; causal: query
+    i sees key j iff j <= i + offset."""
     weight = Weight(weight)
+    diag = offset if causal else None
     if weight is Weight.SOFTMAX1:
-        return _forward_softmax1(q, k, v, p0, p1, scale, causal, key_mask)
+        return _forward_softmax1(q, k, v, p0, p1, scale, diag, key_mask)
     if not weight.exponential:
-        return _forward_sums(q, k, v, p0, p1, scale, causal, key_mask, weight)
+        return _forward_sums(q, k, v, p0, p1, scale, diag, key_mask, weight)
     wd = work_dtype(q.dtype)
     bsz, heads, lq, _ = q.shape
     lk = k.shape[2]
@@ -136,9 +142,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
         acc = torch.zeros(bsz, heads, q1 - q0, v.shape[3], dtype=wd, device=q.device)
         nan_row = torch.zeros_like(m, dtype=torch.bool)
         inf_row = torch.zeros_like(nan_row)
-        for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
+        for k0 in range(0, _key_end(q1, lk, diag), BLOCK_K):
             k1 = min(lk, k0 + BLOCK_K)
-            s = _scores(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
+            s = _scores(qb, k[:, :, k0:k1].to(wd), scale, diag, q0, k0, key_mask)
             nan_row |= s.isnan().any(-1)
             inf_row |= (s == math.inf).any(-1)
             s = s.masked_fill(~((s >= 0) & (s < math.inf)), -math.inf)  # kept, finite
@@ -153,12 +159,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
         out[:, :, q0:q1] = o.masked_fill(nan_row[..., None], math.nan)
         m_all[:, :, q0:q1] = torch.where(inf_row, math.inf, m).masked_fill(nan_row, math.nan)
         den_all[:, :, q0:q1] = den.masked_fill(nan_row, math.nan)
-    special.fix_forward(q, k, v, out, m_all, den_all, scale, causal, key_mask)
+    special.fix_forward(q, k, v, out, m_all, den_all, scale, diag is not None, key_mask,
+                        offset=diag or 0)
     return out.to(q.dtype), m_all, den_all
 
 
 def _forward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
-                      p1: torch.Tensor, scale: float, causal: bool,
+                      p1: torch.Tensor, scale: float, diag: int | None,
                       key_mask: torch.Tensor | None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """softmax1: Elastic's loop with tau = beta = 1 and every visible score (the shift
@@ -177,9 +184,9 @@ def _forward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: tor
         m = torch.zeros(bsz, heads, q1 - q0, dtype=wd, device=q.device)
         l = torch.zeros_like(m)  # noqa: E741
         acc = torch.zeros(bsz, heads, q1 - q0, v.shape[3], dtype=wd, device=q.device)
-        for k0 in range(0, _key_end(q1, lk, causal), FAMILY_BLOCK_K):
+        for k0 in range(0, _key_end(q1, lk, diag), FAMILY_BLOCK_K):
             k1 = min(lk, k0 + FAMILY_BLOCK_K)
-            s = _scores(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
+            s = _scores(qb, k[:, :, k0:k1].to(wd), scale, diag, q0, k0, key_mask)
             m_new = torch.maximum(m, s.amax(-1))
             alpha = torch.exp(m - m_new)
             p = (s - m_new[..., None]).exp_()  # amax keeps s for its backward
@@ -191,12 +198,13 @@ def _forward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: tor
         out[:, :, q0:q1] = (acc / den[..., None]).masked_fill(nan_row[..., None], math.nan)
         m_all[:, :, q0:q1] = m
         den_all[:, :, q0:q1] = den.masked_fill(nan_row, math.nan)
-    special.fix_forward(q, k, v, out, m_all, den_all, scale, causal, key_mask, Weight.SOFTMAX1)
+    special.fix_forward(q, k, v, out, m_all, den_all, scale, diag is not None, key_mask,
+                        Weight.SOFTMAX1, offset=diag or 0)
     return out.to(q.dtype), m_all, den_all
 
 
 def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
-                  p1: torch.Tensor, scale: float, causal: bool,
+                  p1: torch.Tensor, scale: float, diag: int | None,
                   key_mask: torch.Tensor | None, weight: Weight
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """symax, stablemax (plain running sums, no max) and sigmoid (no normalizer). The
@@ -215,9 +223,9 @@ def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.T
         q1 = min(lq, q0 + FAMILY_BLOCK_Q)
         qb = q[:, :, q0:q1].to(wd)
         acc = torch.zeros(bsz, heads, q1 - q0, dv + (not sigmoid), dtype=wd, device=q.device)
-        for k0 in range(0, _key_end(q1, lk, causal), FAMILY_BLOCK_K):
+        for k0 in range(0, _key_end(q1, lk, diag), FAMILY_BLOCK_K):
             k1 = min(lk, k0 + FAMILY_BLOCK_K)
-            s, vis = _tile(qb, k[:, :, k0:k1].to(wd), scale, causal, q0, k0, key_mask)
+            s, vis = _tile(qb, k[:, :, k0:k1].to(wd), scale, diag, q0, k0, key_mask)
             f = _weigh(weight, s, bias, ip)
             if vis is not None:  # hidden keys (a NaN there included) do not exist
                 f = _op(ip, f, "masked_fill", ~vis, 0)
@@ -237,21 +245,24 @@ def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.T
             nan_row, math.nan)
         den_all[:, :, q0:q1] = den.masked_fill(nan_row, math.nan)
     if not sigmoid:
-        special.fix_forward(q, k, v, out, m_all, den_all, scale, causal, key_mask, weight)
+        special.fix_forward(q, k, v, out, m_all, den_all, scale, diag is not None, key_mask,
+                            weight, offset=diag or 0)
     return out.to(q.dtype), m_all, den_all
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
              do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
              p1: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
-             weight: Weight | int = Weight.ELASTIC
+             weight: Weight | int = Weight.ELASTIC, offset: int = 0
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in q's dtype and (dp0, dp1) per (batch, head) in the work dtype."""
+    """(dq, dk, dv) in q's dtype and (dp0, dp1) per (batch, head) in the work dtype; causal
+    with the diagonal of forward's offset."""
     weight = Weight(weight)
+    diag = offset if causal else None
     if weight is Weight.SOFTMAX1:
-        return _backward_softmax1(q, k, v, out, do, m, den, p0, p1, scale, causal, key_mask)
+        return _backward_softmax1(q, k, v, out, do, m, den, p0, p1, scale, diag, key_mask)
     if not weight.exponential:
-        return _backward_sums(q, k, v, out, do, m, den, p0, p1, scale, causal, key_mask,
+        return _backward_sums(q, k, v, out, do, m, den, p0, p1, scale, diag, key_mask,
                               weight)
     wd = work_dtype(q.dtype)
     lq, lk = q.shape[2], k.shape[2]
@@ -273,10 +284,10 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         # a NaN query's weights are all NaN (its gradients must show it); +inf ones are skipped
         rows = nan_row[:, :, q0:q1, None]
         skip = inf_row[:, :, q0:q1, None]
-        for k0 in range(0, _key_end(q1, lk, causal), BLOCK_K):
+        for k0 in range(0, _key_end(q1, lk, diag), BLOCK_K):
             k1 = min(lk, k0 + BLOCK_K)
             kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
-            s = _scores(qb, kb, scale, causal, q0, k0, key_mask)
+            s = _scores(qb, kb, scale, diag, q0, k0, key_mask)
             dp = dob @ vb.transpose(-1, -2)
             keep = ((s >= 0) | (rows & (s != -math.inf))) & ~skip
             z = torch.where(keep, (s - mb) / t4, 0)
@@ -288,13 +299,14 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
             dk[:, :, k0:k1] += (ds.transpose(-1, -2) @ qb) * scale
             dq[:, :, q0:q1] += (ds @ kb) * scale
     dp0, dp1 = param_grads(dsz, c, m, den, p0, p1)
-    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask)
+    special.fix_backward(q, k, do, dv, m, scale, diag is not None, key_mask,
+                         offset=diag or 0)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp0, dp1
 
 
 def _backward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
-                       p1: torch.Tensor, scale: float, causal: bool,
+                       p1: torch.Tensor, scale: float, diag: int | None,
                        key_mask: torch.Tensor | None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                   torch.Tensor]:
@@ -318,10 +330,10 @@ def _backward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         mb, rb, cb = m0[:, :, q0:q1, None], r[:, :, q0:q1, None], c[:, :, q0:q1, None]
         skip = inf_row[:, :, q0:q1, None]
         special_rows = bool((skip | nan_row[:, :, q0:q1, None]).any())
-        for k0 in range(0, _key_end(q1, lk, causal), FAMILY_BLOCK_K):
+        for k0 in range(0, _key_end(q1, lk, diag), FAMILY_BLOCK_K):
             k1 = min(lk, k0 + FAMILY_BLOCK_K)
             kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
-            s = _scores(qb, kb, scale, causal, q0, k0, key_mask)
+            s = _scores(qb, kb, scale, diag, q0, k0, key_mask)
             keep = (s != -math.inf) & ~skip if special_rows else None
             p = _op(ip, s.sub_(mb).exp_(), "mul", rb)  # hidden keys: exp(-inf) = 0
             ds = _op(ip, (dob @ vb.transpose(-1, -2)).sub_(cb), "mul", p)
@@ -330,14 +342,15 @@ def _backward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
             dv[:, :, k0:k1] += p.transpose(-1, -2) @ dob
             dk[:, :, k0:k1] += (ds.transpose(-1, -2) @ qb) * scale
             dq[:, :, q0:q1] += (ds @ kb) * scale
-    special.fix_backward(q, k, do, dv, m, scale, causal, key_mask, Weight.SOFTMAX1)
+    special.fix_backward(q, k, do, dv, m, scale, diag is not None, key_mask, Weight.SOFTMAX1,
+                         offset=diag or 0)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), torch.zeros_like(p0), \
         torch.zeros_like(p1)
 
 
 def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                    do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
-                   p1: torch.Tensor, scale: float, causal: bool,
+                   p1: torch.Tensor, scale: float, diag: int | None,
                    key_mask: torch.Tensor | None, weight: Weight
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                               torch.Tensor]:
@@ -361,10 +374,10 @@ def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
         rb, cb = r[:, :, q0:q1, None], c[:, :, q0:q1, None]
         skip = inf_row[:, :, q0:q1, None]
         skipping = not sigmoid and bool(skip.any())
-        for k0 in range(0, _key_end(q1, lk, causal), FAMILY_BLOCK_K):
+        for k0 in range(0, _key_end(q1, lk, diag), FAMILY_BLOCK_K):
             k1 = min(lk, k0 + FAMILY_BLOCK_K)
             kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
-            s, vis = _tile(qb, kb, scale, causal, q0, k0, key_mask)
+            s, vis = _tile(qb, kb, scale, diag, q0, k0, key_mask)
             if skipping:  # an infinite weight's query is special's: keep its s finite
                 s.masked_fill_(skip, 0)
             if weight is Weight.SYMAX:
@@ -396,7 +409,8 @@ def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     elif weight is Weight.SYMAX:
         dp1 = -torch.where(inf_row, 0, c * r).sum(-1)
     if not sigmoid:
-        special.fix_backward(q, k, do, dv, m, scale, causal, key_mask, weight)
+        special.fix_backward(q, k, do, dv, m, scale, diag is not None, key_mask, weight,
+                             offset=diag or 0)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp0, dp1
 
 

@@ -5,19 +5,43 @@ q is (batch, heads, length_q, head_dim), k is (batch, heads, length_k, head_dim)
 takes them. tau and beta are each a float, a 0-d tensor, a 1-d tensor of one value per head,
 or a tensor that broadcasts against (batch, heads, 1, 1) (such as (heads, 1, 1)).
 
-Causal masking is aligned top-left, as SDPA's is_causal: query i sees keys j <= i.
+Causal masking hides key j from query i unless j <= i + offset, one integer: 0 aligns it
+top-left (SDPA's is_causal), length_k - length_q bottom-right (FlashAttention's, and a decode
+step's against its cache); `causal_offset` turns the public spellings into it
+(docs/attention.md section 1).
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..rows.layout import Scalar, work_dtype
 
-__all__ = ["Scalar", "check_operands", "default_scale", "head_params", "key_padding", "visible",
-           "work_dtype"]
+__all__ = ["ALIGNMENTS", "Scalar", "causal_offset", "check_operands", "default_scale",
+           "head_params", "key_padding", "visible", "work_dtype"]
+
+# causal's spellings: False (no mask), True (= "top_left", SDPA's is_causal), or an alignment
+ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def causal_offset(causal: bool | str, length_q: int, length_k: int) -> int | None:
+    """The causal diagonal's offset for `causal` (query i sees key j iff j <= i + offset):
+    None for False (no mask), 0 for True or "top_left", length_k - length_q for
+    "bottom_right"; ValueError in one line for anything else."""
+    if causal is None:
+        return None
+    if isinstance(causal, str):
+        if causal == "top_left":
+            return 0
+        if causal == "bottom_right":
+            return length_k - length_q
+    elif isinstance(causal, bool | int | np.bool_) and causal in (0, 1):  # 0 / 1 as before
+        return 0 if causal else None
+    raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got "
+                     f"{causal!r}")
 
 
 def check_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -86,8 +110,9 @@ def key_padding(attn_mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 
 
 def visible(length_q: int, length_k: int, device: torch.device, q0: int = 0,
-            k0: int = 0) -> torch.Tensor:
-    """(length_q, length_k) bool: key k0 + j is visible to query q0 + i (causal, top-left)."""
+            k0: int = 0, offset: int = 0) -> torch.Tensor:
+    """(length_q, length_k) bool: key k0 + j is visible to query q0 + i under the causal
+    mask of diagonal `offset` (k0 + j <= q0 + i + offset; 0: top-left)."""
     i = torch.arange(q0, q0 + length_q, device=device)[:, None]
     j = torch.arange(k0, k0 + length_k, device=device)[None, :]
-    return j <= i
+    return j <= i + offset

@@ -21,10 +21,10 @@ from .weights import Weight
 
 
 def _infinite_scores(q: torch.Tensor, k: torch.Tensor, m: torch.Tensor, scale: float,
-                     causal: bool, key_mask: torch.Tensor | None, weight: Weight | int
-                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+                     causal: bool, key_mask: torch.Tensor | None, weight: Weight | int,
+                     offset: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(indices (n, 3) of the queries marked m = +inf, their (n, length_k) float matrix of
-    infinite weights / their count)."""
+    infinite weights / their count); causal: query i sees key j iff j <= i + offset."""
     idx = (m == math.inf).nonzero()
     if idx.numel() == 0:
         return None
@@ -33,7 +33,7 @@ def _infinite_scores(q: torch.Tensor, k: torch.Tensor, m: torch.Tensor, scale: f
     s = torch.einsum("nd,njd->nj", q[b, h, i].to(wd), k[b, h].to(wd)) * scale
     hits = (s.abs() if Weight(weight) is Weight.SYMAX else s) == math.inf
     if causal:
-        hits &= torch.arange(k.shape[2], device=q.device)[None, :] <= i[:, None]
+        hits &= torch.arange(k.shape[2], device=q.device)[None, :] <= i[:, None] + offset
     if key_mask is not None:  # (batch, length_k): padded keys do not exist for the query
         hits &= key_mask.to(device=s.device, dtype=torch.bool)[b]
     hits = hits.to(wd)
@@ -43,9 +43,10 @@ def _infinite_scores(q: torch.Tensor, k: torch.Tensor, m: torch.Tensor, scale: f
 def fix_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                 m: torch.Tensor, den: torch.Tensor, scale: float, causal: bool,
                 key_mask: torch.Tensor | None = None,
-                weight: Weight | int = Weight.ELASTIC) -> None:
-    """Overwrite out and den (in place) at the queries whose m is +inf."""
-    found = _infinite_scores(q, k, m, scale, causal, key_mask, weight)
+                weight: Weight | int = Weight.ELASTIC, offset: int = 0) -> None:
+    """Overwrite out and den (in place) at the queries whose m is +inf (causal: with the
+    diagonal j <= i + offset)."""
+    found = _infinite_scores(q, k, m, scale, causal, key_mask, weight, offset)
     if found is None:
         return
     idx, share = found
@@ -57,11 +58,11 @@ def fix_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
 def fix_backward(q: torch.Tensor, k: torch.Tensor, do: torch.Tensor, dv: torch.Tensor,
                  m: torch.Tensor, scale: float, causal: bool,
                  key_mask: torch.Tensor | None = None,
-                 weight: Weight | int = Weight.ELASTIC) -> None:
+                 weight: Weight | int = Weight.ELASTIC, offset: int = 0) -> None:
     """Add the marked queries' dO / k to dv of their infinite-weight keys (in place, dv in
     work dtype); key_mask (batch, length_k) bool, True where a key takes part, as the
-    kernels take it."""
-    found = _infinite_scores(q, k, m, scale, causal, key_mask, weight)
+    kernels take it; causal with the diagonal j <= i + offset."""
+    found = _infinite_scores(q, k, m, scale, causal, key_mask, weight, offset)
     if found is None:
         return
     idx, share = found

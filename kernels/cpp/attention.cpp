@@ -139,8 +139,16 @@ template <typename C> struct WeightParams {
   double t, sink;
   C a;
 };
+// A (batch, heads) parameter where the caller laid it: (batch, head) strides, 0 where a
+// scalar or a per-head tensor is broadcast (no copy per call: docs/attention.md section 7).
+template <typename C> struct HeadParam {
+  const C* p;
+  int64_t sb, sh, heads;
+  C operator[](int64_t bh) const { return p[(bh / heads) * sb + (bh % heads) * sh]; }
+};
 constexpr bool exponential(int w) { return w == kElastic || w == kSoftmax1; }
-template <int W, typename C> WeightParams<C> weight_params(const C* p0, const C* p1, int64_t bh) {
+template <int W, typename C>
+WeightParams<C> weight_params(const HeadParam<C>& p0, const HeadParam<C>& p1, int64_t bh) {
   if constexpr (W == kElastic) {
     const double t = double(p0[bh]);
     return {t, double(p1[bh]), C(1.0 / t)};
@@ -167,11 +175,15 @@ struct Shape {
   int64_t bq, bk;
   int64_t heads = 1;
   KeyMask mask;
+  // causal: query i sees key j iff j <= i + offset (0 top-left, lk - lq bottom-right)
+  int64_t offset = 0;
   // Keys at or past key_end(q1) are hidden from every query before q1 (causal).
-  int64_t key_end(int64_t q1) const { return causal ? std::min(lk, q1) : lk; }
+  int64_t key_end(int64_t q1) const {
+    return causal ? std::clamp<int64_t>(q1 + offset, 0, lk) : lk;
+  }
   // How many of the keys [k0, k0 + cols) query qi sees.
   int64_t visible(int64_t qi, int64_t k0, int64_t cols) const {
-    return causal ? std::clamp<int64_t>(qi - k0 + 1, 0, cols) : cols;
+    return causal ? std::clamp<int64_t>(qi + offset - k0 + 1, 0, cols) : cols;
   }
   int64_t block(int64_t bh_, int64_t k0) const {
     return (bh_ / heads) * ((lk + bk - 1) / bk) + k0 / bk;
@@ -205,7 +217,8 @@ template <typename C> struct Scratch {
 };
 
 template <typename C, int W>
-void forward_impl(const C* q, const C* k, const C* v, const C* p0, const C* p1, C* out,
+void forward_impl(const C* q, const C* k, const C* v, const HeadParam<C>& p0,
+                  const HeadParam<C>& p1, C* out,
                   C* m_out, C* den_out, const Shape& sh, const AttnRows<C>& rows) {
   const int64_t nqb = (sh.lq + sh.bq - 1) / sh.bq;
   const C nan = std::numeric_limits<C>::quiet_NaN(), inf = std::numeric_limits<C>::infinity();
@@ -282,7 +295,8 @@ void forward_impl(const C* q, const C* k, const C* v, const C* p0, const C* p1, 
 
 // The backward's pieces (docs/attention.md section 2), shared by its two schedules.
 template <typename C, int W> struct Backward {
-  const C *q, *k, *v, *out, *dout, *m, *den, *tau, *beta;  // tau, beta: p0, p1
+  const C *q, *k, *v, *out, *dout, *m, *den;
+  HeadParam<C> tau, beta;  // p0, p1
   C *dq, *dk, *dv;
   const Shape& sh;
   const AttnRows<C>& rows;
@@ -458,13 +472,17 @@ struct Operands {
   at::ScalarType wd;
   Shape sh;
   at::Tensor keep;  // the key-padding mask sh.mask reads (undefined: none)
+  at::Tensor p0, p1;  // the parameters in the work dtype, (batch, heads) in any strides
+  template <typename C> HeadParam<C> param(const at::Tensor& p) const {
+    return {p.data_ptr<C>(), p.stride(0), p.stride(1), sh.heads};
+  }
 };
 
 using OptTensor = c10::optional<at::Tensor>;
 
 Operands check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                const at::Tensor& tau, const at::Tensor& beta, double scale, bool causal,
-               int64_t block_q, int64_t block_k, const OptTensor& key_mask) {
+               int64_t block_q, int64_t block_k, const OptTensor& key_mask, int64_t offset) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
               "the native attention kernels take CPU tensors");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be 4-d");
@@ -475,13 +493,23 @@ Operands check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               "q, k, v shapes do not fit together");
   const int64_t bh = q.size(0) * q.size(1);
   TORCH_CHECK(tau.numel() == bh && beta.numel() == bh, "tau and beta must be (batch, heads)");
+  TORCH_CHECK(std::abs(offset) < (int64_t(1) << 62), "causal offset out of range");
   TORCH_CHECK(block_q > 0 && block_k > 0, "block sizes must be positive");
   TORCH_CHECK(q.size(3) < (1 << 30) && v.size(3) < (1 << 30) && block_k < (1 << 30),
               "dimensions too large for the BLAS");
   const at::ScalarType wd = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   Operands o{wd, {bh, q.size(2), k.size(2), q.size(3), v.size(3), scale, causal, block_q,
-                  block_k}, at::Tensor()};
+                  block_k}, at::Tensor(), at::Tensor(), at::Tensor()};
   o.sh.heads = q.size(1);
+  o.sh.offset = causal ? offset : 0;
+  // read where they lie (a broadcast view has stride 0); converted only from another dtype
+  auto as_bh = [&](const at::Tensor& p) {
+    const at::Tensor x = p.dim() == 2 && p.size(0) == q.size(0) && p.size(1) == q.size(1)
+                             ? p : p.reshape({q.size(0), q.size(1)});
+    return x.scalar_type() == wd ? x : x.to(wd);
+  };
+  o.p0 = as_bh(tau);
+  o.p1 = as_bh(beta);
   if (key_mask.has_value() && key_mask->defined()) {
     TORCH_CHECK(key_mask->dim() == 2 && key_mask->size(0) == q.size(0) &&
                     key_mask->size(1) == k.size(2),
@@ -510,10 +538,11 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
                                           const at::Tensor& v, const at::Tensor& tau,
                                           const at::Tensor& beta, double scale, bool causal,
                                           int64_t block_q, int64_t block_k,
-                                          const OptTensor& key_mask, int64_t weight) {
-  const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k, key_mask);
+                                          const OptTensor& key_mask, int64_t weight,
+                                          int64_t offset) {
+  const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k, key_mask,
+                           offset);
   const at::Tensor qc = work(q, o.wd), kc = work(k, o.wd), vc = work(v, o.wd);
-  const at::Tensor tc = work(tau, o.wd), bc = work(beta, o.wd);
   const auto opts = q.options().dtype(o.wd);
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, opts);
   at::Tensor m = at::empty({q.size(0), q.size(1), q.size(2)}, opts), den = at::empty_like(m);
@@ -522,7 +551,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
     with_weight(weight, [&](auto w) {
       forward_impl<scalar_t, decltype(w)::value>(
           qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
-          tc.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+          o.param<scalar_t>(o.p0), o.param<scalar_t>(o.p1), out.data_ptr<scalar_t>(),
           m.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), o.sh, rows_of<scalar_t>(table));
     });
   });
@@ -535,15 +564,17 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
                                            const at::Tensor& den, const at::Tensor& tau,
                                            const at::Tensor& beta, double scale, bool causal,
                                            int64_t block_q, int64_t block_k,
-                                           const OptTensor& key_mask, int64_t weight) {
-  const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k, key_mask);
+                                           const OptTensor& key_mask, int64_t weight,
+                                           int64_t offset) {
+  const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k, key_mask,
+                           offset);
   TORCH_CHECK(out.sizes() == dout.sizes() && out.size(2) == q.size(2) && out.size(3) == v.size(3),
               "out and dout must be (batch, heads, length_q, value_dim)");
   TORCH_CHECK(m.numel() == o.sh.bh * o.sh.lq && den.numel() == m.numel(),
               "m and den must be (batch, heads, length_q)");
   const at::Tensor qc = work(q, o.wd), kc = work(k, o.wd), vc = work(v, o.wd);
   const at::Tensor oc = work(out, o.wd), dc = work(dout, o.wd), mc = work(m, o.wd);
-  const at::Tensor nc = work(den, o.wd), tc = work(tau, o.wd), bc = work(beta, o.wd);
+  const at::Tensor nc = work(den, o.wd);
   const auto opts = q.options().dtype(o.wd);
   at::Tensor dq = at::zeros(q.sizes(), opts), dk = at::zeros(k.sizes(), opts);
   at::Tensor dv = at::zeros(v.sizes(), opts);
@@ -554,7 +585,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
       const Backward<scalar_t, decltype(w)::value> bw{
           qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
           oc.data_ptr<scalar_t>(), dc.data_ptr<scalar_t>(), mc.data_ptr<scalar_t>(),
-          nc.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
+          nc.data_ptr<scalar_t>(), o.param<scalar_t>(o.p0), o.param<scalar_t>(o.p1),
           dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(),
           o.sh, rows_of<scalar_t>(table)};
       backward_impl(bw, dtau.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>());
@@ -568,16 +599,18 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
 void bind_attention(pybind11::module_& m, const char* (*isa)()) {
   using namespace pybind11::literals;
   current_isa = isa;
-  // p0 and p1 keep Elastic's names (tau, beta); weight is weights.py's Weight as an int
+  // p0 and p1 keep Elastic's names (tau, beta), (batch, heads) in any strides; weight is
+  // weights.py's Weight as an int; offset the causal diagonal (query i sees key j <= i + offset)
   m.def("attention_forward", &attention_forward,
         "fused attention forward for `weight`: (out, m, den) in the working dtype",
         "q"_a, "k"_a, "v"_a, "tau"_a, "beta"_a, "scale"_a, "causal"_a, "block_q"_a = 256,
-        "block_k"_a = 512, "key_mask"_a = pybind11::none(), "weight"_a = int64_t(kElastic));
+        "block_k"_a = 512, "key_mask"_a = pybind11::none(), "weight"_a = int64_t(kElastic),
+        "offset"_a = int64_t(0));
   m.def("attention_backward", &attention_backward,
         "fused attention backward for `weight`: (dq, dk, dv, dp0, dp1) in the working dtype",
         "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "m"_a, "den"_a, "tau"_a, "beta"_a, "scale"_a,
         "causal"_a, "block_q"_a = 256, "block_k"_a = 512, "key_mask"_a = pybind11::none(),
-        "weight"_a = int64_t(kElastic));
+        "weight"_a = int64_t(kElastic), "offset"_a = int64_t(0));
   m.def("attention_use_blas", [](bool on) {
     const bool was = use_blas;
     use_blas = on;
