@@ -387,7 +387,8 @@ def use_family(model: nn.Module, name: str, *, param_shape: str | tuple[int, ...
     A layer already holding a module of the same kind and shape keeps it (and what it has
     learned); any other is replaced. Then sets the model's attention implementation
     (set_attn_implementation). Returns the model. ValueError (one line) for an unknown
-    name, a bad param_shape, or a model without attention layers.
+    name, a bad param_shape, a model without attention layers, or one that does not
+    switch.
     """
     _check_name(name)
     register()
@@ -414,6 +415,9 @@ def use_family(model: nn.Module, name: str, *, param_shape: str | tuple[int, ...
         model.set_attn_implementation(name)
     else:
         model.config._attn_implementation = name
+    if getattr(model.config, "_attn_implementation", None) != name:
+        raise ValueError(f"{type(model).__name__} did not switch its attention to {name!r} "
+                         "(its attention classes do not dispatch through AttentionInterface)")
     return model
 
 

@@ -202,6 +202,8 @@ def test_refusals_are_one_line():
     fn(layer.eval(), q, k, v, None, dropout=0.1)  # dropout is only ever drawn in training
     with pytest.raises(ValueError, match="unknown attention"):
         eb_hf.use_family(tiny_llama(), "softmax2")
+    with pytest.raises(ValueError, match="no attention layer"):
+        eb_hf.use_family(torch.nn.Linear(2, 2), "elastic")
     with pytest.raises(ValueError, match="holds SymaxAttention"):
         eb_hf.attention_function("elastic")(Layer("symax", 2), q, k, v, None)
 
