@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 from elasticbench import devices, dispatch  # noqa: E402
 from elasticbench import functional as F  # noqa: E402
+from elasticbench.attention.layout import visible  # noqa: E402
 from elasticbench.integrations import transformers as eb_hf  # noqa: E402
 from elasticbench.nn import ElasticAttention, SigmoidAttention, SymaxAttention  # noqa: E402
 
@@ -134,6 +135,20 @@ def test_interface_is_the_functional_bit_for_bit(name):
     materialized = FUNCTIONS[name](q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask,
                              **direct_params(layer, name, lq))
     torch.testing.assert_close(out, materialized.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    # a chunk of 3 queries at the end of 9 padded keys (a cache): bottom-right + key padding
+    pad = torch.ones(b, 9, dtype=torch.bool)
+    pad[1, :2] = False
+    mask = sdpa_mask(batch_size=b, q_length=3, kv_length=9, q_offset=6, attention_mask=pad)
+    q, k, v = (torch.randn(b, n, length, d, generator=gen)
+               for n, length in ((h, 3), (hkv, 9), (hkv, 9)))
+    out, _ = fn(layer, q, k, v, mask)
+    materialized = FUNCTIONS[name](q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask,
+                                   **direct_params(layer, name, 9))
+    torch.testing.assert_close(out, materialized.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    if eb_hf.bottom_right_supported():
+        want = FUNCTIONS[name](q, repeat_kv(k, 2), repeat_kv(v, 2), causal="bottom_right",
+                               attn_mask=pad[:, None, None, :], **direct_params(layer, name, 9))
+        assert torch.equal(out, want.transpose(1, 2))
 
 
 def test_masks_reach_the_fused_kernels_when_they_can():
@@ -280,6 +295,14 @@ else:
                 assert torch.equal(out, want), name
                 for g, w in zip(got, torch.autograd.grad(want.sum(), wrt), strict=True):
                     assert torch.equal(g, w), name
+                if eb_hf.bottom_right_supported():  # 4 queries at the end of the 16 keys
+                    qe = q[:, :, -4:].detach()
+                    mask = visible(4, length, qe.device, q0=length - 4)[None, None]
+                    out, _ = eb_hf.attention_function(name)(layer, qe, k, v, mask)
+                    want = FUNCTIONS[name](qe, repeat_kv(k, 2), repeat_kv(v, 2),
+                                           causal="bottom_right",
+                                           **direct_params(layer, name, length))
+                    assert torch.equal(out, want.transpose(1, 2)), name
 
 
 def _example():
