@@ -85,9 +85,27 @@ def bh_params(value: Scalar, q: torch.Tensor) -> torch.Tensor:
         if dispatch.traced(q) or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
             return torch.full((b, h), float(value), dtype=wd, device=q.device)
         return _constant(float(value), wd, q.device).expand(b, h)
+    if value.dtype != wd or value.device != q.device:
+        value = value.to(device=q.device, dtype=wd)
+    fast = _bh_view(value, b, h)
+    if fast is not None:
+        return fast
     t = head_params(value, b, h, wd, q.device)
     assert isinstance(t, torch.Tensor)
     return t[:, :, 0, 0].expand(b, h)
+
+
+def _bh_view(t: torch.Tensor, b: int, h: int) -> torch.Tensor | None:
+    """The (b, h) view of the common parameter shapes (0-d, (h,), (h, 1, 1), (b|1, h|1, 1,
+    1)) as head_params lays them out, without its general broadcast check (a per-call cost
+    comparable to a decode step's kernel, docs/attention.md section 7); None for any other
+    shape, which head_params checks."""
+    shape = tuple(t.shape)
+    if not shape or shape in ((1,), (h,), (1, 1, 1), (h, 1, 1)):
+        return t.reshape(1, -1).expand(b, h)
+    if len(shape) == 4 and shape[2:] == (1, 1) and shape[0] in (1, b) and shape[1] in (1, h):
+        return t[:, :, 0, 0].expand(b, h)
+    return None
 
 
 @functools.lru_cache(maxsize=256)
