@@ -17,8 +17,10 @@ batch, and with it the gradients, do not depend on the number of processes. For 
 (ddp: DistributedDataParallel; fsdp: FSDP2's fully_shard on each layer and on the model) the
 family model and the sdpa model train in lockstep, a step of one then a step of the other, and
 the step time reported is the median over the steps after --warmup (the slowest process's),
-the wall time of forward, backward and the optimizer's step. The CPU runs gloo, GPUs NCCL
-(one GPU per process, --device cuda).
+the wall time of forward, backward and the optimizer's step; beside it the median of the
+process's CPU time per step (time.process_time, the slowest process's), which on a CPU shared
+with other work counts less of the others' load. The CPU runs gloo, GPUs NCCL (one GPU per
+process, --device cuda).
 
 --checkpoint DIR: after the last step each model is saved with torch.distributed.checkpoint
 (every process writes its shards; get_state_dict gives the model's and the optimizer's), loaded
@@ -168,7 +170,14 @@ def wrap(model: Model, wrapper: str, run: Run) -> nn.Module:
     if wrapper == "ddp":
         from torch.nn.parallel import DistributedDataParallel
         ids = [run.device.index] if run.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        # the family's buffers (tau0, beta0, eta0) are constants of the construction, the same
+        # in every process, and this model has no other: broadcasting them before each
+        # forward (DDP's default) is a collective per step for nothing (docs/distributed.md).
+        # torch 2.13 names the switch forward_sync_buffers; earlier ones broadcast_buffers.
+        import inspect
+        named = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        switch = {"forward_sync_buffers" if named else "broadcast_buffers": False}
+        return DistributedDataParallel(model, device_ids=ids, **switch)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     mesh = init_device_mesh(run.device.type, (run.world,))
@@ -203,22 +212,23 @@ def optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
 
 
 def step(model: nn.Module, opt: torch.optim.Optimizer, cfg: Config, seed: int, n: int,
-         run: Run) -> tuple[float, float]:
-    """Training step n on this process's share: (the global batch's loss, the seconds)."""
+         run: Run) -> tuple[float, float, float]:
+    """Training step n on this process's share: (the global batch's loss, the wall seconds,
+    this process's CPU seconds)."""
     x, y = global_batch(cfg, run.world, seed, n)
     rows = slice(run.rank * cfg.batch, (run.rank + 1) * cfg.batch)
     x, y = x[rows].to(run.device), y[rows].to(run.device)
     sync(run)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     opt.zero_grad(set_to_none=True)
     loss = loss_of(model, x, y)
     loss.backward()
     opt.step()
     sync(run)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
     total = loss.detach().clone()
     dist.all_reduce(total)
-    return total.item() / run.world, seconds
+    return total.item() / run.world, seconds, cpu
 
 
 def sync(run: Run) -> None:
@@ -226,16 +236,16 @@ def sync(run: Run) -> None:
         torch.cuda.synchronize(run.device)
 
 
-def slowest(seconds: float, run: Run) -> float:
-    """The largest of the processes' values."""
-    t = torch.tensor([seconds], dtype=torch.float64, device=run.device)
+def slowest(values: list[float], run: Run) -> list[float]:
+    """The largest of the processes' values, one by one."""
+    t = torch.tensor(values, dtype=torch.float64, device=run.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return t.tolist()
 
 
 def checkpoint(model: nn.Module, opt: torch.optim.Optimizer, wrapper: str, attention: str,
                args: argparse.Namespace, cfg: Config, run: Run, directory: Path,
-               dump: dict) -> dict:
+               dump: dict | None) -> dict:
     """Save model and optimizer with torch.distributed.checkpoint, load them into a fresh
     wrapped model and optimizer, take step args.steps on both: the verdicts, bit for bit."""
     import torch.distributed.checkpoint as dcp
@@ -244,7 +254,7 @@ def checkpoint(model: nn.Module, opt: torch.optim.Optimizer, wrapper: str, atten
     model_sd, optim_sd = get_state_dict(model, opt)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
     saved = full_parameters(model)
-    if run.rank == 0:
+    if run.rank == 0 and dump is not None:
         dump[f"{wrapper}/{attention}/checkpoint"] = str(directory)
         dump[f"{wrapper}/{attention}/parameters"] = saved
 
@@ -257,8 +267,8 @@ def checkpoint(model: nn.Module, opt: torch.optim.Optimizer, wrapper: str, atten
                    optim_state_dict=state["optim"])
     loaded = full_parameters(fresh)
     same_loaded = all(torch.equal(saved[n], loaded[n]) for n in saved)
-    loss_a, _ = step(model, opt, cfg, args.seed, args.steps, run)
-    loss_b, _ = step(fresh, fresh_opt, cfg, args.seed, args.steps, run)
+    loss_a = step(model, opt, cfg, args.seed, args.steps, run)[0]
+    loss_b = step(fresh, fresh_opt, cfg, args.seed, args.steps, run)[0]
     after_a, after_b = full_parameters(model), full_parameters(fresh)
     return {"directory": str(directory), "parameters_identical": same_loaded,
             "next_loss": [loss_a, loss_b], "next_loss_identical": loss_a == loss_b,
@@ -266,18 +276,21 @@ def checkpoint(model: nn.Module, opt: torch.optim.Optimizer, wrapper: str, atten
                                                   for n in after_a)}
 
 
-def train(wrapper: str, args: argparse.Namespace, cfg: Config, run: Run, dump: dict) -> dict:
+def train(wrapper: str, args: argparse.Namespace, cfg: Config, run: Run, dump: dict | None) -> dict:
     """Both models under `wrapper`, in lockstep; their losses, step times, ratio and (with
     --checkpoint) the checkpoint's verdicts."""
     models = {a: wrap(build(a, cfg, args.seed), wrapper, run) for a in ATTENTIONS}
     opts = {a: optimizer(m, args.lr) for a, m in models.items()}
     losses: dict[str, list[float]] = {a: [] for a in ATTENTIONS}
     times: dict[str, list[float]] = {a: [] for a in ATTENTIONS}
+    cpu_times: dict[str, list[float]] = {a: [] for a in ATTENTIONS}
     for n in range(args.steps):
         for a in ATTENTIONS:
-            loss, seconds = step(models[a], opts[a], cfg, args.seed, n, run)
+            loss, seconds, cpu = step(models[a], opts[a], cfg, args.seed, n, run)
             losses[a].append(loss)
-            times[a].append(slowest(seconds, run))
+            wall, cpu = slowest([seconds, cpu], run)
+            times[a].append(wall)
+            cpu_times[a].append(cpu)
             if n == 0 and dump is not None:
                 grads = full_gradients(models[a])
                 if run.rank == 0:
@@ -285,9 +298,13 @@ def train(wrapper: str, args: argparse.Namespace, cfg: Config, run: Run, dump: d
     out: dict = {}
     for a in ATTENTIONS:
         kept = times[a][args.warmup:] or times[a]
-        out[a] = {"step_ms": 1e3 * statistics.median(kept), "losses": losses[a],
+        kept_cpu = cpu_times[a][args.warmup:] or cpu_times[a]
+        out[a] = {"step_ms": 1e3 * statistics.median(kept),
+                  "step_cpu_ms": 1e3 * statistics.median(kept_cpu), "losses": losses[a],
                   "steps_timed": len(kept)}
     out["ratio_family_over_sdpa"] = out["family"]["step_ms"] / out["sdpa"]["step_ms"]
+    out["cpu_ratio_family_over_sdpa"] = (out["family"]["step_cpu_ms"]
+                                         / out["sdpa"]["step_cpu_ms"])
     out["learned_log_scales"] = learned(models["family"])
     if args.checkpoint:
         out["checkpoint"] = {a: checkpoint(models[a], opts[a], wrapper, a, args, cfg, run,
@@ -301,6 +318,54 @@ def learned(model: nn.Module) -> dict[str, list[float]]:
     m = unwrapped(model)
     return {n: full(p).reshape(-1).tolist() for n, p in m.named_parameters()
             if n.rsplit(".", 1)[-1] in ("log_tau_scale", "log_beta_scale", "log_eta_scale")}
+
+
+def machine(device: torch.device) -> str:
+    """The machine in words: the GPU's name, or the CPU's model and core count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                  if line.startswith("model name")]
+        name = models[0] if models else name
+    return f"a {os.cpu_count()}-core {name} CPU"
+
+
+def table(report: dict, argv: list[str] | None) -> dict:
+    """The fields scripts/docs_tables.py renders (title, date, machine, command, conditions,
+    columns, rows): one row per wrapper."""
+    cfg = report["config"]
+    rows = []
+    for wrapper, r in report["runs"].items():
+        checked = r.get("checkpoint")
+        same = ("not run" if checked is None else
+                "identical" if all(c["parameters_identical"] and c["next_loss_identical"]
+                                   and c["next_step_parameters_identical"]
+                                   for c in checked.values()) else "differs")
+        rows.append([wrapper, f"{r['family']['step_ms']:.1f}", f"{r['sdpa']['step_ms']:.1f}",
+                     f"{r['ratio_family_over_sdpa']:.2f}x",
+                     f"{r['cpu_ratio_family_over_sdpa']:.2f}x", same])
+    args = " ".join(sys.argv[1:] if argv is None else argv)
+    timed = next(iter(report["runs"].values()))["family"]["steps_timed"]
+    return {
+        "title": "The family's model against the same model with SDPA, under DDP and FSDP2",
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "command": (f"torchrun --standalone --nproc-per-node {report['world_size']} "
+                    f"examples/distributed.py {args}").strip(),
+        "conditions": (f"{report['world_size']} processes ({report['backend']}), "
+                       f"{report['threads_per_process']} thread each, torch {report['torch']}; "
+                       f"d={cfg['d']}, {cfg['heads']} heads, length {cfg['length']}, "
+                       f"{cfg['batch']} sequences per process; the median of "
+                       f"{timed} steps after {report['steps'] - timed}, the slowest process's"
+                       + (f"; load average {os.getloadavg()[0]:.1f} at the end (work of others "
+                          "on the machine counts in the wall times)"
+                          if hasattr(os, "getloadavg") else "")),
+        "columns": ["wrapper", "family ms/step", "sdpa ms/step", "ratio (wall)",
+                    "ratio (CPU time)", "DCP checkpoint round trip"],
+        "rows": rows,
+    }
 
 
 # ------------------------------------------------------------------------------- the CLI
@@ -374,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     dump: dict = {"config": cfg._asdict(), "seed": args.seed, "world": run.world}
     report: dict = {"world_size": run.world, "backend": backend, "device": device.type,
                     "threads_per_process": args.threads, "torch": torch.__version__,
-                    "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+                    "machine": machine(device),
                     "config": cfg._asdict(), "steps": args.steps, "warmup": args.warmup,
                     "runs": {}}
     try:
@@ -385,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
                 fam, ref = result["family"], result["sdpa"]
                 line = (f"{wrapper:5s} family {fam['step_ms']:.2f} ms/step  sdpa "
                         f"{ref['step_ms']:.2f} ms/step  ratio "
-                        f"{result['ratio_family_over_sdpa']:.3f}  loss family "
+                        f"{result['ratio_family_over_sdpa']:.3f} (CPU time "
+                        f"{result['cpu_ratio_family_over_sdpa']:.3f})  loss family "
                         f"{fam['losses'][-1]:.4f} sdpa {ref['losses'][-1]:.4f}")
                 if "checkpoint" in result:
                     ok = all(c["parameters_identical"] and c["next_loss_identical"]
@@ -395,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(line, flush=True)
         if run.rank == 0:
             if args.json:
+                report.update(table(report, argv))
                 Path(args.json).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
             if args.dump:

@@ -76,6 +76,7 @@ def test_gradients_are_one_process_s_on_the_combined_batch(launched, wrapper):
 
 
 @pytest.mark.ci
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 @pytest.mark.parametrize("wrapper", WRAPPERS)
 def test_a_checkpoint_loads_back_bit_for_bit(launched, wrapper):
     """In the two processes: the loaded parameters and the next step (its loss and the
