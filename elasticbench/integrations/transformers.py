@@ -44,6 +44,9 @@ key, value, attention_mask, dropout=, scaling=, is_causal=, sliding_window=, sof
   (transformers' "masked") hide their keys exactly (-inf): added as they are, symax would
   weigh |s - 3.4e38|.
 - scaling is the scale (None: 1/sqrt(D)).
+- q, k and v in different dtypes (under autocast a model's fp32 rotary embedding lifts q and
+  k out of bf16, v stays) are cast to autocast's dtype, else to the three promoted, as
+  SDPA takes them under autocast.
 - refused with one ValueError line: softcap, dropout > 0 on a layer in training,
   sliding_window on a call without the mask that would express it, output_attentions,
   position_bias, attention sinks (s_aux).
@@ -262,6 +265,21 @@ def _fused(mask: torch.Tensor | None, length_k: int) -> bool:
                             and mask.shape[1:] == (1, 1, length_k))
 
 
+def _same_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v in one dtype, as SDPA takes them under autocast: a model's rotary embedding
+    in fp32 can lift q and k out of autocast's bf16 while v stays in it. Under autocast,
+    autocast's dtype; else the three promoted together. Unchanged when they agree."""
+    if q.dtype == k.dtype == v.dtype:
+        return q, k, v
+    device = q.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+    else:
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
 def _attention(name: str, module: nn.Module | None, query: torch.Tensor, key: torch.Tensor,
                value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
                scaling: float | None = None, is_causal: bool | None = None,
@@ -275,6 +293,7 @@ def _attention(name: str, module: nn.Module | None, query: torch.Tensor, key: to
         raise ValueError(f"{heads} query heads cannot share {kv_heads} key heads evenly")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    query, key, value = _same_dtype(query, key, value)
     mask, causal = _canonical(attention_mask, lq, lk, bool(is_causal))
     params = _params(name, module, lk)
     groups = heads // kv_heads

@@ -204,6 +204,29 @@ def test_cached_decoding_is_the_full_forward(name):
     assert (chunk - full[:, 6:9]).abs().max() <= budget
 
 
+def test_bf16_models_and_autocast():
+    """A bf16 model decodes with the cache as without it, within bf16's rounding of the
+    logits; under CPU autocast (q and k lifted to fp32 by the rotary embedding, v in bf16)
+    a step trains the parameters."""
+    model = eb_hf.use_family(tiny_llama(layers=2), "elastic").to(torch.bfloat16).eval()
+    assert model.model.layers[0].self_attn.family_attention.log_tau_scale.dtype == torch.bfloat16
+    prompt = torch.randint(0, 31, (2, 5), generator=torch.Generator().manual_seed(6))
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4,
+                         do_sample=False, output_logits=True, return_dict_in_generate=True,
+                         pad_token_id=0)
+    with torch.no_grad():
+        full = model(out.sequences).logits.float()
+    budget = 8 * torch.finfo(torch.bfloat16).eps * max(1.0, full.abs().max().item())
+    for step, logits in enumerate(out.logits):
+        assert (logits.float() - full[:, 4 + step]).abs().max() <= budget
+    model = eb_hf.use_family(tiny_llama(), "elastic")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(prompt, labels=prompt).loss
+    loss.backward()
+    grad = model.model.layers[0].self_attn.family_attention.log_tau_scale.grad
+    assert torch.isfinite(loss) and grad is not None and grad.abs().max() > 0
+
+
 def test_refusals_are_one_line():
     fn = eb_hf.attention_function("elastic")
     layer = Layer("elastic", 2)
