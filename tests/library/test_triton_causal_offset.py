@@ -34,7 +34,7 @@ def _params(weight: Weight) -> tuple[torch.Tensor, torch.Tensor]:
 
 if not devices.triton_interpreted():
 
-    @pytest.mark.ci  # a child pytest under the interpreter: 60-90 s of a core
+    @pytest.mark.ci  # a child pytest under the interpreter: 80-110 s of a core
     def test_causal_offsets_under_the_interpreter(under_interpreter) -> None:
         under_interpreter(__file__)
 
@@ -125,3 +125,27 @@ else:
             for mine, ref in zip(got[1:], want[1:], strict=True):
                 both = mine.isfinite() & ref.isfinite()
                 torch.testing.assert_close(mine[both], ref[both], atol=2e-6, rtol=1e-5)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+    def test_the_library_takes_the_alignment_to_the_triton_kernel(dtype) -> None:
+        """elasticbench.functional with causal="bottom_right" on the Triton implementation
+        (forced) gives the tiled torch code's out and gradients, per-head parameters read
+        in place."""
+        from elasticbench import dispatch
+        from elasticbench.functional import elastic_attention
+
+        g = torch.Generator().manual_seed(7)
+        results = []
+        for impl in ("triton", "torch"):
+            g.manual_seed(7)
+            q, k, v = (torch.randn(1, 2, n, 16, generator=g).to(dtype).requires_grad_()
+                       for n in (3, 37, 37))
+            tau = torch.tensor([0.6, 1.2], requires_grad=True)
+            beta = torch.tensor([0.5, 2.0], requires_grad=True)
+            with dispatch.forcing(impl):
+                out = elastic_attention(q, k, v, tau=tau, beta=beta, causal="bottom_right")
+            results.append((out, *torch.autograd.grad(out, (q, k, v, tau, beta),
+                                                      torch.ones_like(out))))
+        tol = 2e-5 if dtype == torch.float32 else 2e-2
+        for a, b in zip(*results, strict=True):
+            torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
