@@ -88,11 +88,15 @@ class _OneForScalar(nn.Module):
                                       unexpected_keys, error_msgs)
 
     def _shown(self, value: torch.Tensor) -> str:
-        """One value as a number, more (or a sharded one, whose value is spread across
-        processes) as their shape."""
-        if self.param_shape == () and not _distributed_tensor(value):
+        """One value as a number, more as their shape."""
+        if self.param_shape == ():
             return f"{value.detach().reshape(()).item():.4g}"
         return f"shape {self.param_shape}"
+
+    def _sharded(self) -> str:
+        """What repr shows for parameters sharded across processes (FSDP2's DTensors between
+        steps): their shape, not a value, which would need every process to gather it."""
+        return f"sharded, shape {self.param_shape}"
 
 
 def _distributed_tensor(value: torch.Tensor) -> bool:
@@ -222,7 +226,7 @@ class _LearnableTauBeta(_OneForScalar):
 
     def _params_repr(self) -> str:
         if _distributed_tensor(self.log_tau_scale) or _distributed_tensor(self.log_beta_scale):
-            tau = beta = f"shape {self.param_shape}"
+            tau = beta = self._sharded()
         else:
             tau, beta = (self._shown(v) for v in self.params())
         return (f"tau={tau}, beta={beta}, learn_tau={self.learn_tau}, "
@@ -355,7 +359,7 @@ class SymaxAttention(_FamilyAttention, _OneForScalar):
         return symax_attention(q, k, v, eta=self.eta, **self._kwargs(attn_mask, is_causal))
 
     def extra_repr(self) -> str:
-        shown = (f"shape {self.param_shape}" if _distributed_tensor(self.log_eta_scale)
+        shown = (self._sharded() if _distributed_tensor(self.log_eta_scale)
                  else self._shown(self.eta))
         return f"eta={shown}, learnable={self.learnable}, {super().extra_repr()}"
 

@@ -194,3 +194,40 @@ def test_one_value_gradients_and_values_are_those_of_the_0d_composite():
                                atol=1e-7)
     torch.testing.assert_close(m.log_beta_scale.grad.reshape(()), s_beta.grad, rtol=1e-5,
                                atol=1e-7)
+
+
+def test_fully_shard_takes_every_module_in_one_process():
+    """FSDP2 (one gloo process: fully_shard's checks and DTensors without a second process)
+    takes each module with its default one-value parameters, which it refused when they were
+    0-d; repr shows sharded parameters by shape; the sharded model computes as the plain one."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("this torch has no torch.distributed with gloo")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from elasticbench.nn import ElasticAttention, SigmoidAttention, SymaxAttention
+
+    def modules() -> nn.ModuleDict:
+        return nn.ModuleDict({"softmax": ElasticSoftmax(tau=0.7, beta=0.3),
+                              "elastic": ElasticAttention(), "symax": SymaxAttention(),
+                              "sigmoid": SigmoidAttention()})
+
+    def run(m: nn.ModuleDict) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(1)
+        q, k, v = (torch.randn(2, 3, 5, 4, generator=gen) for _ in range(3))
+        return [m["softmax"](q)] + [m[n](q, k, v) for n in ("elastic", "symax", "sigmoid")]
+
+    plain = modules()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = modules()
+        mesh = init_device_mesh("cpu", (1,))
+        for m in sharded.values():  # each its own unit (a ModuleDict has no forward)
+            fully_shard(m, mesh=mesh)
+        assert "tau=sharded, shape (), beta=sharded, shape ()" in repr(sharded["elastic"])
+        assert "eta=sharded, shape ()" in repr(sharded["symax"])
+        for a, b in zip(run(sharded), run(plain), strict=True):
+            assert torch.equal(a, b)
+    finally:
+        dist.destroy_process_group()
