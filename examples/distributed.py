@@ -57,8 +57,8 @@ ATTENTIONS = ("family", "sdpa")
 
 
 class Config(NamedTuple):
-    """The model and the task: vocabulary, sequence length, width, heads, layers (3 for the
-    three family modules), and the batch per process."""
+    """The model and the task: vocabulary, sequence length, width, heads, and the batch per
+    process (the model has three layers, one per family module)."""
 
     vocab: int = 16
     length: int = 32
@@ -173,7 +173,7 @@ def wrap(model: Model, wrapper: str, run: Run) -> nn.Module:
         # the family's buffers (tau0, beta0, eta0) are constants of the construction, the same
         # in every process, and this model has no other: broadcasting them before each
         # forward (DDP's default) is a collective per step for nothing (docs/distributed.md).
-        # torch 2.13 names the switch forward_sync_buffers; earlier ones broadcast_buffers.
+        # torch 2.13 deprecates broadcast_buffers for forward_sync_buffers: the one it has.
         import inspect
         named = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
         switch = {"forward_sync_buffers" if named else "broadcast_buffers": False}
