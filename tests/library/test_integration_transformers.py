@@ -227,6 +227,34 @@ def test_bf16_models_and_autocast():
     assert torch.isfinite(loss) and grad is not None and grad.abs().max() > 0
 
 
+def test_a_gemma2_model_softcap_refused_sliding_window_honoured():
+    """Gemma2 soft-caps its logits (refused in one line through the model) and alternates
+    sliding-window layers, whose window the model's masks express: without softcapping, a
+    cached decode past the window is the full forward."""
+    def gemma(softcap: float | None):
+        torch.manual_seed(0)
+        config = transformers.Gemma2Config(
+            vocab_size=31, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+            max_position_embeddings=32, sliding_window=4, attn_logit_softcapping=softcap,
+            bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        return eb_hf.use_family(transformers.Gemma2ForCausalLM(config), "elastic").eval()
+
+    prompt = torch.randint(0, 31, (1, 10), generator=torch.Generator().manual_seed(7))
+    with pytest.raises(ValueError, match="softcap") as err, torch.no_grad():
+        gemma(50.0)(prompt)
+    assert "\n" not in str(err.value)
+    model = gemma(None)
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6,
+                         do_sample=False, output_logits=True, return_dict_in_generate=True,
+                         pad_token_id=0)
+    with torch.no_grad():
+        full = model(out.sequences).logits
+    budget = 64 * torch.finfo(torch.float32).eps * max(1.0, full.abs().max().item())
+    for step, logits in enumerate(out.logits):
+        assert (logits - full[:, 9 + step]).abs().max() <= budget
+
+
 def test_refusals_are_one_line():
     fn = eb_hf.attention_function("elastic")
     layer = Layer("elastic", 2)
