@@ -26,7 +26,10 @@ key, value, attention_mask, dropout=, scaling=, is_causal=, sliding_window=, sof
   context), plus the learned shift, not the functional default -ln(Lk): that would make a
   token's output depend on how many tokens follow it, so a cached decode and the full
   forward would differ.
-- GQA (Hkv < H): where the fused kernels run (below), the H // Hkv query heads of a key
+- GQA (Hkv < H): a decode step (Lq = 1) whose parameters are the same for the query heads
+  of a key head (none, one per layer, or param_shape "kv_head") takes the G = H // Hkv
+  query heads of a key head as G queries of it: (B, Hkv, G, D) against the keys as they
+  are, nothing copied. Otherwise, where the fused kernels run (below), the query heads of a key
   head are folded into the batch, (B Hkv, H // Hkv, ...), with the key head broadcast
   across them (a stride-0 view: the Triton kernel reads operands through their (batch,
   head) strides, kernels/triton/attention.py, so it is not copied; the native CPU kernel
@@ -258,6 +261,23 @@ def _fold_mask(mask: torch.Tensor | None, batch: int, kv_heads: int, groups: int
     return m.reshape(batch * kv_heads, groups, *m.shape[2:])
 
 
+def _per_key_head(value: object, kv_heads: int, groups: int) -> bool:
+    """Whether a parameter is the same for the query heads of each key head: a float, one
+    value, or one per key head ((Hkv,) with Hkv < H, param_shape "kv_head")."""
+    if not isinstance(value, torch.Tensor) or value.numel() == 1:
+        return True
+    return groups > 1 and value.ndim == 1 and value.shape[0] == kv_heads
+
+
+def _per_query_head(value: object, kv_heads: int, groups: int) -> object:
+    """A parameter of one value per key head as one per query head (each key head's value
+    for its query heads, differentiably); anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.numel() > 1 and groups > 1 and (
+            value.ndim == 1 and value.shape[0] == kv_heads):
+        return value.repeat_interleave(groups)
+    return value
+
+
 def _fused(mask: torch.Tensor | None, length_k: int) -> bool:
     """Whether the functional call with this mask takes the fused kernels: no mask, or a
     bool key-padding mask (elasticbench.attention.layout.key_padding)."""
@@ -297,6 +317,16 @@ def _attention(name: str, module: nn.Module | None, query: torch.Tensor, key: to
     mask, causal = _canonical(attention_mask, lq, lk, bool(is_causal))
     params = _params(name, module, lk)
     groups = heads // kv_heads
+    if groups > 1 and lq == 1 and _fused(mask, lk) and all(
+            _per_key_head(x, kv_heads, groups) for x in params.values()):
+        # a decode step: a key head's G query heads are G queries of it (no key is copied);
+        # one query sees every unmasked key, so nothing causal is lost
+        q = query.reshape(batch, kv_heads, groups, query.shape[3])
+        out = _FUNCTIONS[name](q, key, value, scale=scaling, causal=False, attn_mask=mask,
+                               **params)
+        out = out.reshape(batch, heads, lq, value.shape[3])
+        return out.transpose(1, 2).contiguous(), None
+    params = {p: _per_query_head(x, kv_heads, groups) for p, x in params.items()}
     q, k, v = query, key, value
     if groups > 1 and not _fused(mask, lk):
         # the materialized path: the scores cost H Lq Lk anyway, so keys are repeated per
@@ -364,15 +394,23 @@ def _heads(layer: nn.Module) -> int:
     return int(layer.config.num_attention_heads)
 
 
-def _param_shape(param_shape: str | tuple[int, ...], heads: int) -> tuple[int, ...]:
+def _kv_heads(layer: nn.Module, heads: int) -> int:
+    groups = getattr(layer, "num_key_value_groups", 1)
+    return heads // groups if isinstance(groups, int) and groups > 0 else heads
+
+
+def _param_shape(param_shape: str | tuple[int, ...], layer: nn.Module) -> tuple[int, ...]:
+    heads = _heads(layer)
     if param_shape == "head":
         return (heads,)
+    if param_shape == "kv_head":
+        return (_kv_heads(layer, heads),)
     if param_shape == "layer":
         return ()
     if isinstance(param_shape, tuple) and all(isinstance(n, int) for n in param_shape):
         return param_shape
-    raise ValueError(f"param_shape must be 'head', 'layer' or a tuple of ints, got "
-                     f"{param_shape!r}")
+    raise ValueError(f"param_shape must be 'head', 'kv_head', 'layer' or a tuple of ints, "
+                     f"got {param_shape!r}")
 
 
 def _new_module(name: str, shape: tuple[int, ...], learnable: bool, tau: float, beta: float,
@@ -399,8 +437,10 @@ def use_family(model: nn.Module, name: str, *, param_shape: str | tuple[int, ...
     Registers the family (register()), gives each attention layer (attention_layers) a
     `family_attention` submodule holding its parameters, an elasticbench.nn module:
     ElasticAttention(tau, beta), SymaxAttention(eta) or SigmoidAttention(bias) with
-    param_shape "head" (one value per query head, the default), "layer" (one per layer) or
-    a tuple, learned on nn's scales when learnable; softmax1 and stablemax have none. The
+    param_shape "head" (one value per query head, the default), "kv_head" (one per key
+    head: a GQA model's query heads of one key head share it, and a decode step then reads
+    the cached keys in place on every kernel), "layer" (one per layer) or a tuple, learned
+    on nn's scales when learnable; softmax1 and stablemax have none. The
     submodules are ordinary parameters of the model (the optimizer, state_dict, save and
     load see them), on the device and in the floating dtype of the layer's own parameters.
     A layer already holding a module of the same kind and shape keeps it (and what it has
@@ -416,7 +456,7 @@ def use_family(model: nn.Module, name: str, *, param_shape: str | tuple[int, ...
         raise ValueError(f"{type(model).__name__} has no attention layer that dispatches "
                          "through transformers' AttentionInterface")
     for _, layer in layers:
-        shape = _param_shape(param_shape, _heads(layer))
+        shape = _param_shape(param_shape, layer)
         held = getattr(layer, PARAM_ATTR, None)
         fresh = _new_module(name, shape, learnable, tau, beta, eta,
                             _context_bias(layer) if bias is None else bias)

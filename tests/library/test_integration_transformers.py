@@ -113,9 +113,8 @@ def test_interface_is_the_functional_bit_for_bit(name):
     layer = Layer(name, h)
     fn = eb_hf.attention_function(name)
     for lk, mask in ((lq, None),  # prefill: causal
-                     (9, None),  # decode-like, full attention (as SDPA reads a None mask)
                      (9, torch.rand(b, 1, lq, 9, generator=gen) > 0.3)):  # any mask
-        q = torch.randn(b, h, lq if mask is not None or lk == lq else 1, d, generator=gen)
+        q = torch.randn(b, h, lq, d, generator=gen)
         k, v = (torch.randn(b, hkv, lk, d, generator=gen) for _ in range(2))
         out, weights = fn(layer, q, k, v, mask, scaling=0.3)
         assert weights is None and out.shape == (b, q.shape[2], h, d)
@@ -149,6 +148,58 @@ def test_interface_is_the_functional_bit_for_bit(name):
         want = FUNCTIONS[name](q, repeat_kv(k, 2), repeat_kv(v, 2), causal="bottom_right",
                                attn_mask=pad[:, None, None, :], **direct_params(layer, name, 9))
         assert torch.equal(out, want.transpose(1, 2))
+
+
+@pytest.mark.parametrize("name", eb_hf.FAMILY)
+@pytest.mark.parametrize("per", ["head", "kv_head"])
+def test_a_decode_step_reads_the_cache_as_it_is(name, per):
+    """One query per head against 9 cached keys of 2 key heads, a padded batch row. Where
+    the parameters are the same for a key head's query heads (softmax1 and stablemax have
+    none; "kv_head" gives one per key head) the query heads are packed as queries of their
+    key head: the functional call on (B, Hkv, G, D) bit for bit, and the call on keys
+    repeated per head within rounding. Per-head parameters: that call, bit for bit."""
+    gen = torch.Generator().manual_seed(5)
+    b, h, hkv, lk, d = 2, 4, 2, 9, 8
+    layer = Layer(name, h if per == "head" else hkv)
+    pad = torch.ones(b, 1, 1, lk, dtype=torch.bool)
+    pad[1, ..., :3] = False
+    q = torch.randn(b, h, 1, d, generator=gen)
+    k, v = (torch.randn(b, hkv, lk, d, generator=gen) for _ in range(2))
+    params = direct_params(layer, name, lk)
+    out, _ = eb_hf.attention_function(name)(layer, q, k, v, pad)
+    per_head = {p: x.repeat_interleave(h // x.shape[0]) if isinstance(x, torch.Tensor) else x
+                for p, x in params.items()}
+    repeated = FUNCTIONS[name](q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=pad,
+                               **per_head).transpose(1, 2)
+    if per == "kv_head" or name in ("softmax1", "stablemax"):
+        packed = FUNCTIONS[name](q.reshape(b, hkv, 2, d), k, v, attn_mask=pad, **params)
+        assert torch.equal(out, packed.reshape(b, h, 1, d).transpose(1, 2))
+        torch.testing.assert_close(out, repeated, rtol=1e-6, atol=1e-6)
+    else:
+        assert torch.equal(out, repeated)
+
+
+def test_one_parameter_per_key_head():
+    """param_shape="kv_head": one tau and beta per key head, trained, and the packed decode
+    steps give the full forward's logits."""
+    model = eb_hf.use_family(tiny_llama(layers=2), "elastic", param_shape="kv_head")
+    held = model.model.layers[0].self_attn.family_attention
+    assert held.log_tau_scale.shape == (2,)
+    prompt = torch.randint(0, 31, (2, 5), generator=torch.Generator().manual_seed(8))
+    model(prompt, labels=prompt).loss.backward()
+    assert held.log_tau_scale.grad.abs().min() > 0
+    with torch.no_grad():
+        held.log_beta_scale.copy_(torch.tensor([-0.5, 0.7]))
+    out = model.eval().generate(prompt, attention_mask=torch.ones_like(prompt),
+                                max_new_tokens=5, do_sample=False, output_logits=True,
+                                return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad():
+        full = model(out.sequences).logits
+    budget = 64 * torch.finfo(torch.float32).eps * max(1.0, full.abs().max().item())
+    for step, logits in enumerate(out.logits):
+        assert (logits - full[:, 4 + step]).abs().max() <= budget
+    with pytest.raises(ValueError, match="param_shape"):
+        eb_hf.use_family(tiny_llama(), "elastic", param_shape="query")
 
 
 def test_masks_reach_the_fused_kernels_when_they_can():
