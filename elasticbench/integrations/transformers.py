@@ -56,7 +56,9 @@ key, value, attention_mask, dropout=, scaling=, is_causal=, sliding_window=, sof
 
 Bit for bit: a call through the interface computes what elasticbench.functional's function
 computes on the same q, keys repeated per query head, mask and parameters (the fold only
-regroups independent (batch, head) slices). `load_family_state` puts back the parameters
+regroups independent (batch, head) slices); a packed GQA decode step, what it computes on
+the packed layout ((B, Hkv, G, D) queries, the keys as they are), which is the repeated-keys
+call within rounding (the native kernel may round a query differently beside others). `load_family_state` puts back the parameters
 that transformers' from_pretrained drops. The library never imports this module, and this
 module imports transformers only inside register() (docs/transformers.md).
 """
