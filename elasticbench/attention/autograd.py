@@ -78,11 +78,13 @@ def bh_params(value: Scalar, q: torch.Tensor) -> torch.Tensor:
     layout): a view of the caller's tensor (expand, stride 0 where broadcast), so no kernel
     runs per call unless it is on another device or in another float type; a float as a
     cached 0-d tensor per (value, dtype, device), expanded (made afresh where the call is
-    traced or a CUDA stream is capturing, whose recorded fill a cached tensor would miss)."""
+    traced, in inference mode, whose tensors autograd may not save later, or while a CUDA
+    stream is capturing, whose recorded fill a cached tensor would miss)."""
     b, h = q.shape[:2]
     wd = work_dtype(q.dtype)
     if not isinstance(value, torch.Tensor):
-        if dispatch.traced(q) or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if (dispatch.traced(q) or torch.is_inference_mode_enabled()
+                or (q.is_cuda and torch.cuda.is_current_stream_capturing())):
             return torch.full((b, h), float(value), dtype=wd, device=q.device)
         return _constant(float(value), wd, q.device).expand(b, h)
     if value.dtype != wd or value.device != q.device:

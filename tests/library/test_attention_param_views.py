@@ -125,3 +125,15 @@ def test_the_native_kernel_reads_broadcast_parameters_in_place(weight_fn: str) -
             results.append((out, *torch.autograd.grad(out, wrt, do)))
         for a, b in zip(*results, strict=True):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_a_float_parameter_first_seen_in_inference_mode_still_trains() -> None:
+    """The cache is not filled in inference mode, whose tensors autograd may not save: a
+    training call after an inference call with the same float works."""
+    q = torch.randn(1, 2, 3, 8)
+    with torch.inference_mode():
+        symax_attention(q, q, q, eta=0.375)
+    leaf = q.clone().requires_grad_()
+    out = symax_attention(leaf, leaf, leaf, eta=0.375)
+    (grad,) = torch.autograd.grad(out.sum(), leaf)
+    assert grad.shape == q.shape and torch.isfinite(grad).all()
