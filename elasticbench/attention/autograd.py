@@ -77,7 +77,7 @@ def bh_params(value: Scalar, q: torch.Tensor) -> torch.Tensor:
     precision, keeping the autograd graph of a tensor (its gradient flows back through the
     layout): a view of the caller's tensor (expand, stride 0 where broadcast), so no kernel
     runs per call unless it is on another device or in another float type; a float as a
-    cached 0-d tensor per (value, dtype, device), expanded (made afresh where the call is
+    cached 0-d tensor per (value, dtype, device, stream), expanded (made afresh where the call is
     traced, in inference mode, whose tensors autograd may not save later, or while a CUDA
     stream is capturing, whose recorded fill a cached tensor would miss)."""
     b, h = q.shape[:2]
@@ -86,7 +86,9 @@ def bh_params(value: Scalar, q: torch.Tensor) -> torch.Tensor:
         if (dispatch.traced(q) or torch.is_inference_mode_enabled()
                 or (q.is_cuda and torch.cuda.is_current_stream_capturing())):
             return torch.full((b, h), float(value), dtype=wd, device=q.device)
-        return _constant(float(value), wd, q.device).expand(b, h)
+        # per CUDA stream: its fill is ordered before that stream's kernels only
+        stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+        return _constant(float(value), wd, q.device, stream).expand(b, h)
     if value.dtype != wd or value.device != q.device:
         value = value.to(device=q.device, dtype=wd)
     fast = _bh_view(value, b, h)
@@ -111,8 +113,10 @@ def _bh_view(t: torch.Tensor, b: int, h: int) -> torch.Tensor | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A 0-d tensor holding value, made once per (value, dtype, device); never written."""
+def _constant(value: float, dtype: torch.dtype, device: torch.device,
+              stream: int = 0) -> torch.Tensor:
+    """A 0-d tensor holding value, made once per (value, dtype, device, CUDA stream: the
+    stream its fill is enqueued on, 0 on the CPU); never written."""
     return torch.full((), value, dtype=dtype, device=device)
 
 
