@@ -162,3 +162,30 @@ def test_spellings_and_bad_values() -> None:
             elastic_attention(q, k, k, tau=1.0, beta=1.0, causal=bad)
     with pytest.raises(ValueError, match="align the causal mask differently"):
         symax_attention(q, k, k, causal="top_left", is_causal="bottom_right")
+
+
+@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.parametrize("impl", [pytest.param("cpp", marks=pytest.mark.needs("native")),
+                                  "torch"])
+@pytest.mark.parametrize("weight", [Weight.ELASTIC, Weight.SYMAX, Weight.STABLEMAX],
+                         ids=lambda w: w.name.lower())
+def test_an_infinite_key_counts_only_where_the_diagonal_shows_it(weight: Weight,
+                                                                 impl: str) -> None:
+    """A +inf score (special.py's limit: the mean of the infinite keys' values) at a key
+    that bottom-right shows to the later queries only: out and dv as the composite's, the
+    earlier queries untouched by it."""
+    g = torch.Generator().manual_seed(8)
+    lq, lk = 6, 14
+    q, k, v = (torch.randn(1, H, n, 8, generator=g, dtype=torch.float64) for n in (lq, lk, lk))
+    q[..., 0] = 1.0
+    k[:, :, 10, 0] = float("inf")  # seen by queries i with 10 <= i + 8: i >= 2
+    k[:, :, 10, 1:] = 0.0
+    params = _params(weight)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with dispatch.forcing(impl):
+        out = _call(weight, *leaves, params, scale=0.5, causal="bottom_right")
+    (dv,) = torch.autograd.grad(out, leaves[2], torch.ones_like(out))
+    want = _reference(weight, q, k, v, params, lk - lq)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    assert torch.equal(out[:, :, 2:], v[:, :, 10:11].expand(-1, -1, lq - 2, -1))
+    assert torch.equal(dv[:, :, 10], torch.full_like(dv[:, :, 10], lq - 2.0))
