@@ -349,7 +349,7 @@ def test_the_family_weights_offer_the_rules_and_the_smallest_configuration_alone
     lengths = []
     for kernel in ac.KERNELS:
         for cls in (64, 128):
-            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for dtype in (torch.bfloat16, torch.float16):
                 for causal in (False, True):
                     for padded in (False, True):
                         for tma in (False, True):
@@ -368,4 +368,12 @@ def test_the_family_weights_offer_the_rules_and_the_smallest_configuration_alone
                                 assert ac.smallest(got) == ac.smallest(untrimmed)
                                 assert set(got) == {untrimmed[0], ac.smallest(untrimmed)}
                                 assert list(got) == [t for t in untrimmed if t in got]
-    assert max(lengths) == 2 and 0 in lengths  # fp32 and dk/dv at 128 have no TMA list
+    assert max(lengths) == 2 and 0 in lengths  # dk/dv at 128 has no TMA list
+    # fp32: one configuration, Elastic's but where it spills for the family (the forward)
+    for cls in (64, 128):
+        for w in family:
+            assert ac.configs("fwd", cls, torch.float32, True, w) == (ac.Tiles(32, 16, 8, 3),)
+            for kernel in ("dkdv", "dq"):
+                assert ac.configs(kernel, cls, torch.float32, True, w) == ac.configs(
+                    kernel, cls, torch.float32, True, Weight.ELASTIC)
+        assert ac.configs("fwd", cls, torch.float32, True) == (ac.Tiles(32, 32, 4, 3),)
