@@ -78,6 +78,15 @@ def test_register_is_idempotent():
         assert transformers.AttentionInterface._global_mapping[name] is first[name]
         assert first[name] is eb_hf.attention_function(name)
         assert AttentionMaskInterface._global_mapping[name] is sdpa_mask
+    # once registered, a name is taken where transformers takes an implementation's name
+    model = transformers.AutoModelForCausalLM.from_config(tiny_llama().config,
+                                                          attn_implementation="symax")
+    assert model.config._attn_implementation == "symax"
+    x = torch.randint(0, 31, (1, 6), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        symax = model(x).logits
+        model.set_attn_implementation("sdpa")
+        assert torch.isfinite(symax).all() and not torch.allclose(symax, model(x).logits)
 
 
 @pytest.mark.parametrize("name", eb_hf.FAMILY)
