@@ -8,7 +8,9 @@
 
 p0, p1 are Elastic's tau and beta, so Elastic's positional calls read as before; each a
 (batch, heads) tensor in any strides (a broadcast one, stride 0, is read in place). causal:
-query i sees key j iff j <= i + offset. key_mask is
+query i sees key j iff j <= i + offset. q, k, v, out and dout are read where they lie (any
+(batch, head, row) strides with contiguous rows: a transposed (batch, length, heads, dim)
+view costs no copy). key_mask is
 an optional (batch, length_k) bool. The C++ kernel flags queries with an infinite weight by
 m = +inf and NaN ones by m = NaN, and `special` finishes the infinite ones here, as it does
 for every kernel. fp16 and bf16 are converted to fp32 once, computed in fp32 and rounded

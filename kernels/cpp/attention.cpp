@@ -146,6 +146,16 @@ template <typename C> struct HeadParam {
   int64_t sb, sh, heads;
   C operator[](int64_t bh) const { return p[(bh / heads) * sb + (bh % heads) * sh]; }
 };
+// A (batch, heads, length, dim) operand where the caller laid it: rows `ld` elements apart
+// (the transposed view of a (batch, length, heads, dim) tensor has ld = heads x dim), the
+// (batch, head) bases sb and sh apart, each row contiguous; read in place, no copy.
+template <typename C> struct Rows {
+  const C* p;
+  int64_t sb, sh, ld, heads;
+  const C* at(int64_t bh, int64_t row) const {
+    return p + (bh / heads) * sb + (bh % heads) * sh + row * ld;
+  }
+};
 constexpr bool exponential(int w) { return w == kElastic || w == kSoftmax1; }
 template <int W, typename C>
 WeightParams<C> weight_params(const HeadParam<C>& p0, const HeadParam<C>& p1, int64_t bh) {
@@ -217,8 +227,8 @@ template <typename C> struct Scratch {
 };
 
 template <typename C, int W>
-void forward_impl(const C* q, const C* k, const C* v, const HeadParam<C>& p0,
-                  const HeadParam<C>& p1, C* out,
+void forward_impl(const Rows<C>& q, const Rows<C>& k, const Rows<C>& v,
+                  const HeadParam<C>& p0, const HeadParam<C>& p1, C* out,
                   C* m_out, C* den_out, const Shape& sh, const AttnRows<C>& rows) {
   const int64_t nqb = (sh.lq + sh.bq - 1) / sh.bq;
   const C nan = std::numeric_limits<C>::quiet_NaN(), inf = std::numeric_limits<C>::infinity();
@@ -231,9 +241,7 @@ void forward_impl(const C* q, const C* k, const C* v, const HeadParam<C>& p0,
     std::vector<char> has_nan(sh.bq), has_inf(sh.bq);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t bh = item / nqb, q0 = (item % nqb) * sh.bq, nr = std::min(sh.bq, sh.lq - q0);
-      const C* qb = q + (bh * sh.lq + q0) * sh.d;
-      const C* kh = k + bh * sh.lk * sh.d;
-      const C* vh = v + bh * sh.lk * sh.dv;
+      const C* qb = q.at(bh, q0);
       const WeightParams<C> wp = weight_params<W>(p0, p1, bh);
       const double t = wp.t;
       std::fill(m.begin(), m.end(), C(0));
@@ -245,7 +253,7 @@ void forward_impl(const C* q, const C* k, const C* v, const HeadParam<C>& p0,
       for (int64_t k0 = 0; k0 < kend; k0 += sh.bk) {
         const int64_t nc = sh.cols(bh, k0, std::min(sh.bk, kend - k0));
         if (nc == 0) continue;
-        gemm<C>(false, true, nr, nc, sh.d, C(sh.scale), qb, sh.d, kh + k0 * sh.d, sh.d, C(0),
+        gemm<C>(false, true, nr, nc, sh.d, C(sh.scale), qb, q.ld, k.at(bh, k0), k.ld, C(0),
                 s, sh.bk);
         sh.hide(bh, k0, nr, nc, s, hidden_score<W, C>());
         for (int64_t i = 0; i < nr; ++i) {
@@ -262,7 +270,7 @@ void forward_impl(const C* q, const C* k, const C* v, const HeadParam<C>& p0,
           }
           l[i] += r.sum;
         }
-        gemm<C>(false, false, nr, sh.dv, nc, C(1), s, sh.bk, vh + k0 * sh.dv, sh.dv, C(1), acc,
+        gemm<C>(false, false, nr, sh.dv, nc, C(1), s, sh.bk, v.at(bh, k0), v.ld, C(1), acc,
                 sh.dv);
       }
       for (int64_t i = 0; i < nr; ++i) {
@@ -295,7 +303,8 @@ void forward_impl(const C* q, const C* k, const C* v, const HeadParam<C>& p0,
 
 // The backward's pieces (docs/attention.md section 2), shared by its two schedules.
 template <typename C, int W> struct Backward {
-  const C *q, *k, *v, *out, *dout, *m, *den;
+  Rows<C> q, k, v, out, dout;  // where the caller laid them (dq, dk, dv are contiguous)
+  const C *m, *den;
   HeadParam<C> tau, beta;  // p0, p1
   C *dq, *dk, *dv;
   const Shape& sh;
@@ -317,20 +326,18 @@ template <typename C, int W> struct Backward {
       b.m0[i] = mi == inf ? C(0) : mi;
       b.r[i] = di == C(0) ? C(0) : C(1) / di;
       double ci = 0;
-      for (int64_t j = 0; j < sh.dv; ++j)
-        ci += double(dout[(b.row0 + i) * sh.dv + j]) * double(out[(b.row0 + i) * sh.dv + j]);
+      const C *di_row = dout.at(bh, q0 + i), *oi_row = out.at(bh, q0 + i);
+      for (int64_t j = 0; j < sh.dv; ++j) ci += double(di_row[j]) * double(oi_row[j]);
       b.c[i] = C(ci);
     }
   }
   // p and ds of the tile (block b, keys [k0, k0 + nc)) into s and dp; returns sum ds z.
   double tile(const Block& b, int64_t k0, int64_t nc, C* s, C* dp) const {
-    const int64_t row0 = b.row0, nr = b.nr;
-    const C* kh = k + b.bh * sh.lk * sh.d;
-    const C* vh = v + b.bh * sh.lk * sh.dv;
+    const int64_t nr = b.nr;
     const C a = weight_params<W>(tau, beta, b.bh).a;
-    gemm<C>(false, true, nr, nc, sh.d, C(sh.scale), q + row0 * sh.d, sh.d, kh + k0 * sh.d, sh.d,
+    gemm<C>(false, true, nr, nc, sh.d, C(sh.scale), q.at(b.bh, b.q0), q.ld, k.at(b.bh, k0), k.ld,
             C(0), s, sh.bk);
-    gemm<C>(false, true, nr, nc, sh.dv, C(1), dout + row0 * sh.dv, sh.dv, vh + k0 * sh.dv, sh.dv,
+    gemm<C>(false, true, nr, nc, sh.dv, C(1), dout.at(b.bh, b.q0), dout.ld, v.at(b.bh, k0), v.ld,
             C(0), dp, sh.bk);
     sh.hide(b.bh, k0, nr, nc, s, hidden_score<W, C>());
     double sum = 0;
@@ -355,14 +362,14 @@ template <typename C, int W> struct Backward {
   }
   void key_grads(const Block& b, int64_t k0, int64_t nc, const C* p, const C* ds) const {
     const int64_t off = b.bh * sh.lk;
-    gemm<C>(true, false, nc, sh.dv, b.nr, C(1), p, sh.bk, dout + b.row0 * sh.dv, sh.dv, C(1),
+    gemm<C>(true, false, nc, sh.dv, b.nr, C(1), p, sh.bk, dout.at(b.bh, b.q0), dout.ld, C(1),
             dv + (off + k0) * sh.dv, sh.dv);
-    gemm<C>(true, false, nc, sh.d, b.nr, C(sh.scale), ds, sh.bk, q + b.row0 * sh.d, sh.d, C(1),
+    gemm<C>(true, false, nc, sh.d, b.nr, C(sh.scale), ds, sh.bk, q.at(b.bh, b.q0), q.ld, C(1),
             dk + (off + k0) * sh.d, sh.d);
   }
   void query_grads(const Block& b, int64_t k0, int64_t nc, const C* ds) const {
     gemm<C>(false, false, b.nr, sh.d, nc, C(sh.scale), ds, sh.bk,
-            k + (b.bh * sh.lk + k0) * sh.d, sh.d, C(1), dq + b.row0 * sh.d, sh.d);
+            k.at(b.bh, k0), k.ld, C(1), dq + b.row0 * sh.d, sh.d);
   }
   // The block's share of dp0 and dp1 from the row kernels' tile sums (tile_sum) and the
   // per-query terms: Elastic's dtau (-sum ds z and the sink's) and dbeta; symax's
@@ -522,6 +529,22 @@ Operands check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 at::Tensor work(const at::Tensor& t, at::ScalarType wd) { return t.to(wd).contiguous(); }
 
+// A 4-d operand in the work dtype as the kernels read it (Rows): in place where its rows are
+// contiguous and their stride is one the BLAS takes (at least the row's width, an int),
+// else a contiguous copy; converted only from another dtype.
+at::Tensor rows_operand(const at::Tensor& t, at::ScalarType wd) {
+  at::Tensor x = t.scalar_type() == wd ? t : t.to(wd);
+  const bool unit = x.size(3) <= 1 || x.stride(3) == 1;
+  const bool ld_ok = x.size(2) <= 1 || (x.stride(2) >= std::max<int64_t>(1, x.size(3)) &&
+                                        x.stride(2) < (int64_t(1) << 31));
+  return unit && ld_ok ? x : x.contiguous();
+}
+template <typename C> Rows<C> operand_rows(const at::Tensor& x) {
+  // a length-1 (or empty) operand's row stride is never stepped: the row's width then
+  const int64_t ld = x.size(2) <= 1 ? std::max<int64_t>(1, x.size(3)) : x.stride(2);
+  return {x.data_ptr<C>(), x.stride(0), x.stride(1), ld, x.size(1)};
+}
+
 // f(std::integral_constant<int, W>) for the weight w: the one switch outside every loop.
 template <typename F> void with_weight(int64_t w, F&& f) {
   switch (w) {
@@ -542,7 +565,8 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
                                           int64_t offset) {
   const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k, key_mask,
                            offset);
-  const at::Tensor qc = work(q, o.wd), kc = work(k, o.wd), vc = work(v, o.wd);
+  const at::Tensor qc = rows_operand(q, o.wd), kc = rows_operand(k, o.wd);
+  const at::Tensor vc = rows_operand(v, o.wd);
   const auto opts = q.options().dtype(o.wd);
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, opts);
   at::Tensor m = at::empty({q.size(0), q.size(1), q.size(2)}, opts), den = at::empty_like(m);
@@ -550,7 +574,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
   AT_DISPATCH_FLOATING_TYPES(o.wd, "attention_forward", [&] {
     with_weight(weight, [&](auto w) {
       forward_impl<scalar_t, decltype(w)::value>(
-          qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
+          operand_rows<scalar_t>(qc), operand_rows<scalar_t>(kc), operand_rows<scalar_t>(vc),
           o.param<scalar_t>(o.p0), o.param<scalar_t>(o.p1), out.data_ptr<scalar_t>(),
           m.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), o.sh, rows_of<scalar_t>(table));
     });
@@ -572,8 +596,9 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
               "out and dout must be (batch, heads, length_q, value_dim)");
   TORCH_CHECK(m.numel() == o.sh.bh * o.sh.lq && den.numel() == m.numel(),
               "m and den must be (batch, heads, length_q)");
-  const at::Tensor qc = work(q, o.wd), kc = work(k, o.wd), vc = work(v, o.wd);
-  const at::Tensor oc = work(out, o.wd), dc = work(dout, o.wd), mc = work(m, o.wd);
+  const at::Tensor qc = rows_operand(q, o.wd), kc = rows_operand(k, o.wd);
+  const at::Tensor vc = rows_operand(v, o.wd), oc = rows_operand(out, o.wd);
+  const at::Tensor dc = rows_operand(dout, o.wd), mc = work(m, o.wd);
   const at::Tensor nc = work(den, o.wd);
   const auto opts = q.options().dtype(o.wd);
   at::Tensor dq = at::zeros(q.sizes(), opts), dk = at::zeros(k.sizes(), opts);
@@ -583,8 +608,8 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
   AT_DISPATCH_FLOATING_TYPES(o.wd, "attention_backward", [&] {
     with_weight(weight, [&](auto w) {
       const Backward<scalar_t, decltype(w)::value> bw{
-          qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
-          oc.data_ptr<scalar_t>(), dc.data_ptr<scalar_t>(), mc.data_ptr<scalar_t>(),
+          operand_rows<scalar_t>(qc), operand_rows<scalar_t>(kc), operand_rows<scalar_t>(vc),
+          operand_rows<scalar_t>(oc), operand_rows<scalar_t>(dc), mc.data_ptr<scalar_t>(),
           nc.data_ptr<scalar_t>(), o.param<scalar_t>(o.p0), o.param<scalar_t>(o.p1),
           dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(),
           o.sh, rows_of<scalar_t>(table)};
