@@ -14,6 +14,10 @@ scores are >= 0), a running sum l and an accumulator:
 
 It returns m (in score units, m scale) and den. Masks (causal diagonal, the key length, key
 padding) are applied only on the key blocks that need them; the others run an unmasked loop.
+The causal diagonal is j <= i + offset, `offset` a runtime integer of every program (0:
+top-left, SDPA's is_causal; lk - lq: bottom-right, a decode step's; docs/attention.md
+sections 1 and 7): blocks wholly above it are skipped, a block whose queries see no key
+stores out = 0.
 Special values need no per-tile test: a NaN score makes m NaN, and NaN reaches l and acc
 through the rescale; a +inf score makes m k2 = +inf (so does a finite m whose m k2 overflows),
 and such a query (`saturated`: its weights are 1 on the scores equal to its maximum and 0
