@@ -31,7 +31,7 @@ def main() -> None:
         raise SystemExit("usage: allocator_probe.py default|pinned")
     torch.set_num_threads(2)
     if mode == "pinned":
-        from elasticbench.allocator import pin_heap
+        from elasticbench.harness.allocator import pin_heap
 
         print(f"allocator: {pin_heap()}")
     x = torch.randn(64, 262144)

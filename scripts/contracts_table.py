@@ -14,12 +14,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from elasticbench.numerics.contract import OWN, WIDE
-from elasticbench.numerics.truth_cache import TruthStore, default_cache_dir
-from elasticbench.records import VerifyRecord
-from elasticbench.registry import load_kernel_file
-from elasticbench.verify.matrix import builtin_case, expand, load_matrix
-from elasticbench.verify.runner import run_verification
+from elasticbench.harness.numerics.contract import OWN, WIDE
+from elasticbench.harness.numerics.truth.cache import TruthStore, default_cache_dir
+from elasticbench.harness.records import VerifyRecord
+from elasticbench.harness.registry import load_kernel_file
+from elasticbench.harness.verify.matrix import builtin_case, expand, load_matrix
+from elasticbench.harness.verify.runner import run_verification
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "own_format16.py"
 KERNELS = ("own16_elastic", "own16_softmax1")

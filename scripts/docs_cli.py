@@ -58,7 +58,7 @@ def _help(root: click.Group, path: list[str]) -> str:
 
 def render() -> str:
     """The whole page: the head, then one section per command."""
-    from elasticbench.cli import cli
+    from elasticbench.harness.cli import cli
 
     parts = [HEAD]
     for path, _command in _walk(cli, []):

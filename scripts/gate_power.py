@@ -55,13 +55,13 @@ from typing import Any
 
 import numpy as np
 
-from elasticbench.bench.cases import load_run_case, parse_size
-from elasticbench.cli.common import choose_kernels
-from elasticbench.gate.ab import ABPolicy, run_ab, versions_from_files
-from elasticbench.gate.compare import compare, judge, parse_fraction
-from elasticbench.gate.stats import ratio_hierarchical_bootstrap, ratio_processes
-from elasticbench.verify.matrix import builtin_case
-from elasticbench.verify.tables import read_toml
+from elasticbench.harness.bench.cases import load_run_case, parse_size
+from elasticbench.harness.cli.common import choose_kernels
+from elasticbench.harness.gate.ab import ABPolicy, run_ab, versions_from_files
+from elasticbench.harness.gate.compare import compare, judge, parse_fraction
+from elasticbench.harness.gate.stats import ratio_hierarchical_bootstrap, ratio_processes
+from elasticbench.harness.verify.matrix import builtin_case
+from elasticbench.harness.verify.tables import read_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 AB = ROOT / "examples" / "ab"

@@ -93,10 +93,10 @@ def calibrate(spec: Any, case: Any, policy: Any, torch: Any) -> dict[str, Any]:
     with ab's own clock and timing (gate/ab.py time_pair)."""
     import numpy as np
 
-    from elasticbench.backends import get_backend
-    from elasticbench.bench.runner import params_for
-    from elasticbench.gate.ab import Pair, time_pair
-    from elasticbench.inputs import generate
+    from elasticbench.harness.backends import get_backend
+    from elasticbench.harness.bench.runner import params_for
+    from elasticbench.harness.gate.ab import Pair, time_pair
+    from elasticbench.harness.inputs import generate
 
     clock = get_backend(spec.backend).clock()
     spans: dict[int, list[float]] = {0: [], SPIN_CYCLES: []}
@@ -133,11 +133,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Calibrate, then alternate A/A and planted trials until done or out of time."""
     import torch
 
-    from elasticbench.bench.cases import load_run_case
-    from elasticbench.environment import describe
-    from elasticbench.gate.ab import ABPolicy, Pair, run_ab
-    from elasticbench.gate.compare import compare
-    from elasticbench.registry import get_kernel
+    from elasticbench.harness.bench.cases import load_run_case
+    from elasticbench.harness.environment import describe
+    from elasticbench.harness.gate.ab import ABPolicy, Pair, run_ab
+    from elasticbench.harness.gate.compare import compare
+    from elasticbench.harness.registry import get_kernel
 
     t0 = time.monotonic()
     spec = get_kernel(KERNEL)

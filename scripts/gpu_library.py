@@ -62,7 +62,7 @@ PACKAGES = {
     "torch": "everything",
     "triton": "the GPU kernels",
     "numpy": "everything",
-    "mpmath": "import elasticbench.functional (elasticbench.functions), verify's reference",
+    "mpmath": "import elasticbench.functional (elasticbench.harness.functions), verify's reference",
     "gmpy2": "mpmath's speed only (verify's oracle is slower without it)",
     "ml_dtypes": "verify and run (bf16 in numpy)",
     "scipy": "the gates' statistics",
@@ -169,8 +169,8 @@ def part_env(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------
 # install
 
-LIBRARY = ("elasticbench", "elasticbench.functional", "elasticbench.nn", "elasticbench.cli",
-           "elasticbench.kernels.triton.attention", "elasticbench.verify")
+LIBRARY = ("elasticbench", "elasticbench.functional", "elasticbench.nn", "elasticbench.harness.cli",
+           "elasticbench.kernels.triton.attention", "elasticbench.harness.verify")
 _IMPORTS = """
 import importlib, json, sys
 out = {}

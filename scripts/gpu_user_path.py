@@ -75,8 +75,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from elasticbench import launches
-from elasticbench.environment import cpu_model
 from elasticbench.functional import elastic_attention, elastic_softmax
+from elasticbench.harness.environment import cpu_model
 from elasticbench.nn import ElasticAttention, ElasticSoftmax
 
 ROOT = Path(__file__).resolve().parent.parent

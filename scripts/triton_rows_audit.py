@@ -6,7 +6,7 @@ is compiled and reported too.
     python scripts/triton_rows_audit.py [--json results/triton-audit/rows-h100-sxm.json]
 
 The wrappers are called on CPU tensors with their launches recorded, never run
-(elasticbench/audit/capture.py), so the plans are those of an H100's 132 SMs
+(elasticbench/harness/audit/capture.py), so the plans are those of an H100's 132 SMs
 (kernels/triton/launch.py, plan_rows); each distinct launch is compiled once for sm_90 and read
 back: registers, spills (local memory, STL instructions), shared memory, resident programs per
 SM, and the global load and store widths. Exits 1 when a launch spills or does not compile.
@@ -32,11 +32,11 @@ def audit(shapes: list[tuple[int, int]], dtypes: tuple[str, ...]) -> list[dict]:
     """One row per (kernel, mode, dtype, shape, launch): the plan and the compiled code."""
     import torch
 
-    from elasticbench.audit.capture import capture_launches
-    from elasticbench.audit.compile import compile_launch, opcode_width, read_cubin
-    from elasticbench.kernels import triton_kernels  # noqa: F401  (registers the kernels)
+    from elasticbench.harness.audit.capture import capture_launches
+    from elasticbench.harness.audit.compile import compile_launch, opcode_width, read_cubin
+    from elasticbench.harness.builtin import triton_kernels  # noqa: F401  (registers the kernels)
+    from elasticbench.harness.registry import list_kernels
     from elasticbench.kernels.triton import launch as launch_mod
-    from elasticbench.registry import list_kernels
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     params = {"elastic": {"tau": 1.0, "beta": 1.0}, "symax": {"eta": 1.0}}

@@ -16,13 +16,13 @@ import argparse
 import json
 from functools import partial
 
-from elasticbench.backends import get_backend
-from elasticbench.bench.cases import RunCase
-from elasticbench.bench.models import minimum_bytes
-from elasticbench.bench.runner import params_for
-from elasticbench.bench.timing import Policy, time_calls
-from elasticbench.inputs import generate
-from elasticbench.registry import get_kernel
+from elasticbench.harness.backends import get_backend
+from elasticbench.harness.bench.cases import RunCase
+from elasticbench.harness.bench.models import minimum_bytes
+from elasticbench.harness.bench.runner import params_for
+from elasticbench.harness.bench.timing import Policy, time_calls
+from elasticbench.harness.inputs import generate
+from elasticbench.harness.registry import get_kernel
 
 SHAPES = ((512, 4096), (2048, 4096), (4096, 4096))
 DTYPES = ("fp32", "bf16")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from elasticbench import devices
-from elasticbench.cli import main
-from elasticbench.registry import scoped_kernels
+from elasticbench.harness.cli import main
+from elasticbench.harness.registry import scoped_kernels
 
 # What `@pytest.mark.needs(...)` can ask for (pyproject.toml registers the marker): each gives
 # None when this machine has it, else the reason the test is skipped. elasticbench.devices
@@ -96,7 +96,7 @@ def _small_last_level_cache() -> Iterator[None]:
 def _fresh_user_kernels() -> Iterator[None]:
     """Kernels a test loads from its own files are forgotten after it (one process, many
     'invocations'), so two tests may both define a kernel called `mine`."""
-    from elasticbench import registry
+    from elasticbench.harness import registry
 
     with registry.scoped_kernels():
         yield

@@ -1,4 +1,4 @@
-"""The api_ kernels (kernels/api_kernels.py): the library as users call it, timed beside the
+"""The api_ kernels (elasticbench/harness/builtin/api_kernels.py): the library as users call it, timed beside the
 raw kernel each call runs, and the run table's `overhead` column drawn from their records
 (docs/benchmarking.md section 7)."""
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from elasticbench import devices, dispatch
-from elasticbench.bench.models import wrapped_kernel
-from elasticbench.kernel_spec import KernelSpec
-from elasticbench.records import QuickVerdict, RunRecord, TimingRecord
-from elasticbench.registry import get_kernel
-from elasticbench.report.run_table import overheads, run_sheets
+from elasticbench.harness.bench.models import wrapped_kernel
+from elasticbench.harness.kernel_spec import KernelSpec
+from elasticbench.harness.records import QuickVerdict, RunRecord, TimingRecord
+from elasticbench.harness.registry import get_kernel
+from elasticbench.harness.report.run_table import overheads, run_sheets
 
 NATIVE = devices.native_unavailable() is None  # the native tier builds here
 # What an API call runs on the torch backend's device (the CPU in the tests)

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from elasticbench.bench.attention import attention_bytes, attention_flops
-from elasticbench.bench.attention_case import load_attention_run
-from elasticbench.verify.tables import CaseFileError
+from elasticbench.harness.bench.attention import attention_bytes, attention_flops
+from elasticbench.harness.bench.attention_case import load_attention_run
+from elasticbench.harness.verify.tables import CaseFileError
 
 TINY = """
 [attention_run]

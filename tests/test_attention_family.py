@@ -16,7 +16,7 @@ from elasticbench.attention.composite import (
     elastic_attention_composite,
 )
 from elasticbench.attention.weights import Weight
-from elasticbench.functions import FUNCTIONS
+from elasticbench.harness.functions import FUNCTIONS
 
 ROWS = {Weight.SOFTMAX1: ("softmax1", {}), Weight.SYMAX: ("symax", {"eta": 0.4}),
         Weight.STABLEMAX: ("stablemax", {})}
@@ -116,9 +116,9 @@ def test_gradients_first_and_second_order(weight: Weight) -> None:
 
 import mpmath  # noqa: E402
 
-from elasticbench.functions import get_attention_function  # noqa: E402
-from elasticbench.numerics.attention_truth import certified_phase, oracle_evaluate  # noqa: E402
-from elasticbench.numerics.dtypes import get_format  # noqa: E402
+from elasticbench.harness.functions import get_attention_function  # noqa: E402
+from elasticbench.harness.numerics.dtypes import get_format  # noqa: E402
+from elasticbench.harness.numerics.truth.attention import certified_phase, oracle_evaluate  # noqa: E402
 
 FAMILY = {"softmax1_attention": {}, "symax_attention": {"eta": 0.7},
           "stablemax_attention": {}, "sigmoid_attention": {"bias": -1.3}}
@@ -208,7 +208,7 @@ def test_the_certified_phase_takes_symax_and_stablemax_and_declines_the_rest(nam
 
 
 def test_the_oracles_dot_products_are_exact_then_rounded_once() -> None:
-    from elasticbench.numerics.attention_oracle import _parts, exact_dot
+    from elasticbench.harness.numerics.truth.attention_oracle import _parts, exact_dot
 
     rng = np.random.default_rng(3)
     for _ in range(300):
@@ -232,7 +232,7 @@ def test_the_oracles_dot_products_are_exact_then_rounded_once() -> None:
 def test_the_oracle_holds_at_256_bits(name: str) -> None:
     """The family's mpmath truths (forward and gradients) at 128 bits, the default, agree
     with 256 bits to 2^-100 relative: no cancellation eats the working precision."""
-    from elasticbench.inputs.attention import generate_qkv
+    from elasticbench.harness.inputs.attention import generate_qkv
 
     fn = get_attention_function(name)
     for gen in ("normal", "near_zero", "huge"):

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from elasticbench.attention_contract import (
+from elasticbench.harness.attention_contract import (
     backward_step,
     forward_output,
     head_arrays,
     kernel_arguments,
 )
-from elasticbench.functions import ATTENTION, ROW, function_kind, get_attention_function
-from elasticbench.registry import (
+from elasticbench.harness.functions import ATTENTION, ROW, function_kind, get_attention_function
+from elasticbench.harness.registry import (
     get_kernel,
     list_kernels,
     register_kernel,
@@ -89,7 +89,7 @@ def test_torch_kernels_follow_the_contract_and_agree(causal):
         backward_step(outs[0])
 
 
-# The family's kernels come from one table (kernels/attention_family.py): each registering
+# The family's kernels come from one table (elasticbench/harness/builtin/attention_family.py): each registering
 # module hands over its implementation, and the table names, describes and wraps it.
 
 
@@ -98,7 +98,7 @@ def test_the_family_table_registers_each_kernel_as_the_contract_reads_it():
     import pickle
     import sys
 
-    from elasticbench.kernels.attention_family import FAMILY
+    from elasticbench.harness.builtin.attention_family import FAMILY
 
     registered = {(k.name, k.mode): k for k in list_kernels()}  # loads the built-ins
     where = {"composite": ("torch_attention", "COMPOSITE"), "flash": ("torch_attention", "FLASH"),
@@ -107,7 +107,7 @@ def test_the_family_table_registers_each_kernel_as_the_contract_reads_it():
     for member in FAMILY:
         assert set(member.params) == set(get_attention_function(member.function).row_params)
         for key, (fwd_doc, bwd_doc) in member.kernels.items():
-            module = f"elasticbench.kernels.{where[key][0]}"
+            module = f"elasticbench.harness.builtin.{where[key][0]}"
             if module not in sys.modules:  # its backend is not available here
                 continue
             impl = getattr(sys.modules[module], where[key][1])
@@ -129,7 +129,7 @@ def test_the_family_table_registers_each_kernel_as_the_contract_reads_it():
 
 def _fake_fused(calls: list) -> object:
     """A fused implementation that records its calls and returns marked gradients."""
-    from elasticbench.kernels.attention_family import Implementation
+    from elasticbench.harness.builtin.attention_family import Implementation
 
     def forward(q, k, v, p0, p1, scale, causal, mask, weight):
         calls.append((p0, p1, mask, weight))
@@ -144,7 +144,7 @@ def _fake_fused(calls: list) -> object:
 
 def test_a_fused_kernel_fills_the_unused_slot_and_returns_the_used_gradients():
     from elasticbench.attention.weights import Weight
-    from elasticbench.kernels.attention_family import register_family
+    from elasticbench.harness.builtin.attention_family import register_family
 
     calls: list = []
     namespace = {"__name__": "fake_module"}
@@ -185,7 +185,7 @@ def test_a_fused_kernel_fills_the_unused_slot_and_returns_the_used_gradients():
 
 
 def test_a_differentiable_kernel_gets_autograds_gradients_of_the_used_slots():
-    from elasticbench.kernels.attention_family import Implementation, register_family
+    from elasticbench.harness.builtin.attention_family import Implementation, register_family
 
     seen: list = []
 

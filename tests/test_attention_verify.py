@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from elasticbench.attention import flash
-from elasticbench.functions import get_attention_function
-from elasticbench.inputs.attention import ATTENTION_GENERATORS, generate_qkv
-from elasticbench.numerics.attention_budget import ATTENTION_BUDGETS, Conditioning
-from elasticbench.numerics.attention_truth import evaluate
-from elasticbench.numerics.dtypes import get_format
-from elasticbench.records import RecordError, VerifyRecord
-from elasticbench.selftest.attention_mutants import ATTENTION_CONTROL, ATTENTION_MUTANTS
-from elasticbench.selftest.runner import run_attention_selftest
-from elasticbench.verify.attention_check import check_backward, check_forward
-from elasticbench.verify.attention_matrix import (
+from elasticbench.harness.functions import get_attention_function
+from elasticbench.harness.inputs.attention import ATTENTION_GENERATORS, generate_qkv
+from elasticbench.harness.numerics.budgets.attention import ATTENTION_BUDGETS, Conditioning
+from elasticbench.harness.numerics.dtypes import get_format
+from elasticbench.harness.numerics.truth.attention import evaluate
+from elasticbench.harness.records import RecordError, VerifyRecord
+from elasticbench.harness.selftest.attention_mutants import ATTENTION_CONTROL, ATTENTION_MUTANTS
+from elasticbench.harness.selftest.runner import run_attention_selftest
+from elasticbench.harness.verify.attention_check import check_backward, check_forward
+from elasticbench.harness.verify.attention_matrix import (
     AttentionInputs,
     AttentionMatrix,
     parse_attention_size,

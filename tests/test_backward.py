@@ -10,7 +10,7 @@ from pathlib import Path
 import mpmath
 import pytest
 
-from elasticbench.functions import get_function
+from elasticbench.harness.functions import get_function
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -73,8 +73,8 @@ def test_gradient_reference_special_rows():
 def test_each_function_says_what_its_backward_budget_needs():
     import numpy as np
 
-    from elasticbench.functions import FUNCTIONS
-    from elasticbench.verify.backward import BOUNDS
+    from elasticbench.harness.functions import FUNCTIONS
+    from elasticbench.harness.verify.backward import BOUNDS
 
     for f in FUNCTIONS.values():
         if f.gradient_row is not None:  # every parameter's gradient has a bound
@@ -92,8 +92,8 @@ def test_each_function_says_what_its_backward_budget_needs():
 def test_gradient_truth_is_cached_apart_from_the_forward(tmp_path):
     import numpy as np
 
-    from elasticbench.numerics.truth import GradTruth
-    from elasticbench.numerics.truth_cache import TruthJob, TruthStore, solve
+    from elasticbench.harness.numerics.truth.cache import TruthJob, TruthStore, solve
+    from elasticbench.harness.numerics.truth.rows import GradTruth
 
     x = np.array([[0.5, -1.0, 2.0], [1.0, 0.0, -3.0]])
     g = np.array([[1.0, 2.0, -1.0], [0.5, 0.5, 0.5]])
@@ -151,7 +151,7 @@ def test_a_1e4_relative_error_in_dx_fails_fp32(cli, tmp_path):
     p = tmp_path / "sloppy.py"
     p.write_text(textwrap.dedent("""
         from elasticbench import register_kernel
-        from elasticbench.kernels.torch_kernels import torch_safe_softmax_bwd
+        from elasticbench.harness.builtin.torch_kernels import torch_safe_softmax_bwd
 
         @register_kernel(function="softmax", backend="torch", name="sloppy_bwd", mode="bwd")
         def sloppy_bwd(x, y, g):

@@ -7,11 +7,12 @@ import time
 import numpy as np
 import pytest
 
-from elasticbench.bench.cases import RunCase, parse_run_table, parse_size
-from elasticbench.bench.models import minimum_bytes, minimum_model, model_of
-from elasticbench.bench.roofline import roof_for
-from elasticbench.bench.runner import Ceilings, plan_units, run_units
-from elasticbench.bench.timing import (
+from elasticbench.devices import HostClock
+from elasticbench.harness.bench.cases import RunCase, parse_run_table, parse_size
+from elasticbench.harness.bench.models import minimum_bytes, minimum_model, model_of
+from elasticbench.harness.bench.roofline import roof_for
+from elasticbench.harness.bench.runner import Ceilings, plan_units, run_units
+from elasticbench.harness.bench.timing import (
     FRESH_PAGES,
     SETTLED_CALLS,
     Policy,
@@ -20,11 +21,10 @@ from elasticbench.bench.timing import (
     time_calls,
     warm_up,
 )
-from elasticbench.devices import HostClock
-from elasticbench.passes import PassModel
-from elasticbench.records import RunRecord
-from elasticbench.registry import KernelSpec, get_kernel
-from elasticbench.verify.tables import CaseFileError
+from elasticbench.harness.passes import PassModel
+from elasticbench.harness.records import RunRecord
+from elasticbench.harness.registry import KernelSpec, get_kernel
+from elasticbench.harness.verify.tables import CaseFileError
 
 
 def test_summarize_on_synthetic_samples():
@@ -260,8 +260,8 @@ def test_run_table_errors(table, message):
 
 
 def test_run_table_defaults_and_builtin_cases_load():
-    from elasticbench.bench.cases import load_run_case
-    from elasticbench.verify.matrix import builtin_case
+    from elasticbench.harness.bench.cases import load_run_case
+    from elasticbench.harness.verify.matrix import builtin_case
 
     c = parse_run_table({}, "f.toml", "f")
     assert c.mode == "fwd" and c.baseline == "torch_softmax"
@@ -278,9 +278,9 @@ def test_a_unit_is_timed_with_its_backends_clock_and_waits_outside_the_span(monk
     # a kernel may return before its work is done (a GPU's); the wait belongs to the clock's
     # stop, never inside the timed calls, and only an out-of-cache unit is flushed
     from elasticbench import devices
-    from elasticbench.backends import Backend
-    from elasticbench.bench.cases import RunCase
-    from elasticbench.bench.runner import Unit, measure_unit
+    from elasticbench.harness.backends import Backend
+    from elasticbench.harness.bench.cases import RunCase
+    from elasticbench.harness.bench.runner import Unit, measure_unit
 
     clock = RecordingClock(flushes=True)
     monkeypatch.setattr(Backend, "clock", lambda self: clock)

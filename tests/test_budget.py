@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from elasticbench.numerics.truth_cache import TruthStore, solve
-from elasticbench.registry import KernelSpec
-from elasticbench.verify.matrix import VerifyCase
-from elasticbench.verify.runner import prepare, verify_one
+from elasticbench.harness.numerics.truth.cache import TruthStore, solve
+from elasticbench.harness.registry import KernelSpec
+from elasticbench.harness.verify.matrix import VerifyCase
+from elasticbench.harness.verify.runner import prepare, verify_one
 
 
 def check(fn, function, backend, generator, dtype, shape, max_elements=1 << 17, **params):

@@ -19,12 +19,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elasticbench import native
-from elasticbench.functions import FUNCTION_NAMES, get_function
-from elasticbench.inputs.generators import GENERATORS, generate
-from elasticbench.numerics import bounds, certified, certified_grad, dd, native_sweeps, row_blocks
-from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format, work_format
-from elasticbench.numerics.truth import evaluate_rows
-from elasticbench.numerics.ulp import ulp_of
+from elasticbench.harness.functions import FUNCTION_NAMES, get_function
+from elasticbench.harness.inputs.generators import GENERATORS, generate
+from elasticbench.harness.numerics.certified import (
+    bounds,
+    dd,
+    native_sweeps,
+    row_blocks,
+)
+from elasticbench.harness.numerics.certified import (
+    rows as certified,
+)
+from elasticbench.harness.numerics.certified import (
+    rows_grad as certified_grad,
+)
+from elasticbench.harness.numerics.dtypes import DTYPE_NAMES, get_format, work_format
+from elasticbench.harness.numerics.truth.rows import evaluate_rows
+from elasticbench.harness.numerics.ulp import ulp_of
 
 ELEMENTS = int(float(os.environ.get("ELASTICBENCH_PROPERTY_ELEMENTS", "3000")))
 
@@ -312,7 +323,7 @@ def test_the_allocator_keeps_freed_memory_on_glibc():
     import platform
     import sys
 
-    from elasticbench.allocator import keep_freed_memory
+    from elasticbench.harness.allocator import keep_freed_memory
 
     glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
     assert keep_freed_memory() is glibc
@@ -321,7 +332,7 @@ def test_the_allocator_keeps_freed_memory_on_glibc():
 def test_a_verification_gives_back_more_unless_told_otherwise(monkeypatch):
     """verify's processes keep less freed memory (share_memory), through the environment
     its lane inherits; a MALLOC_TRIM_THRESHOLD_ set by the user wins."""
-    from elasticbench import allocator
+    from elasticbench.harness import allocator
 
     monkeypatch.delenv(allocator.TRIM_VARIABLE, raising=False)
     assert allocator.trim_threshold() == allocator.TRIM_THRESHOLD

@@ -21,14 +21,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elasticbench.functions import ATTENTION_FUNCTIONS, get_attention_function
-from elasticbench.inputs.attention import ATTENTION_GENERATORS, generate_qkv
-from elasticbench.numerics import attention_budget, certified_attention
-from elasticbench.numerics import attention_truth as at
-from elasticbench.numerics.bounds import CERTIFY_ULP
-from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format, work_format
-from elasticbench.numerics.truth_cache import TruthStats
-from elasticbench.numerics.ulp import ulp_of
+from elasticbench.harness.functions import ATTENTION_FUNCTIONS, get_attention_function
+from elasticbench.harness.inputs.attention import ATTENTION_GENERATORS, generate_qkv
+from elasticbench.harness.numerics.budgets import attention as attention_budget
+from elasticbench.harness.numerics.certified import attention as certified_attention
+from elasticbench.harness.numerics.certified.bounds import CERTIFY_ULP
+from elasticbench.harness.numerics.dtypes import DTYPE_NAMES, get_format, work_format
+from elasticbench.harness.numerics.truth import attention as at
+from elasticbench.harness.numerics.truth.cache import TruthStats
+from elasticbench.harness.numerics.ulp import ulp_of
 
 ELEMENTS = int(float(os.environ.get("ELASTICBENCH_ATTENTION_PROPERTY_ELEMENTS", "2000")))
 ORACLE_BITS = 256

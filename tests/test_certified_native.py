@@ -22,9 +22,17 @@ from test_certified import (
 )
 
 from elasticbench import native
-from elasticbench.functions import get_function
-from elasticbench.numerics import bounds, certified_grad, dd, native_sweeps, row_blocks
-from elasticbench.numerics.dtypes import get_format
+from elasticbench.harness.functions import get_function
+from elasticbench.harness.numerics.certified import (
+    bounds,
+    dd,
+    native_sweeps,
+    row_blocks,
+)
+from elasticbench.harness.numerics.certified import (
+    rows_grad as certified_grad,
+)
+from elasticbench.harness.numerics.dtypes import get_format
 
 pytestmark = pytest.mark.needs("native")
 
@@ -133,7 +141,7 @@ def _runs_native() -> bool:
 def test_verifys_reference_processes_run_the_native_sweeps():
     """A reference process (verify's and hunt's) takes the native sweeps at its start, even
     where its parent process runs the NumPy form."""
-    from elasticbench.verify.ahead import reference_process
+    from elasticbench.harness.verify.ahead import reference_process
 
     native_sweeps.use_native(None)
     with reference_process(1) as pool:

@@ -7,8 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elasticbench.numerics.bounds import CERTIFY_ULP, PIECE, _certify_each, _clear, certify
-from elasticbench.numerics.dtypes import get_format
+from elasticbench.harness.numerics.certified.bounds import (
+    CERTIFY_ULP,
+    PIECE,
+    _certify_each,
+    _clear,
+    certify,
+)
+from elasticbench.harness.numerics.dtypes import get_format
 
 N = 120_000
 

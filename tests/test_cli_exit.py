@@ -1,4 +1,4 @@
-"""The console script's exit (elasticbench.cli.entry / leave): as sys.exit would end, atexit
+"""The console script's exit (elasticbench.harness.cli.entry / leave): as sys.exit would end, atexit
 handlers and buffered output included, only without the interpreter's teardown."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def test_leave_runs_atexit_handlers_and_flushes_output(tmp_path: Path, code: int
     proc = _python(
         "import atexit, pathlib, sys\n"
         f"atexit.register(pathlib.Path({str(mark)!r}).write_text, 'yes')\n"
-        "from elasticbench.cli import leave\n"
+        "from elasticbench.harness.cli import leave\n"
         "sys.stdout.write('buffered, no newline')\n"
         f"leave({code})\n"
         "print('not reached')\n")
@@ -31,12 +31,12 @@ def test_leave_runs_atexit_handlers_and_flushes_output(tmp_path: Path, code: int
 
 
 def test_a_text_exit_code_and_a_running_thread_take_the_ordinary_exit(tmp_path: Path):
-    proc = _python("from elasticbench.cli import leave\nleave('a message')\n")
+    proc = _python("from elasticbench.harness.cli import leave\nleave('a message')\n")
     assert proc.returncode == 1 and proc.stderr.strip() == "a message"
     done = tmp_path / "thread-done"
     proc = _python(
         "import pathlib, threading, time\n"
-        "from elasticbench.cli import leave\n"
+        "from elasticbench.harness.cli import leave\n"
         f"def late(): time.sleep(0.5); pathlib.Path({str(done)!r}).write_text('done')\n"
         "threading.Thread(target=late).start()\n"
         "leave(0)\n")

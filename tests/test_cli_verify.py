@@ -208,7 +208,7 @@ def test_list(cli, topic, expected):
 
 
 def test_list_kernels_keeps_its_columns_aligned(cli):
-    from elasticbench.registry import list_kernels
+    from elasticbench.harness.registry import list_kernels
 
     lines = cli("list", "kernels").out.splitlines()
     kernels = list_kernels()

@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elasticbench.execute import call_kernel
-from elasticbench.inputs import generate
-from elasticbench.inputs.explicit import Explicit
-from elasticbench.inputs.layouts import LAYOUTS, place
-from elasticbench.numerics.truth import evaluate_rows
-from elasticbench.registry import KernelSpec, get_kernel
-from elasticbench.verify.matrix import builtin_case, expand, load_matrix
-from elasticbench.verify.runner import rows_to_check
-from elasticbench.verify.tables import CaseFileError
+from elasticbench.harness.execute import call_kernel
+from elasticbench.harness.inputs import generate
+from elasticbench.harness.inputs.explicit import Explicit
+from elasticbench.harness.inputs.layouts import LAYOUTS, place
+from elasticbench.harness.numerics.truth.rows import evaluate_rows
+from elasticbench.harness.registry import KernelSpec, get_kernel
+from elasticbench.harness.verify.matrix import builtin_case, expand, load_matrix
+from elasticbench.harness.verify.runner import rows_to_check
+from elasticbench.harness.verify.tables import CaseFileError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -189,7 +189,7 @@ def test_explicit_inputs_round_trip_through_a_case_file(tmp_path):
     e = Explicit.of(x)
     assert e.fill == 1.5 and len(e.cells) == 2
     fields = e.toml_fields()
-    from elasticbench.inputs.explicit import toml_value
+    from elasticbench.harness.inputs.explicit import toml_value
 
     body = "[[verify.inputs]]\nname = 'mine'\n" + "".join(
         f"{k} = {toml_value(v)}\n" for k, v in fields.items())
@@ -259,7 +259,7 @@ def test_telling_rows_are_the_first_and_last_holding_each_special_and_extreme():
     value), the first and the last row holding it, on rows mixing all of them."""
     import numpy as np
 
-    from elasticbench.verify.runner import telling_rows
+    from elasticbench.harness.verify.runner import telling_rows
 
     x = np.zeros((10, 4))
     x[2, 1] = x[5, 0] = np.nan

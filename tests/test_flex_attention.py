@@ -1,5 +1,5 @@
-"""The FlexAttention composition as an attention kernel (kernels/flex_attention.py) and SDPA
-pinned to one backend (kernels/sdpa_kernels.py), on the CPU: values against the eager
+"""The FlexAttention composition as an attention kernel (elasticbench/harness/builtin/flex_attention.py) and SDPA
+pinned to one backend (elasticbench/harness/builtin/sdpa_kernels.py), on the CPU: values against the eager
 composite, the special values, the gradients through FlexAttention's eager dense backward,
 and the refusals (docs/attention.md sections 3, 4 and 6)."""
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from elasticbench.attention.composite import elastic_attention_composite
-from elasticbench.backends import FLEX_CPU_BACKWARD_ENV, get_backend
-from elasticbench.registry import get_kernel
+from elasticbench.harness.backends import FLEX_CPU_BACKWARD_ENV, get_backend
+from elasticbench.harness.registry import get_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -140,7 +140,7 @@ def test_a_nan_query_poisons_only_what_it_sees(monkeypatch):
 
 @pytest.mark.ci
 def test_block_masks_are_reused_until_the_mask_changes():
-    from elasticbench.kernels import flex_attention as flex
+    from elasticbench.harness.builtin import flex_attention as flex
 
     q, k, _, _, _, key_mask = _inputs()
     first = flex.block_mask_for(q, k, True, key_mask)
@@ -195,8 +195,8 @@ def test_the_gpu_attention_cases_load_and_plan():
     script = (
         "import json\n"
         "from pathlib import Path\n"
-        "from elasticbench.bench.attention import AttentionRunJob\n"
-        "from elasticbench.bench.attention_case import load_attention_run\n"
+        "from elasticbench.harness.bench.attention import AttentionRunJob\n"
+        "from elasticbench.harness.bench.attention_case import load_attention_run\n"
         "out = {}\n"
         "for name in ('attention-gpu', 'attention-gpu-d64', 'attention-gpu-headline'):\n"
         "    job = AttentionRunJob(load_attention_run(Path('cases') / f'{name}.toml'), 'cuda')\n"

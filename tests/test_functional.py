@@ -137,10 +137,10 @@ def test_python_float_parameters_are_checked():
 
 def test_the_library_s_domains_are_the_exact_definitions_ranges():
     """elasticbench.domains (the library's checks) and the harness's exact definitions
-    (elasticbench.functions) state each parameter's range alike: a value one accepts, the
+    (elasticbench.harness.functions) state each parameter's range alike: a value one accepts, the
     other accepts, with the same message when refused."""
     from elasticbench.domains import DOMAINS
-    from elasticbench.functions import elastic, sigmoid, symax
+    from elasticbench.harness.functions import elastic, sigmoid, symax
 
     params = {p.name: p for f in (elastic, symax, sigmoid) for p in f.FUNCTION.params}
     assert set(params) == set(DOMAINS)

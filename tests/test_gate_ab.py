@@ -11,9 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elasticbench import registry
-from elasticbench.bench.cases import parse_run_table
-from elasticbench.gate.ab import ABPolicy, run_ab, versions_from_files, versions_from_revision
+from elasticbench.harness import registry
+from elasticbench.harness.bench.cases import parse_run_table
+from elasticbench.harness.gate.ab import (
+    ABPolicy,
+    run_ab,
+    versions_from_files,
+    versions_from_revision,
+)
 
 KERNEL = '''
 import numpy as np

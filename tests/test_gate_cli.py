@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elasticbench.gate.load import load
+from elasticbench.harness.gate.load import load
 
 MACHINE = {"cpu": "Test CPU", "arch": "x86_64", "cores": 2, "gpu": None}
 

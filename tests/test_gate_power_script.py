@@ -8,8 +8,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from elasticbench.bench.cases import load_run_case
-from elasticbench.verify.matrix import builtin_case
+from elasticbench.harness.bench.cases import load_run_case
+from elasticbench.harness.verify.matrix import builtin_case
 
 _SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gate_power.py"
 _spec = importlib.util.spec_from_file_location("gate_power", _SCRIPT)

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from elasticbench.gate.compare import judge, parse_fraction
-from elasticbench.gate.stats import (
+from elasticbench.harness.gate.compare import judge, parse_fraction
+from elasticbench.harness.gate.stats import (
     NoiseFloor,
     RatioEstimate,
     geomean,

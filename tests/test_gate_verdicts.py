@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from test_gate_cli import rec, write_run
 
-from elasticbench.gate.compare import compare_series, interval_level
-from elasticbench.gate.load import Series
-from elasticbench.gate.render import fmt_bound, fmt_ratio
-from elasticbench.gate.stats import NoiseFloor
+from elasticbench.harness.gate.compare import compare_series, interval_level
+from elasticbench.harness.gate.load import Series
+from elasticbench.harness.gate.render import fmt_bound, fmt_ratio
+from elasticbench.harness.gate.stats import NoiseFloor
 
 ALPHAS = (1e-5, 1e-3, 0.01, 0.02, 0.05, 0.1, 0.2)
 MAX_SLOWDOWN = 0.10

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from elasticbench.inputs import GENERATORS, generate
-from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format
+from elasticbench.harness.inputs import GENERATORS, generate
+from elasticbench.harness.numerics.dtypes import DTYPE_NAMES, get_format
 
 SHAPE = (6, 40)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elasticbench.gate.compare import compare
-from elasticbench.gate.load import load
+from elasticbench.harness.gate.compare import compare
+from elasticbench.harness.gate.load import load
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory": 85_029_158_912, "sms": 132, "cuda": "12.8"}
@@ -82,10 +82,10 @@ def test_another_gpu_is_named_in_the_warning(tmp_path):
 
 
 def test_ab_names_the_gpu_when_its_kernels_run_on_one(monkeypatch):
-    import elasticbench.environment as environment
-    from elasticbench.bench.cases import load_run_case
-    from elasticbench.gate.ab import ABPolicy, Pair, run_ab
-    from elasticbench.registry import get_kernel
+    import elasticbench.harness.environment as environment
+    from elasticbench.harness.bench.cases import load_run_case
+    from elasticbench.harness.gate.ab import ABPolicy, Pair, run_ab
+    from elasticbench.harness.registry import get_kernel
 
     asked: list[bool] = []
     real = environment.describe

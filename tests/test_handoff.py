@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from elasticbench import handoff
+from elasticbench.harness import handoff
 
 
 @dataclass

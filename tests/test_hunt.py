@@ -15,19 +15,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elasticbench.execute import IN_PROCESS
-from elasticbench.hunt.job import HuntJob
-from elasticbench.hunt.space import Space, make_input
-from elasticbench.hunt.trial import Input, Judge
-from elasticbench.registry import get_kernel
-from elasticbench.selftest.mutants import PATH_MUTANTS
-from elasticbench.session import Session
-from elasticbench.verify.matrix import load_matrix
+from elasticbench.harness.execute import IN_PROCESS
+from elasticbench.harness.hunt.job import HuntJob
+from elasticbench.harness.hunt.space import Space, make_input
+from elasticbench.harness.hunt.trial import Input, Judge
+from elasticbench.harness.registry import get_kernel
+from elasticbench.harness.selftest.mutants import PATH_MUTANTS
+from elasticbench.harness.session import Session
+from elasticbench.harness.verify.matrix import load_matrix
 
 ROWS_BUG = textwrap.dedent("""
     import numpy as np
     from elasticbench import register_kernel
-    from elasticbench.kernels.numpy_kernels import numpy_elastic
+    from elasticbench.harness.builtin.numpy_kernels import numpy_elastic
 
     @register_kernel(function="elastic", backend="numpy", name="late_rows")
     def late_rows(x, *, tau, beta):
@@ -110,7 +110,7 @@ def test_sizes_past_small_are_kept_as_often_as_their_cost_allows():
     # a configuration costs about its elements: past SMALL it is kept with probability
     # SMALL/elements (LONG times that with at most FEW rows), so the search stays cheap on
     # average and long rows still come up
-    from elasticbench.hunt.space import FEW, LONG, SMALL, kept
+    from elasticbench.harness.hunt.space import FEW, LONG, SMALL, kept
 
     rng = np.random.default_rng(3)
     space = Space("elastic", ["fp64", "fp32", "fp16", "bf16"], ["packed", "transposed"])
@@ -178,7 +178,7 @@ def test_bad_usage_is_one_line_and_exit_2(cli, args, message):
 SLOW = textwrap.dedent("""
     import time
     from elasticbench import register_kernel
-    from elasticbench.kernels.numpy_kernels import numpy_softmax
+    from elasticbench.harness.builtin.numpy_kernels import numpy_softmax
 
     @register_kernel(function="softmax", backend="numpy", name="slow")
     def slow(x):
@@ -223,8 +223,8 @@ def test_an_interrupted_hunt_keeps_what_it_tried(tmp_path):
 
 
 def test_shrinking_keeps_a_residue_of_the_column_count_that_bisection_cannot():
-    from elasticbench.hunt.shrink import Shrinker
-    from elasticbench.registry import register_kernel, scoped_kernels
+    from elasticbench.harness.hunt.shrink import Shrinker
+    from elasticbench.harness.registry import register_kernel, scoped_kernels
 
     with scoped_kernels():
         @register_kernel(function="elastic", backend="numpy", name="tail7")
@@ -249,8 +249,8 @@ def test_sorted_rows_are_sorted_in_every_format():
     """Rows are sorted ascending with NaN last in every format: NumPy 2.4's own sort leaves
     a 2^22-element fp16 row unsorted, and puts bfloat16 NaNs anywhere. A palette row is
     sorted by counting its picks, the same values as sorting the row."""
-    from elasticbench.hunt.space import sorted_picks, sorted_rows
-    from elasticbench.numerics.dtypes import get_format
+    from elasticbench.harness.hunt.space import sorted_picks, sorted_rows
+    from elasticbench.harness.numerics.dtypes import get_format
 
     rng = np.random.default_rng(3)
     row = -np.abs(rng.normal(size=(1, 1 << 22))).astype(np.float16)
@@ -297,7 +297,7 @@ def test_a_reference_process_that_dies_in_a_hunt_is_one_line(cli, tmp_path, monk
     the configuration, no traceback, the results file kept."""
     import os
 
-    from elasticbench.hunt import search as hunt_search
+    from elasticbench.harness.hunt import search as hunt_search
 
     def killed(*_args, **_kw):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -315,7 +315,7 @@ def test_a_reference_process_that_dies_in_a_hunt_is_one_line(cli, tmp_path, monk
 def test_a_search_that_stops_early_leaves_no_input_behind():
     """The batches that reference processes hand over as files are removed when a search
     ends before judging them (here at its first failure, batches still queued)."""
-    from elasticbench.hunt.search import BATCH, Queue, ahead, search
+    from elasticbench.harness.hunt.search import BATCH, Queue, ahead, search
 
     mutant = next(m for m in PATH_MUTANTS if m.spec.name == "exp_band")  # wrong on a band
     space = Space("elastic", ["fp32"], ["packed"], 1 << 14)
@@ -330,7 +330,7 @@ def test_a_search_that_stops_early_leaves_no_input_behind():
 def _slow_truths(monkeypatch, seconds: float) -> None:
     """A reference process's first configuration input `seconds` late (the others on time,
     so that what is queued behind it does not keep the test waiting)."""
-    from elasticbench.hunt import search as hunt_search
+    from elasticbench.harness.hunt import search as hunt_search
 
     made = hunt_search.config_input
     first = [True]  # per process: each forked one has its own copy
@@ -348,7 +348,7 @@ def test_a_search_does_not_wait_for_truths_past_its_deadline(monkeypatch):
     """Truths that come after the kernel's share (rows left to mpmath can take seconds) are
     not waited for: the search ends at its deadline, having judged nothing, and the batch's
     files are removed when it arrives."""
-    from elasticbench.hunt.search import Queue, ahead, search
+    from elasticbench.harness.hunt.search import Queue, ahead, search
 
     _slow_truths(monkeypatch, 6.0)
     space = Space("softmax", ["fp32"], ["packed"], 1 << 10)

@@ -92,7 +92,7 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_module_imports_itself_through_others() -> None:
     graph = import_graph()
-    assert "elasticbench.registry" in graph and "elasticbench.kernels.triton.launch" in graph
+    assert "elasticbench.harness.registry" in graph and "elasticbench.kernels.triton.launch" in graph
     found = cycle(graph)
     assert found is None, "import cycle: " + " -> ".join(found or [])
 
@@ -100,17 +100,17 @@ def test_no_module_imports_itself_through_others() -> None:
 def test_a_module_named_in_a_string_is_an_import() -> None:
     known = modules()
     source = ('import importlib\n'
-              'BUILTIN = ("elasticbench.registry", "elasticbench.nowhere", "elasticbench")\n'
+              'BUILTIN = ("elasticbench.harness.registry", "elasticbench.nowhere", "elasticbench")\n'
               'importlib.import_module("elasticbench.devices")\n'
-              '"""elasticbench.passes, in a sentence, is no import."""\n')
+              '"""elasticbench.harness.passes, in a sentence, is no import."""\n')
     deps = {dep for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant)
-            for dep in named("elasticbench.backends", node, known)}
-    assert deps == {"elasticbench.registry", "elasticbench.devices"}
+            for dep in named("elasticbench.harness.backends", node, known)}
+    assert deps == {"elasticbench.harness.registry", "elasticbench.devices"}
 
 
 def test_the_check_finds_a_cycle() -> None:
     graph = import_graph()
-    graph["elasticbench.devices"] = graph["elasticbench.devices"] | {"elasticbench.registry"}
+    graph["elasticbench.devices"] = graph["elasticbench.devices"] | {"elasticbench.harness.registry"}
     found = cycle(graph)
     assert found is not None and found[0] == found[-1] and "elasticbench.devices" in found
 
@@ -132,14 +132,14 @@ def readme_layers() -> dict[str, int]:
 
 
 def top(module: str) -> str:
-    """The layer picture's name for a module: elasticbench's package or module right under it; in
-    kernels/, the registering modules `<backend>_<anything>` are `kernels/<backend>_*` (the
-    harness's) and the rest `kernels` (the kernels the library runs)."""
+    """The layer picture's name for a module: the package or module right under elasticbench
+    (the library's) or under elasticbench.harness (the harness's); everything in kernels/ is
+    `kernels` (the kernels the library runs)."""
     parts = module.split(".")
     if len(parts) == 1:
         return "elasticbench"
-    if parts[1] == "kernels":
-        return "kernels/<backend>_*" if len(parts) > 2 and "_" in parts[2] else "kernels"
+    if parts[1] == "harness":
+        return parts[2] if len(parts) > 2 else "harness"
     return parts[1]
 
 
@@ -160,5 +160,5 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
 
 def test_the_check_finds_an_upward_import() -> None:
     graph = import_graph()
-    graph["elasticbench.records"] = graph["elasticbench.records"] | {"elasticbench.kinds"}
-    assert upward(graph, readme_layers()) == ["elasticbench.records -> elasticbench.kinds"]
+    graph["elasticbench.harness.records"] = graph["elasticbench.harness.records"] | {"elasticbench.harness.kinds"}
+    assert upward(graph, readme_layers()) == ["elasticbench.harness.records -> elasticbench.harness.kinds"]

@@ -33,7 +33,7 @@ SLOW = textwrap.dedent("""
 
 
 def _cases() -> int:
-    from elasticbench.verify.matrix import builtin_case, expand, load_matrix
+    from elasticbench.harness.verify.matrix import builtin_case, expand, load_matrix
 
     return len(expand(load_matrix(builtin_case("verify-quick")), ["softmax"], ["fp32", "fp16"]))
 
@@ -89,7 +89,7 @@ def test_an_interrupt_drops_the_queued_reference_work(monkeypatch):
     import numpy as np
     import pytest
 
-    from elasticbench.numerics import truth_cache
+    from elasticbench.harness.numerics.truth import cache as truth_cache
 
     shutdowns = []
 
@@ -116,7 +116,7 @@ def _everything_to_mpmath(monkeypatch):
     """Make the certified phase leave every row to mpmath (the pool's work)."""
     import numpy as np
 
-    from elasticbench.numerics import truth_cache
+    from elasticbench.harness.numerics.truth import cache as truth_cache
 
     fast = truth_cache.fast_phase
 
@@ -140,7 +140,7 @@ def test_a_reference_worker_that_dies_is_one_clear_error(monkeypatch):
     import numpy as np
     import pytest
 
-    from elasticbench.numerics import truth_cache
+    from elasticbench.harness.numerics.truth import cache as truth_cache
 
     _everything_to_mpmath(monkeypatch)
 
@@ -156,7 +156,7 @@ def test_verify_reports_a_dead_reference_worker_in_one_line(cli, tmp_path, monke
     """Through the CLI: exit 2, one line, the finished records kept in the results file."""
     import json
 
-    from elasticbench.numerics import truth_cache
+    from elasticbench.harness.numerics.truth import cache as truth_cache
 
     def die(*_args, **_kw):
         raise truth_cache.TruthError("a reference worker died (killed, or out of memory) "
@@ -180,7 +180,7 @@ def test_a_reference_process_that_dies_is_one_clear_error(cli, tmp_path, monkeyp
     import json
     import os
 
-    from elasticbench.verify import runner
+    from elasticbench.harness.verify import runner
 
     def killed(*_args, **_kw):
         os.kill(os.getpid(), signal.SIGKILL)

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from elasticbench.execute import call_kernel_isolated
-from elasticbench.registry import get_kernel, load_kernel_file
+from elasticbench.harness.execute import call_kernel_isolated
+from elasticbench.harness.registry import get_kernel, load_kernel_file
 
 BAD = textwrap.dedent("""
     import ctypes, os, signal, time

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from elasticbench.registry import load_kernel_file
+from elasticbench.harness.registry import load_kernel_file
 
 SIBLING = Path(__file__).parent / "fixtures" / "sibling" / "lowp_softmax.py"
 
@@ -58,7 +58,7 @@ def test_a_file_imported_first_by_another_can_still_be_given(tmp_path):
 
 
 def test_scoped_kernels_forget_what_the_block_registers(tmp_path):
-    from elasticbench.registry import get_kernel, list_kernels, scoped_kernels
+    from elasticbench.harness.registry import get_kernel, list_kernels, scoped_kernels
 
     path = _write(tmp_path / "kf_scoped.py", """
         from elasticbench import register_kernel

@@ -1,4 +1,4 @@
-"""The pass-structure variants of kernels/torch_variants.py on long rows of the `coarse`
+"""The pass-structure variants of elasticbench/harness/builtin/torch_variants.py on long rows of the `coarse`
 input, against the exact reference: a row's sum is a sum of block sums, so its error grows
 like log2(n), as the budget allows. Summed as one serial chain per vector lane, these rows
 failed (fp64 2x65535: 29.9 ulp against 26.7; fp32 1x1048577: 76.8 against 28.5). The same
@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elasticbench.execute import call_kernel
-from elasticbench.inputs import generate
-from elasticbench.numerics.budget import budget_for
-from elasticbench.numerics.dtypes import get_format
-from elasticbench.numerics.truth_cache import TruthJob, TruthStore, solve
-from elasticbench.registry import get_kernel
-from elasticbench.verify.check import check_output
+from elasticbench.harness.execute import call_kernel
+from elasticbench.harness.inputs import generate
+from elasticbench.harness.numerics.budgets.rows import budget_for
+from elasticbench.harness.numerics.dtypes import get_format
+from elasticbench.harness.numerics.truth.cache import TruthJob, TruthStore, solve
+from elasticbench.harness.registry import get_kernel
+from elasticbench.harness.verify.check import check_output
 
 pytestmark = pytest.mark.ci  # each variant compiles for these shapes: .ci/run, not make test
 

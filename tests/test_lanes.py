@@ -1,4 +1,4 @@
-"""The second kernel lane (elasticbench/verify/lanes.py): the same records as one process
+"""The second kernel lane (elasticbench/harness/verify/lanes.py): the same records as one process
 makes, a lane that dies leaves its share to the parent, kernels that cannot travel stay."""
 
 from __future__ import annotations
@@ -8,25 +8,30 @@ import json
 
 import pytest
 
-from elasticbench.numerics.truth_cache import TruthStore
-from elasticbench.registry import get_kernel, load_kernel_file, register_kernel, scoped_kernels
-from elasticbench.verify import lanes
-from elasticbench.verify.matrix import builtin_case, expand, load_matrix
-from elasticbench.verify.runner import run_verification
+from elasticbench.harness.numerics.truth.cache import TruthStore
+from elasticbench.harness.registry import (
+    get_kernel,
+    load_kernel_file,
+    register_kernel,
+    scoped_kernels,
+)
+from elasticbench.harness.verify import lanes
+from elasticbench.harness.verify.matrix import builtin_case, expand, load_matrix
+from elasticbench.harness.verify.runner import run_verification
 
 NUMPY = ("numpy_elastic", "numpy_softmax", "numpy_softmax1", "numpy_stablemax")
 
-# A kernel that dies in the lane's interpreter (python -m elasticbench.worker) only: the
+# A kernel that dies in the lane's interpreter (python -m elasticbench.harness.worker) only: the
 # parent then judges the lane's share itself.
 DIES_IN_THE_LANE = '''
 import os, sys
 import numpy as np
 from elasticbench import register_kernel
-from elasticbench.kernels.numpy_kernels import numpy_softmax
+from elasticbench.harness.builtin.numpy_kernels import numpy_softmax
 
 @register_kernel(function="softmax", backend="numpy", name="lane_killer")
 def lane_killer(x):
-    if sys.argv[0].endswith(os.path.join("elasticbench", "worker.py")):
+    if sys.argv[0].endswith(os.path.join("harness", "worker.py")):
         os._exit(3)
     return numpy_softmax(x)
 '''
@@ -131,7 +136,7 @@ def test_a_compiling_kernel_stays_in_one_process_for_every_case(tmp_path):
 def test_a_kept_batch_is_read_twice_then_gone(tmp_path, keep):
     import numpy as np
 
-    from elasticbench import handoff
+    from elasticbench.harness import handoff
 
     a = np.arange(1 << 15, dtype=np.float64)
     packed = handoff.pack({"a": a}, tmp_path)
@@ -144,7 +149,7 @@ def test_a_kept_batch_is_read_twice_then_gone(tmp_path, keep):
 
 
 def test_a_whole_pack_is_one_file_read_once(tmp_path):
-    from elasticbench import handoff
+    from elasticbench.harness import handoff
 
     records = [{"kernel": f"k{i}", "max_ulp": i / 3} for i in range(2000)]
     packed = handoff.pack(records, tmp_path, whole=True)
@@ -212,7 +217,7 @@ class _Lane:
 
 
 def test_the_lane_gets_its_batches_before_the_parent_has_judged_its_own():
-    from elasticbench.verify.dispatch import judge_batches
+    from elasticbench.harness.verify.schedule import judge_batches
 
     events: list = []
     share = lanes.Share(frozenset())  # plain kernels: every other case to the lane

@@ -37,7 +37,7 @@ def test_a_triton_row_plan_is_noted_with_its_direction() -> None:
 
 def test_the_triton_backends_environment_carries_its_launch_options(monkeypatch) -> None:
     # a verify record's reproduce command must set the plan it verified
-    from elasticbench.backends import get_backend
+    from elasticbench.harness.backends import get_backend
 
     monkeypatch.setenv("ELASTICBENCH_TRITON_SPLITS", "4")
     monkeypatch.setenv("ELASTICBENCH_TRITON_ROW_BLOCK", "8")

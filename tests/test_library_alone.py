@@ -18,21 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # The library: the public API, its ops, what they dispatch with, and the kernels each device
 # runs (kernels/triton, kernels/cpp). Every other module of elasticbench is the harness's.
 LIBRARY = ("functional", "nn", "domains", "dispatch", "devices", "launches", "native", "rows",
-           "attention", "kernels.triton", "kernels.cpp")
+           "attention", "integrations", "kernels.triton", "kernels.cpp")
 
-# The harness, named explicitly: the commands, verifying, running, searching, gating,
-# reporting, its records and sessions, the exact reference with its definitions and inputs,
-# the registry and the registering modules of kernels/, and the Triton interpreter's patch
-# (a test's tool, off the library's path).
-HARNESS = ("__main__", "allocator", "attention_contract", "audit", "backends", "bench", "cli",
-           "environment", "execute", "functions", "gate", "handoff", "hunt", "inputs",
-           "interrupt", "kernel_spec", "kinds", "numerics", "passes", "records", "registry",
-           "report", "selftest", "session", "shards", "threads", "triton_interpreter",
-           "verify", "worker", "kernels.api_kernels", "kernels.attention_family",
-           "kernels.cpp_attention",
-           "kernels.cpp_kernels", "kernels.flex_attention", "kernels.numpy_kernels",
-           "kernels.sdpa_kernels", "kernels.torch_attention", "kernels.torch_kernels",
-           "kernels.torch_variants", "kernels.triton_attention", "kernels.triton_kernels")
+# The harness: everything under elasticbench/harness (the commands, verifying, running,
+# searching, gating, reporting, its records and sessions, the exact reference with its
+# definitions and inputs, the registry and its built-in registrations), the command line's
+# entry module, and the Triton interpreter's patch (a test's tool, off the library's path).
+HARNESS = ("__main__", "harness", "triton_interpreter")
 
 # The harness's third-party dependencies (pyproject.toml): the library needs none of them.
 THIRD_PARTY = ("mpmath", "gmpy2", "click", "rich", "scipy")
@@ -113,9 +105,9 @@ def test_the_triton_kernels_import_nothing_of_the_harness() -> None:
 def test_the_check_sees_a_harness_module() -> None:
     """harness_in finds a harness module, a submodule of a harness package and a third-party
     package of the harness's, and nothing of the library."""
-    modules = ["elasticbench.registry", "elasticbench.numerics.dd", "mpmath.libmp",
+    modules = ["elasticbench.harness.registry", "elasticbench.harness.numerics.certified.dd", "mpmath.libmp",
                "elasticbench.functional", "elasticbench.rows.ops", "torch",
-               "elasticbench.kernels.triton.tier", "elasticbench.kernels.torch_kernels"]
-    assert harness_in(modules) == ["elasticbench.kernels.torch_kernels",
-                                   "elasticbench.numerics.dd", "elasticbench.registry",
+               "elasticbench.kernels.triton.tier", "elasticbench.harness.builtin.torch_kernels"]
+    assert harness_in(modules) == ["elasticbench.harness.builtin.torch_kernels",
+                                   "elasticbench.harness.numerics.certified.dd", "elasticbench.harness.registry",
                                    "mpmath.libmp"]

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from elasticbench.gate.merge import MergeError, merge_docs
-from elasticbench.records import read_results
-from elasticbench.shards import fingerprint, parse_shard, select_shard, shard_header
+from elasticbench.harness.gate.merge import MergeError, merge_docs
+from elasticbench.harness.records import read_results
+from elasticbench.harness.shards import fingerprint, parse_shard, select_shard, shard_header
 
 ITEMS = [(k, d, [r, n]) for k in ("a", "b", "c") for d in ("fp32", "bf16")
          for r, n in ((64, 4096), (16, 524288), (1, 7))]
@@ -104,11 +104,11 @@ min_sample_s = 0.0001
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_a_run_shard_holds_whole_cells_with_their_baseline(tmp_path, n):
-    from elasticbench.bench.cases import load_run_case
-    from elasticbench.bench.job import RunJob
-    from elasticbench.bench.runner import plan_units
-    from elasticbench.execute import IN_PROCESS
-    from elasticbench.registry import get_kernel
+    from elasticbench.harness.bench.cases import load_run_case
+    from elasticbench.harness.bench.job import RunJob
+    from elasticbench.harness.bench.runner import plan_units
+    from elasticbench.harness.execute import IN_PROCESS
+    from elasticbench.harness.registry import get_kernel
 
     (tmp_path / "tiny.toml").write_text(TINY)
     case = load_run_case(tmp_path / "tiny.toml")
@@ -131,7 +131,7 @@ def test_a_run_shard_holds_whole_cells_with_their_baseline(tmp_path, n):
 def test_run_shards_then_merge_end_to_end(cli, tmp_path, monkeypatch):
     (tmp_path / "tiny.toml").write_text(TINY)
     procs = [subprocess.Popen(
-        [sys.executable, "-c", "from elasticbench.cli import main; main()", "run", "--case",
+        [sys.executable, "-c", "from elasticbench.harness.cli import main; main()", "run", "--case",
          "tiny.toml", "--shard", f"{k}/2", "--json", f"s{k}.json"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for k in (1, 2)]

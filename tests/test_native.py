@@ -303,8 +303,8 @@ def test_the_exp_probe_sums_exponentials_on_every_instruction_set(ext):
 
 @pytest.mark.needs("native")
 def test_the_host_roofline_takes_the_native_probe_instead_of_inductor(ext):
-    from elasticbench.bench.runner import measure_ceilings
-    from elasticbench.bench.timing import Policy
+    from elasticbench.harness.bench.runner import measure_ceilings
+    from elasticbench.harness.bench.timing import Policy
 
     c = measure_ceilings("cpu", ["fp32"], Policy(min_reps=3, max_reps=3, budget_s=0.05))
     probes = {d: t.get("probe") for d, t in c.detail["exp_timing"].items()}

@@ -13,9 +13,9 @@ import torch
 from elasticbench import native
 from elasticbench.attention import autograd, cpp
 from elasticbench.attention.composite import elastic_attention_composite
-from elasticbench.attention_contract import backward_step, forward_output, kernel_arguments
 from elasticbench.functional import elastic_attention
-from elasticbench.registry import get_kernel
+from elasticbench.harness.attention_contract import backward_step, forward_output, kernel_arguments
+from elasticbench.harness.registry import get_kernel
 
 pytestmark = pytest.mark.needs("native")
 F64 = torch.float64

@@ -15,8 +15,8 @@ import torch
 from elasticbench import native
 from elasticbench.attention import cpp
 from elasticbench.attention.weights import Weight
-from elasticbench.attention_contract import backward_step, forward_output, kernel_arguments
-from elasticbench.registry import get_kernel
+from elasticbench.harness.attention_contract import backward_step, forward_output, kernel_arguments
+from elasticbench.harness.registry import get_kernel
 
 pytestmark = pytest.mark.needs("native")
 F64 = torch.float64

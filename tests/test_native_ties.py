@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elasticbench.execute import call_kernel
-from elasticbench.functions import FUNCTIONS, get_function
-from elasticbench.numerics.budget import budget_for
-from elasticbench.numerics.dtypes import get_format
-from elasticbench.numerics.truth_cache import TruthJob, TruthStore, solve
-from elasticbench.registry import list_kernels
-from elasticbench.verify.check import check_output
+from elasticbench.harness.execute import call_kernel
+from elasticbench.harness.functions import FUNCTIONS, get_function
+from elasticbench.harness.numerics.budgets.rows import budget_for
+from elasticbench.harness.numerics.dtypes import get_format
+from elasticbench.harness.numerics.truth.cache import TruthJob, TruthStore, solve
+from elasticbench.harness.registry import list_kernels
+from elasticbench.harness.verify.check import check_output
 
 pytestmark = pytest.mark.needs("native")
 

@@ -26,7 +26,7 @@ def test_kernels_reach_the_benchmark_only_through_the_registry():
     for path in sorted((ROOT / "kernels").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
-                assert not node.module.startswith("elasticbench.bench"), path
+                assert not node.module.startswith("elasticbench.harness.bench"), path
 
 
 def test_public_api_lists_specs():

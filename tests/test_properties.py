@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elasticbench.execute import call_kernel
-from elasticbench.functions import FUNCTIONS, get_function
-from elasticbench.numerics.budget import budget_for
-from elasticbench.numerics.dtypes import DTYPE_NAMES, get_format
-from elasticbench.numerics.truth import evaluate_rows
-from elasticbench.registry import list_kernels
-from elasticbench.verify.check import check_output
+from elasticbench.harness.execute import call_kernel
+from elasticbench.harness.functions import FUNCTIONS, get_function
+from elasticbench.harness.numerics.budgets.rows import budget_for
+from elasticbench.harness.numerics.dtypes import DTYPE_NAMES, get_format
+from elasticbench.harness.numerics.truth.rows import evaluate_rows
+from elasticbench.harness.registry import list_kernels
+from elasticbench.harness.verify.check import check_output
 
 WIDTH = {"fp64": 64, "fp32": 32, "fp16": 16, "bf16": 32}
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0]

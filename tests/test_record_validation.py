@@ -13,8 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from elasticbench.records import RunRecord, VerifyRecord, load_results, read_results, record_key
-from elasticbench.records.fields import RecordError
+from elasticbench.harness.records import (
+    RunRecord,
+    VerifyRecord,
+    load_results,
+    read_results,
+    record_key,
+)
+from elasticbench.harness.records.fields import RecordError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUN = json.loads((FIXTURES / "run_small.json").read_text())
@@ -160,7 +166,7 @@ def test_the_writer_encodes_each_record_once_and_writes_what_json_dumps_would(tm
     document's JSON, header keys added after the records included."""
     import json
 
-    from elasticbench.records import files
+    from elasticbench.harness.records import files
 
     path = tmp_path / "r.json"
     w = files.ResultsWriter(path, "verify", {"machine": {"cpu": "x"}}, every=0.0)

@@ -7,8 +7,8 @@ import mpmath
 import numpy as np
 import pytest
 
-from elasticbench.functions import FUNCTIONS, get_function
-from elasticbench.numerics.truth import evaluate_rows
+from elasticbench.harness.functions import FUNCTIONS, get_function
+from elasticbench.harness.numerics.truth.rows import evaluate_rows
 
 
 def exact(function, row, precision=128, **params):
@@ -144,9 +144,9 @@ def test_outputs_next_to_a_power_of_two_are_placed_on_their_side(dtype):
     (Evaluated with an upstream gradient: the outputs of a backward's truth.)"""
     from fractions import Fraction
 
-    from elasticbench.inputs.generators import generate
-    from elasticbench.numerics.dtypes import get_format
-    from elasticbench.numerics.ulp import binade
+    from elasticbench.harness.inputs.generators import generate
+    from elasticbench.harness.numerics.dtypes import get_format
+    from elasticbench.harness.numerics.ulp import binade
 
     x = generate("subnormal", dtype, (1, 256), 4).astype(np.float64)
     total = sum(Fraction(v) for v in x[0])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticbench.cli import main
+from elasticbench.harness.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VERIFY = str(FIXTURES / "verify_small.json")
@@ -102,10 +102,10 @@ def test_quiet_prints_only_the_summary_line(capsys):
 
 
 def test_quiet_terminal_silences_the_verify_and_run_tables():
-    from elasticbench.records import load_results
-    from elasticbench.report.run_table import render_run
-    from elasticbench.report.terminal import Terminal
-    from elasticbench.report.verify_table import render
+    from elasticbench.harness.records import load_results
+    from elasticbench.harness.report.run_table import render_run
+    from elasticbench.harness.report.terminal import Terminal
+    from elasticbench.harness.report.verify_table import render
 
     verify, run = load_results(VERIFY).records, load_results(RUN).records
     buf = io.StringIO()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticbench.records import read_results
+from elasticbench.harness.records import read_results
 
 TINY = """
 [run]
@@ -31,7 +31,7 @@ min_sample_s = 0.0001
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     # the console script's way in and out (entry: no interpreter teardown at the end)
-    cmd = [sys.executable, "-c", "from elasticbench.cli import entry; entry()", *args]
+    cmd = [sys.executable, "-c", "from elasticbench.harness.cli import entry; entry()", *args]
     return subprocess.run(cmd, cwd=cwd,
                           capture_output=True, text=True, timeout=120)
 
@@ -108,7 +108,7 @@ def test_bad_case_file_is_one_line(tmp_path):
 
 
 def test_bwd_without_backward_kernels_says_so(tmp_path):
-    from elasticbench.registry import list_kernels
+    from elasticbench.harness.registry import list_kernels
 
     proc = _run("run", "--mode", "bwd", "--only", "none_here", cwd=tmp_path)
     assert proc.returncode == 2

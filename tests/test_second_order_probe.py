@@ -1,5 +1,5 @@
 """`verify --mode bwd` says per kernel whether second-order gradients are supported
-(elasticbench/verify/second_order.py): declared, or probed by gradcheck of the kernel's
+(elasticbench/harness/verify/second_order.py): declared, or probed by gradcheck of the kernel's
 gradients in fp64; a differentiable but wrong backward is told apart from a constant one."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from elasticbench.execute import Isolation
-from elasticbench.registry import KernelSpec, get_kernel
+from elasticbench.harness.execute import Isolation
+from elasticbench.harness.registry import KernelSpec, get_kernel
+from elasticbench.harness.verify.second_order import second_order
 from elasticbench.rows.exp_normalize import exp_normalize_backward
-from elasticbench.verify.second_order import second_order
 
 
 def _spec(fn, name: str) -> KernelSpec:

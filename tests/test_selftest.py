@@ -2,12 +2,12 @@
 
 import pytest
 
-from elasticbench.numerics.truth_cache import TruthStore, default_cache_dir
-from elasticbench.registry import get_kernel
-from elasticbench.selftest.attention_mutants import ATTENTION_MUTANTS
-from elasticbench.selftest.mutants import MUTANTS, Mutant
-from elasticbench.selftest.runner import run_selftest
-from elasticbench.verify.matrix import builtin_case, load_matrix
+from elasticbench.harness.numerics.truth.cache import TruthStore, default_cache_dir
+from elasticbench.harness.registry import get_kernel
+from elasticbench.harness.selftest.attention_mutants import ATTENTION_MUTANTS
+from elasticbench.harness.selftest.mutants import MUTANTS, Mutant
+from elasticbench.harness.selftest.runner import run_selftest
+from elasticbench.harness.verify.matrix import builtin_case, load_matrix
 
 
 @pytest.mark.ci  # end to end in child processes: CI runs it, make test keeps its 5 minutes

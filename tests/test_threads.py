@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from elasticbench.threads import command_of, is_elasticbench, passive_openmp
+from elasticbench.harness.threads import command_of, is_elasticbench, passive_openmp
 
 
 @pytest.mark.parametrize("argv, command", [

@@ -1,6 +1,6 @@
 """How many graphs the torch.compile variants compile: every process traces each one afresh,
 so a shape class more is a fraction of a second more in every verification, per dtype.
-The row shapes below cover every class of kernels/torch_variants.py: one row or more, no
+The row shapes below cover every class of elasticbench/harness/builtin/torch_variants.py: one row or more, no
 whole block, one, several, and last blocks of every width class (docs/numerics.md 6.7)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def _graphs() -> dict[str, int]:
     """Graphs compiled so far, per compiled function of the variants."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    from elasticbench.kernels import torch_variants as tv
+    from elasticbench.harness.builtin import torch_variants as tv
 
     return {name: len(_debug_get_cache_entry_list(fn._torchdynamo_orig_callable.__code__))
             for name, fn in tv._compiled.items()}
@@ -26,7 +26,7 @@ def _graphs() -> dict[str, int]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_each_pass_compiles_one_graph_per_row_count_class(dtype: torch.dtype) -> None:
-    from elasticbench.kernels import torch_variants as tv
+    from elasticbench.harness.builtin import torch_variants as tv
 
     before = _graphs()
     for shape in SHAPES:

@@ -35,15 +35,15 @@ if devices.triton_unavailable() is not None:  # neither a GPU nor the interprete
         under_interpreter(__file__, "-k", SHARDS[shard], timeout=1800)
 
 else:
-    from elasticbench.kernels import triton_kernels as registered
+    from elasticbench.harness.builtin import triton_kernels as registered
+    from elasticbench.harness.numerics.truth.cache import TruthStore
+    from elasticbench.harness.registry import list_kernels
+    from elasticbench.harness.verify.matrix import builtin_case, expand, load_matrix
+    from elasticbench.harness.verify.runner import run_verification
     from elasticbench.kernels.triton.elastic_backward import elastic_backward
     from elasticbench.kernels.triton.exp_family import elastic_forward, exp_normalize
     from elasticbench.kernels.triton.launch import LaunchOptions, launch_options
     from elasticbench.kernels.triton.params import FP32_MAX, FP32_MIN_NORMAL, LOG2E, exp2_scale
-    from elasticbench.numerics.truth_cache import TruthStore
-    from elasticbench.registry import list_kernels
-    from elasticbench.verify.matrix import builtin_case, expand, load_matrix
-    from elasticbench.verify.runner import run_verification
 
     # The interpreter evaluates both sides of every tl.where in NumPy, which warns about the
     # inf - inf and 0/0 it then throws away.
@@ -147,8 +147,8 @@ else:
         # value, so adding them one after another rounds alike each time (stablemax drifted
         # to 72 ulp, against 18 allowed; on an H100 a 2^22 'coarse' row reached 26.3 > 26);
         # the running sum carries a compensation and stays within the log2(n) budget
-        from elasticbench.numerics.budget import BUDGETS
-        from elasticbench.numerics.dtypes import get_format
+        from elasticbench.harness.numerics.budgets.rows import BUDGETS
+        from elasticbench.harness.numerics.dtypes import get_format
 
         tile = torch.round(torch.randn(16, generator=torch.Generator().manual_seed(0)) * 64) / 64
         x = tile.repeat(1024)[None]
@@ -413,7 +413,7 @@ else:
         # 2^22 + 3 elements (a ragged last chunk) on the online path, or split (the table's
         # choice: 13 programs of 5 chunks); 64-Ki chunks keep the interpreter to seconds, the
         # chunk loop and running rescale are those of any chunk size
-        from elasticbench.numerics.budget import BUDGETS
+        from elasticbench.harness.numerics.budgets.rows import BUDGETS
 
         n = (1 << 22) + 3
         x = torch.randn(1, n, generator=torch.Generator().manual_seed(5)) * 3
@@ -428,7 +428,7 @@ else:
         ulp = torch.finfo(torch.float32).eps * torch.exp2(torch.floor(torch.log2(ref[keep])))
         err = ((y - ref)[keep].abs() / ulp).numpy()
         zbar = float((e * z).sum() / e.sum())
-        from elasticbench.numerics.dtypes import get_format
+        from elasticbench.harness.numerics.dtypes import get_format
 
         allowed = BUDGETS["fp32"].allowance(z[keep].numpy()[None], torch.tensor([zbar]).numpy(),
                                             n, get_format("fp32"))[0]

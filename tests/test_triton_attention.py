@@ -25,8 +25,8 @@ if not devices.triton_interpreted():
         (torch.float32, True, 90, True), (torch.bfloat16, False, 80, False)])
     def test_triton_attention_compiles_for_the_gpus_it_is_written_for(dtype, causal, arch,
                                                                        padded):
-        from elasticbench.audit.capture import capture_launches
-        from elasticbench.audit.kernel_files import CompileCache, compile_one
+        from elasticbench.harness.audit.capture import capture_launches
+        from elasticbench.harness.audit.kernel_files import CompileCache, compile_one
         from elasticbench.kernels.triton.attention import attention_backward, attention_forward
 
         q = torch.zeros(1, 8, 1024, 64, dtype=dtype)
@@ -49,7 +49,7 @@ if not devices.triton_interpreted():
     def _reports(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                  weight: str = "ELASTIC") -> list:
         from elasticbench.attention.weights import Weight
-        from elasticbench.audit.attention_tiles import compile_report
+        from elasticbench.harness.audit.attention_tiles import compile_report
         from elasticbench.kernels.triton import attention_configs as ac
 
         w = Weight[weight]
@@ -62,7 +62,7 @@ if not devices.triton_interpreted():
         """The first configuration of each list (bf16, head dim 128: the issue's shape) on
         sm_90a: every dot a wgmma, none mma.sync, within 227 KiB, no spills. Every
         configuration of every list: the ci test below."""
-        from elasticbench.audit.attention_tiles import compile_report
+        from elasticbench.harness.audit.attention_tiles import compile_report
         from elasticbench.kernels.triton import attention_configs as ac
 
         t = ac.configs(kernel, 128, torch.bfloat16, False)[0]
@@ -92,7 +92,7 @@ if not devices.triton_interpreted():
         tiles at head dim 128 spilled with it (8-24 B per thread); what a padded call is
         offered (128x16 w8 s2, the list at 128 now), compiled with padding (bf16; fp16
         alike), does not."""
-        from elasticbench.audit.attention_tiles import compile_report
+        from elasticbench.harness.audit.attention_tiles import compile_report
         from elasticbench.kernels.triton import attention_configs as ac
 
         padded = ac.configs("dkdv", 128, torch.bfloat16, causal, padded=True)
@@ -137,7 +137,7 @@ if not devices.triton_interpreted():
         not causal. Every TMA configuration of every list (bf16 and fp16, causal or not,
         key padding or not; the other weights at head dim 128 without) passed the same
         checks when the lists were made (docs/attention.md section 7)."""
-        from elasticbench.audit.attention_tiles import compile_report
+        from elasticbench.harness.audit.attention_tiles import compile_report
         from elasticbench.kernels.triton import attention_configs as ac
 
         if not ac.tma_available():
@@ -159,7 +159,7 @@ if not devices.triton_interpreted():
         from dataclasses import replace
         from unittest import mock
 
-        from elasticbench.audit.capture import capture_launches
+        from elasticbench.harness.audit.capture import capture_launches
         from elasticbench.kernels.triton import attention_configs as ac
         from elasticbench.kernels.triton.attention import attention_forward
 
@@ -202,7 +202,7 @@ if not devices.triton_interpreted():
         dtype and weight) is the command itself (docs/attention.md section 7)."""
         import json
 
-        from elasticbench.audit.attention_tiles import launchable
+        from elasticbench.harness.audit.attention_tiles import launchable
 
         out = tmp_path / "audit.json"
         r = cli("audit", "--attention", "-d", "bf16", "--weights", "elastic",
@@ -226,9 +226,9 @@ if not devices.triton_interpreted():
                 assert tiles in ac.configs(kernel, cls, dtype, causal, Weight.ELASTIC)
 
 else:
-    from elasticbench.registry import get_kernel
-    from elasticbench.verify.attention_job import prepare, verify_attention_one
-    from elasticbench.verify.attention_matrix import AttentionCase
+    from elasticbench.harness.registry import get_kernel
+    from elasticbench.harness.verify.attention_job import prepare, verify_attention_one
+    from elasticbench.harness.verify.attention_matrix import AttentionCase
 
     # fp16 takes bf16's code path (products in the format, p and ds rounded to it); the
     # whole matrix in all three formats is `TRITON_INTERPRET=1 elasticbench verify --only

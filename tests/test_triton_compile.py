@@ -1,6 +1,6 @@
 """Kernel files' Triton kernels compiled for sm_90/sm_80 on this GPU-less machine.
 
-The interpreter accepts code the compiler rejects; elasticbench.audit.kernel_files compiles
+The interpreter accepts code the compiler rejects; elasticbench.harness.audit.kernel_files compiles
 what a wrapper launches (captured, never run) and reports registers and spills, or the
 compiler's message. Compiling needs no interpreter, so these run in the ordinary process.
 """
@@ -22,14 +22,14 @@ import triton
 import triton.language as tl
 
 from elasticbench import devices
-from elasticbench.audit.capture import capture_launches
-from elasticbench.audit.kernel_files import (
+from elasticbench.harness.audit.capture import capture_launches
+from elasticbench.harness.audit.kernel_files import (
     CallRequest,
     CompileCache,
     check_call,
     check_calls,
 )
-from elasticbench.registry import get_kernel, load_kernel_file
+from elasticbench.harness.registry import get_kernel, load_kernel_file
 
 FIXTURES = Path(__file__).parent / "fixtures"
 INTERPRETER_ONLY = FIXTURES / "triton_interpreter_only.py"

@@ -82,7 +82,7 @@ else:
     import triton
     import triton.language as tl
 
-    from elasticbench.registry import load_kernel_file
+    from elasticbench.harness.registry import load_kernel_file
     from elasticbench.triton_interpreter import (
         CooperativeDeadlock,
         cooperative_grid,

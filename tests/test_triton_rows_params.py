@@ -21,8 +21,8 @@ if not devices.triton_interpreted() and not devices.has_gpu():
 
     @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
     def test_the_per_row_kernels_compile_for_sm_90() -> None:
-        from elasticbench.audit.capture import capture_launches
-        from elasticbench.audit.kernel_files import CompileCache, compile_one
+        from elasticbench.harness.audit.capture import capture_launches
+        from elasticbench.harness.audit.kernel_files import CompileCache, compile_one
         from elasticbench.kernels.triton.elastic_backward import elastic_backward_params
         from elasticbench.kernels.triton.exp_family import elastic_forward_params
 

@@ -2,7 +2,7 @@
 counters of their own under CUDA-graph capture, launch options read once, the interpreter's
 patch off the import path, and long rows of any length sharing compiled kernels.
 
-Nothing here runs a kernel: launches are recorded (elasticbench.audit.capture) and keyed as
+Nothing here runs a kernel: launches are recorded (elasticbench.harness.audit.capture) and keyed as
 Triton's JIT keys its compiled kernels, so it runs in the ordinary test process, without a GPU
 and without the interpreter. The bounded barrier wait itself runs under the interpreter in
 tests/test_triton_resident.py.
@@ -166,7 +166,7 @@ def _jit_keys(launches: list) -> dict[str, set[str]]:
     (256, (270_001, 300_001, 400_001, 500_001), {}, "resident"),
 ])
 def test_long_rows_of_any_length_share_compiled_kernels(rows, lengths, options, path) -> None:
-    from elasticbench.audit.capture import capture_launches
+    from elasticbench.harness.audit.capture import capture_launches
     from elasticbench.kernels.triton.elastic_backward import elastic_backward
     from elasticbench.kernels.triton.exp_family import elastic_forward
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from elasticbench import devices
-from elasticbench.backends import BACKENDS
+from elasticbench.harness.backends import BACKENDS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "triton_bf16.py"
 REASON = "Triton needs a CUDA GPU, or TRITON_INTERPRET=1"

@@ -1,7 +1,7 @@
 """The versions a results file records, and the Triton-facing code on a second Triton.
 
 The interpreter patch (elasticbench/triton_interpreter.py) and the compile audit
-(elasticbench/audit) find what they need by feature, so they must work on every Triton from
+(elasticbench/harness/audit) find what they need by feature, so they must work on every Triton from
 3.4 to the pinned one. The suite runs on the pinned Triton; with ELASTICBENCH_OTHER_TRITON
 set to a version (.ci/run sets 3.6.0, the GPU machines' Triton), the last test installs that
 Triton alone into a scratch directory (pip, no dependencies: the rest is this venv's) and runs
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from elasticbench import devices
-from elasticbench.environment import describe, recorded_versions
+from elasticbench.harness.environment import describe, recorded_versions
 
 ROOT = Path(__file__).resolve().parent.parent
 OTHER = os.environ.get("ELASTICBENCH_OTHER_TRITON")

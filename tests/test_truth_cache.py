@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from elasticbench.numerics.truth import evaluate_rows
-from elasticbench.numerics.truth_cache import TruthJob, TruthStats, TruthStore, solve
+from elasticbench.harness.numerics.truth.cache import TruthJob, TruthStats, TruthStore, solve
+from elasticbench.harness.numerics.truth.rows import evaluate_rows
 
 
 def _truth(seed: int, n: int = 2000):

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from elasticbench.numerics.dtypes import FORMATS, get_format
-from elasticbench.numerics.ulp import ulp_error, ulp_of
+from elasticbench.harness.numerics.dtypes import FORMATS, get_format
+from elasticbench.harness.numerics.ulp import ulp_error, ulp_of
 
 
 def test_ulp_of_one_in_each_format():

@@ -48,8 +48,8 @@ def _fail_lines(text: str) -> list[str]:
 def lowp(tmp_path_factory) -> tuple[str, Path]:
     """lowp_softmax over the quick matrix: 17 failing cases in 11 groups (see its file; the
     fp16 case of coarse 513x4 fails on the rows a sample keeps for their extreme values)."""
-    from elasticbench.cli import main
-    from elasticbench.registry import scoped_kernels
+    from elasticbench.harness.cli import main
+    from elasticbench.harness.registry import scoped_kernels
 
     out = tmp_path_factory.mktemp("lowp") / "v.json"
     with pytest.raises(SystemExit) as done, scoped_kernels():

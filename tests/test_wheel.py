@@ -1,7 +1,7 @@
 """The sdist and the wheel built from it carry everything elasticbench reads at run time, the
 build says nothing setuptools would warn about, and the wheel installed into a fresh venv
 runs every kind of command from a directory outside the checkout (issue 28: a hand-written
-package list missed elasticbench.hunt and every command of an installed copy failed)."""
+package list missed elasticbench.harness.hunt and every command of an installed copy failed)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from elasticbench import native
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = textwrap.dedent("""
     from elasticbench import register_kernel
-    from elasticbench.kernels.numpy_kernels import numpy_elastic
+    from elasticbench.harness.builtin.numpy_kernels import numpy_elastic
 
     @register_kernel(function="elastic", backend="numpy", name="wheel_elastic")
     def wheel_elastic(x, *, tau, beta):
@@ -86,7 +86,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_every_command_runs(tmp_path):
         in_wheel = set(whl.namelist())
     assert {f"elasticbench/kernels/cpp/{n}" for n in cpp} <= in_wheel
     assert {f"elasticbench/cases/{n}" for n in cases} <= in_wheel
-    assert "elasticbench/hunt/__init__.py" in in_wheel  # the package the hand-written list missed
+    assert "elasticbench/harness/hunt/__init__.py" in in_wheel  # the package the hand-written list missed
     assert "elasticbench/kernels/triton/launch.py" in in_wheel  # subpackages of kernels/ too
     # every Python file of the checkout's packages, under the name it imports as
     here = {f"elasticbench/{p.relative_to(ROOT / 'elasticbench').as_posix()}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from elasticbench.kernels.torch_kernels import torch_elastic
+from elasticbench.harness.builtin.torch_kernels import torch_elastic
 
 
 def slowed(x, tau: float, beta: float, extra: float):

@@ -7,8 +7,8 @@ The other files of this folder change this kernel in one way each, to measure th
 
 from __future__ import annotations
 
-from elasticbench.kernels.torch_kernels import torch_elastic
-from elasticbench.registry import register_kernel
+from elasticbench.harness.builtin.torch_kernels import torch_elastic
+from elasticbench.harness.registry import register_kernel
 
 
 @register_kernel(function="elastic", backend="torch", name="ab_elastic")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from elasticbench.kernels.torch_kernels import torch_elastic
-from elasticbench.registry import register_kernel
+from elasticbench.harness.builtin.torch_kernels import torch_elastic
+from elasticbench.harness.registry import register_kernel
 
 ERROR = 1e-4
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from elasticbench.registry import register_kernel
+from elasticbench.harness.registry import register_kernel
 
 _spec = importlib.util.spec_from_file_location("_ab_slow", Path(__file__).with_name("_slow.py"))
 _slow = importlib.util.module_from_spec(_spec)

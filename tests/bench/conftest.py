@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from elasticbench.allocator import pin_heap
-from elasticbench.bench.cases import RunCase
-from elasticbench.bench.runner import set_threads
+from elasticbench.harness.allocator import pin_heap
+from elasticbench.harness.bench.cases import RunCase
+from elasticbench.harness.bench.runner import set_threads
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -27,7 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def timed_like_run() -> None:
     """The process settings `elasticbench run` times under: its threads (the default case's,
-    every core) and a heap that keeps freed memory (see elasticbench.bench.runner)."""
+    every core) and a heap that keeps freed memory (see elasticbench.harness.bench.runner)."""
     set_threads(RunCase(name="bench").threads)
     pin_heap()
 

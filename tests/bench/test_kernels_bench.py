@@ -2,7 +2,7 @@
 
 Never asserts on time. Each kernel is called as `elasticbench run` calls it: warmed up for the
 default timing policy's warm-up, a sample spanning enough calls to last its minimum sample
-time, and out of cache, cycling through copies of the input (elasticbench.bench.rotation).
+time, and out of cache, cycling through copies of the input (elasticbench.harness.bench.rotation).
 Each benchmark carries extra_info (kernel, case) that `elasticbench compare`/`gate` read; save
 with --benchmark-save-data so the gate gets raw rounds, and run the suite several times (each
 run is one process) to give the gate the spread between processes.
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import pytest
 
-from elasticbench.backends import get_backend
-from elasticbench.bench.cases import RunCase
-from elasticbench.bench.models import minimum_bytes
-from elasticbench.bench.rotation import rotating_call
-from elasticbench.bench.runner import params_for
-from elasticbench.bench.timing import Policy, counted, warm_up
-from elasticbench.inputs import generate
-from elasticbench.registry import list_kernels
+from elasticbench.harness.backends import get_backend
+from elasticbench.harness.bench.cases import RunCase
+from elasticbench.harness.bench.models import minimum_bytes
+from elasticbench.harness.bench.rotation import rotating_call
+from elasticbench.harness.bench.runner import params_for
+from elasticbench.harness.bench.timing import Policy, counted, warm_up
+from elasticbench.harness.inputs import generate
+from elasticbench.harness.registry import list_kernels
 
 SHAPES = [(64, 4096), (16, 524288)]  # 1 MiB in cache; 32 MiB, rotated out of a 32 MiB LLC
 ROUNDS = 20

@@ -25,12 +25,11 @@ import click
 import torch
 
 from elasticbench import launches
-from elasticbench.harness.functions import get_function
-from elasticbench.kernels.triton.launch import DTYPES, SMLimits, resident_programs
-from elasticbench.harness.registry import KernelSpec, list_kernels
-
 from elasticbench.harness.audit.capture import Launch, capture_launches
 from elasticbench.harness.audit.compile import compile_launch, opcode_width, read_cubin
+from elasticbench.harness.functions import get_function
+from elasticbench.harness.registry import KernelSpec, list_kernels
+from elasticbench.kernels.triton.launch import DTYPES, SMLimits, resident_programs
 
 
 @dataclass(frozen=True)

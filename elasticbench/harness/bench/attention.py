@@ -57,20 +57,28 @@ import numpy as np
 from elasticbench import devices, launches
 from elasticbench.harness.attention_contract import backward_step, kernel_arguments, mask_argument
 from elasticbench.harness.backends import get_backend
+from elasticbench.harness.bench.attention_case import GIB, AttentionRunCase
+from elasticbench.harness.bench.memory import peak_growth
+from elasticbench.harness.bench.models import wrapped_kernel
+from elasticbench.harness.bench.roofline import measure_copy
+from elasticbench.harness.bench.timing import Policy, Timing, time_calls
 from elasticbench.harness.execute import Call, guarded_call
 from elasticbench.harness.inputs.attention import generate_qkv, padding_mask
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.records import QuickVerdict, RunRecord
 from elasticbench.harness.registry import KernelSpec, get_kernel
 from elasticbench.harness.session import Job, Session
-from elasticbench.harness.verify.attention_job import prepare, upstream_gradient, verify_attention_one
-from elasticbench.harness.verify.attention_matrix import AttentionCase, expand_attention, load_attention_matrix
+from elasticbench.harness.verify.attention_job import (
+    prepare,
+    upstream_gradient,
+    verify_attention_one,
+)
+from elasticbench.harness.verify.attention_matrix import (
+    AttentionCase,
+    expand_attention,
+    load_attention_matrix,
+)
 from elasticbench.harness.verify.matrix import builtin_case
-from elasticbench.harness.bench.attention_case import GIB, AttentionRunCase
-from elasticbench.harness.bench.memory import peak_growth
-from elasticbench.harness.bench.models import wrapped_kernel
-from elasticbench.harness.bench.roofline import measure_copy
-from elasticbench.harness.bench.timing import Policy, Timing, time_calls
 
 
 def attention_flops(b: int, h: int, lq: int, lk: int, d: int, causal: bool, mode: str) -> float:

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from elasticbench.harness.bench.timing import Policy
 from elasticbench.harness.functions import ATTENTION, get_attention_function
 from elasticbench.harness.numerics.dtypes import check_dtypes
 from elasticbench.harness.records.fields import entry, nonnegative, positive
 from elasticbench.harness.registry import get_kernel
 from elasticbench.harness.verify.tables import read_table, read_toml
-from elasticbench.harness.bench.timing import Policy
 
 TABLE = "attention_run"
 GIB = 1 << 30

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from elasticbench.harness.bench.timing import Policy
 from elasticbench.harness.functions import get_function
 from elasticbench.harness.inputs import get_generator
 from elasticbench.harness.numerics.dtypes import check_dtypes
 from elasticbench.harness.records.fields import RecordError, entry, nonnegative
 from elasticbench.harness.verify.matrix import builtin_case
 from elasticbench.harness.verify.tables import CaseFileError, read_table, read_toml
-from elasticbench.harness.bench.timing import Policy
 
 _SIZE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from elasticbench.harness.bench.cases import RunCase
+from elasticbench.harness.bench.runner import Unit, measure_ceilings, run_units, verify_quickly
 from elasticbench.harness.execute import Isolation
 from elasticbench.harness.numerics.truth.cache import TruthStore, default_cache_dir
 from elasticbench.harness.session import Job, Session
-from elasticbench.harness.bench.cases import RunCase
-from elasticbench.harness.bench.runner import Unit, measure_ceilings, run_units, verify_quickly
 
 
 class RunJob(Job[Unit]):

@@ -15,8 +15,8 @@ from functools import partial
 from typing import Any
 
 from elasticbench import devices
-from elasticbench.harness.passes import PassModel
 from elasticbench.harness.bench.timing import Policy, Timing, time_calls
+from elasticbench.harness.passes import PassModel
 
 TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 MIB = 1 << 20

@@ -20,6 +20,17 @@ import numpy as np
 from elasticbench import devices, launches
 from elasticbench.harness.allocator import pin_heap
 from elasticbench.harness.backends import BACKENDS, get_backend
+from elasticbench.harness.bench.cases import RunCase
+from elasticbench.harness.bench.models import (
+    minimum_bytes,
+    minimum_model,
+    model_bytes,
+    model_of,
+    wrapped_kernel,
+)
+from elasticbench.harness.bench.roofline import compute_dtype, measure_copy, measure_exp, roof_for
+from elasticbench.harness.bench.rotation import rotating_call
+from elasticbench.harness.bench.timing import Policy, Timing, pooled, time_calls
 from elasticbench.harness.execute import IN_PROCESS, Isolation, Worker
 from elasticbench.harness.functions import get_function
 from elasticbench.harness.inputs import generate
@@ -29,11 +40,6 @@ from elasticbench.harness.records import QuickVerdict, RunRecord, VerifyRecord
 from elasticbench.harness.registry import MODES, KernelSpec, get_kernel, list_kernels
 from elasticbench.harness.verify.matrix import expand, load_matrix
 from elasticbench.harness.verify.runner import run_verification
-from elasticbench.harness.bench.cases import RunCase
-from elasticbench.harness.bench.models import minimum_bytes, minimum_model, model_bytes, model_of, wrapped_kernel
-from elasticbench.harness.bench.roofline import compute_dtype, measure_copy, measure_exp, roof_for
-from elasticbench.harness.bench.rotation import rotating_call
-from elasticbench.harness.bench.timing import Policy, Timing, pooled, time_calls
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 

@@ -56,9 +56,9 @@ from collections.abc import Callable
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from elasticbench.harness.backends import get_backend
 from elasticbench.dispatch import preference
 from elasticbench.functional import elastic_attention, elastic_softmax
+from elasticbench.harness.backends import get_backend
 from elasticbench.harness.kernel_spec import register_kernel
 from elasticbench.nn import ElasticSoftmax
 

@@ -22,8 +22,8 @@ import math
 import torch
 
 from elasticbench.harness.kernel_spec import register_kernel
-from elasticbench.native import load
 from elasticbench.harness.passes import PassModel
+from elasticbench.native import load
 
 _ext = load()
 Structure = _ext.Structure  # the pass structures of kernels/cpp/table.h

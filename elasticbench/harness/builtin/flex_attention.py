@@ -56,8 +56,8 @@ import torch
 
 from elasticbench.attention.composite import elastic_attention_composite
 from elasticbench.harness.backends import FLEX_CPU_BACKWARD_ENV
-from elasticbench.harness.kernel_spec import register_kernel
 from elasticbench.harness.builtin.attention_family import autograd_step
+from elasticbench.harness.kernel_spec import register_kernel
 
 RECOMPILE_LIMIT = 1024  # compiled shapes per process before recompiling becomes an error
 _MASKS: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()  # key -> (key_mask, BlockMask)

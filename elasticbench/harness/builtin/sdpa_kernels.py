@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from elasticbench.harness.kernel_spec import register_kernel
 from elasticbench.harness.builtin.attention_family import autograd_step
 from elasticbench.harness.builtin.torch_attention import _sdpa
+from elasticbench.harness.kernel_spec import register_kernel
 
 
 def _pinned(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -20,13 +20,13 @@ import torch
 from elasticbench.attention import flash
 from elasticbench.attention.composite import attention_composite, elastic_attention_composite
 from elasticbench.attention.weights import Weight
-from elasticbench.harness.kernel_spec import register_kernel
 from elasticbench.harness.builtin.attention_family import (
     FUNCTIONS,
     Implementation,
     autograd_step,
     register_family,
 )
+from elasticbench.harness.kernel_spec import register_kernel
 
 
 def _per_head(p: torch.Tensor) -> torch.Tensor:

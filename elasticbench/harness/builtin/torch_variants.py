@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from elasticbench.harness.kernel_spec import register_kernel
 from elasticbench.harness.builtin.torch_kernels import torch_elastic
+from elasticbench.harness.kernel_spec import register_kernel
 from elasticbench.harness.passes import PassModel
 from elasticbench.rows.exp_normalize import exp_normalize_forward
 

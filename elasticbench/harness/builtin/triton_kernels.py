@@ -10,9 +10,12 @@ from __future__ import annotations
 import torch
 
 from elasticbench.harness.kernel_spec import register_kernel
-
 from elasticbench.kernels.triton.elastic_backward import elastic_backward
-from elasticbench.kernels.triton.exp_family import elastic_forward, softmax1_forward, softmax_forward
+from elasticbench.kernels.triton.exp_family import (
+    elastic_forward,
+    softmax1_forward,
+    softmax_forward,
+)
 from elasticbench.kernels.triton.launch import DTYPES
 from elasticbench.kernels.triton.weight_family import stablemax_forward, symax_forward
 

@@ -14,9 +14,9 @@ import threading
 import click
 
 from elasticbench.harness.allocator import keep_freed_memory
+from elasticbench.harness.cli.common import fail
 from elasticbench.harness.numerics.truth.cache import default_cache_mb
 from elasticbench.harness.threads import passive_openmp
-from elasticbench.harness.cli.common import fail
 
 # before the commands' modules load torch (and with it OpenMP, which reads this once)
 passive_openmp(sys.argv)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import click
 
 from elasticbench.harness.bench.cases import load_run_case, parse_size
-from elasticbench.harness.gate.ab import ABPolicy, run_ab, versions_from_files, versions_from_revision
+from elasticbench.harness.cli.common import EXIT_FAILED, EXIT_OK, console, fail, split_names
+from elasticbench.harness.cli.compare_cmd import write_outputs
+from elasticbench.harness.gate.ab import (
+    ABPolicy,
+    run_ab,
+    versions_from_files,
+    versions_from_revision,
+)
 from elasticbench.harness.gate.compare import compare, parse_fraction
 from elasticbench.harness.gate.render import render_text
 from elasticbench.harness.numerics.dtypes import check_dtypes
@@ -13,8 +20,6 @@ from elasticbench.harness.records import ResultsWriter
 from elasticbench.harness.registry import KernelFileError
 from elasticbench.harness.verify.matrix import builtin_case
 from elasticbench.harness.verify.tables import CaseFileError
-from elasticbench.harness.cli.common import EXIT_FAILED, EXIT_OK, console, fail, split_names
-from elasticbench.harness.cli.compare_cmd import write_outputs
 
 
 @click.command("ab")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
+from elasticbench.harness.cli.common import console, fail
 from elasticbench.harness.gate.baseline import DEFAULT_DIR, save_baseline
 from elasticbench.harness.records import ResultsFileError
-from elasticbench.harness.cli.common import console, fail
 
 
 @click.group("baseline")

@@ -8,12 +8,12 @@ from typing import Any
 
 import click
 
+from elasticbench.harness.cli.common import EXIT_OK, console, fail
 from elasticbench.harness.gate.compare import Comparison, compare, parse_fraction
 from elasticbench.harness.gate.load import METRICS, load_side
 from elasticbench.harness.gate.render import render_markdown, render_text
 from elasticbench.harness.gate.stats import METHODS
 from elasticbench.harness.records import ResultsFileError, write_json_atomic
-from elasticbench.harness.cli.common import EXIT_OK, console, fail
 
 
 def comparison_options(fn: Callable[..., Any]) -> Callable[..., Any]:

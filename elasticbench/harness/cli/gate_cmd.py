@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from elasticbench.harness.gate.render import render_text
 from elasticbench.harness.cli.common import EXIT_FAILED, EXIT_OK, console
 from elasticbench.harness.cli.compare_cmd import build, comparison_options, sides, write_outputs
+from elasticbench.harness.gate.render import render_text
 
 
 @click.command("gate")

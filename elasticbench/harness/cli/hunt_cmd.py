@@ -11,14 +11,6 @@ from pathlib import Path
 import click
 
 from elasticbench.harness.backends import get_backend
-from elasticbench.harness.environment import describe
-from elasticbench.harness.execute import Isolation
-from elasticbench.harness.hunt.job import HuntJob
-from elasticbench.harness.hunt.space import MAX_ELEMENTS
-from elasticbench.harness.numerics.dtypes import DTYPE_NAMES, check_dtypes
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION, MIN_PRECISION
-from elasticbench.harness.registry import KernelSpec
-from elasticbench.harness.session import Session, SessionError
 from elasticbench.harness.cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -30,6 +22,14 @@ from elasticbench.harness.cli.common import (
     run_or_fail,
     split_names,
 )
+from elasticbench.harness.environment import describe
+from elasticbench.harness.execute import Isolation
+from elasticbench.harness.hunt.job import HuntJob
+from elasticbench.harness.hunt.space import MAX_ELEMENTS
+from elasticbench.harness.numerics.dtypes import DTYPE_NAMES, check_dtypes
+from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION, MIN_PRECISION
+from elasticbench.harness.registry import KernelSpec
+from elasticbench.harness.session import Session, SessionError
 
 
 def replay_command(spec: KernelSpec, case: Path) -> str:

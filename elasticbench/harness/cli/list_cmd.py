@@ -7,11 +7,11 @@ from importlib import resources
 import click
 
 from elasticbench.harness.backends import BACKENDS
+from elasticbench.harness.cli.common import split_names
 from elasticbench.harness.functions import FUNCTIONS
 from elasticbench.harness.inputs import GENERATORS
 from elasticbench.harness.numerics.contract import WIDE
 from elasticbench.harness.registry import list_kernels
-from elasticbench.harness.cli.common import split_names
 
 TOPICS = ("functions", "backends", "inputs", "kernels", "cases")
 

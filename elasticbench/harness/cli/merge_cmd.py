@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
+from elasticbench.harness.cli.common import console, fail
 from elasticbench.harness.gate.merge import MergeError, merge_files
 from elasticbench.harness.records import write_json_atomic
-from elasticbench.harness.cli.common import console, fail
 
 
 @click.command("merge")

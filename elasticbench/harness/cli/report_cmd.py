@@ -8,13 +8,19 @@ from pathlib import Path
 
 import click
 
+from elasticbench.harness.cli.common import console, fail, failures_shown, note_options
 from elasticbench.harness.records import ResultsFile, ResultsFileError, check_writable
 from elasticbench.harness.report.build import load, section
 from elasticbench.harness.report.formats import to_csv, to_html, to_json, to_markdown
-from elasticbench.harness.report.plots import INSTALL_HINT, Plot, PlotsUnavailable, plots_for, require_matplotlib
+from elasticbench.harness.report.plots import (
+    INSTALL_HINT,
+    Plot,
+    PlotsUnavailable,
+    plots_for,
+    require_matplotlib,
+)
 from elasticbench.harness.report.sheet import Section
 from elasticbench.harness.report.terminal import NO_WRAP, Terminal, print_sections, wants_detail
-from elasticbench.harness.cli.common import console, fail, failures_shown, note_options
 
 FORMATS = ("table", "markdown", "csv", "json", "html")
 

@@ -7,9 +7,6 @@ from pathlib import Path
 
 import click
 
-from elasticbench.harness.execute import Isolation
-from elasticbench.harness.kinds import RunOptions, kind_of_case
-from elasticbench.harness.numerics.dtypes import check_dtypes
 from elasticbench.harness.cli.common import (
     case_path,
     check_survival,
@@ -20,6 +17,9 @@ from elasticbench.harness.cli.common import (
     split_names,
     survival_options,
 )
+from elasticbench.harness.execute import Isolation
+from elasticbench.harness.kinds import RunOptions, kind_of_case
+from elasticbench.harness.numerics.dtypes import check_dtypes
 
 
 @click.command()

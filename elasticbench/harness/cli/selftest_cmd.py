@@ -9,12 +9,12 @@ import click
 from rich.table import Table
 
 from elasticbench.harness.backends import get_backend
+from elasticbench.harness.cli.common import EXIT_FAILED, EXIT_OK, console, fail, quiet, split_names
 from elasticbench.harness.kinds import KINDS
 from elasticbench.harness.numerics.truth.cache import default_cache_dir
 from elasticbench.harness.registry import list_kernels
 from elasticbench.harness.selftest.mutants import MUTANTS
 from elasticbench.harness.selftest.runner import LOOSEST, caught_by_text
-from elasticbench.harness.cli.common import EXIT_FAILED, EXIT_OK, console, fail, quiet, split_names
 
 
 @click.command()

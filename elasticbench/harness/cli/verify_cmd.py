@@ -8,15 +8,6 @@ from pathlib import Path
 import click
 
 from elasticbench.harness.allocator import share_memory
-from elasticbench.harness.environment import describe
-from elasticbench.harness.execute import Isolation
-from elasticbench.harness.functions import function_kind
-from elasticbench.harness.kinds import Kind, VerifyOptions, kind_of
-from elasticbench.harness.numerics.contract import parse_scale
-from elasticbench.harness.numerics.dtypes import check_dtypes
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION, MIN_PRECISION
-from elasticbench.harness.records import ResultsFileError, VerifyRecord, load_results
-from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.cli.common import (
     case_path,
     check_survival,
@@ -29,6 +20,15 @@ from elasticbench.harness.cli.common import (
     split_names,
     survival_options,
 )
+from elasticbench.harness.environment import describe
+from elasticbench.harness.execute import Isolation
+from elasticbench.harness.functions import function_kind
+from elasticbench.harness.kinds import Kind, VerifyOptions, kind_of
+from elasticbench.harness.numerics.contract import parse_scale
+from elasticbench.harness.numerics.dtypes import check_dtypes
+from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION, MIN_PRECISION
+from elasticbench.harness.records import ResultsFileError, VerifyRecord, load_results
+from elasticbench.harness.registry import KernelSpec
 
 MODE_CHOICES = ("fwd", "bwd", "both")
 

@@ -15,7 +15,16 @@ import math
 import mpmath
 
 from elasticbench.domains import BIAS
-from elasticbench.harness.functions.base import ROW_FINITE, ROW_NAN, SHIFT, Function, Param, RowGrad, RowTruth, distinct
+from elasticbench.harness.functions.base import (
+    ROW_FINITE,
+    ROW_NAN,
+    SHIFT,
+    Function,
+    Param,
+    RowGrad,
+    RowTruth,
+    distinct,
+)
 
 # -ln(64): FlashSigmoid's -ln(n) for 64 keys, the longest rows of the attention matrix
 MINUS_LN_64 = -math.log(64.0)

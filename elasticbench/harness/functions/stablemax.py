@@ -8,8 +8,15 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
+from elasticbench.harness.functions.base import (
+    Function,
+    RowGrad,
+    RowTruth,
+    has_nan,
+    weight_normalize,
+    weight_normalize_grad,
+)
 from elasticbench.harness.numerics.certified import dd
-from elasticbench.harness.functions.base import Function, RowGrad, RowTruth, has_nan, weight_normalize, weight_normalize_grad
 
 
 def s(v: float) -> mpmath.mpf:

@@ -24,17 +24,22 @@ from typing import Any
 
 import numpy as np
 
+from elasticbench.devices import HOST, CudaClock, HostClock, ThreadCPUClock, is_cuda
 from elasticbench.harness.backends import get_backend
 from elasticbench.harness.bench.cases import RunCase
 from elasticbench.harness.bench.models import minimum_bytes
 from elasticbench.harness.bench.rotation import rotating_call
 from elasticbench.harness.bench.runner import params_for, set_threads, verify_quickly
-from elasticbench.devices import HOST, CudaClock, HostClock, ThreadCPUClock, is_cuda
+from elasticbench.harness.gate.load import Dataset, Series, Verdict, case_label
 from elasticbench.harness.inputs import generate
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.records import QuickVerdict, RunRecord
-from elasticbench.harness.registry import KernelFileError, KernelSpec, load_kernel_file, scoped_kernels
-from elasticbench.harness.gate.load import Dataset, Series, Verdict, case_label
+from elasticbench.harness.registry import (
+    KernelFileError,
+    KernelSpec,
+    load_kernel_file,
+    scoped_kernels,
+)
 
 SIDES = ("base", "current")
 

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from elasticbench.harness.gate.load import METRICS, benchmark_name, check_file, load
+from elasticbench.harness.gate.stats import noise_floor_of_runs
 from elasticbench.harness.records import (
     BenchmarkNoiseFloorEntry,
     NoiseFloorEntry,
@@ -26,8 +28,6 @@ from elasticbench.harness.records import (
     read_json,
     write_json_atomic,
 )
-from elasticbench.harness.gate.load import METRICS, benchmark_name, check_file, load
-from elasticbench.harness.gate.stats import noise_floor_of_runs
 
 DEFAULT_DIR = Path("results") / "baselines"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

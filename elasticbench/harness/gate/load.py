@@ -1,7 +1,7 @@
 """Read what a comparison needs from results files: timing samples and numerics verdicts.
 
 Three inputs are understood: elasticbench run files (`elasticbench.run/1`, raw samples under
-each record's `timing`), elasticbench verify files (`elasticbench.harness.verify/1`, numerics only) and
+each record's `timing`), elasticbench verify files (`elasticbench.verify/1`, numerics only) and
 pytest-benchmark JSON (`benchmarks[].stats`, raw `data` when saved with --benchmark-save-data).
 Every timing becomes a cost, lower is better, in the unit of the chosen metric:
 
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from elasticbench.harness.gate.stats import NoiseFloor
 from elasticbench.harness.records import (
     BenchmarkNoiseFloorEntry,
     NoiseFloorEntry,
@@ -36,7 +37,6 @@ from elasticbench.harness.records import (
     check_results,
     read_json,
 )
-from elasticbench.harness.gate.stats import NoiseFloor
 
 METRICS = ("time", "bandwidth-fraction")
 MACHINE_FIELDS = ("cpu", "arch", "cores", "gpu")
@@ -262,7 +262,7 @@ def _pytest_benchmark(doc: dict[str, Any], metric: str, path: str) -> Dataset:
 
 
 EXPECTED = ("an elasticbench run or verify file (schema elasticbench.run/1 or "
-            "elasticbench.harness.verify/1) or pytest-benchmark JSON (a benchmarks list, from "
+            "elasticbench.verify/1) or pytest-benchmark JSON (a benchmarks list, from "
             "--benchmark-json or --benchmark-save)")
 
 

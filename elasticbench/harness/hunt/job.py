@@ -13,15 +13,15 @@ import numpy as np
 
 from elasticbench.harness.backends import get_backend
 from elasticbench.harness.execute import IN_PROCESS, Isolation
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
-from elasticbench.harness.numerics.truth.cache import TruthStats
-from elasticbench.harness.registry import KernelSpec
-from elasticbench.harness.session import Job, Session
 from elasticbench.harness.hunt.reproducer import save_case
 from elasticbench.harness.hunt.search import Ahead, Found, Queue, ahead, config_input, search
 from elasticbench.harness.hunt.shrink import Shrinker, Shrunk
 from elasticbench.harness.hunt.space import MAX_ELEMENTS, Space
 from elasticbench.harness.hunt.trial import Judge, Trial
+from elasticbench.harness.numerics.truth.cache import TruthStats
+from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
+from elasticbench.harness.registry import KernelSpec
+from elasticbench.harness.session import Job, Session
 
 MIN_SHRINK_S = 20.0  # shrinking a failure may run this long past the search's budget
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from elasticbench.harness.hunt.trial import MAX_CHECKED, MAX_CHECKED_ROWS, SEED, Input
 from elasticbench.harness.inputs.explicit import Explicit, toml_value
 from elasticbench.harness.records.files import write_text_atomic
-from elasticbench.harness.hunt.trial import MAX_CHECKED, MAX_CHECKED_ROWS, SEED, Input
 
 
 def case_text(inp: Input, function: str, dtype: str, comments: list[str]) -> str:

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from elasticbench.harness import handoff
-from elasticbench.harness.verify.ahead import REFERENCE_PROCESSES, reference_process, result_of
 from elasticbench.harness.hunt.space import Config, Space, make_input
 from elasticbench.harness.hunt.trial import Input, Judge, Trial, with_truths
+from elasticbench.harness.verify.ahead import REFERENCE_PROCESSES, reference_process, result_of
 
 POOL = 16
 EXPLORE = 0.35  # chance of a fresh draw once the pool is full

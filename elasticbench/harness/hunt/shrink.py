@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from elasticbench.harness.functions import get_function
+from elasticbench.harness.hunt.trial import Input, Trial
 from elasticbench.harness.inputs.layouts import PACKED
 from elasticbench.harness.numerics.dtypes import get_format
-from elasticbench.harness.hunt.trial import Input, Trial
 
 MAX_VALUE_BLOCKS = 64  # finest split of the values tried when setting them to the fill
 

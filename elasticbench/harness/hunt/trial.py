@@ -15,12 +15,17 @@ from typing import Any
 import numpy as np
 
 from elasticbench.harness.execute import IN_PROCESS, Isolation
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
 from elasticbench.harness.numerics.truth.cache import TruthStats, TruthStore, solve
+from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.verify.matrix import VerifyCase
-from elasticbench.harness.verify.runner import Prepared, prepare_input, verify_backward_one, verify_one
+from elasticbench.harness.verify.runner import (
+    Prepared,
+    prepare_input,
+    verify_backward_one,
+    verify_one,
+)
 
 MAX_CHECKED = 8192  # elements of the reference per trial (a sample of whole rows beyond)
 MAX_CHECKED_ROWS = 64

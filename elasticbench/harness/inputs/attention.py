@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elasticbench.harness.numerics.dtypes import FloatFormat, get_format
 from elasticbench.harness.inputs.generators import stream_seed
+from elasticbench.harness.numerics.dtypes import FloatFormat, get_format
 
 Shape = tuple[int, int, int, int, int]  # batch, heads, length_q, length_k, head_dim
 QKV = tuple[np.ndarray, np.ndarray, np.ndarray]

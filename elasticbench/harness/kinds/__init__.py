@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from elasticbench.harness.registry import KernelSpec
-from elasticbench.harness.verify.tables import read_toml
 from elasticbench.harness.kinds.attention import ATTENTION_KIND
 from elasticbench.harness.kinds.base import Kind, RunOptions, VerifyOptions
 from elasticbench.harness.kinds.rows import ROWS
+from elasticbench.harness.registry import KernelSpec
+from elasticbench.harness.verify.tables import read_toml
 
 KINDS: dict[str, Kind] = {k.name: k for k in (ROWS, ATTENTION_KIND)}
 

@@ -16,14 +16,18 @@ from elasticbench.harness.bench.runner import set_threads
 from elasticbench.harness.environment import describe
 from elasticbench.harness.functions import ATTENTION, AttentionFunction, get_attention_function
 from elasticbench.harness.inputs.attention import get_attention_generator
+from elasticbench.harness.kinds.base import Kind, RunOptions, VerifyOptions, no_cases
 from elasticbench.harness.numerics.truth.cache import default_cache_dir
 from elasticbench.harness.registry import KernelSpec, get_kernel
 from elasticbench.harness.selftest.attention_mutants import ATTENTION_CONTROL, ATTENTION_MUTANTS
 from elasticbench.harness.selftest.runner import SelftestOutcome, run_attention_selftest
 from elasticbench.harness.verify.attention_job import AttentionVerifyJob
-from elasticbench.harness.verify.attention_matrix import expand_attention, load_attention_matrix, parse_attention_size
+from elasticbench.harness.verify.attention_matrix import (
+    expand_attention,
+    load_attention_matrix,
+    parse_attention_size,
+)
 from elasticbench.harness.verify.matrix import builtin_case
-from elasticbench.harness.kinds.base import Kind, RunOptions, VerifyOptions, no_cases
 
 
 class Attention(Kind):

@@ -18,13 +18,13 @@ from elasticbench.harness.environment import describe
 from elasticbench.harness.functions import ROW, Function, get_function
 from elasticbench.harness.inputs import get_generator
 from elasticbench.harness.inputs.layouts import check_layout
+from elasticbench.harness.kinds.base import Kind, RunOptions, VerifyOptions, no_cases
 from elasticbench.harness.numerics.truth.cache import TruthStore, default_cache_dir
 from elasticbench.harness.registry import KernelSpec, list_kernels
 from elasticbench.harness.selftest.mutants import MUTANTS
 from elasticbench.harness.selftest.runner import SelftestOutcome, run_selftest
 from elasticbench.harness.verify.job import VerifyJob
 from elasticbench.harness.verify.matrix import builtin_case, expand, load_matrix
-from elasticbench.harness.kinds.base import Kind, RunOptions, VerifyOptions, no_cases
 
 
 class Rows(Kind):

@@ -18,7 +18,7 @@ from elasticbench.harness.report.plots import Plot
 from elasticbench.harness.report.sheet import Entry, Note, Section, Sheet, Span
 from elasticbench.harness.report.terminal import about_line
 
-SCHEMA = "elasticbench.harness.report/1"
+SCHEMA = "elasticbench.report/1"
 FOLD_NOTES = 5  # more notes than this go into a collapsed <details> block
 
 

@@ -8,16 +8,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from elasticbench.harness.numerics.contract import OWN, Judging
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
 from elasticbench.harness.numerics.truth.cache import TruthStore
+from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.report.verify_table import describe_case
+from elasticbench.harness.selftest.mutants import Mutant
 from elasticbench.harness.verify.attention_job import prepare, verify_attention_one
 from elasticbench.harness.verify.attention_matrix import AttentionMatrix, expand_attention
 from elasticbench.harness.verify.matrix import VerifyMatrix, expand
 from elasticbench.harness.verify.runner import run_verification
-from elasticbench.harness.selftest.mutants import Mutant
 
 
 @dataclass

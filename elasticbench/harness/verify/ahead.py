@@ -22,8 +22,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from elasticbench.harness import handoff
 from elasticbench import native
+from elasticbench.harness import handoff
 from elasticbench.harness.numerics.certified import native_sweeps
 from elasticbench.harness.numerics.truth.cache import TruthError, TruthStats
 from elasticbench.harness.verify.matrix import VerifyCase

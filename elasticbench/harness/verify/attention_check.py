@@ -17,8 +17,8 @@ import numpy as np
 from elasticbench.harness.functions import AttentionFunction
 from elasticbench.harness.functions.base import DENOMINATOR, OFFSET, SHIFT, TEMPERATURE
 from elasticbench.harness.numerics.budgets.attention import Conditioning, gradient_allowance
-from elasticbench.harness.numerics.truth.attention import AttentionTruth
 from elasticbench.harness.numerics.dtypes import FloatFormat
+from elasticbench.harness.numerics.truth.attention import AttentionTruth
 from elasticbench.harness.numerics.ulp import ulp_error, ulp_of
 from elasticbench.harness.verify.backward import ParamCheck
 from elasticbench.harness.verify.check import CheckResult, json_float

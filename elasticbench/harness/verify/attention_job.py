@@ -19,16 +19,21 @@ from typing import Any
 
 import numpy as np
 
-from elasticbench.harness.attention_contract import backward_step, forward_output, kernel_arguments, mask_argument
+from elasticbench.harness.attention_contract import (
+    backward_step,
+    forward_output,
+    kernel_arguments,
+    mask_argument,
+)
 from elasticbench.harness.backends import get_backend
 from elasticbench.harness.execute import IN_PROCESS, Isolation, guarded_call
 from elasticbench.harness.functions import get_attention_function
 from elasticbench.harness.inputs.attention import generate_mask, generate_qkv, mask_bias
 from elasticbench.harness.inputs.generators import stream_seed
 from elasticbench.harness.numerics.budgets.attention import ATTENTION_BUDGETS, Conditioning
-from elasticbench.harness.numerics.truth.attention import AttentionTruth, cached_evaluate
 from elasticbench.harness.numerics.contract import Judging
 from elasticbench.harness.numerics.dtypes import FloatFormat, get_format
+from elasticbench.harness.numerics.truth.attention import AttentionTruth, cached_evaluate
 from elasticbench.harness.numerics.truth.cache import TruthStats
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec

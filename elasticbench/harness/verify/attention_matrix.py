@@ -26,7 +26,14 @@ from elasticbench.harness.inputs.attention import Shape, get_attention_generator
 from elasticbench.harness.numerics.dtypes import DTYPE_NAMES, check_dtypes
 from elasticbench.harness.records.fields import RecordError, entry, positive
 from elasticbench.harness.verify.case import Case
-from elasticbench.harness.verify.tables import CaseFileError, Grid, checked, param_grids, read_table, read_toml
+from elasticbench.harness.verify.tables import (
+    CaseFileError,
+    Grid,
+    checked,
+    param_grids,
+    read_table,
+    read_toml,
+)
 
 TABLE = "attention_verify"
 

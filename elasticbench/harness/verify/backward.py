@@ -33,7 +33,15 @@ from elasticbench.harness.numerics.dtypes import FloatFormat, work_format
 from elasticbench.harness.numerics.truth.rows import GradTruth
 from elasticbench.harness.numerics.ulp import ulp_of
 from elasticbench.harness.registry import KernelSpec
-from elasticbench.harness.verify.check import CheckResult, checked, json_float, position, score, worst_within, zero_place
+from elasticbench.harness.verify.check import (
+    CheckResult,
+    checked,
+    json_float,
+    position,
+    score,
+    worst_within,
+    zero_place,
+)
 
 
 @dataclass(frozen=True)

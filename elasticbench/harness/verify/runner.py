@@ -15,8 +15,8 @@ from elasticbench.harness.execute import IN_PROCESS, Isolation, Outcome, call_ke
 from elasticbench.harness.numerics.budgets.rows import budget_for
 from elasticbench.harness.numerics.contract import Judging
 from elasticbench.harness.numerics.dtypes import get_format
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION, GradTruth
 from elasticbench.harness.numerics.truth.cache import TruthJob, TruthStats, TruthStore, solve
+from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION, GradTruth
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.verify.ahead import SolvedAhead, batches, interleaved
@@ -31,10 +31,10 @@ from elasticbench.harness.verify.backward import (
 from elasticbench.harness.verify.case import case_key
 from elasticbench.harness.verify.check import CheckResult, check_output
 from elasticbench.harness.verify.compile_check import call_key, compile_checks, with_compile_check
-from elasticbench.harness.verify.schedule import judge_batches
 from elasticbench.harness.verify.lanes import lane, lane_share
 from elasticbench.harness.verify.matrix import MAX_ROWS, VerifyCase
 from elasticbench.harness.verify.record import verify_record
+from elasticbench.harness.verify.schedule import judge_batches
 from elasticbench.harness.verify.second_order import second_order
 
 

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from elasticbench.harness.functions import AttentionFunction
-from elasticbench.harness.numerics.truth.attention_values import AttentionTruth
 from elasticbench.harness.numerics.dtypes import FloatFormat
+from elasticbench.harness.numerics.truth.attention_values import AttentionTruth
 
 
 @dataclass(frozen=True)

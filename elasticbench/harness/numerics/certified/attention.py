@@ -21,12 +21,22 @@ import numpy as np
 
 from elasticbench.harness.functions import AttentionFunction
 from elasticbench.harness.functions.base import ROW_FINITE, ROW_MASKED, ROW_NAN
-from elasticbench.harness.numerics.certified import normalize as certified_normalize, dd
-from elasticbench.harness.numerics.certified.bounded_dd import Bdd, Scores, Weights, badd, bdiv_d, bmul_d, bsum, dot
+from elasticbench.harness.numerics.certified import dd
+from elasticbench.harness.numerics.certified import normalize as certified_normalize
+from elasticbench.harness.numerics.certified.bounded_dd import (
+    Bdd,
+    Scores,
+    Weights,
+    badd,
+    bdiv_d,
+    bmul_d,
+    bsum,
+    dot,
+)
 from elasticbench.harness.numerics.certified.bounds import SLACK, TAU_RANGE, Bounded, certify
+from elasticbench.harness.numerics.certified.edges import tiny_slack, top_values
 from elasticbench.harness.numerics.certified.rows_grad import floor_of
 from elasticbench.harness.numerics.dtypes import FloatFormat
-from elasticbench.harness.numerics.certified.edges import tiny_slack, top_values
 
 if TYPE_CHECKING:
     from elasticbench.harness.numerics.truth.attention_values import AttentionTruth

@@ -28,11 +28,26 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from elasticbench.harness.functions import AttentionFunction
-from elasticbench.harness.functions.base import DENOMINATOR, OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE
+from elasticbench.harness.functions.base import (
+    DENOMINATOR,
+    OFFSET,
+    ROW_FINITE,
+    ROW_NAN,
+    TEMPERATURE,
+)
 from elasticbench.harness.numerics.certified import dd
-from elasticbench.harness.numerics.certified.bounded_dd import Bdd, Weights, badd, bdiv_d, bmul, bmul_d, bsum, dot
-from elasticbench.harness.numerics.certified.bounds import CERTIFY_ULP, SLACK, certify
 from elasticbench.harness.numerics.certified.attention import INPUT_MAX, Forward, row_function_fits
+from elasticbench.harness.numerics.certified.bounded_dd import (
+    Bdd,
+    Weights,
+    badd,
+    bdiv_d,
+    bmul,
+    bmul_d,
+    bsum,
+    dot,
+)
+from elasticbench.harness.numerics.certified.bounds import CERTIFY_ULP, SLACK, certify
 from elasticbench.harness.numerics.dtypes import FloatFormat, work_format
 
 if TYPE_CHECKING:

@@ -7,7 +7,16 @@ import numpy as np
 
 from elasticbench.harness.functions.base import ROW_FINITE, ROW_INF, ROW_MASKED, ROW_NAN
 from elasticbench.harness.numerics.certified import dd
-from elasticbench.harness.numerics.certified.bounds import ABS_FLOOR, SLACK, Bounded, Denominator, Shift, arg_rel, power_of_two, scaled
+from elasticbench.harness.numerics.certified.bounds import (
+    ABS_FLOOR,
+    SLACK,
+    Bounded,
+    Denominator,
+    Shift,
+    arg_rel,
+    power_of_two,
+    scaled,
+)
 
 
 def top_values(top: np.ndarray, kept: np.ndarray, rest: np.ndarray, s_h: np.ndarray,

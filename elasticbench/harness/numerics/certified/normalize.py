@@ -20,7 +20,14 @@ import numpy as np
 from elasticbench.harness.functions import AttentionFunction
 from elasticbench.harness.functions.base import ROW_FINITE, ROW_MASKED, ROW_NAN
 from elasticbench.harness.numerics.certified import dd
-from elasticbench.harness.numerics.certified.bounded_dd import Bdd, Scores, Weights, badd, bmul, bsum
+from elasticbench.harness.numerics.certified.bounded_dd import (
+    Bdd,
+    Scores,
+    Weights,
+    badd,
+    bmul,
+    bsum,
+)
 from elasticbench.harness.numerics.certified.bounds import SLACK
 from elasticbench.harness.numerics.certified.rows_grad import floor_of
 

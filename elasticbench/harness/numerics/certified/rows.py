@@ -30,9 +30,14 @@ from elasticbench.harness.numerics.certified.bounds import (
     scaled,
     subnormal_floor,
 )
-from elasticbench.harness.numerics.dtypes import FloatFormat
-from elasticbench.harness.numerics.certified.edges import special_rows, tiny_slack, tiny_values, top_values
+from elasticbench.harness.numerics.certified.edges import (
+    special_rows,
+    tiny_slack,
+    tiny_values,
+    top_values,
+)
 from elasticbench.harness.numerics.certified.row_blocks import blocks, blocks_per_row, sum_depth
+from elasticbench.harness.numerics.dtypes import FloatFormat
 from elasticbench.harness.numerics.truth.rows import Truth
 
 

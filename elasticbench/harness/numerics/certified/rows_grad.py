@@ -36,9 +36,9 @@ from elasticbench.harness.numerics.certified.bounds import (
     scaled,
     subnormal_floor,
 )
+from elasticbench.harness.numerics.certified.row_blocks import BLOCK, rows_of
 from elasticbench.harness.numerics.certified.rows import certified_rows, exp_forward
 from elasticbench.harness.numerics.dtypes import FloatFormat, work_format
-from elasticbench.harness.numerics.certified.row_blocks import BLOCK, rows_of
 from elasticbench.harness.numerics.truth.rows import GradTruth
 
 CHUNK = 1 << 13  # elements of whole rows handled at once (a longer row is one chunk)

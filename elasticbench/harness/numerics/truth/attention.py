@@ -27,13 +27,19 @@ from pathlib import Path
 import numpy as np
 
 from elasticbench.harness.functions import AttentionFunction
-from elasticbench.harness.numerics.truth import attention_oracle
 from elasticbench.harness.numerics.certified import (
     attention as certified_attention,
+)
+from elasticbench.harness.numerics.certified import (
     attention_grad as certified_attention_grad,
 )
-from elasticbench.harness.numerics.truth.attention_values import FORWARD_FIELDS, AttentionTruth, empty_truth
 from elasticbench.harness.numerics.dtypes import FloatFormat, get_format
+from elasticbench.harness.numerics.truth import attention_oracle
+from elasticbench.harness.numerics.truth.attention_values import (
+    FORWARD_FIELDS,
+    AttentionTruth,
+    empty_truth,
+)
 from elasticbench.harness.numerics.truth.cache import TruthStats, TruthStore
 
 ATTENTION_TRUTH_VERSION = 4  # 4: the oracle sums dot products exactly, rounds once

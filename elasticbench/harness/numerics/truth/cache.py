@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from elasticbench.harness.functions import get_function
-from elasticbench.harness.numerics.certified import rows as certified, rows_grad as certified_grad
+from elasticbench.harness.numerics.certified import rows as certified
+from elasticbench.harness.numerics.certified import rows_grad as certified_grad
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.numerics.truth.rows import TRUTH_VERSION, GradTruth, Truth, evaluate_rows
 
