@@ -26,8 +26,9 @@ LIBRARY = ("functional", "nn", "domains", "dispatch", "devices", "launches", "na
 # entry module, and the Triton interpreter's patch (a test's tool, off the library's path).
 HARNESS = ("__main__", "harness", "triton_interpreter")
 
-# The harness's third-party dependencies (pyproject.toml): the library needs none of them.
-THIRD_PARTY = ("mpmath", "gmpy2", "click", "rich", "scipy")
+# The harness's third-party dependencies (pyproject.toml) and the transformers integration's:
+# the library needs none of them.
+THIRD_PARTY = ("mpmath", "gmpy2", "click", "rich", "scipy", "transformers")
 
 # After each step of a fresh interpreter's code: every module name loaded, as a JSON line.
 REPORT = "\nprint(json.dumps(sorted(sys.modules)))\n"
