@@ -44,6 +44,7 @@ from torch import nn
 from .dispatch import traced
 from .domains import BETA, ETA, TAU
 from .functional import (
+    Causal,
     elastic_attention,
     elastic_softmax,
     sigmoid_attention,
@@ -267,18 +268,19 @@ class ElasticAttention(_LearnableTauBeta):
 
     def __init__(self, tau: float = 1.0, beta: float = 1.0, learnable: bool = True,
                  param_shape: tuple[int, ...] = (), scale: float | None = None,
-                 causal: bool = False, *, learn_tau: bool | None = None,
+                 causal: Causal = False, *, learn_tau: bool | None = None,
                  learn_beta: bool | None = None):
         super().__init__(tau, beta, learnable, param_shape, learn_tau, learn_beta)
         self.scale, self.causal = scale, causal
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+                attn_mask: torch.Tensor | None = None, is_causal: Causal = False) -> torch.Tensor:
         """As elastic_attention: attn_mask (bool, True takes part, or float, added to the
         scores) broadcastable to (B, H, Lq, Lk); is_causal adds the causal mask."""
         tau, beta = self.params()
         return elastic_attention(q, k, v, tau=tau, beta=beta, scale=self.scale,
-                                 causal=self.causal or is_causal, attn_mask=attn_mask)
+                                 causal=self.causal, is_causal=is_causal,
+                                 attn_mask=attn_mask)
 
     def extra_repr(self) -> str:
         return f"{self._params_repr()}, scale={self.scale}, causal={self.causal}"
@@ -288,12 +290,13 @@ class _FamilyAttention(nn.Module):
     """scale and causal as ElasticAttention takes them; forward(q, k, v, attn_mask,
     is_causal) as the functional form."""
 
-    def __init__(self, scale: float | None = None, causal: bool = False):
+    def __init__(self, scale: float | None = None, causal: Causal = False):
         super().__init__()
         self.scale, self.causal = scale, causal
 
     def _kwargs(self, attn_mask: torch.Tensor | None, is_causal: bool) -> dict:
-        return {"scale": self.scale, "causal": self.causal or is_causal, "attn_mask": attn_mask}
+        return {"scale": self.scale, "causal": self.causal, "is_causal": is_causal,
+                "attn_mask": attn_mask}
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}, causal={self.causal}"
@@ -304,7 +307,7 @@ class Softmax1Attention(_FamilyAttention):
     (elasticbench.functional.softmax1_attention)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+                attn_mask: torch.Tensor | None = None, is_causal: Causal = False) -> torch.Tensor:
         return softmax1_attention(q, k, v, **self._kwargs(attn_mask, is_causal))
 
 
@@ -313,7 +316,7 @@ class StablemaxAttention(_FamilyAttention):
     (elasticbench.functional.stablemax_attention)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+                attn_mask: torch.Tensor | None = None, is_causal: Causal = False) -> torch.Tensor:
         return stablemax_attention(q, k, v, **self._kwargs(attn_mask, is_causal))
 
 
@@ -326,7 +329,7 @@ class SymaxAttention(_FamilyAttention, _OneForScalar):
 
     def __init__(self, eta: float = 1.0, learnable: bool = True,
                  param_shape: tuple[int, ...] = (), scale: float | None = None,
-                 causal: bool = False):
+                 causal: Causal = False):
         super().__init__(scale, causal)
         checked = ETA.check(eta)
         if learnable and checked == 0:
@@ -355,7 +358,7 @@ class SymaxAttention(_FamilyAttention, _OneForScalar):
         return _scale(self.eta0, self._shaped("log_eta_scale"))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+                attn_mask: torch.Tensor | None = None, is_causal: Causal = False) -> torch.Tensor:
         return symax_attention(q, k, v, eta=self.eta, **self._kwargs(attn_mask, is_causal))
 
     def extra_repr(self) -> str:
@@ -373,7 +376,7 @@ class SigmoidAttention(_FamilyAttention, _OneForScalar):
 
     def __init__(self, bias: float | None = None, learnable: bool = True,
                  param_shape: tuple[int, ...] = (), scale: float | None = None,
-                 causal: bool = False):
+                 causal: Causal = False):
         super().__init__(scale, causal)
         if bias is not None:
             try:
@@ -398,7 +401,7 @@ class SigmoidAttention(_FamilyAttention, _OneForScalar):
         return self._shaped("bias_shift") + base
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+                attn_mask: torch.Tensor | None = None, is_causal: Causal = False) -> torch.Tensor:
         bias = self.bias(k.shape[2] if isinstance(k, torch.Tensor) and k.ndim == 4 else 1)
         return sigmoid_attention(q, k, v, bias=bias, **self._kwargs(attn_mask, is_causal))
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from elasticbench import functional as F
 from elasticbench.functional import elastic_softmax
-from elasticbench.nn import ElasticSoftmax
+from elasticbench.nn import ElasticAttention, ElasticSoftmax, SymaxAttention
 
 
 def test_exact_at_init():
@@ -231,3 +232,22 @@ def test_fully_shard_takes_every_module_in_one_process():
             assert torch.equal(a, b)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("module, call", [
+    (lambda c: ElasticAttention(tau=0.8, beta=1.0, causal=c),
+     lambda q, k, v, c: F.elastic_attention(q, k, v, tau=0.8, beta=1.0, causal=c)),
+    (lambda c: SymaxAttention(eta=0.5, causal=c),
+     lambda q, k, v, c: F.symax_attention(q, k, v, eta=0.5, causal=c)),
+])
+def test_attention_modules_pass_the_causal_alignment_through(module, call):
+    """A module's causal="bottom_right" (or is_causal in its call) is the functional form's,
+    not folded into top-left; two different alignments are refused."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g) for n in (3, 7, 7))
+    want = call(q, k, v, "bottom_right")
+    assert torch.equal(module("bottom_right")(q, k, v), want)
+    assert torch.equal(module(False)(q, k, v, is_causal="bottom_right"), want)
+    assert not torch.equal(want, call(q, k, v, True))
+    with pytest.raises(ValueError, match="differently"):
+        module(True)(q, k, v, is_causal="bottom_right")
