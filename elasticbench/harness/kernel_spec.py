@@ -9,12 +9,19 @@ questions (list_kernels, get_kernel, load_kernel_file). Users import `register_k
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from elasticbench.harness.backends import get_backend
-from elasticbench.harness.functions import ATTENTION, ROW, function_kind, get_function
+from elasticbench.harness.functions import (
+    ATTENTION,
+    ROW,
+    function_kind,
+    get_attention_function,
+    get_function,
+)
 from elasticbench.harness.numerics.contract import WIDE, check_accuracy
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.passes import PassModel
@@ -159,6 +166,7 @@ def register_kernel(
 
     def deco(fn: Callable) -> Callable:
         kname = name or fn.__name__
+        check_signature(fn, kname, function, mode)
         summary = description or (fn.__doc__ or "").strip().partition("\n")[0]
         spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline,
                           formats, model, accuracy, per_shape)
@@ -175,6 +183,37 @@ def register_kernel(
         return fn
 
     return deco
+
+
+def contract_call(function: str, mode: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(positional arguments, keyword arguments) with which verify and run call a kernel of
+    `function` in `mode`: a row kernel fn(x, **params) forward and fn(x, y, g, **params)
+    backward (docs/guide/writing-a-kernel.md), an attention kernel fn(q, k, v, *, scale,
+    causal, **row_params) in both modes (attention_contract.py). The optional mask keywords
+    of attention (attn_mask, key_mask) are not in it: a kernel that declares neither is
+    simply not given masked cases."""
+    if function_kind(function) == ATTENTION:
+        return ("q", "k", "v"), ("scale", "causal",
+                                 *get_attention_function(function).row_params)
+    return (("x",) if mode == "fwd" else ("x", "y", "g")), get_function(function).param_names
+
+
+def check_signature(fn: Callable, name: str, function: str, mode: str) -> None:
+    """ValueError, in one line, when fn cannot be called as the contract calls a kernel of
+    `function` in `mode` (contract_call): a missing or an unknown parameter is found when
+    the kernel registers, not once per case when it runs. A callable whose signature Python
+    cannot read (a C function) is not checked."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    positional, keywords = contract_call(function, mode)
+    try:
+        sig.bind(*positional, **dict.fromkeys(keywords))
+    except TypeError as e:
+        call = ", ".join([*positional, *(["*"] if keywords else []), *keywords])
+        raise ValueError(f"kernel {name!r} ({mode}): its signature {name}{sig} does not take "
+                         f"the call {function} {mode} kernels get, fn({call}): {e}") from None
 
 
 def _same_definition(a: Callable, b: Callable) -> bool:
