@@ -115,6 +115,13 @@ class Outcome:
     raised: dict[str, Any] | None = None  # the exception, when it raised (exception_record)
     warnings: list[dict[str, Any]] = field(default_factory=list)  # what it warned
     wrote_outside: bool = False  # changed memory around its input (padding, before the offset)
+    modified_args: list[str] = field(default_factory=list)  # the arguments it wrote to
+
+
+def modified_reason(names: list[str]) -> str:
+    """The failure reason of a kernel that wrote to its tensor arguments `names` (in the
+    order the kernel takes them)."""
+    return f"modified its input{'s' if len(names) > 1 else ''} {', '.join(names)}"
 
 
 @dataclass
@@ -161,9 +168,11 @@ def call_kernel(spec: KernelSpec, x: np.ndarray, params: dict[str, float],
         result = np.array(backend.to_numpy(out), copy=True)
     except TypeError as e:
         return Outcome(None, f"returned the wrong type: {e}", modified, returned_input,
-                       call.seconds, warnings=call.warnings, wrote_outside=outside)
+                       call.seconds, warnings=call.warnings, wrote_outside=outside,
+                       modified_args=["x"] if modified else [])
     return Outcome(result, None, modified, returned_input, call.seconds,
-                   warnings=call.warnings, wrote_outside=outside)
+                   warnings=call.warnings, wrote_outside=outside,
+                   modified_args=["x"] if modified else [])
 
 
 def _warm_up() -> None:

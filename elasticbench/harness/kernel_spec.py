@@ -212,8 +212,12 @@ def check_signature(fn: Callable, name: str, function: str, mode: str) -> None:
         sig.bind(*positional, **dict.fromkeys(keywords))
     except TypeError as e:
         call = ", ".join([*positional, *(["*"] if keywords else []), *keywords])
+        mask = [m for m in ("attn_mask", "key_mask") if f"'{m}'" in str(e)]
+        hint = (f" (cases without a mask do not pass {mask[0]}: give it a default, "
+                f"{mask[0]}=None)" if mask else "")
         raise ValueError(f"kernel {name!r} ({mode}): its signature {name}{sig} does not take "
-                         f"the call {function} {mode} kernels get, fn({call}): {e}") from None
+                         f"the call {function} {mode} kernels get, fn({call}): {e}{hint}"
+                         ) from None
 
 
 def _same_definition(a: Callable, b: Callable) -> bool:

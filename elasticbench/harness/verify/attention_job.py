@@ -26,7 +26,7 @@ from elasticbench.harness.attention_contract import (
     mask_argument,
 )
 from elasticbench.harness.backends import get_backend
-from elasticbench.harness.execute import IN_PROCESS, Isolation, guarded_call
+from elasticbench.harness.execute import IN_PROCESS, Isolation, guarded_call, modified_reason
 from elasticbench.harness.functions import get_attention_function
 from elasticbench.harness.inputs.attention import generate_mask, generate_qkv, mask_bias
 from elasticbench.harness.inputs.generators import stream_seed
@@ -63,6 +63,20 @@ class AttentionOutcome:
     seconds: float
     raised: dict[str, Any] | None = None
     warnings: list[dict[str, Any]] = field(default_factory=list)
+    modified_args: list[str] = field(default_factory=list)  # the tensors it wrote to, named
+
+
+def _tensor_arguments(args: tuple[Any, ...], kw: dict[str, Any]) -> dict[str, Any]:
+    """Every array argument of a call by its name: q, k, v, the row parameters and the
+    mask (scale and causal are plain Python values)."""
+    named = dict(zip(("q", "k", "v"), args, strict=True))
+    named.update({n: a for n, a in kw.items() if not isinstance(a, bool | int | float)})
+    return named
+
+
+def _bits(backend: Any, a: Any) -> np.ndarray:
+    """A copy of a native array's bytes (a CPU tensor's NumPy view shares its memory)."""
+    return np.array(np.asarray(backend.to_numpy(a)).view(np.uint8), copy=True)
 
 
 def call_attention(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray,
@@ -72,30 +86,35 @@ def call_attention(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray
     out, or step(dO)'s gradients, brought back as NumPy arrays."""
     backend = get_backend(spec.backend)
     args, kw = kernel_arguments(spec, q, k, v, params, dtype, scale, mask)
+    tensors = _tensor_arguments(args, kw)
+    if dout is not None:
+        tensors["dout"] = backend.to_native(dout)
+    before = {n: _bits(backend, a) for n, a in tensors.items()}
 
     def run() -> Any:
         value = spec.fn(*args, **kw)
         if dout is None:
             return [forward_output(value)]
-        return list(backward_step(value)(backend.to_native(dout)))
+        return list(backward_step(value)(tensors["dout"]))
 
     call = guarded_call(backend, run)
     if call.raised is not None:
         return AttentionOutcome(None, call.error, False, call.seconds, call.raised,
                                 call.warnings)
-    modified = any(not np.array_equal(backend.to_numpy(n).view(np.uint8), a.view(np.uint8))
-                   for n, a in zip(args, (q, k, v), strict=True))
+    wrote = [n for n, a in tensors.items() if not np.array_equal(_bits(backend, a), before[n])]
+    modified = bool(wrote)
     want = 1 if dout is None else 3 + len(get_attention_function(spec.function).row_params)
     if len(call.value) != want:
         return AttentionOutcome(None, f"step(dout) must return {want} gradients, got "
                                 f"{len(call.value)}", modified, call.seconds,
-                                warnings=call.warnings)
+                                warnings=call.warnings, modified_args=wrote)
     try:
         outputs = [np.array(backend.to_numpy(t), copy=True) for t in call.value]
     except TypeError as e:
         return AttentionOutcome(None, f"returned the wrong type: {e}", modified, call.seconds,
-                                warnings=call.warnings)
-    return AttentionOutcome(outputs, None, modified, call.seconds, warnings=call.warnings)
+                                warnings=call.warnings, modified_args=wrote)
+    return AttentionOutcome(outputs, None, modified, call.seconds, warnings=call.warnings,
+                            modified_args=wrote)
 
 
 def _failed(reason: str, seconds: float) -> AttentionOutcome:
@@ -162,7 +181,8 @@ def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
                            budget=ATTENTION_BUDGETS[case.dtype].to_dict(),
                            judging=Judging(spec.accuracy, scale),
                            rows_checked=b * h * lq,
-                           broken=["modified its input"] if outcome.modified_input else None)
+                           broken=[modified_reason(outcome.modified_args or ["q"])]
+                           if outcome.modified_input else None)
     if prep.dout is not None:
         record.dparams = {n: c.to_dict() for n, c in checks.items()}
         rels = [c.rel_err for c in checks.values() if math.isfinite(c.rel_err)]

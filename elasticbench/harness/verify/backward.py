@@ -108,6 +108,7 @@ class BackwardOutcome:
     seconds: float
     raised: dict[str, Any] | None = None  # the exception, when it raised (exception_record)
     warnings: list[dict[str, Any]] = field(default_factory=list)  # what it warned
+    modified_args: list[str] = field(default_factory=list)  # of x, y, g: those it wrote to
 
 
 def call_backward(spec: KernelSpec, x: np.ndarray, y: np.ndarray, g: np.ndarray,
@@ -122,20 +123,22 @@ def call_backward(spec: KernelSpec, x: np.ndarray, y: np.ndarray, g: np.ndarray,
     if call.raised is not None:
         return BackwardOutcome(None, {}, call.error, False, seconds, call.raised, warned)
     out = call.value
-    modified = any(any(a.changes()) for a in args)
+    wrote = [n for n, a in zip(("x", "y", "g"), args, strict=True) if any(a.changes())]
+    modified = bool(wrote)
     want = 1 + len(names)
     parts = out if names else (out,)
     if not isinstance(parts, tuple | list) or len(parts) != want:
         what = f"(dx, {', '.join('d' + n for n in names)})" if names else "dx alone"
         return BackwardOutcome(None, {}, f"must return {what}", modified, seconds,
-                               warnings=warned)
+                               warnings=warned, modified_args=wrote)
     try:
         dx = np.array(backend.to_numpy(parts[0]), copy=True)
         dparams = {n: float(v) for n, v in zip(names, parts[1:], strict=True)}
     except (TypeError, ValueError, RuntimeError) as e:
         return BackwardOutcome(None, {}, f"returned the wrong type: {e}".splitlines()[0],
-                               modified, seconds, warnings=warned)
-    return BackwardOutcome(dx, dparams, None, modified, seconds, warnings=warned)
+                               modified, seconds, warnings=warned, modified_args=wrote)
+    return BackwardOutcome(dx, dparams, None, modified, seconds, warnings=warned,
+                           modified_args=wrote)
 
 
 @dataclass

@@ -11,7 +11,14 @@ from typing import Any
 import numpy as np
 
 from elasticbench.harness import handoff
-from elasticbench.harness.execute import IN_PROCESS, Isolation, Outcome, call_kernel, failed_outcome
+from elasticbench.harness.execute import (
+    IN_PROCESS,
+    Isolation,
+    Outcome,
+    call_kernel,
+    failed_outcome,
+    modified_reason,
+)
 from elasticbench.harness.numerics.budgets.rows import budget_for
 from elasticbench.harness.numerics.contract import Judging
 from elasticbench.harness.numerics.dtypes import get_format
@@ -133,7 +140,7 @@ def verify_one(spec: KernelSpec, prep: Prepared, truth,
         return _record(spec, case, truth, budget.to_dict(), judging, outcome, None)
     v = check_output(prep.x, outcome.output, truth, fmt, budget.scaled(scale))
     broken = [msg for bad, msg in (
-        (outcome.modified_input, "modified its input"),
+        (outcome.modified_input, modified_reason(outcome.modified_args or ["x"])),
         (outcome.wrote_outside, "wrote outside its input (row padding or the memory before "
                                 "a view)"),
         (outcome.returned_input, "returned its input")) if bad]
@@ -162,7 +169,8 @@ def verify_backward_one(spec: KernelSpec, prep: Prepared, truth: GradTruth,
     v, checks = check_backward(prep.x, prep.g, outcome.dx, outcome.dparams, truth, fmt,
                                case.function, case.param_dict, gb)
     record = _record(spec, case, truth, budget, judging, outcome, v,
-                     broken=["modified its input"] if outcome.modified_input else None)
+                     broken=[modified_reason(outcome.modified_args or ["x"])]
+                     if outcome.modified_input else None)
     record.dparams = {k: c.to_dict() for k, c in checks.items()}
     rels = [c.rel_err for c in checks.values()]
     record.max_param_rel = max(rels) if rels else None
