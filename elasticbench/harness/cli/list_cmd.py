@@ -8,8 +8,9 @@ import click
 
 from elasticbench.harness.backends import BACKENDS
 from elasticbench.harness.cli.common import split_names
-from elasticbench.harness.functions import FUNCTIONS
+from elasticbench.harness.functions import ATTENTION_FUNCTIONS, FUNCTIONS
 from elasticbench.harness.inputs import GENERATORS
+from elasticbench.harness.inputs.attention import ATTENTION_GENERATORS
 from elasticbench.harness.numerics.contract import WIDE
 from elasticbench.harness.registry import list_kernels
 
@@ -23,14 +24,19 @@ TOPICS = ("functions", "backends", "inputs", "kernels", "cases")
 def list_(topic: str, kernel_files: tuple[str, ...]) -> None:
     """List functions, backends, inputs (generators), kernels or built-in cases.
 
-    Plain lines, never folded, so they can be read by grep and scripts.
+    Plain lines, never folded, so they can be read by grep and scripts. Functions and inputs
+    list the row ones, then the attention ones (marked "attention:").
     """
     from elasticbench.harness.cli.common import choose_kernels
 
     if topic == "functions":
-        for f in FUNCTIONS.values():
+        # the row functions' lines keep their 10 columns; the attention names are longer
+        width = max(len(n) for n in ATTENTION_FUNCTIONS)
+        for f in [*FUNCTIONS.values(), *ATTENTION_FUNCTIONS.values()]:
             params = ", ".join(f"{p.name}={p.default:g}" for p in f.params)
-            click.echo(f"{f.name:10s} {f.summary}" + (f"  [{params}]" if params else ""))
+            name = (f"{f.name.ljust(width)} attention:" if f.name in ATTENTION_FUNCTIONS
+                    else f"{f.name:10s}")
+            click.echo(f"{name} {f.summary}" + (f"  [{params}]" if params else ""))
     elif topic == "backends":
         width = max(10, *(len(b.name) for b in BACKENDS.values()))
         for b in BACKENDS.values():
@@ -38,8 +44,12 @@ def list_(topic: str, kernel_files: tuple[str, ...]) -> None:
             state = f"  (not available here: {why})" if why else ""
             click.echo(f"{b.name.ljust(width)} {b.summary}{state}")
     elif topic == "inputs":
+        # one name may be both (normal): --function says which kind of input a case takes
+        width = max(16, *(len(n) for n in [*GENERATORS, *ATTENTION_GENERATORS]))
         for g in GENERATORS.values():
-            click.echo(f"{g.name:16s} {g.summary}")
+            click.echo(f"{g.name.ljust(width)} {g.summary}")
+        for a in ATTENTION_GENERATORS.values():
+            click.echo(f"{a.name.ljust(width)} attention: {a.summary}")
     elif topic == "kernels":
         if kernel_files:
             choose_kernels([], [], [], split_names(kernel_files))
