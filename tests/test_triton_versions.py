@@ -25,7 +25,8 @@ OTHER = os.environ.get("ELASTICBENCH_OTHER_TRITON")
 SCRATCH = ROOT / ".cache" / "triton"  # one directory per version, kept between runs
 TRITON_TESTS = ("test_triton_interpreter.py", "test_triton.py", "test_triton_audit.py",
                 "test_triton_compile.py", "test_triton_launch.py", "test_triton_rows_safety.py",
-                "test_attention_configs.py", "test_triton_attention_launch.py")
+                "test_attention_configs.py", "test_triton_attention_launch.py",
+                "test_triton_attention_defaults.py")
 
 
 def test_version_prints_what_a_results_file_records(cli):
