@@ -129,12 +129,17 @@ _FP32: dict[str, tuple[Tiles, ...]] = {
 # spilled 8 B per thread with Triton 3.6.0; 32x16 w8 s2 spills at 64 on neither Triton (at
 # 128 it does with 3.6.0, 16 B), and no candidate tried held at both head dims on both
 _FP32_AT: dict[tuple[str, int], tuple[Tiles, ...]] = {("dq", 64): (Tiles(32, 16, 8, 2),)}
-# fp32 for the family's other weights where Elastic's tile spills for them: the forward 32x32
-# w4 s3 spilled with Triton 3.6.0 (the compile audit of commit 3565197, bytes per thread) for
-# symax at head dim 128 (416-656, causal or not, key padding or not) and for stablemax at 64
-# (16, key padding, not causal), and 32x32 w8 s3 for symax at 128 (24); 32x16 w8 s3, the
-# fp32 dk/dv tile, held for both (78-80 registers)
-_FP32_FAMILY: dict[str, tuple[Tiles, ...]] = {"fwd": (Tiles(32, 16, 8, 3),)}
+# fp32 forward for the family's other weights, per head-dim class: Elastic's 32x32 w4 s3
+# spilled with Triton 3.6.0 (the compile audit of commit 3565197, bytes per thread) for symax
+# at head dim 128 (416-656, causal or not, key padding or not) and for stablemax at 64 (16, key
+# padding, not causal). Their IEEE divisions call ptxas's slow-path routine, and where a
+# register is saved across that call the kernel has an 8-16 B stack frame, which the driver
+# reports as local memory like a spill: at 64, 32x16 w8 s3 (8, symax and stablemax) and 32x32
+# w8 s3 (8-16, symax, stablemax and softmax1) had one in some causal or padding case, 32x16 w4
+# s3 in none (80-119 registers, the four weights, causal or not, key padding or not); at 128,
+# 32x16 w8 s3 had none (78-80 registers; 32x32 w8 s3: 24 for symax)
+_FP32_FAMILY: dict[tuple[str, int], tuple[Tiles, ...]] = {
+    ("fwd", 64): (Tiles(32, 16, 4, 3),), ("fwd", 128): (Tiles(32, 16, 8, 3),)}
 
 
 # TMA: the 16-bit configurations that also run with tensor descriptors (the same tiles,
@@ -207,8 +212,8 @@ def _listed(kernel: str, cls: int, dtype: torch.dtype, causal: bool, w: Weight, 
                        for t in _TMA_HALF.get((kernel, cls), ())
                        if (kernel, cls, dtype, bool(causal), t) not in _TMA_SPILLS)
     elif dtype == torch.float32:
-        if w != Weight.ELASTIC and kernel in _FP32_FAMILY:
-            return _FP32_FAMILY[kernel]
+        if w != Weight.ELASTIC and (kernel, cls) in _FP32_FAMILY:
+            return _FP32_FAMILY[(kernel, cls)]
         return _FP32_AT.get((kernel, cls), _FP32[kernel])
     else:
         listed = _HALF.get((kernel, cls), _HALF_WIDE[kernel])
