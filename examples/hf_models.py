@@ -284,27 +284,12 @@ def write_doc(path: str, text: str) -> None:
 # ---------------------------------------------------------------------------------- command
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit status 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _names(allowed: tuple[str, ...], what: str):
-    def parse(text: str) -> list[str]:
-        names = list(allowed) if text == "all" else [n.strip() for n in text.split(",")]
-        bad = [n for n in names if n not in allowed]
-        if bad or not names or len(set(names)) != len(names):
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: give distinct {what} from {', '.join(allowed)} (or all)")
-        return names
-    return parse
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = Parser(prog="hf_models.py", description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=_names(MODELS, "models"), default=list(MODELS),
+    train = _train_example()  # its parser: one line and exit status 2 on bad options
+    p = train.Parser(prog="hf_models.py", description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=train._names(MODELS, "models"), default=list(MODELS),
                    help="comma-separated, from llama,gpt2 (or all); default both")
-    p.add_argument("--attention", type=_names(KINDS, "functions"), default=list(KINDS),
+    p.add_argument("--attention", type=train._names(KINDS, "functions"), default=list(KINDS),
                    help=f"comma-separated, from {','.join(KINDS)} (or all); default all")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--every", type=int, default=50, help="evaluate and print every N steps")
