@@ -285,11 +285,11 @@ def write_doc(path: str, text: str) -> None:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    train = _train_example()  # its parser: one line and exit status 2 on bad options
-    p = train.Parser(prog="hf_models.py", description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=train._names(MODELS, "models"), default=list(MODELS),
+    example = _train_example()  # its parser: one line and exit status 2 on bad options
+    p = example.Parser(prog="hf_models.py", description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=example._names(MODELS, "models"), default=list(MODELS),
                    help="comma-separated, from llama,gpt2 (or all); default both")
-    p.add_argument("--attention", type=train._names(KINDS, "functions"), default=list(KINDS),
+    p.add_argument("--attention", type=example._names(KINDS, "functions"), default=list(KINDS),
                    help=f"comma-separated, from {','.join(KINDS)} (or all); default all")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--every", type=int, default=50, help="evaluate and print every N steps")
