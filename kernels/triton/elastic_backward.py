@@ -42,7 +42,16 @@ from .launch import (
 )
 from .memory import ld, max_nan, st, tile_mask
 from .params import RowParams, memory_params, row_params, rows_params, scalar_params
-from .rows import arrive_and_wait, leave, ordinary, publish
+from .rows import (
+    arrive_and_wait,
+    finish_item,
+    leave,
+    ordinary,
+    partial_sum,
+    publish,
+    split_item,
+    split_lanes,
+)
 
 LN2 = tl.constexpr(0.6931471805599453)  # jit code reads only constexpr globals
 
@@ -100,6 +109,51 @@ def _bwd_row_partials(c, a2, b2, den, top, shift, k, pre, tau, beta,
     return dtau, dbeta
 
 
+@triton.jit
+def _store_row_grads(part_ptr, row, rows, c, a2, b2, den, top, shift, k, pre, tau, beta,
+                     EXP2_ULPS: tl.constexpr):
+    """Store one row's dtau and dbeta (_bwd_row_partials) at part[row] and part[rows + row]."""
+    dtau, dbeta = _bwd_row_partials(c, a2, b2, den, top, shift, k, pre, tau, beta, EXP2_ULPS)
+    tl.store(part_ptr + row, dtau)
+    tl.store(part_ptr + rows + row, dbeta)
+
+
+@triton.jit
+def _bwd_scan(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, start, end, n, offs, k, pre,
+              EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """Pass 1 over columns [start, end) of row r: (NaN-propagating kept max, D' = sum
+    exp((s - max)/tau) online as the forward's, c = sum g y)."""
+    top = float("-inf")
+    den = 0.0
+    comp = 0.0
+    c_lanes = tl.zeros([BLOCK], dtype=tl.float32)
+    for c0 in tl.range(start, end, BLOCK):
+        idx = c0 + offs
+        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, idx < n, EVEN)
+        top, den, comp = online_step(top, den, comp, keep(x, True), k, pre, EXP2_ULPS)
+        c_lanes += tl.where(x < 0.0, 0.0, g * y)
+    return top, den, tl.sum(c_lanes, axis=0)
+
+
+@triton.jit
+def _bwd_write(x_ptr, y_ptr, g_ptr, dx_ptr, r, sx, sy, sg, sdx, start, end, n, offs, c, m, top,
+               k, pre, tau, inv_tau, EXACT: tl.constexpr, BLOCK: tl.constexpr,
+               EVEN: tl.constexpr):
+    """Pass 2 over columns [start, end) of row r: write dx, and return (A/ln2, B/ln2) taken
+    at the row's shift m (c, top: the row's, from pass 1)."""
+    a_lanes = tl.zeros([BLOCK], dtype=tl.float32)
+    b_lanes = tl.zeros([BLOCK], dtype=tl.float32)
+    for c0 in tl.range(start, end, BLOCK):
+        idx = c0 + offs
+        inside = idx < n
+        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
+        st(dx_ptr + r * sdx + idx, _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT), inside, EVEN)
+        t = _bwd_t(keep(x, True), m, y, k, pre)
+        a_lanes += y * t
+        b_lanes += tl.where(x < 0.0, 0.0, g * y) * t
+    return tl.sum(a_lanes, axis=0), tl.sum(b_lanes, axis=0)
+
+
 @triton.jit(do_not_specialize=["PROGRAMS"])
 def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
                              k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2,
@@ -125,10 +179,8 @@ def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx,
         dx = _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT)
         st(dx_ptr + r * sdx + offs, dx, inside, EVEN)
         t = _bwd_t(s, m, y, k, pre)
-        dtau, dbeta = _bwd_row_partials(c, tl.sum(y * t, axis=0), tl.sum(gy * t, axis=0), den,
-                                        top, m, k, pre, tau, beta, EXP2_ULPS)
-        tl.store(part_ptr + row, dtau)
-        tl.store(part_ptr + rows + row, dbeta)
+        _store_row_grads(part_ptr, row, rows, c, tl.sum(y * t, axis=0), tl.sum(gy * t, axis=0),
+                         den, top, m, k, pre, tau, beta, EXP2_ULPS)
 
 
 @triton.jit(do_not_specialize=["PROGRAMS"])
@@ -144,36 +196,14 @@ def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx
         k, pre, tau, inv_tau, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
                                                 beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
                                                 bs2, FROM_MEMORY)
-        # pass 1: max and D' online (as the forward) and c = sum g y
-        top = float("-inf")
-        den = 0.0
-        comp = 0.0
-        c_lanes = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in tl.range(0, n, BLOCK):
-            idx = start + offs
-            inside = idx < n
-            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
-            s = keep(x, True)
-            top, den, comp = online_step(top, den, comp, s, k, pre, EXP2_ULPS)
-            c_lanes += tl.where(x < 0.0, 0.0, g * y)
-        c = tl.sum(c_lanes, axis=0)
+        top, den, c = _bwd_scan(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, 0, n, n, offs, k, pre,
+                                EXP2_ULPS, BLOCK, EVEN)
         m = tl.where(_regular(top), top, 0.0)
         # pass 2: dx, and A, B with the final shift
-        a_lanes = tl.zeros([BLOCK], dtype=tl.float32)
-        b_lanes = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in tl.range(0, n, BLOCK):
-            idx = start + offs
-            inside = idx < n
-            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
-            dx = _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT)
-            st(dx_ptr + r * sdx + idx, dx, inside, EVEN)
-            t = _bwd_t(keep(x, True), m, y, k, pre)
-            a_lanes += y * t
-            b_lanes += tl.where(x < 0.0, 0.0, g * y) * t
-        dtau, dbeta = _bwd_row_partials(c, tl.sum(a_lanes, axis=0), tl.sum(b_lanes, axis=0), den,
-                                        top, m, k, pre, tau, beta, EXP2_ULPS)
-        tl.store(part_ptr + row, dtau)
-        tl.store(part_ptr + rows + row, dbeta)
+        a2, b2 = _bwd_write(x_ptr, y_ptr, g_ptr, dx_ptr, r, sx, sy, sg, sdx, 0, n, n, offs, c, m,
+                            top, k, pre, tau, inv_tau, EXACT, BLOCK, EVEN)
+        _store_row_grads(part_ptr, row, rows, c, a2, b2, den, top, m, k, pre, tau, beta,
+                         EXP2_ULPS)
 
 
 @triton.jit(do_not_specialize=["PROGRAMS"])
@@ -231,25 +261,15 @@ def elastic_bwd_split_partials_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, spl
     """Split rows, phase 1: max, D' and c of each (row, split)."""
     offs = tl.arange(0, BLOCK)
     for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
-        row = item // SPLITS
-        start = (item % SPLITS) * SPAN
-        end = tl.minimum(start + SPAN, n)
+        row, start, end = split_item(item, SPLITS, SPAN, n)
         k, pre, _, _, _ = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr,
                                      d1, d2, ts0, ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
-        r = tl.cast(row, tl.int64)
-        top = float("-inf")
-        den = 0.0
-        comp = 0.0
-        c_lanes = tl.zeros([BLOCK], dtype=tl.float32)
-        for c0 in tl.range(start, end, BLOCK):
-            idx = c0 + offs
-            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, idx < n, EVEN)
-            top, den, comp = online_step(top, den, comp, keep(x, True), k, pre, EXP2_ULPS)
-            c_lanes += tl.where(x < 0.0, 0.0, g * y)
+        top, den, c = _bwd_scan(x_ptr, y_ptr, g_ptr, tl.cast(row, tl.int64), sx, sy, sg, start,
+                                end, n, offs, k, pre, EXP2_ULPS, BLOCK, EVEN)
         at = tl.cast(item, tl.int64) * 5
         tl.store(split_ptr + at, top)
         tl.store(split_ptr + at + 1, den)
-        tl.store(split_ptr + at + 2, tl.sum(c_lanes, axis=0))
+        tl.store(split_ptr + at + 2, c)
 
 
 @triton.jit
@@ -259,7 +279,7 @@ def _split_row(split_ptr, row, parts, live, SPLITS,
     (VOLATILE: written by programs running beside this one, the resident path)."""
     base = split_ptr + (tl.cast(row, tl.int64) * SPLITS + parts) * 5
     tops = tl.load(base, mask=live, other=float("-inf"), volatile=VOLATILE)
-    c = tl.sum(tl.load(base + 2, mask=live, other=0.0, volatile=VOLATILE), axis=0)
+    c = partial_sum(base, 2, live, VOLATILE)
     return max_nan(tops), c, base, tops
 
 
@@ -272,34 +292,20 @@ def elastic_bwd_split_finish_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split
                                     FROM_MEMORY: tl.constexpr, SPAN,
                                     SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 2: dx over the span, and its A/ln2, B/ln2 at the row's shift."""
-    offs = tl.arange(0, BLOCK)
-    parts = tl.arange(0, SPLITS_P2)
-    live = parts < SPLITS
+    offs, parts, live = split_lanes(BLOCK, SPLITS, SPLITS_P2)
     for turn in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
-        item = rows * SPLITS - 1 - turn  # last split first: its x may still be in L2
-        row = item // SPLITS
-        start = (item % SPLITS) * SPAN
-        end = tl.minimum(start + SPAN, n)
+        item, row, start, end = finish_item(turn, rows, SPLITS, SPAN, n)
         k, pre, tau, inv_tau, _ = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
                                              beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                                              FROM_MEMORY)
-        r = tl.cast(row, tl.int64)
         top, c, _, _ = _split_row(split_ptr, row, parts, live, SPLITS)
         m = tl.where(_regular(top), top, 0.0)
-        a_lanes = tl.zeros([BLOCK], dtype=tl.float32)
-        b_lanes = tl.zeros([BLOCK], dtype=tl.float32)
-        for c0 in tl.range(start, end, BLOCK):
-            idx = c0 + offs
-            inside = idx < n
-            x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
-            st(dx_ptr + r * sdx + idx, _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT), inside,
-               EVEN)
-            t = _bwd_t(keep(x, True), m, y, k, pre)
-            a_lanes += y * t
-            b_lanes += tl.where(x < 0.0, 0.0, g * y) * t
+        a2, b2 = _bwd_write(x_ptr, y_ptr, g_ptr, dx_ptr, tl.cast(row, tl.int64), sx, sy, sg, sdx,
+                            start, end, n, offs, c, m, top, k, pre, tau, inv_tau, EXACT, BLOCK,
+                            EVEN)
         at = tl.cast(item, tl.int64) * 5
-        tl.store(split_ptr + at + 3, tl.sum(a_lanes, axis=0))
-        tl.store(split_ptr + at + 4, tl.sum(b_lanes, axis=0))
+        tl.store(split_ptr + at + 3, a2)
+        tl.store(split_ptr + at + 4, b2)
 
 
 @triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
@@ -328,11 +334,9 @@ def _split_row_grads(part_ptr, split_ptr, row, rows, parts, live, k, pre, tau, b
     own = tl.where(tops > float("-inf"), tops, 0.0)  # the shift each D' was taken at
     den = tl.sum(tl.where(dens > 0.0, dens * exp2_scaled(own - m, k, pre, False, EXP2_ULPS),
                           0.0), axis=0)
-    a2 = tl.sum(tl.load(base + 3, mask=live, other=0.0, volatile=VOLATILE), axis=0)
-    b2 = tl.sum(tl.load(base + 4, mask=live, other=0.0, volatile=VOLATILE), axis=0)
-    dtau, dbeta = _bwd_row_partials(c, a2, b2, den, top, m, k, pre, tau, beta, EXP2_ULPS)
-    tl.store(part_ptr + row, dtau)
-    tl.store(part_ptr + rows + row, dbeta)
+    _store_row_grads(part_ptr, row, rows, c, partial_sum(base, 3, live, VOLATILE),
+                     partial_sum(base, 4, live, VOLATILE), den, top, m, k, pre, tau, beta,
+                     EXP2_ULPS)
 
 
 # Resident rows (launch.plan_rows): SPLITS programs a row, each holding one BLOCK of x, y
@@ -353,9 +357,7 @@ def elastic_bwd_resident_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr
                                 SPLITS_P2: tl.constexpr, PROGRAMS):
     """Resident rows: block (item % SPLITS) of row (item // SPLITS) per work item. Needs all
     the grid's programs resident at once and a grid that is a multiple of SPLITS."""
-    offs = tl.arange(0, BLOCK)
-    parts = tl.arange(0, SPLITS_P2)
-    live = parts < SPLITS
+    offs, parts, live = split_lanes(BLOCK, SPLITS, SPLITS_P2)
     for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         row = item // SPLITS
         idx = (item % SPLITS) * BLOCK + offs

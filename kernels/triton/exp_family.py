@@ -20,13 +20,20 @@ from .memory import ld, max_nan, st, tile_mask
 from .params import RowParams, memory_params, row_params, rows_params, scalar_params
 from .rows import (
     add_compensated,
-    arrive_and_wait,
+    finish_item,
     leave,
     ordinary,
-    publish,
+    partial_sum,
+    publish_and_gather,
     quotient,
     reciprocal,
+    row_partials,
+    special_row,
+    special_rows,
     special_y,
+    split_item,
+    split_lanes,
+    store_partials,
 )
 
 
@@ -107,6 +114,58 @@ def online_step(top, den, comp, s, k, pre, EXP2_ULPS: tl.constexpr):
     return new, den, comp
 
 
+@triton.jit
+def _exp_scan(xrow, start, end, n, offs, k, pre, NONNEG: tl.constexpr,
+              EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """Columns [start, end) of a row streamed in chunks (online_step): (NaN-propagating
+    kept max, den = sum exp((s - max)/tau), den's compensation)."""
+    top = float("-inf")
+    den = 0.0
+    comp = 0.0
+    for c0 in tl.range(start, end, BLOCK):
+        idx = c0 + offs
+        s = keep(ld(xrow + idx, idx < n, float("-inf"), EVEN), NONNEG)
+        top, den, comp = online_step(top, den, comp, s, k, pre, EXP2_ULPS)
+    return top, den, comp
+
+
+@triton.jit
+def _exp_write(xrow, yrow, start, end, n, offs, shift, rden, k, pre, NONNEG: tl.constexpr,
+               EXACT: tl.constexpr, SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr,
+               BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """y over columns [start, end) of an ordinary row: exp((s - shift)/tau) / den, rden the
+    reciprocal of den for quotient."""
+    for c0 in tl.range(start, end, BLOCK):
+        idx = c0 + offs
+        inside = idx < n
+        s = keep(ld(xrow + idx, inside, float("-inf"), EVEN), NONNEG)
+        e = exp2_scaled(s - shift, k, pre, SUBNORMAL, EXP2_ULPS)
+        st(yrow + idx, quotient(e, rden, EXACT), inside, EVEN)
+
+
+@triton.jit
+def _exp_count_inf(xrow, start, end, n, offs, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """The number of +inf in columns [start, end) of a row (a second read)."""
+    n_inf = tl.full([], 0.0, tl.float32)
+    for c0 in tl.range(start, end, BLOCK):
+        idx = c0 + offs
+        x = ld(xrow + idx, idx < n, float("-inf"), EVEN)
+        n_inf += tl.sum((x == float("inf")).to(tl.float32), axis=0)
+    return n_inf
+
+
+@triton.jit
+def _exp_write_special(xrow, yrow, start, end, n, offs, n_inf, top, BLOCK: tl.constexpr,
+                       EVEN: tl.constexpr):
+    """y over columns [start, end) of a special row (special_y), n_inf the row's +inf
+    count."""
+    for c0 in tl.range(start, end, BLOCK):
+        idx = c0 + offs
+        inside = idx < n
+        x = ld(xrow + idx, inside, float("-inf"), EVEN)
+        st(yrow + idx, special_y(x == float("inf"), n_inf, top), inside, EVEN)
+
+
 @triton.jit(do_not_specialize=["PROGRAMS"])
 def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, beta0,
                      tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
@@ -130,8 +189,7 @@ def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, be
             den = _exp_den(tl.sum(e, axis=0), shift, k, beta, OFFSET, pre, EXP2_ULPS)
             y = quotient(e, reciprocal(den, EXACT), EXACT)
         else:
-            is_inf = x == float("inf")
-            y = special_y(is_inf, tl.sum(is_inf.to(tl.float32), axis=0), top)
+            y = special_row(x, top)
         st(y_ptr + r * sy + offs, y, inside, EVEN)
 
 
@@ -152,35 +210,18 @@ def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, b
         yrow = y_ptr + r * sy
         # pass 1: running NaN-propagating max and den = sum exp((s - max)/tau), rescaled by
         # exp((old - new)/tau) whenever the max grows
-        top = float("-inf")
-        den = 0.0
-        comp = 0.0
-        for start in tl.range(0, n, BLOCK):
-            idx = start + offs
-            s = keep(ld(xrow + idx, idx < n, float("-inf"), EVEN), NONNEG)
-            top, den, comp = online_step(top, den, comp, s, k, pre, EXP2_ULPS)
+        top, den, _ = _exp_scan(xrow, 0, n, n, offs, k, pre, NONNEG, EXP2_ULPS, BLOCK, EVEN)
         if ordinary(top):
             shift = _exp_shift(top, FLOOR0)
             if FLOOR0:  # pass 1 shifted by the max alone
                 den = den * exp2_scaled(_exp_shift(top, False) - shift, k, pre, False, EXP2_ULPS)
             rden = reciprocal(_exp_den(den, shift, k, beta, OFFSET, pre, EXP2_ULPS), EXACT)
-            for start in tl.range(0, n, BLOCK):  # pass 2: normalize and write
-                idx = start + offs
-                inside = idx < n
-                s = keep(ld(xrow + idx, inside, float("-inf"), EVEN), NONNEG)
-                e = exp2_scaled(s - shift, k, pre, SUBNORMAL, EXP2_ULPS)
-                st(yrow + idx, quotient(e, rden, EXACT), inside, EVEN)
+            # pass 2: normalize and write
+            _exp_write(xrow, yrow, 0, n, n, offs, shift, rden, k, pre, NONNEG, EXACT,
+                       SUBNORMAL, EXP2_ULPS, BLOCK, EVEN)
         else:
-            n_inf = 0.0
-            for start in tl.range(0, n, BLOCK):
-                idx = start + offs
-                x = ld(xrow + idx, idx < n, float("-inf"), EVEN)
-                n_inf += tl.sum((x == float("inf")).to(tl.float32), axis=0)
-            for start in tl.range(0, n, BLOCK):
-                idx = start + offs
-                inside = idx < n
-                x = ld(xrow + idx, inside, float("-inf"), EVEN)
-                st(yrow + idx, special_y(x == float("inf"), n_inf, top), inside, EVEN)
+            n_inf = _exp_count_inf(xrow, 0, n, n, offs, BLOCK, EVEN)
+            _exp_write_special(xrow, yrow, 0, n, n, offs, n_inf, top, BLOCK, EVEN)
 
 
 @triton.jit(do_not_specialize=["PROGRAMS"])
@@ -208,11 +249,7 @@ def exp_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, bet
         shift = _exp_shift(tl.where(ok, top, 0.0), FLOOR0)
         e = exp2_scaled(s - shift, k, pre, SUBNORMAL, EXP2_ULPS)
         den = _exp_den(tl.sum(e, axis=1)[:, None], shift, k, beta, OFFSET, pre, EXP2_ULPS)
-        y = quotient(e, reciprocal(den, EXACT), EXACT)
-        if tl.min(ok.to(tl.int32)) == 0:  # a special row in the block
-            is_inf = x == float("inf")
-            special = special_y(is_inf, tl.sum(is_inf.to(tl.float32), axis=1)[:, None], top)
-            y = tl.where(ok, y, special)
+        y = special_rows(quotient(e, reciprocal(den, EXACT), EXACT), ok, x, top)
         st(y_ptr + at * sy + cols[None, :], y, mask, False)
 
 
@@ -235,28 +272,16 @@ def exp_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0,
     """Split rows, phase 1: the partials of each (row, split)."""
     offs = tl.arange(0, BLOCK)
     for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
-        row = item // SPLITS
-        start = (item % SPLITS) * SPAN
-        end = tl.minimum(start + SPAN, n)
+        row, start, end = split_item(item, SPLITS, SPAN, n)
         k, pre, _, _, _ = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr,
                                      d1, d2, ts0, ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
         xrow = x_ptr + tl.cast(row, tl.int64) * sx
-        top = float("-inf")
-        den = 0.0
-        comp = 0.0
-        for c0 in tl.range(start, end, BLOCK):
-            idx = c0 + offs
-            s = keep(ld(xrow + idx, idx < n, float("-inf"), EVEN), NONNEG)
-            top, den, comp = online_step(top, den, comp, s, k, pre, EXP2_ULPS)
+        top, den, _ = _exp_scan(xrow, start, end, n, offs, k, pre, NONNEG, EXP2_ULPS, BLOCK,
+                                EVEN)
         n_inf = tl.full([], 0.0, tl.float32)
         if top == float("inf"):  # a +inf row: count its infinities (rare; a second read)
-            for c0 in tl.range(start, end, BLOCK):
-                idx = c0 + offs
-                x = ld(xrow + idx, idx < n, float("-inf"), EVEN)
-                n_inf += tl.sum((x == float("inf")).to(tl.float32), axis=0)
-        tl.store(part_ptr + item * 3, top)
-        tl.store(part_ptr + item * 3 + 1, den)
-        tl.store(part_ptr + item * 3 + 2, n_inf)
+            n_inf = _exp_count_inf(xrow, start, end, n, offs, BLOCK, EVEN)
+        store_partials(part_ptr, item, top, den, n_inf)
 
 
 @triton.jit
@@ -283,39 +308,25 @@ def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, t
                             FROM_MEMORY: tl.constexpr, SPAN,
                             SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 2: combine the row's partials, write the span."""
-    offs = tl.arange(0, BLOCK)
-    parts = tl.arange(0, SPLITS_P2)
-    live = parts < SPLITS
+    offs, parts, live = split_lanes(BLOCK, SPLITS, SPLITS_P2)
     for turn in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
-        item = rows * SPLITS - 1 - turn  # last split first: its x may still be in L2
-        row = item // SPLITS
-        start = (item % SPLITS) * SPAN
-        end = tl.minimum(start + SPAN, n)
+        _, row, start, end = finish_item(turn, rows, SPLITS, SPAN, n)
         k, pre, _, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
                                         beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
                                         FROM_MEMORY)
         at = tl.cast(row, tl.int64)
         xrow = x_ptr + at * sx
         yrow = y_ptr + at * sy
-        base = part_ptr + (at * SPLITS + parts) * 3
-        tops = tl.load(base, mask=live, other=float("-inf"))
-        top = max_nan(tops)
+        base, tops, top = row_partials(part_ptr, row, parts, live, SPLITS, 3, float("-inf"),
+                                       False)
         if ordinary(top):
             shift, rden = _exp_combine(top, tops, tl.load(base + 1, mask=live, other=0.0), k,
                                        pre, beta, FLOOR0, OFFSET, EXACT, EXP2_ULPS)
-            for c0 in tl.range(start, end, BLOCK):
-                idx = c0 + offs
-                inside = idx < n
-                s = keep(ld(xrow + idx, inside, float("-inf"), EVEN), NONNEG)
-                e = exp2_scaled(s - shift, k, pre, SUBNORMAL, EXP2_ULPS)
-                st(yrow + idx, quotient(e, rden, EXACT), inside, EVEN)
+            _exp_write(xrow, yrow, start, end, n, offs, shift, rden, k, pre, NONNEG, EXACT,
+                       SUBNORMAL, EXP2_ULPS, BLOCK, EVEN)
         else:
-            n_inf = tl.sum(tl.load(base + 2, mask=live, other=0.0), axis=0)
-            for c0 in tl.range(start, end, BLOCK):
-                idx = c0 + offs
-                inside = idx < n
-                x = ld(xrow + idx, inside, float("-inf"), EVEN)
-                st(yrow + idx, special_y(x == float("inf"), n_inf, top), inside, EVEN)
+            _exp_write_special(xrow, yrow, start, end, n, offs, partial_sum(base, 2, live, False),
+                               top, BLOCK, EVEN)
 
 
 # Resident rows (launch.plan_rows): SPLITS programs a row, each holding one BLOCK of it in
@@ -336,9 +347,7 @@ def exp_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, k0, pr
     """Resident rows: block (item % SPLITS) of row (item // SPLITS) per work item. Needs all
     the grid's programs resident at once and a grid that is a multiple of SPLITS (a row's
     programs then share a wave)."""
-    offs = tl.arange(0, BLOCK)
-    parts = tl.arange(0, SPLITS_P2)
-    live = parts < SPLITS
+    offs, parts, live = split_lanes(BLOCK, SPLITS, SPLITS_P2)
     for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         row = item // SPLITS
         idx = (item % SPLITS) * BLOCK + offs
@@ -351,25 +360,16 @@ def exp_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, k0, pr
         s = keep(x, NONNEG)
         top = max_nan(s)
         own = tl.where(top > float("-inf"), top, 0.0)
-        n_inf = tl.full([], 0.0, tl.float32)
-        if top == float("inf"):
-            n_inf = tl.sum((x == float("inf")).to(tl.float32), axis=0)
-        mine = part_ptr + tl.cast(item, tl.int64) * 3
-        publish(mine, top)
-        publish(mine + 1, tl.sum(exp2_scaled(s - own, k, pre, False, EXP2_ULPS), axis=0))
-        publish(mine + 2, n_inf)
-        arrive_and_wait(cnt_ptr + row, SPLITS)
-        base = part_ptr + (at * SPLITS + parts) * 3
-        tops = tl.load(base, mask=live, other=float("-inf"), volatile=True)
-        row_top = max_nan(tops)
+        den = tl.sum(exp2_scaled(s - own, k, pre, False, EXP2_ULPS), axis=0)
+        base, tops, row_top = publish_and_gather(part_ptr, cnt_ptr, item, row, top, den, x,
+                                                 parts, live, SPLITS, float("-inf"))
         if ordinary(row_top):
             dens = tl.load(base + 1, mask=live, other=0.0, volatile=True)
             shift, rden = _exp_combine(row_top, tops, dens, k, pre, beta, FLOOR0, OFFSET, EXACT,
                                        EXP2_ULPS)
             y = quotient(exp2_scaled(s - shift, k, pre, SUBNORMAL, EXP2_ULPS), rden, EXACT)
         else:
-            n_infs = tl.sum(tl.load(base + 2, mask=live, other=0.0, volatile=True), axis=0)
-            y = special_y(x == float("inf"), n_infs, row_top)
+            y = special_y(x == float("inf"), partial_sum(base, 2, live, True), row_top)
         leave(cnt_ptr + row, SPLITS)
         st(y_ptr + at * sy + idx, y, inside, EVEN)
 

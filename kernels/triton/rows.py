@@ -16,6 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .memory import max_nan
+
 
 @triton.jit
 def ordinary(top):
@@ -44,6 +46,26 @@ def quotient(w, r, EXACT: tl.constexpr):
     the ~10 instructions of an IEEE division per element."""
     q = tl.math.div_rn(w, r) if EXACT else w * r
     return q
+
+
+@triton.jit
+def special_row(v, top):
+    """y of a special row held whole in registers: special_y of its values v (x, or the
+    weights) and their count of +inf."""
+    is_inf = v == float("inf")
+    return special_y(is_inf, tl.sum(is_inf.to(tl.float32), axis=0), top)
+
+
+@triton.jit
+def special_rows(y, ok, v, top):
+    """A block of rows (one a row of the tile): y where the row is ok (ordinary), else its
+    special_y from its values v and its top. A block whose rows are all ordinary takes no
+    special-value select."""
+    if tl.min(ok.to(tl.int32)) == 0:  # a special row in the block
+        is_inf = v == float("inf")
+        special = special_y(is_inf, tl.sum(is_inf.to(tl.float32), axis=1)[:, None], top)
+        y = tl.where(ok, y, special)
+    return y
 
 
 @triton.jit
@@ -113,3 +135,78 @@ def leave(cnt_ptr, SPLITS):
     if last:
         tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
     return last
+
+
+# Split and resident rows (launch.plan_rows): a row's SPLITS programs each write FIELDS fp32
+# partials, field 0 the NaN-propagating maximum of its columns; the row's combine reads them
+# back. These are the pieces every family's split and resident kernels share.
+
+
+@triton.jit
+def split_lanes(BLOCK: tl.constexpr, SPLITS, SPLITS_P2: tl.constexpr):
+    """(column offsets of a chunk, a row's split indices padded to SPLITS_P2, which of those
+    are real splits)."""
+    offs = tl.arange(0, BLOCK)
+    parts = tl.arange(0, SPLITS_P2)
+    return offs, parts, parts < SPLITS
+
+
+@triton.jit
+def split_item(item, SPLITS, SPAN, n):
+    """(row, first column, end column) of a split work item: split item % SPLITS of row
+    item // SPLITS, SPAN columns cut at the row's end n."""
+    row = item // SPLITS
+    start = (item % SPLITS) * SPAN
+    return row, start, tl.minimum(start + SPAN, n)
+
+
+@triton.jit
+def finish_item(turn, rows, SPLITS, SPAN, n):
+    """(item, row, first column, end column) of phase 2's turn-th work item: the items in
+    reverse, the last split first, as its x may still be in L2 after phase 1."""
+    item = rows * SPLITS - 1 - turn
+    row, start, end = split_item(item, SPLITS, SPAN, n)
+    return item, row, start, end
+
+
+@triton.jit
+def store_partials(part_ptr, item, top, den, n_inf):
+    """Phase 1's three partials of a (row, split) work item: max, sum, +inf count."""
+    at = tl.cast(item, tl.int64) * 3
+    tl.store(part_ptr + at, top)
+    tl.store(part_ptr + at + 1, den)
+    tl.store(part_ptr + at + 2, n_inf)
+
+
+@triton.jit
+def row_partials(part_ptr, row, parts, live, SPLITS, FIELDS: tl.constexpr,
+                 LOW: tl.constexpr, VOLATILE: tl.constexpr):
+    """(base pointers of row's splits' partials, their maxima (LOW past SPLITS), the row's
+    NaN-propagating maximum). VOLATILE: written by programs running beside this one (the
+    resident path)."""
+    base = part_ptr + (tl.cast(row, tl.int64) * SPLITS + parts) * FIELDS
+    tops = tl.load(base, mask=live, other=LOW, volatile=VOLATILE)
+    return base, tops, max_nan(tops)
+
+
+@triton.jit
+def partial_sum(base, FIELD: tl.constexpr, live, VOLATILE: tl.constexpr):
+    """The sum over a row's splits of their partial FIELD (base from row_partials)."""
+    return tl.sum(tl.load(base + FIELD, mask=live, other=0.0, volatile=VOLATILE), axis=0)
+
+
+@triton.jit
+def publish_and_gather(part_ptr, cnt_ptr, item, row, top, den, v, parts, live, SPLITS,
+                       LOW: tl.constexpr):
+    """Resident rows: publish this program's three partials (its block's maximum top, its
+    sum den, the +inf count of its values v), wait for the row's other programs, and
+    return row_partials of the row."""
+    n_inf = tl.full([], 0.0, tl.float32)
+    if top == float("inf"):  # counted only where there is one
+        n_inf = tl.sum((v == float("inf")).to(tl.float32), axis=0)
+    mine = part_ptr + tl.cast(item, tl.int64) * 3
+    publish(mine, top)
+    publish(mine + 1, den)
+    publish(mine + 2, n_inf)
+    arrive_and_wait(cnt_ptr + row, SPLITS)
+    return row_partials(part_ptr, row, parts, live, SPLITS, 3, LOW, True)

@@ -17,13 +17,20 @@ from .launch import LaunchOptions, RowKernels, normalize_rows
 from .memory import ld, max_nan, st, tile_mask
 from .rows import (
     add_compensated,
-    arrive_and_wait,
+    finish_item,
     leave,
     ordinary,
-    publish,
+    partial_sum,
+    publish_and_gather,
     quotient,
     reciprocal,
+    row_partials,
+    special_row,
+    special_rows,
     special_y,
+    split_item,
+    split_lanes,
+    store_partials,
 )
 
 
@@ -46,6 +53,66 @@ def _inv_pow2_scale(top):
     return tl.math.div_rn(1.0, tl.where((top > 1.0) & (top < float("inf")), p2, 1.0))
 
 
+@triton.jit
+def _weight_scan(xrow, start, end, n, offs, OTHER: tl.constexpr, SYMAX: tl.constexpr,
+                 EXACT: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """Columns [start, end) of a row streamed in chunks: (NaN-propagating max weight, the
+    power-of-two scale 1/p of that max, sum of the weights times 1/p, its compensation).
+    Rescaling the sum by a ratio of powers of two is exact."""
+    top = 0.0
+    inv = 1.0
+    den = 0.0
+    comp = 0.0
+    for c0 in tl.range(start, end, BLOCK):
+        idx = c0 + offs
+        w = _weight(ld(xrow + idx, idx < n, OTHER, EVEN), SYMAX, EXACT)
+        top = tl.maximum(top, max_nan(w), propagate_nan=tl.PropagateNan.ALL)
+        new_inv = tl.minimum(inv, _inv_pow2_scale(top))
+        ratio = tl.math.div_rn(new_inv, inv)
+        den, comp = add_compensated(den * ratio, comp * ratio,
+                                    tl.sum(w * new_inv, axis=0))
+        inv = new_inv
+    return top, inv, den, comp
+
+
+@triton.jit
+def _weight_write(xrow, yrow, start, end, n, offs, inv, rden, OTHER: tl.constexpr,
+                  SYMAX: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr,
+                  EVEN: tl.constexpr):
+    """y over columns [start, end) of an ordinary row: w inv / den, rden the reciprocal of
+    den for quotient."""
+    for c0 in tl.range(start, end, BLOCK):
+        idx = c0 + offs
+        inside = idx < n
+        w = _weight(ld(xrow + idx, inside, OTHER, EVEN), SYMAX, EXACT)
+        st(yrow + idx, quotient(w * inv, rden, EXACT), inside, EVEN)
+
+
+@triton.jit
+def _weight_count_inf(xrow, start, end, n, offs, OTHER: tl.constexpr, SYMAX: tl.constexpr,
+                      EXACT: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """The number of +inf weights in columns [start, end) of a row (a second read)."""
+    n_inf = tl.full([], 0.0, tl.float32)
+    for c0 in tl.range(start, end, BLOCK):
+        idx = c0 + offs
+        w = _weight(ld(xrow + idx, idx < n, OTHER, EVEN), SYMAX, EXACT)
+        n_inf += tl.sum((w == float("inf")).to(tl.float32), axis=0)
+    return n_inf
+
+
+@triton.jit
+def _weight_write_special(xrow, yrow, start, end, n, offs, n_inf, top, OTHER: tl.constexpr,
+                          SYMAX: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr,
+                          EVEN: tl.constexpr):
+    """y over columns [start, end) of a special row (special_y), n_inf the row's count of
+    +inf weights."""
+    for c0 in tl.range(start, end, BLOCK):
+        idx = c0 + offs
+        inside = idx < n
+        w = _weight(ld(xrow + idx, inside, OTHER, EVEN), SYMAX, EXACT)
+        st(yrow + idx, special_y(w == float("inf"), n_inf, top), inside, EVEN)
+
+
 @triton.jit(do_not_specialize=["PROGRAMS"])
 def weight_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr,
                         SYMAX: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr,
@@ -63,8 +130,7 @@ def weight_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexp
             den = tl.sum(ws, axis=0) + const * inv
             y = quotient(ws, reciprocal(tl.where(den > 0.0, den, 1.0), EXACT), EXACT)
         else:
-            is_inf = w == float("inf")
-            y = special_y(is_inf, tl.sum(is_inf.to(tl.float32), axis=0), top)
+            y = special_row(w, top)
         st(y_ptr + r * sy + offs, y, inside, EVEN)
 
 
@@ -78,40 +144,18 @@ def weight_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constex
         r = tl.cast(row, tl.int64)
         xrow = x_ptr + r * sx
         yrow = y_ptr + r * sy
-        # pass 1: running max and power-of-two scale; rescaling the sum by a ratio of powers
-        # of two is exact
-        top = 0.0
-        inv = 1.0
-        den = 0.0
-        comp = 0.0
-        for start in tl.range(0, n, BLOCK):
-            idx = start + offs
-            w = _weight(ld(xrow + idx, idx < n, OTHER, EVEN), SYMAX, EXACT)
-            top = tl.maximum(top, max_nan(w), propagate_nan=tl.PropagateNan.ALL)
-            new_inv = tl.minimum(inv, _inv_pow2_scale(top))
-            ratio = tl.math.div_rn(new_inv, inv)
-            den, comp = add_compensated(den * ratio, comp * ratio,
-                                        tl.sum(w * new_inv, axis=0))
-            inv = new_inv
+        # pass 1: running max and power-of-two scale
+        top, inv, den, _ = _weight_scan(xrow, 0, n, n, offs, OTHER, SYMAX, EXACT, BLOCK, EVEN)
         if ordinary(top):
             den += const * inv
             rden = reciprocal(tl.where(den > 0.0, den, 1.0), EXACT)
-            for start in tl.range(0, n, BLOCK):  # pass 2
-                idx = start + offs
-                inside = idx < n
-                w = _weight(ld(xrow + idx, inside, OTHER, EVEN), SYMAX, EXACT)
-                st(yrow + idx, quotient(w * inv, rden, EXACT), inside, EVEN)
+            # pass 2: normalize and write
+            _weight_write(xrow, yrow, 0, n, n, offs, inv, rden, OTHER, SYMAX, EXACT, BLOCK,
+                          EVEN)
         else:
-            n_inf = 0.0
-            for start in tl.range(0, n, BLOCK):
-                idx = start + offs
-                w = _weight(ld(xrow + idx, idx < n, OTHER, EVEN), SYMAX, EXACT)
-                n_inf += tl.sum((w == float("inf")).to(tl.float32), axis=0)
-            for start in tl.range(0, n, BLOCK):
-                idx = start + offs
-                inside = idx < n
-                w = _weight(ld(xrow + idx, inside, OTHER, EVEN), SYMAX, EXACT)
-                st(yrow + idx, special_y(w == float("inf"), n_inf, top), inside, EVEN)
+            n_inf = _weight_count_inf(xrow, 0, n, n, offs, OTHER, SYMAX, EXACT, BLOCK, EVEN)
+            _weight_write_special(xrow, yrow, 0, n, n, offs, n_inf, top, OTHER, SYMAX, EXACT,
+                                  BLOCK, EVEN)
 
 
 @triton.jit(do_not_specialize=["PROGRAMS"])
@@ -130,11 +174,8 @@ def weight_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr
         inv = _inv_pow2_scale(tl.where(ok, top, 1.0))
         ws = w * inv
         den = tl.sum(ws, axis=1)[:, None] + const * inv
-        y = quotient(ws, reciprocal(tl.where(den > 0.0, den, 1.0), EXACT), EXACT)
-        if tl.min(ok.to(tl.int32)) == 0:  # a special row in the block
-            is_inf = w == float("inf")
-            special = special_y(is_inf, tl.sum(is_inf.to(tl.float32), axis=1)[:, None], top)
-            y = tl.where(ok, y, special)
+        y = special_rows(quotient(ws, reciprocal(tl.where(den > 0.0, den, 1.0), EXACT), EXACT),
+                         ok, w, top)
         st(y_ptr + at * sy + cols[None, :], y, mask, False)
 
 
@@ -152,33 +193,15 @@ def weight_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
     """Split rows, phase 1: the partials of each (row, split)."""
     offs = tl.arange(0, BLOCK)
     for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
-        row = item // SPLITS
-        start = (item % SPLITS) * SPAN
-        end = tl.minimum(start + SPAN, n)
+        row, start, end = split_item(item, SPLITS, SPAN, n)
         xrow = x_ptr + tl.cast(row, tl.int64) * sx
-        top = 0.0
-        inv = 1.0
-        den = 0.0
-        comp = 0.0
-        for c0 in tl.range(start, end, BLOCK):
-            idx = c0 + offs
-            w = _weight(ld(xrow + idx, idx < n, OTHER, EVEN), SYMAX, EXACT)
-            top = tl.maximum(top, max_nan(w), propagate_nan=tl.PropagateNan.ALL)
-            new_inv = tl.minimum(inv, _inv_pow2_scale(top))
-            ratio = tl.math.div_rn(new_inv, inv)
-            den, comp = add_compensated(den * ratio, comp * ratio,
-                                        tl.sum(w * new_inv, axis=0))
-            inv = new_inv
+        top, _, den, _ = _weight_scan(xrow, start, end, n, offs, OTHER, SYMAX, EXACT, BLOCK,
+                                      EVEN)
         n_inf = tl.full([], 0.0, tl.float32)
-        if top == float("inf"):
-            for c0 in tl.range(start, end, BLOCK):
-                idx = c0 + offs
-                w = _weight(ld(xrow + idx, idx < n, OTHER, EVEN), SYMAX, EXACT)
-                n_inf += tl.sum((w == float("inf")).to(tl.float32), axis=0)
-        at = tl.cast(item, tl.int64) * 3
-        tl.store(part_ptr + at, top)
-        tl.store(part_ptr + at + 1, den)
-        tl.store(part_ptr + at + 2, n_inf)
+        if top == float("inf"):  # a +inf row: count its infinities (rare; a second read)
+            n_inf = _weight_count_inf(xrow, start, end, n, offs, OTHER, SYMAX, EXACT, BLOCK,
+                                      EVEN)
+        store_partials(part_ptr, item, top, den, n_inf)
 
 
 @triton.jit
@@ -198,35 +221,22 @@ def weight_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
                                EVEN: tl.constexpr, SPAN,
                                SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 2: combine the row's partials, write the span."""
-    offs = tl.arange(0, BLOCK)
-    parts = tl.arange(0, SPLITS_P2)
-    live = parts < SPLITS
+    offs, parts, live = split_lanes(BLOCK, SPLITS, SPLITS_P2)
     for turn in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
-        item = rows * SPLITS - 1 - turn  # last split first: its x may still be in L2
-        row = item // SPLITS
-        start = (item % SPLITS) * SPAN
-        end = tl.minimum(start + SPAN, n)
+        _, row, start, end = finish_item(turn, rows, SPLITS, SPAN, n)
         at = tl.cast(row, tl.int64)
         xrow = x_ptr + at * sx
         yrow = y_ptr + at * sy
-        base = part_ptr + (at * SPLITS + parts) * 3
-        tops = tl.load(base, mask=live, other=0.0)
-        top = max_nan(tops)
+        base, tops, top = row_partials(part_ptr, row, parts, live, SPLITS, 3, 0.0, False)
         if ordinary(top):
             inv, rden = _weight_combine(top, tops, tl.load(base + 1, mask=live, other=0.0),
                                         const, EXACT)
-            for c0 in tl.range(start, end, BLOCK):
-                idx = c0 + offs
-                inside = idx < n
-                w = _weight(ld(xrow + idx, inside, OTHER, EVEN), SYMAX, EXACT)
-                st(yrow + idx, quotient(w * inv, rden, EXACT), inside, EVEN)
+            _weight_write(xrow, yrow, start, end, n, offs, inv, rden, OTHER, SYMAX, EXACT,
+                          BLOCK, EVEN)
         else:
-            n_inf = tl.sum(tl.load(base + 2, mask=live, other=0.0), axis=0)
-            for c0 in tl.range(start, end, BLOCK):
-                idx = c0 + offs
-                inside = idx < n
-                w = _weight(ld(xrow + idx, inside, OTHER, EVEN), SYMAX, EXACT)
-                st(yrow + idx, special_y(w == float("inf"), n_inf, top), inside, EVEN)
+            _weight_write_special(xrow, yrow, start, end, n, offs,
+                                  partial_sum(base, 2, live, False), top, OTHER, SYMAX, EXACT,
+                                  BLOCK, EVEN)
 
 
 @triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
@@ -237,9 +247,7 @@ def weight_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, con
     """Resident rows, as exp_family's: each program publishes the split partials of the block
     it holds, waits for its row's programs, combines and writes from registers. Needs all the
     grid's programs resident at once and a grid that is a multiple of SPLITS."""
-    offs = tl.arange(0, BLOCK)
-    parts = tl.arange(0, SPLITS_P2)
-    live = parts < SPLITS
+    offs, parts, live = split_lanes(BLOCK, SPLITS, SPLITS_P2)
     for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         row = item // SPLITS
         idx = (item % SPLITS) * BLOCK + offs
@@ -247,25 +255,16 @@ def weight_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, con
         at = tl.cast(row, tl.int64)
         w = _weight(ld(x_ptr + at * sx + idx, inside, OTHER, EVEN), SYMAX, EXACT)
         top = tl.maximum(0.0, max_nan(w), propagate_nan=tl.PropagateNan.ALL)
-        n_inf = tl.full([], 0.0, tl.float32)
-        if top == float("inf"):
-            n_inf = tl.sum((w == float("inf")).to(tl.float32), axis=0)
-        mine = part_ptr + tl.cast(item, tl.int64) * 3
-        publish(mine, top)
-        publish(mine + 1, tl.sum(w * _inv_pow2_scale(top), axis=0))
-        publish(mine + 2, n_inf)
-        arrive_and_wait(cnt_ptr + row, SPLITS)
-        base = part_ptr + (at * SPLITS + parts) * 3
-        tops = tl.load(base, mask=live, other=0.0, volatile=True)
-        row_top = max_nan(tops)
+        base, tops, row_top = publish_and_gather(part_ptr, cnt_ptr, item, row, top,
+                                                 tl.sum(w * _inv_pow2_scale(top), axis=0), w,
+                                                 parts, live, SPLITS, 0.0)
         if ordinary(row_top):
             inv, rden = _weight_combine(row_top, tops,
                                         tl.load(base + 1, mask=live, other=0.0, volatile=True),
                                         const, EXACT)
             y = quotient(w * inv, rden, EXACT)
         else:
-            n_infs = tl.sum(tl.load(base + 2, mask=live, other=0.0, volatile=True), axis=0)
-            y = special_y(w == float("inf"), n_infs, row_top)
+            y = special_y(w == float("inf"), partial_sum(base, 2, live, True), row_top)
         leave(cnt_ptr + row, SPLITS)
         st(y_ptr + at * sy + idx, y, inside, EVEN)
 
