@@ -505,8 +505,12 @@ Operands check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(q.size(3) < (1 << 30) && v.size(3) < (1 << 30) && block_k < (1 << 30),
               "dimensions too large for the BLAS");
   const at::ScalarType wd = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  Operands o{wd, {bh, q.size(2), k.size(2), q.size(3), v.size(3), scale, causal, block_q,
-                  block_k}, at::Tensor(), at::Tensor(), at::Tensor()};
+  // Queries within one block are one block whatever its size: the tiles' rows shrink to
+  // them, so a short call does not allocate (and page-fault in) a 256-row tile per thread.
+  // The row stride (block_k) stays: the BLAS may take another path for another stride.
+  const int64_t bq = std::min(block_q, std::max<int64_t>(q.size(2), 1)), bk = block_k;
+  Operands o{wd, {bh, q.size(2), k.size(2), q.size(3), v.size(3), scale, causal, bq, bk},
+             at::Tensor(), at::Tensor(), at::Tensor()};
   o.sh.heads = q.size(1);
   o.sh.offset = causal ? offset : 0;
   // read where they lie (a broadcast view has stride 0); converted only from another dtype
@@ -522,7 +526,7 @@ Operands check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     key_mask->size(1) == k.size(2),
                 "key_mask must be (batch, length_k)");
     o.keep = key_mask->to(at::kCPU, at::kBool).contiguous();
-    o.sh.mask = KeyMask(o.keep.data_ptr<bool>(), q.size(0), k.size(2), block_k);
+    o.sh.mask = KeyMask(o.keep.data_ptr<bool>(), q.size(0), k.size(2), bk);
   }
   return o;
 }
