@@ -154,9 +154,13 @@ def _worst_element(r: VerifyRecord) -> str:
     w = r.worst
     if not w:
         return ""
-    ulps = (f" ({w['ulp']:.4g} ulp, allowed {w['allowed_ulp']:.4g})"
-            if isinstance(w.get("ulp"), float) and isinstance(w.get("allowed_ulp"), float)
-            else "")
+    if isinstance(w.get("ulp"), float) and isinstance(w.get("allowed_ulp"), float):
+        ulps = f" ({w['ulp']:.4g} ulp, allowed {w['allowed_ulp']:.4g})"
+    elif isinstance(w.get("abs_err"), float) and isinstance(w.get("allowed_abs"), float):
+        # at an exact 0 the error is absolute (verify/check.py element_error)
+        ulps = f" (|error| {w['abs_err']:.4g}, allowed {w['allowed_abs']:.4g}, absolute)"
+    else:
+        ulps = ""
     return (f"at row {w['row']} index {w['index']}: input {w['input']!r}, expected "
             f"{w['expected']!r}, got {w['got']!r}{ulps}")
 

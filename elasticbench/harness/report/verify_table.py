@@ -28,7 +28,9 @@ from elasticbench.harness.report.sheet import EMPTY, Column, Entry, Note, Sheet,
 LEGEND = ("contract: the accuracy contract that judged the kernel (wide: a 16-bit kernel "
           "computes in fp32 and rounds once; own: in its own format), with the run's budget "
           "scale where it is not 1 (own x4: the own budgets times 4); "
-          "cells: worst error in ulps where the special values were right (share of budget); "
+          "cells: worst error in ulps where the special values were right, that of the one "
+          "element that used the largest share of its budget, absolute ('abs') where its "
+          "exact value is 0 (and that share); "
           "failing cells: failed/cases, that worst error, then the cases that broke the "
           "special-value policy (special) and those where the kernel raised; special: the "
           "policy over all dtypes ('-': never judged)")
@@ -47,6 +49,9 @@ class Cell:
     measured: bool = False  # some case gave an error in ulps
     max_ulp: float = 0.0  # the worst error where the special-value policy held
     max_frac: float = 0.0
+    # the element behind max_frac, as its record's `worst` gives it: a passing cell shows
+    # its error and its share, so that both figures describe one element
+    worst_figure: str = ""
     param_rel: dict[str, float] = field(default_factory=dict)  # backward: worst d<param>
     compile: list[dict[str, Any]] = field(default_factory=list)  # what compiling said, per case
     second_order: set[str] = field(default_factory=set)  # backward: the kernel's answers
@@ -65,7 +70,10 @@ class Cell:
         if r.max_ulp is not None:
             self.measured = True
         self.max_ulp = max(self.max_ulp, as_float(r.max_ulp))
-        self.max_frac = max(self.max_frac, as_float(r.max_budget_frac))
+        frac = as_float(r.max_budget_frac)
+        if r.max_ulp is not None and (frac > self.max_frac or not self.worst_figure):
+            self.worst_figure = element_figure(r)
+        self.max_frac = max(self.max_frac, frac)
         if r.special_ok is not None:
             self.special_judged += 1
         if not r.passed:
@@ -123,6 +131,18 @@ def describe_case(r: VerifyRecord) -> str:
     return f"{r.input} {shape} {r.dtype} seed={r.seed} {params}".strip()
 
 
+def element_figure(r: VerifyRecord) -> str:
+    """The error of the element that used the largest share of r's budget: in ulps, or
+    absolute ("abs") where its exact value is 0 (verify/check.py element_error); a record
+    without it (an older file) gives its largest error in ulps."""
+    w = r.worst or {}
+    if isinstance(w.get("ulp"), float):
+        return f"{w['ulp']:.3g}"
+    if isinstance(w.get("abs_err"), float):
+        return f"{w['abs_err']:.2g} abs"
+    return f"{as_float(r.max_ulp):.3g}"
+
+
 def _cell_entry(c: Cell) -> Entry:
     values = (c.max_ulp if c.measured else None, c.max_frac if c.measured else None, c.failed,
               c.cases, c.special_failed, c.raised)
@@ -133,7 +153,9 @@ def _cell_entry(c: Cell) -> Entry:
                                                 (c.no_result, "no result")) if n]
         return entry(f"{c.failed}/{c.cases} failed", "fail", values=values,
                      more=[Span(": " + ", ".join(parts))] if parts else [])
-    return entry(f"{c.max_ulp:.3g}", values=values, more=[Span(f" ({100 * c.max_frac:.0f}%)", "dim")])
+    # the machine-readable values stay the maxima of their columns (max ulp, budget share)
+    return entry(c.worst_figure or f"{c.max_ulp:.3g}", values=values,
+                 more=[Span(f" ({100 * c.max_frac:.0f}%)", "dim")])
 
 
 def _special_entry(cells: list[Cell]) -> Entry:

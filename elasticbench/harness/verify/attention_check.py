@@ -21,7 +21,12 @@ from elasticbench.harness.numerics.dtypes import FloatFormat
 from elasticbench.harness.numerics.truth.attention import AttentionTruth
 from elasticbench.harness.numerics.ulp import ulp_error, ulp_of
 from elasticbench.harness.verify.backward import ParamCheck
-from elasticbench.harness.verify.check import CheckResult, json_float
+from elasticbench.harness.verify.check import (
+    CheckResult,
+    describe_error,
+    element_error,
+    json_float,
+)
 
 
 @dataclass
@@ -38,6 +43,7 @@ class TensorScore:
     lo: np.ndarray
     got: np.ndarray
     allowed_ulp: np.ndarray
+    allowed_abs: np.ndarray  # the same allowance, absolute (hi's shape)
 
     @property
     def special(self) -> np.ndarray:
@@ -52,8 +58,16 @@ class TensorScore:
         flat = int(np.ravel_multi_index(idx[:-1], self.hi.shape[:-1]))
         return {"row": flat, "index": int(idx[-1]), "input": f"{self.name}{list(map(int, idx))}",
                 "expected": json_float(self.hi[idx] + self.lo[idx]),
-                "got": json_float(self.got[idx]), "ulp": json_float(self.err[idx]),
-                "allowed_ulp": json_float(self.allowed_ulp[idx]), "tensor": self.name}
+                "got": json_float(self.got[idx]),
+                **element_error(float(self.hi[idx]), float(self.lo[idx]), float(self.got[idx]),
+                                float(self.err[idx]), float(self.allowed_ulp[idx]),
+                                float(self.allowed_abs[idx])),
+                "tensor": self.name}
+
+    @property
+    def exact_zero(self) -> np.ndarray:
+        """Where the exact value is 0: judged absolutely, its ulps meaning nothing."""
+        return (self.hi == 0) & (self.lo == 0)
 
 
 def score(name: str, got: np.ndarray, hi: np.ndarray, lo: np.ndarray, zero: np.ndarray,
@@ -71,7 +85,8 @@ def score(name: str, got: np.ndarray, hi: np.ndarray, lo: np.ndarray, zero: np.n
     frac = np.where(np.isnan(frac), np.inf, frac)
     zero_b = zero & (g != 0) & ~(got_nan & nan_ok)
     return TensorScore(name, err, frac, want_nan & ~got_nan, zero_b,
-                       got_nan & ~want_nan & ~nan_ok, hi, lo, g, allowed)
+                       got_nan & ~want_nan & ~nan_ok, hi, lo, g, allowed,
+                       np.broadcast_to(allowed_abs, hi.shape))
 
 
 def verdict(scores: list[TensorScore], params: list[ParamCheck] | None = None) -> CheckResult:
@@ -88,7 +103,9 @@ def verdict(scores: list[TensorScore], params: list[ParamCheck] | None = None) -
         if not p.passed:
             failures[p.reason.partition(":")[2].split()[0]] = 1
     judged = [(s, s.judged) for s in scores if s.judged.any()]
-    max_ulp = max((float(s.err[m].max()) for s, m in judged), default=0.0)
+    # ulps where the exact value is not 0 (at an exact 0 only the share means something)
+    max_ulp = max((float(s.err[m & ~s.exact_zero].max(initial=0.0)) for s, m in judged),
+                  default=0.0)
     max_frac = max((float(s.frac[m].max()) for s, m in judged), default=0.0)
     for s in scores:
         if s.special.any():
@@ -112,9 +129,8 @@ def verdict(scores: list[TensorScore], params: list[ParamCheck] | None = None) -
         idx = np.unravel_index(np.argmax(np.where(m, s.frac, -1)), s.frac.shape)
         worst = s.position(tuple(idx))
         if s.frac[idx] > 1:
-            return CheckResult(False, f"accuracy: {s.name} {float(s.err[idx]):.4g} ulp > "
-                               f"budget {float(s.allowed_ulp[idx]):.4g}", max_ulp, max_frac,
-                               True, worst, failures)
+            return CheckResult(False, f"accuracy: {s.name} {describe_error(worst)}", max_ulp,
+                               max_frac, True, worst, failures)
     bad = [p for p in params or [] if not p.passed]
     if bad:
         return CheckResult(False, bad[0].reason, max_ulp, max_frac, True, worst, failures)

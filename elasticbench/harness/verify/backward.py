@@ -36,6 +36,7 @@ from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.verify.check import (
     CheckResult,
     checked,
+    describe_error,
     json_float,
     position,
     score,
@@ -322,7 +323,9 @@ def check_backward(
     failures = {k: v for k, v in failures.items() if v}
 
     # a policy failure is reported apart from accuracy
-    max_ulp, max_frac, at = worst_within(err, frac, ~want_nan & ~zero_broken)
+    exact_zero = truth.derived("dx_exact_zero",
+                               lambda: (truth.dx_hi == 0) & (truth.dx_lo == 0))
+    max_ulp, max_frac, at = worst_within(err, frac, ~want_nan & ~zero_broken, exact_zero)
     special = missing_nan | zero_broken
     special_params = [c for c in bad_params if c.reason.startswith("special")]
     if special.any() or special_params:
@@ -330,7 +333,7 @@ def check_backward(
         if special.any():
             k, j = np.argwhere(special)[0]
             worst = position(x, got, truth, k, j, truth.dx_hi, truth.dx_lo, err[k, j],
-                             allowed[k, j])
+                             allowed[k, j], float(ulp[k, j]))
             place = zero_place(str(truth.kind[k]), float(x[truth.rows[k], j]),
                                gradient=True)
             reason = (f"special: NaN in row {worst['row']} not propagated to dx"
@@ -338,10 +341,10 @@ def check_backward(
                       f"special: dx not exactly 0 {place} (got {worst['got']})")
         return CheckResult(False, reason, max_ulp, max_frac, False, worst, failures), checks
     worst = None if at is None else position(x, got, truth, *at, truth.dx_hi, truth.dx_lo,
-                                             err[at], allowed[at])
+                                             err[at], allowed[at], float(ulp[at]))
     if over.any():
-        assert at is not None
-        reason = f"accuracy: dx {float(err[at]):.4g} ulp > budget {float(allowed[at]):.4g}"
+        assert worst is not None
+        reason = f"accuracy: dx {describe_error(worst)}"
     elif bad_params:
         reason = bad_params[0].reason
     else:

@@ -53,19 +53,49 @@ def zero_place(kind: str, x: float, *, gradient: bool = False) -> str:
     return "at a logit of weight 0"
 
 
+def element_error(hi: float, lo: float, got: float, err: float | None,
+                  allowed: float | None, allowed_abs: float | None) -> dict[str, Any]:
+    """One element's error and allowance in a unit that means something: ulps of the exact
+    value hi + lo, and absolute (|got - exact| against allowed_abs, the same allowance).
+    At an exact 0 the ulp is the format's smallest subnormal, so an ordinary absolute error
+    counts ~1e300 ulps in fp64: there only the absolute figures are given (ulp None)."""
+    exact_zero = hi == 0 and lo == 0
+    out: dict[str, Any] = {
+        "ulp": None if err is None or exact_zero else json_float(err),
+        "allowed_ulp": None if allowed is None or exact_zero else json_float(allowed),
+    }
+    if err is not None and allowed_abs is not None:
+        out["abs_err"] = json_float(abs((got - hi) - lo))
+        out["allowed_abs"] = json_float(allowed_abs)
+    return out
+
+
+def describe_error(worst: dict[str, Any]) -> str:
+    """A worst element's error against its allowance, as a failure reason gives it: in ulps,
+    or absolute where the exact value is 0 (element_error)."""
+    if isinstance(worst.get("ulp"), float) and isinstance(worst.get("allowed_ulp"), float):
+        return f"{worst['ulp']:.4g} ulp > budget {worst['allowed_ulp']:.4g}"
+    if isinstance(worst.get("abs_err"), float) and isinstance(worst.get("allowed_abs"), float):
+        return (f"|error| {worst['abs_err']:.4g} against an exact 0 > budget "
+                f"{worst['allowed_abs']:.4g} (absolute)")
+    return f"got {worst.get('got', '?')}"
+
+
 def position(x: np.ndarray, got: np.ndarray, truth: Truth, k: int, j: int, hi: np.ndarray,
-             lo: np.ndarray, err: float | None = None, allowed: float | None = None
-             ) -> dict[str, Any]:
+             lo: np.ndarray, err: float | None = None, allowed: float | None = None,
+             ulp_size: float | None = None) -> dict[str, Any]:
     """A record's `worst`: where (checked row k, column j) an output is judged, with the
-    input, the exact value hi + lo, what the kernel gave, its error and allowance in ulps."""
+    input, the exact value hi + lo, what the kernel gave, its error and allowance in ulps
+    and, given the ulp's size there, absolute (element_error)."""
     return {
         "row": int(truth.rows[k]),
         "index": int(j),
         "input": json_float(x[truth.rows[k], j]),
         "expected": json_float(hi[k, j] + lo[k, j]),
         "got": json_float(got[k, j]),
-        "ulp": None if err is None else json_float(err),
-        "allowed_ulp": None if allowed is None else json_float(allowed),
+        **element_error(float(hi[k, j]), float(lo[k, j]), float(got[k, j]), err, allowed,
+                        None if allowed is None or ulp_size is None
+                        else float(allowed) * ulp_size),
         "row_kind": str(truth.kind[k]),
     }
 
@@ -98,28 +128,33 @@ def checked(out: np.ndarray, truth: Truth) -> np.ndarray:
     return np.asarray(out if every else out[rows], dtype=np.float64)
 
 
-def worst_within(err: np.ndarray, frac: np.ndarray, judged: np.ndarray
+def worst_within(err: np.ndarray, frac: np.ndarray, judged: np.ndarray,
+                 exact_zero: np.ndarray | None = None
                  ) -> tuple[float, float, tuple[int, int] | None]:
-    """The largest error and budget share over the judged elements, and where the largest
-    share is (None when nothing is judged)."""
+    """The largest error in ulps and the largest budget share over the judged elements, and
+    where the largest share is (None when nothing is judged). Elements whose exact value is
+    0 (exact_zero) count in the share but not in the ulps, which mean nothing there
+    (element_error)."""
     every = judged.all()
     if not every and not judged.any():
         return 0.0, 0.0, None
     shares = frac if every else np.where(judged, frac, -1)  # a share is never negative
     k, j = np.unravel_index(np.argmax(shares), frac.shape)
-    worst = np.max(err, initial=-np.inf) if every else np.max(err, where=judged,
-                                                             initial=-np.inf)
+    in_ulps = judged if exact_zero is None or not exact_zero.any() else judged & ~exact_zero
+    worst = (np.max(err, initial=0.0) if in_ulps is judged and every
+             else np.max(err, where=in_ulps, initial=0.0))
     return float(worst), float(shares[k, j]), (int(k), int(j))
 
 
 def _special_reason(x: np.ndarray, got: np.ndarray, truth: Truth, k: int, j: int,
                     err: np.ndarray, allowed: np.ndarray, missing_nan: np.ndarray,
-                    zero_broken: np.ndarray) -> tuple[str, dict[str, Any]]:
+                    zero_broken: np.ndarray, ulp: np.ndarray) -> tuple[str, dict[str, Any]]:
     """Why the output at (k, j) breaks the special-value policy, and that position."""
     if missing_nan[k, j]:
         worst = position(x, got, truth, k, j, truth.hi, truth.lo)
         return f"special: NaN in row {worst['row']} not propagated (got {worst['got']})", worst
-    worst = position(x, got, truth, k, j, truth.hi, truth.lo, err[k, j], allowed[k, j])
+    worst = position(x, got, truth, k, j, truth.hi, truth.lo, err[k, j], allowed[k, j],
+                     float(ulp[k, j]))
     if zero_broken[k, j]:
         place = zero_place(str(truth.kind[k]), float(x[truth.rows[k], j]))
         return f"special: expected exactly 0 {place}, got {worst['got']}", worst
@@ -162,17 +197,16 @@ def check_output(
         failures = {k: v for k, v in failures.items() if v}
     # The worst error where the special-value policy held: a policy failure (a NaN where 0
     # is due, say) is reported apart and does not hide how accurate the rest is.
-    max_ulp, max_frac, at = worst_within(err, frac, ~want_nan & ~special_fail)
+    exact_zero = truth.derived("exact_zero", lambda: (truth.hi == 0) & (truth.lo == 0))
+    max_ulp, max_frac, at = worst_within(err, frac, ~want_nan & ~special_fail, exact_zero)
     if special_fail.any():
         k, j = np.argwhere(special_fail)[0]
         reason, worst = _special_reason(x, got, truth, k, j, err, allowed, missing_nan,
-                                        zero_broken)
+                                        zero_broken, ulp)
         return CheckResult(False, reason, max_ulp, max_frac, False, worst, failures)
     worst = None if at is None else position(x, got, truth, *at, truth.hi, truth.lo,
-                                             err[at], allowed[at])
+                                             err[at], allowed[at], float(ulp[at]))
     if accuracy_fail.any():
-        reason = (f"accuracy: {worst['ulp']:.4g} ulp > budget {worst['allowed_ulp']:.4g}"
-                  if worst and isinstance(worst["ulp"], float)
-                  else f"accuracy: got {worst['got'] if worst else '?'}")
+        reason = f"accuracy: {describe_error(worst) if worst else 'got ?'}"
         return CheckResult(False, reason, max_ulp, max_frac, True, worst, failures)
     return CheckResult(True, "", max_ulp, max_frac, True, worst, failures)
