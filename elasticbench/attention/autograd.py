@@ -62,9 +62,12 @@ def _triton() -> Implementation | None:
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+_FIXED = {"cpp": CPP, "torch": TORCH}
+
+
 def implementation(name: str) -> Implementation | None:
     """Attention's implementation called `name`, None where it is not available here."""
-    return {"cpp": CPP, "torch": TORCH}.get(name) if name != "triton" else _triton()
+    return _FIXED.get(name) if name != "triton" else _triton()
 
 
 def choose(q: torch.Tensor, weight: int = Weight.ELASTIC) -> Implementation:
@@ -88,7 +91,7 @@ def bh_params(value: Scalar, q: torch.Tensor) -> torch.Tensor:
             return torch.full((b, h), float(value), dtype=wd, device=q.device)
         # per CUDA stream: its fill is ordered before that stream's kernels only
         stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
-        return _constant(float(value), wd, q.device, stream).expand(b, h)
+        return _constant(float(value), wd, q.device, stream, b, h)
     if value.dtype != wd or value.device != q.device:
         value = value.to(device=q.device, dtype=wd)
     fast = _bh_view(value, b, h)
@@ -113,11 +116,12 @@ def _bh_view(t: torch.Tensor, b: int, h: int) -> torch.Tensor | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _constant(value: float, dtype: torch.dtype, device: torch.device,
-              stream: int = 0) -> torch.Tensor:
-    """A 0-d tensor holding value, made once per (value, dtype, device, CUDA stream: the
-    stream its fill is enqueued on, 0 on the CPU); never written."""
-    return torch.full((), value, dtype=dtype, device=device)
+def _constant(value: float, dtype: torch.dtype, device: torch.device, stream: int = 0,
+              batch: int = 1, heads: int = 1) -> torch.Tensor:
+    """A 0-d tensor holding value expanded to (batch, heads), made once per (value, dtype,
+    device, CUDA stream: the stream its fill is enqueued on, 0 on the CPU, and shape): the
+    view is kept too, as forming it is a fixed cost of every call; never written."""
+    return torch.full((), value, dtype=dtype, device=device).expand(batch, heads)
 
 
 @torch.library.custom_op("elasticbench::attention", mutates_args=())
@@ -235,10 +239,14 @@ class _Attention(torch.autograd.Function):
         _setup_context(ctx, (q, k, v, p0, p1, scale, causal, key_mask, weight, offset),
                        (out, m, den))
         ctx.mark_non_differentiable(m, den)
+        # m and den take no gradient: left None, not filled with zeros on every backward
+        ctx.set_materialize_grads(False)
         return out, m, den
 
     @staticmethod
     def backward(ctx, grad, _grad_m, _grad_den):
+        if grad is None:  # no gradient reached out: zeros, as materialized grads would be
+            grad = torch.zeros_like(ctx.saved_tensors[3])
         return _gradients(ctx, grad, ctx.impl.backward)
 
 

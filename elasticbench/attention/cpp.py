@@ -46,12 +46,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in the work dtype;
     key_mask (batch, length_k) bool hides the keys where it is False inside the fused loop."""
-    weight = Weight(weight)
+    weight = int(weight)  # the extension refuses a weight it does not have
     offset = offset if causal else 0
     out, m, den = native.load().attention_forward(q, k, v, p0, p1, scale, causal, BLOCK_Q,
-                                                  BLOCK_K, key_mask, int(weight), offset)
+                                                  BLOCK_K, key_mask, weight, offset)
     special.fix_forward(q, k, v, out, m, den, scale, causal, key_mask, weight, offset)
-    return out.to(q.dtype), m, den
+    return _as(out, q.dtype), m, den
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -60,10 +60,15 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
              weight: Weight | int = Weight.ELASTIC, offset: int = 0
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in q's dtype and (dp0, dp1) per (batch, head) in the work dtype."""
-    weight = Weight(weight)
+    weight = int(weight)
     offset = offset if causal else 0
     dq, dk, dv, dp0, dp1 = native.load().attention_backward(
         q, k, v, out, do, m, den, p0, p1, scale, causal, BLOCK_Q, BLOCK_K, key_mask,
-        int(weight), offset)
+        weight, offset)
     special.fix_backward(q, k, do, dv, m, scale, causal, key_mask, weight, offset)
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp0, dp1
+    return _as(dq, q.dtype), _as(dk, q.dtype), _as(dv, q.dtype), dp0, dp1
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in dtype: itself where it is already (a call's fixed cost, not a copy)."""
+    return t if t.dtype == dtype else t.to(dtype)

@@ -25,6 +25,10 @@ def _infinite_scores(q: torch.Tensor, k: torch.Tensor, m: torch.Tensor, scale: f
                      offset: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(indices (n, 3) of the queries marked m = +inf, their (n, length_k) float matrix of
     infinite weights / their count); causal: query i sees key j iff j <= i + offset."""
+    # one reduction first: almost every call has no such query (NaN wins the max, and
+    # then the marks are looked for); an empty m has none
+    if m.numel() == 0 or float(m.max()) < math.inf:
+        return None
     idx = (m == math.inf).nonzero()
     if idx.numel() == 0:
         return None
