@@ -108,7 +108,9 @@ def _bh_view(t: torch.Tensor, b: int, h: int) -> torch.Tensor | None:
     comparable to a decode step's kernel, docs/attention.md section 7); None for any other
     shape, which head_params checks."""
     shape = tuple(t.shape)
-    if not shape or shape in ((1,), (h,), (1, 1, 1), (h, 1, 1)):
+    if len(shape) < 2 and shape in ((), (1,), (h,)):  # one autograd node, not two
+        return t.expand(b, h)
+    if shape in ((1, 1, 1), (h, 1, 1)):
         return t.reshape(1, -1).expand(b, h)
     if len(shape) == 4 and shape[2:] == (1, 1) and shape[0] in (1, b) and shape[1] in (1, h):
         return t[:, :, 0, 0].expand(b, h)
