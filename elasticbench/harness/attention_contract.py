@@ -6,9 +6,11 @@ A kernel registered with function="elastic_attention" (or "softmax_attention") i
     backward:  fn(q, k, v, *, scale, causal, **row_params) -> step;  step(dout) -> grads
 
 q, k, v (batch, heads, length, dim) and dout arrive in the backend's array type and the
-case's dtype; every row parameter (tau and beta for elastic) arrives as a (batch, heads)
-array of the backend's type in the working precision (fp64 for fp64 inputs, else fp32);
-scale is a float, causal a bool. A case with a mask passes it to the kernels that declare
+case's dtype; every row parameter (tau and beta for elastic) arrives in the form the kernel
+declares (KernelSpec.param_form): by default a (batch, heads) array of the backend's type
+in the working precision (fp64 for fp64 inputs, else fp32), or a Python float ("float"),
+or a (batch, heads) array in the case's dtype ("own", judged against the reference of the
+rounded value); scale is a float, causal a bool. A case with a mask passes it to the kernels that declare
 a parameter for it: `attn_mask` takes any mask as SDPA does (bool, True takes part, or float,
 added to the scores; (batch, heads, length_q, length_k) or broadcastable), `key_mask` only a
 key-padding one, as a (batch, length_k) bool array; other kernels are not given the case.
@@ -45,6 +47,15 @@ def head_arrays(params: dict[str, float], row_params: tuple[str, ...], batch: in
     return {name: np.full((batch, heads), params[name], dtype=wd) for name in row_params}
 
 
+def own_params(params: dict[str, float], row_params: tuple[str, ...], dtype: str
+               ) -> dict[str, float]:
+    """params with the row parameters rounded to the case's format: what a kernel that takes
+    them in its own format (param_form "own") is given, so its reference uses them too."""
+    fmt = get_format(dtype)
+    return {n: float(fmt.cast(np.float64(v))) if n in row_params else v
+            for n, v in params.items()}
+
+
 def mask_argument(spec: KernelSpec, mask: np.ndarray | None) -> dict[str, np.ndarray] | None:
     """The keyword the kernel takes this mask by ({} for no mask), or None where it takes
     none that fits: `attn_mask` as it is, `key_mask` (batch, length_k) for key padding."""
@@ -66,8 +77,17 @@ def kernel_arguments(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarr
     by mask_argument; a kernel that takes none that fits is never given a masked case)."""
     backend = get_backend(spec.backend)
     fn = get_attention_function(spec.function)
-    heads = head_arrays(params, fn.row_params, q.shape[0], q.shape[1], dtype)
-    kw: dict[str, Any] = {name: backend.to_native(a) for name, a in heads.items()}
+    kw: dict[str, Any]
+    if spec.param_form == "float":
+        kw = {name: float(params[name]) for name in fn.row_params}
+    elif spec.param_form == "own":
+        fmt = get_format(dtype)
+        kw = {name: backend.to_native(np.full((q.shape[0], q.shape[1]), params[name],
+                                              dtype=fmt.numpy))
+              for name in fn.row_params}
+    else:
+        heads = head_arrays(params, fn.row_params, q.shape[0], q.shape[1], dtype)
+        kw = {name: backend.to_native(a) for name, a in heads.items()}
     kw.update(scale=float(scale), causal=bool(params.get("causal", 0.0)))
     kw.update({name: backend.to_native(a)
                for name, a in (mask_argument(spec, mask) or {}).items()})

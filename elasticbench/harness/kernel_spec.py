@@ -27,6 +27,11 @@ from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.passes import PassModel
 
 MODES = ("fwd", "bwd")
+# How an attention kernel takes its row parameters (attention_contract.py): "heads", a
+# (batch, heads) array in the working precision (the default); "float", a Python float;
+# "own", a (batch, heads) array in the case's own format, the reference then using the
+# value rounded to it.
+PARAM_FORMS = ("heads", "float", "own")
 
 # How an unpickled KernelSpec finds its kernel in another process: f(name, mode, source),
 # which loads the built-ins (and the kernel file `source`) there. elasticbench.harness.registry sets
@@ -58,6 +63,7 @@ class KernelSpec:
     model: PassModel | None = None  # its declared passes; None: its function's minimum
     accuracy: str = WIDE  # the contract its budgets come from (numerics/contract.py)
     compiles: bool = False  # compiles code per input shape (Backend.compiles)
+    param_form: str = "heads"  # attention: how row parameters arrive (PARAM_FORMS)
 
     @property
     def kind(self) -> str:
@@ -139,6 +145,7 @@ def register_kernel(
     model: PassModel | None = None,
     accuracy: str = WIDE,
     compiles: bool | None = None,
+    param_form: str = "heads",
 ) -> Callable[[Callable], Callable]:
     """Decorator: register fn as the kernel `name` (default: the function's __name__).
 
@@ -150,13 +157,23 @@ def register_kernel(
     16-bit kernel computes in fp32 and rounds once, the default) or "own" (every step rounds
     to its own format; row kernels only), numerics/contract.py. compiles says whether it
     compiles code for each input shape it meets (torch.compile, a JIT); by default, what its
-    backend's kernels may do (Backend.compiles).
+    backend's kernels may do (Backend.compiles). param_form says how an attention kernel
+    takes its row parameters (tau, beta...): "heads", (batch, heads) arrays in the working
+    precision (fp32, fp64 for fp64 inputs; the default), "float", Python floats, or "own",
+    (batch, heads) arrays in the case's dtype, the reference then computed with the values
+    rounded to it (PARAM_FORMS, docs/attention.md section 4).
     """
     kind = function_kind(function)
     check_accuracy(accuracy)
     if accuracy != WIDE and kind == ATTENTION:
         raise ValueError(f"attention kernels are judged by the {WIDE!r} contract only, "
                          f"got accuracy={accuracy!r}")
+    if param_form not in PARAM_FORMS:
+        raise ValueError(f"unknown param_form {param_form!r} (choose from "
+                         f"{', '.join(PARAM_FORMS)})")
+    if param_form != "heads" and kind != ATTENTION:
+        raise ValueError("param_form is for attention kernels (row kernels take their "
+                         "parameters as floats)")
     per_shape = get_backend(backend).compiles if compiles is None else compiles
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
@@ -169,7 +186,7 @@ def register_kernel(
         check_signature(fn, kname, function, mode)
         summary = description or (fn.__doc__ or "").strip().partition("\n")[0]
         spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline,
-                          formats, model, accuracy, per_shape)
+                          formats, model, accuracy, per_shape, param_form)
         old = REGISTRY.get(kname, mode)
         if _loaded_keys is not None:
             _loaded_keys.append((kname, mode))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from elasticbench.harness.attention_contract import (
     forward_output,
     kernel_arguments,
     mask_argument,
+    own_params,
 )
 from elasticbench.harness.backends import get_backend
 from elasticbench.harness.execute import IN_PROCESS, Isolation, guarded_call, modified_reason
@@ -35,6 +36,7 @@ from elasticbench.harness.numerics.contract import Judging
 from elasticbench.harness.numerics.dtypes import FloatFormat, get_format
 from elasticbench.harness.numerics.truth.attention import AttentionTruth, cached_evaluate
 from elasticbench.harness.numerics.truth.cache import TruthStats
+from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.session import Job, Session
@@ -169,7 +171,10 @@ def _judge(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat, scal
 def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
                          isolation: Isolation = IN_PROCESS, scale: float = 1.0) -> VerifyRecord:
     """Run one attention kernel on one case and return its record (allowances times
-    scale)."""
+    scale). A kernel taking its parameters in its own format is judged on the case with
+    them rounded (kernel_case), prepared here if prep is not that case's."""
+    if (own := kernel_case(spec, prep.case)) is not prep.case:
+        prep = prepare(own, "fwd" if prep.dout is None else "bwd", None, DEFAULT_PRECISION)
     case, fmt = prep.case, get_format(prep.case.dtype)
     outcome = isolation.run(partial(call_attention, spec, prep.q, prep.k, prep.v,
                                     case.param_dict, case.dtype, case.scale, prep.dout,
@@ -189,6 +194,18 @@ def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
         record.max_param_rel = max(rels) if rels else None
         record.second_order = second_order(spec, isolation)
     return record
+
+
+def kernel_case(spec: KernelSpec, case: AttentionCase) -> AttentionCase:
+    """The case as spec is judged on: for a kernel taking its row parameters in its own
+    format (param_form "own"), the parameters rounded to the case's dtype, which it is
+    given and the reference then uses (the record's params say so); else case itself."""
+    if spec.param_form != "own":
+        return case
+    rounded = own_params(case.param_dict, get_attention_function(case.function).row_params,
+                         case.dtype)
+    return case if rounded == case.param_dict else replace(case,
+                                                          params=tuple(rounded.items()))
 
 
 class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
@@ -213,7 +230,7 @@ class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
         mask = generate_mask(case.generator, case.dtype, case.shape, case.seed)
         return [k for k in self.kernels.get(mode, []) if k.function == case.function
                 and k.supports(case.dtype) and mask_argument(k, mask) is not None
-                and case_key(k, case) not in done]
+                and case_key(k, kernel_case(k, case)) not in done]
 
     def work(self, items: list[tuple[str, AttentionCase]], session: Session) -> None:
         done = {r.key for r in session.records}
@@ -225,6 +242,10 @@ class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
             prep = prepare(case, mode, self.cache_dir, self.precision, stats)
             references.advance()
             for spec in specs:
-                session.add(verify_attention_one(spec, prep, self.isolation, self.scale))
+                own = kernel_case(spec, case)
+                # a kernel given rounded parameters is judged against their own reference
+                mine = prep if own is case else prepare(own, mode, self.cache_dir,
+                                                        self.precision, stats)
+                session.add(verify_attention_one(spec, mine, self.isolation, self.scale))
                 checks.advance()
         session.header["reference"] = stats.to_dict()
