@@ -159,8 +159,10 @@ _TMA_HALF: dict[tuple[str, int], tuple[Tiles, ...]] = {
                   Tiles(128, 32, 8, 2), Tiles(64, 32, 4, 3)),
 }
 # (kernel, head-dim class, dtype, causal, tiles) whose TMA form spills for one dtype alone:
-# none since the dk/dv TMA list at 128 (fp16's causal 3-stage ones, 16-24 B) is empty
-_TMA_SPILLS: set[tuple[str, int, torch.dtype, bool, Tiles]] = set()
+# dq 64x64 w4 s2 at 128, fp16 causal with key padding, 8 B per thread with Triton 3.6.0 (the
+# compile audit of commit 44e404e; off causal with padding or not)
+_TMA_SPILLS: set[tuple[str, int, torch.dtype, bool, Tiles]] = {
+    ("dq", 128, torch.float16, True, Tiles(64, 64, 4, 2))}
 TMA_ENV = "ELASTICBENCH_TRITON_ATTENTION_TMA"
 
 
