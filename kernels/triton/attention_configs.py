@@ -140,6 +140,11 @@ _FP32_AT: dict[tuple[str, int], tuple[Tiles, ...]] = {("dq", 64): (Tiles(32, 16,
 # 32x16 w8 s3 had none (78-80 registers; 32x32 w8 s3: 24 for symax)
 _FP32_FAMILY: dict[tuple[str, int], tuple[Tiles, ...]] = {
     ("fwd", 64): (Tiles(32, 16, 4, 3),), ("fwd", 128): (Tiles(32, 16, 8, 3),)}
+# and for one weight: sigmoid's forward at 128, where 32x16 w8 s3 had a 16 B frame with Triton
+# 3.6.0 (causal with key padding), 32x32 w4 s3 spilled 408-648 B and 32x16 w4 s3 88-232;
+# 32x16 w8 s2 had none (76-79 registers, every causal and padding case)
+_FP32_FOR: dict[tuple[str, int, Weight], tuple[Tiles, ...]] = {
+    ("fwd", 128, Weight.SIGMOID): (Tiles(32, 16, 8, 2),)}
 
 
 # TMA: the 16-bit configurations that also run with tensor descriptors (the same tiles,
@@ -214,6 +219,8 @@ def _listed(kernel: str, cls: int, dtype: torch.dtype, causal: bool, w: Weight, 
                        for t in _TMA_HALF.get((kernel, cls), ())
                        if (kernel, cls, dtype, bool(causal), t) not in _TMA_SPILLS)
     elif dtype == torch.float32:
+        if (kernel, cls, w) in _FP32_FOR:
+            return _FP32_FOR[(kernel, cls, w)]
         if w != Weight.ELASTIC and (kernel, cls) in _FP32_FAMILY:
             return _FP32_FAMILY[(kernel, cls)]
         return _FP32_AT.get((kernel, cls), _FP32[kernel])
