@@ -137,24 +137,24 @@ if not devices.triton_interpreted():
                 attention_forward(q, shifted, q, heads, heads, 0.5, False, tile=tma[0])
             assert [la.kwargs["TMA"] for la in launches] == [allowed, False], (d, dtype)
 
-    @pytest.mark.ci  # about 50 compiles: 100 s of a core on an idle machine
+    @pytest.mark.ci  # a dozen compiles: the command end to end, not the audit itself
     @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-    def test_the_audit_command_passes_on_the_bf16_head_dim_128_configurations(cli, tmp_path):
-        """`elasticbench audit --attention` over what a bf16 call at head dim 128 can launch
-        (pointer and TMA, causal or not, key padding or not, Elastic) on this Triton: exit 0,
-        and its JSON has a report per configuration with no problem. The whole audit (every
-        dtype and weight) is the command itself (docs/attention.md section 7)."""
+    def test_the_audit_command_passes_on_a_selection(cli, tmp_path):
+        """`elasticbench audit --attention` over what an fp32 softmax1 call at head dim 64 can
+        launch (causal or not, key padding or not) on this Triton: exit 0, and its JSON has a
+        report per configuration with no problem. The whole audit (every dtype and weight) is
+        the command itself, run apart (docs/attention.md section 7)."""
         import json
 
         from elasticbench.harness.audit.attention_tiles import launchable
 
         out = tmp_path / "audit.json"
-        r = cli("audit", "--attention", "-d", "bf16", "--weights", "elastic",
-                "--head-dims", "128", "--json", str(out))
+        r = cli("audit", "--attention", "-d", "fp32", "--weights", "softmax1",
+                "--head-dims", "64", "--json", str(out))
         assert r.code == 0, r.out + r.err
         data = json.loads(out.read_text())
-        want = list(launchable(("bf16",), ("elastic",), (128,)))
-        assert data["configurations"] == len(want) == len(data["reports"]) > 20
+        want = list(launchable(("fp32",), ("softmax1",), (64,)))
+        assert data["configurations"] == len(want) == len(data["reports"]) >= 6
         assert data["failing"] == 0 and not any(rep["problems"] for rep in data["reports"])
         assert {rep["tiles"] for rep in data["reports"]} == {str(i.tiles) for i in want}
         assert "none spills" in r.out
