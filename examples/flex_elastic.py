@@ -1,6 +1,6 @@
 """Elastic attention written with torch's flex_attention, as a user would write it without
 elasticbench: the composition that scripts/train_step.py times as its `flex` variant and
-tests/test_train_step.py compares with elasticbench.functional.elastic_attention.
+tests/library/test_train_step.py compares with elasticbench.functional.elastic_attention.
 
 Elastic attention (docs/attention.md section 1) weights query i's kept keys (s_ij >= 0, and
 visible) by exp(s_ij/tau) / (Z_i + beta), Z_i = sum over the kept keys of exp(s_ij/tau).

@@ -5,7 +5,7 @@
 
 Every command and subcommand of `elasticbench` gets a section holding its `--help` text as
 click renders it at a fixed width of 100 columns, so the page reads the same on every
-machine. tests/test_docs.py fails when the page differs from what this script writes: after
+machine. tests/project/test_docs.py fails when the page differs from what this script writes: after
 changing an option, run the script and commit the page with the change.
 """
 
@@ -23,7 +23,7 @@ WIDTH = 100
 HEAD = """# Command-line reference
 
 Generated from each command's `--help` by `scripts/docs_cli.py`; do not edit by hand (run
-`.venv/bin/python scripts/docs_cli.py` after changing an option; `tests/test_docs.py` checks
+`.venv/bin/python scripts/docs_cli.py` after changing an option; `tests/project/test_docs.py` checks
 that this page is current). What the commands are for and worked examples: the
 [README](../../README.md); exit codes: [troubleshooting](troubleshooting.md#exit-codes);
 environment variables: [environment.md](environment.md).

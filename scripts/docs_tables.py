@@ -12,7 +12,7 @@ A doc shows a measurement as a block between two markers, naming its file:
 The JSON file holds `title`, `date`, `machine`, `command`, `conditions`, `columns` (the
 header cells) and `rows` (lists of cells, as markdown). The doc's prose says what the
 figures show; the figures and their date live only in results/ (docs/guide/CHANGELOG.md).
-tests/test_docs.py fails when a block differs from what this script writes.
+tests/project/test_docs.py fails when a block differs from what this script writes.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ of an ulp once its linear coefficient, 1 + 2^-23.4, was rounded to fp32. Prints 
 monomial coefficients as C hex-float literals and the polynomial's largest relative error
 on 4001 points of the interval, with the coefficients as doubles and as floats: 2^-26.5
 both, against 2^-27.0 for the Taylor polynomial of degree 7 it replaced, with one
-multiply-add fewer a vector (docs/native.md section 3). tests/test_native.py checks that
+multiply-add fewer a vector (docs/native.md section 3). tests/library/test_native.py checks that
 simd.h holds exactly these coefficients.
 """
 

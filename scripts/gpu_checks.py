@@ -59,10 +59,11 @@ STEPS = ("env", "install", "api", "right", "exact", "user_path", "headline", "tr
          "rows_sweep", "tune", "verify", "gpu_tests", "sweep", "gates")
 # GPU-relevant tests: the ones that run their kernels on CUDA when there is one; the
 # interpreter re-runs and compile audits (marked ci) are left out (docs/triton.md)
-GPU_TESTS = ("tests/test_triton.py", "tests/test_triton_attention.py",
-             "tests/test_triton_rows_params.py", "tests/test_triton_resident.py",
-             "tests/test_torch_ops.py", "tests/test_host_reads.py",
-             "tests/test_family_attention_api.py", "tests/test_flex_attention.py")
+GPU_TESTS = ("tests/library/test_triton.py", "tests/library/test_triton_attention.py",
+             "tests/library/test_triton_rows_params.py",
+             "tests/library/test_triton_resident.py", "tests/library/test_torch_ops.py",
+             "tests/library/test_host_reads.py", "tests/library/test_family_attention_api.py",
+             "tests/harness/builtin/test_flex_attention.py")
 
 
 @dataclass

@@ -7,7 +7,7 @@ for pytest-benchmark, or on its own:
 Each round is a fresh interpreter that times `import torch`, then `import
 elasticbench.functional, elasticbench.nn`, with time.perf_counter around each; one round
 first warms the bytecode caches and is not counted. Reports, never asserts on time (the
-machine's load decides the figures); tests/test_library_alone.py asserts what is imported.
+machine's load decides the figures); tests/project/test_library_alone.py asserts what is imported.
 """
 
 from __future__ import annotations

@@ -357,7 +357,7 @@ def test_parameters_save_and_load_with_the_model():
 def test_only_the_integration_imports_transformers():
     """No module of elasticbench but integrations/transformers.py names transformers in an
     import, and the integrations package does not import that module: the library loads
-    without it (a fresh interpreter's view is tests/test_library_alone.py's)."""
+    without it (a fresh interpreter's view is tests/project/test_library_alone.py's)."""
     root = Path(eb_hf.__file__).resolve().parents[1]
     importing = []
     for path in sorted(root.rglob("*.py")):

@@ -12,7 +12,7 @@ that weight reaches (dq_i, dk_j, dv_j and the bias).
 This is the accurate phase of the attention reference (numerics/attention_truth.py): it
 answers the query rows (forward) and the heads (gradients) that the certified phase
 (numerics/certified_attention.py) leaves, and it is the oracle the certified phase is tested
-against (tests/test_certified_attention.py). Its results are written into an AttentionTruth
+against (tests/harness/reference/test_certified_attention.py). Its results are written into an AttentionTruth
 in place, as double-doubles (numerics/truth.py split_double).
 """
 

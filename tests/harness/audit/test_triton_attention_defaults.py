@@ -1,0 +1,48 @@
+"""The attention configurations a call launches by default, compiled for sm_90a.
+
+Where no table names a key, a call launches the rule's configuration (the first its list
+offers: kernels/triton/attention_configs.py). Each weight's rule configuration for every
+kernel, causal or not, in bf16 at head dim 128 (fp16 takes the same tiles) and in fp32 at
+head dim 64, is compiled here and must take wgmma (16-bit), fit in shared memory and not
+spill. This runs on the pinned Triton in CI's ci step and on the GPU machines' Triton in its
+second-Triton step (tests/harness/audit/test_triton_versions.py). Every other offered configuration is
+compiled by `elasticbench audit --attention`, whose committed results
+(results/triton-audit/attention-triton-*.json) tests/harness/audit/test_triton_audit.py reads: compiling all
+of them here took most of CI's time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticbench import devices
+
+pytestmark = [pytest.mark.needs("triton"), pytest.mark.ci,
+              pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION"),
+              pytest.mark.skipif(devices.triton_interpreted(),
+                                 reason="compiles for a GPU: not under the interpreter")]
+
+WEIGHTS = ("ELASTIC", "SOFTMAX1", "SYMAX", "STABLEMAX", "SIGMOID")
+
+
+@pytest.mark.parametrize("weight", WEIGHTS)
+@pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
+@pytest.mark.parametrize(("dtype_name", "head_dim"), [("bfloat16", 128), ("float32", 64)])
+def test_the_rule_s_configuration_compiles_cleanly(weight, kernel, dtype_name, head_dim):
+    import torch
+
+    from elasticbench.attention.weights import Weight
+    from elasticbench.harness.audit.attention_tiles import compile_report
+    from elasticbench.kernels.triton import attention_configs as ac
+
+    assert devices.triton_installed()
+    dtype = getattr(torch, dtype_name)
+    w = Weight[weight]
+    bad = []
+    for causal in (False, True):
+        tiles = ac.rule(ac.offered(kernel, head_dim, dtype, causal, w))
+        report = compile_report(kernel, head_dim, dtype, causal, tiles, weight=w)
+        assert report.weight == weight.lower()
+        if report.problems():
+            bad.append(f"causal={causal} {tiles}: {', '.join(report.problems())}")
+    assert not bad, bad
