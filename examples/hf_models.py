@@ -32,6 +32,7 @@ saved --json without training. A bad option is one line on stderr and exit statu
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -51,6 +52,7 @@ KINDS = ("sdpa", "elastic", "softmax1", "symax", "stablemax", "sigmoid")
 BEGIN, END = "<!-- hf-table:begin -->", "<!-- hf-table:end -->"
 
 
+@functools.cache
 def _train_example():
     """examples/train.py as a module: its character task (the data, not its model)."""
     spec = importlib.util.spec_from_file_location("elasticbench_train_example",
