@@ -32,6 +32,7 @@ class Weight(enum.IntEnum):
     SYMAX = 2  # |s| / (p1 + sum |s|): eta = p1
     STABLEMAX = 3  # st(s) / sum st(s), st(s) = s + 1 (s >= 0), 1/(1 - s) (s < 0)
     SIGMOID = 4  # sigmoid(s + p0) each, no normalizer: bias = p0
+    COG = 5  # sign(s) exp(|s|) / sum exp(|s|): signed weights, no parameter
 
     @property
     def normalized(self) -> bool:
@@ -41,4 +42,4 @@ class Weight(enum.IntEnum):
     @property
     def exponential(self) -> bool:
         """Whether the weight is an exponential kept stable by a running max."""
-        return self in (Weight.ELASTIC, Weight.SOFTMAX1)
+        return self in (Weight.ELASTIC, Weight.SOFTMAX1, Weight.COG)
