@@ -98,12 +98,18 @@ class Conditioning:
 
     def __init__(self, fn: AttentionFunction, params: dict[str, float], q: np.ndarray,
                  k: np.ndarray, v: np.ndarray, scale: float, truth: AttentionTruth,
-                 fmt: FloatFormat, budget: AttentionBudget, bias: np.ndarray | None = None):
+                 fmt: FloatFormat, budget: AttentionBudget, bias: np.ndarray | None = None,
+                 work: FloatFormat | None = None):
         """bias: a mask's (B, H, Lq, Lk), -inf where hidden; its finite values are added to
-        the scores, and their magnitude joins sigma (the kernel's addition rounds once)."""
+        the scores, and their magnitude joins sigma (the kernel's addition rounds once).
+        work: the format the kernel computes in where it is not work_unit's (the own
+        contract: numerics/budgets/attention_own.py)."""
         self.fmt, self.bud, self.scale = fmt, budget, scale
         self.uw, self.uo = work_unit(fmt), fmt.unit_roundoff
         self.sub = 2.0**-149 if self.uw > 2.0**-53 else 2.0**-1074  # the work's subnormal step
+        self.tiny = 2.0**-126 if self.uw > 2.0**-53 else 2.0**-1022  # and smallest normal
+        if work is not None:
+            self.uw, self.sub, self.tiny = work.unit_roundoff, work.min_ulp, 2.0**work.emin
         self.sub_out = fmt.min_ulp  # the output format's: where a weight rounded to it lands
         self.form = form_of(fn)
         self.tau = fn.row.temperature(params)
@@ -256,7 +262,7 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
                         + b.l * c.kept * c.sub_out, -1, -2) @ ado
     out["dv"] = wt_do + b.r * ulps["dv"]
     z = c.zabs
-    tiny = 2.0**-126 if c.uw > 2.0**-53 else 2.0**-1022
+    tiny = c.tiny
     if c.form == NORMALIZE:
         # deta = -sum_i c_i / D_i: D's error, c_i's (its dot product, the weights'), the sum
         aci = np.abs(ci[..., 0])
