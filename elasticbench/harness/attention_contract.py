@@ -71,10 +71,12 @@ def mask_argument(spec: KernelSpec, mask: np.ndarray | None) -> dict[str, np.nda
 
 def kernel_arguments(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                      params: dict[str, float], dtype: str, scale: float,
-                     mask: np.ndarray | None = None
+                     mask: np.ndarray | None = None, gate: np.ndarray | None = None
                      ) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
     """Fresh backend copies of q, k, v and the keyword arguments of the contract (the mask
-    by mask_argument; a kernel that takes none that fits is never given a masked case)."""
+    by mask_argument; a kernel that takes none that fits is never given a masked case; a
+    gated case's gate, (batch, heads, length_q, value_dim) in the case's dtype, as `gate`
+    to a kernel that declares it, the only ones given gated cases)."""
     backend = get_backend(spec.backend)
     fn = get_attention_function(spec.function)
     kw: dict[str, Any]
@@ -91,6 +93,8 @@ def kernel_arguments(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarr
     kw.update(scale=float(scale), causal=bool(params.get("causal", 0.0)))
     kw.update({name: backend.to_native(a)
                for name, a in (mask_argument(spec, mask) or {}).items()})
+    if gate is not None:
+        kw["gate"] = backend.to_native(gate)
     return (backend.to_native(q), backend.to_native(k), backend.to_native(v)), kw
 
 
