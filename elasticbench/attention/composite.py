@@ -6,9 +6,9 @@
     out    = w @ v                           (exactly 0 for a query that keeps no key)
 
 `elastic_attention_composite` is Elastic attention; `attention_weights` and
-`attention_composite` are the same for any weight of attention/weights.py (Weight), with the
-parameters p0 and p1 as weights.py names them, in plain differentiable torch (second orders
-exact through autograd; docs/attention.md section 9). They materialize the (length_q,
+`attention_composite` are the same for any weight of attention/weights.py (Weight; Cog's
+weights are `cog_weights`), with the parameters p0 and p1 as weights.py names them, in plain
+differentiable torch (second orders exact through autograd; docs/attention.md section 9). They materialize the (length_q,
 length_k) score matrix of every head, so they need O(length^2) memory; the tiled
 implementations compute the same functions in O(length).
 """
@@ -118,6 +118,33 @@ def stablemax_weight(s: torch.Tensor) -> torch.Tensor:
     return torch.where(s < 0, 1 / (1 - s.clamp_max(0)), s + 1)
 
 
+def cog_weights(s: torch.Tensor, hidden: torch.Tensor | None) -> torch.Tensor:
+    """Cog's weights sign(s) exp(|s| - m) / sum exp(|s'| - m) along the last dim (m the
+    largest visible |s|, a constant to autograd: the weights do not depend on it), hidden
+    keys out of every sum, differentiable twice with the derivative docs/attention.md
+    section 9 gives at s = 0: the numerator sign(s) e^|s| jumps there, and its derivative
+    is taken as e^|s| on both sides (the mean of the one-sided ones) by adding
+    e^|s| (s - sign(s) |s|), which is 0 with derivative 1 exactly at s = 0. The limits: a
+    NaN visible score makes the query's weights NaN; k visible scores of infinite |s| give
+    sign(s)/k at each and 0 elsewhere; no visible key gives zeros."""
+    if hidden is not None:  # 0 before any op: a hidden NaN or inf never reaches a gradient
+        s = s.masked_fill(hidden, 0)
+    big = s.abs() == math.inf
+    nan_row = s.isnan().any(-1, keepdim=True)
+    inf_row = big.any(-1, keepdim=True) & ~nan_row
+    sf = torch.where(big | inf_row, 0, s)  # an infinite query's limit is a constant
+    a = sf.abs()
+    x = a if hidden is None else a.masked_fill(hidden, -math.inf)
+    m = x.detach().amax(-1, keepdim=True).clamp_min(0)  # -inf (no visible key) -> 0
+    e = torch.exp(x - m)
+    sign = sf.sign()
+    num = sign * e + e * (sf - sign * a)
+    den = e.sum(-1, keepdim=True)
+    w = torch.where(den != 0, num / torch.where(den != 0, den, 1), 0)  # NaN != 0
+    shares = torch.where(big, s.sign(), 0) / big.sum(-1, keepdim=True).clamp_min(1)
+    return torch.where(inf_row, shares.to(w.dtype), w)
+
+
 def attention_weights(weight: Weight, q: torch.Tensor, k: torch.Tensor, *, p0: Scalar,
                       p1: Scalar, scale: float, causal: bool,
                       attn_mask: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
@@ -134,6 +161,8 @@ def attention_weights(weight: Weight, q: torch.Tensor, k: torch.Tensor, *, p0: S
     hidden = hidden_keys(q, k, causal, attn_mask, offset)
     b, h = q.shape[:2]
     t0, t1 = (head_params(p, b, h, wd, s.device) for p in (p0, p1))
+    if weight is Weight.COG:
+        return cog_weights(s, hidden)
     if weight.exponential:
         if hidden is not None:
             s = s.masked_fill(hidden, -math.inf)
@@ -166,4 +195,8 @@ def attention_composite(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: tor
                           attn_mask=attn_mask, offset=offset)
     out = w @ v.to(w.dtype)
     live = (w != 0).any(-1, keepdim=True) | w.isnan().any(-1, keepdim=True)
+    if weight is Weight.COG:  # a zero score has weight 0 but a gradient: every visible key
+        hidden = hidden_keys(q, k, causal, attn_mask, offset)
+        sees = (k.shape[2] > 0) if hidden is None else (~hidden).any(-1, keepdim=True)
+        live = live | sees
     return torch.where(live, out, 0).to(q.dtype)

@@ -11,7 +11,9 @@ over blocks of keys (docs/attention.md section 2):
     acc   = acc * exp((m - m')/tau) + p @ v
     out   = acc / (l + beta * exp(-m/tau))  (0 where l = 0: no kept key)
 
-softmax1 is the same loop with tau = beta = 1 and every finite visible score kept. symax
+softmax1 is the same loop with tau = beta = 1 and every finite visible score kept, and Cog
+the same loop again on |s| (the running max of |s|, den = sum exp(|s| - m), no sink) with
+each weight signed by sign(s) before the product with v. symax
 and stablemax need no max: l = sum f(s) and acc = sum f(s) v over the visible keys, out =
 acc / (eta + l) (stablemax: acc / l; 0 where that is 0); sigmoid has no normalizer, out =
 sum sigmoid(s + bias) v. Each returns the row statistics m and den beside the output
@@ -19,6 +21,7 @@ sum sigmoid(s + bias) v. Each returns the row statistics m and den beside the ou
 
     g = dO @ v^T,  c = rowsum(dO * out)
     exp family:  ds = y (g - c) / tau       symax, stablemax:  ds = f'(s) / den (g - c)
+    Cog:         ds = p (g - sign(s) c), p = exp(|s| - m) / den, y = sign(s) p
     sigmoid:     ds = g y (1 - y)
     dv += y^T @ dO,  dk += scale ds^T @ q,  dq += scale ds @ k
 
@@ -30,7 +33,9 @@ and the parameters' gradients per (batch, head): Elastic's
 symax's d eta = sum_i -c_i / den_i, sigmoid's d bias = sum_ij ds_ij; the rest have none
 (their zero). p0 and p1 arrive as (batch, heads) tensors in the working precision, each
 kernel takes an optional (batch, length_k) bool key_mask (True: the key takes part) applied
-tile by tile, and queries with an infinite weight are finished by `special`.
+tile by tile, and queries with an infinite weight are finished by `special`. A gate
+((batch, heads, length_q, value_dim), `weights`' contract) multiplies each query block's
+output where it is normalized, beside the ungated block kept for the backward.
 """
 
 from __future__ import annotations
@@ -113,25 +118,65 @@ def _weigh(weight: Weight, s: torch.Tensor, bias: torch.Tensor | None,
     return _op(ip, _op(ip, s, "add", bias), "sigmoid")
 
 
+class _Outputs:
+    """The forward's output in the work dtype, each query block stored once where it is
+    normalized: times the gate where one is given, and then, with keep_ungated, also as it
+    is (`weights`' contract)."""
+
+    def __init__(self, q: torch.Tensor, dv: int, gate: torch.Tensor | None,
+                 keep_ungated: bool):
+        wd = work_dtype(q.dtype)
+        self.out = torch.empty(*q.shape[:3], dv, dtype=wd, device=q.device)
+        self.gate = gate
+        self.keep = keep_ungated
+        self.ungated = torch.empty_like(self.out) if gate is not None and keep_ungated else None
+
+    def put(self, q0: int, q1: int, o: torch.Tensor) -> None:
+        """Store query block [q0, q1)'s output o (work dtype)."""
+        if self.gate is None:
+            self.out[:, :, q0:q1] = o
+            return
+        if self.ungated is not None:
+            self.ungated[:, :, q0:q1] = o
+        torch.mul(o, self.gate[:, :, q0:q1], out=self.out[:, :, q0:q1])
+
+    def finish(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor,
+               den: torch.Tensor, scale: float, diag: int | None,
+               key_mask: torch.Tensor | None, weight: Weight, special_queries: bool = True
+               ) -> tuple[torch.Tensor, ...]:
+        """special's queries finished (unless the weight has none), then (out, m, den) or,
+        with keep_ungated, (out, m, den, ungated), the outputs in q's dtype."""
+        if special_queries:
+            special.fix_forward(q, k, v, self.out, m, den, scale, diag is not None, key_mask,
+                                weight, offset=diag or 0, gate=self.gate,
+                                ungated=self.ungated)
+        out = self.out.to(q.dtype)
+        if not self.keep:
+            return out, m, den
+        return out, m, den, (out if self.ungated is None else self.ungated.to(q.dtype))
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
             p1: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
-            weight: Weight | int = Weight.ELASTIC, offset: int = 0
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            weight: Weight | int = Weight.ELASTIC, offset: int = 0,
+            gate: torch.Tensor | None = None, keep_ungated: bool = False
+            ) -> tuple[torch.Tensor, ...]:
     """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in the work dtype;
     key_mask (batch, length_k) bool: the keys where it is False take no part; causal: query
-    i sees key j iff j <= i + offset."""
+    i sees key j iff j <= i + offset; gate, keep_ungated: `weights`' contract ((out, m, den,
+    ungated) with keep_ungated)."""
     weight = Weight(weight)
     diag = offset if causal else None
-    if weight is Weight.SOFTMAX1:
-        return _forward_softmax1(q, k, v, p0, p1, scale, diag, key_mask)
+    outs = _Outputs(q, v.shape[3], gate, keep_ungated)
+    if weight in (Weight.SOFTMAX1, Weight.COG):
+        return _forward_exp(q, k, v, scale, diag, key_mask, weight, outs)
     if not weight.exponential:
-        return _forward_sums(q, k, v, p0, p1, scale, diag, key_mask, weight)
+        return _forward_sums(q, k, v, p0, p1, scale, diag, key_mask, weight, outs)
     wd = work_dtype(q.dtype)
     bsz, heads, lq, _ = q.shape
     lk = k.shape[2]
     t3, b3 = p0[..., None], p1[..., None]
     t4 = t3[..., None]
-    out = torch.empty(bsz, heads, lq, v.shape[3], dtype=wd, device=q.device)
     m_all = torch.empty(bsz, heads, lq, dtype=wd, device=q.device)
     den_all = torch.empty_like(m_all)
     for q0 in range(0, lq, BLOCK_Q):
@@ -156,26 +201,44 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
             m = m_new
         den = l + b3 * torch.exp(-m / t3)
         o = torch.where(l[..., None] > 0, acc / den[..., None], 0)
-        out[:, :, q0:q1] = o.masked_fill(nan_row[..., None], math.nan)
+        outs.put(q0, q1, o.masked_fill(nan_row[..., None], math.nan))
         m_all[:, :, q0:q1] = torch.where(inf_row, math.inf, m).masked_fill(nan_row, math.nan)
         den_all[:, :, q0:q1] = den.masked_fill(nan_row, math.nan)
-    special.fix_forward(q, k, v, out, m_all, den_all, scale, diag is not None, key_mask,
-                        offset=diag or 0)
-    return out.to(q.dtype), m_all, den_all
+    return outs.finish(q, k, v, m_all, den_all, scale, diag, key_mask, weight)
 
 
-def _forward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
-                      p1: torch.Tensor, scale: float, diag: int | None,
-                      key_mask: torch.Tensor | None
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """softmax1: Elastic's loop with tau = beta = 1 and every visible score (the shift
-    floored at 0, docs/definitions.md section 2). The running max finds the special
-    queries by itself: a NaN score makes m NaN for good, a +inf one makes it +inf (NaN
-    then spreads through that query's sums, which special overwrites)."""
+def _exp_tile(weight: Weight, qb: torch.Tensor, kb: torch.Tensor, scale: float,
+              diag: int | None, q0: int, k0: int, key_mask: torch.Tensor | None, ip: bool
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The exponent's argument x of the tile (a fresh tensor; hidden keys at -inf) and the
+    weights' signs: softmax1's scores and None; Cog's |s| and sign(s) (0 at hidden keys,
+    whose |s| is -inf whatever their score: a computed -inf score is |s| = +inf)."""
+    if weight is Weight.SOFTMAX1:
+        return _scores(qb, kb, scale, diag, q0, k0, key_mask), None
+    s, vis = _tile(qb, kb, scale, diag, q0, k0, key_mask)
+    sign = s.sign()
+    x = _op(ip, s, "abs")
+    if vis is not None:
+        x = _op(ip, x, "masked_fill", ~vis, -math.inf)
+        sign = _op(ip, sign, "masked_fill", ~vis, 0)
+    return x, sign
+
+
+def _forward_exp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                 diag: int | None, key_mask: torch.Tensor | None, weight: Weight,
+                 outs: _Outputs) -> tuple[torch.Tensor, ...]:
+    """softmax1 and Cog, one online-max loop over x = s (softmax1) or |s| (Cog): m = the
+    running max of x floored at 0 (softmax1's 1 is exp(0); Cog's |s| >= 0, so m is 0 only
+    when the query sees no key), l = sum exp(x - m), acc = sum y v with y = exp(x - m)
+    (softmax1) or sign(s) exp(x - m) (Cog); den = l + exp(-m) (softmax1's 1) or l (Cog).
+    The running max finds the special queries by itself: a NaN score makes m NaN for good,
+    an infinite x makes it +inf (NaN then spreads through that query's sums, which special
+    overwrites). No parameter."""
     wd = work_dtype(q.dtype)
     bsz, heads, lq, _ = q.shape
     lk = k.shape[2]
-    out = torch.empty(bsz, heads, lq, v.shape[3], dtype=wd, device=q.device)
+    ip = _in_place(q, k, v)
+    cog = weight is Weight.COG
     m_all = torch.empty(bsz, heads, lq, dtype=wd, device=q.device)
     den_all = torch.empty_like(m_all)
     for q0 in range(0, lq, FAMILY_BLOCK_Q):
@@ -186,27 +249,30 @@ def _forward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: tor
         acc = torch.zeros(bsz, heads, q1 - q0, v.shape[3], dtype=wd, device=q.device)
         for k0 in range(0, _key_end(q1, lk, diag), FAMILY_BLOCK_K):
             k1 = min(lk, k0 + FAMILY_BLOCK_K)
-            s = _scores(qb, k[:, :, k0:k1].to(wd), scale, diag, q0, k0, key_mask)
-            m_new = torch.maximum(m, s.amax(-1))
+            x, sign = _exp_tile(weight, qb, k[:, :, k0:k1].to(wd), scale, diag, q0, k0,
+                                key_mask, ip)
+            m_new = torch.maximum(m, x.amax(-1))
             alpha = torch.exp(m - m_new)
-            p = (s - m_new[..., None]).exp_()  # amax keeps s for its backward
+            p = _op(ip, x - m_new[..., None], "exp")
             l = l * alpha + p.sum(-1)  # noqa: E741
-            acc = acc * alpha[..., None] + p @ v[:, :, k0:k1].to(wd)
+            y = p if sign is None else _op(ip, p, "mul", sign)
+            acc = acc * alpha[..., None] + y @ v[:, :, k0:k1].to(wd)
             m = m_new
         nan_row = m.isnan()
-        den = l + torch.exp(-m)
-        out[:, :, q0:q1] = (acc / den[..., None]).masked_fill(nan_row[..., None], math.nan)
+        den = l if cog else l + torch.exp(-m)
+        o = acc / den[..., None]
+        if cog:  # no visible key: l = 0 and out exactly 0
+            o = torch.where(den[..., None] == 0, 0, o)
+        outs.put(q0, q1, o.masked_fill(nan_row[..., None], math.nan))
         m_all[:, :, q0:q1] = m
         den_all[:, :, q0:q1] = den.masked_fill(nan_row, math.nan)
-    special.fix_forward(q, k, v, out, m_all, den_all, scale, diag is not None, key_mask,
-                        Weight.SOFTMAX1, offset=diag or 0)
-    return out.to(q.dtype), m_all, den_all
+    return outs.finish(q, k, v, m_all, den_all, scale, diag, key_mask, weight)
 
 
 def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
                   p1: torch.Tensor, scale: float, diag: int | None,
-                  key_mask: torch.Tensor | None, weight: Weight
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  key_mask: torch.Tensor | None, weight: Weight, outs: _Outputs
+                  ) -> tuple[torch.Tensor, ...]:
     """symax, stablemax (plain running sums, no max) and sigmoid (no normalizer). The
     weights are >= 0, so a query's sum l is NaN exactly when one of its weights is, and
     +inf when one is infinite (or the sum overflows, which special then refuses: NaN)."""
@@ -216,7 +282,6 @@ def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.T
     sigmoid = weight is Weight.SIGMOID
     ip = _in_place(q, k, v, p0, p1)
     bias = p0[..., None, None] if sigmoid else None
-    out = torch.empty(bsz, heads, lq, dv, dtype=wd, device=q.device)
     m_all = torch.zeros(bsz, heads, lq, dtype=wd, device=q.device)
     den_all = torch.ones_like(m_all)
     for q0 in range(0, lq, FAMILY_BLOCK_Q):
@@ -234,20 +299,18 @@ def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.T
                 vb = torch.cat((vb, torch.ones_like(vb[..., :1])), -1)
             acc += f @ vb
         if sigmoid:  # each weight on its own: a NaN score reaches out through its product
-            out[:, :, q0:q1] = acc
+            outs.put(q0, q1, acc)
             continue
         l = acc[..., dv]  # noqa: E741
         nan_row, inf_row = l.isnan(), l == math.inf
         den = p1[..., None] + l if weight is Weight.SYMAX else l
         o = torch.where(den[..., None] == 0, 0, acc[..., :dv] / den[..., None])  # 0/0 is 0
-        out[:, :, q0:q1] = o.masked_fill(nan_row[..., None], math.nan)
+        outs.put(q0, q1, o.masked_fill(nan_row[..., None], math.nan))
         m_all[:, :, q0:q1] = torch.zeros_like(l).masked_fill(inf_row, math.inf).masked_fill(
             nan_row, math.nan)
         den_all[:, :, q0:q1] = den.masked_fill(nan_row, math.nan)
-    if not sigmoid:
-        special.fix_forward(q, k, v, out, m_all, den_all, scale, diag is not None, key_mask,
-                            weight, offset=diag or 0)
-    return out.to(q.dtype), m_all, den_all
+    return outs.finish(q, k, v, m_all, den_all, scale, diag, key_mask, weight,
+                       special_queries=not sigmoid)
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -259,8 +322,8 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     with the diagonal of forward's offset."""
     weight = Weight(weight)
     diag = offset if causal else None
-    if weight is Weight.SOFTMAX1:
-        return _backward_softmax1(q, k, v, out, do, m, den, p0, p1, scale, diag, key_mask)
+    if weight in (Weight.SOFTMAX1, Weight.COG):
+        return _backward_exp(q, k, v, out, do, m, den, p0, p1, scale, diag, key_mask, weight)
     if not weight.exponential:
         return _backward_sums(q, k, v, out, do, m, den, p0, p1, scale, diag, key_mask,
                               weight)
@@ -304,14 +367,17 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp0, dp1
 
 
-def _backward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                       do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
-                       p1: torch.Tensor, scale: float, diag: int | None,
-                       key_mask: torch.Tensor | None
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                  torch.Tensor]:
-    """softmax1: y = exp(s - m) / den, ds = y (g - c); no parameter (zero gradients). The
-    visible-key masks are applied only in the query blocks that hold a NaN or +inf query."""
+def _backward_exp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                  do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
+                  p1: torch.Tensor, scale: float, diag: int | None,
+                  key_mask: torch.Tensor | None, weight: Weight
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                             torch.Tensor]:
+    """softmax1 and Cog from _forward_exp's statistics: p = exp(x - m) / den; softmax1's
+    y = p, ds = p (g - c); Cog's y = sign(s) p, ds = p (g - sign(s) c) (docs/attention.md
+    section 9: at s = 0 the mean of the two one-sided derivatives, p g). No parameter (zero
+    gradients). The visible-key masks are applied only in the query blocks that hold a NaN
+    or +inf query."""
     wd = work_dtype(q.dtype)
     ip = _in_place(q, k, v, out, do, m, den, p0, p1)
     lq, lk = q.shape[2], k.shape[2]
@@ -333,16 +399,21 @@ def _backward_softmax1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         for k0 in range(0, _key_end(q1, lk, diag), FAMILY_BLOCK_K):
             k1 = min(lk, k0 + FAMILY_BLOCK_K)
             kb, vb = k[:, :, k0:k1].to(wd), v[:, :, k0:k1].to(wd)
-            s = _scores(qb, kb, scale, diag, q0, k0, key_mask)
-            keep = (s != -math.inf) & ~skip if special_rows else None
-            p = _op(ip, s.sub_(mb).exp_(), "mul", rb)  # hidden keys: exp(-inf) = 0
-            ds = _op(ip, (dob @ vb.transpose(-1, -2)).sub_(cb), "mul", p)
+            x, sign = _exp_tile(weight, qb, kb, scale, diag, q0, k0, key_mask, ip)
+            keep = (x != -math.inf) & ~skip if special_rows else None
+            p = _op(ip, _op(ip, _op(ip, x, "sub", mb), "exp"), "mul", rb)  # hidden: exp(-inf) = 0
+            g = dob @ vb.transpose(-1, -2)
+            if sign is None:
+                ds, y = _op(ip, _op(ip, g, "sub", cb), "mul", p), p
+            else:
+                ds = _op(ip, _op(ip, g, "sub", sign * cb), "mul", p)
+                y = _op(ip, p, "mul", sign)
             if keep is not None:  # a NaN query's visible keys only; +inf ones are special's
-                p, ds = _op(ip, p, "masked_fill", ~keep, 0), _op(ip, ds, "masked_fill", ~keep, 0)
-            dv[:, :, k0:k1] += p.transpose(-1, -2) @ dob
+                y, ds = _op(ip, y, "masked_fill", ~keep, 0), _op(ip, ds, "masked_fill", ~keep, 0)
+            dv[:, :, k0:k1] += y.transpose(-1, -2) @ dob
             dk[:, :, k0:k1] += (ds.transpose(-1, -2) @ qb) * scale
             dq[:, :, q0:q1] += (ds @ kb) * scale
-    special.fix_backward(q, k, do, dv, m, scale, diag is not None, key_mask, Weight.SOFTMAX1,
+    special.fix_backward(q, k, do, dv, m, scale, diag is not None, key_mask, weight,
                          offset=diag or 0)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), torch.zeros_like(p0), \
         torch.zeros_like(p1)

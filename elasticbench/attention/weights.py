@@ -5,18 +5,36 @@ takes the weight as a compile-time choice and two per-(batch, head) parameters p
 (batch, heads) tensors in the work dtype, always given (an unused one is ignored and its
 gradient is zero):
 
-    forward(q, k, v, p0, p1, scale, causal, key_mask=None, weight=Weight.ELASTIC)
-        -> (out in q's dtype, m, den), m and den (batch, heads, length_q) in the work dtype
+    forward(q, k, v, p0, p1, scale, causal, key_mask=None, weight=Weight.ELASTIC,
+            gate=None, keep_ungated=False)
+        -> (out in q's dtype, m, den), m and den (batch, heads, length_q) in the work dtype;
+           with keep_ungated (and a gate), (out, m, den, ungated)
     backward(q, k, v, out, dout, m, den, p0, p1, scale, causal, key_mask=None,
              weight=Weight.ELASTIC) -> (dq, dk, dv, dp0, dp1)
 
-m and den are the query statistics the backward recomputes the weights from: the exp
-family's running max and shifted denominator; 0 and the plain denominator for symax and
-stablemax; 0 and 1 for sigmoid (docs/attention.md section 9). For the normalized weights,
-m = +inf marks a query with an infinite weight (docs/attention.md section 3: `special`
-finishes it) and m = NaN one with a NaN score (NaN wins); sigmoid's weights are bounded and
-need neither. dp0 and dp1 are per (batch, head), summed over the queries; a parameter the
-weight does not use gets a zero gradient.
+gate is None or a (batch, heads, length_q, value_dim) tensor in q's dtype (any strides): the
+epilogue writes out = round(O * gate), O the ungated output in the work dtype, and, with
+keep_ungated, ungated = round(O) beside it, with no extra pass over the output. The backward
+is the ungated one: the autograd layer calls it with out = ungated and dout = dY * gate, and
+takes d gate = dY * ungated itself.
+
+m and den are the query statistics the backward recomputes the weights from
+(docs/attention.md section 9):
+
+    weight     m_i                      den_i                                 w_ij recomputed
+    ELASTIC    max(0, max kept s)       sum_kept exp((s-m)/tau) + beta e^(-m/tau)
+                                                                       exp((s - m)/tau)/den
+    SOFTMAX1   max(0, max s)            exp(-m) + sum exp(s - m)              exp(s - m)/den
+    SYMAX      0                        eta + sum |s|                         |s|/den
+    STABLEMAX  0                        sum st(s)                             st(s)/den
+    SIGMOID    0                        1                                     sigmoid(s + bias)
+    COG        max |s| (0: no key)      sum exp(|s| - m)                      sign(s) exp(|s| - m)/den
+
+(sums over the visible keys). For the normalized weights, m = +inf marks a query with an
+infinite weight (docs/attention.md section 3: `special` finishes it; for COG an infinite
+|s|, +inf or -inf) and m = NaN one with a NaN score (NaN wins); sigmoid's weights are
+bounded and need neither. dp0 and dp1 are per (batch, head), summed over the queries; a
+parameter the weight does not use gets a zero gradient.
 """
 
 from __future__ import annotations
