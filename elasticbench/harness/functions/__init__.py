@@ -1,12 +1,14 @@
 """The function family, each member defined once (see docs/definitions.md), and the
 attention functions built on them (docs/attention.md). functions/sigmoid.py defines the
-sigmoid weight, which only attention takes (`sigmoid_attention`): it is no row function of
-the rows kind (docs/attention.md section 9 says why)."""
+sigmoid weight and functions/cog.py the signed cog weight, which only attention takes
+(`sigmoid_attention`, `cog_attention`): they are no row functions of the rows kind
+(docs/attention.md section 9 says why)."""
 
 from __future__ import annotations
 
 from elasticbench.harness.functions import elastic, softmax, softmax1, stablemax, symax
 from elasticbench.harness.functions.attention import (
+    COG_ATTENTION,
     ELASTIC_ATTENTION,
     SIGMOID_ATTENTION,
     SOFTMAX1_ATTENTION,
@@ -25,7 +27,8 @@ FUNCTION_NAMES: tuple[str, ...] = tuple(FUNCTIONS)
 # Kernels of these take (q, k, v), not rows: `verify` and `run` give them their own jobs.
 ATTENTION_FUNCTIONS: dict[str, AttentionFunction] = {
     f.name: f for f in (ELASTIC_ATTENTION, SOFTMAX_ATTENTION, SOFTMAX1_ATTENTION,
-                        SYMAX_ATTENTION, STABLEMAX_ATTENTION, SIGMOID_ATTENTION)
+                        SYMAX_ATTENTION, STABLEMAX_ATTENTION, SIGMOID_ATTENTION,
+                        COG_ATTENTION)
 }
 
 ROW, ATTENTION = "row", "attention"  # the kinds of kernel function

@@ -8,7 +8,7 @@ softmax, which is what torch.nn.functional.scaled_dot_product_attention (SDPA) c
 SDPA is verified (and timed as the baseline) under that name. `softmax1_attention`,
 `symax_attention`, `stablemax_attention` and `sigmoid_attention` take the other members
 (sigmoid: an elementwise weight with no normalizer, attention only; docs/attention.md
-section 9); each names its fused weight (attention/weights.py Weight, by name). An attention function is a
+section 9), and `cog_attention` the signed cog weights (attention only, functions/cog.py); each names its fused weight (attention/weights.py Weight, by name). An attention function is a
 kernel function of its own kind: its kernels take (q, k, v) rather than one array of rows
 (the kernel contract is docs/attention.md section 4), and `verify` and `run` give them their
 own jobs.
@@ -19,11 +19,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elasticbench.harness.functions import elastic, sigmoid, softmax, softmax1, stablemax, symax
+from elasticbench.harness.functions import (
+    cog,
+    elastic,
+    sigmoid,
+    softmax,
+    softmax1,
+    stablemax,
+    symax,
+)
 from elasticbench.harness.functions.base import Function, Param, RowGrad
 
 CAUSAL = Param("causal", 0.0, 0.0, False, (0.0, 1.0),
                "1: query i sees keys j <= i (top-left, as SDPA's is_causal); 0: every key")
+# A gated case (docs/attention.md section 5): the kernel is given a gate tensor g
+# (batch, heads, length_q, value_dim) in (0, 1) and returns out * g (and, backward, d gate);
+# only kernels that declare a `gate` parameter are given gated cases.
+GATE = Param("gate", 0.0, 0.0, False, (0.0, 1.0),
+             "1: the output gated elementwise by a given sigmoid gate; 0: ungated")
+BINARY = ("causal", "gate")  # the attention parameters that are switches, 0 or 1
 
 
 @dataclass(frozen=True)
@@ -41,6 +55,9 @@ class AttentionFunction:
     # the row function has none of its own (the rows kind verifies symax's and stablemax's
     # forward only)
     row_gradient: Callable[..., RowGrad] | None = None
+    # weights of either sign (cog): a zero weight (a zero score) still has a gradient,
+    # and a weight's size is |w|
+    signed: bool = False
 
     @property
     def gradient_row(self) -> Callable[..., RowGrad]:
@@ -64,11 +81,15 @@ class AttentionFunction:
         """The parameters that belong to the row function (tau, beta), not to attention."""
         return self.row.param_names
 
+    def row_values(self, params: dict[str, float]) -> dict[str, float]:
+        """params less the switches that are no row function's (causal, gate)."""
+        return {n: params[n] for n in self.row_params}
+
     def defaults(self) -> dict[str, float]:
         return {p.name: p.default for p in self.params}
 
     def validate_params(self, params: dict[str, object]) -> dict[str, float]:
-        """Names and ranges checked (causal must be 0 or 1), defaults filled in."""
+        """Names and ranges checked (causal and gate must be 0 or 1), defaults filled in."""
         unknown = sorted(set(params) - set(self.param_names))
         if unknown:
             raise ValueError(f"{self.name} has no parameter {unknown[0]!r} "
@@ -77,8 +98,9 @@ class AttentionFunction:
         for p in self.params:
             if p.name in params:
                 out[p.name] = p.validate(params[p.name])
-        if out["causal"] not in (0.0, 1.0):
-            raise ValueError(f"causal must be 0 or 1, got {params.get('causal')!r}")
+        for name in BINARY:
+            if out.get(name, 0.0) not in (0.0, 1.0):
+                raise ValueError(f"{name} must be 0 or 1, got {params.get(name)!r}")
         return out
 
     def param_grid(self, overrides: dict[str, list[float]] | None = None) -> list[dict]:
@@ -94,7 +116,7 @@ ELASTIC_ATTENTION = AttentionFunction(
     name="elastic_attention",
     summary="Elastic-Softmax attention: elastic(scale * q @ k^T) @ v, per head",
     row=elastic.FUNCTION,
-    params=(*elastic.FUNCTION.params, CAUSAL),
+    params=(*elastic.FUNCTION.params, CAUSAL, GATE),
     weight="ELASTIC",
 )
 
@@ -102,14 +124,14 @@ SOFTMAX_ATTENTION = AttentionFunction(
     name="softmax_attention",
     summary="softmax attention (what SDPA computes): softmax(scale * q @ k^T) @ v",
     row=softmax.FUNCTION,
-    params=(CAUSAL,),
+    params=(CAUSAL, GATE),
 )
 
 SOFTMAX1_ATTENTION = AttentionFunction(
     name="softmax1_attention",
     summary="softmax1 attention: exp(s) / (1 + sum exp(s)) @ v, a head may attend to nothing",
     row=softmax1.FUNCTION,
-    params=(CAUSAL,),
+    params=(CAUSAL, GATE),
     weight="SOFTMAX1",
 )
 
@@ -117,7 +139,7 @@ SYMAX_ATTENTION = AttentionFunction(
     name="symax_attention",
     summary="symax attention: |s| / (eta + sum |s|) @ v, per head",
     row=symax.FUNCTION,
-    params=(*symax.FUNCTION.params, CAUSAL),
+    params=(*symax.FUNCTION.params, CAUSAL, GATE),
     weight="SYMAX",
     row_gradient=symax.gradient,
 )
@@ -126,7 +148,7 @@ STABLEMAX_ATTENTION = AttentionFunction(
     name="stablemax_attention",
     summary="stablemax attention: st(s) / sum st(s) @ v, st = s + 1 (s >= 0), 1/(1 - s) below",
     row=stablemax.FUNCTION,
-    params=(CAUSAL,),
+    params=(CAUSAL, GATE),
     weight="STABLEMAX",
     row_gradient=stablemax.gradient,
 )
@@ -135,6 +157,15 @@ SIGMOID_ATTENTION = AttentionFunction(
     name="sigmoid_attention",
     summary="sigmoid attention: sigmoid(s + bias) @ v, no normalizer (FlashSigmoid)",
     row=sigmoid.FUNCTION,
-    params=(*sigmoid.FUNCTION.params, CAUSAL),
+    params=(*sigmoid.FUNCTION.params, CAUSAL, GATE),
     weight="SIGMOID",
+)
+
+COG_ATTENTION = AttentionFunction(
+    name="cog_attention",
+    summary="cog attention: sign(s) exp(|s|) / sum exp(|s|) @ v, signed weights (Lv et al.)",
+    row=cog.FUNCTION,
+    params=(CAUSAL, GATE),
+    weight="COG",
+    signed=True,
 )

@@ -11,9 +11,11 @@ each input is for (docs/attention.md section 5):
 - ties (equal keys), huge scores (the shift must keep every exponential finite), a NaN in
   q, in k or in v, placed so that it reaches some queries and not others;
 - for the family's other weights (docs/attention.md section 9): rows and columns of exact 0
-  scores, infinite scores, scores near 0 (symax's and stablemax's kinks);
+  scores, infinite scores, scores near 0 (symax's and stablemax's kinks); for cog's signed
+  weights, scores straddling 0 and ties in |s| of opposite signs (s and -s in one row);
 - masks (`generate_mask`): key padding, a random bool mask, a finite float mask that flips
-  scores' signs, each leaving some queries with no key.
+  scores' signs, each leaving some queries with no key;
+- gates (`generate_gate`): the gate tensor of a gated case, values in (0, 1).
 """
 
 from __future__ import annotations
@@ -120,6 +122,22 @@ def _zero_scores(rng, fmt, shape):
     return q, k, v
 
 
+@_generator("straddle_zero", "scores of both signs clustered about 0 (q scaled by 2^-3, "
+            "one key of zeros): cog's signed weights near their jump at 0")
+def _straddle_zero(rng, fmt, shape):
+    q, k, v = _normal(rng, shape)
+    k[:, :, shape[3] // 2] = 0.0
+    return q * 0.125, k, v
+
+
+@_generator("abs_ties", "every other key the negation of the one before: s and -s in one row, "
+            "ties in |s| of opposite signs (cog's weights +p and -p)")
+def _abs_ties(rng, fmt, shape):
+    q, k, v = _normal(rng, shape)
+    k[:, :, 1::2] = -k[:, :, 0:shape[3] - 1:2]
+    return q, k, v
+
+
 @_generator("inf_scores", "an infinite component in one query: its scores +-inf (the limits: "
             "equal shares among the infinite weights, sigmoid 1 and 0)")
 def _inf_scores(rng, fmt, shape):
@@ -199,6 +217,21 @@ def mask_bias(mask: np.ndarray | None, shape: Shape) -> np.ndarray | None:
     bias = (np.where(mask, 0.0, -np.inf) if mask.dtype == bool
             else np.asarray(mask, dtype=np.float64))
     return np.ascontiguousarray(np.broadcast_to(bias, (b, h, lq, lk)))
+
+
+def generate_gate(name: str, dtype: str, shape: Shape, seed: int) -> np.ndarray:
+    """The gate of a gated case of input `name` (docs/attention.md section 5): (batch,
+    heads, length_q, head_dim) in the format, sigmoid of N(0, 2^2) rounded to it, with the
+    first query's values pushed near 0 and near 1 (sigmoid(-9), sigmoid(9)) in turn;
+    every value in (0, 1) (one that rounds to 1 is the format's largest below 1)."""
+    b, h, lq, _, d = shape
+    fmt = get_format(dtype)
+    rng = np.random.default_rng(stream_seed(seed, f"attention/{name}/gate", dtype, shape))
+    x = rng.standard_normal((b, h, lq, d)) * 2.0
+    x[:, :, 0, 0::2], x[:, :, 0, 1::2] = -9.0, 9.0
+    g = fmt.cast(1.0 / (1.0 + np.exp(-x)))
+    below_one = 1.0 - fmt.unit_roundoff  # the format's largest value below 1
+    return np.where(g >= 1.0, fmt.cast(np.float64(below_one)), g).astype(g.dtype)
 
 
 def padding_mask(batch: int, length: int, padded: float) -> np.ndarray:

@@ -49,9 +49,11 @@ def test_any_backend_registers_an_attention_kernel_and_bad_params_are_refused():
         get_kernel("np_attn")
     fn = get_attention_function("elastic_attention")
     assert fn.validate_params({"tau": 0.5, "causal": 1}) == {"tau": 0.5, "beta": 1.0,
-                                                             "causal": 1.0}
+                                                             "causal": 1.0, "gate": 0.0}
     with pytest.raises(ValueError, match="causal must be 0 or 1"):
         fn.validate_params({"causal": 0.5})
+    with pytest.raises(ValueError, match="gate must be 0 or 1"):
+        fn.validate_params({"gate": 2})
     with pytest.raises(ValueError, match="no parameter"):
         get_attention_function("softmax_attention").validate_params({"tau": 1})
 

@@ -19,7 +19,7 @@ def test_list_functions_names_every_row_and_attention_function(cli):
     assert _entries(r.out) == ([(n, False) for n in FUNCTIONS]
                                + [(n, True) for n in ATTENTION_FUNCTIONS])
     line = next(ln for ln in r.out.splitlines() if ln.startswith("elastic_attention "))
-    assert line.endswith("[tau=1, beta=1, causal=0]")
+    assert line.endswith("[tau=1, beta=1, causal=0, gate=0]")
 
 
 def test_list_inputs_names_every_row_and_attention_generator(cli):

@@ -68,8 +68,8 @@ def drawn_case(draw, grads: bool):
                  ).astype(np.float64)
     params = {}
     for p in fn.params:
-        if p.name == "causal":
-            params["causal"] = float(draw(st.booleans()))
+        if p.name in ("causal", "gate"):  # switches (the truth never reads gate)
+            params[p.name] = float(draw(st.booleans()))
             continue
         lo, hi = (2.0**-10, 2.0**10) if p.name == "tau" else p.span
         value = float(np.exp(draw(st.floats(math.log(lo), math.log(hi)))))

@@ -58,14 +58,17 @@ ATTENTION_BUDGETS: dict[str, AttentionBudget] = {
 }
 
 
-EXP, NORMALIZE, SIGMOID = "exp", "normalize", "sigmoid"  # the weights' forms
+EXP, NORMALIZE, SIGMOID, SIGNED = "exp", "normalize", "sigmoid", "signed"  # the weights' forms
 
 
 def form_of(fn: AttentionFunction) -> str:
     """Which budget a function's weights take: the exp family's (a temperature, a shift),
-    a weight-normalize member's (a(s) / D, no exponential) or sigmoid's (no denominator)."""
+    a weight-normalize member's (a(s) / D, no exponential), sigmoid's (no denominator) or
+    cog's (signed: softmax of |s| times sign(s))."""
     if not fn.normalized:
         return SIGMOID
+    if fn.signed:
+        return SIGNED
     return NORMALIZE if fn.row.weights is not None else EXP
 
 
@@ -141,11 +144,15 @@ class Conditioning:
         self.sub_ds = self.kept * self.sub / (2 * self.uw)  # a weight's subnormal step
         self.flip = np.zeros_like(self.w)
         self.mt = self.qd = self.sink = np.zeros(self.w.shape[:-1])
+        self.sign = np.ones_like(self.w)
         if self.form == NORMALIZE:
             self._normalize(fn, params, s, truth, bias)
             return
         if self.form == SIGMOID:
             self._sigmoid()
+            return
+        if self.form == SIGNED:
+            self._signed(params, s, truth, bias)
             return
         self.eps = (budget.a + budget.b * self.zabs + budget.c * self.zbar[..., None]
                     + self.g * (self.sigma + self.sigbar[..., None]) / self.tau
@@ -191,6 +198,43 @@ class Conditioning:
             near = np.abs(s) <= 2 * g * self.uw * self.sigma
             self.flip = np.where(finite & near, 2 * inv, 0.0)
 
+    def _signed(self, params: dict[str, float], s: np.ndarray, truth: AttentionTruth,
+                bias: np.ndarray | None) -> None:
+        """weps, dw, dwe and flip of cog, w = sign(s) p, p = softmax(|s|) over the visible
+        keys (docs/numerics.md section 8.2): p is the exp family's weight at tau = 1 on |s|
+        (|s| exact, the same rounding of the score), so its relative error is eps; the
+        allowance is built from p = |w| (and from p at a zero score, whose w is 0 but
+        whose ds = p g is not); where |s| lies within the score's rounding of 0 the kernel's
+        sign may differ, a weight off by 2p (flip)."""
+        bud, g = self.bud, self.g
+        visible = np.broadcast_to(_visible(self.lq, self.lk, bool(params.get("causal", 0.0))),
+                                  s.shape)
+        if bias is not None:
+            visible = visible & np.isfinite(bias)
+        moving = (truth.kind == "finite")[..., None]
+        finite = moving & visible
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            e = np.where(finite, np.exp(-truth.zabs), 0.0)
+            den = e.sum(-1, keepdims=True)
+            p = np.where(finite, e / np.where(den > 0, den, 1.0), 0.0)
+        # a query of infinite scores: its weights are the limit's, |w| = 1/n
+        self.w = np.where(moving, p, np.abs(self.w))
+        total = self.w.sum(-1)
+        self.sigbar = np.where(total > 0, (self.w * self.sigma).sum(-1)
+                               / np.where(total > 0, total, 1), 0.0)
+        self.kept = (self.w > 0).astype(np.float64)
+        self.sub_ds = np.where(moving, self.kept * self.sub / (2 * self.uw), 0.0)
+        self.eps = (bud.a + bud.b * self.zabs + bud.c * self.zbar[..., None]
+                    + g * (self.sigma + self.sigbar[..., None])
+                    + bud.d * math.log2(max(self.lk, 1)))
+        near = np.abs(s) <= 2 * g * self.uw * self.sigma
+        # (flip is in units of 2 u_w, as weps: a sign off is 2 p absolutely)
+        self.flip = np.where(finite & near, 2 * self.w, 0.0) / (2 * self.uw)
+        self.weps = self.w * self.eps + self.flip
+        self.dw = np.where(moving, self.w, 0.0)  # ds = p (g - sign(s) c)
+        self.dwe = self.dw * self.eps
+        self.sign = np.sign(np.nan_to_num(truth.w))
+
     def _sigmoid(self) -> None:
         """weps, dw and dwe of sigmoid(s + bias): no denominator; the argument's error (its
         rounding b|x|, the score's g sigma) enters the weight times 1 - w
@@ -211,8 +255,22 @@ class Conditioning:
                 + self.bud.l * (2 * self.uo * wv.sum(3) + self.sub_out * floor))
 
 
+def gated_allowance(cond: Conditioning, factor: np.ndarray, out_ulp: np.ndarray,
+                    value: np.ndarray, value_ulp: np.ndarray) -> np.ndarray:
+    """Absolute allowance for a product `value` = out * factor formed by a kernel from its
+    own out (docs/numerics.md section 8.3): the gated output out * g (factor = g) or the
+    gate's gradient dY * out (factor = dY). out's allowance (out_ulp: ulp of the exact
+    ungated out, so a kernel that rounds out to its format first is covered) carried by
+    |factor|, the product's rounding in the work precision and the final one in the format
+    (value_ulp: ulp of the exact product)."""
+    f = np.abs(np.nan_to_num(factor, nan=0.0, posinf=0.0, neginf=0.0))
+    return (f * cond.out_allowance(out_ulp) + 2 * cond.uw * np.abs(np.nan_to_num(value))
+            + cond.bud.r * value_ulp)
+
+
 def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
-                       ulps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                       ulps: dict[str, np.ndarray], rounded_dout: bool = False
+                       ) -> dict[str, np.ndarray]:
     """Absolute allowances for dq, dk, dv (elementwise; ulps[name] is ulp of the exact
     value in the format) and for each row parameter's gradient per (batch, head) ("tau",
     "beta"), carried from the error of ds_ij = w_ij (dp_ij - c_i)/tau:
@@ -224,7 +282,9 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
     with P_ij = sum_e |dO_ie v_je| and C_i = sum_e |dO_ie out_ie| the conditioning of the dot
     products dp_ij = dO_i . v_j and c_i = dO_i . out_i; a low-precision kernel pays L_ij for
     out saved in its format and for ds rounded once to it before the matmuls (as p is
-    forward). dq, dk and dv are sums of ds (or w) times q, k, dO.
+    forward). dq, dk and dv are sums of ds (or w) times q, k, dO. rounded_dout: the kernel's
+    dO is dY * g of a gated case, rounded once to the format (and the reference's, in
+    float64, for fp64): 2 u_out of every term that dO enters (docs/numerics.md section 8.3).
     """
     c, b = cond, cond.bud
     two_uw, two_uo = 2 * c.uw, 2 * c.uo
@@ -247,10 +307,13 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
     floor = c.sub_ds
     A = (c.dwe * (np.abs(dp) + np.abs(ci)) + c.dw * (c.g * (P + Ci) + CeP)
          + floor * (np.abs(dp) + np.abs(ci) + CeP)
-         + c.flip * (np.abs(dp) + np.abs(ci)) / two_uw)  # (flip: not relative to u_w)
-    ds = c.dw * np.abs(dp - ci)
+         + (c.flip if c.form == SIGNED else c.flip / two_uw)  # (symax's: absolute)
+         * (np.abs(dp) + np.abs(ci)))
+    ds = c.dw * np.abs(dp - (c.sign * ci if c.form == SIGNED else ci))
     # out saved in the format (c_i), and p and ds rounded once to it for the matmuls
     L = b.l * (c.dw * Ci + ds + c.kept * c.sub_out / two_uo)  # (a subnormal lands on its step)
+    if rounded_dout:  # dp and c_i off by u_out of P and C (times 2: the reference's too)
+        L = L + c.dw * (P + Ci)
     lg_q, lg_k = b.d * math.log2(max(c.lq, 1)), b.d * math.log2(max(c.lk, 1))
     e_q = A + ds * (c.g + lg_k)
     e_k = A + ds * lg_q
@@ -259,7 +322,8 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
     out["dk"] = (c.scale * np.swapaxes(two_uw * e_k + two_uo * L, -1, -2) @ c.aq
                  + b.r * ulps["dk"])
     wt_do = np.swapaxes(two_uw * (c.weps + c.w * lg_q) + two_uo * b.l * c.w
-                        + b.l * c.kept * c.sub_out, -1, -2) @ ado
+                        + b.l * c.kept * c.sub_out
+                        + (two_uo * c.w if rounded_dout else 0.0), -1, -2) @ ado
     out["dv"] = wt_do + b.r * ulps["dv"]
     z = c.zabs
     tiny = c.tiny
@@ -269,6 +333,8 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
         out["eta"] = (two_uw * (c.inv_d * (aci * (c.eps_d + 1 + lg_q) + c.g * Ci[..., 0]
                                             + CeP[..., 0])).sum(-1)
                       + two_uo * b.l * (c.inv_d * Ci[..., 0]).sum(-1) + tiny)
+        return out
+    if c.form == SIGNED:  # cog has no row parameter
         return out
     if c.form == SIGMOID:
         # dbias = sum_ij ds_ij: every ds's error, and the sum of Lq Lk terms

@@ -198,6 +198,8 @@ def row_function_fits(fn: AttentionFunction, params: dict[str, float]) -> bool:
     floored shift) and sigmoid are declined: mpmath answers for them."""
     if certified_normalize.fits(fn, params):
         return True
+    if fn.signed:  # cog: signed_fits (its forward: softmax of |s|, the sign exact)
+        return False
     row = fn.row
     tau, offset = row.temperature(params), row.offset(params)
     return (row.normalized and row.weights is None and row.shift_floor == -math.inf

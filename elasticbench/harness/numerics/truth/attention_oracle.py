@@ -7,7 +7,8 @@ upstream dO are the row function's exact gradients (AttentionFunction.gradient_r
 g_j = dO_i . v_j (docs/attention.md sections 2 and 9), carried to q, k and v, and summed over
 the queries for the row parameters. A NaN query of a normalized weight makes everything it
 reaches NaN; sigmoid's weights are each alone, so a NaN score there makes NaN only what
-that weight reaches (dq_i, dk_j, dv_j and the bias).
+that weight reaches (dq_i, dk_j, dv_j and the bias). Cog's weights are signed: a zero score
+weighs 0 in out and dv but its ds = p g is not 0 (functions/cog.py).
 
 This is the accurate phase of the attention reference (numerics/attention_truth.py): it
 answers the query rows (forward) and the heads (gradients) that the certified phase
@@ -210,7 +211,11 @@ def _gradient_row(acc: Accumulators, fn: AttentionFunction, rowp: dict[str, floa
         return
     zero = mpmath.mpf(0)
     pdo, pv = head.part("DO")[i], head.part("V")
-    g = [exact_dot(DO[i], head.V[j], pdo, pv[j]) if p in live else zero
+    # a signed weight's zero (a zero score) still has a gradient, p g (functions/cog.py):
+    # its g is formed too where v_j is finite
+    fed = set(live) if not fn.signed else {p for p, j in enumerate(keys)
+                                           if p in live or not head.bad_v[j].any()}
+    g = [exact_dot(DO[i], head.V[j], pdo, pv[j]) if p in fed else zero
          for p, j in enumerate(keys)]
     rg = fn.gradient_row(s, g, **rowp)
     ys = rt.y
@@ -230,6 +235,7 @@ def _gradient_row(acc: Accumulators, fn: AttentionFunction, rowp: dict[str, floa
             continue
         if rg.zero[p] or ds == 0:
             continue
+        acc.touched_q[i] = acc.touched_k[j] = True  # (a signed weight's zero moves them)
         acc.terms_q[i].append((ds, j))
         acc.terms_k[j].append((ds, i))
 
