@@ -1,8 +1,8 @@
 """The fused CPU kernel of the native tier (kernels/cpp/attention.cpp) behind the contract of
 `weights`, for every weight of `weights.Weight`:
 
-    forward(q, k, v, p0, p1, scale, causal, key_mask=None, weight=Weight.ELASTIC, offset=0)
-        -> (out in q's dtype, m, den)
+    forward(q, k, v, p0, p1, scale, causal, key_mask=None, weight=Weight.ELASTIC, offset=0,
+            gate=None, keep_ungated=False) -> (out in q's dtype, m, den[, ungated])
     backward(q, k, v, out, dout, m, den, p0, p1, scale, causal, key_mask=None,
              weight=Weight.ELASTIC, offset=0) -> (dq, dk, dv, dp0, dp1)
 
@@ -14,7 +14,8 @@ view costs no copy). key_mask is
 an optional (batch, length_k) bool. The C++ kernel flags queries with an infinite weight by
 m = +inf and NaN ones by m = NaN, and `special` finishes the infinite ones here, as it does
 for every kernel. fp16 and bf16 are converted to fp32 once, computed in fp32 and rounded
-once. docs/native.md section 5.
+once. A gate multiplies the output in the kernel's epilogue, in the work dtype, the ungated
+output written beside it with keep_ungated (`weights`' contract). docs/native.md section 5.
 """
 
 from __future__ import annotations
@@ -42,16 +43,29 @@ def accepts(q: torch.Tensor, weight: Weight | int = Weight.ELASTIC) -> bool:
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
             p1: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
-            weight: Weight | int = Weight.ELASTIC, offset: int = 0
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            weight: Weight | int = Weight.ELASTIC, offset: int = 0,
+            gate: torch.Tensor | None = None, keep_ungated: bool = False
+            ) -> tuple[torch.Tensor, ...]:
     """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in the work dtype;
-    key_mask (batch, length_k) bool hides the keys where it is False inside the fused loop."""
+    key_mask (batch, length_k) bool hides the keys where it is False inside the fused loop;
+    with keep_ungated, (out, m, den, ungated) (`weights`' contract for the gate)."""
     weight = int(weight)  # the extension refuses a weight it does not have
     offset = offset if causal else 0
-    out, m, den = native.load().attention_forward(q, k, v, p0, p1, scale, causal, BLOCK_Q,
-                                                  BLOCK_K, key_mask, weight, offset)
-    special.fix_forward(q, k, v, out, m, den, scale, causal, key_mask, weight, offset)
-    return _as(out, q.dtype), m, den
+    if gate is None and not keep_ungated:  # the common call, as before the gate
+        out, m, den = native.load().attention_forward(q, k, v, p0, p1, scale, causal, BLOCK_Q,
+                                                      BLOCK_K, key_mask, weight, offset)
+        special.fix_forward(q, k, v, out, m, den, scale, causal, key_mask, weight, offset)
+        return _as(out, q.dtype), m, den
+    parts = native.load().attention_forward(q, k, v, p0, p1, scale, causal, BLOCK_Q, BLOCK_K,
+                                            key_mask, weight, offset, gate, keep_ungated)
+    out, m, den = parts[:3]
+    ungated = parts[3] if keep_ungated and gate is not None else None
+    special.fix_forward(q, k, v, out, m, den, scale, causal, key_mask, weight, offset,
+                        gate=gate, ungated=ungated)
+    if not keep_ungated:
+        return _as(out, q.dtype), m, den
+    gated = _as(out, q.dtype)
+    return gated, m, den, (gated if ungated is None else _as(ungated, q.dtype))
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

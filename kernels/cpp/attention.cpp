@@ -1,5 +1,5 @@
 // Fused attention on the CPU, forward and backward, one template on the weight function
-// (attention.h's AttnWeight: Elastic, softmax1, symax, stablemax, sigmoid; docs/attention.md
+// (attention.h's AttnWeight: Elastic, softmax1, symax, stablemax, sigmoid, Cog; docs/attention.md
 // section 2, docs/native.md section 5). Flash-style: per (batch, head, query block) the
 // forward visits the key blocks with the GEMMs of the BLAS torch links (s = scale q k^T,
 // acc += p v) and per query a running sum of the weights (and, for the exp family, an online
@@ -11,7 +11,9 @@
 // keys inside the loop: key blocks it hides whole are skipped, the tile is cut after the last
 // kept key, and hidden keys inside it get a score of weight 0 (hidden_score: -inf, symax 0).
 // NaN queries and those with an infinite weight are flagged by their statistics (m NaN,
-// m = +inf) and the latter finished in Python (elasticbench/attention/special.py).
+// m = +inf) and the latter finished in Python (elasticbench/attention/special.py). An
+// optional gate (batch, heads, length_q, value_dim) multiplies the output where the forward
+// normalizes it, the ungated output written beside it when the backward will need it.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -156,7 +158,15 @@ template <typename C> struct Rows {
     return p + (bh / heads) * sb + (bh % heads) * sh + row * ld;
   }
 };
-constexpr bool exponential(int w) { return w == kElastic || w == kSoftmax1; }
+// The gate where the caller laid it: (batch, head, row, column) strides, any of them 0.
+template <typename C> struct Gate {
+  const C* p = nullptr;  // null: no gate
+  int64_t sb = 0, sh = 0, sl = 0, sd = 0, heads = 1;
+  const C* row(int64_t bh, int64_t i) const {
+    return p + (bh / heads) * sb + (bh % heads) * sh + i * sl;
+  }
+};
+constexpr bool exponential(int w) { return w == kElastic || w == kSoftmax1 || w == kCog; }
 template <int W, typename C>
 WeightParams<C> weight_params(const HeadParam<C>& p0, const HeadParam<C>& p1, int64_t bh) {
   if constexpr (W == kElastic) {
@@ -166,7 +176,7 @@ WeightParams<C> weight_params(const HeadParam<C>& p0, const HeadParam<C>& p1, in
     return {1.0, 1.0, C(1)};
   } else if constexpr (W == kSymax) {
     return {1.0, double(p1[bh]), C(0)};
-  } else if constexpr (W == kStablemax) {
+  } else if constexpr (W == kStablemax || W == kCog) {
     return {1.0, 0.0, C(0)};
   } else {
     return {1.0, 0.0, p0[bh]};
@@ -203,14 +213,25 @@ struct Shape {
   int64_t cols(int64_t bh_, int64_t k0, int64_t nc) const {
     return mask.keep ? std::min(nc, mask.cols[block(bh_, k0)]) : nc;
   }
+  // Whether key block k0 of head bh_ holds keys the mask hides before its last kept one.
+  bool partial(int64_t bh_, int64_t k0) const {
+    return mask.keep && mask.partial[block(bh_, k0)];
+  }
   // Hidden keys of a partially masked block: `fill` at their columns of the nr rows of s.
+  // kept_neg_inf: what a kept key's -inf score becomes (Cog's forward: +inf, its |s| being
+  // infinite all the same, so that -inf in the tile means a hidden key), else left as it is.
   template <typename C>
-  void hide(int64_t bh_, int64_t k0, int64_t nr, int64_t nc, C* s, C fill) const {
-    if (!mask.keep || !mask.partial[block(bh_, k0)]) return;
+  void hide(int64_t bh_, int64_t k0, int64_t nr, int64_t nc, C* s, C fill,
+            bool kept_neg_inf_to_inf = false) const {
+    if (!partial(bh_, k0)) return;
     const bool* keep = mask.keep + (bh_ / heads) * lk + k0;
+    const C inf = std::numeric_limits<C>::infinity();
     for (int64_t i = 0; i < nr; ++i)
-      for (int64_t j = 0; j < nc; ++j)
-        if (!keep[j]) s[i * bk + j] = fill;
+      for (int64_t j = 0; j < nc; ++j) {
+        C& x = s[i * bk + j];
+        if (!keep[j]) x = fill;
+        else if (kept_neg_inf_to_inf && x == -inf) x = inf;
+      }
   }
 };
 
@@ -229,7 +250,8 @@ template <typename C> struct Scratch {
 template <typename C, int W>
 void forward_impl(const Rows<C>& q, const Rows<C>& k, const Rows<C>& v,
                   const HeadParam<C>& p0, const HeadParam<C>& p1, C* out,
-                  C* m_out, C* den_out, const Shape& sh, const AttnRows<C>& rows) {
+                  C* m_out, C* den_out, const Shape& sh, const AttnRows<C>& rows,
+                  const Gate<C>& gate, C* ungated) {
   const int64_t nqb = (sh.lq + sh.bq - 1) / sh.bq;
   const C nan = std::numeric_limits<C>::quiet_NaN(), inf = std::numeric_limits<C>::infinity();
   at::parallel_for(0, sh.bh * nqb, 1, [&](int64_t begin, int64_t end) {
@@ -255,13 +277,16 @@ void forward_impl(const Rows<C>& q, const Rows<C>& k, const Rows<C>& v,
         if (nc == 0) continue;
         gemm<C>(false, true, nr, nc, sh.d, C(sh.scale), qb, q.ld, k.at(bh, k0), k.ld, C(0),
                 s, sh.bk);
-        sh.hide(bh, k0, nr, nc, s, hidden_score<W, C>());
+        sh.hide(bh, k0, nr, nc, s, hidden_score<W, C>(), W == kCog);
+        // Cog: a -inf score left in a partially masked tile is a hidden key's (hide made a
+        // kept one +inf); anywhere else it is a computed score of infinite |s|
+        const bool neg_is_inf = W == kCog && !sh.partial(bh, k0);
         for (int64_t i = 0; i < nr; ++i) {
           const C m_old = m[i];
           const AttnRowSum r = rows.fwd[W](s + i * sh.bk, sh.visible(q0 + i, k0, nc), nc,
                                            &m[i], wp.a);
           has_nan[i] |= r.nan;
-          has_inf[i] |= r.inf;
+          has_inf[i] |= r.inf | (neg_is_inf & r.neg);
           if (exponential(W) && m[i] > m_old) {
             const double alpha = std::exp((double(m_old) - double(m[i])) / t);
             l[i] *= alpha;
@@ -276,14 +301,24 @@ void forward_impl(const Rows<C>& q, const Rows<C>& k, const Rows<C>& v,
       for (int64_t i = 0; i < nr; ++i) {
         const int64_t row = bh * sh.lq + q0 + i;
         C* o = out + row * sh.dv;
+        C* u = ungated ? ungated + row * sh.dv : nullptr;
+        const C* g = gate.p ? gate.row(bh, q0 + i) : nullptr;
+        // the epilogue: o = O g (O the ungated output, kept in u where asked), O = x[j] / d
+        auto put = [&](auto value) {
+          for (int64_t j = 0; j < sh.dv; ++j) {
+            const C x = value(j);
+            if (u) u[j] = x;
+            o[j] = g ? x * g[j * gate.sd] : x;
+          }
+        };
         if (has_nan[i]) {
-          std::fill(o, o + sh.dv, nan);
+          put([&](int64_t) { return nan; });
           m_out[row] = den_out[row] = nan;
           continue;
         }
         const C* a = acc + i * sh.dv;
         if constexpr (W == kSigmoid) {  // no normalizer: the sum of y v itself, den = 1
-          std::copy(a, a + sh.dv, o);
+          put([&](int64_t j) { return a[j]; });
           m_out[row] = C(0);
           den_out[row] = C(1);
           continue;
@@ -293,7 +328,7 @@ void forward_impl(const Rows<C>& q, const Rows<C>& k, const Rows<C>& v,
         const C dc = C(den);
         // 0 where nothing is kept (exp family) or the denominator is 0 (its weights are too)
         const bool zero = exponential(W) ? !(l[i] > 0) : dc == C(0);
-        for (int64_t j = 0; j < sh.dv; ++j) o[j] = zero ? C(0) : a[j] / dc;
+        put([&](int64_t j) { return zero ? C(0) : a[j] / dc; });
         m_out[row] = has_inf[i] ? inf : m[i];
         den_out[row] = dc;
       }
@@ -557,6 +592,7 @@ template <typename F> void with_weight(int64_t w, F&& f) {
     case kSymax: return f(std::integral_constant<int, kSymax>{});
     case kStablemax: return f(std::integral_constant<int, kStablemax>{});
     case kSigmoid: return f(std::integral_constant<int, kSigmoid>{});
+    case kCog: return f(std::integral_constant<int, kCog>{});
     default: TORCH_CHECK(false, "unknown attention weight ", w, " (0 to ", kNumWeights - 1, ")");
   }
 }
@@ -566,23 +602,41 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
                                           const at::Tensor& beta, double scale, bool causal,
                                           int64_t block_q, int64_t block_k,
                                           const OptTensor& key_mask, int64_t weight,
-                                          int64_t offset) {
+                                          int64_t offset, const OptTensor& gate,
+                                          bool keep_ungated) {
   const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k, key_mask,
                            offset);
   const at::Tensor qc = rows_operand(q, o.wd), kc = rows_operand(k, o.wd);
   const at::Tensor vc = rows_operand(v, o.wd);
   const auto opts = q.options().dtype(o.wd);
-  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, opts);
+  const std::vector<int64_t> out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
+  at::Tensor out = at::empty(out_shape, opts);
   at::Tensor m = at::empty({q.size(0), q.size(1), q.size(2)}, opts), den = at::empty_like(m);
+  at::Tensor g, ungated;  // the gate in the work dtype, read in its strides
+  const bool gated = gate.has_value() && gate->defined();
+  if (gated) {
+    TORCH_CHECK(gate->device().is_cpu() && gate->dim() == 4 &&
+                    gate->sizes() == at::IntArrayRef(out_shape),
+                "gate must be a CPU tensor of the output's shape (batch, heads, length_q, "
+                "value_dim)");
+    g = gate->scalar_type() == o.wd ? *gate : gate->to(o.wd);
+    if (keep_ungated) ungated = at::empty(out_shape, opts);
+  }
   const AttnTable* table = attn_table();
   AT_DISPATCH_FLOATING_TYPES(o.wd, "attention_forward", [&] {
+    Gate<scalar_t> gv;
+    if (gated)
+      gv = {g.data_ptr<scalar_t>(), g.stride(0), g.stride(1), g.stride(2), g.stride(3),
+            q.size(1)};
     with_weight(weight, [&](auto w) {
       forward_impl<scalar_t, decltype(w)::value>(
           operand_rows<scalar_t>(qc), operand_rows<scalar_t>(kc), operand_rows<scalar_t>(vc),
           o.param<scalar_t>(o.p0), o.param<scalar_t>(o.p1), out.data_ptr<scalar_t>(),
-          m.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), o.sh, rows_of<scalar_t>(table));
+          m.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), o.sh, rows_of<scalar_t>(table),
+          gv, ungated.defined() ? ungated.data_ptr<scalar_t>() : nullptr);
     });
   });
+  if (keep_ungated) return {out, m, den, ungated.defined() ? ungated : out};
   return {out, m, den};
 }
 
@@ -630,11 +684,13 @@ void bind_attention(pybind11::module_& m, const char* (*isa)()) {
   current_isa = isa;
   // p0 and p1 keep Elastic's names (tau, beta), (batch, heads) in any strides; weight is
   // weights.py's Weight as an int; offset the causal diagonal (query i sees key j <= i + offset)
+  // gate: None or (batch, heads, length_q, value_dim) in any strides; keep_ungated adds the
+  // ungated output (the output itself without a gate) as a fourth tensor
   m.def("attention_forward", &attention_forward,
-        "fused attention forward for `weight`: (out, m, den) in the working dtype",
+        "fused attention forward for `weight`: (out, m, den[, ungated]) in the working dtype",
         "q"_a, "k"_a, "v"_a, "tau"_a, "beta"_a, "scale"_a, "causal"_a, "block_q"_a = 256,
         "block_k"_a = 512, "key_mask"_a = pybind11::none(), "weight"_a = int64_t(kElastic),
-        "offset"_a = int64_t(0));
+        "offset"_a = int64_t(0), "gate"_a = pybind11::none(), "keep_ungated"_a = false);
   m.def("attention_backward", &attention_backward,
         "fused attention backward for `weight`: (dq, dk, dv, dp0, dp1) in the working dtype",
         "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "m"_a, "den"_a, "tau"_a, "beta"_a, "scale"_a,

@@ -252,19 +252,84 @@ template <typename C> struct FamilyRowKernels {
   }
 };
 
+// Cog: sign(s) exp(|s| - m) with m the running max of the finite |s| (docs/attention.md
+// section 9). An infinite |s| (+inf reported as inf, -inf as neg) and NaN get weight 0 here
+// and are reported; the caller finishes or marks their query. The row's sum is of the
+// unsigned exps, the stored weights signed (sign(0) = 0: a zero score weighs nothing).
+template <typename C> struct CogRowKernels {
+  using K = AttnRowKernels<C>;
+  static constexpr int W = K::W;
+  static vec<C> with_sign(vec<C> v, vec<C> e) {  // sign(v) e, 0 where v is 0 (or NaN)
+    return select<C>(v > C(0), e, select<C>(v < C(0), -e, splat<C>(C(0))));
+  }
+  static eb::AttnRowSum fwd(C* s, int64_t n, int64_t cols, C* m_io, C) {
+    vec<C> mx = splat<C>(C(0));
+    ivec<C> nan{}, inf{}, neg{};
+    for (int64_t i = 0; i < n; i += W) {
+      vec<C> v = K::load(s, i, n), a = vabs<C>(v);  // the tail: -inf, masked out of neg
+      mx = vmax<C>(mx, select<C>(a < C(__builtin_inf()), a, splat<C>(C(0))));
+      nan |= v != v;
+      inf |= v == C(__builtin_inf());
+      neg |= (v == -C(__builtin_inf())) & lanes_below<C>(n - i);
+    }
+    C m = hmax<C>(mx);
+    m = m > *m_io ? m : *m_io;
+    *m_io = m;
+    vec<C> acc0{}, acc1{};
+    int64_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {  // two chains, as Elastic's
+      vec<C> v0 = Io<C, C>::load(s + i), v1 = Io<C, C>::load(s + i + W);
+      vec<C> a0 = vabs<C>(v0), a1 = vabs<C>(v1);
+      vec<C> e0 = select<C>(a0 < C(__builtin_inf()), K::ex(a0 - m), splat<C>(C(0)));
+      vec<C> e1 = select<C>(a1 < C(__builtin_inf()), K::ex(a1 - m), splat<C>(C(0)));
+      Io<C, C>::store(s + i, with_sign(v0, e0));
+      Io<C, C>::store(s + i + W, with_sign(v1, e1));
+      acc0 += e0;
+      acc1 += e1;
+    }
+    for (; i < n; i += W) {
+      vec<C> v = K::load(s, i, n), a = vabs<C>(v);
+      vec<C> e = select<C>(a < C(__builtin_inf()), K::ex(a - m), splat<C>(C(0)));
+      K::store(s, i, n, with_sign(v, e));
+      acc0 += e;
+    }
+    K::zero(s, n, cols);
+    eb::AttnRowSum r = FamilyRowKernels<C>::nan_inf_sum(acc0 + acc1, nan, inf);
+    r.neg = any<C>(neg) ? 1 : 0;
+    return r;
+  }
+  // ds = p (g - sign(s) c): at s = 0 the mean of the one-sided derivatives, p g.
+  static double bwd(C* s, C* dp, int64_t n, int64_t cols, C m, C r, C c, C, int nan) {
+    if (nan) return FamilyRowKernels<C>::nan_row(s, dp, n, cols);
+    const vec<C> one = splat<C>(C(1)), zero_v = splat<C>(C(0));
+    for (int64_t i = 0; i < n; i += W) {
+      vec<C> v = K::load(s, i, n), a = vabs<C>(v);
+      vec<C> p = select<C>(a < C(__builtin_inf()), K::ex(a - m) * r, zero_v);
+      vec<C> sign = with_sign(v, one);
+      K::store(s, i, n, sign * p);
+      K::store(dp, i, n, p * (K::load(dp, i, n) - sign * c));
+    }
+    K::zero(s, n, cols);
+    K::zero(dp, n, cols);
+    return 0;
+  }
+};
+
 inline const eb::AttnTable* make_attn_table(const char* isa) {
   using F = FamilyRowKernels<float>;
   using D = FamilyRowKernels<double>;
+  using CF = CogRowKernels<float>;
+  using CD = CogRowKernels<double>;
   static const eb::AttnTable t = {
       isa,
       {{&AttnRowKernels<float>::fwd, &F::softmax1_fwd, &F::symax_fwd, &F::stablemax_fwd,
-        &F::sigmoid_fwd},
+        &F::sigmoid_fwd, &CF::fwd},
        {&AttnRowKernels<float>::bwd, &F::softmax1_bwd, &F::symax_bwd, &F::stablemax_bwd,
-        &F::sigmoid_bwd}},
+        &F::sigmoid_bwd, &CF::bwd}},
       {{&AttnRowKernels<double>::fwd, &D::softmax1_fwd, &D::symax_fwd, &D::stablemax_fwd,
-        &D::sigmoid_fwd},
+        &D::sigmoid_fwd, &CD::fwd},
        {&AttnRowKernels<double>::bwd, &D::softmax1_bwd, &D::symax_bwd, &D::stablemax_bwd,
-        &D::sigmoid_bwd}},
+        &D::sigmoid_bwd, &CD::bwd}},
   };
   return &t;
 }
