@@ -1,8 +1,8 @@
 """The attention family's kernels, registered from one table: which kernel each
 implementation registers for each attention function, and the glue between them, once.
 
-The family (elastic, softmax1, symax, stablemax and sigmoid attention; docs/attention.md
-section 9) is computed by four implementations: the eager composite and the tiled torch
+The family (elastic, softmax1, symax, stablemax, sigmoid and cog attention;
+docs/attention.md section 9) is computed by four implementations: the eager composite and the tiled torch
 code (elasticbench/harness/builtin/torch_attention.py), the native fused kernel (elasticbench/harness/builtin/cpp_attention.py) and
 the Triton kernel (elasticbench/harness/builtin/triton_attention.py). `FAMILY` has one row per attention
 function: which of the fused kernels' two parameter slots (p0, p1 of
@@ -17,8 +17,12 @@ backward kernel under the attention contract (docs/attention.md section 4), name
 
 Each kernel function is a function of the registering module (its __module__, and an
 attribute of it: `<name>` and `<name>_bwd`) with the signature the contract reads,
-`(q, k, v, *, <row params>, scale, causal, <mask>=None)`. This module registers nothing
-itself. `autograd_step` is the backward of every kernel whose gradients are autograd's
+`(q, k, v, *, <row params>, scale, causal, <mask>=None, gate=None)`: `gate`, where the
+implementation takes one (its forward has a `gate` parameter; the composites always, by
+autograd through out * gate), so verify gives the kernel gated cases: the forward returns
+out * gate, and the backward's step(dY) returns d gate after the other gradients (the fused
+ones by the weights' contract: the ungated backward at out = ungated, dout = dY * gate, and
+d gate = dY * ungated). This module registers nothing itself. `autograd_step` is the backward of every kernel whose gradients are autograd's
 (the composites, SDPA, FlexAttention).
 """
 
@@ -76,6 +80,17 @@ class Implementation:
     suffix: str = ""
     mask: str = "key_mask"  # the mask keyword its kernels take: key_mask or attn_mask
     dtypes: tuple[str, ...] | None = None  # the formats it takes (register_kernel's)
+
+    @property
+    def gated(self) -> bool:
+        """Whether its kernels take a gate: the forward of a fused implementation declares
+        `gate` (the weights' contract); a composite's is applied here, under autograd."""
+        if self.backward is None:
+            return True
+        try:
+            return "gate" in inspect.signature(self.forward).parameters
+        except (TypeError, ValueError):
+            return False
 
 
 @dataclass(frozen=True)
@@ -162,6 +177,20 @@ FAMILY: tuple[Member, ...] = (
             "stablemax in Triton: running sums of st(s) and st(s) v, normalized at the end.",
             "Forward (untimed), then step(dout) -> (dq, dk, dv)."),
     }),
+    Member("cog_attention", kernels={
+        "composite": (
+            "The eager composite: the whole score matrix, sign(s) softmax(|s|), weights @ v.",
+            "The composite's gradients through autograd (p g at a zero score)."),
+        "flash": (
+            "Tiled torch: online max of |s| and sum, weights signed before the product.",
+            "Tiled torch backward from the forward's two statistics: ds = p g - w c."),
+        "cpp": (
+            "Fused forward: online max of |s| and sum, signed weights; (out, m, den).",
+            "Fused forward (untimed), then step(dout): the backward from its two statistics."),
+        "triton": (
+            "cog attention in Triton: online max of |s| and sum, weights signed.",
+            "Forward (untimed), then step(dout) -> (dq, dk, dv)."),
+    }),
     Member("sigmoid_attention", p0="bias", kernels={
         "composite": (
             "The eager composite: the whole score matrix, sigmoid(s + bias), weights @ v.",
@@ -199,38 +228,43 @@ def register_family(impl: Implementation, namespace: dict[str, Any],
             fn.__name__ = fn.__qualname__ = name if mode == "fwd" else f"{name}_bwd"
             fn.__module__ = namespace["__name__"]
             fn.__doc__ = doc
-            fn.__signature__ = _signature(member, impl.mask)  # type: ignore[attr-defined]
+            fn.__signature__ = _signature(member, impl.mask,  # type: ignore[attr-defined]
+                                          impl.gated)
             namespace[fn.__name__] = fn
             register_kernel(function=function, backend=impl.backend, name=name, mode=mode,
                             dtypes=impl.dtypes)(fn)
 
 
-def _signature(member: Member, mask: str) -> inspect.Signature:
-    """(q, k, v, *, <row params>, scale, causal, <mask>=None): what the contract reads."""
+def _signature(member: Member, mask: str, gated: bool) -> inspect.Signature:
+    """(q, k, v, *, <row params>, scale, causal, <mask>=None[, gate=None]): what the
+    contract reads."""
     P = inspect.Parameter
     tensors = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=Tensor) for n in ("q", "k", "v")]
     keywords = [P(n, P.KEYWORD_ONLY, annotation=Tensor) for n in member.params]
     keywords += [P("scale", P.KEYWORD_ONLY, annotation=float),
                  P("causal", P.KEYWORD_ONLY, annotation=bool),
                  P(mask, P.KEYWORD_ONLY, default=None, annotation=Tensor | None)]
+    if gated:
+        keywords.append(P("gate", P.KEYWORD_ONLY, default=None, annotation=Tensor | None))
     return inspect.Signature(tensors + keywords)
 
 
-def _keywords(member: Member, mask: str
-              ) -> Callable[[dict[str, Any], str], tuple[Any, Any, Any]]:
-    """take(kw, fname) -> (p0, p1, mask) from a kernel call's keywords (None for a slot the
-    function does not use, or no mask); TypeError, as Python words it, for a row parameter
-    missing or a keyword the kernel does not take. What can be is worked out here, once."""
+def _keywords(member: Member, mask: str, gated: bool
+              ) -> Callable[[dict[str, Any], str], tuple[Any, Any, Any, Any]]:
+    """take(kw, fname) -> (p0, p1, mask, gate) from a kernel call's keywords (None for a
+    slot the function does not use, no mask, no gate); TypeError, as Python words it, for a
+    row parameter missing or a keyword the kernel does not take. What can be is worked out
+    here, once."""
     p0, p1, params = member.p0, member.p1, member.params
-    allowed = frozenset((*params, mask))
+    allowed = frozenset((*params, mask, *(("gate",) if gated else ())))
 
-    def take(kw: dict[str, Any], fname: str) -> tuple[Any, Any, Any]:
+    def take(kw: dict[str, Any], fname: str) -> tuple[Any, Any, Any, Any]:
         if not allowed.issuperset(kw):
             unknown = sorted(set(kw) - allowed)[0]
             raise TypeError(f"{fname}() got an unexpected keyword argument {unknown!r}")
         try:
             return (None if p0 is None else kw[p0], None if p1 is None else kw[p1],
-                    kw.get(mask))
+                    kw.get(mask), kw.get("gate"))
         except KeyError as e:
             raise TypeError(f"{fname}() missing 1 required keyword-only argument: "
                             f"{e.args[0]!r}") from None
@@ -255,36 +289,49 @@ def _kernel(member: Member, impl: Implementation, mode: str) -> Callable[..., An
     """The kernel function of (member, impl, mode), under the attention contract: the
     forward returns impl's output; the backward runs the forward and returns step(dout) ->
     (dq, dk, dv, *the row parameters' gradients, in signature order)."""
-    weight, backward, take = member.weight, impl.backward, _keywords(member, impl.mask)
+    weight, backward = member.weight, impl.backward
+    take = _keywords(member, impl.mask, impl.gated)
 
     def forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool,
                 **kw: Any) -> Any:
-        p0, p1, mask = take(kw, forward.__name__)
-        if backward is not None:
-            p0, p1 = _zeros_for(q, p0, p1)
-        return impl.forward(q, k, v, p0, p1, scale, causal, mask, weight)
+        p0, p1, mask, gate = take(kw, forward.__name__)
+        if backward is None:  # a composite: the gate applied to its output
+            out = impl.forward(q, k, v, p0, p1, scale, causal, mask, weight)
+            return out if gate is None else out * gate
+        p0, p1 = _zeros_for(q, p0, p1)
+        gated = {} if gate is None else {"gate": gate}
+        return impl.forward(q, k, v, p0, p1, scale, causal, mask, weight, **gated)
 
     def autograd_backward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool,
                           **kw: Any) -> Step:
-        p0, p1, mask = take(kw, autograd_backward.__name__)
+        p0, p1, mask, gate = take(kw, autograd_backward.__name__)
 
         def differentiable(q: Tensor, k: Tensor, v: Tensor, *params: Tensor) -> Any:
-            leaf = iter(params)  # the leaves of the used slots, in order
-            return impl.forward(q, k, v, None if p0 is None else next(leaf),
-                                None if p1 is None else next(leaf), scale, causal, mask,
-                                weight)
-        return autograd_step(differentiable, (q, k, v, *_used(p0, p1)))
+            leaf = iter(params)  # the leaves of the used slots, in order (the gate last)
+            out = impl.forward(q, k, v, None if p0 is None else next(leaf),
+                               None if p1 is None else next(leaf), scale, causal, mask,
+                               weight)
+            return out if gate is None else out * next(leaf)
+        return autograd_step(differentiable, (q, k, v, *_used(p0, p1),
+                                              *(() if gate is None else (gate,))))
 
     def fused_backward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool,
                        **kw: Any) -> Step:
-        p0, p1, mask = take(kw, fused_backward.__name__)
+        p0, p1, mask, gate = take(kw, fused_backward.__name__)
         a, b = _zeros_for(q, p0, p1)
-        out, m, den = impl.forward(q, k, v, a, b, scale, causal, mask, weight)
+        if gate is None:
+            out, m, den = impl.forward(q, k, v, a, b, scale, causal, mask, weight)[:3]
+            ungated = out
+        else:  # the weights' contract: the ungated output kept for the backward
+            _, m, den, ungated = impl.forward(q, k, v, a, b, scale, causal, mask, weight,
+                                              gate=gate, keep_ungated=True)
 
         def step(dout: Tensor) -> tuple[Tensor, ...]:
-            dq, dk, dv, da, db = backward(q, k, v, out, dout, m, den, a, b, scale, causal,
+            do = dout if gate is None else dout * gate
+            dq, dk, dv, da, db = backward(q, k, v, ungated, do, m, den, a, b, scale, causal,
                                           mask, weight)
-            return (dq, dk, dv, *_used(None if p0 is None else da, None if p1 is None else db))
+            grads = (dq, dk, dv, *_used(None if p0 is None else da, None if p1 is None else db))
+            return grads if gate is None else (*grads, dout * ungated)
         return step
 
     if mode == "fwd":

@@ -182,10 +182,13 @@ def _param_check(name: str, got: np.ndarray, hi: np.ndarray, lo: np.ndarray,
 
 def check_backward(grads: list[np.ndarray], truth: AttentionTruth, cond: Conditioning,
                    fn: AttentionFunction, dout: np.ndarray, saved_out: np.ndarray,
-                   fmt: FloatFormat, scale: float = 1.0
+                   fmt: FloatFormat, scale: float = 1.0, rounded_dout: bool = False,
+                   extra: tuple[TensorScore, ...] = ()
                    ) -> tuple[CheckResult, dict[str, ParamCheck]]:
     """dq, dk, dv in ulps of the format; each row parameter's gradient relatively (every
-    allowance times the run's budget scale)."""
+    allowance times the run's budget scale). A gated case's: dout the reference's dY * g,
+    rounded_dout (the kernel rounds it to its format), and d gate's score in extra
+    (verify/attention_gate.py)."""
     names = ("dq", "dk", "dv")
     want = [truth.dq_hi, truth.dk_hi, truth.dv_hi]
     for n, g, w in zip(names, grads[:3], want, strict=True):
@@ -197,7 +200,8 @@ def check_backward(grads: list[np.ndarray], truth: AttentionTruth, cond: Conditi
            "dk": (truth.dk_hi, truth.dk_lo, truth.dzero_k),
            "dv": (truth.dv_hi, truth.dv_lo, truth.dzero_v)}
     ulps = {n: ulp_of(np.nan_to_num(hi), np.nan_to_num(lo), fmt) for n, (hi, lo, _) in his.items()}
-    allowed = {k: scale * v for k, v in gradient_allowance(cond, dout, saved_out, ulps).items()}
+    allowed = {k: scale * v for k, v in gradient_allowance(cond, dout, saved_out, ulps,
+                                                           rounded_dout).items()}
     head_ok = truth.grad_nan_ok[:, :, None, None]
     scores = []
     for n, g in zip(names, grads[:3], strict=True):
@@ -210,4 +214,4 @@ def check_backward(grads: list[np.ndarray], truth: AttentionTruth, cond: Conditi
         got = np.asarray(grads[3 + j], dtype=np.float64).reshape(truth.dp_hi.shape[:2])
         checks[p.name] = _param_check(p.name, got, truth.dp_hi[..., j], truth.dp_lo[..., j],
                                       allowed[_ROLE_KEY[p.role]], truth.grad_nan_ok)
-    return verdict(scores, list(checks.values())), checks
+    return verdict([*scores, *extra], list(checks.values())), checks
