@@ -41,6 +41,14 @@ from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.session import Job, Session
 from elasticbench.harness.verify.attention_check import check_backward, check_forward
+from elasticbench.harness.verify.attention_gate import (
+    case_gate,
+    check_gated_forward,
+    dgate_score,
+    is_gated,
+    takes_gate,
+    truth_params,
+)
 from elasticbench.harness.verify.attention_matrix import AttentionCase
 from elasticbench.harness.verify.case import case_key, shard_key
 from elasticbench.harness.verify.check import CheckResult
@@ -83,11 +91,13 @@ def _bits(backend: Any, a: Any) -> np.ndarray:
 
 def call_attention(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                    params: dict[str, float], dtype: str, scale: float,
-                   dout: np.ndarray | None, mask: np.ndarray | None = None) -> AttentionOutcome:
+                   dout: np.ndarray | None, mask: np.ndarray | None = None,
+                   gate: np.ndarray | None = None) -> AttentionOutcome:
     """Run spec on fresh native copies by the contract (attention_contract.py): the forward's
-    out, or step(dO)'s gradients, brought back as NumPy arrays."""
+    out, or step(dO)'s gradients (d gate last in a gated case), brought back as NumPy
+    arrays."""
     backend = get_backend(spec.backend)
-    args, kw = kernel_arguments(spec, q, k, v, params, dtype, scale, mask)
+    args, kw = kernel_arguments(spec, q, k, v, params, dtype, scale, mask, gate)
     tensors = _tensor_arguments(args, kw)
     if dout is not None:
         tensors["dout"] = backend.to_native(dout)
@@ -105,7 +115,8 @@ def call_attention(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray
                                 call.warnings)
     wrote = [n for n, a in tensors.items() if not np.array_equal(_bits(backend, a), before[n])]
     modified = bool(wrote)
-    want = 1 if dout is None else 3 + len(get_attention_function(spec.function).row_params)
+    want = 1 if dout is None else (3 + len(get_attention_function(spec.function).row_params)
+                                   + (gate is not None))
     if len(call.value) != want:
         return AttentionOutcome(None, f"step(dout) must return {want} gradients, got "
                                 f"{len(call.value)}", modified, call.seconds,
@@ -133,6 +144,8 @@ class PreparedCase:
     truth: AttentionTruth
     cond: Conditioning
     mask: np.ndarray | None = None  # the input's attn_mask (inputs.attention.generate_mask)
+    gate: np.ndarray | None = None  # a gated case's gate (verify/attention_gate.py)
+    upstream: np.ndarray | None = None  # the truth's dO: dout, times the gate where gated
 
 
 def prepare(case: AttentionCase, mode: str, cache_dir: Path | None,
@@ -145,13 +158,18 @@ def prepare(case: AttentionCase, mode: str, cache_dir: Path | None,
     mask = generate_mask(case.generator, case.dtype, case.shape, case.seed)
     bias = mask_bias(mask, case.shape)
     dout = upstream_gradient(case, (*q.shape[:3], v.shape[3])) if mode == "bwd" else None
+    gate = case_gate(case)  # a gated case's truth is the ungated one (dO = dY * g)
+    upstream = None if dout is None else dout.astype(np.float64) * (
+        1.0 if gate is None else gate.astype(np.float64))
     f64 = [a.astype(np.float64) for a in (q, k, v)]
-    truth = cached_evaluate(cache_dir, fn, case.param_dict, *f64, case.scale,
-                            None if dout is None else dout.astype(np.float64), precision,
+    truth = cached_evaluate(cache_dir, fn, truth_params(case.param_dict), *f64, case.scale,
+                            upstream, precision,
                             fmt, stats, bias)
     cond = Conditioning(fn, case.param_dict, *f64, case.scale, truth, fmt,
                         ATTENTION_BUDGETS[case.dtype], bias)
-    return PreparedCase(case, q, k, v, dout, truth, cond, mask)
+    prep = PreparedCase(case, q, k, v, dout, truth, cond, mask)
+    prep.gate, prep.upstream = gate, upstream
+    return prep
 
 
 def _judge(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat, scale: float
@@ -159,6 +177,8 @@ def _judge(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat, scal
     """The verdict on what the kernel gave, and the parameters' gradient checks (backward),
     every allowance times the run's budget scale."""
     assert outcome.outputs is not None
+    if prep.gate is not None:
+        return _judge_gated(outcome, prep, fmt, scale, prep.cond)
     if prep.dout is None:
         return check_forward(outcome.outputs[0], prep.truth, prep.cond, fmt, scale), {}
     # c_i = dO_i . out_i uses the output a model saved: the exact one, in the format
@@ -167,6 +187,24 @@ def _judge(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat, scal
                           get_attention_function(prep.case.function),
                           prep.dout.astype(np.float64), saved, fmt, scale)
 
+
+
+def _judge_gated(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat,
+                 scale: float, cond: Conditioning) -> tuple[CheckResult, dict[str, Any]]:
+    """A gated case's verdict (verify/attention_gate.py): Y against out * g; the gradients
+    against the ungated ones for dO = dY * g, and d gate against dY * out."""
+    assert outcome.outputs is not None and prep.gate is not None
+    if prep.dout is None:
+        return check_gated_forward(outcome.outputs[0], prep.truth, cond, fmt, prep.gate,
+                                   scale), {}
+    dg = dgate_score(outcome.outputs[-1], prep.truth, cond, fmt,
+                     prep.dout.astype(np.float64), scale)
+    if isinstance(dg, CheckResult):
+        return dg, {}
+    saved = fmt.cast(np.nan_to_num(prep.truth.out_hi)).astype(np.float64)
+    return check_backward(outcome.outputs[:-1], prep.truth, cond,
+                          get_attention_function(prep.case.function), prep.upstream, saved,
+                          fmt, scale, rounded_dout=True, extra=(dg,))
 
 def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
                          isolation: Isolation = IN_PROCESS, scale: float = 1.0) -> VerifyRecord:
@@ -178,7 +216,7 @@ def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
     case, fmt = prep.case, get_format(prep.case.dtype)
     outcome = isolation.run(partial(call_attention, spec, prep.q, prep.k, prep.v,
                                     case.param_dict, case.dtype, case.scale, prep.dout,
-                                    prep.mask),
+                                    prep.mask, prep.gate),
                             _failed)
     verdict, checks = _judge(outcome, prep, fmt, scale) if outcome.outputs is not None else (None, {})
     b, h, lq = case.shape[:3]
@@ -230,6 +268,7 @@ class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
         mask = generate_mask(case.generator, case.dtype, case.shape, case.seed)
         return [k for k in self.kernels.get(mode, []) if k.function == case.function
                 and k.supports(case.dtype) and mask_argument(k, mask) is not None
+                and (takes_gate(k) or not is_gated(case))
                 and case_key(k, kernel_case(k, case)) not in done]
 
     def work(self, items: list[tuple[str, AttentionCase]], session: Session) -> None:
