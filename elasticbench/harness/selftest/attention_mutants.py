@@ -14,7 +14,11 @@ plain form of its weight with one change (the registered composites are their co
 - symax with its offset eta dropped from the denominator, and symax without the abs;
 - sigmoid without its bias;
 - softmax1 without its 1 (softmax);
-- stablemax with the wrong negative branch: 1 - s, the reciprocal forgotten.
+- stablemax with the wrong negative branch: 1 - s, the reciprocal forgotten;
+- cog with its sign dropped (softmax of |s|), with |s| replaced by s (plain softmax), and
+  with the gate applied before normalization (the gate enters numerator and denominator
+  alike and cancels: the output comes out ungated). The cog mutants declare `gate`, so
+  verify gives them gated cases too.
 """
 
 from __future__ import annotations
@@ -132,3 +136,54 @@ ATTENTION_MUTANTS += (
 # the correct form of the elastic mutants' code: it must pass where they fail (the family's
 # mutants have the registered composites for theirs)
 ATTENTION_CONTROL = _spec("attention_mutant_control")
+
+
+def _visible_softmax(a: torch.Tensor, hidden) -> torch.Tensor:
+    """softmax of a over the visible keys (hidden ones -inf)."""
+    return torch.softmax(a if hidden is None else a.masked_fill(hidden, -math.inf), -1)
+
+
+def _cog_weights(s: torch.Tensor, hidden, signed: bool = True, use_abs: bool = True
+                 ) -> torch.Tensor:
+    w = _visible_softmax(s.abs() if use_abs else s, hidden)
+    return torch.sign(s) * w if signed else w
+
+
+def _gated(out: torch.Tensor, gate) -> torch.Tensor:
+    return out if gate is None else out * gate
+
+
+def _cog_sign_dropped(q, k, v, *, scale, causal, gate=None):
+    return _gated(_family(q, k, v, scale, causal, lambda s, hidden: _cog_weights(
+        s, hidden, signed=False)), gate)
+
+
+def _cog_no_abs(q, k, v, *, scale, causal, gate=None):
+    return _gated(_family(q, k, v, scale, causal, lambda s, hidden: _cog_weights(
+        s, hidden, use_abs=False)), gate)
+
+
+def _cog_gate_before_normalization(q, k, v, *, scale, causal, gate=None):
+    """sum_j sign(s_j) e_j v_j g / sum_j e_j g: the gate inside the normalization cancels."""
+    wd = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = (q.to(wd) @ k.to(wd).transpose(-1, -2)) * scale
+    hidden = ~visible(s.shape[-2], s.shape[-1], s.device) if causal else None
+    a = s.abs() if hidden is None else s.abs().masked_fill(hidden, -math.inf)
+    e = torch.exp(a - a.amax(-1, keepdim=True))
+    g = torch.ones((*s.shape[:-1], v.shape[-1]), dtype=wd) if gate is None else gate.to(wd)
+    num = (torch.sign(s) * e) @ v.to(wd) * g
+    den = e.sum(-1, keepdim=True) * g
+    return (num / den).to(q.dtype)
+
+
+ATTENTION_MUTANTS += (
+    Mutant(KernelSpec("attention_cog_sign_dropped", "cog_attention", "torch",
+                      _cog_sign_dropped, source="selftest"),
+           "cog attention: the sign dropped, softmax(|s|)"),
+    Mutant(KernelSpec("attention_cog_no_abs", "cog_attention", "torch", _cog_no_abs,
+                      source="selftest"),
+           "cog attention: |s| replaced by s, sign(s) softmax(s)"),
+    Mutant(KernelSpec("attention_cog_gate_before_normalization", "cog_attention", "torch",
+                      _cog_gate_before_normalization, source="selftest"),
+           "cog attention: the gate applied before normalization (it cancels: out ungated)"),
+)

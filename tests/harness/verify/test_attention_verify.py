@@ -122,7 +122,7 @@ def test_attention_mutants_are_caught_and_the_correct_kernels_pass():
     assert [o.ok for o in outcomes] == [True] * len(outcomes)
     # every mutant (the family's on their default grids: eta 0 and 1, bias 0 and -ln 64)
     assert [o.failed_cases > 0 for o in outcomes] == [True] * len(ATTENTION_MUTANTS) + [False]
-    assert len(ATTENTION_MUTANTS) == 8
+    assert len(ATTENTION_MUTANTS) == 11
 
 
 def test_records_carry_five_sizes_and_row_records_keep_two():
