@@ -1,7 +1,7 @@
 """The family's attention as torch custom ops, and the choice of implementation.
 
-    elasticbench::attention(q, k, v, p0, p1, scale, causal, key_mask, weight, offset)
-        -> (out, m, den)
+    elasticbench::attention(q, k, v, p0, p1, scale, causal, key_mask, weight, offset, gate)
+        -> (out, m, den, ungated)
     elasticbench::attention_backward(q, k, v, out, dout, m, den, p0, p1, scale, causal,
                                      key_mask, weight, offset) -> (dq, dk, dv, dp0, dp1)
 
@@ -10,7 +10,13 @@ as weights.py names them (tau and beta for Elastic). key_mask is None or a (batc
 length_k) bool key-padding mask (True: the key takes part), which every implementation
 applies inside its tiled loop. causal hides key j from query i unless j <= i + offset (0:
 top-left, SDPA's is_causal; length_k - length_q: bottom-right, a decode cache's;
-docs/attention.md section 1).
+docs/attention.md section 1). gate is None or a (batch, heads, length_q, value_dim) tensor
+of q's dtype (any strides) that the implementation multiplies into the output in its
+epilogue (`weights`' contract); ungated is then the output without it, which the backward
+needs, and an empty tensor without a gate. The backward is the ungated one, called with
+out = ungated and dout = dY * gate; d gate = dY * ungated. An implementation whose forward
+takes no gate (a Triton kernel before its epilogue had one) gets it applied after its
+forward, one more pass over the output (`_gate_after`).
 
 p0 and p1 are (batch, heads) tensors in the working precision: bh_params lays a float, a
 per-head or a per-(batch, head) parameter out so as a view of the caller's tensor (stride 0
@@ -30,6 +36,7 @@ through the composite, so that second orders are exact (docs/gradients.md sectio
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
@@ -56,7 +63,27 @@ def _triton() -> Implementation | None:
         return (weight in kernel.WEIGHTS and q.dtype in TRITON_DTYPES
                 and (q.is_cuda or (q.device.type == "cpu" and devices.triton_interpreted())))
 
-    return Implementation("triton", accepts, kernel.attention_forward, kernel.attention_backward)
+    forward = kernel.attention_forward
+    if "gate" not in inspect.signature(forward).parameters:
+        forward = _gate_after(forward)
+    return Implementation("triton", accepts, forward, kernel.attention_backward)
+
+
+def _gate_after(forward):
+    """forward with `weights`' gate contract for an implementation whose forward takes no
+    gate: the gate applied to its output afterwards (in the work dtype, rounded once)."""
+
+    @functools.wraps(forward)
+    def gated(q, k, v, p0, p1, scale, causal, key_mask=None, *, gate=None,
+              keep_ungated=False, **kwargs):
+        out, m, den = forward(q, k, v, p0, p1, scale, causal, key_mask, **kwargs)
+        result = out
+        if gate is not None:
+            wd = work_dtype(q.dtype)
+            result = (out.to(wd) * gate.to(wd)).to(out.dtype)
+        return (result, m, den, out) if keep_ungated else (result, m, den)
+
+    return gated
 
 
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -129,20 +156,35 @@ def _constant(value: float, dtype: torch.dtype, device: torch.device, stream: in
 @torch.library.custom_op("elasticbench::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
               p1: torch.Tensor, scale: float, causal: bool,
-              key_mask: torch.Tensor | None = None, weight: int = 0, offset: int = 0
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, m, den): the output in q's dtype and each query's two statistics (work dtype),
-    by the implementation `choose` picks; p0 and p1 are (batch, heads); causal: query i sees
-    key j iff j <= i + offset."""
-    out, m, den = choose(q, weight).forward(q, k, v, p0, p1, scale, causal, key_mask,
-                                            weight=weight, offset=offset)
-    return out.contiguous(), m.contiguous(), den.contiguous()
+              key_mask: torch.Tensor | None = None, weight: int = 0, offset: int = 0,
+              gate: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, m, den, ungated): the output in q's dtype (times gate where one is given), each
+    query's two statistics (work dtype) and the output without the gate (empty, (0,), when
+    there is none), by the implementation `choose` picks; p0 and p1 are (batch, heads);
+    causal: query i sees key j iff j <= i + offset."""
+    impl = choose(q, weight)
+    if gate is None:
+        out, m, den = impl.forward(q, k, v, p0, p1, scale, causal, key_mask, weight=weight,
+                                   offset=offset)
+        ungated = out.new_empty(0)
+    else:
+        out, m, den, ungated = impl.forward(q, k, v, p0, p1, scale, causal, key_mask,
+                                            weight=weight, offset=offset, gate=gate,
+                                            keep_ungated=True)
+        ungated = ungated.contiguous()
+        if ungated.data_ptr() == out.data_ptr():  # an op's outputs may not alias
+            ungated = ungated.clone()
+    return out.contiguous(), m.contiguous(), den.contiguous(), ungated
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, p0, p1, scale, causal, key_mask=None, weight=0, offset=0):
+def _attention_fake(q, k, v, p0, p1, scale, causal, key_mask=None, weight=0, offset=0,
+                    gate=None):
     stats = q.new_empty(q.shape[:3], dtype=work_dtype(q.dtype))
-    return q.new_empty((*q.shape[:3], v.shape[3])), stats, stats.new_empty(stats.shape)
+    shape = (*q.shape[:3], v.shape[3])
+    return (q.new_empty(shape), stats, stats.new_empty(stats.shape),
+            q.new_empty(shape if gate is not None else (0,)))
 
 
 @torch.library.custom_op("elasticbench::attention_backward", mutates_args=())
@@ -168,29 +210,39 @@ def _attention_backward_fake(q, k, v, out, grad, m, den, p0, p1, scale, causal,
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, p0, p1, scale, causal, key_mask, weight, offset = inputs
-    out, m, den = output
-    ctx.save_for_backward(q, k, v, out, m, den, p0, p1)
+    q, k, v, p0, p1, scale, causal, key_mask, weight, offset, *rest = inputs
+    gate = rest[0] if rest else None
+    out, m, den, *kept = output
+    ungated = out if gate is None else kept[0]  # the backward is the ungated one's
+    ctx.save_for_backward(q, k, v, ungated, m, den, p0, p1, gate)
     ctx.scale, ctx.causal, ctx.key_mask, ctx.weight = scale, causal, key_mask, weight
     ctx.offset = offset
 
 
 def _gradients(ctx, grad: torch.Tensor, backward) -> tuple:
     """The autograd backward of both paths: backward(...) runs the implementation's, with
-    attention_backward's arguments, unless autograd builds the gradient's graph."""
+    attention_backward's arguments, unless autograd builds the gradient's graph. With a
+    gate, the ungated backward takes dY * gate, and d gate = dY * ungated."""
     if torch.is_grad_enabled():
         return _differentiable_backward(ctx, grad)
-    q, k, v, out, m, den, p0, p1 = ctx.saved_tensors
-    # grad as autograd gives it: every implementation reads dO through its strides
-    dq, dk, dv, dp0, dp1 = backward(q, k, v, out, grad, m, den, p0, p1, ctx.scale,
-                                    ctx.causal, ctx.key_mask, weight=ctx.weight,
-                                    offset=ctx.offset)
+    q, k, v, out, m, den, p0, p1, gate = ctx.saved_tensors
     need = ctx.needs_input_grad
+    dgate = None
+    if gate is not None:
+        if len(need) > 10 and need[10]:
+            dgate = (grad * out).to(gate.dtype)
+        grad = grad * gate
+    grads: tuple = (None,) * 5
+    if any(need[:5]):
+        # grad as autograd gives it: every implementation reads dO through its strides
+        grads = backward(q, k, v, out, grad, m, den, p0, p1, ctx.scale, ctx.causal,
+                         ctx.key_mask, weight=ctx.weight, offset=ctx.offset)
+    dq, dk, dv, dp0, dp1 = grads
     return (dq, dk, dv, dp0 if need[3] else None, dp1 if need[4] else None, None, None,
-            None, None, None)
+            None, None, None, dgate)
 
 
-def _backward(ctx, grad, _grad_m, _grad_den):
+def _backward(ctx, grad, _grad_m, _grad_den, _grad_ungated):
     return _gradients(ctx, grad, attention_backward)
 
 
@@ -202,9 +254,10 @@ def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
     its second order would silently be 0."""
     from . import composite
 
-    q, k, v, _, _, _, p0, p1 = ctx.saved_tensors
+    q, k, v, _, _, _, p0, p1, gate = ctx.saved_tensors
     inputs = (q, k, v, p0, p1)
     wanted = [i for i, need in enumerate(ctx.needs_input_grad[:5]) if need]
+    need_gate = gate is not None and ctx.needs_input_grad[10]
     km = ctx.key_mask
     mask = None if km is None else km[:, None, None]
     with torch.enable_grad():
@@ -217,11 +270,14 @@ def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
             out = composite.attention_composite(
                 Weight(ctx.weight), q, k, v, p0=p0_4, p1=p1_4, scale=ctx.scale,
                 causal=ctx.causal, attn_mask=mask, offset=ctx.offset)
-        got = torch.autograd.grad(out, [inputs[i] for i in wanted], grad, create_graph=True,
-                                  allow_unused=True)
-    grads: list[torch.Tensor | None] = [None] * 10
-    for i, g in zip(wanted, got, strict=True):
-        grads[i] = g if g is not None else torch.zeros_like(inputs[i])
+        if gate is not None:
+            out = out * gate
+        targets = [inputs[i] for i in wanted] + ([gate] if need_gate else [])
+        got = torch.autograd.grad(out, targets, grad, create_graph=True, allow_unused=True)
+    grads: list[torch.Tensor | None] = [None] * 11
+    slots = [*wanted, 10] if need_gate else wanted
+    for i, t, g in zip(slots, targets, got, strict=True):
+        grads[i] = g if g is not None else torch.zeros_like(t)
     return tuple(grads)
 
 
@@ -233,13 +289,19 @@ class _Attention(torch.autograd.Function):
     implementation is chosen once, in the forward, and kept for the backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, p0, p1, scale, causal, key_mask, weight, offset):
+    def forward(ctx, q, k, v, p0, p1, scale, causal, key_mask, weight, offset, gate):
         impl = choose(q, weight)
-        out, m, den = impl.forward(q, k, v, p0, p1, scale, causal, key_mask, weight=weight,
-                                   offset=offset)
+        if gate is None:
+            out, m, den = impl.forward(q, k, v, p0, p1, scale, causal, key_mask,
+                                       weight=weight, offset=offset)
+            ungated = out
+        else:  # the backward needs the ungated output: kept by the epilogue
+            out, m, den, ungated = impl.forward(q, k, v, p0, p1, scale, causal, key_mask,
+                                                weight=weight, offset=offset, gate=gate,
+                                                keep_ungated=True)
         ctx.impl = impl
-        _setup_context(ctx, (q, k, v, p0, p1, scale, causal, key_mask, weight, offset),
-                       (out, m, den))
+        _setup_context(ctx, (q, k, v, p0, p1, scale, causal, key_mask, weight, offset, gate),
+                       (out, m, den, ungated))
         ctx.mark_non_differentiable(m, den)
         # m and den take no gradient: left None, not filled with zeros on every backward
         ctx.set_materialize_grads(False)
@@ -254,18 +316,24 @@ class _Attention(torch.autograd.Function):
 
 def attention_op(weight: Weight | int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  p0: Scalar, p1: Scalar, scale: float, causal: bool,
-                 key_mask: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
-    """Attention of `weight`, differentiable in q, k, v, p0 and p1, through the custom op
-    where the call is traced (elasticbench.dispatch.traced), else the autograd function, or
-    straight to the implementation where autograd has nothing to record; key_mask (batch,
+                 key_mask: torch.Tensor | None = None, offset: int = 0,
+                 gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of `weight`, differentiable in q, k, v, p0, p1 and gate, through the custom
+    op where the call is traced (elasticbench.dispatch.traced), else the autograd function,
+    or straight to the implementation where autograd has nothing to record; key_mask (batch,
     length_k) bool hides padded keys inside the fused loop; causal: query i sees key j iff
-    j <= i + offset (an int; layout.causal_offset)."""
+    j <= i + offset (an int; layout.causal_offset); gate None or (batch, heads, length_q,
+    value_dim) in q's dtype, multiplied into the output by the implementation's epilogue."""
     w = int(weight)
     offset = int(offset) if causal else 0
     t, b = bh_params(p0, q), bh_params(p1, q)
     args = (q, k, v, t, b, scale, causal, key_mask, w, offset)
     if dispatch.traced(q):
-        return attention(*args)[0]
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, t, b)):
-        return _Attention.apply(*args)[0]
-    return choose(q, w).forward(*args[:8], weight=w, offset=offset)[0]
+        return attention(*args, gate)[0]
+    if torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in (q, k, v, t, b, gate)):
+        return _Attention.apply(*args, gate)[0]
+    impl = choose(q, w)
+    if gate is None:
+        return impl.forward(*args[:8], weight=w, offset=offset)[0]
+    return impl.forward(*args[:8], weight=w, offset=offset, gate=gate)[0]

@@ -57,8 +57,8 @@ def test_opcheck_attention(dtype, causal, device):
     beta = torch.full((2, 3), 0.2, dtype=wd, device=device, requires_grad=True)
     op = torch.ops.elasticbench.attention.default
     assert set(opcheck(op, (q, k, v, tau, beta, 0.5, causal)).values()) == {"SUCCESS"}
-    out, m, den = op(q.detach(), k.detach(), v.detach(), tau.detach(), beta.detach(), 0.5,
-                     causal)
+    out, m, den, _ = op(q.detach(), k.detach(), v.detach(), tau.detach(), beta.detach(), 0.5,
+                        causal)
     bwd = torch.ops.elasticbench.attention_backward.default
     args = (q.detach(), k.detach(), v.detach(), out, torch.randn_like(out), m, den,
             tau.detach(), beta.detach(), 0.5, causal)
