@@ -1,6 +1,6 @@
 """torch modules: ElasticSoftmax and ElasticAttention with learnable temperature and offset,
 and the family's attention modules (Softmax1Attention, SymaxAttention, StablemaxAttention,
-SigmoidAttention; docs/attention.md section 9).
+SigmoidAttention, CogAttention; docs/attention.md section 9).
 
 Parametrization (documented contract): with tau0, beta0 the values given at construction,
 
@@ -25,6 +25,19 @@ init), bias0 = -ln(Lk) at each call when no bias is given. Their parameters have
 param_shape: () for one value, (H,) for one per head, or any shape broadcasting against
 (B, H, 1, 1).
 
+The gate (Qiu et al., "Gated Attention for Large Language Models"): every attention module
+takes gate=False; gate=True (heads=H and head_dim=D then required, value_dim defaulting to D)
+gives it a head-specific elementwise output gate computed from its query-side input,
+
+    g = sigmoid(einsum('bhld,hde->bhle', q, gate_weight) + gate_bias[:, None, :])
+    out = attention(q, k, v) * g             (the product in the kernels' epilogue)
+
+gate_weight (H, D, Dv) starts at 0 and gate_bias (H, Dv) at +4 (GATE_BIAS), so g =
+sigmoid(4) = 0.982 everywhere at construction: the module starts within 2% of the ungated
+one and learns where to close. (The paper computes the gate from the hidden state X; q is X
+times the head's query projection, so this is that gate through the projection. A model
+that wants X itself computes g and passes it to the functional API's gate=.)
+
 Storage: a learned (or fixed) log-scale or shift of param_shape () is stored as a 1-D tensor
 of shape (1,), and viewed as 0-d where the module computes, so tau, beta, eta and the bias
 keep param_shape (a 0-d tau for param_shape ()). FSDP2's fully_shard refuses 0-d
@@ -45,6 +58,7 @@ from .dispatch import traced
 from .domains import BETA, ETA, TAU
 from .functional import (
     Causal,
+    cog_attention,
     elastic_attention,
     elastic_softmax,
     sigmoid_attention,
@@ -58,6 +72,46 @@ from .rows.spec import ELASTIC, ExpSpec
 from .rows.tiers import TORCH, choose
 
 LOG_SCALE_LIMIT = 40.0
+GATE_BIAS = 4.0  # the gate's bias at construction: sigmoid(4) = 0.982, near the ungated module
+
+
+def _init_gate(module: nn.Module, gate: bool, heads: int | None, head_dim: int | None,
+               value_dim: int | None) -> None:
+    """module.gate_weight (H, D, Dv) = 0 and module.gate_bias (H, Dv) = GATE_BIAS, learned,
+    when gate (module doc); ValueError in one line when heads or head_dim is missing."""
+    module.gated = bool(gate)
+    if not gate:
+        return
+    if heads is None or head_dim is None:
+        raise ValueError("gate=True needs heads= and head_dim= (the gate's weight is "
+                         "(heads, head_dim, value_dim))")
+    dims = {"heads": heads, "head_dim": head_dim,
+            "value_dim": head_dim if value_dim is None else value_dim}
+    for name, n in dims.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    module.gate_weight = nn.Parameter(torch.zeros(heads, head_dim, dims["value_dim"]))
+    module.gate_bias = nn.Parameter(torch.full((heads, dims["value_dim"]), GATE_BIAS))
+
+
+def _gate_values(module: nn.Module, q: torch.Tensor) -> torch.Tensor | None:
+    """The gate g (B, H, Lq, Dv) in q's dtype from q (module doc), None without a gate."""
+    if not module.gated:
+        return None
+    w, b = module.gate_weight, module.gate_bias
+    if not (isinstance(q, torch.Tensor) and q.ndim == 4 and q.shape[1] == w.shape[0]
+            and q.shape[3] == w.shape[1]):
+        raise ValueError(f"the gate takes q of shape (batch, {w.shape[0]}, length, "
+                         f"{w.shape[1]}), got {tuple(getattr(q, 'shape', ()))}")
+    w, b = w.to(q.dtype), b.to(q.dtype)
+    return torch.sigmoid(torch.einsum("bhld,hde->bhle", q, w) + b[:, None, :])
+
+
+def _gate_repr(module: nn.Module) -> str:
+    if not module.gated:
+        return ""
+    h, d, dv = module.gate_weight.shape
+    return f", gate=True (heads={h}, head_dim={d}, value_dim={dv})"
 
 
 def _stored_shape(param_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -263,15 +317,19 @@ class ElasticAttention(_LearnableTauBeta):
     """Elastic attention of (q, k, v), each (B, H, L, D), with learnable tau and beta.
 
     Parameterised like ElasticSoftmax; param_shape () for one tau/beta, (H,) for one per
-    head. scale defaults to 1/sqrt(D); causal as in scaled_dot_product_attention.
+    head. scale defaults to 1/sqrt(D); causal as in scaled_dot_product_attention. gate=True
+    (with heads and head_dim) adds the output gate of the module doc.
     """
 
     def __init__(self, tau: float = 1.0, beta: float = 1.0, learnable: bool = True,
                  param_shape: tuple[int, ...] = (), scale: float | None = None,
                  causal: Causal = False, *, learn_tau: bool | None = None,
-                 learn_beta: bool | None = None):
+                 learn_beta: bool | None = None, gate: bool = False,
+                 heads: int | None = None, head_dim: int | None = None,
+                 value_dim: int | None = None):
         super().__init__(tau, beta, learnable, param_shape, learn_tau, learn_beta)
         self.scale, self.causal = scale, causal
+        _init_gate(self, gate, heads, head_dim, value_dim)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attn_mask: torch.Tensor | None = None, is_causal: Causal = False) -> torch.Tensor:
@@ -280,26 +338,31 @@ class ElasticAttention(_LearnableTauBeta):
         tau, beta = self.params()
         return elastic_attention(q, k, v, tau=tau, beta=beta, scale=self.scale,
                                  causal=self.causal, is_causal=is_causal,
-                                 attn_mask=attn_mask)
+                                 attn_mask=attn_mask, gate=_gate_values(self, q))
 
     def extra_repr(self) -> str:
-        return f"{self._params_repr()}, scale={self.scale}, causal={self.causal}"
+        return (f"{self._params_repr()}, scale={self.scale}, causal={self.causal}"
+                f"{_gate_repr(self)}")
 
 
 class _FamilyAttention(nn.Module):
-    """scale and causal as ElasticAttention takes them; forward(q, k, v, attn_mask,
-    is_causal) as the functional form."""
+    """scale, causal and the gate (gate, heads, head_dim, value_dim) as ElasticAttention
+    takes them; forward(q, k, v, attn_mask, is_causal) as the functional form."""
 
-    def __init__(self, scale: float | None = None, causal: Causal = False):
+    def __init__(self, scale: float | None = None, causal: Causal = False, *,
+                 gate: bool = False, heads: int | None = None, head_dim: int | None = None,
+                 value_dim: int | None = None):
         super().__init__()
         self.scale, self.causal = scale, causal
+        _init_gate(self, gate, heads, head_dim, value_dim)
 
-    def _kwargs(self, attn_mask: torch.Tensor | None, is_causal: bool) -> dict:
+    def _kwargs(self, q: torch.Tensor, attn_mask: torch.Tensor | None,
+                is_causal: bool) -> dict:
         return {"scale": self.scale, "causal": self.causal, "is_causal": is_causal,
-                "attn_mask": attn_mask}
+                "attn_mask": attn_mask, "gate": _gate_values(self, q)}
 
     def extra_repr(self) -> str:
-        return f"scale={self.scale}, causal={self.causal}"
+        return f"scale={self.scale}, causal={self.causal}{_gate_repr(self)}"
 
 
 class Softmax1Attention(_FamilyAttention):
@@ -308,7 +371,7 @@ class Softmax1Attention(_FamilyAttention):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attn_mask: torch.Tensor | None = None, is_causal: Causal = False) -> torch.Tensor:
-        return softmax1_attention(q, k, v, **self._kwargs(attn_mask, is_causal))
+        return softmax1_attention(q, k, v, **self._kwargs(q, attn_mask, is_causal))
 
 
 class StablemaxAttention(_FamilyAttention):
@@ -317,7 +380,16 @@ class StablemaxAttention(_FamilyAttention):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attn_mask: torch.Tensor | None = None, is_causal: Causal = False) -> torch.Tensor:
-        return stablemax_attention(q, k, v, **self._kwargs(attn_mask, is_causal))
+        return stablemax_attention(q, k, v, **self._kwargs(q, attn_mask, is_causal))
+
+
+class CogAttention(_FamilyAttention):
+    """Cog attention of (q, k, v), each (B, H, L, D): signed weights, no parameter
+    (elasticbench.functional.cog_attention)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attn_mask: torch.Tensor | None = None, is_causal: Causal = False) -> torch.Tensor:
+        return cog_attention(q, k, v, **self._kwargs(q, attn_mask, is_causal))
 
 
 class SymaxAttention(_FamilyAttention, _OneForScalar):
@@ -329,8 +401,10 @@ class SymaxAttention(_FamilyAttention, _OneForScalar):
 
     def __init__(self, eta: float = 1.0, learnable: bool = True,
                  param_shape: tuple[int, ...] = (), scale: float | None = None,
-                 causal: Causal = False):
-        super().__init__(scale, causal)
+                 causal: Causal = False, *, gate: bool = False, heads: int | None = None,
+                 head_dim: int | None = None, value_dim: int | None = None):
+        super().__init__(scale, causal, gate=gate, heads=heads, head_dim=head_dim,
+                         value_dim=value_dim)
         checked = ETA.check(eta)
         if learnable and checked == 0:
             raise ValueError("a learned eta needs eta > 0 (it is learned on a log scale); pass "
@@ -359,7 +433,7 @@ class SymaxAttention(_FamilyAttention, _OneForScalar):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attn_mask: torch.Tensor | None = None, is_causal: Causal = False) -> torch.Tensor:
-        return symax_attention(q, k, v, eta=self.eta, **self._kwargs(attn_mask, is_causal))
+        return symax_attention(q, k, v, eta=self.eta, **self._kwargs(q, attn_mask, is_causal))
 
     def extra_repr(self) -> str:
         shown = (self._sharded() if _distributed_tensor(self.log_eta_scale)
@@ -376,8 +450,10 @@ class SigmoidAttention(_FamilyAttention, _OneForScalar):
 
     def __init__(self, bias: float | None = None, learnable: bool = True,
                  param_shape: tuple[int, ...] = (), scale: float | None = None,
-                 causal: Causal = False):
-        super().__init__(scale, causal)
+                 causal: Causal = False, *, gate: bool = False, heads: int | None = None,
+                 head_dim: int | None = None, value_dim: int | None = None):
+        super().__init__(scale, causal, gate=gate, heads=heads, head_dim=head_dim,
+                         value_dim=value_dim)
         if bias is not None:
             try:
                 bias = float(bias)
@@ -403,12 +479,12 @@ class SigmoidAttention(_FamilyAttention, _OneForScalar):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attn_mask: torch.Tensor | None = None, is_causal: Causal = False) -> torch.Tensor:
         bias = self.bias(k.shape[2] if isinstance(k, torch.Tensor) and k.ndim == 4 else 1)
-        return sigmoid_attention(q, k, v, bias=bias, **self._kwargs(attn_mask, is_causal))
+        return sigmoid_attention(q, k, v, bias=bias, **self._kwargs(q, attn_mask, is_causal))
 
     def extra_repr(self) -> str:
         base = "-ln(Lk)" if self.bias0 is None else f"{self.bias0:.4g}"
         return f"bias={base} + shift, learnable={self.learnable}, {super().extra_repr()}"
 
 
-__all__ = ["ElasticAttention", "ElasticSoftmax", "SigmoidAttention", "Softmax1Attention",
-           "StablemaxAttention", "SymaxAttention"]
+__all__ = ["CogAttention", "ElasticAttention", "ElasticSoftmax", "SigmoidAttention",
+           "Softmax1Attention", "StablemaxAttention", "SymaxAttention"]
