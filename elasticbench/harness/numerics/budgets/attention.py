@@ -227,7 +227,8 @@ class Conditioning:
         self.eps = (bud.a + bud.b * self.zabs + bud.c * self.zbar[..., None]
                     + g * (self.sigma + self.sigbar[..., None])
                     + bud.d * math.log2(max(self.lk, 1)))
-        near = np.abs(s) <= 2 * g * self.uw * self.sigma
+        # a score of no nonzero product (sigma = 0) is exactly 0 in every kernel: its sign sure
+        near = (np.abs(s) <= 2 * g * self.uw * self.sigma) & (self.sigma > 0)
         # (flip is in units of 2 u_w, as weps: a sign off is 2 p absolutely)
         self.flip = np.where(finite & near, 2 * self.w, 0.0) / (2 * self.uw)
         self.weps = self.w * self.eps + self.flip
