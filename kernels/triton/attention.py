@@ -87,12 +87,13 @@ LN2 = tl.constexpr(0.6931471805599453)
 # the exponent argument of a weight that is not kept: 2^-1e30 = 0 (also on the SUBNORMAL
 # path), and 0 * -1e30 = 0 where -inf would make dtau's sum ds t NaN
 OFF = tl.constexpr(-1.0e30)
-# the exp family (a running max) is WEIGHT <= SOFTMAX1
+# the exp family (a running max) is WEIGHT <= SOFTMAX1 or WEIGHT == COG (its max is of |s|)
 ELASTIC = tl.constexpr(int(Weight.ELASTIC))
 SOFTMAX1 = tl.constexpr(int(Weight.SOFTMAX1))
 SYMAX = tl.constexpr(int(Weight.SYMAX))
 STABLEMAX = tl.constexpr(int(Weight.STABLEMAX))
 SIGMOID = tl.constexpr(int(Weight.SIGMOID))
+COG = tl.constexpr(int(Weight.COG))
 PREP_M = 64  # queries per preprocessing program
 
 
@@ -105,16 +106,27 @@ def _weight_arg(qk, mk, k2, keep, WEIGHT: tl.constexpr):
     """The exp family's exponent argument of each weight of a tile of raw scores qk, OFF
     where not kept; mk is the query's statistic (its maximum times k2). Elastic and softmax1
     alike (softmax1 is Elastic at tau = 1, beta = 1 that keeps every score: the host passes
-    those)."""
-    return tl.where(keep, qk * k2 - mk, OFF)
+    those); Cog's argument is of |qk| (its maximum is of |s|, tau = 1)."""
+    if WEIGHT == COG:
+        arg = tl.where(keep, tl.abs(qk) * k2 - mk, OFF)
+    else:
+        arg = tl.where(keep, qk * k2 - mk, OFF)
+    return arg
+
+
+@triton.jit
+def _signed(p, qk):
+    """Cog's signed weights: sign(qk) p, 0 at a zero score (sign(0) = 0: a zero score enters
+    the denominator, not the output); a NaN score keeps p (NaN: its query is NaN)."""
+    return tl.where(qk < 0.0, -p, tl.where(qk == 0.0, 0.0, p))
 
 
 @triton.jit
 def _kept(qk, lo, WEIGHT: tl.constexpr):
     """Which scores of a tile take part: qk >= lo, lo the query's threshold (_floor: 0 for
     Elastic, -inf for the others; -inf for a NaN query, whose every visible weight is NaN;
-    NaN for a saturated one, which the fix-up takes). The weights that are not exponentials
-    keep a NaN score too (it is NaN in its own products; unless saturated)."""
+    NaN for a saturated one, which the fix-up takes). The weights other than Elastic and
+    softmax1 keep a NaN score too (it is NaN in its own products; unless saturated)."""
     keep = qk >= lo
     if WEIGHT > SOFTMAX1:
         keep = keep | ((qk != qk) & (lo == lo))
@@ -142,7 +154,7 @@ def _weight(qk, mk, k2, scale, bias, keep, SUBNORMAL: tl.constexpr, WEIGHT: tl.c
     """The unnormalized weight of each raw score qk of a tile, 0 where not kept: 2^arg for
     the exp family, else _row_fn of qk scale. EXP2_ULPS >= 0: the interpreter's model of
     the GPU's ex2.approx (exp_family.exp2, docs/triton.md); -1 on a GPU."""
-    if WEIGHT <= SOFTMAX1:
+    if WEIGHT <= SOFTMAX1 or WEIGHT == COG:
         f = exp2(_weight_arg(qk, mk, k2, keep, WEIGHT), SUBNORMAL, EXP2_ULPS)
     else:
         f = tl.where(keep, _row_fn(qk * scale, bias, WEIGHT), 0.0)
@@ -153,8 +165,9 @@ def _weight(qk, mk, k2, scale, bias, keep, SUBNORMAL: tl.constexpr, WEIGHT: tl.c
 def _dscore(f, y, qk, keep, r, dp, c, tau, inv_tau, SUBNORMAL: tl.constexpr,
             WEIGHT: tl.constexpr):
     """ds = dL/ds of each score from its weight f, normalized y = f r (0 where not kept), and
-    dp = dO . v: symax and stablemax f'(s) r (dp - c); sigmoid dp y (1 - y); the exp family
-    y (dp - c)/tau (softmax1: tau = 1), in fp16 (no SUBNORMAL) divided by _ds_half(tau) =
+    dp = dO . v: symax and stablemax f'(s) r (dp - c); sigmoid dp y (1 - y); Cog y dp -
+    sign(s) y c (y = |w|; at s = 0 y dp); the exp family y (dp - c)/tau (softmax1: tau = 1),
+    in fp16 (no SUBNORMAL) divided by _ds_half(tau) =
     2^k ~ 1/sqrt(tau), which the callers multiply back on the fp32 sums (_ds_unit): ds is
     rounded to fp16 for the dots, and at a small tau (1e-3) y (dp - c)/tau passes 65504,
     while y (dp - c) alone would fall under fp16's normal range for the small ds (9 of 180
@@ -166,6 +179,8 @@ def _dscore(f, y, qk, keep, r, dp, c, tau, inv_tau, SUBNORMAL: tl.constexpr,
             ds = ds * inv_tau
         else:
             ds = ds * (inv_tau * tl.math.div_rn(1.0, _ds_half(tau)))
+    elif WEIGHT == COG:  # exp(|s|)' = sign(s) exp(|s|), and d den/ds = w den
+        ds = y * dp - _signed(y, qk) * c
     elif WEIGHT == SYMAX:  # |s|' = sign(s) (0 at 0, as abs's subgradient)
         slope = tl.where(qk > 0.0, 1.0, tl.where(qk < 0.0, -1.0, 0.0))
         ds = tl.where(keep, slope, 0.0) * r * (dp - c)
@@ -258,10 +273,13 @@ def _grid_place(REVERSED: tl.constexpr, BH_X: tl.constexpr):
 @triton.jit
 def _hit(qk, scale, ms, WEIGHT: tl.constexpr):
     """Where a saturated query's weight is infinite (its limit weights): the scores equal to
-    its maximum ms (exp family), |s| = inf (symax), s = +inf (stablemax)."""
+    its maximum ms (exp family; Cog: |s| = ms, signed by _signed), |s| = inf (symax),
+    s = +inf (stablemax)."""
     s = qk * scale
     if WEIGHT <= SOFTMAX1:
         hit = s == ms
+    elif WEIGHT == COG:
+        hit = tl.abs(s) == ms
     elif WEIGHT == SYMAX:
         hit = tl.abs(s) == float("inf")
     else:
@@ -404,9 +422,10 @@ def _fwd_tile(q, k_src, v_src, sk, sv, keep_ptr, batch, start, offs_m, m, mk, l,
               CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
               SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr, TMA: tl.constexpr,
               EXP2_ULPS: tl.constexpr):
-    """One block of keys folded into a query block's running (m, l, acc); the sums family
-    (symax, stablemax, sigmoid) keeps m = 0 and plain sums. k_src, v_src: _rows_source;
-    causally query i sees key j iff j <= i + offset."""
+    """One block of keys folded into a query block's running (m, l, acc); Cog's m is of |qk|
+    and its weights enter acc signed; the sums family (symax, stablemax, sigmoid) keeps m = 0
+    and plain sums. k_src, v_src: _rows_source; causally query i sees key j iff j <= i +
+    offset."""
     offs_n = start + tl.arange(0, BLOCK_N)
     col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
     # a padded key's score is hidden below: k needs no zeroing (HOLES off)
@@ -416,16 +435,30 @@ def _fwd_tile(q, k_src, v_src, sk, sv, keep_ptr, batch, start, offs_m, m, mk, l,
         visible = col_ok[None, :]
         if CAUSAL:
             visible = visible & ((offs_n - offset)[None, :] <= offs_m[:, None])
-        qk = tl.where(visible, qk, float("-inf"))
-    if WEIGHT <= SOFTMAX1:
-        m_new = tl.maximum(m, max_nan(qk, 1), propagate_nan=tl.PropagateNan.ALL)
+        if WEIGHT == COG:  # noqa: SIM108 (|-inf| would win the max: a hidden 0, not kept)
+            qk = tl.where(visible, qk, 0.0)
+        else:
+            qk = tl.where(visible, qk, float("-inf"))
+    if WEIGHT <= SOFTMAX1 or WEIGHT == COG:
+        if WEIGHT == COG:  # noqa: SIM108 (a constexpr branch)
+            top = max_nan(tl.abs(qk), 1)
+        else:
+            top = max_nan(qk, 1)
+        m_new = tl.maximum(m, top, propagate_nan=tl.PropagateNan.ALL)
         mk_new = m_new * k2
         # exactly 1 while the maximum stands (mk - m_new k2 contracted to an FMA would not be
         # 0, and l, acc would drift by its rounding error once per block)
         alpha = tl.where(m == m_new, 1.0, exp2(mk - mk_new, False, EXP2_ULPS))
-        p = _weight(qk, mk_new[:, None], k2, scale, bias, _kept(qk, _floor(WEIGHT), WEIGHT),
-                    SUBNORMAL, WEIGHT, EXP2_ULPS)
+        if WEIGHT != COG:
+            keep = _kept(qk, _floor(WEIGHT), WEIGHT)
+        elif MASKED:  # Cog keeps every visible score (a NaN one made m NaN)
+            keep = visible
+        else:
+            keep = tl.full(qk.shape, True, tl.int1)
+        p = _weight(qk, mk_new[:, None], k2, scale, bias, keep, SUBNORMAL, WEIGHT, EXP2_ULPS)
         l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
+        if WEIGHT == COG:  # a zero score is in l, not in acc
+            p = _signed(p, qk)
     else:
         # hidden keys do not exist (|-inf| would be a weight); NaN scores are kept
         m_new = m
@@ -448,7 +481,8 @@ def _fwd_tile(q, k_src, v_src, sk, sv, keep_ptr, batch, start, offs_m, m, mk, l,
         pv = _dot(p, v, True)
     else:
         pv = _dot(p.to(v.dtype), v, False)
-    if WEIGHT <= SOFTMAX1 or ((WEIGHT == SYMAX or WEIGHT == STABLEMAX) and not SUBNORMAL):  # noqa: SIM109
+    if WEIGHT <= SOFTMAX1 or WEIGHT == COG or \
+            ((WEIGHT == SYMAX or WEIGHT == STABLEMAX) and not SUBNORMAL):  # noqa: SIM109
         acc = acc * alpha[:, None] + pv
     else:
         acc = acc + pv
@@ -458,20 +492,24 @@ def _fwd_tile(q, k_src, v_src, sk, sv, keep_ptr, batch, start, offs_m, m, mk, l,
 # offset unspecialized: a decode step's lk - lq varies per call, one compile serves all
 @triton.jit(do_not_specialize=["offset"])
 def attention_forward_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, keep_ptr, kend_ptr, sq_b,
-    sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr, sv_b, sv_h,
-    sv_l: tl.constexpr, p0_b, p0_h, p1_b, p1_h, lq, lk, offset, scale, scale_log2e, heads,
-    n_blocks,
+    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, keep_ptr, kend_ptr,
+    gate_ptr, ungated_ptr, sq_b, sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr,
+    sv_b, sv_h, sv_l: tl.constexpr, sg_b, sg_h, sg_l: tl.constexpr, p0_b, p0_h, p1_b, p1_h,
+    lq, lk, offset, scale, scale_log2e, heads, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
     WEIGHT: tl.constexpr, TMA: tl.constexpr, EXP2_ULPS: tl.constexpr,
-    WIDE: tl.constexpr, BH_X: tl.constexpr,
+    WIDE: tl.constexpr, BH_X: tl.constexpr, HAS_GATE: tl.constexpr,
+    KEEP_UNGATED: tl.constexpr,
 ):
     """out, m and den of one block of BLOCK_M queries of one (batch, head). q, k, v and out
     are reached through their (batch, head, row) strides, their columns 1 apart; the
     parameters through their (batch, head) strides (_bh_params); with CAUSAL query i sees
-    key j iff j <= i + offset (a runtime integer: 0 top-left, lk - lq bottom-right)."""
+    key j iff j <= i + offset (a runtime integer: 0 top-left, lk - lq bottom-right). With
+    HAS_GATE the epilogue writes out = O g, g read through its (batch, head, row) strides
+    (sg_*), and with KEEP_UNGATED O itself into ungated (the wrapper's own, contiguous);
+    without, gate_ptr, ungated_ptr and sg_* are never read."""
     sq_r = _row_stride(sq_l, WIDE)
     sk_r = _row_stride(sk_l, WIDE)
     sv_r = _row_stride(sv_l, WIDE)
@@ -510,14 +548,14 @@ def attention_forward_kernel(
                                   offs_m, m, mk, l, acc, k2, scale, tau, lk, offset, D, DV, BLOCK_N,
                                   BLOCK_D, BLOCK_DV, True, CAUSAL, HAS_MASK, IEEE, SUBNORMAL,
                                   WEIGHT, TMA, EXP2_ULPS)
-    if WEIGHT <= SOFTMAX1:
+    if WEIGHT <= SOFTMAX1 or WEIGHT == COG:
         saturated = (mk == float("inf")) & row_ok
     else:  # an infinite weight, or a sum that overflows (refused below: NaN)
         saturated = (l == float("inf")) & row_ok  # sigmoid's bounded weights: never
     nan_row = l != l
     if tl.max(saturated.to(tl.int32), axis=0) > 0:
-        # weights 1 on the scores equal to the maximum, 0 elsewhere: the count in l, the sum
-        # of those keys' values in acc
+        # weights 1 on the scores equal to the maximum, 0 elsewhere (Cog: sign(s) where |s| is
+        # the maximum): the count in l, the sum of those keys' (signed) values in acc
         ms = m * scale
         l = tl.where(saturated, 0.0, l)  # noqa: E741
         acc = tl.where(saturated[:, None], 0.0, acc)  # no second accumulator: registers
@@ -525,20 +563,25 @@ def attention_forward_kernel(
             offs_n = start + tl.arange(0, BLOCK_N)
             col_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
             k = _load_rows(k_base, offs_n, col_ok, sk_r, D, BLOCK_D, True)
-            hit = col_ok[None, :] & saturated[:, None] & _hit(_dot(q, tl.trans(k), IEEE),
-                                                              scale, ms[:, None], WEIGHT)
+            qk = _dot(q, tl.trans(k), IEEE)
+            hit = col_ok[None, :] & saturated[:, None] & _hit(qk, scale, ms[:, None], WEIGHT)
             if CAUSAL:
                 hit = hit & ((offs_n - offset)[None, :] <= offs_m[:, None])
             v = _load_rows(v_base, offs_n, col_ok, sv_r, DV, BLOCK_DV, True)
             l += tl.sum(hit.to(tl.float32), axis=1)  # noqa: E741
-            acc += _dot(hit.to(v.dtype), v, IEEE)
+            if WEIGHT == COG:
+                acc += _dot(_signed(hit.to(tl.float32), qk).to(v.dtype), v, IEEE)
+            else:
+                acc += _dot(hit.to(v.dtype), v, IEEE)
         mk = tl.where(saturated, float("inf"), mk)
-        if WEIGHT > SOFTMAX1:  # no infinite weight: the sum overflowed
+        if WEIGHT > SOFTMAX1 and WEIGHT != COG:  # no infinite weight: the sum overflowed
             m = tl.where(saturated, 0.0, m)  # fp16's exponent: the fix-up's acc is unscaled
             l = tl.where(saturated & (l == 0.0), float("nan"), l)  # noqa: E741
     e16 = m  # the sums family's fp16 exponent (0 otherwise)
     if WEIGHT <= SOFTMAX1:
         den = l + beta * exp2(-mk, False, EXP2_ULPS)  # saturated: the count; m NaN: NaN
+    elif WEIGHT == COG:  # no sink: l alone (0 where nothing is visible)
+        den = l
     elif WEIGHT == SIGMOID:  # m = 0, den = 1: out = acc, NaN only in its own products
         den = tl.full([BLOCK_M], 1.0, tl.float32)
         l = tl.full([BLOCK_M], 1.0, tl.float32)  # noqa: E741
@@ -557,6 +600,17 @@ def attention_forward_kernel(
     else:
         out = acc * tl.math.div_rn(1.0, safe)[:, None]
     out = tl.where(live[:, None], out, 0.0)
+    if HAS_GATE:  # the gate in the epilogue: no pass over the output of its own
+        if KEEP_UNGATED:
+            u_dst = _rows_source(ungated_ptr + bh64 * lq * DV, lq, DV, DV, BLOCK_M, BLOCK_DV,
+                                 TMA)
+            _write(u_dst, m0, offs_m, row_ok, out, _row_stride(DV, WIDE), DV, BLOCK_DV, TMA)
+        # batch and head again from bh: held across the loops they would cost registers
+        g_batch = bh // heads
+        g_head = bh - g_batch * heads
+        g_base = gate_ptr + g_batch.to(tl.int64) * sg_b + g_head.to(tl.int64) * sg_h
+        gate = _load_rows(g_base, offs_m, row_ok, _row_stride(sg_l, WIDE), DV, BLOCK_DV, True)
+        out = out * gate.to(tl.float32)
     # out is the wrapper's own, contiguous
     o_dst = _rows_source(out_ptr + bh64 * lq * DV, lq, DV, DV, BLOCK_M, BLOCK_DV, TMA)
     _write(o_dst, m0, offs_m, row_ok, out, _row_stride(DV, WIDE), DV, BLOCK_DV, TMA)
@@ -775,8 +829,9 @@ def _timer(launch):
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Param,
                       p1: Param, scale: float, causal: bool,
                       key_mask: torch.Tensor | None = None, weight: Weight = Weight.ELASTIC,
-                      tile: Tiles | None = None, offset: int = 0
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      tile: Tiles | None = None, offset: int = 0,
+                      gate: torch.Tensor | None = None, keep_ungated: bool = False
+                      ) -> tuple[torch.Tensor, ...]:
     """(out in q's dtype, m, den) with out (batch, heads, length_q, dim_v) contiguous, m and
     den (batch, heads, length_q) in fp32; q, k, v (batch, heads, length, dim) in fp32, fp16
     or bf16, in any layout whose last dimension is contiguous (a transposed (batch, length,
@@ -786,8 +841,14 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Par
     float type; key_mask (batch, length_k) bool, True where a key takes part, or None; tile:
     a configuration of attention_configs (else the tuned or interpreter one); offset: the
     causal diagonal, query i seeing key j iff j <= i + offset (0: top-left, SDPA's
-    is_causal; length_k - length_q: bottom-right, a decode cache's; read only with causal).
-    The kernel runs on q's device and its current stream."""
+    is_causal; length_k - length_q: bottom-right, a decode cache's; read only with causal);
+    gate: None or a tensor that broadcasts to out's shape (batch, heads, length_q, dim_v),
+    fp32, fp16 or bf16, on q's device (the gate's values, already through its sigmoid),
+    read in place through its strides where its last dimension is contiguous: the
+    epilogue writes out = O g, rounded once to q's dtype (O the fp32 ungated output);
+    keep_ungated: return (out, m, den, ungated) with ungated = O rounded to q's dtype,
+    contiguous (out itself where there is no gate). The kernel runs on q's device and its
+    current stream."""
     _check(q, scale, weight, k, v)
     offset = _offset(causal, offset)
     b, h, lq, d = q.shape
@@ -798,27 +859,54 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Par
     out = torch.empty(b, h, lq, dv, dtype=q.dtype, device=dev)
     m = torch.empty(b, h, lq, dtype=torch.float32, device=dev)
     den = torch.empty_like(m)
+    has_gate = gate is not None
+    if has_gate:
+        gc, *sg = _rows(_gate(gate, out))
+        ungated = torch.empty_like(out) if keep_ungated else out
+    else:  # placeholders, never read (HAS_GATE off)
+        gc, sg, ungated = out, [0, 0, 0], out
     keep, kend = _key_mask(key_mask, b, lk, dev)
     has_mask = key_mask is not None
     sl2e = float(scale) * 1.4426950408889634  # rounded once, to fp32, by the launch
-    wide = _wide(qc, kc, vc, out)
+    wide = _wide(qc, kc, vc, out, *((gc,) if has_gate else ()))
 
-    tma = _tma_ok(qc, kc, vc, out)
+    tma = _tma_ok(qc, kc, vc, out, ungated)
+    gated = {"HAS_GATE": has_gate, "KEEP_UNGATED": has_gate and bool(keep_ungated)}
 
     def launch(t: Tiles) -> None:
         t = _usable(t, q, tma)
         blocks = triton.cdiv(lq, t.block_m)
         with _on_device(q):
             run(attention_forward_kernel, grid(blocks, b * h),
-                (qc, kc, vc, out, m, den, p0v, p1v, keep, kend, *sq, *sk, *sv, *s0, *s1, lq,
-                 lk, offset, float(scale), sl2e, h, blocks),
-                t.warps, _consts(q, d, dv, t, causal, has_mask, weight, wide), t.stages)
+                (qc, kc, vc, out, m, den, p0v, p1v, keep, kend, gc, ungated, *sq, *sk, *sv,
+                 *sg, *s0, *s1, lq, lk, offset, float(scale), sl2e, h, blocks),
+                t.warps, {**_consts(q, d, dv, t, causal, has_mask, weight, wide), **gated},
+                t.stages)
 
-    if b * h * lq == 0:
-        return out, m, den
-    launch(tile or choose("fwd", max(d, dv), q, causal, has_mask, _timer(launch), weight,
-                          tma, max(lq, lk)))
-    return out, m, den
+    if b * h * lq != 0:
+        launch(tile or choose("fwd", max(d, dv), q, causal, has_mask, _timer(launch), weight,
+                              tma, max(lq, lk)))
+    return (out, m, den, ungated) if keep_ungated else (out, m, den)
+
+
+def _gate(gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The gate as the forward kernel reads it: a (batch, heads, length_q, dim_v) view of the
+    caller's tensor (stride 0 where broadcast), which must be a tensor of fp32, fp16 or bf16
+    on out's device that broadcasts to out's shape."""
+    if not isinstance(gate, torch.Tensor):
+        raise TypeError(f"the triton attention kernel's gate must be a tensor or None, got "
+                        f"{type(gate).__name__}")
+    if gate.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"the triton attention kernel's gate must be fp32, fp16 or bf16, "
+                        f"not {gate.dtype}")
+    if gate.device != out.device:
+        raise ValueError(f"the triton attention kernel's gate is on {gate.device}, q on "
+                         f"{out.device}")
+    try:
+        return gate.expand(out.shape)
+    except RuntimeError:
+        raise ValueError(f"the triton attention kernel's gate must broadcast to the output's "
+                         f"shape {tuple(out.shape)}, got {tuple(gate.shape)}") from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -856,7 +944,7 @@ def attention_prepare_kernel(
     den = tl.load(den_ptr + at, mask=row_ok, other=0.0)
     tau, beta = _bh_params(p0_ptr, p0_b, p0_h, p1_ptr, p1_b, p1_h, batch, head, WEIGHT)
     kk = tl.math.div_rn(LOG2E, tau)
-    if WEIGHT <= SOFTMAX1:
+    if WEIGHT <= SOFTMAX1 or WEIGHT == COG:
         mk = m * kk
         saturated = mk == float("inf")
     else:  # m is 0, +inf (saturated) or NaN; tau holds sigmoid's bias
@@ -878,7 +966,7 @@ def attention_prepare_kernel(
         wm = tl.where(w != 0.0, w * tl.math.div_rn(ms, tau), 0.0)
         tsink = tl.where(ok, tl.math.div_rn(c * wm, tau), 0.0)
         dbeta = tl.where(ok, c * e * r, 0.0)
-    else:  # symax's d eta = -sum c / den (into dbeta's place); the others have no sink
+    else:  # symax's d eta = -sum c / den (into dbeta's place); the others (Cog) have no sink
         tsink = tl.zeros([BLOCK_M], dtype=tl.float32)
         dbeta = tl.zeros([BLOCK_M], dtype=tl.float32)
         if WEIGHT == SYMAX:
@@ -927,6 +1015,8 @@ def _dkdv_tile(k, v, dk, dv, q_src, do_src, sq, sd, stats_ptr, n, at0, start, of
     p = f * r[None, :]
     dp = _dot(v, tl.trans(do), IEEE)
     ds = _dscore(f, p, qk, keep, r[None, :], dp, c[None, :], bias, inv_tau, SUBNORMAL, WEIGHT)
+    if WEIGHT == COG:  # dv takes the signed weights
+        p = _signed(p, qk)
     if IEEE:
         dv += _dot(p, do, True)
         dk += _dot(ds, q, True)
@@ -1015,11 +1105,13 @@ def attention_dkdv_kernel(
             r = tl.load(stats_ptr + 2 * n + at0 + offs_m, mask=row_ok, other=0.0)
             lo = tl.load(stats_ptr + 3 * n + at0 + offs_m, mask=row_ok, other=0.0)
             # (k q^T: a wgmma whose M is the resident keys; q k^T's M would be BLOCK_N)
-            hit = (lo != lo)[None, :] & _hit(_dot(k, tl.trans(q), IEEE), scale, ms[None, :],
-                                             WEIGHT)
+            qk = _dot(k, tl.trans(q), IEEE)
+            hit = (lo != lo)[None, :] & _hit(qk, scale, ms[None, :], WEIGHT)
             if CAUSAL:
                 hit = hit & ((offs_n - offset)[:, None] <= offs_m[None, :])
             share = tl.where(hit, r[None, :], 0.0)
+            if WEIGHT == COG:  # sign(s) / count
+                share = _signed(share, qk)
             if IEEE:
                 dv += _dot(share, do, True)
             else:
@@ -1224,7 +1316,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         dtau = -(dsz[0].sum(-1) + sink[0].sum(-1)).reshape(b, h)
         return dq, dk, dv, dtau, -sink[1].sum(-1).reshape(b, h)
     zero = torch.zeros(b, h, dtype=torch.float32, device=dev)
-    if w in (Weight.SOFTMAX1, Weight.STABLEMAX):  # no parameter: their gradients are zero
+    if w in (Weight.SOFTMAX1, Weight.STABLEMAX, Weight.COG):  # no parameter: zero gradients
         return dq, dk, dv, zero, zero.clone()
     if w is Weight.SYMAX:  # d eta = -sum c / den
         return dq, dk, dv, zero, -sink[1].sum(-1).reshape(b, h)
