@@ -106,7 +106,7 @@ def _twist(kind: str, q, k, v, rng, fmt):
 def _magnitudes(oracle: at.AttentionTruth, params, fn, q, k, v, scale, dout):
     """Per value, the size of the terms the oracle sums for it (in float64): its own error
     is below 2^-SLACK_BITS of that."""
-    w = np.nan_to_num(oracle.w)
+    w = np.abs(np.nan_to_num(oracle.w))  # (cog's are signed: the sizes are |w|'s)
     av, out = np.abs(np.nan_to_num(v, posinf=0, neginf=0)), {}
     out["out"] = w @ av
     if dout is None:

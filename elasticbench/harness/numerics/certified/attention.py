@@ -158,6 +158,36 @@ def weights(fn: AttentionFunction, params: dict[str, float], sc: Scores, k: np.n
     by the shifted form y_j = exp(z_j) / S, S = sum_kept exp(z) + offset exp(-m/tau)."""
     if certified_normalize.fits(fn, params):
         return certified_normalize.weights(fn, params, sc)
+    if fn.signed:
+        return signed_weights(fn, params, sc, k)
+    return _exp_weights(fn, params, sc, k)
+
+
+def signed_weights(fn: AttentionFunction, params: dict[str, float], sc: Scores,
+                   k: np.ndarray) -> Weights:
+    """Cog's weights sign(s_j) p_j, p = softmax(|s|) over the visible keys
+    (functions/cog.py): |s| is exact on the score's double-double (its bound unchanged), so
+    p is the exp family's weight at tau = 1 on |s| with its bound, and the sign is exact
+    where the score is known to be nonzero or is exactly 0 (bound 0); a row with a score
+    within its bound of 0 but not exactly 0 is left to mpmath. `kept` is then the keys of
+    nonzero weight (a zero score weighs 0: a non-finite v there reaches nothing)."""
+    neg = sc.s.h < 0
+    a = Scores(Bdd(np.abs(sc.s.h), np.where(neg, -sc.s.l, sc.s.l), sc.s.b), sc.visible,
+               sc.nan_row, sc.trusted)
+    w = _exp_weights(fn, params, a, k)
+    exact0 = (sc.s.h == 0) & (sc.s.b == 0)
+    known = exact0 | (np.abs(sc.s.h) > sc.s.b)
+    sign = np.where(exact0, 0.0, np.where(neg, -1.0, 1.0))
+    w.y = Bdd(sign * w.y.h, sign * w.y.l, np.where(exact0, 0.0, w.y.b))
+    w.kept = w.kept & (sign != 0)
+    w.trusted = w.trusted & (known | ~sc.visible).all(axis=1)
+    return w
+
+
+def _exp_weights(fn: AttentionFunction, params: dict[str, float], sc: Scores, k: np.ndarray
+                 ) -> Weights:
+    """weights' exp family: the shifted form (the row function's keep, temperature and
+    offset)."""
     row = fn.row
     tau, offset = row.temperature(params), row.offset(params)
     with np.errstate(invalid="ignore"):
@@ -195,11 +225,12 @@ def row_function_fits(fn: AttentionFunction, params: dict[str, float]) -> bool:
     """Whether the row function is an exp-normalize member this phase evaluates (shift by
     the largest kept score) at parameters inside the safe range of numerics/certified.py.
     The weight-normalize members are numerics/certified_normalize.py's; softmax1 (its
-    floored shift) and sigmoid are declined: mpmath answers for them."""
+    floored shift) and sigmoid are declined: mpmath answers for them. Cog (signed) is
+    taken forward only (signed_weights); its gradients are mpmath's."""
     if certified_normalize.fits(fn, params):
         return True
-    if fn.signed:  # cog: signed_fits (its forward: softmax of |s|, the sign exact)
-        return False
+    if fn.signed:  # cog: softmax of |s| (signed_weights), no parameter
+        return True
     row = fn.row
     tau, offset = row.temperature(params), row.offset(params)
     return (row.normalized and row.weights is None and row.shift_floor == -math.inf
@@ -235,9 +266,10 @@ def outputs(w: Weights, v: np.ndarray) -> tuple[Bdd, np.ndarray, np.ndarray]:
     finite = np.isfinite(vt)
     usable = finite & (np.abs(vt) <= INPUT_MAX)
     out = bsum(bmul_d(w.y[:, None, :], np.where(usable, vt, 0.0)))
+    sv = vt * np.where(w.y.h < 0, -1.0, 1.0)[:, None, :]  # (a negative weight flips inf)
     with np.errstate(invalid="ignore"):
-        pos = (live & (vt == np.inf)).any(axis=2)
-        neg = (live & (vt == -np.inf)).any(axis=2)
+        pos = (live & (sv == np.inf)).any(axis=2)
+        neg = (live & (sv == -np.inf)).any(axis=2)
     nan = (live & np.isnan(vt)).any(axis=2) | (pos & neg)
     special = nan | pos | neg
     value = np.where(nan, np.nan, np.where(pos, np.inf, -np.inf))

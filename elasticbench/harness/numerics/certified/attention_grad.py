@@ -176,7 +176,8 @@ def gradient_block(truth: AttentionTruth, bounds: dict[str, np.ndarray], heads: 
     which heads' bounds hold (they stayed in the safe domain), and which are certified."""
     g_, lq, _ = q.shape
     lk = k.shape[1]
-    if not row_function_fits(fn, params):  # the forward declined it too: mpmath answers
+    if not row_function_fits(fn, params) or fn.signed:  # mpmath answers (cog's: ds = p g
+        # - w c, which the exp family's rule does not form)
         return np.zeros(g_, dtype=bool), np.zeros(g_, dtype=bool)
     kept = fw.w.kept.reshape(g_, lq, lk)
     trusted = (_usable(q, True) & _usable(k, True) & _usable(v, True) & _usable(dout, False)
