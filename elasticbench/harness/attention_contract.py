@@ -10,10 +10,17 @@ case's dtype; every row parameter (tau and beta for elastic) arrives in the form
 declares (KernelSpec.param_form): by default a (batch, heads) array of the backend's type
 in the working precision (fp64 for fp64 inputs, else fp32), or a Python float ("float"),
 or a (batch, heads) array in the case's dtype ("own", judged against the reference of the
-rounded value); scale is a float, causal a bool. A case with a mask passes it to the kernels that declare
+rounded value); scale is a float, causal a bool: True asks for the causal mask the kernel
+declares (KernelSpec.causal: "top_left", key j visible to query i when j <= i, SDPA's
+is_causal and the default; or "bottom_right", j <= i + length_k - length_q,
+FlashAttention's), and the reference follows that declaration. A case with a mask passes it
+to the kernels that declare
 a parameter for it: `attn_mask` takes any mask as SDPA does (bool, True takes part, or float,
 added to the scores; (batch, heads, length_q, length_k) or broadcastable), `key_mask` only a
-key-padding one, as a (batch, length_k) bool array; other kernels are not given the case.
+key-padding one, as a (batch, length_k) bool array; other kernels are not given the case. A gated case (the attention parameter gate = 1)
+passes `gate`, (batch, heads, length_q, value_dim) in the case's dtype, values in (0, 1), to
+the kernels that declare it (others are not given the case): out is then attention * gate,
+and step(dout) returns d gate after the other gradients.
 out has q's dtype and shape (batch, heads, length_q,
 value_dim). A backward kernel does whatever forward it needs in its first call, which a
 benchmark leaves untimed, and returns `step`; step(dout) returns (dq, dk, dv, *dparams), the
@@ -31,8 +38,14 @@ import numpy as np
 
 from elasticbench.harness.backends import get_backend
 from elasticbench.harness.functions import get_attention_function
+from elasticbench.harness.kernel_spec import BOTTOM_RIGHT, CAUSAL_CONVENTIONS, TOP_LEFT
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.registry import KernelSpec
+
+__all__ = ["BOTTOM_RIGHT", "CAUSAL_CONVENTIONS", "TOP_LEFT", "backward_step",
+           "causal_offset", "causal_reference", "conventions_differ", "forward_output",
+           "head_arrays", "kernel_arguments", "mask_argument", "other_convention",
+           "own_params", "work_numpy_dtype"]
 
 
 def work_numpy_dtype(dtype: str) -> np.dtype:
@@ -54,6 +67,43 @@ def own_params(params: dict[str, float], row_params: tuple[str, ...], dtype: str
     fmt = get_format(dtype)
     return {n: float(fmt.cast(np.float64(v))) if n in row_params else v
             for n, v in params.items()}
+
+
+def causal_offset(lq: int, lk: int, convention: str) -> int:
+    """The diagonal's offset: query i sees key j when j <= i + offset (0 top-left,
+    lk - lq bottom-right)."""
+    if convention not in CAUSAL_CONVENTIONS:
+        raise ValueError(f"unknown causal convention {convention!r} (choose from "
+                         f"{', '.join(CAUSAL_CONVENTIONS)})")
+    return lk - lq if convention == BOTTOM_RIGHT else 0
+
+
+def conventions_differ(shape: tuple[int, ...], params: dict[str, float]) -> bool:
+    """Whether a case is judged differently under the two conventions: causal, with the
+    query and key lengths (shape[2], shape[3]) unequal."""
+    return bool(params.get("causal", 0.0)) and shape[2] != shape[3]
+
+
+def other_convention(convention: str) -> str:
+    """bottom_right for top_left and the reverse."""
+    return TOP_LEFT if convention == BOTTOM_RIGHT else BOTTOM_RIGHT
+
+
+def causal_reference(params: dict[str, float], shape: tuple[int, ...],
+                     bias: np.ndarray | None, convention: str
+                     ) -> tuple[dict[str, float], np.ndarray | None]:
+    """(params, bias) the reference is computed with for a kernel of this convention: as
+    they are for top-left (the reference's own causal) or where the conventions agree;
+    for bottom-right, causal turned off and its diagonal written into the bias (-inf on
+    the keys it hides, combined with the case's mask), which the reference and the
+    budgets take as any mask."""
+    if convention == TOP_LEFT or not conventions_differ(shape, params):
+        return params, bias
+    b, h, lq, lk = shape[:4]
+    i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
+    hidden = j > i + causal_offset(lq, lk, convention)
+    base = np.zeros((b, h, lq, lk)) if bias is None else np.broadcast_to(bias, (b, h, lq, lk))
+    return {**params, "causal": 0.0}, np.where(hidden, -np.inf, base)
 
 
 def mask_argument(spec: KernelSpec, mask: np.ndarray | None) -> dict[str, np.ndarray] | None:

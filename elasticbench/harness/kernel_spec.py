@@ -32,6 +32,12 @@ MODES = ("fwd", "bwd")
 # "own", a (batch, heads) array in the case's own format, the reference then using the
 # value rounded to it.
 PARAM_FORMS = ("heads", "float", "own")
+# Where an attention kernel's causal diagonal lies when length_q != length_k: "top_left",
+# key j visible to query i when j <= i (SDPA's is_causal, the default), or "bottom_right",
+# when j <= i + length_k - length_q (FlashAttention's, decoding with a cache). The two agree
+# when the lengths do (docs/attention.md sections 1 and 4).
+TOP_LEFT, BOTTOM_RIGHT = "top_left", "bottom_right"
+CAUSAL_CONVENTIONS = (TOP_LEFT, BOTTOM_RIGHT)
 
 # How an unpickled KernelSpec finds its kernel in another process: f(name, mode, source),
 # which loads the built-ins (and the kernel file `source`) there. elasticbench.harness.registry sets
@@ -64,6 +70,7 @@ class KernelSpec:
     accuracy: str = WIDE  # the contract its budgets come from (numerics/contract.py)
     compiles: bool = False  # compiles code per input shape (Backend.compiles)
     param_form: str = "heads"  # attention: how row parameters arrive (PARAM_FORMS)
+    causal: str = TOP_LEFT  # attention: where its causal diagonal lies (CAUSAL_CONVENTIONS)
 
     @property
     def kind(self) -> str:
@@ -146,6 +153,7 @@ def register_kernel(
     accuracy: str = WIDE,
     compiles: bool | None = None,
     param_form: str = "heads",
+    causal: str = TOP_LEFT,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register fn as the kernel `name` (default: the function's __name__).
 
@@ -155,19 +163,25 @@ def register_kernel(
     declares its passes over memory and its exponentials (elasticbench.harness.passes), which give
     it its own roof in `run`. accuracy names the contract its budgets come from: "wide" (a
     16-bit kernel computes in fp32 and rounds once, the default) or "own" (every step rounds
-    to its own format; row kernels only), numerics/contract.py. compiles says whether it
+    to its own format: for rows the shift, exponential, sum and division; for attention the
+    scores, the weights and the weighted sum), numerics/contract.py. compiles says whether it
     compiles code for each input shape it meets (torch.compile, a JIT); by default, what its
     backend's kernels may do (Backend.compiles). param_form says how an attention kernel
     takes its row parameters (tau, beta...): "heads", (batch, heads) arrays in the working
     precision (fp32, fp64 for fp64 inputs; the default), "float", Python floats, or "own",
     (batch, heads) arrays in the case's dtype, the reference then computed with the values
-    rounded to it (PARAM_FORMS, docs/attention.md section 4).
+    rounded to it (PARAM_FORMS, docs/attention.md section 4). causal says where an
+    attention kernel's causal diagonal lies when the query and key lengths differ:
+    "top_left" (SDPA's is_causal, the default) or "bottom_right" (FlashAttention's); the
+    reference follows it (CAUSAL_CONVENTIONS).
     """
     kind = function_kind(function)
     check_accuracy(accuracy)
-    if accuracy != WIDE and kind == ATTENTION:
-        raise ValueError(f"attention kernels are judged by the {WIDE!r} contract only, "
-                         f"got accuracy={accuracy!r}")
+    if causal not in CAUSAL_CONVENTIONS:
+        raise ValueError(f"unknown causal convention {causal!r} (choose from "
+                         f"{', '.join(CAUSAL_CONVENTIONS)})")
+    if causal != TOP_LEFT and kind != ATTENTION:
+        raise ValueError("causal is for attention kernels (row kernels have no keys)")
     if param_form not in PARAM_FORMS:
         raise ValueError(f"unknown param_form {param_form!r} (choose from "
                          f"{', '.join(PARAM_FORMS)})")
@@ -186,7 +200,7 @@ def register_kernel(
         check_signature(fn, kname, function, mode)
         summary = description or (fn.__doc__ or "").strip().partition("\n")[0]
         spec = KernelSpec(kname, function, backend, fn, mode, _loading_source, summary, baseline,
-                          formats, model, accuracy, per_shape, param_form)
+                          formats, model, accuracy, per_shape, param_form, causal)
         old = REGISTRY.get(kname, mode)
         if _loaded_keys is not None:
             _loaded_keys.append((kname, mode))

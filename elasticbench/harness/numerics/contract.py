@@ -7,7 +7,12 @@ A kernel states the arithmetic it is meant to do (`register_kernel(..., accuracy
   own format.
 - `own`: every step (the shift, the division by tau, the exponential, the sum, the division)
   rounds to the kernel's own format, fp16 and bf16 included: the same error analysis with
-  that format's unit roundoff in every step (docs/numerics.md section 3.1).
+  that format's unit roundoff in every step (docs/numerics.md section 3.1). An attention
+  kernel under `own` rounds its scores, weights and weighted sum (and in the backward every
+  product and sum) to its format: the attention budgets with that format's unit roundoff
+  as u_w (numerics/budgets/attention_own.py, docs/numerics.md section 8).
+
+For fp32 and fp64 the two contracts are one: those kernels compute in their own format.
 
 `verify --budget-scale X` multiplies every budget of a run by X (X > 0). Each record says
 which contract and scale judged it (`accuracy`, `budget_scale`).

@@ -20,6 +20,9 @@ class VerifyRecord(KernelCase):
     budget: dict[str, float] | None = None  # the coefficients of the contract's budget
     accuracy: Literal["wide", "own"] = "wide"  # the contract that judged it (older files: wide)
     budget_scale: float = entry(1.0, check=positive)  # allowance = scale x budget (older: 1)
+    # attention: the causal convention that judged it (None: rows; older attention files
+    # were judged top-left)
+    causal: Literal["top_left", "bottom_right"] | None = None
     seconds: float | None = entry(None, check=duration_s)
     passed: bool
     reason: str | None = None  # why it failed ("" or None when it passed)

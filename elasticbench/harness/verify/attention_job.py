@@ -6,6 +6,12 @@ mpmath where that cannot decide, the mpmath part cached on disk by content:
 numerics/attention_truth.py); every kernel call gets fresh copies of q, k, v (and dO), so
 a kernel that writes its inputs is caught, and the record is a VerifyRecord whose shape is
 the five sizes.
+
+A kernel is judged by what it declares: its accuracy contract (`wide`, or `own` for a
+16-bit kernel that computes in its format: numerics/budgets/attention_own.py) and its causal
+convention (`top_left` or `bottom_right`: where the causal diagonal lies when length_q !=
+length_k; the reference follows it). A causal case it fails where the two conventions
+differ is judged again under the other one, and if it passes there the failure says so.
 """
 
 from __future__ import annotations
@@ -20,10 +26,14 @@ from typing import Any
 import numpy as np
 
 from elasticbench.harness.attention_contract import (
+    TOP_LEFT,
     backward_step,
+    causal_reference,
+    conventions_differ,
     forward_output,
     kernel_arguments,
     mask_argument,
+    other_convention,
     own_params,
 )
 from elasticbench.harness.backends import get_backend
@@ -32,6 +42,11 @@ from elasticbench.harness.functions import get_attention_function
 from elasticbench.harness.inputs.attention import generate_mask, generate_qkv, mask_bias
 from elasticbench.harness.inputs.generators import stream_seed
 from elasticbench.harness.numerics.budgets.attention import ATTENTION_BUDGETS, Conditioning
+from elasticbench.harness.numerics.budgets.attention_own import (
+    attention_budget,
+    conditioning,
+    differs,
+)
 from elasticbench.harness.numerics.contract import Judging
 from elasticbench.harness.numerics.dtypes import FloatFormat, get_format
 from elasticbench.harness.numerics.truth.attention import AttentionTruth, cached_evaluate
@@ -142,48 +157,76 @@ class PreparedCase:
     v: np.ndarray
     dout: np.ndarray | None
     truth: AttentionTruth
-    cond: Conditioning
+    cond: Conditioning  # the wide contract's
     mask: np.ndarray | None = None  # the input's attn_mask (inputs.attention.generate_mask)
+    causal: str = TOP_LEFT  # the convention the truth follows (top-left where they agree)
+    ref_params: dict[str, float] | None = None  # what the truth took (None: the case's)
+    ref_bias: np.ndarray | None = None  # and its mask as a bias (-inf: hidden)
+    _conds: dict[str, Conditioning] = field(default_factory=dict, repr=False)
     gate: np.ndarray | None = None  # a gated case's gate (verify/attention_gate.py)
     upstream: np.ndarray | None = None  # the truth's dO: dout, times the gate where gated
 
+    def conditioning(self, accuracy: str) -> Conditioning:
+        """The allowances' terms under a kernel's contract (own: built once, then kept)."""
+        fmt = get_format(self.case.dtype)
+        if not differs(fmt, accuracy):
+            return self.cond
+        if accuracy not in self._conds:
+            f64 = [a.astype(np.float64) for a in (self.q, self.k, self.v)]
+            self._conds[accuracy] = conditioning(
+                get_attention_function(self.case.function),
+                self.ref_params or self.case.param_dict, *f64, self.case.scale, self.truth,
+                fmt, accuracy, self.ref_bias)
+        return self._conds[accuracy]
+
+
+def judged_convention(spec: KernelSpec, case: AttentionCase) -> str:
+    """The causal convention spec is judged by on case: its own where the two differ
+    there, else top-left (one truth serves every kernel)."""
+    return spec.causal if conventions_differ(case.shape, case.param_dict) else TOP_LEFT
+
 
 def prepare(case: AttentionCase, mode: str, cache_dir: Path | None,
-            precision: int, stats: TruthStats | None = None) -> PreparedCase:
+            precision: int, stats: TruthStats | None = None,
+            causal: str = TOP_LEFT) -> PreparedCase:
     """Inputs, upstream gradient, exact truth and conditioning of one case (stats counts
-    the truth's values and those mpmath computed)."""
+    the truth's values and those mpmath computed), the truth under the causal convention
+    `causal` (attention_contract.causal_reference)."""
     fn = get_attention_function(case.function)
     fmt = get_format(case.dtype)
     q, k, v = generate_qkv(case.generator, case.dtype, case.shape, case.seed)
     mask = generate_mask(case.generator, case.dtype, case.shape, case.seed)
-    bias = mask_bias(mask, case.shape)
+    params, bias = causal_reference(case.param_dict, case.shape,
+                                    mask_bias(mask, case.shape), causal)
     dout = upstream_gradient(case, (*q.shape[:3], v.shape[3])) if mode == "bwd" else None
     gate = case_gate(case)  # a gated case's truth is the ungated one (dO = dY * g)
     upstream = None if dout is None else dout.astype(np.float64) * (
         1.0 if gate is None else gate.astype(np.float64))
     f64 = [a.astype(np.float64) for a in (q, k, v)]
-    truth = cached_evaluate(cache_dir, fn, truth_params(case.param_dict), *f64, case.scale,
+    truth = cached_evaluate(cache_dir, fn, truth_params(params), *f64, case.scale,
                             upstream, precision,
                             fmt, stats, bias)
-    cond = Conditioning(fn, case.param_dict, *f64, case.scale, truth, fmt,
+    cond = Conditioning(fn, params, *f64, case.scale, truth, fmt,
                         ATTENTION_BUDGETS[case.dtype], bias)
-    prep = PreparedCase(case, q, k, v, dout, truth, cond, mask)
+    effective = causal if conventions_differ(case.shape, case.param_dict) else TOP_LEFT
+    prep = PreparedCase(case, q, k, v, dout, truth, cond, mask, effective, params, bias)
     prep.gate, prep.upstream = gate, upstream
     return prep
 
 
-def _judge(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat, scale: float
-           ) -> tuple[CheckResult, dict[str, Any]]:
+def _judge(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat, scale: float,
+           accuracy: str) -> tuple[CheckResult, dict[str, Any]]:
     """The verdict on what the kernel gave, and the parameters' gradient checks (backward),
-    every allowance times the run's budget scale."""
+    every allowance that of the kernel's contract times the run's budget scale."""
     assert outcome.outputs is not None
+    cond = prep.conditioning(accuracy)
     if prep.gate is not None:
-        return _judge_gated(outcome, prep, fmt, scale, prep.cond)
+        return _judge_gated(outcome, prep, fmt, scale, cond)
     if prep.dout is None:
-        return check_forward(outcome.outputs[0], prep.truth, prep.cond, fmt, scale), {}
+        return check_forward(outcome.outputs[0], prep.truth, cond, fmt, scale), {}
     # c_i = dO_i . out_i uses the output a model saved: the exact one, in the format
     saved = fmt.cast(np.nan_to_num(prep.truth.out_hi)).astype(np.float64)
-    return check_backward(outcome.outputs, prep.truth, prep.cond,
+    return check_backward(outcome.outputs, prep.truth, cond,
                           get_attention_function(prep.case.function),
                           prep.dout.astype(np.float64), saved, fmt, scale)
 
@@ -206,26 +249,53 @@ def _judge_gated(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat
                           get_attention_function(prep.case.function), prep.upstream, saved,
                           fmt, scale, rounded_dout=True, extra=(dg,))
 
+
+def convention_hint(spec: KernelSpec, prep: PreparedCase, outcome: AttentionOutcome,
+                    scale: float) -> str:
+    """Where a causal case the kernel failed would pass under the other causal convention
+    (the lengths differ), the words that say so; else ''."""
+    if outcome.outputs is None or not conventions_differ(prep.case.shape,
+                                                         prep.case.param_dict):
+        return ""
+    other = other_convention(prep.causal)
+    there = prepare(prep.case, "fwd" if prep.dout is None else "bwd", None,
+                    DEFAULT_PRECISION, causal=other)
+    verdict, _ = _judge(outcome, there, get_format(prep.case.dtype), scale, spec.accuracy)
+    if not verdict.passed:
+        return ""
+    return (f"passes under causal={other!r}: declare it in the kernel's contract "
+            f"(register_kernel(..., causal={other!r}))")
+
+
 def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
                          isolation: Isolation = IN_PROCESS, scale: float = 1.0) -> VerifyRecord:
     """Run one attention kernel on one case and return its record (allowances times
     scale). A kernel taking its parameters in its own format is judged on the case with
-    them rounded (kernel_case), prepared here if prep is not that case's."""
-    if (own := kernel_case(spec, prep.case)) is not prep.case:
-        prep = prepare(own, "fwd" if prep.dout is None else "bwd", None, DEFAULT_PRECISION)
+    them rounded (kernel_case), and one whose causal convention differs from prep's on
+    this case against that convention's truth: each prepared here if prep is not it."""
+    own = kernel_case(spec, prep.case)
+    convention = judged_convention(spec, own)
+    if own is not prep.case or convention != prep.causal:
+        prep = prepare(own, "fwd" if prep.dout is None else "bwd", None, DEFAULT_PRECISION,
+                       causal=convention)
     case, fmt = prep.case, get_format(prep.case.dtype)
     outcome = isolation.run(partial(call_attention, spec, prep.q, prep.k, prep.v,
                                     case.param_dict, case.dtype, case.scale, prep.dout,
                                     prep.mask, prep.gate),
                             _failed)
-    verdict, checks = _judge(outcome, prep, fmt, scale) if outcome.outputs is not None else (None, {})
+    verdict, checks = (_judge(outcome, prep, fmt, scale, spec.accuracy)
+                       if outcome.outputs is not None else (None, {}))
+    if (verdict is not None and not verdict.passed and not outcome.modified_input
+            and (hint := convention_hint(spec, prep, outcome, scale))):
+        verdict = replace(verdict, reason=f"{verdict.reason}; {hint}")
     b, h, lq = case.shape[:3]
     record = verify_record(spec, case, outcome, verdict,
-                           budget=ATTENTION_BUDGETS[case.dtype].to_dict(),
+                           budget=attention_budget(fmt, spec.accuracy).to_dict(),
                            judging=Judging(spec.accuracy, scale),
                            rows_checked=b * h * lq,
                            broken=[modified_reason(outcome.modified_args or ["q"])]
                            if outcome.modified_input else None)
+    record.causal = spec.causal
     if prep.dout is not None:
         record.dparams = {n: c.to_dict() for n, c in checks.items()}
         rels = [c.rel_err for c in checks.values() if math.isfinite(c.rel_err)]
@@ -280,11 +350,16 @@ class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
         for mode, case, specs in todo:
             prep = prepare(case, mode, self.cache_dir, self.precision, stats)
             references.advance()
+            # a kernel given rounded parameters is judged against their own reference, and
+            # one of the other causal convention against that convention's
+            preps = {(case, TOP_LEFT): prep}
             for spec in specs:
                 own = kernel_case(spec, case)
-                # a kernel given rounded parameters is judged against their own reference
-                mine = prep if own is case else prepare(own, mode, self.cache_dir,
-                                                        self.precision, stats)
-                session.add(verify_attention_one(spec, mine, self.isolation, self.scale))
+                key = (own, judged_convention(spec, own))
+                if key not in preps:
+                    preps[key] = prepare(own, mode, self.cache_dir, self.precision, stats,
+                                         causal=key[1])
+                session.add(verify_attention_one(spec, preps[key], self.isolation,
+                                                 self.scale))
                 checks.advance()
         session.header["reference"] = stats.to_dict()
