@@ -27,7 +27,8 @@ from elasticbench.harness.report.sheet import EMPTY, Column, Entry, Note, Sheet,
 
 LEGEND = ("contract: the accuracy contract that judged the kernel (wide: a 16-bit kernel "
           "computes in fp32 and rounds once; own: in its own format), with the run's budget "
-          "scale where it is not 1 (own x4: the own budgets times 4); "
+          "scale where it is not 1 (own x4: the own budgets times 4) and, for attention, the "
+          "causal convention where it is bottom_right; "
           "cells: worst error in ulps where the special values were right, that of the one "
           "element that used the largest share of its budget, absolute ('abs') where its "
           "exact value is 0 (and that share); "
@@ -121,8 +122,10 @@ def summarize(records: Iterable[VerifyRecord]) -> Summary:
 
 
 def judged_by(r: VerifyRecord) -> str:
-    """The contract and budget scale that judged a record: 'wide', 'own', 'own x4'."""
-    return Judging(r.accuracy, r.budget_scale).describe()
+    """The contract and budget scale that judged a record: 'wide', 'own', 'own x4'; an
+    attention kernel judged bottom-right adds it ('own bottom_right')."""
+    judged = Judging(r.accuracy, r.budget_scale).describe()
+    return f"{judged} bottom_right" if r.causal == "bottom_right" else judged
 
 
 def describe_case(r: VerifyRecord) -> str:

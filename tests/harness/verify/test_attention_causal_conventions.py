@@ -113,3 +113,19 @@ def test_the_default_matrix_has_causal_cases_of_unequal_lengths_both_ways_and_de
     assert any(lq < lk for lq, lk in shapes) and any(lq > lk for lq, lk in shapes)
     assert any(lq == 1 < lk for lq, lk in shapes)
     assert 1.0 in matrix.params["elastic_attention"]["causal"]
+
+
+def test_verify_names_the_convention_and_hints_in_the_failure_line(cli, tmp_path):
+    args = ["verify", "--only", "{}", "-d", "fp32", "--size", "1x1x3x7x4", "--param",
+            "causal=1", "--param", "tau=0.5", "--param", "beta=1", "--input", "normal"]
+    r = cli(*[a.format("library_bottom_right") for a in args], "--kernel-file", str(FIXTURE))
+    assert r.code == 0, r.out + r.err
+    assert "wide bottom_right" in r.out and "2 passed" in r.out
+    # the same code registered without the declaration: judged top-left, failed, hinted
+    undeclared = tmp_path / "undeclared_bottom_right.py"
+    undeclared.write_text(FIXTURE.read_text().replace(
+        'name="library_bottom_right",\n                causal="bottom_right", ',
+        'name="undeclared",\n                '))
+    r = cli(*[a.format("undeclared") for a in args], "--kernel-file", str(undeclared))
+    assert r.code == 1
+    assert "passes under causal='bottom_right': declare it in the kernel's contract" in r.out
