@@ -16,6 +16,7 @@ from elasticbench.attention import composite, cpp, flash
 from elasticbench.attention.layout import causal_offset
 from elasticbench.attention.weights import Weight
 from elasticbench.functional import (
+    cog_attention,
     elastic_attention,
     sigmoid_attention,
     softmax1_attention,
@@ -38,7 +39,9 @@ def _call(weight: Weight, q, k, v, params, **kw) -> torch.Tensor:
         return symax_attention(q, k, v, eta=params[1], **kw)
     if weight is Weight.STABLEMAX:
         return stablemax_attention(q, k, v, **kw)
-    return sigmoid_attention(q, k, v, bias=params[0], **kw)
+    if weight is Weight.SIGMOID:
+        return sigmoid_attention(q, k, v, bias=params[0], **kw)
+    return cog_attention(q, k, v, **kw)
 
 
 def _params(weight: Weight) -> list[torch.Tensor]:
