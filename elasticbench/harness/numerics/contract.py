@@ -10,7 +10,7 @@ A kernel states the arithmetic it is meant to do (`register_kernel(..., accuracy
   that format's unit roundoff in every step (docs/numerics.md section 3.1). An attention
   kernel under `own` rounds its scores, weights and weighted sum (and in the backward every
   product and sum) to its format: the attention budgets with that format's unit roundoff
-  as u_w (numerics/budgets/attention_own.py, docs/numerics.md section 8).
+  as u_w (numerics/budgets/attention_own.py, docs/numerics.md section 9).
 
 For fp32 and fp64 the two contracts are one: those kernels compute in their own format.
 

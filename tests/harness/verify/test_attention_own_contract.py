@@ -1,7 +1,7 @@
 """Issue 57 item 1: an attention kernel may declare the own-format contract (accuracy="own"):
 a 16-bit kernel that computes its scores, weights and weighted sum in its format is judged
 by the attention budgets with that format's unit roundoff (numerics/budgets/attention_own.py,
-docs/numerics.md section 8). The eager fixture (tests/fixtures/eager16_attention.py) passes
+docs/numerics.md section 9). The eager fixture (tests/fixtures/eager16_attention.py) passes
 under it and fails under the wide one; a bug still fails under it; fp32 and fp64 keep the
 wide allowance. Small fp16/bf16 slices of the default matrix."""
 

@@ -57,7 +57,7 @@ from elasticbench.harness.numerics.dtypes import FloatFormat
 from elasticbench.harness.numerics.truth.attention_values import AttentionTruth
 
 # The same coefficients in every format: under `own` a 16-bit kernel's budget is the fp32
-# analysis with its own unit roundoff (only the unit changes: docs/numerics.md section 8).
+# analysis with its own unit roundoff (only the unit changes: docs/numerics.md section 9).
 OWN_ATTENTION_BUDGETS: dict[str, AttentionBudget] = dict(ATTENTION_BUDGETS)
 SIXTEEN_BIT = ("fp16", "bf16")
 
