@@ -129,3 +129,17 @@ def test_verify_names_the_convention_and_hints_in_the_failure_line(cli, tmp_path
     r = cli(*[a.format("undeclared") for a in args], "--kernel-file", str(undeclared))
     assert r.code == 1
     assert "passes under causal='bottom_right': declare it in the kernel's contract" in r.out
+
+
+def test_a_record_keeps_its_convention_and_older_files_read_without_one():
+    from elasticbench.harness.records import VerifyRecord
+
+    old = {"kernel": "k", "function": "elastic_attention", "backend": "torch",
+           "dtype": "fp32", "shape": [1, 1, 3, 7, 4], "input": "normal", "seed": 1,
+           "passed": True}
+    assert VerifyRecord.from_dict(old).causal is None  # judged top-left, as every one then
+    record = VerifyRecord.from_dict({**old, "causal": "bottom_right"})
+    assert record.causal == "bottom_right"
+    assert VerifyRecord.from_dict(record.to_dict()).causal == "bottom_right"
+    with pytest.raises(ValueError, match="causal"):
+        VerifyRecord.from_dict({**old, "causal": "bottom-right"})
