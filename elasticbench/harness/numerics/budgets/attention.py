@@ -322,8 +322,10 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
     out["dq"] = (c.scale * (two_uw * e_q + two_uo * L) @ c.ak + b.r * ulps["dq"])
     out["dk"] = (c.scale * np.swapaxes(two_uw * e_k + two_uo * L, -1, -2) @ c.aq
                  + b.r * ulps["dk"])
+    # a weight near the work format's underflow is off by its subnormal step (the forward's
+    # `sub * floor`): alone in dv_j when one query sees key j (decoding)
     wt_do = np.swapaxes(two_uw * (c.weps + c.w * lg_q) + two_uo * b.l * c.w
-                        + b.l * c.kept * c.sub_out
+                        + c.kept * c.sub + b.l * c.kept * c.sub_out
                         + (two_uo * c.w if rounded_dout else 0.0), -1, -2) @ ado
     out["dv"] = wt_do + b.r * ulps["dv"]
     z = c.zabs
