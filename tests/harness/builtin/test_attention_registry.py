@@ -119,7 +119,8 @@ def test_the_family_table_registers_each_kernel_as_the_contract_reads_it():
                 assert (spec.function, spec.backend, spec.description) == (
                     member.function, impl.backend, doc)
                 assert list(inspect.signature(spec.fn).parameters) == [
-                    "q", "k", "v", *member.params, "scale", "causal", impl.mask]
+                    "q", "k", "v", *member.params, "scale", "causal", impl.mask,
+                    *(("gate",) if impl.gated else ())]
                 assert spec.fn.__module__ == module
                 assert pickle.loads(pickle.dumps(spec.fn)) is spec.fn
                 checked += 1
@@ -156,7 +157,8 @@ def test_a_fused_kernel_fills_the_unused_slot_and_returns_the_used_gradients():
         register_family(_fake_fused(calls), namespace)
         assert sorted(namespace) == sorted(["__name__", *(
             f"fake_{f}{suffix}" for f in ("attention", "softmax1_attention", "symax_attention",
-                                          "stablemax_attention", "sigmoid_attention")
+                                          "stablemax_attention", "sigmoid_attention",
+                                          "cog_attention")
             for suffix in ("", "_bwd"))])
         symax = get_kernel("fake_symax_attention", "bwd")
         assert symax.fn.__name__ == "fake_symax_attention_bwd"
@@ -213,3 +215,55 @@ def test_a_differentiable_kernel_gets_autograds_gradients_of_the_used_slots():
     torch.testing.assert_close(dv, dout * k, rtol=0, atol=0)
     torch.testing.assert_close(dbias, (dout * q * 0.5).sum((2, 3)), rtol=1e-15, atol=0)
     assert not q.requires_grad and bias.grad is None  # the caller's tensors are untouched
+
+
+def test_a_gated_call_gates_the_output_and_returns_d_gate_after_the_gradients():
+    from elasticbench.attention.weights import Weight
+    from elasticbench.harness.builtin.attention_family import Implementation, register_family
+
+    calls: list = []
+
+    def forward(q, k, v, p0, p1, scale, causal, mask, weight, gate=None, keep_ungated=False):
+        out = q * 2
+        calls.append(("fwd", gate, keep_ungated))
+        if gate is None:
+            return out, torch.zeros(q.shape[:3]), torch.ones(q.shape[:3])
+        return (out * gate, torch.zeros(q.shape[:3]), torch.ones(q.shape[:3]),
+                *((out,) if keep_ungated else ()))
+
+    def backward(q, k, v, out, dout, m, den, p0, p1, scale, causal, mask, weight):
+        calls.append(("bwd", out, dout, weight))
+        heads = torch.zeros(q.shape[:2])
+        return dout * 3, dout * 4, dout * 5, heads, heads
+
+    fused = Implementation("cpp", "torch", "gfake", forward, backward)
+    composite = Implementation("composite", "torch", "gfake",
+                               lambda q, k, v, p0, p1, scale, causal, mask, weight: q * k + v,
+                               suffix="_eager", mask="attn_mask")
+    assert fused.gated and composite.gated
+    assert not Implementation("cpp", "torch", "x", lambda *a: a, backward).gated
+    g = torch.Generator().manual_seed(2)
+    q, gate, dy = (torch.rand(1, 2, 3, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    with scoped_kernels():
+        register_family(fused, {"__name__": "fake_module"}, ["cog_attention"])
+        register_family(composite, {"__name__": "fake_module"}, ["cog_attention"])
+        out, _, _ = get_kernel("gfake_cog_attention").fn(q, q, q, scale=0.5, causal=False,
+                                                         gate=gate)
+        assert torch.equal(out, q * 2 * gate) and calls[-1] == ("fwd", gate, False)
+        dq, _, _, dgate = get_kernel("gfake_cog_attention", "bwd").fn(
+            q, q, q, scale=0.5, causal=False, gate=gate)(dy)
+        _, ungated, dout, weight = calls[-1]
+        assert weight is Weight.COG and torch.equal(ungated, q * 2)
+        assert torch.equal(dout, dy * gate) and torch.equal(dq, dy * gate * 3)
+        assert torch.equal(dgate, dy * q * 2)
+        assert len(get_kernel("gfake_cog_attention", "bwd").fn(
+            q, q, q, scale=0.5, causal=False)(dy)) == 3  # ungated: no d gate
+        k = q + 1
+        out = get_kernel("gfake_cog_attention_eager").fn(q, k, q, scale=0.5, causal=False,
+                                                         gate=gate)
+        assert torch.equal(out, (q * k + q) * gate)
+        dq, _, dv, dgate = get_kernel("gfake_cog_attention_eager", "bwd").fn(
+            q, k, q, scale=0.5, causal=False, gate=gate)(dy)
+        torch.testing.assert_close(dv, dy * gate, rtol=0, atol=0)
+        torch.testing.assert_close(dgate, dy * (q * k + q), rtol=0, atol=0)
+        torch.testing.assert_close(dq, dy * gate * k, rtol=0, atol=0)
