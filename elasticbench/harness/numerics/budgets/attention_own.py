@@ -27,9 +27,10 @@ One thing changes with the unit's size: the analysis is first order, a weight's 
 error 2 u eps_ij for an error eps_ij u in its exponent. In fp32 that is far below 1; in fp16
 at tau = 0.01 with scores in the hundreds a score's own rounding (0.25 at 300) moves z by
 25, and the weight by a factor e^25, not 1 + 25. So under `own` the exponential forms
-(the exp family, sigmoid) take the exact bound: a weight's relative error expm1(2 u eps_ij)
-(its first-order value where that is small), and never more than 1 absolutely, a weight
-lying in [0, 1]; likewise dw_ij, capped by its largest value (1/tau; 1/4 for sigmoid).
+(the exp family, sigmoid, cog's softmax of |s|) take the exact bound: a weight's relative
+error expm1(2 u eps_ij) (its first-order value where that is small), and never more than 1
+absolutely, a weight lying in [0, 1] (2 for cog's signed weight); likewise dw_ij, capped by
+its largest value (1/tau; 1/4 for sigmoid, 1 for cog).
 
 A weight under the format's normal range is off by the format's subnormal step (sub_w), and
 a row parameter's gradient is judged relatively down to the format's smallest normal. The
@@ -49,6 +50,7 @@ from elasticbench.harness.numerics.budgets.attention import (
     ATTENTION_BUDGETS,
     EXP,
     SIGMOID,
+    SIGNED,
     AttentionBudget,
     Conditioning,
 )
@@ -86,7 +88,7 @@ def conditioning(fn: AttentionFunction, params: dict[str, float], q: np.ndarray,
     """The Conditioning (every allowance's terms) of a kernel under its contract."""
     cond = Conditioning(fn, params, q, k, v, scale, truth, fmt, attention_budget(fmt, accuracy),
                         bias, work=work_format(fmt, accuracy))
-    if differs(fmt, accuracy) and cond.form in (EXP, SIGMOID):
+    if differs(fmt, accuracy) and cond.form in (EXP, SIGMOID, SIGNED):
         _exponential_bound(cond)
     return cond
 
@@ -104,6 +106,7 @@ def _exponential_bound(cond: Conditioning) -> None:
     """The weights' and their derivatives' allowances past first order (module docstring):
     weps and dwe of an exponential form, in place."""
     two_u = 2 * cond.uw
-    cond.weps = _saturated(cond.w, cond.weps, two_u, 1.0)
-    cap = 0.25 if cond.form == SIGMOID else 1 / cond.tau
+    # a weight lies in [0, 1] (cog's in [-1, 1], |w| = p: a flipped sign is 2p off)
+    cond.weps = _saturated(cond.w, cond.weps, two_u, 2.0 if cond.form == SIGNED else 1.0)
+    cap = {SIGMOID: 0.25, SIGNED: 1.0}.get(cond.form, 1 / cond.tau)
     cond.dwe = _saturated(cond.dw, cond.dwe, two_u, cap)
