@@ -60,6 +60,16 @@ infinite weights; an overflowed sum with none is NaN); sigmoid adds sigmoid(s + 
 with no normalizer (m = 0, den = 1). Their backward recomputes y = f(s)/den and takes
 ds = f'(s)/den (dp - c), sigmoid's dp y (1 - y); d eta = -sum c/den (preprocessing) and
 d bias = sum ds (the dq program), per (batch, head) (docs/attention.md sections 7 and 9).
+Cog (signed attention) runs the exp family's paths on |s|: the running max is of |qk| (a
+hidden key's score 0, not kept: it enters no sum), p = 2^(|qk| k2 - m k2) joins l, and
+sign(qk) p joins acc (a zero score weighs 0 but counts in den = l); a saturated query takes
+sign(s)/count on the scores whose |s| is its maximum. Its backward recomputes p = |w| and
+takes ds = p dp - w c, and dv the signed w; no parameter.
+
+The gate (HAS_GATE): the forward's epilogue multiplies the fp32 output by the caller's gate
+tile (read through its strides) before the one rounding to q's dtype, and with KEEP_UNGATED
+also stores the ungated output; the backward is the ungated one (the caller passes the
+ungated output and dO g).
 """
 
 from __future__ import annotations
@@ -492,10 +502,10 @@ def _fwd_tile(q, k_src, v_src, sk, sv, keep_ptr, batch, start, offs_m, m, mk, l,
 # offset unspecialized: a decode step's lk - lq varies per call, one compile serves all
 @triton.jit(do_not_specialize=["offset"])
 def attention_forward_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, keep_ptr, kend_ptr,
-    gate_ptr, ungated_ptr, sq_b, sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr,
-    sv_b, sv_h, sv_l: tl.constexpr, sg_b, sg_h, sg_l: tl.constexpr, p0_b, p0_h, p1_b, p1_h,
-    lq, lk, offset, scale, scale_log2e, heads, n_blocks,
+    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, keep_ptr, kend_ptr, sq_b,
+    sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr, sv_b, sv_h,
+    sv_l: tl.constexpr, p0_b, p0_h, p1_b, p1_h, gate_ptr, ungated_ptr, sg_b, sg_h,
+    sg_l: tl.constexpr, lq, lk, offset, scale, scale_log2e, heads, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
@@ -878,8 +888,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Par
         blocks = triton.cdiv(lq, t.block_m)
         with _on_device(q):
             run(attention_forward_kernel, grid(blocks, b * h),
-                (qc, kc, vc, out, m, den, p0v, p1v, keep, kend, gc, ungated, *sq, *sk, *sv,
-                 *sg, *s0, *s1, lq, lk, offset, float(scale), sl2e, h, blocks),
+                (qc, kc, vc, out, m, den, p0v, p1v, keep, kend, *sq, *sk, *sv, *s0, *s1, gc,
+                 ungated, *sg, lq, lk, offset, float(scale), sl2e, h, blocks),
                 t.warps, {**_consts(q, d, dv, t, causal, has_mask, weight, wide), **gated},
                 t.stages)
 

@@ -28,18 +28,18 @@ TMA: the 16-bit lists have a second form of tiles that move through tensor descr
 rule and the interpreter take the pointer form; $ELASTICBENCH_TRITON_ATTENTION_TMA=0 / 1
 keeps one kind.
 
-The family's other weights (softmax1, symax, stablemax, sigmoid) are offered at most
+The family's other weights (softmax1, symax, stablemax, sigmoid, cog) are offered at most
 two configurations per list, where Elastic has up to five: of what Elastic's list leaves them (less
 what spills for them, `_SPILLS_FOR`), the rule's (the first) and the smallest (the
 interpreter's, and a tile that fits where the larger does not), pointer and TMA lists alike
 (`_family_trim`). The lists were chosen for Elastic and none of their configurations has run
 on a GPU for any weight; a GPU session tunes Elastic's keys first (`elasticbench tune`:
-144 keys at the two 16-bit dtypes and head dims 64 and 128), and the family's 576 more keys
+144 keys at the two 16-bit dtypes and head dims 64 and 128), and the family's 720 more keys
 with up to ten candidates each are more than a session times, so their further
 candidates would only be audited, never chosen. Both the rule and the interpreter choose
 as they would from the full lists, and each compile the audit does not need (1-3 s on a
 2-core CPU, one per configuration, weight, dtype, head dim, causal and padding, per Triton)
-is gone: 768 family configurations instead of 1292.
+is gone: 960 family configurations instead of 1606.
 """
 
 from __future__ import annotations
@@ -108,10 +108,11 @@ _NOT_CAUSAL = {("fwd", 64, Tiles(128, 64, 4, 3)), ("dq", 64, Tiles(128, 32, 4, 3
 # 16-136 B (the TMA list at 128 is empty)
 # (kernel, head-dim class, causal, weight, tiles) that spill for that weight alone (the
 # compile audit, per weight, bytes per thread): the 4-warp 128x64 forward at 64, already at
-# 252 registers for Elastic (24 for sigmoid, stablemax in bf16, 8 for symax in fp16); with
-# Triton 3.6.0, softmax1's dq 64x64 w4 s2 at 128 (8, fp16 with key padding; off causal or not)
+# 252 registers for Elastic (24 for sigmoid, stablemax in bf16, 8 for symax in fp16, 16 for
+# cog in bf16 with Triton 3.6.0); with Triton 3.6.0, softmax1's dq 64x64 w4 s2 at 128 (8,
+# fp16 with key padding; off causal or not)
 _SPILLS_FOR = {("fwd", 64, False, w, Tiles(128, 64, 4, 3))
-               for w in (Weight.SYMAX, Weight.STABLEMAX, Weight.SIGMOID)} | {
+               for w in (Weight.SYMAX, Weight.STABLEMAX, Weight.SIGMOID, Weight.COG)} | {
     ("dq", 128, causal, Weight.SOFTMAX1, Tiles(64, 64, 4, 2)) for causal in (False, True)}
 # (kernel, head-dim class, causal, tiles) that spill only with a key-padding mask (its flags
 # hold more live values): none since the dk/dv list at 128 lost its 128x32 tiles (their

@@ -345,7 +345,7 @@ def test_the_family_weights_offer_the_rules_and_the_smallest_configuration_alone
     from elasticbench.attention.weights import Weight
 
     family = [w for w in Weight if w != Weight.ELASTIC]
-    assert len(family) == 4
+    assert len(family) == 5
     lengths = []
     for kernel in ac.KERNELS:
         for cls in (64, 128):
