@@ -1,7 +1,9 @@
 """The Triton attention kernel's configurations as the compiler makes them for Hopper: each
 compiled for sm_90a without a GPU (elasticbench.harness.audit's captured launches), and whether its
 dots are wgmma, its shared memory fits, nothing spills and its loads are TMA exactly where
-the configuration says so (docs/triton.md, docs/attention.md section 7)."""
+the configuration says so (docs/triton.md, docs/attention.md section 7). The forward is
+compiled without and with the gate (its epilogue's gate tile and ungated store: the
+keep_ungated variant, a gated call's most live values)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class CompileReport:
     spills: int
     tma: bool = False
     padded: bool = False
+    gate: bool = False
 
     def problems(self) -> list[str]:
         """What keeps this configuration off Hopper's fast path, if anything (fp32 has no
@@ -57,10 +60,11 @@ class CompileReport:
 
 def compile_report(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, tiles: Tiles,
                    arch: int = 90, weight: Weight = Weight.ELASTIC,
-                   padded: bool = False) -> CompileReport:
+                   padded: bool = False, gate: bool = False) -> CompileReport:
     """Compile `kernel`'s launch for `weight` with `tiles` for sm_`arch` through
     elasticbench.harness.audit (the wrapper is driven with CPU tensors and its launches captured,
-    not run); padded: with a key-padding mask."""
+    not run); padded: with a key-padding mask; gate: the forward with a gate, keeping the
+    ungated output."""
     q = torch.zeros(1, 2, 1024, head_dim, dtype=dtype)
     heads = torch.ones(1, 2)
     stats = torch.zeros(1, 2, 1024)
@@ -68,7 +72,8 @@ def compile_report(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     with capture_launches() as launches:
         if kernel == "fwd":
             attention_forward(q, q, q, heads, heads, 0.125, causal, keep, weight=weight,
-                              tile=tiles)
+                              tile=tiles, gate=torch.zeros_like(q) if gate else None,
+                              keep_ungated=gate)
         else:
             attention_backward(q, q, q, q, q, stats, stats + 1, heads, heads, 0.125, causal,
                                keep, weight=weight, tiles=(tiles, tiles))
@@ -80,7 +85,7 @@ def compile_report(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     return CompileReport(kernel, head_dim, str(dtype).removeprefix("torch."), causal, tiles,
                          Weight(weight).name.lower(), "wgmma.mma_async" in ptx, "mma.sync" in ptx,
                          int(compiled.metadata.shared), regs, spills,
-                         "cp.async.bulk.tensor" in ptx, padded)
+                         "cp.async.bulk.tensor" in ptx, padded, gate and kernel == "fwd")
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -97,14 +102,16 @@ class AuditItem:
     padded: bool
     weight: str
     tiles: Tiles
+    gate: bool = False
 
 
 def launchable(dtypes: tuple[str, ...] = ("bf16", "fp16", "fp32"),
                weights: tuple[str, ...] | None = None,
                head_dims: tuple[int, ...] = (64, 128)) -> Iterator[AuditItem]:
     """Every configuration the table and the rule can launch at these head-dim classes: for
-    each (kernel, dtype, causal, key padding, weight) the pointer configurations and the
-    TMA ones (where this Triton has descriptors), as `attention_configs.configs` lists them
+    each (kernel, dtype, causal, key padding, weight, and for the forward without and with a
+    gate) the pointer configurations and the TMA ones (where this Triton has descriptors),
+    as `attention_configs.configs` lists them
     (a table may name only those: attention_configs.load_table refuses others). The rule's
     configurations (the first of each pointer list: what a call launches where no table
     names its key) come first, then the rest, so that an audit stopped early has covered
@@ -128,8 +135,12 @@ def _every(dtypes: tuple[str, ...], weights: tuple[str, ...] | None,
                             for tma in (False, True):
                                 for t in ac.configs(kernel, head_dim, DTYPES[dtype], causal,
                                                     w, tma, padded):
-                                    yield AuditItem(kernel, head_dim, dtype, causal, padded,
-                                                    w.name.lower(), t)
+                                    for gate in GATES[kernel]:
+                                        yield AuditItem(kernel, head_dim, dtype, causal,
+                                                        padded, w.name.lower(), t, gate)
+
+
+GATES = {"fwd": (False, True), "dkdv": (False,), "dq": (False,)}  # the backward has no gate
 
 
 def _is_rule(item: AuditItem) -> bool:
@@ -148,7 +159,8 @@ def audit(items: list[AuditItem], arch: int = 90,
     reports = []
     for item in items:
         report = compile_report(item.kernel, item.head_dim, DTYPES[item.dtype], item.causal,
-                                item.tiles, arch, Weight[item.weight.upper()], item.padded)
+                                item.tiles, arch, Weight[item.weight.upper()], item.padded,
+                                item.gate)
         reports.append(report)
         if progress is not None:
             progress(item, report)

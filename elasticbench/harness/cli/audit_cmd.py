@@ -143,5 +143,5 @@ def audit(attention: bool, arch: int, dtypes: tuple[str, ...], weights: tuple[st
 
 def _name(r) -> str:
     flags = [r.dtype, r.weight] + (["causal"] if r.causal else []) + \
-        (["padded"] if r.padded else [])
+        (["padded"] if r.padded else []) + (["gated"] if r.gate else [])
     return f"{r.kernel} {r.head_dim} {r.tiles} ({' '.join(flags)})"

@@ -129,9 +129,10 @@ def _attention_audits() -> list[Path]:
 
 
 def _offered_now(record: dict) -> set[tuple]:
-    """(kernel, head dim, dtype, causal, padded, weight, tiles text) of every configuration
-    the lists offer now for the file's dtypes, weights and head dims (what the audit command
-    enumerates: pointer and TMA lists, each causal and key-padding case)."""
+    """(kernel, head dim, dtype, causal, padded, weight, tiles text, gate) of every
+    configuration the lists offer now for the file's dtypes, weights and head dims (what the
+    audit command enumerates: pointer and TMA lists, each causal and key-padding case, the
+    forward without and with the gate)."""
     import itertools
 
     import torch
@@ -146,13 +147,15 @@ def _offered_now(record: dict) -> set[tuple]:
             (False, True), (False, True), (False, True)):
         for t in ac.configs(kernel, head_dim, dtypes[dtype], causal, Weight[weight.upper()],
                             tma, padded):
-            out.add((kernel, head_dim, _DTYPE_NAMES[dtype], causal, padded, weight, str(t)))
+            for gate in (False, True) if kernel == "fwd" else (False,):
+                out.add((kernel, head_dim, _DTYPE_NAMES[dtype], causal, padded, weight, str(t),
+                         gate))
     return out
 
 
 def _audited(report: dict) -> tuple:
     return (report["kernel"], report["head_dim"], report["dtype"], report["causal"],
-            report["padded"], report["weight"], report["tiles"])
+            report["padded"], report["weight"], report["tiles"], report.get("gate", False))
 
 
 def test_the_committed_attention_audits_are_consistent_and_cover_what_they_claim() -> None:
