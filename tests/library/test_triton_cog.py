@@ -223,3 +223,26 @@ else:
         assert got["m"][0, 0, 3] == q[0, 0, 3, 0] == want["m"][0, 0, 3]
         torch.testing.assert_close(got["out"].double(), want["out"], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(got["out"][0, 0, 3], (v[0, 0, 4] + v[0, 0, 17] - v[0, 0, 9]) / 3)
+
+    def test_tensor_descriptors_give_the_pointer_loads_bits():
+        """A TMA configuration against the same tiles with pointer loads: out, m, den and
+        the gradients bit for bit (bf16, causal, an odd key length, key padding whose padded
+        keys hold NaN and inf)."""
+        from dataclasses import replace
+
+        from elasticbench.kernels.triton import attention_configs as ac
+
+        if not ac.tma_available():
+            pytest.skip("this Triton has no tensor descriptors")
+        g = torch.Generator().manual_seed(6)
+        q, do = (torch.randn(1, 2, 33, 16, generator=g).bfloat16() for _ in range(2))
+        k, v = (torch.randn(1, 2, 37, 16, generator=g).bfloat16() for _ in range(2))
+        key_mask = torch.ones(1, 37, dtype=torch.bool)
+        key_mask[0, [3, 30]] = False
+        for t in (k, v):
+            t[0, :, 3], t[0, :, 30] = float("nan"), float("inf")
+        runs = [_run(q, k, v, do, True, 4, key_mask, replace(SMALL, tma=tma))
+                for tma in (False, True)]
+        for name, a in runs[0].items():
+            assert torch.equal(a.view(torch.uint8), runs[1][name].view(torch.uint8)), name
+        assert runs[0]["out"].isfinite().all(), "padded keys seen"
