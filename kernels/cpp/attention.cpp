@@ -1,19 +1,21 @@
 // Fused attention on the CPU, forward and backward, one template on the weight function
-// (attention.h's AttnWeight: Elastic, softmax1, symax, stablemax, sigmoid, Cog; docs/attention.md
-// section 2, docs/native.md section 5). Flash-style: per (batch, head, query block) the
-// forward visits the key blocks with the GEMMs of the BLAS torch links (s = scale q k^T,
-// acc += p v) and per query a running sum of the weights (and, for the exp family, an online
-// max) from the weight's row kernels (attention_rows.h, vectorized per instruction set); it
-// keeps one score tile per thread and two statistics per query, never a length x length
-// matrix. The backward recomputes p tile by tile from (m, den), in one of two schedules with
-// the same arithmetic (backward_impl), so dq, dk, dv and the parameters' gradients are the
-// same bits whatever the thread count. An optional (batch, length_k) key-padding mask hides
-// keys inside the loop: key blocks it hides whole are skipped, the tile is cut after the last
-// kept key, and hidden keys inside it get a score of weight 0 (hidden_score: -inf, symax 0).
-// NaN queries and those with an infinite weight are flagged by their statistics (m NaN,
-// m = +inf) and the latter finished in Python (elasticbench/attention/special.py). An
-// optional gate (batch, heads, length_q, value_dim) multiplies the output where the forward
-// normalizes it, the ungated output written beside it when the backward will need it.
+// (attention.h's AttnWeight: Elastic, softmax1, symax, stablemax, sigmoid, Cog;
+// docs/attention.md section 2, docs/native.md section 5). Flash-style: per (batch, head,
+// query block) the forward visits the key blocks with the GEMMs of the BLAS torch links
+// (s = scale q k^T, acc += p v) and per query a running sum of the weights (and, for the
+// exp family, an online max) from the weight's row kernels (attention_rows.h, vectorized
+// per instruction set); it keeps one score tile per thread and two statistics per query,
+// never a length x length matrix. The backward recomputes p tile by tile from (m, den), in
+// one of two schedules with the same arithmetic (backward_impl), so dq, dk, dv and the
+// parameters' gradients are the same bits whatever the thread count. An optional (batch,
+// length_k) key-padding mask hides keys inside the loop: key blocks it hides whole are
+// skipped, the tile is cut after the last kept key, and hidden keys inside it get a score
+// of weight 0 (hidden_score: -inf, symax 0; Cog tells a hidden key's -inf from a computed
+// one by whether the tile holds hidden keys). NaN queries and those with an infinite weight
+// are flagged by their statistics (m NaN, m = +inf) and the latter finished in Python
+// (elasticbench/attention/special.py). An optional gate (batch, heads, length_q, value_dim)
+// multiplies the output where the forward normalizes it, the ungated output written beside
+// it when the backward will need it.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
