@@ -167,8 +167,8 @@ def test_only_the_gate_needs_a_gradient():
 
 
 def test_the_second_order_with_a_gate_is_exact():
-    q, k, v = _qkv(3, 4, d=2, b=1, h=2)
-    gate = torch.rand(1, 2, 3, 2, dtype=F64, requires_grad=True)
+    q, k, v = _qkv(2, 3, d=2, b=1, h=1)
+    gate = torch.rand(1, 1, 2, 2, dtype=F64, requires_grad=True)
     assert torch.autograd.gradgradcheck(
         lambda q, k, v, g: F.cog_attention(q, k, v, causal=True, gate=g), (q, k, v, gate))
 
@@ -201,6 +201,15 @@ def test_the_custom_op_carries_the_gate():
     out, _, _, ungated = torch.ops.elasticbench.attention(q, k, v, zero, zero, 0.5, True, None,
                                                           int(Weight.COG), 0, gate)
     assert torch.equal(out, ungated * gate)
+    (g,) = torch.autograd.grad(out, gate, torch.ones_like(out))
+    assert torch.equal(g, ungated)
+
+
+@pytest.mark.ci
+def test_opcheck_of_the_custom_op_with_a_gate():
+    q, k, v = _qkv(3, 5, d=4, b=1, h=2)
+    gate = torch.rand(1, 2, 3, 4, dtype=F64, requires_grad=True)
+    zero = torch.zeros(1, 2, dtype=F64)
     torch.library.opcheck(torch.ops.elasticbench.attention.default,
                           (q, k, v, zero, zero, 0.5, True, None, int(Weight.COG), 0, gate))
 

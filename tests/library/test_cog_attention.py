@@ -323,6 +323,12 @@ def test_the_custom_op_takes_cog():
                                            int(Weight.COG))[0]
     torch.testing.assert_close(out, definition(q, k, v, scale=0.5, causal=True),
                                rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.ci
+def test_opcheck_of_the_custom_op_with_cog():
+    q, k, v = _qkv(3, 5, d=4, b=1, h=2)
+    zero = torch.zeros(1, 2, dtype=F64)
     torch.library.opcheck(torch.ops.elasticbench.attention.default,
                           (q, k, v, zero, zero, 0.5, True, None, int(Weight.COG)))
 
