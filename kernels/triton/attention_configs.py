@@ -143,9 +143,12 @@ _FP32_FAMILY: dict[tuple[str, int], tuple[Tiles, ...]] = {
     ("fwd", 64): (Tiles(32, 16, 4, 3),), ("fwd", 128): (Tiles(32, 16, 8, 3),)}
 # and for one weight: sigmoid's forward at 128, where 32x16 w8 s3 had a 16 B frame with Triton
 # 3.6.0 (causal with key padding), 32x32 w4 s3 spilled 408-648 B and 32x16 w4 s3 88-232;
-# 32x16 w8 s2 had none (76-79 registers, every causal and padding case)
+# 32x16 w8 s2 had none (76-79 registers, every causal and padding case); cog's dq at 64, where
+# 32x16 w8 s2 spilled 8 B with Triton 3.6.0 (causal with key padding) and 32x16 w8 s3 had
+# none with either Triton (70-76 registers, every causal and padding case)
 _FP32_FOR: dict[tuple[str, int, Weight], tuple[Tiles, ...]] = {
-    ("fwd", 128, Weight.SIGMOID): (Tiles(32, 16, 8, 2),)}
+    ("fwd", 128, Weight.SIGMOID): (Tiles(32, 16, 8, 2),),
+    ("dq", 64, Weight.COG): (Tiles(32, 16, 8, 3),)}
 
 
 # TMA: the 16-bit configurations that also run with tensor descriptors (the same tiles,
