@@ -82,12 +82,12 @@ def verify(functions, backends, dtypes, only, inputs, kernel_files, case_file, q
         scale = parse_scale(budget_scale)
     except ValueError as e:
         fail(str(e))
-    _check_resumed_scale(resume_path, scale)
     shard_kn = check_survival(timeout, resume_path, json_path, shard)
     notes = failures_shown(failures, traceback)
     out_path = Path(resume_path or json_path) if (resume_path or json_path) else None
     modes = ("fwd", "bwd") if mode == "both" else (mode,)
     by_mode = choose_kernels_by_mode(functions, backends, only, kernel_files, modes)
+    _check_resumed(resume_path, scale, [k for ks in by_mode.values() for k in ks])
     try:
         kind = kind_of(k for ks in by_mode.values() for k in ks)
     except ValueError as e:
@@ -124,19 +124,34 @@ def _check_options(functions: list[str], dtypes: list[str], precision: int,
         fail(f"unknown --mode {mode!r} (choose from {', '.join(MODE_CHOICES)})")
 
 
-def _check_resumed_scale(resume_path: str | None, scale: float) -> None:
-    """A resumed run keeps the budget scale its records were judged at (one line, exit 2
-    otherwise); a file that cannot be read is left to the resume itself to report."""
+def _check_resumed(resume_path: str | None, scale: float, kernels: list[KernelSpec]
+                   ) -> None:
+    """A resumed run keeps what its records were judged by: the budget scale, and each
+    kernel's declared contract and causal convention (one line, exit 2 otherwise: a record
+    judged under another declaration would be kept as if it were this one's). A file that
+    cannot be read is left to the resume itself to report."""
     if not resume_path or not Path(resume_path).is_file():
         return
     try:
         records = load_results(resume_path, "verify").records
     except ResultsFileError:
         return
-    scales = sorted({r.budget_scale for r in records if isinstance(r, VerifyRecord)})
+    records = [r for r in records if isinstance(r, VerifyRecord)]
+    scales = sorted({r.budget_scale for r in records})
     if scales and scales != [scale]:
         fail(f"{resume_path} was judged at --budget-scale "
              f"{', '.join(f'{v:g}' for v in scales)}: resume it at that scale, not {scale:g}")
+    declared = {k.name: k for k in kernels}
+    for r in records:
+        spec = declared.get(r.kernel)
+        if spec is None:
+            continue
+        if r.accuracy != spec.accuracy:
+            fail(f"{resume_path} judged {r.kernel} under accuracy={r.accuracy!r}; it declares "
+                 f"{spec.accuracy!r} now: verify it into a new file")
+        if r.causal is not None and r.causal != spec.causal:
+            fail(f"{resume_path} judged {r.kernel} under causal={r.causal!r}; it declares "
+                 f"{spec.causal!r} now: verify it into a new file")
 
 
 def _header(path: Path, builtin: str | None, precision: int) -> dict:

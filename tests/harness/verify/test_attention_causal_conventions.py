@@ -143,3 +143,19 @@ def test_a_record_keeps_its_convention_and_older_files_read_without_one():
     assert VerifyRecord.from_dict(record.to_dict()).causal == "bottom_right"
     with pytest.raises(ValueError, match="causal"):
         VerifyRecord.from_dict({**old, "causal": "bottom-right"})
+
+
+def test_a_resumed_file_refuses_a_kernel_whose_declaration_changed(cli, tmp_path):
+    out = tmp_path / "v.json"
+    args = ["verify", "--only", "library_bottom_right", "-d", "fp32", "--size", "1x1x3x7x4",
+            "--param", "causal=1", "--param", "tau=0.5", "--param", "beta=1",
+            "--input", "normal", "--kernel-file", str(FIXTURE)]
+    assert cli(*args, "--json", str(out)).code == 0
+    # the same kernel re-declared top-left: its bottom-right records cannot stand for it
+    redeclared = tmp_path / "redeclared.py"
+    redeclared.write_text(FIXTURE.read_text().replace('causal="bottom_right", ', ''))
+    r = cli(*args[:-1], str(redeclared), "--resume", str(out))
+    assert r.code == 2
+    assert ("judged library_bottom_right under causal='bottom_right'; it declares "
+            "'top_left' now") in r.out + r.err
+    assert cli(*args, "--resume", str(out)).code == 0  # unchanged: resumes
