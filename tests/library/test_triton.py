@@ -9,6 +9,7 @@ with `TRITON_INTERPRET=1 pytest tests/library/test_triton.py`, or on a machine w
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
@@ -22,12 +23,12 @@ from elasticbench import devices
 
 if devices.triton_unavailable() is not None:  # neither a GPU nor the interpreter here
 
-    # shards of about a minute or two of interpreter each, in their own processes, so that
-    # pytest-xdist's two workers share them evenly (one 250 s shard was CI's ci step's tail)
+    # shards of about a minute of interpreter each, in their own processes, so that
+    # pytest-xdist's two workers share them evenly (one 250 s shard was CI's ci step's tail);
+    # each process costs its imports again, so no more of them than that needs
     LONG = "passes_verification or split_and_grouped or many_chunk or long_rows"
-    SHARDS = {"flushing": "flushing_two_ulp", "verification": "passes_verification",
-              "plans": "split_and_grouped or many_chunk or long_rows",
-              "rest": f"not flushing_two_ulp and not ({LONG})"}
+    SHARDS = {"verification": "passes_verification",
+              "plans": "split_and_grouped or many_chunk or long_rows", "rest": f"not ({LONG})"}
 
     @pytest.mark.ci
     @pytest.mark.parametrize("shard", list(SHARDS))
@@ -42,7 +43,7 @@ else:
     from elasticbench.harness.verify.runner import run_verification
     from elasticbench.kernels.triton.elastic_backward import elastic_backward
     from elasticbench.kernels.triton.exp_family import elastic_forward, exp_normalize
-    from elasticbench.kernels.triton.launch import LaunchOptions, launch_options
+    from elasticbench.kernels.triton.launch import PLANS, LaunchOptions, launch_options
     from elasticbench.kernels.triton.params import FP32_MAX, FP32_MIN_NORMAL, LOG2E, exp2_scale
 
     # The interpreter evaluates both sides of every tl.where in NumPy, which warns about the
@@ -73,10 +74,13 @@ else:
         with launch_options(**PATHS[request.param]):
             yield request.param
 
-    def _records(kernels, generators, store, max_elements=4096) -> list[dict]:
+    def _records(kernels, generators, store, max_elements=4096, keep=None) -> list[dict]:
+        """The verification records of the quick matrix's cases of these generators (those
+        `keep(case)` accepts, where given) in fp32, fp16 and bf16."""
         matrix = load_matrix(builtin_case("verify-quick"))
         cases = expand(matrix, sorted({k.function for k in kernels}),
                        ["fp32", "fp16", "bf16"], generators)
+        cases = [c for c in cases if keep is None or keep(c)]
         assert cases
         records: list[dict] = []
         run_verification(kernels, cases, max_elements=max_elements, store=store,
@@ -96,7 +100,15 @@ else:
                         "dominant", "subnormal", "specials"]
 
     THRESHOLDS = {"fused": (16384, 4096, 0, 0), "online": (32, 32, 1, 0),
-                  "split": (32, 32, 0, -1), "resident": (64, 16, 0, 1)}
+                  "split": (32, 32, 0, -1), "resident": (32, 32, 0, 1)}
+    # the columns of the rows each plan streams: the shorter ones take the fused path, which
+    # the fused plan verifies; on the resident plan, rows past 4 blocks of 32 take the split
+    # path of the split plan
+    STREAMED = {"online": (33, 1 << 30), "split": (33, 1 << 30), "resident": (33, 128)}
+    # elastic's (tau, beta) on the streamed plans: both temperatures and both betas, the
+    # sharp one with beta 0 (a row that keeps nothing divides 0/0 in the combine) and the
+    # flat one with beta 1 (beta's term comparable to the sum); the fused plan takes the grid
+    STREAMED_ELASTIC = [{"tau": 0.01, "beta": 0}, {"tau": 10, "beta": 1}]
 
     # every plan, or those of ELASTICBENCH_TEST_TRITON_PATHS
     FORWARD_PLANS = [p for p in THRESHOLDS if p in PATHS or (p == "resident" and not only)]
@@ -107,20 +119,39 @@ else:
         return pytest.mark.skipif(not set(names) & set(PATHS),
                                   reason=f"{'/'.join(names)} not in ELASTICBENCH_TEST_TRITON_PATHS")
 
-    @pytest.mark.parametrize("thresholds", [THRESHOLDS[p] for p in FORWARD_PLANS],
-                             ids=FORWARD_PLANS)
-    def test_forward_passes_verification(thresholds, store) -> None:
+    def _streams_on(plan: str):
+        """keep() for _records: the cases whose rows take `plan` (every case on fused)."""
+        if plan == "fused":
+            return None
+        lo, hi = STREAMED[plan]
+        return lambda c: lo <= c.shape[1] <= hi and (
+            c.function != "elastic" or dict(c.params) in STREAMED_ELASTIC)
+
+    @pytest.mark.parametrize("plan", FORWARD_PLANS)
+    def test_forward_passes_verification(plan, store) -> None:
         kernels = [k for k in list_kernels(backend="triton", mode="fwd") if k.kind == "row"]
         assert {k.function for k in kernels} == {"elastic", "softmax", "softmax1",
                                                  "stablemax", "symax"}
         # online: rows of 33 and more, 32-wide chunks; split: those of few rows (the
-        # interpreter's table fills 4 "SMs") several programs a row; resident: rows of 65 to
-        # 256 in up to 4 blocks held across the row's barrier (longer ones split)
-        with launch_options(max_fused=thresholds[0], chunk=thresholds[1], splits=thresholds[2],
-                            resident=thresholds[3]):
-            records = _records(kernels, SHORT_GENERATORS, store)
+        # interpreter's table fills 4 "SMs") several programs a row; resident: rows of 33 to
+        # 128 in up to 4 blocks of 32 held across the row's barrier
+        max_fused, chunk, splits, resident = THRESHOLDS[plan]
+        PLANS.clear()
+        with launch_options(max_fused=max_fused, chunk=chunk, splits=splits, resident=resident):
+            records = _records(kernels, SHORT_GENERATORS, store, keep=_streams_on(plan))
         assert not _failures(records), "\n".join(_failures(records)[:20])
         assert all(r["special_ok"] for r in records)
+        taken = {p.path for p in PLANS.values()}
+        assert taken == ({"fused"} if plan == "fused" else {plan}), taken
+        if plan != "fused":  # every function, and every generator of rows past 32, streams
+            assert {r["kernel"] for r in records} == {k.name for k in kernels}
+            # (dominant's rows are 256 wide: split, on the resident plan; the resident path
+            # gives the split path's bits, tests/library/test_triton_resident.py)
+            left_out = {"ties_equal", "specials"} | ({"dominant"} if plan == "resident" else set())
+            assert {r["input"] for r in records} == set(SHORT_GENERATORS) - left_out
+            elastic = {tuple(sorted(r["params"].items())) for r in records
+                       if r["kernel"] == "triton_elastic"}
+            assert elastic == {tuple(sorted(p.items())) for p in STREAMED_ELASTIC}, elastic
 
     def test_long_rows_online_path_verifies(store) -> None:
         # 8192-wide rows (flat, 1.0 repeated: where a low-precision sum stalls), 1024 chunks
@@ -150,13 +181,16 @@ else:
         from elasticbench.harness.numerics.budgets.rows import BUDGETS
         from elasticbench.harness.numerics.dtypes import get_format
 
+        # one kernel of each family's online kernel: softmax, which sums every element, and
+        # stablemax, which drifted (the others are the same loops with other constants)
         tile = torch.round(torch.randn(16, generator=torch.Generator().manual_seed(0)) * 64) / 64
         x = tile.repeat(1024)[None]
-        params = {"elastic": {"tau": 1.0, "beta": 1.0}, "symax": {"eta": 1.0}}
-        rows = [k for k in list_kernels(backend="triton", mode="fwd") if k.kind == "row"]
+        rows = [k for k in list_kernels(backend="triton", mode="fwd") if k.kind == "row"
+                and k.function in ("softmax", "stablemax")]
+        assert len(rows) == 2
         for kernel in rows:
             with launch_options(max_fused=16, chunk=16):
-                y = kernel.fn(x.to(DEVICE), **params.get(kernel.function, {})).cpu().double()
+                y = kernel.fn(x.to(DEVICE)).cpu().double()
             want = _fp64_family(kernel.function, x.double())[0]
             nz = want > 0
             ulp = torch.finfo(torch.float32).eps * torch.exp2(torch.floor(torch.log2(want[nz])))
@@ -186,11 +220,25 @@ else:
         x[6, 60:] = -5.0  # the max in the first split only
         return x
 
+    @functools.cache
+    def _one_program_a_row(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """Each row kernel's output on _family_rows(), in chunks of 16, one program a row: what
+        the split and grouped plans are compared with (computed once per dtype)."""
+        x = _family_rows().to(dtype)
+        with launch_options(max_fused=16, chunk=16, splits=1):
+            return {k.function: k.fn(x.to(DEVICE), **FAMILY[k.function]).cpu()
+                    for k in list_kernels(backend="triton", mode="fwd") if k.kind == "row"}
+
+    # 13 splits (one chunk each, the most partials to combine) in fp32; two (several chunks
+    # each) and several rows a program in both: each plan once, each path in each dtype
+    SPLIT_PLANS = {"2-splits": {"splits": 2}, "13-splits": {"splits": 13},
+                   "rows": {"max_fused": 16384, "row_block": 4}}
+
     @on_path("split", "rows")
-    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-    @pytest.mark.parametrize("plan", [{"splits": 2}, {"splits": 13},
-                                      {"max_fused": 16384, "row_block": 4}],
-                             ids=["2-splits", "13-splits", "rows"])
+    @pytest.mark.parametrize(("dtype", "plan"), [
+        (torch.float32, "2-splits"), (torch.float32, "13-splits"), (torch.float32, "rows"),
+        (torch.bfloat16, "2-splits"), (torch.bfloat16, "rows")],
+        ids=["fp32-2-splits", "fp32-13-splits", "fp32-rows", "bf16-2-splits", "bf16-rows"])
     def test_split_and_grouped_rows_match_one_program_a_row(dtype, plan) -> None:
         # 200-wide rows in 13 chunks of 16: the split path's combine against the online
         # kernel's running sums (special rows exactly, ordinary ones within 2 fp32 ulp), and
@@ -198,9 +246,8 @@ else:
         x = _family_rows().to(dtype)
         for kernel in [k for k in list_kernels(backend="triton", mode="fwd") if k.kind == "row"]:
             params = FAMILY[kernel.function]
-            with launch_options(max_fused=16, chunk=16, splits=1):
-                one = kernel.fn(x.to(DEVICE), **params).cpu()
-            with launch_options(**{"max_fused": 16, "chunk": 16, **plan}):
+            one = _one_program_a_row(dtype)[kernel.function]
+            with launch_options(**{"max_fused": 16, "chunk": 16, **SPLIT_PLANS[plan]}):
                 got = kernel.fn(x.to(DEVICE), **params).cpu()
             special = [0, 1, 3, 4] + ([2] if kernel.function == "elastic" else [])
             assert torch.equal(got[special].isnan(), one[special].isnan()), kernel.name
@@ -215,11 +262,10 @@ else:
                 tol = 64 * torch.finfo(dtype).eps
                 torch.testing.assert_close(a, want, rtol=tol, atol=tol * want.abs().max())
 
-    @on_path("split", "rows")
-    @pytest.mark.parametrize("plan", [{"splits": 3}, {"splits": 13},
-                                      {"max_fused": 16384, "row_block": 4}],
-                             ids=["3-splits", "13-splits", "rows"])
-    def test_split_and_grouped_backward_match_one_program_a_row(plan) -> None:
+    @functools.cache
+    def _backward_one_program_a_row():
+        """x, g, y and each row's backward alone in chunks of 16, one program a row (computed
+        once): 6 rows of 200, a +inf row and a NaN row among them."""
         x, g = _backward_input(torch.float32, rows=6, n=200, seed=4)
         x[0, [5, 120]] = INF
         x[5, 150] = NAN
@@ -227,6 +273,14 @@ else:
         with launch_options(max_fused=16, chunk=16, splits=1):
             one = [elastic_backward(y[r:r + 1], g[r:r + 1], x[r:r + 1], 0.7, 1.0)
                    for r in range(6)]
+        return x, g, y, one
+
+    @on_path("split", "rows")
+    @pytest.mark.parametrize("plan", [{"splits": 3}, {"splits": 13},
+                                      {"max_fused": 16384, "row_block": 4}],
+                             ids=["3-splits", "13-splits", "rows"])
+    def test_split_and_grouped_backward_match_one_program_a_row(plan) -> None:
+        x, g, y, one = _backward_one_program_a_row()
         with launch_options(**{"max_fused": 16, "chunk": 16, **plan}):
             dx, _, _ = elastic_backward(y, g, x, 0.7, 1.0)
             per_row = [elastic_backward(y[r:r + 1], g[r:r + 1], x[r:r + 1], 0.7, 1.0)
@@ -349,13 +403,21 @@ else:
     # to the dtype, so its gradient can only be that close
     BWD_RTOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
-    @pytest.mark.parametrize("dtype", DTYPES)
-    @pytest.mark.parametrize(("tau", "beta"), [(1.0, 0.0), (0.5, 1.0), (4.0, 100.0),
-                                               (0.05, 1e-10)])
-    def test_elastic_backward_matches_fp64_autograd(path, dtype, tau, beta) -> None:
+    TAU_BETA = [(1.0, 0.0), (0.5, 1.0), (4.0, 100.0), (0.05, 1e-10)]
+    # the fused path: every (tau, beta) in every dtype; each other path: every (tau, beta)
+    # once and every dtype at least once (tau and beta are runtime values of the same code)
+    BACKWARD_CASES = [("fused", dtype, *tb) for dtype in DTYPES for tb in TAU_BETA] + [
+        (name, DTYPES[i % len(DTYPES)], *tb) for name in PATHS if name != "fused"
+        for i, tb in enumerate(TAU_BETA)]
+    BACKWARD_CASES = [c for c in BACKWARD_CASES if c[0] in PATHS]
+
+    @pytest.mark.parametrize(("path_name", "dtype", "tau", "beta"), BACKWARD_CASES,
+                             ids=[f"{p}-{str(d)[6:]}-{t}-{b}" for p, d, t, b in BACKWARD_CASES])
+    def test_elastic_backward_matches_fp64_autograd(path_name, dtype, tau, beta) -> None:
         x, g = _backward_input(dtype)
-        y = elastic_forward(x, tau, beta)
-        dx, dtau, dbeta = elastic_backward(y, g, x, tau, beta)
+        with launch_options(**PATHS[path_name]):
+            y = elastic_forward(x, tau, beta)
+            dx, dtau, dbeta = elastic_backward(y, g, x, tau, beta)
         assert dx.dtype == dtype and dx.shape == x.shape
         assert dtau.dim() == 0 and dbeta.dim() == 0
         rdx, rdtau, rdbeta = _reference_grads(x, g, tau, beta)
@@ -367,7 +429,8 @@ else:
         assert dbeta.item() == pytest.approx(rdbeta.item(), rel=tol, abs=1e-30)
         # the registered bwd kernel is the same computation
         (spec,) = [k for k in list_kernels(backend="triton", mode="bwd") if k.kind == "row"]
-        dx2, dtau2, dbeta2 = spec.fn(x, y, g, tau=tau, beta=beta)
+        with launch_options(**PATHS[path_name]):
+            dx2, dtau2, dbeta2 = spec.fn(x, y, g, tau=tau, beta=beta)
         assert torch.equal(dx2, dx) and torch.equal(dtau2, dtau) and torch.equal(dbeta2, dbeta)
 
     def test_elastic_backward_special_rows(path) -> None:
