@@ -143,6 +143,7 @@ class Conditioning:
         self.kept = kept.astype(np.float64)
         self.sub_ds = self.kept * self.sub / (2 * self.uw)  # a weight's subnormal step
         self.flip = np.zeros_like(self.w)
+        self.jump = np.zeros_like(self.w)  # cog: p at an exact zero score (its ds is set apart)
         self.mt = self.qd = self.sink = np.zeros(self.w.shape[:-1])
         self.sign = np.ones_like(self.w)
         if self.form == NORMALIZE:
@@ -231,6 +232,10 @@ class Conditioning:
         near = (np.abs(s) <= 2 * g * self.uw * self.sigma) & (self.sigma > 0)
         # (flip is in units of 2 u_w, as weps: a sign off is 2 p absolutely)
         self.flip = np.where(finite & near, 2 * self.w, 0.0) / (2 * self.uw)
+        # at an exact zero score the weight jumps from -p to +p: the reference's ds is the mean
+        # one-sided derivative p g, autograd's (sign and abs have derivative 0 at 0) is 0;
+        # either is right, so ds may be off by p |g| at such keys (in units of 2 u_w, as A)
+        self.jump = np.where(finite & (s == 0), self.w, 0.0) / (2 * self.uw)
         self.weps = self.w * self.eps + self.flip
         self.dw = np.where(moving, self.w, 0.0)  # ds = p (g - sign(s) c)
         self.dwe = self.dw * self.eps
@@ -309,7 +314,8 @@ def gradient_allowance(cond: Conditioning, dout: np.ndarray, out: np.ndarray,
     A = (c.dwe * (np.abs(dp) + np.abs(ci)) + c.dw * (c.g * (P + Ci) + CeP)
          + floor * (np.abs(dp) + np.abs(ci) + CeP)
          + (c.flip if c.form == SIGNED else c.flip / two_uw)  # (symax's: absolute)
-         * (np.abs(dp) + np.abs(ci)))
+         * (np.abs(dp) + np.abs(ci))
+         + c.jump * np.abs(dp))
     ds = c.dw * np.abs(dp - (c.sign * ci if c.form == SIGNED else ci))
     # out saved in the format (c_i), and p and ds rounded once to it for the matmuls
     L = b.l * (c.dw * Ci + ds + c.kept * c.sub_out / two_uo)  # (a subnormal lands on its step)
