@@ -40,6 +40,8 @@ SLICE = [
     ("stablemax", "bwd", DECODE, (("causal", 0.0),)),
     ("sigmoid", "fwd", DECODE, (("bias", LN64), ("causal", 1.0))),
     ("sigmoid", "bwd", SMALL, (("bias", LN64), ("causal", 0.0))),
+    ("cog", "fwd", SQUARE, (("causal", 0.0),)),
+    ("cog", "bwd", DECODE, (("causal", 0.0),)),
 ]
 
 
