@@ -29,6 +29,20 @@ NEEDS: dict[str, Callable[[], str | None]] = {
 }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker but the first compiles torch.compile's graphs into an
+    Inductor cache of its own (the first keeps the default, warmed by earlier runs): two
+    processes compiling into one cache at once have loaded each other's half-written
+    libraries ("file too short"). Set before anything compiles; child processes inherit it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    if worker != "gw0" and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        import getpass
+        import tempfile
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+            tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{worker}")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Skip each test marked `needs(what, ...)` unless this machine has all of them (each
     asked once per session)."""
