@@ -27,7 +27,8 @@ TRITON_TESTS = ("library/test_triton_interpreter.py", "library/test_triton.py",
                 "harness/audit/test_triton_audit.py", "harness/audit/test_triton_compile.py",
                 "library/test_triton_launch.py", "library/test_triton_rows_safety.py",
                 "library/test_attention_configs.py", "library/test_triton_attention_launch.py",
-                "harness/audit/test_triton_attention_defaults.py")
+                "harness/audit/test_triton_attention_defaults.py",
+                "harness/audit/test_triton_rows_audit.py")
 
 
 def test_version_prints_what_a_results_file_records(cli):
