@@ -520,6 +520,10 @@ else:
 
     # ---- the model of the GPU's ex2 (LaunchOptions.exp2_ulps) ------------------------------
 
+    # the second Triton's run leaves this out: the model's code runs there in the test below,
+    # and what the budgets allow does not depend on the Triton
+    @pytest.mark.skipif(bool(only), reason="the budgets under the ex2 model: the pinned "
+                        "Triton's run (ELASTICBENCH_TEST_TRITON_PATHS is set)")
     def test_budgets_hold_with_a_flushing_two_ulp_exp2() -> None:
         # the CLI's way in: $ELASTICBENCH_TRITON_EXP2_ULPS
         env = {**devices.interpreter_env(on=True), "ELASTICBENCH_TRITON_EXP2_ULPS": "2"}
