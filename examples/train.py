@@ -23,8 +23,8 @@ leaving the subtraction to what follows (the MLP, another head), or with signed 
 small model learns it in a few hundred steps.
 
 The model: token and position embeddings, pre-norm layers of multi-head attention and an
-MLP, a linear head, trained with AdamW, its rate falling linearly from --lr to 0 at the last
-step (--schedule constant keeps it). With --gate, each attention's output is multiplied elementwise by a
+MLP, a linear head, trained with AdamW at the rate --lr (--schedule linear: falling linearly
+from --lr to 0 at the last step). With --gate, each attention's output is multiplied elementwise by a
 gate computed from the layer's (normalized) input x, as Qiu et al. ("Gated Attention for
 Large Language Models") place it: g = sigmoid(x W_g + b_g) per head and channel, W_g zero
 at the start and b_g = +4 (g = 0.982, near the ungated model), passed as `gate=` to the
@@ -537,8 +537,8 @@ def train(config: Config, task: Task, steps: int, args: argparse.Namespace) -> d
     kind = config.kind
     model = build_model(kind, task, args, config.heads, config.gate)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    # linear: the rate falls to 0 at the last step, so that the end of a run is not a spike
-    # of a constant rate's noise (what the table reports is the last evaluation)
+    # linear: the rate falls to 0 at the last step, so that the last evaluation (what the
+    # table reports) is not a constant rate's spike; it also stops what learns late
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, (lambda i: 1 - i / steps) if args.schedule == "linear" else (lambda i: 1.0))
     # fp16's narrow range needs the loss scaled (a no-op when disabled); bf16 does not
@@ -652,16 +652,18 @@ def table(runs: list[dict]) -> str:
 
 
 def _commit() -> str:
-    """The checkout's commit, + "(modified)" when examples/train.py differs from it."""
+    """The last commit that changed examples/train.py, + "(modified)" when the file differs
+    from it."""
     here = Path(__file__).resolve().parent
+    name = Path(__file__).name
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, text=True,
-                              capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", Path(__file__).name],
+        last = subprocess.run(["git", "log", "-1", "--format=%h", "--", name], cwd=here,
+                              text=True, capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", name],
                                cwd=here).returncode != 0
     except (OSError, subprocess.CalledProcessError):
         return "an unknown commit"
-    return f"commit {head}" + (" (modified)" if dirty else "")
+    return f"commit {last}" + (" (modified)" if dirty else "") if last else "an unknown commit"
 
 
 def _machine(doc: dict) -> str:
@@ -802,7 +804,8 @@ def plot(runs: list[dict], path: str) -> None:
                 layer, h = strongest_head(e)
                 values.append(e["roles"][role][layer][h])
             ax.bar([x + (j - 1) * width for x in range(len(rs))], values, width,
-                   label=role, color=("tab:green", "tab:red", "tab:gray")[j])
+                   label=("own group", "paired group", "other groups")[j],
+                   color=("tab:green", "tab:red", "tab:gray")[j])
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_xticks(range(len(rs)))
         ax.set_xticklabels([r["attention"] + ("+g" if r["gate"] else "") for r in rs],
@@ -876,9 +879,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "signed 1,4)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--schedule", choices=("linear", "constant"), default="linear",
-                   help="the learning rate: from --lr down to 0 at the last step (linear), "
-                        "or --lr throughout")
+    p.add_argument("--schedule", choices=("constant", "linear"), default="constant",
+                   help="the learning rate: --lr throughout (constant), or from --lr down to "
+                        "0 at the last step (linear)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at a time (processes)")
@@ -889,6 +892,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--table", help="write the summary table (markdown) here")
     p.add_argument("--results", help="write <task>.json tables and curves.csv in this folder")
     p.add_argument("--plot", help="write the figure (PNG, needs matplotlib) here")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="train nothing: write --table, --results and --plot from the --json "
+                        "file of an earlier run")
     args = p.parse_args(argv)
     if (args.steps is not None and args.steps < 1) or args.every < 1 or (
             args.warmup is not None and args.warmup < 0):
@@ -1009,25 +1015,35 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    try:
-        doc = run(args)
-    except ValueError as e:  # e.g. a size the task refuses
-        print(f"train.py: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    doc["command"] = "python examples/train.py " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
-    text = table(doc["runs"])
+    if args.from_json:
+        try:
+            doc = json.loads(Path(args.from_json).read_text())
+            runs = doc["runs"]
+        except (OSError, ValueError, KeyError) as e:
+            print(f"train.py: error: --from-json {args.from_json}: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+    else:
+        try:
+            doc = run(args)
+        except ValueError as e:  # e.g. a size the task refuses
+            print(f"train.py: error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        doc["command"] = "python examples/train.py " + shlex.join(
+            sys.argv[1:] if argv is None else argv)
+        runs = doc["runs"]
+    o = doc["options"]
+    text = table(runs)
     print(f"\n{text}{doc['seconds']:.0f} s in all ({doc['cpu_seconds']:.0f} s of CPU time), "
-          f"{args.threads} thread(s) per run, {args.jobs} run(s) at a time, load average "
+          f"{o['threads']} thread(s) per run, {o['jobs']} run(s) at a time, load average "
           f"{doc['load_before'][0]:.2f} before, {doc['load_after'][0]:.2f} after")
-    if args.json:
+    if args.json and not args.from_json:
         Path(args.json).write_text(json.dumps(doc, indent=1))
     if args.table:
         Path(args.table).write_text(text)
     if args.results:
         write_results(doc, args.results)
     if args.plot:
-        plot(doc["runs"], args.plot)
+        plot(runs, args.plot)
 
 
 if __name__ == "__main__":

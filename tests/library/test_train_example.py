@@ -176,6 +176,15 @@ def test_results_files_are_the_docs_tables_and_the_curves(gated):
         GATE0, rel=1e-5)
 
 
+def test_from_json_writes_the_same_results_without_training(gated, tmp_path, capsys):
+    _, folder = gated
+    run = folder.parent / "run.json"
+    _main(["--from-json", str(run), "--results", str(tmp_path)])
+    assert (tmp_path / "signed.json").read_text() == (folder / "signed.json").read_text()
+    assert (tmp_path / "curves.csv").read_text() == (folder / "curves.csv").read_text()
+    assert " step " not in capsys.readouterr().out  # nothing trained
+
+
 @pytest.mark.ci  # matplotlib's import and a many-panel render: seconds of a core, for no value
 def test_figure_is_written(tiny, gated, tmp_path):
     pytest.importorskip("matplotlib")
@@ -320,6 +329,7 @@ def test_stdlib_text_is_the_modules_source():
     (["--gate", "maybe"], "argument --gate: invalid choice: 'maybe'"),
     (["--task", "signed", "--groups", "5"], "--groups 5: give an even number from 2 to 33"),
     (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--from-json", "/nonexistent/run.json"], "--from-json /nonexistent/run.json: "),
 ])
 def test_bad_option_is_one_line_and_exit_2(argv, message, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
