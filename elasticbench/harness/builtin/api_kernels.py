@@ -11,7 +11,9 @@ a run executes): the first available of elasticbench.dispatch's preference for t
 (CPU: the native C++ kernels where they build, else the torch code; CUDA: Triton, else the
 torch code; $ELASTICBENCH_IMPLEMENTATION forces one). Each run record carries that name, and
 the run table shows the record's median over that kernel's, in the same run, as `overhead`
-(docs/benchmarking.md section 7).
+(docs/benchmarking.md section 7). `api_elastic` is registered from the elastic table of
+elasticbench/harness/builtin/row_ops.py (its call, `row_ops.Api`, and `RAW`, the raw kernel
+each implementation runs, live there); `api_attention` here.
 
 What each one times:
 
@@ -49,116 +51,14 @@ What each one times:
 
 from __future__ import annotations
 
-import functools
-import weakref
-from collections.abc import Callable
-
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from elasticbench.dispatch import preference
-from elasticbench.functional import elastic_attention, elastic_softmax
-from elasticbench.harness.backends import get_backend
+from elasticbench.functional import elastic_attention
+from elasticbench.harness.builtin.row_ops import register_rows, wraps_raw
 from elasticbench.harness.kernel_spec import register_kernel
-from elasticbench.nn import ElasticSoftmax
 
-# The raw kernel each implementation of elasticbench.dispatch runs, per (function, mode).
-RAW = {
-    ("elastic", "fwd"): {"cpp": "cpp_elastic", "triton": "triton_elastic",
-                         "torch": "torch_elastic"},
-    ("elastic", "bwd"): {"cpp": "cpp_elastic_bwd", "triton": "triton_elastic",
-                         "torch": "torch_elastic_bwd"},
-    ("elastic_attention", "fwd"): {"cpp": "cpp_attention", "triton": "triton_attention",
-                                   "torch": "torch_attention_flash"},
-}
-RAW["elastic_attention", "bwd"] = RAW["elastic_attention", "fwd"]
-
-
-def raw_kernel(function: str, mode: str) -> str | None:
-    """The raw kernel an API call of `function` runs on the torch backend's device: the
-    first of the device's implementations whose backend is available here."""
-    names = RAW[function, mode]
-    device = torch.device(get_backend("torch").device())
-    for impl in preference(device):
-        if impl in names and (impl == "torch" or get_backend(impl).available()):
-            return names[impl]
-    return None
-
-
-def _wraps(function: str, mode: str) -> Callable[[Callable], Callable]:
-    """Declare (fn.wraps, read by elasticbench.harness.bench.models.wrapped_kernel) the raw kernel
-    the kernel's call runs, resolved when asked."""
-    def deco(fn: Callable) -> Callable:
-        fn.wraps = functools.partial(raw_kernel, function, mode)  # type: ignore[attr-defined]
-        return fn
-    return deco
-
-
-def _work(dtype: torch.dtype) -> torch.dtype:
-    """The working dtype: fp64 for fp64 inputs, else fp32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-@functools.lru_cache(maxsize=64)
-def _module(device: str, dtype: torch.dtype, tau: float, beta: float) -> ElasticSoftmax:
-    """An ElasticSoftmax computing with exactly tau and beta (in dtype) on device."""
-    module = ElasticSoftmax(tau=tau, beta=beta, learn_beta=beta > 0).to(device=device,
-                                                                      dtype=dtype)
-    with torch.no_grad():  # the case's values in the working dtype, not fp32's rounding
-        module.tau0.fill_(tau)
-        module.beta0.fill_(beta)
-    return module
-
-
-def _module_for(x: torch.Tensor, tau: float, beta: float) -> ElasticSoftmax:
-    return _module(str(x.device), _work(x.dtype), float(tau), float(beta))
-
-
-@register_kernel(function="elastic", backend="torch", name="api_elastic", compiles=False)
-@_wraps("elastic", "fwd")
-def api_elastic(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
-    """elasticbench.nn.ElasticSoftmax as a training forward calls it: learnable tau, beta."""
-    with torch.enable_grad():
-        return _module_for(x, tau, beta)(x)
-
-
-class _Graph:
-    """A forward's output and the tensors its backward is taken to: x's leaf, then tau and
-    beta as the module computed them, then the module's learned log-scales."""
-
-    def __init__(self, x: torch.Tensor, tau: float, beta: float):
-        module = _module_for(x, tau, beta)
-        self.x = x.detach().requires_grad_()
-        with torch.enable_grad():
-            t = module.tau
-            b = module.beta if module.learn_beta else module.beta.detach().requires_grad_()
-            self.y = elastic_softmax(self.x, t, b, dim=module.dim)  # module.forward's call
-        self.inputs = (self.x, t, b, *module.parameters())
-        self.saved: weakref.ref | None = None  # the y the graph's output holds
-
-    def hold(self, y: torch.Tensor) -> None:
-        """Make the output the backward reads y's values (see the module docstring)."""
-        if self.saved is None or self.saved() is not y:
-            self.y.data.copy_(y)
-            self.saved = weakref.ref(y)
-
-
-_graphs: WeakIdKeyDictionary = WeakIdKeyDictionary()  # x -> {(tau, beta): _Graph}
-
-
-@register_kernel(function="elastic", backend="torch", name="api_elastic", mode="bwd",
-                 compiles=False)
-@_wraps("elastic", "bwd")
-def api_elastic_bwd(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, *, tau: float,
-                    beta: float):
-    """ElasticSoftmax's backward through autograd: dx, dtau, dbeta (forward once per x)."""
-    per_x = _graphs.setdefault(x, {})
-    key = (float(tau), float(beta))
-    graph = per_x.get(key) or per_x.setdefault(key, _Graph(x, *key))
-    graph.hold(y)
-    dx, dtau, dbeta, *_ = torch.autograd.grad(graph.y, graph.inputs, g, retain_graph=True)
-    return dx, dtau, dbeta
-
+register_rows("api", globals())
 
 _held: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a contract's tau or beta -> its leaf
 
@@ -177,7 +77,7 @@ def _per_head(p: torch.Tensor) -> torch.Tensor:
 
 @register_kernel(function="elastic_attention", backend="torch", name="api_attention",
                  compiles=False)
-@_wraps("elastic_attention", "fwd")
+@wraps_raw("elastic_attention", "fwd")
 def api_attention(q, k, v, *, tau, beta, scale, causal, attn_mask=None):
     """elasticbench.functional.elastic_attention with learnable per-(batch, head) tau, beta."""
     with torch.enable_grad():
@@ -188,7 +88,7 @@ def api_attention(q, k, v, *, tau, beta, scale, causal, attn_mask=None):
 
 @register_kernel(function="elastic_attention", backend="torch", mode="bwd",
                  name="api_attention", compiles=False)
-@_wraps("elastic_attention", "bwd")
+@wraps_raw("elastic_attention", "bwd")
 def api_attention_bwd(q, k, v, *, tau, beta, scale, causal, attn_mask=None):
     """elastic_attention's forward with autograd (untimed), then step(dout): its backward."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v, tau, beta)]
@@ -200,3 +100,4 @@ def api_attention_bwd(q, k, v, *, tau, beta, scale, causal, attn_mask=None):
     def step(dout: torch.Tensor):
         return torch.autograd.grad(out, leaves, dout, retain_graph=True)
     return step
+
