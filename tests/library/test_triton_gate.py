@@ -18,7 +18,7 @@ pytestmark = pytest.mark.needs("triton")
 
 if not devices.triton_interpreted():
 
-    @pytest.mark.ci  # a child pytest under the interpreter: about 15 s of a core
+    @pytest.mark.ci  # a child pytest under the interpreter: about 20 s of a core
     def test_the_gate_under_the_interpreter(under_interpreter) -> None:
         under_interpreter(__file__)
 
