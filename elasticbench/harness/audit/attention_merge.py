@@ -22,7 +22,7 @@ from typing import Any
 # function they call); the commit may differ, as the parts start at different times
 SAME = ("triton", "arch", "kernel_sha256", "kernel_cache_keys", "head_dims")
 DTYPE_ORDER = ("bf16", "fp16", "fp32")
-WEIGHT_ORDER = ("elastic", "softmax1", "symax", "stablemax", "sigmoid")
+WEIGHT_ORDER = ("elastic", "softmax1", "symax", "stablemax", "sigmoid", "cog")
 
 
 class MergeError(ValueError):

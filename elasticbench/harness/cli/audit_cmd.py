@@ -35,7 +35,7 @@ def _parse(values: tuple[str, ...], allowed: tuple[str, ...], what: str) -> tupl
 @click.option("-d", "--dtypes", multiple=True, metavar="LIST",
               help="Comma-separated of bf16, fp16, fp32 (default all).")
 @click.option("--weights", multiple=True, metavar="LIST",
-              help="Comma-separated of elastic, softmax1, symax, stablemax, sigmoid "
+              help="Comma-separated of elastic, softmax1, symax, stablemax, sigmoid, cog "
                    "(default all).")
 @click.option("--head-dims", default="64,128", show_default=True, metavar="LIST",
               help="Head-dim classes to compile.")

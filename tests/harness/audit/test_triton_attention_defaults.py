@@ -2,7 +2,7 @@
 
 Where no table names a key, a call launches the rule's configuration (the first its list
 offers: kernels/triton/attention_configs.py). Each weight's rule configuration for every
-kernel, causal or not, in bf16 at head dim 128 (fp16 takes the same tiles) and in fp32 at
+kernel, causal or not (the forward also gated, as a gated call compiles its own), in bf16 at head dim 128 (fp16 takes the same tiles) and in fp32 at
 head dim 64, is compiled here and must take wgmma (16-bit), fit in shared memory and not
 spill. This runs on the pinned Triton in CI's ci step and on the GPU machines' Triton in its
 second-Triton step (tests/harness/audit/test_triton_versions.py). Every other offered configuration is
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.needs("triton"), pytest.mark.ci,
               pytest.mark.skipif(devices.triton_interpreted(),
                                  reason="compiles for a GPU: not under the interpreter")]
 
-WEIGHTS = ("ELASTIC", "SOFTMAX1", "SYMAX", "STABLEMAX", "SIGMOID")
+WEIGHTS = ("ELASTIC", "SOFTMAX1", "SYMAX", "STABLEMAX", "SIGMOID", "COG")
 
 
 @pytest.mark.parametrize("weight", WEIGHTS)
@@ -39,10 +39,15 @@ def test_the_rule_s_configuration_compiles_cleanly(weight, kernel, dtype_name, h
     dtype = getattr(torch, dtype_name)
     w = Weight[weight]
     bad = []
+    # a gated call compiles its own forward (the epilogue's gate load and second store)
+    gates = (False, True) if kernel == "fwd" else (False,)
     for causal in (False, True):
         tiles = ac.rule(ac.offered(kernel, head_dim, dtype, causal, w))
-        report = compile_report(kernel, head_dim, dtype, causal, tiles, weight=w)
-        assert report.weight == weight.lower()
-        if report.problems():
-            bad.append(f"causal={causal} {tiles}: {', '.join(report.problems())}")
+        for gate in gates:
+            report = compile_report(kernel, head_dim, dtype, causal, tiles, weight=w,
+                                    gate=gate)
+            assert report.weight == weight.lower()
+            if report.problems():
+                bad.append(f"causal={causal} gate={gate} {tiles}: "
+                           f"{', '.join(report.problems())}")
     assert not bad, bad
