@@ -31,16 +31,17 @@ NEEDS: dict[str, Callable[[], str | None]] = {
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist, each worker but the first compiles torch.compile's graphs into an
-    Inductor cache of its own (the first keeps the default, warmed by earlier runs): two
-    processes compiling into one cache at once have loaded each other's half-written
-    libraries ("file too short"). Set before anything compiles; child processes inherit it."""
+    Inductor cache of its own, the first's name (the caller's TORCHINDUCTOR_CACHE_DIR, else
+    Inductor's default) with the worker's id: two processes compiling into one cache at once
+    have loaded each other's half-written libraries ("file too short"). The first keeps the
+    caller's, which CI's earlier steps warm. Set before anything compiles; the child
+    processes a test starts inherit it (and keep it: it already ends in the worker's id)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    if worker != "gw0" and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        import getpass
-        import tempfile
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if worker != "gw0" and not (base or "").endswith(f"_{worker}"):
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
-            tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{worker}")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{base or default_cache_dir()}_{worker}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
