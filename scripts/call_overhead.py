@@ -1,7 +1,10 @@
 """What a call of the public API costs beside its kernel, on this machine's CPU (docs/dispatch.md
 section 5): interleaved medians of torch's softmax, the public `elastic_softmax`, the module
 `ElasticSoftmax` and the raw native kernel, forward and forward+backward, and of
-`ElasticAttention` against SDPA.
+`ElasticAttention` and `SymaxAttention` against SDPA, beside their native kernels' forward and
+backward called alone (what the module adds is the difference), at three shapes: a tiny one,
+where the call's fixed cost is nearly all of it, the distributed example's (8, 4, 32, 16)
+(docs/distributed.md section 5) and (1, 4, 128, 64).
 
     python scripts/call_overhead.py [--threads 1] [--rounds 15] [--json PATH]
 
@@ -22,7 +25,7 @@ import torch
 
 from elasticbench import functional as F
 from elasticbench import native
-from elasticbench.nn import ElasticAttention, ElasticSoftmax
+from elasticbench.nn import ElasticAttention, ElasticSoftmax, SymaxAttention
 
 
 def _per_call(fn: Callable[[], object], seconds: float = 0.02) -> Callable[[], float]:
@@ -80,11 +83,29 @@ def attention(shape: tuple[int, int, int, int], rounds: int) -> dict[str, float]
     q, k, v = (torch.randn(*shape, generator=gen).requires_grad_() for _ in range(3))
     dout = torch.randn(*shape, generator=gen)
     module = ElasticAttention(param_shape=(shape[1],))
+    symax = SymaxAttention(param_shape=(shape[1],))
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    return interleaved({
+    variants: dict[str, Callable[[], object]] = {
         "SDPA fwd+bwd": lambda: sdpa(q, k, v).backward(dout),
         "ElasticAttention fwd+bwd": lambda: module(q, k, v).backward(dout),
-    }, rounds)
+        "SymaxAttention fwd+bwd": lambda: symax(q, k, v).backward(dout),
+    }
+    if (ext := native.load() if native.unavailable() is None else None) is not None:
+        qd, kd, vd = (t.detach() for t in (q, k, v))
+        p = torch.ones(shape[:2])
+        scale = shape[3] ** -0.5
+
+        def kernels(weight: int) -> Callable[[], object]:
+            def run() -> object:  # the native forward and backward, no autograd around them
+                out, m, den = ext.attention_forward(qd, kd, vd, p, p, scale, False, 256, 512,
+                                                    None, weight, 0)
+                return ext.attention_backward(qd, kd, vd, out, dout, m, den, p, p, scale,
+                                              False, 256, 512, None, weight, 0)
+            return run
+
+        variants["native elastic fwd+bwd"] = kernels(0)
+        variants["native symax fwd+bwd"] = kernels(2)
+    return interleaved(variants, rounds)
 
 
 def main() -> None:
@@ -97,7 +118,8 @@ def main() -> None:
     out: dict[str, dict[str, float]] = {}
     for shape in ((8, 1024), (256, 4096)):
         out[f"rows {shape[0]}x{shape[1]}"] = rows(shape, args.rounds)
-    out["attention (1, 4, 128, 64)"] = attention((1, 4, 128, 64), args.rounds)
+    for shape in ((1, 4, 4, 8), (8, 4, 32, 16), (1, 4, 128, 64)):
+        out[f"attention {shape}"] = attention(shape, args.rounds)
     for section, times in out.items():
         base = times.get("torch.softmax fwd"), times.get("torch.softmax fwd+bwd")
         print(section)
@@ -105,7 +127,7 @@ def main() -> None:
             ref = base[0] if "fwd+bwd" not in name else base[1]
             if section.startswith("attention"):
                 ref = times["SDPA fwd+bwd"]
-            print(f"  {name:26s} {t * 1e6:10.1f} us  {t / ref:6.2f}x")
+            print(f"  {name:28s} {t * 1e6:10.1f} us  {t / ref:6.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "rounds": args.rounds, "seconds": out}, f,
