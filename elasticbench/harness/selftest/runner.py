@@ -14,8 +14,7 @@ from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.report.verify_table import describe_case
 from elasticbench.harness.selftest.mutants import Mutant
-from elasticbench.harness.verify.attention_gate import is_gated, takes_gate
-from elasticbench.harness.verify.attention_job import prepare, verify_attention_one
+from elasticbench.harness.verify.attention_job import given, prepare, verify_attention_one
 from elasticbench.harness.verify.attention_matrix import AttentionMatrix, expand_attention
 from elasticbench.harness.verify.matrix import VerifyMatrix, expand
 from elasticbench.harness.verify.runner import run_verification
@@ -112,8 +111,7 @@ def run_attention_selftest(
             prep = None
             for i in mine:
                 spec = plan[i][0]
-                if (spec.function != case.function or not spec.supports(case.dtype)
-                        or (is_gated(case) and not takes_gate(spec))):
+                if not given(spec, case):
                     continue
                 prep = prep or prepare(case, mode, cache_dir, DEFAULT_PRECISION)
                 records[i].append(verify_attention_one(spec, prep))

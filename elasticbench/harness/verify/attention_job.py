@@ -304,6 +304,18 @@ def verify_attention_one(spec: KernelSpec, prep: PreparedCase,
     return record
 
 
+def given(spec: KernelSpec, case: AttentionCase) -> bool:
+    """Whether a kernel is given this case at all (verify, the selftest and run's quick
+    verification alike): its function and dtype, a mask it declares a parameter for, and a
+    gated case only where it declares `gate`."""
+    if spec.function != case.function or not spec.supports(case.dtype):
+        return False
+    if is_gated(case) and not takes_gate(spec):
+        return False
+    mask = generate_mask(case.generator, case.dtype, case.shape, case.seed)
+    return mask_argument(spec, mask) is not None
+
+
 def kernel_case(spec: KernelSpec, case: AttentionCase) -> AttentionCase:
     """The case as spec is judged on: for a kernel taking its row parameters in its own
     format (param_form "own"), the parameters rounded to the case's dtype, which it is
@@ -335,10 +347,7 @@ class AttentionVerifyJob(Job[tuple[str, AttentionCase]]):
         return shard_key(*item)
 
     def _todo(self, mode: str, case: AttentionCase, done: set) -> list[KernelSpec]:
-        mask = generate_mask(case.generator, case.dtype, case.shape, case.seed)
-        return [k for k in self.kernels.get(mode, []) if k.function == case.function
-                and k.supports(case.dtype) and mask_argument(k, mask) is not None
-                and (takes_gate(k) or not is_gated(case))
+        return [k for k in self.kernels.get(mode, []) if given(k, case)
                 and case_key(k, kernel_case(k, case)) not in done]
 
     def work(self, items: list[tuple[str, AttentionCase]], session: Session) -> None:
