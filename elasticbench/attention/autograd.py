@@ -14,9 +14,7 @@ docs/attention.md section 1). gate is None or a (batch, heads, length_q, value_d
 of q's dtype (any strides) that the implementation multiplies into the output in its
 epilogue (`weights`' contract); ungated is then the output without it, which the backward
 needs, and an empty tensor without a gate. The backward is the ungated one, called with
-out = ungated and dout = dY * gate; d gate = dY * ungated. An implementation whose forward
-takes no gate (a Triton kernel before its epilogue had one) gets it applied after its
-forward, one more pass over the output (`_gate_after`).
+out = ungated and dout = dY * gate; d gate = dY * ungated.
 
 p0 and p1 are (batch, heads) tensors in the working precision: bh_params lays a float, a
 per-head or a per-(batch, head) parameter out so as a view of the caller's tensor (stride 0
@@ -36,7 +34,6 @@ through the composite, so that second orders are exact (docs/gradients.md sectio
 from __future__ import annotations
 
 import functools
-import inspect
 
 import torch
 
@@ -63,27 +60,7 @@ def _triton() -> Implementation | None:
         return (weight in kernel.WEIGHTS and q.dtype in TRITON_DTYPES
                 and (q.is_cuda or (q.device.type == "cpu" and devices.triton_interpreted())))
 
-    forward = kernel.attention_forward
-    if "gate" not in inspect.signature(forward).parameters:
-        forward = _gate_after(forward)
-    return Implementation("triton", accepts, forward, kernel.attention_backward)
-
-
-def _gate_after(forward):
-    """forward with `weights`' gate contract for an implementation whose forward takes no
-    gate: the gate applied to its output afterwards (in the work dtype, rounded once)."""
-
-    @functools.wraps(forward)
-    def gated(q, k, v, p0, p1, scale, causal, key_mask=None, *, gate=None,
-              keep_ungated=False, **kwargs):
-        out, m, den = forward(q, k, v, p0, p1, scale, causal, key_mask, **kwargs)
-        result = out
-        if gate is not None:
-            wd = work_dtype(q.dtype)
-            result = (out.to(wd) * gate.to(wd)).to(out.dtype)
-        return (result, m, den, out) if keep_ungated else (result, m, den)
-
-    return gated
+    return Implementation("triton", accepts, kernel.attention_forward, kernel.attention_backward)
 
 
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
