@@ -384,7 +384,7 @@ ROWS: tuple[Row, ...] = (
                model=PassModel("three-pass", reads=3, writes=1, exps=2),
                doc="Native Elastic-Softmax, three sweeps: max, sum of exps, write."),
         Kernel("cpp", "cpp_elastic_accurate", NativeExp("ACCURATE"), dtypes=("fp64", "fp32"),
-               model=PassModel("online", reads=2, writes=1, exps=2, compute="fp64"),
+               model=PassModel("fused", reads=2, writes=1, exps=1, compute="fp64"),
                doc="Native Elastic-Softmax computed in fp64 and rounded once: <= 1 ulp in fp32."),
         Kernel("cpp", "cpp_elastic_bwd", NativeExp(), mode="bwd",
                model=PassModel("two-pass", reads=5, writes=1, exps=0),
