@@ -4,7 +4,7 @@
 - `layout`: tau and beta laid out against rows-last x, their gradients summed back, the
   working precision;
 - `exp_normalize`: the computations in torch, forward and the one-pass backward (also the
-  built-in torch kernels of elasticbench/harness/builtin/torch_kernels.py, so the kernel verified is the code a
+  built-in torch kernels of elasticbench/harness/builtin/row_ops.py, so the kernel verified is the code a
   model runs);
 - `spec`: what a row computes (`ExpSpec`) and the contract every implementation keeps;
 - `cpp`: the native C++ implementation;

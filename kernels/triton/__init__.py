@@ -1,4 +1,4 @@
-"""The Triton kernels' code, one module per concern; registering them is `triton_kernels`'s job.
+"""The Triton kernels' code, one module per concern; registering them is the harness's (`elasticbench/harness/builtin/row_ops.py`).
 
 - `launch`: LaunchOptions (the launcher's arguments), row paths, grid and occupancy;
 - `memory`: fp32 loads and stores, and the NaN-propagating maximum (vectorized for the

@@ -5,7 +5,7 @@ elasticbench.harness.passes); kernels that declare nothing are modelled by the m
 one write (two reads and one write backward) and the function's exps_per_element.
 
 A kernel that only wraps another (an API kernel: the library's call around a raw kernel,
-elasticbench/harness/builtin/api_kernels.py) may declare which one its call runs here (`wrapped_kernel`), so that
+elasticbench/harness/builtin/row_ops.py and api_kernels.py) may declare which one its call runs here (`wrapped_kernel`), so that
 a report can set the two times side by side.
 """
 

@@ -77,7 +77,7 @@ class RunRecord(KernelCase):
     seed: int | None = None
     baseline: bool = False
     # the raw kernel this kernel's call runs on its device (an API kernel's, say: kernels/
-    # api_kernels.py), as the kernel declared it when the run executed; reports set its
+    # row_ops.py, api_kernels.py), as the kernel declared it when the run executed; reports set its
     # median beside this record's as the `overhead` column
     wraps: str | None = None
     plan_position: int | None = entry(None, check=nonnegative)
