@@ -14,6 +14,7 @@ A case file's [attention_run] table says what to time (docs/attention.md section
     lengths = [512, 1024]              # length_q = length_k
     causal = [0, 1]
     padded = [0, 0.5]                  # optional: the share of each batch's keys padded
+    gate = [0, 1]                      # optional ([0]): 1 adds gated cells (out * g)
     modes = ["fwd", "bwd"]
     quadratic = ["torch_attention_composite"]   # kernels that hold the L x L scores
     quadratic_limit_gib = 4.0          # ... skipped (and said so) where they would need more
@@ -33,6 +34,13 @@ A case file's [attention_run] table says what to time (docs/attention.md section
 `padded` > 0 gives the baseline and the kernels the same (batch, 1, 1, length) bool
 key-padding mask (the last keys of each batch hidden) as attn_mask or key_mask, whichever a
 kernel declares (attention_contract.py); a kernel that takes neither is not timed there.
+`gate` = 1 adds gated cells: a kernel that declares `gate` is given g (inputs.attention.
+generate_gate, made outside the timed call as q, k, v are) and timed as out * g, its
+backward's step(dO) returning d gate too; the baseline runs its ungated call there, so `x
+base` is what a gated call costs against the plain baseline; other kernels that declare no
+gate are left out of gated cells (the header's `skipped` says so: their ungated time is
+the ungated cell's). Every record of a gated cell has gate = 1.0 in its params (an ungated
+one has no gate, as records written before gated cells existed).
 Each kernel gets its own function's row parameters (AttentionRunCase.row_params), recorded
 in its records' params. Each cell (dtype, length, causal, padded, mode) times the baseline
 first, then the kernels (of every function, each timed against that cell's baseline); the
@@ -40,7 +48,8 @@ backward is timed as step(dO) alone, after the kernel's untimed first call (the 
 contract, docs/attention.md section 4). The ceilings: copy bandwidth (the bytes a fused
 kernel must move: q, k, v and out forward; q, k, v, out, dO and dq, dk, dv backward) and
 matmul throughput, measured on GEMMs of attention's own shapes. FLOPs are the matmuls' (4 B H
-Lq Lk D forward, 10 backward with the recomputed scores; half under causal masking). Peak
+Lq Lk D forward, 10 backward with the recomputed scores; half under causal masking); a gated
+call's bytes add g (and d gate backward). Peak
 memory growth is the process's resident-set peak during one call above its size before it
 (Linux: VmHWM, reset through /proc/self/clear_refs), taken on a call outside the timing.
 """
@@ -63,11 +72,12 @@ from elasticbench.harness.bench.models import wrapped_kernel
 from elasticbench.harness.bench.roofline import measure_copy
 from elasticbench.harness.bench.timing import Policy, Timing, time_calls
 from elasticbench.harness.execute import Call, guarded_call
-from elasticbench.harness.inputs.attention import generate_qkv, padding_mask
+from elasticbench.harness.inputs.attention import generate_gate, generate_qkv, padding_mask
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.records import QuickVerdict, RunRecord
 from elasticbench.harness.registry import KernelSpec, get_kernel
 from elasticbench.harness.session import Job, Session
+from elasticbench.harness.verify.attention_gate import takes_gate
 from elasticbench.harness.verify.attention_job import (
     given,
     prepare,
@@ -89,11 +99,14 @@ def attention_flops(b: int, h: int, lq: int, lk: int, d: int, causal: bool, mode
     return per * b * h * visible * d
 
 
-def attention_bytes(b: int, h: int, lq: int, lk: int, d: int, itemsize: int, mode: str) -> int:
+def attention_bytes(b: int, h: int, lq: int, lk: int, d: int, itemsize: int, mode: str,
+                    gated: bool = False) -> int:
     """The least traffic of a fused kernel: forward q, k, v in and out; backward q, k, v, out,
-    dO in and dq, dk, dv out."""
+    dO in and dq, dk, dv out; gated, g in as well (and d gate out backward)."""
     q, kv = b * h * lq * d, b * h * lk * d
     tensors = (2 * q + 2 * kv) if mode == "fwd" else (4 * q + 4 * kv)
+    if gated:
+        tensors += q if mode == "fwd" else 2 * q
     return tensors * itemsize
 
 
@@ -124,7 +137,8 @@ def measure_matmul(device: str, dtype: str, case: AttentionRunCase, policy: Poli
 
 @dataclass(frozen=True)
 class AttentionUnit:
-    """One timed (kernel, mode, dtype, length, causal, padded)."""
+    """One timed (kernel, mode, dtype, length, causal, padded, gate): gate 1 is a gated
+    cell, where the kernel (never the baseline) is called with a gate."""
 
     spec: KernelSpec
     dtype: str
@@ -132,22 +146,30 @@ class AttentionUnit:
     causal: int
     baseline: bool
     padded: float = 0.0
+    gate: int = 0
 
     @property
     def key(self) -> tuple:
         return (self.spec.name, self.spec.mode, self.dtype, self.length, self.causal,
-                self.padded)
+                self.padded, self.gate)
 
     @property
     def cell(self) -> tuple:
-        """What the baseline and the kernels share: mode, dtype, length, causal, padded."""
-        return (self.spec.mode, self.dtype, self.length, self.causal, self.padded)
+        """What the baseline and the kernels share: mode, dtype, length, causal, padded,
+        gate."""
+        return (self.spec.mode, self.dtype, self.length, self.causal, self.padded, self.gate)
+
+    @property
+    def gated(self) -> bool:
+        """Whether the timed call takes a gate: a kernel's in a gated cell, not the
+        baseline's."""
+        return bool(self.gate) and not self.baseline
 
 
 def _record_cell(r: RunRecord) -> tuple:
-    """A record's AttentionUnit.cell."""
+    """A record's AttentionUnit.cell (a record without gate in its params is ungated)."""
     return (r.mode, r.dtype, r.shape[2], int(r.params.get("causal", 0)),
-            float(r.params.get("padded", 0.0)))
+            float(r.params.get("padded", 0.0)), int(r.params.get("gate", 0)))
 
 
 class AttentionRunJob(Job[AttentionUnit]):
@@ -190,16 +212,28 @@ class AttentionRunJob(Job[AttentionUnit]):
         for mode in c.modes:
             for dtype in c.dtypes:
                 for length in c.lengths:
-                    for causal, padded in ((a, p) for a in c.causal for p in c.padded):
+                    for causal, padded, gate in ((a, p, g) for a in c.causal
+                                                 for p in c.padded for g in c.gate):
                         names = ([(c.baseline, True)] if c.baseline else []) + \
                             [(k, False) for k in c.kernels]
                         for name, base in names:
                             spec = get_kernel(name, mode)
                             if (spec.supports(dtype) and self._fits(spec, dtype, length)
-                                    and self._takes(spec, padded)):
+                                    and self._takes(spec, padded)
+                                    and (base or not gate or self._gates(spec))):
                                 units.append(AttentionUnit(spec, dtype, length, causal, base,
-                                                           padded))
+                                                           padded, gate))
         return units
+
+    def _gates(self, spec: KernelSpec) -> bool:
+        """Whether a kernel declares `gate` (else it is left out of the gated cells, and
+        the header says so)."""
+        if takes_gate(spec):
+            return True
+        why = f"{spec.name} {spec.mode}: declares no gate (left out of the gated cells)"
+        if why not in self.skipped:
+            self.skipped.append(why)
+        return False
 
     def _mask(self, length: int, padded: float) -> np.ndarray | None:
         """The case's key-padding mask at this length (None where nothing is padded)."""
@@ -216,7 +250,7 @@ class AttentionRunJob(Job[AttentionUnit]):
         return False
 
     def shard_key(self, unit: AttentionUnit) -> Any:
-        return [unit.spec.mode, unit.dtype, unit.length, unit.causal, unit.padded]
+        return [unit.spec.mode, unit.dtype, unit.length, unit.causal, unit.padded, unit.gate]
 
     def work(self, units: list[AttentionUnit], session: Session) -> None:
         case = self.case
@@ -230,19 +264,20 @@ class AttentionRunJob(Job[AttentionUnit]):
         session.header["ceilings"] = {"copy_gbps": copy_bps / 1e9, "matmul_gflops": matmul}
         task.advance()
         task.describe(f"{case.name} · quick verification")
-        verdicts = self._verify({(u.spec.name, u.spec.mode): u.spec for u in units},
+        verdicts = self._verify({(u.spec.name, u.spec.mode, u.gated): u.spec for u in units},
                                 case.dtypes)
-        session.header["verification"] = {f"{k}/{m}/{d}": v.to_dict()
-                                          for (k, m, d), v in verdicts.items()}
+        session.header["verification"] = {f"{k}/{m}/{d}{'/gated' if g else ''}": v.to_dict()
+                                          for (k, m, g, d), v in verdicts.items()}
         task.advance()
         base_median: dict[tuple, float] = {
             _record_cell(r): r.median_s for r in session.records if r.baseline and r.median_s}
         for u in units:
             task.describe(f"{case.name} · {u.spec.name} {u.spec.mode} {u.dtype} "
                           f"L={u.length}{' causal' if u.causal else ''}"
-                          f"{f' padded {u.padded:g}' if u.padded else ''}")
+                          f"{f' padded {u.padded:g}' if u.padded else ''}"
+                          f"{(' gated' if u.gated else ' gated cell') if u.gate else ''}")
             record = self._time(u, copy_bps, matmul[u.dtype]["ceiling"],
-                                verdicts[(u.spec.name, u.spec.mode, u.dtype)])
+                                verdicts[(u.spec.name, u.spec.mode, u.gated, u.dtype)])
             cell = u.cell
             if u.baseline and record.median_s:
                 base_median[cell] = record.median_s
@@ -253,22 +288,24 @@ class AttentionRunJob(Job[AttentionUnit]):
             session.add(record)
             task.advance()
 
-    def _verify(self, specs: dict[tuple[str, str], KernelSpec], dtypes: tuple[str, ...]
-                ) -> dict[tuple[str, str, str], QuickVerdict]:
-        """Each kernel on the quick attention matrix in each timed dtype, before timing."""
+    def _verify(self, specs: dict[tuple[str, str, bool], KernelSpec], dtypes: tuple[str, ...]
+                ) -> dict[tuple[str, str, bool, str], QuickVerdict]:
+        """Each kernel on the quick attention matrix in each timed dtype, before timing; a
+        kernel timed gated (key's third element) on the matrix's cases made gated."""
         path = Path(self.case.verify)
         matrix = load_attention_matrix(path if path.suffix == ".toml"
                                        else builtin_case(self.case.verify))
         matrix = replace(matrix, dtypes=dtypes)
         out = {}
-        for (name, mode), spec in specs.items():
+        for (name, mode, gated), spec in specs.items():
             for dtype in dtypes:
-                cases = [c for c in expand_attention(matrix, [spec.function], [dtype])
-                         if given(spec, c)]
+                cases = [_gated_case(c) if gated else c
+                         for c in expand_attention(matrix, [spec.function], [dtype])]
+                cases = [c for c in cases if given(spec, c)]
                 records = [verify_attention_one(spec, prepare(c, mode, None, 128))
                            for c in cases]
                 failed = [r for r in records if not r.passed]
-                out[(name, mode, dtype)] = QuickVerdict(
+                out[(name, mode, gated, dtype)] = QuickVerdict(
                     status="FAIL" if failed else "pass", cases=len(records), failed=len(failed),
                     max_ulp=max((r.max_ulp or 0.0 for r in records), default=0.0),
                     reason=failed[0].reason if failed else None)
@@ -280,7 +317,8 @@ class AttentionRunJob(Job[AttentionUnit]):
         c, spec = self.case, u.spec
         shape = self.shape(u.length)
         params = {**c.row_params(spec.function, u.length), "causal": float(u.causal),
-                  **({"padded": u.padded} if u.padded else {})}
+                  **({"padded": u.padded} if u.padded else {}),
+                  **({"gate": 1.0} if u.gate else {})}
         record = RunRecord(kernel=spec.name, function=spec.function, backend=spec.backend,
                            source=spec.source, mode=spec.mode, dtype=u.dtype, shape=shape,
                            params=params, generator="normal", seed=c.seed, baseline=u.baseline,
@@ -297,7 +335,7 @@ class AttentionRunJob(Job[AttentionUnit]):
         backend = get_backend(spec.backend)
         call = self._call(spec, AttentionCase(spec.function, "normal", shape, u.dtype,
                                               tuple(params.items()), c.seed),
-                          self._mask(u.length, u.padded))
+                          self._mask(u.length, u.padded), u.gated)
         once = call if isinstance(call, Call) else guarded_call(
             backend, lambda: peak_growth(lambda: (call(0), backend.synchronize())))
         if once.raised is not None:
@@ -305,16 +343,20 @@ class AttentionRunJob(Job[AttentionUnit]):
             return
         assert not isinstance(call, Call)
         timing = time_calls(call, c.timing, backend.clock())
-        _measured(record, timing, once.value, copy_bps, matmul_gflops, backend.llc_bytes())
+        _measured(record, timing, once.value, copy_bps, matmul_gflops, backend.llc_bytes(),
+                  u.gated)
 
-    def _call(self, spec: KernelSpec, case: AttentionCase, mask: np.ndarray | None
-              ) -> Callable[[int], Any] | Call:
+    def _call(self, spec: KernelSpec, case: AttentionCase, mask: np.ndarray | None,
+              gated: bool = False) -> Callable[[int], Any] | Call:
         """What one timed call runs (the forward, or step(dO) after an untimed forward), or
-        the failed forward call; mask is the key-padding mask, if any."""
+        the failed forward call; mask is the key-padding mask, if any; gated: the kernel is
+        given the case's gate (made here, outside the timed call, as q, k, v are)."""
         backend = get_backend(spec.backend)
         q, k, v = generate_qkv(case.generator, case.dtype, case.shape, case.seed)
+        gate = generate_gate(case.generator, case.dtype, case.shape, case.seed) if gated \
+            else None
         args, kw = kernel_arguments(spec, q, k, v, case.param_dict, case.dtype, case.scale,
-                                    mask)
+                                    mask, gate)
         if spec.mode == "fwd":
             return lambda i: spec.fn(*args, **kw)
         shape = case.shape
@@ -326,13 +368,22 @@ class AttentionRunJob(Job[AttentionUnit]):
         return lambda i: step(dout)
 
 
+def _gated_case(case: AttentionCase) -> AttentionCase:
+    """The case with its parameter gate set to 1 (verify/attention_gate.py)."""
+    params = dict(case.params)
+    params["gate"] = 1.0  # in its place where the case names it, else last
+    return replace(case, params=tuple(params.items()))
+
+
 def _measured(record: RunRecord, timing: Timing, peak_bytes: int, copy_bps: float,
-              matmul_gflops: float, llc_bytes: int) -> None:
-    """Fill in a timed record: time, FLOP and byte rates against the two ceilings, memory."""
+              matmul_gflops: float, llc_bytes: int, gated: bool = False) -> None:
+    """Fill in a timed record: time, FLOP and byte rates against the two ceilings, memory
+    (gated: the call took a gate, whose bytes count)."""
     shape, mode = record.shape, record.mode
     median = timing.stats.median_ns * 1e-9
     flops = attention_flops(*shape[:4], shape[4], bool(record.params["causal"]), mode)
-    nbytes = attention_bytes(*shape[:4], shape[4], get_format(record.dtype).itemsize, mode)
+    nbytes = attention_bytes(*shape[:4], shape[4], get_format(record.dtype).itemsize, mode,
+                             gated)
     t_flop, t_mem = flops / (matmul_gflops * 1e9), nbytes / copy_bps
     record.compute_dtype = "fp64" if record.dtype == "fp64" else "fp32"
     record.cache = "in-cache" if nbytes <= llc_bytes // 2 else "out-of-cache"

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from elasticbench.harness.bench.timing import Policy
 from elasticbench.harness.functions import ATTENTION, get_attention_function
 from elasticbench.harness.numerics.dtypes import check_dtypes
-from elasticbench.harness.records.fields import entry, nonnegative, positive
+from elasticbench.harness.records.fields import RecordError, entry, nonnegative, positive
 from elasticbench.harness.registry import get_kernel
 from elasticbench.harness.verify.tables import read_table, read_toml
 
@@ -44,6 +44,8 @@ class AttentionRunCase:
     lengths: tuple[int, ...] = entry((512,), check=positive)
     causal: tuple[Literal[0, 1], ...] = (0, 1)
     padded: tuple[float, ...] = entry((0.0,), check=share)  # each batch's keys padded (0: no mask)
+    # 1: cells where the kernels that declare `gate` return out * g (the baseline ungated)
+    gate: tuple[Literal[0, 1], ...] = (0,)
     modes: tuple[Literal["fwd", "bwd"], ...] = ("fwd", "bwd")
     quadratic: tuple[str, ...] = ()
     quadratic_limit_gib: float = entry(4.0, check=positive)
@@ -60,6 +62,7 @@ class AttentionRunCase:
 
     def __post_init__(self) -> None:
         check_dtypes(self.dtypes)
+        check_gate(self.gate)
         missing: dict[str, str] = {}  # name -> the registry's reason, without its name list
         for name in self.optional_kernels:
             try:
@@ -90,6 +93,16 @@ class AttentionRunCase:
         if out.get("bias") == PER_LENGTH:
             out["bias"] = -math.log(length)
         return out
+
+
+def check_gate(values: tuple[Any, ...]) -> None:
+    """RecordError (field gate) unless values is a non-empty list of distinct 0 and 1 (TOML
+    integers: true, false and 1.0 are not accepted, so that the cells are named as the
+    records' params name them)."""
+    if (any(type(v) is not int for v in values) or not values
+            or len(set(values)) != len(values)):
+        raise RecordError("gate", f"must be [0], [1] or [0, 1] (integers; 0: ungated cells, "
+                                  f"1: gated ones), got {list(values)!r}")
 
 
 def function_params(values: dict[str, Any], functions: list[str]

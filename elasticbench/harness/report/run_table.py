@@ -135,7 +135,7 @@ ATTENTION_CAPTION = ("size: batch x heads x length x head dim; GFLOP/s: the matm
 
 ATTENTION_COLUMNS = [
     Column("kernel", wrap=False),
-    Column("size", ("shape", "causal", "dtype")),
+    Column("size", ("shape", "causal", "padded", "gate", "dtype")),
     Column("median", ("median_s",), align="right", wrap=False),
     Column("GFLOP/s", ("gflops",), align="right", wrap=False),
     Column("%mm", ("pct_matmul",), align="right", wrap=False),
@@ -146,14 +146,48 @@ ATTENTION_COLUMNS = [
 ]
 
 
+GATED_CAPTION = ("gated: out * gate (bwd: d gate too), the baseline ungated in its cell "
+                 "(`gated cell`); vs ungated: median over the same kernel's ungated one")
+
+
+def gate_label(r: RunRecord) -> str:
+    """"gated" for a call that took a gate, "gated cell" for a gated cell's baseline (which
+    runs ungated), "" for an ungated cell (and records written before gated cells)."""
+    if not r.params.get("gate"):
+        return ""
+    return "gated cell" if r.baseline else "gated"
+
+
 def _attention_size(r: RunRecord, dtypes: int) -> Entry:
     b, h, lq, lk, d = r.shape
     causal = bool(r.params.get("causal"))
     text = f"{b}x{h}x{lq}{'' if lq == lk else f'x{lk}'}x{d}" + (" causal" if causal else "")
     if r.params.get("padded"):
         text += f" {r.params['padded']:.0%} padded"
+    gate = gate_label(r)
+    text += f" {gate}" if gate else ""
     text += f" {r.dtype}" if dtypes > 1 else ""
-    return entry(text, values=(list(r.shape), causal, r.dtype))
+    return entry(text, values=(list(r.shape), causal, r.params.get("padded", 0.0),
+                               r.params.get("gate", 0.0), r.dtype))
+
+
+def gate_costs(records: list[RunRecord]) -> dict[int, float]:
+    """id(record) -> a gated call's median over the same kernel's median in the ungated cell
+    beside it (mode, dtype, shape and every other parameter equal), among these records."""
+    def ungated(r: RunRecord) -> tuple:
+        return (r.kernel, r.function, r.mode, r.dtype, tuple(r.shape),
+                tuple(sorted((k, v) for k, v in r.params.items() if k != "gate")))
+    medians = {ungated(r): r.median_s for r in records
+               if not r.params.get("gate") and r.error is None and r.median_s}
+    out = {}
+    for r in records:
+        base = medians.get(ungated(r)) if gate_label(r) == "gated" else None
+        if base and r.error is None and r.median_s:
+            out[id(r)] = r.median_s / base
+    return out
+
+
+VS_UNGATED = Column("vs ungated", ("gate_cost",), align="right", wrap=False)
 
 
 def _mib(v: int | None) -> Entry:
@@ -161,7 +195,8 @@ def _mib(v: int | None) -> Entry:
 
 
 def attention_sheet(name: str, recs: list[RunRecord]) -> Sheet:
-    """A row per timed attention (kernel, size, causal): time, FLOP rate, roof, memory."""
+    """A row per timed attention (kernel, size, causal, padded, gate): time, FLOP rate, roof,
+    memory; where a record is gated, a `vs ungated` column after `x base`."""
     ndt = len({r.dtype for r in recs})
     sheet = Sheet(name, name, list(ATTENTION_COLUMNS), caption=ATTENTION_CAPTION, compact=True)
     for r in recs:
@@ -180,6 +215,12 @@ def attention_sheet(name: str, recs: list[RunRecord]) -> Sheet:
             entry(f"{sp:.2f}", values=(sp,)) if sp else EMPTY,
             _verdict(r),
         )
+    if any(gate_label(r) == "gated" for r in recs):
+        costs = gate_costs(recs)
+        sheet = _insert_column(
+            sheet, recs, VS_UNGATED, "x base",
+            lambda r: entry(f"{costs[id(r)]:.3f}x", values=(costs[id(r)],))
+            if id(r) in costs else EMPTY, GATED_CAPTION)
     return sheet
 
 
@@ -229,11 +270,12 @@ def run_notes(records: list[RunRecord], ceilings: dict[str, Any] | None,
                           f"exp G elements/s: {exp}"))
     notes += [note(Span("skipped", "warn"), f" {s}") for s in skipped or []]
     for r in records:
-        shape = list(r.shape)  # as the file writes it: [rows, n]
+        gate = gate_label(r)
+        shape = f"{list(r.shape)}{f' {gate}' if gate else ''}"  # as the file writes it
         if r.error is not None:
             notes.append(note(Span("ERROR", "fail"), f" {r.kernel} {shape}: {r.error}"))
         elif r.status == "FAIL" and not r.baseline:
-            notes.append(note(Span("FAIL", "fail"), f" {r.kernel} {r.dtype} (not ranked): "
+            notes.append(note(Span("FAIL", "fail"), f" {r.kernel} {r.dtype}{f' {gate}' if gate else ''} (not ranked): "
                                                     f"{r.verify.reason}"))
         warning = r.timing.warning if r.timing is not None else None
         if warning:
