@@ -5,12 +5,14 @@ them, records say gate in their params, and a bad gate list is one line."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from elasticbench.harness.bench import attention as bench_attention
-from elasticbench.harness.bench.attention import attention_bytes
+from elasticbench.harness.bench.attention import AttentionRunJob, attention_bytes
+from elasticbench.harness.bench.attention_case import load_attention_run
 from elasticbench.harness.inputs.attention import generate_gate
 
 GATED = """
@@ -115,3 +117,17 @@ def test_a_bad_gate_list_is_one_line(cli, tmp_path, value):
     case.write_text(GATED.replace("gate = [0, 1]", f"gate = {value}"))
     r = cli("run", "--case", str(case))
     assert r.code == 2 and "attention_run.gate" in r.err and r.err.count("\n") == 1
+
+
+def test_the_cpu_cases_plan_cog_beside_the_family_and_the_gated_case():
+    root = Path(__file__).resolve().parents[3] / "cases"
+    gated = AttentionRunJob(load_attention_run(root / "attention-gated.toml"), "cpu").plan()
+    # 2 modes x 2 lengths x 2 causal x 2 gate cells, SDPA and the two kernels in each
+    assert len(gated) == 48 and sum(u.gate for u in gated) == 24
+    assert {(u.spec.name, u.gated) for u in gated if u.gate} == {
+        ("sdpa", False), ("cpp_cog_attention", True), ("cpp_attention", True)}
+    family = AttentionRunJob(load_attention_run(root / "attention-family.toml"), "cpu").plan()
+    names = {u.spec.name for u in family}
+    assert {"cpp_cog_attention", "torch_cog_attention_flash"} <= names
+    assert not any(u.gate for u in family)
+    assert max(u.length for u in family if u.spec.name == "torch_cog_attention_flash") == 4096
