@@ -39,19 +39,19 @@ generate_gate, made outside the timed call as q, k, v are) and timed as out * g,
 backward's step(dO) returning d gate too; the baseline runs its ungated call there, so `x
 base` is what a gated call costs against the plain baseline; other kernels that declare no
 gate are left out of gated cells (the header's `skipped` says so: their ungated time is
-the ungated cell's). Every record of a gated cell has gate = 1.0 in its params (an ungated
+the ungated cell's), and a gated cell left with the baseline alone is not timed. Every record of a gated cell has gate = 1.0 in its params (an ungated
 one has no gate, as records written before gated cells existed).
 Each kernel gets its own function's row parameters (AttentionRunCase.row_params), recorded
-in its records' params. Each cell (dtype, length, causal, padded, mode) times the baseline
+in its records' params. Each cell (dtype, length, causal, padded, gate, mode) times the baseline
 first, then the kernels (of every function, each timed against that cell's baseline); the
 backward is timed as step(dO) alone, after the kernel's untimed first call (the attention
 contract, docs/attention.md section 4). The ceilings: copy bandwidth (the bytes a fused
 kernel must move: q, k, v and out forward; q, k, v, out, dO and dq, dk, dv backward) and
 matmul throughput, measured on GEMMs of attention's own shapes. FLOPs are the matmuls' (4 B H
 Lq Lk D forward, 10 backward with the recomputed scores; half under causal masking); a gated
-call's bytes add g (and d gate backward). Peak
-memory growth is the process's resident-set peak during one call above its size before it
-(Linux: VmHWM, reset through /proc/self/clear_refs), taken on a call outside the timing.
+call's bytes add g (and d gate backward). Peak memory growth is the process's resident-set
+peak during one call above its size before it (Linux: VmHWM, reset through
+/proc/self/clear_refs), taken on a call outside the timing.
 """
 
 from __future__ import annotations
@@ -216,13 +216,16 @@ class AttentionRunJob(Job[AttentionUnit]):
                                                  for p in c.padded for g in c.gate):
                         names = ([(c.baseline, True)] if c.baseline else []) + \
                             [(k, False) for k in c.kernels]
+                        cell = []
                         for name, base in names:
                             spec = get_kernel(name, mode)
                             if (spec.supports(dtype) and self._fits(spec, dtype, length)
                                     and self._takes(spec, padded)
                                     and (base or not gate or self._gates(spec))):
-                                units.append(AttentionUnit(spec, dtype, length, causal, base,
-                                                           padded, gate))
+                                cell.append(AttentionUnit(spec, dtype, length, causal, base,
+                                                          padded, gate))
+                        if not gate or any(u.gated for u in cell):  # a lone baseline: none
+                            units += cell
         return units
 
     def _gates(self, spec: KernelSpec) -> bool:

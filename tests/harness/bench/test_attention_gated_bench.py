@@ -111,6 +111,17 @@ def test_records_without_gate_are_the_ungated_cells(cli, tmp_path):
         ("sdpa", 1.0), ("cpp_cog_attention", 1.0)]
 
 
+def test_a_gated_cell_without_a_kernel_that_takes_the_gate_is_not_timed(tmp_path):
+    case = tmp_path / "ungateable.toml"
+    case.write_text(GATED.replace('"cpp_cog_attention", "api_attention"', '"api_attention"'))
+    job = AttentionRunJob(load_attention_run(case), "cpu")
+    units = job.plan()
+    assert sorted((u.spec.name, u.spec.mode, u.gate) for u in units) == [
+        ("api_attention", "bwd", 0), ("api_attention", "fwd", 0), ("sdpa", "bwd", 0),
+        ("sdpa", "fwd", 0)]
+    assert "api_attention bwd: declares no gate (left out of the gated cells)" in job.skipped
+
+
 @pytest.mark.parametrize("value", ["[2]", "[]", "[true]", "[0, 0]", '"yes"', "[1.0]"])
 def test_a_bad_gate_list_is_one_line(cli, tmp_path, value):
     case = tmp_path / "bad.toml"
