@@ -52,7 +52,7 @@ def given_gates(monkeypatch):
 
 
 def test_gated_cells_give_the_gate_to_declaring_kernels_and_time_the_baseline_ungated(
-        cli, tmp_path, given_gates):
+        cli, tmp_path, given_gates, monkeypatch):
     case = tmp_path / "gated.toml"
     case.write_text(GATED)
     out = tmp_path / "run.json"
@@ -87,6 +87,7 @@ def test_gated_cells_give_the_gate_to_declaring_kernels_and_time_the_baseline_un
         verdict = doc["verification"][f"cpp_cog_attention/{mode}/fp32/gated"]
         assert verdict["status"] == "pass" and verdict["cases"] > 0
     assert "api_attention fwd: declares no gate (left out of the gated cells)" in doc["skipped"]
+    monkeypatch.setenv("COLUMNS", "200")  # the report's tables wrap at the terminal's width
     rep = cli("report", str(out))
     assert rep.code == 0 and "1x2x16x8 gated cell" in rep.out and "vs ungated" in rep.out
 
