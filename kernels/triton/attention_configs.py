@@ -145,10 +145,19 @@ _FP32_FAMILY: dict[tuple[str, int], tuple[Tiles, ...]] = {
 # 3.6.0 (causal with key padding), 32x32 w4 s3 spilled 408-648 B and 32x16 w4 s3 88-232;
 # 32x16 w8 s2 had none (76-79 registers, every causal and padding case); cog's dq at 64, where
 # 32x16 w8 s2 spilled 8 B with Triton 3.6.0 (causal with key padding) and 32x16 w8 s3 had
-# none with either Triton (70-76 registers, every causal and padding case)
+# none with either Triton (70-76 registers, every causal and padding case). With Triton 3.9.0
+# (the fp32 audit of commit 5324c27): stablemax's forward at 128 (32x16 w8 s3: 8 B, causal
+# with key padding and a gate) takes sigmoid's 32x16 w8 s2 (71-87 registers, both Tritons);
+# stablemax's dq at 64 (32x16 w8 s2: 8 B with key padding; w8 s3: 8 B there too) 32x16 w4 s3
+# (78-80); sigmoid's dk/dv at 64 (32x16 w8 s3: 24 B, causal with key padding; w8 s2 spills
+# 8-24 B with Triton 3.6.0, w4 s3 8 B with 3.9.0) 32x16 w4 s2 (107-250 registers, none
+# spilled with either Triton, every causal and padding case)
 _FP32_FOR: dict[tuple[str, int, Weight], tuple[Tiles, ...]] = {
     ("fwd", 128, Weight.SIGMOID): (Tiles(32, 16, 8, 2),),
-    ("dq", 64, Weight.COG): (Tiles(32, 16, 8, 3),)}
+    ("fwd", 128, Weight.STABLEMAX): (Tiles(32, 16, 8, 2),),
+    ("dq", 64, Weight.COG): (Tiles(32, 16, 8, 3),),
+    ("dq", 64, Weight.STABLEMAX): (Tiles(32, 16, 4, 3),),
+    ("dkdv", 64, Weight.SIGMOID): (Tiles(32, 16, 4, 2),)}
 
 
 # TMA: the 16-bit configurations that also run with tensor descriptors (the same tiles,
