@@ -90,6 +90,23 @@ def _gate(gate: torch.Tensor | None, q: torch.Tensor, v: torch.Tensor) -> torch.
     return gate if gate.shape == shape else gate.expand(shape)
 
 
+_ATTENTION: tuple = ()
+
+
+def _attention_parts() -> tuple:
+    """What _attention calls, imported at the first attention call (they register the custom
+    ops, which `import elasticbench.functional` alone does not need) and then kept: an import
+    statement per call is a fixed cost of every call."""
+    global _ATTENTION
+    from .attention import composite
+    from .attention.autograd import attention_op
+    from .attention.layout import causal_offset, check_operands, default_scale, key_padding
+
+    _ATTENTION = (composite, attention_op, causal_offset, check_operands, default_scale,
+                  key_padding)
+    return _ATTENTION
+
+
 def _attention(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Scalar,
                p1: Scalar, scale: float | None, causal: Causal,
                attn_mask: torch.Tensor | None, is_causal: Causal,
@@ -98,10 +115,8 @@ def _attention(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     the fused implementations (no mask, or a bool key-padding mask; the gate in their
     epilogue) or the composite (any other; its output times the gate), the causal alignment
     as one integer offset (layout.causal_offset)."""
-    from .attention import composite
-    from .attention.autograd import attention_op
-    from .attention.layout import causal_offset, check_operands, default_scale, key_padding
-
+    composite, attention_op, causal_offset, check_operands, default_scale, key_padding = (
+        _ATTENTION or _attention_parts())
     check_operands(q, k, v)
     gate = _gate(gate, q, v)
     if scale is None:

@@ -428,8 +428,13 @@ class SymaxAttention(_FamilyAttention, _OneForScalar):
 
     @property
     def eta(self) -> torch.Tensor:
-        """eta0 exp(log_eta_scale) in the log-scale's dtype (the module's)."""
-        return _scale(self.eta0, self._shaped("log_eta_scale"))
+        """eta0 exp(log_eta_scale) in the log-scale's dtype (the module's). On CPU tensors,
+        eagerly, as one native autograd node with the same ops and gradient chain as the
+        composite's four (elasticbench.native)."""
+        s = self._shaped("log_eta_scale")
+        if s.device.type == "cpu" and not traced(s) and (ext := extension()) is not None:
+            return ext.scaled_param(self.eta0, s, LOG_SCALE_LIMIT)
+        return _scale(self.eta0, s)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attn_mask: torch.Tensor | None = None, is_causal: Causal = False) -> torch.Tensor:

@@ -26,7 +26,10 @@ statistics); elasticbench.dispatch picks one per call among those that accept (q
 the fused native kernel on CPU tensors when it is built, the Triton kernel
 (kernels/triton/attention.py) on CUDA tensors, else the tiled torch code, which takes every
 weight. Eager calls skip the custom ops' dispatch through an autograd function with the
-same forward and backward (`attention_op`). The forward saves q, k, v, out, m and den:
+same forward and backward (`attention_op`); where the native kernel runs the call and there
+is no gate, that function is one C++ autograd node of the extension (attention_node: the
+same kernels, conversions and special-value finish, bit for bit, without a Python forward,
+context and backward per call). The forward saves q, k, v, out, m and den:
 O(length) beyond the inputs and output. With create_graph, the gradient comes from autograd
 through the composite, so that second orders are exact (docs/gradients.md section 6).
 """
@@ -39,7 +42,7 @@ import torch
 
 from .. import devices, dispatch
 from ..dispatch import Implementation
-from . import cpp, flash
+from . import cpp, flash, special
 from .layout import Scalar, head_params, work_dtype
 from .weights import Weight
 
@@ -229,24 +232,31 @@ def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
     @ v), whose own backward is differentiable, so that the second order is exact, at the
     composite's O(length^2) memory. A fused kernel's gradient is a constant to autograd:
     its second order would silently be 0."""
+    q, k, v, _, _, _, p0, p1, gate = ctx.saved_tensors
+    return _differentiable(q, k, v, p0, p1, gate, ctx.scale, ctx.causal, ctx.key_mask,
+                           ctx.weight, ctx.offset, grad, tuple(ctx.needs_input_grad[:5]),
+                           gate is not None and ctx.needs_input_grad[10])
+
+
+def _differentiable(q, k, v, p0, p1, gate, scale, causal, key_mask, weight, offset, grad,
+                    needs, need_gate) -> tuple:
+    """_differentiable_backward's gradients from its operands: (dq, dk, dv, dp0, dp1, None
+    x 5, d gate), each None where `needs` (five flags) or need_gate does not ask for it."""
     from . import composite
 
-    q, k, v, _, _, _, p0, p1, gate = ctx.saved_tensors
     inputs = (q, k, v, p0, p1)
-    wanted = [i for i, need in enumerate(ctx.needs_input_grad[:5]) if need]
-    need_gate = gate is not None and ctx.needs_input_grad[10]
-    km = ctx.key_mask
-    mask = None if km is None else km[:, None, None]
+    wanted = [i for i, need in enumerate(needs) if need]
+    mask = None if key_mask is None else key_mask[:, None, None]
     with torch.enable_grad():
         p0_4, p1_4 = p0[:, :, None, None], p1[:, :, None, None]
-        if Weight(ctx.weight) is Weight.ELASTIC:  # Elastic's own, as before the family
+        if Weight(weight) is Weight.ELASTIC:  # Elastic's own, as before the family
             out = composite.elastic_attention_composite(
-                q, k, v, tau=p0_4, beta=p1_4, scale=ctx.scale, causal=ctx.causal,
-                attn_mask=mask, offset=ctx.offset)
+                q, k, v, tau=p0_4, beta=p1_4, scale=scale, causal=causal,
+                attn_mask=mask, offset=offset)
         else:
             out = composite.attention_composite(
-                Weight(ctx.weight), q, k, v, p0=p0_4, p1=p1_4, scale=ctx.scale,
-                causal=ctx.causal, attn_mask=mask, offset=ctx.offset)
+                Weight(weight), q, k, v, p0=p0_4, p1=p1_4, scale=scale,
+                causal=causal, attn_mask=mask, offset=offset)
         if gate is not None:
             out = out * gate
         targets = [inputs[i] for i in wanted] + ([gate] if need_gate else [])
@@ -256,6 +266,26 @@ def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
     for i, t, g in zip(slots, targets, got, strict=True):
         grads[i] = g if g is not None else torch.zeros_like(t)
     return tuple(grads)
+
+
+def _node_differentiable(q, k, v, p0, p1, scale, causal, key_mask, weight, offset, grad,
+                         needs) -> tuple:
+    """The native node's backward where autograd builds the gradient's graph: as the
+    autograd function's (no gate)."""
+    return _differentiable(q, k, v, p0, p1, None, scale, causal, key_mask, weight, offset,
+                           grad, needs, False)[:5]
+
+
+@functools.cache
+def _native_node():
+    """The native extension's attention_node (one C++ autograd node for an eager CPU call
+    without a gate), its Python hooks set: special's finish of queries marked m = +inf and
+    the create_graph backward."""
+    from .. import native
+
+    ext = native.load()
+    ext.set_attention_hooks(special.fix_forward, special.fix_backward, _node_differentiable)
+    return ext.attention_node
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
@@ -307,8 +337,12 @@ def attention_op(weight: Weight | int, q: torch.Tensor, k: torch.Tensor, v: torc
     args = (q, k, v, t, b, scale, causal, key_mask, w, offset)
     if dispatch.traced(q):
         return attention(*args, gate)[0]
-    if torch.is_grad_enabled() and any(
-            x is not None and x.requires_grad for x in (q, k, v, t, b, gate)):
+    if torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad or t.requires_grad
+            or b.requires_grad or (gate is not None and gate.requires_grad)):
+        if gate is None and choose(q, w) is CPP:  # the same kernels as one C++ node
+            return _native_node()(q, k, v, t, b, scale, causal, key_mask, w, offset,
+                                  cpp.BLOCK_Q, cpp.BLOCK_K)
         return _Attention.apply(*args, gate)[0]
     impl = choose(q, w)
     if gate is None:

@@ -274,6 +274,11 @@ void forward_impl(const Rows<C>& q, const Rows<C>& k, const Rows<C>& v,
       std::fill(has_nan.begin(), has_nan.end(), 0);
       std::fill(has_inf.begin(), has_inf.end(), 0);
       const int64_t kend = sh.key_end(q0 + nr);
+      // Before the first key block a query block visits, l and acc are exact zeros, which
+      // the rescale by alpha in [0, 1] leaves as they are: its exponential is skipped there
+      // (a short row's one block). Not for a tau that is not finite and positive, whose
+      // alpha may be NaN.
+      bool first = std::isfinite(t) && t > 0;
       for (int64_t k0 = 0; k0 < kend; k0 += sh.bk) {
         const int64_t nc = sh.cols(bh, k0, std::min(sh.bk, kend - k0));
         if (nc == 0) continue;
@@ -289,7 +294,7 @@ void forward_impl(const Rows<C>& q, const Rows<C>& k, const Rows<C>& v,
                                            &m[i], wp.a);
           has_nan[i] |= r.nan;
           has_inf[i] |= r.inf | (neg_is_inf & r.neg);
-          if (exponential(W) && m[i] > m_old) {
+          if (exponential(W) && m[i] > m_old && !first) {
             const double alpha = std::exp((double(m_old) - double(m[i])) / t);
             l[i] *= alpha;
             C* a = acc + i * sh.dv;
@@ -299,6 +304,7 @@ void forward_impl(const Rows<C>& q, const Rows<C>& k, const Rows<C>& v,
         }
         gemm<C>(false, false, nr, sh.dv, nc, C(1), s, sh.bk, v.at(bh, k0), v.ld, C(1), acc,
                 sh.dv);
+        first = false;
       }
       for (int64_t i = 0; i < nr; ++i) {
         const int64_t row = bh * sh.lq + q0 + i;
@@ -679,6 +685,122 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
   return {dq, dk, dv, dtau, dbeta};
 }
 
+// ---------------------------------------------------------------------------------------
+// The eager CPU call as one C++ autograd node (elasticbench/attention/autograd.py's
+// attention_op, no gate): the kernels above, forward and backward, without a Python
+// autograd function's forward, context and backward on every call. What stays in Python is
+// set once (set_attention_hooks): special.py's finish of queries marked m = +inf (rare: looked
+// for here, called only where one is), and the backward where autograd builds the
+// gradient's graph (create_graph). Inputs, outputs and gradients are those of the Python
+// path, bit for bit: the same kernels on the same tensors, the same conversions.
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// (fix_forward, fix_backward, differentiable_backward), set once from Python, never freed.
+pybind11::tuple* attention_hooks = nullptr;
+pybind11::object hook(size_t i) { return (*attention_hooks)[i].cast<pybind11::object>(); }
+
+// Whether a query is marked m = +inf (special.py's test: its search runs only then).
+bool any_marked(const at::Tensor& m) {
+  bool found = false;
+  AT_DISPATCH_FLOATING_TYPES(m.scalar_type(), "any_marked", [&] {
+    const at::Tensor c = m.contiguous();
+    const scalar_t* p = c.data_ptr<scalar_t>();
+    const scalar_t inf = std::numeric_limits<scalar_t>::infinity();
+    for (int64_t i = 0, n = c.numel(); i < n && !found; ++i) found = p[i] == inf;
+  });
+  return found;
+}
+
+pybind11::object mask_or_none(const at::Tensor& key_mask) {
+  return key_mask.defined() ? pybind11::cast(key_mask) : pybind11::none();
+}
+
+at::Tensor as_dtype(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype ? t : t.to(dtype);
+}
+
+struct FusedAttention : public torch::autograd::Function<FusedAttention> {
+  // mask_in is the key-padding mask where has_mask, else a stand-in (autograd takes no
+  // undefined input); offset as cpp.forward takes it (0 unless causal).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& p0, const at::Tensor& p1,
+                            double scale, bool causal, const at::Tensor& mask_in, bool has_mask,
+                            int64_t weight, int64_t offset, int64_t block_q, int64_t block_k) {
+    const at::Tensor key_mask = has_mask ? mask_in : at::Tensor();
+    offset = causal ? offset : 0;
+    const std::vector<at::Tensor> r =
+        attention_forward(q, k, v, p0, p1, scale, causal, block_q, block_k,
+                          has_mask ? OptTensor(key_mask) : OptTensor(), weight, offset,
+                          OptTensor(), false);
+    const at::Tensor &m = r[1], &den = r[2];
+    if (any_marked(m)) {
+      pybind11::gil_scoped_acquire gil;
+      hook(0)(q, k, v, r[0], m, den, scale, causal, mask_or_none(key_mask), weight, offset);
+    }
+    const at::Tensor out = as_dtype(r[0], q.scalar_type());
+    ctx->save_for_backward({q, k, v, out, m, den, p0, p1});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["block_q"] = block_q;
+    ctx->saved_data["block_k"] = block_k;
+    if (has_mask) ctx->saved_data["key_mask"] = key_mask;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3];
+    const at::Tensor &m = saved[4], &den = saved[5], &p0 = saved[6], &p1 = saved[7];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const bool causal = ctx->saved_data["causal"].toBool();
+    const int64_t weight = ctx->saved_data["weight"].toInt();
+    const int64_t offset = ctx->saved_data["offset"].toInt();
+    const auto kept = ctx->saved_data.find("key_mask");
+    const at::Tensor key_mask =
+        kept == ctx->saved_data.end() ? at::Tensor() : kept->second.toTensor();
+    const at::Tensor& grad = grads[0];
+    bool need[5];
+    for (int i = 0; i < 5; ++i) need[i] = ctx->needs_input_grad(i);
+    variable_list result(14);
+    if (at::GradMode::is_enabled()) {  // create_graph: autograd through the composite
+      pybind11::gil_scoped_acquire gil;
+      pybind11::tuple r = hook(2)(
+          q, k, v, p0, p1, scale, causal, mask_or_none(key_mask), weight, offset, grad,
+          pybind11::make_tuple(need[0], need[1], need[2], need[3], need[4]));
+      for (int i = 0; i < 5; ++i)
+        if (!r[i].is_none()) result[i] = r[i].cast<at::Tensor>();
+      return result;
+    }
+    if (!(need[0] || need[1] || need[2] || need[3] || need[4])) return result;
+    std::vector<at::Tensor> d = attention_backward(
+        q, k, v, out, grad, m, den, p0, p1, scale, causal,
+        ctx->saved_data["block_q"].toInt(), ctx->saved_data["block_k"].toInt(),
+        key_mask.defined() ? OptTensor(key_mask) : OptTensor(), weight, offset);
+    if (any_marked(m)) {
+      pybind11::gil_scoped_acquire gil;
+      hook(1)(q, k, grad, d[2], m, scale, causal, mask_or_none(key_mask), weight, offset);
+    }
+    for (int i = 0; i < 3; ++i) result[i] = as_dtype(d[i], q.scalar_type());
+    if (need[3]) result[3] = d[3];
+    if (need[4]) result[4] = d[4];
+    return result;
+  }
+};
+
+at::Tensor attention_node(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& p0, const at::Tensor& p1, double scale, bool causal,
+                          const OptTensor& key_mask, int64_t weight, int64_t offset,
+                          int64_t block_q, int64_t block_k) {
+  TORCH_CHECK(attention_hooks != nullptr, "set_attention_hooks first");
+  const bool has_mask = key_mask.has_value() && key_mask->defined();
+  return FusedAttention::apply(q, k, v, p0, p1, scale, causal, has_mask ? *key_mask : q,
+                               has_mask, weight, offset, block_q, block_k);
+}
+
 }  // namespace
 
 void bind_attention(pybind11::module_& m, const char* (*isa)()) {
@@ -698,6 +820,17 @@ void bind_attention(pybind11::module_& m, const char* (*isa)()) {
         "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "m"_a, "den"_a, "tau"_a, "beta"_a, "scale"_a,
         "causal"_a, "block_q"_a = 256, "block_k"_a = 512, "key_mask"_a = pybind11::none(),
         "weight"_a = int64_t(kElastic), "offset"_a = int64_t(0));
+  m.def("attention_node", &attention_node,
+        "the eager fused attention as one autograd node (no gate): its output, differentiable "
+        "in q, k, v, tau and beta",
+        "q"_a, "k"_a, "v"_a, "tau"_a, "beta"_a, "scale"_a, "causal"_a, "key_mask"_a,
+        "weight"_a, "offset"_a, "block_q"_a, "block_k"_a);
+  m.def("set_attention_hooks", [](pybind11::object fix_forward, pybind11::object fix_backward,
+                                  pybind11::object differentiable) {
+    if (attention_hooks == nullptr) attention_hooks = new pybind11::tuple();
+    *attention_hooks = pybind11::make_tuple(fix_forward, fix_backward, differentiable);
+  }, "the Python attention_node calls: special's fix_forward and fix_backward where a query "
+     "is marked m = +inf, and the backward where autograd builds the gradient's graph");
   m.def("attention_use_blas", [](bool on) {
     const bool was = use_blas;
     use_blas = on;

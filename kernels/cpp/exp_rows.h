@@ -256,7 +256,10 @@ template <typename T, typename C> struct ExpRows {
     for (int64_t b0 = 0, blk = 0; b0 < n; b0 += BLOCK, ++blk) {
       int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
       double mb = scratch[blk];
-      C f = mb == -__builtin_inf() ? C(0) : C(__builtin_exp((mb - r.m) / p.tau) / r.den);
+      // a block at the row's shift (a short row's one block): exp(0) is exactly 1
+      C f = mb == -__builtin_inf() ? C(0)
+            : mb == r.m           ? C(1.0 / r.den)
+                                  : C(__builtin_exp((mb - r.m) / p.tau) / r.den);
       const C u = C(exp_unscale<C>());
       int64_t i = b0;
       if constexpr (streamable<T>) {

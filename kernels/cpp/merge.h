@@ -26,8 +26,11 @@ inline ExpRow finish_exp(const ExpPartial* p, int64_t count, const ExpSpec& spec
   const double shift = std::max(r.m, spec.floor);
   if (shift == -inf) { r.cls = ROW_EMPTY; return r; }
   double s = 0;
+  // a segment at the row's shift (a whole row's one segment) needs no exponential: exp(0)
+  // is exactly 1 (tau is finite and > 0, checked by the caller)
   for (int64_t i = 0; i < count; ++i)
-    if (p[i].m > -inf && p[i].s != 0) s += p[i].s * std::exp((p[i].m - shift) / spec.tau);
+    if (p[i].m > -inf && p[i].s != 0)
+      s += p[i].m == shift ? p[i].s : p[i].s * std::exp((p[i].m - shift) / spec.tau);
   r.m = shift;
   r.den = s + (spec.offset != 0 ? spec.offset * std::exp(-shift / spec.tau) : 0.0);
   if (!(r.den > 0)) r.cls = ROW_EMPTY;

@@ -394,6 +394,36 @@ std::vector<at::Tensor> scaled_params(const at::Tensor& tau0, const at::Tensor& 
   return ScaledParams::apply(tau0, log_tau, beta0, log_beta, limit);
 }
 
+// base exp(clamp(s)) as elasticbench.nn's torch code forms one parameter (symax's eta), as
+// one autograd node: the same ops forward, and backward the chain autograd would run through
+// them, in its order ((g base) exp(s), then the clamp's mask), so the same bits.
+struct ScaledParam : public torch::autograd::Function<ScaledParam> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& base, const at::Tensor& s,
+                            double limit) {
+    const at::Tensor e = s.clamp(-limit, limit).exp();
+    const at::Tensor b = s.scalar_type() == at::kDouble ? base : base.to(s.scalar_type());
+    ctx->save_for_backward({b, e, s});
+    ctx->saved_data["limit"] = limit;
+    return b * e;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const double limit = ctx->saved_data["limit"].toDouble();
+    const at::Tensor &b = saved[0], &e = saved[1], &s = saved[2];
+    at::Tensor d;
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor g = (grads[0] * b) * e;
+      d = at::where((s >= -limit).logical_and_(s <= limit), g, at::zeros({}, g.options()));
+    }
+    return {at::Tensor(), d, at::Tensor()};
+  }
+};
+
+at::Tensor scaled_param(const at::Tensor& base, const at::Tensor& s, double limit) {
+  return ScaledParam::apply(base, s, limit);
+}
+
 // Called (with the GIL) for ElasticScaled's backward where autograd builds the gradient's
 // graph: elasticbench.nn's torch code. Set once from Python, never freed.
 pybind11::object* differentiable_scaled_backward = nullptr;
@@ -543,6 +573,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     *differentiable_rows_backward = std::move(fn);
   }, "the torch code exp_rows's backward runs where autograd builds the gradient's graph");
   m.def("scaled_params", &scaled_params, "elasticbench.nn's (tau, beta) as one autograd node");
+  m.def("scaled_param", &scaled_param,
+        "base exp(clamp(s, -limit, limit)) (symax's eta) as one autograd node");
   m.def("elastic_scaled", &elastic_scaled,
         "ElasticSoftmax along the last dimension, tau and beta formed from their log-scales "
         "inside one autograd node");
