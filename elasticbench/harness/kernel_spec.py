@@ -27,7 +27,7 @@ from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.passes import PassModel
 
 MODES = ("fwd", "bwd")
-# How an attention kernel takes its row parameters (attention_contract.py): "heads", a
+# How an attention kernel takes its row parameters (kinds/attention/kernel_contract.py): "heads", a
 # (batch, heads) array in the working precision (the default); "float", a Python float;
 # "own", a (batch, heads) array in the case's own format, the reference then using the
 # value rounded to it.
@@ -220,9 +220,9 @@ def contract_call(function: str, mode: str) -> tuple[tuple[str, ...], tuple[str,
     """(positional arguments, keyword arguments) with which verify and run call a kernel of
     `function` in `mode`: a row kernel fn(x, **params) forward and fn(x, y, g, **params)
     backward (docs/guide/writing-a-kernel.md), an attention kernel fn(q, k, v, *, scale,
-    causal, **row_params) in both modes (attention_contract.py). The optional mask keywords
-    of attention (attn_mask, key_mask) are not in it: a kernel that declares neither is
-    simply not given masked cases."""
+    causal, **row_params) in both modes (kinds/attention/kernel_contract.py). The optional
+    mask keywords of attention (attn_mask, key_mask) are not in it: a kernel that declares
+    neither is simply not given masked cases."""
     if function_kind(function) == ATTENTION:
         return ("q", "k", "v"), ("scale", "causal",
                                  *get_attention_function(function).row_params)

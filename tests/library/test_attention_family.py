@@ -232,7 +232,7 @@ def test_the_oracles_dot_products_are_exact_then_rounded_once() -> None:
 def test_the_oracle_holds_at_256_bits(name: str) -> None:
     """The family's mpmath truths (forward and gradients) at 128 bits, the default, agree
     with 256 bits to 2^-100 relative: no cancellation eats the working precision."""
-    from elasticbench.harness.inputs.attention import generate_qkv
+    from elasticbench.harness.kinds.attention.qkv_inputs import generate_qkv
 
     fn = get_attention_function(name)
     for gen in ("normal", "near_zero", "huge"):

@@ -14,7 +14,11 @@ from elasticbench import native
 from elasticbench.attention import autograd, cpp
 from elasticbench.attention.composite import elastic_attention_composite
 from elasticbench.functional import elastic_attention
-from elasticbench.harness.attention_contract import backward_step, forward_output, kernel_arguments
+from elasticbench.harness.kinds.attention.kernel_contract import (
+    backward_step,
+    forward_output,
+    kernel_arguments,
+)
 from elasticbench.harness.registry import get_kernel
 
 pytestmark = pytest.mark.needs("native")

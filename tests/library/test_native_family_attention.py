@@ -15,7 +15,11 @@ import torch
 from elasticbench import native
 from elasticbench.attention import cpp
 from elasticbench.attention.weights import Weight
-from elasticbench.harness.attention_contract import backward_step, forward_output, kernel_arguments
+from elasticbench.harness.kinds.attention.kernel_contract import (
+    backward_step,
+    forward_output,
+    kernel_arguments,
+)
 from elasticbench.harness.registry import get_kernel
 
 pytestmark = pytest.mark.needs("native")

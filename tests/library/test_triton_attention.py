@@ -170,9 +170,9 @@ if not devices.triton_interpreted():
                 assert tiles in ac.configs(kernel, cls, dtype, causal, Weight.ELASTIC)
 
 else:
+    from elasticbench.harness.kinds.attention.verify_job import prepare, verify_attention_one
+    from elasticbench.harness.kinds.attention.verify_matrix import AttentionCase
     from elasticbench.harness.registry import get_kernel
-    from elasticbench.harness.verify.attention_job import prepare, verify_attention_one
-    from elasticbench.harness.verify.attention_matrix import AttentionCase
 
     # fp16 takes bf16's code path (products in the format, p and ds rounded to it); the
     # whole matrix in all three formats is `TRITON_INTERPRET=1 elasticbench verify --only

@@ -10,7 +10,7 @@ from elasticbench.harness.backends import BACKENDS
 from elasticbench.harness.cli.common import split_names
 from elasticbench.harness.functions import ATTENTION_FUNCTIONS, FUNCTIONS
 from elasticbench.harness.inputs import GENERATORS
-from elasticbench.harness.inputs.attention import ATTENTION_GENERATORS
+from elasticbench.harness.kinds.attention.qkv_inputs import ATTENTION_GENERATORS
 from elasticbench.harness.numerics.contract import WIDE
 from elasticbench.harness.registry import list_kernels
 

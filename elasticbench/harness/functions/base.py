@@ -33,7 +33,7 @@ ROW_MASKED = "masked"  # nothing survives (or 0/0): every output exactly 0
 # follows from it (verify/backward.py).
 TEMPERATURE = "temperature"  # tau in exp((s - m) / tau)
 OFFSET = "offset"  # beta in the denominator's constant term beta * exp(-m / tau)
-# Roles outside the exp-normalize form (attention's budgets, verify/attention_check.py):
+# Roles outside the exp-normalize form (attention's budgets, kinds/attention/scoring.py):
 DENOMINATOR = "denominator"  # eta, the constant term of a weight-normalize denominator
 SHIFT = "shift"  # bias, added to every argument of an elementwise weight (sigmoid)
 

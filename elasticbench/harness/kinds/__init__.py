@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from elasticbench.harness.kinds.attention import ATTENTION_KIND
+from elasticbench.harness.kinds.attention.kind import ATTENTION_KIND
 from elasticbench.harness.kinds.base import Kind, RunOptions, VerifyOptions
 from elasticbench.harness.kinds.rows import ROWS
 from elasticbench.harness.registry import KernelSpec

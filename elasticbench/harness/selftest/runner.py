@@ -1,21 +1,17 @@
-"""Running the self-test: each mutant through verification, and the correct kernels too
-(row kernels on a row matrix, attention kernels on an attention matrix)."""
+"""Running the self-test: each mutant through verification, and the correct kernels too, on
+a row matrix (attention's mutants and their run: kinds/attention/mutant_kernels.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from elasticbench.harness.numerics.contract import OWN, Judging
 from elasticbench.harness.numerics.truth.cache import TruthStore
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.report.verify_table import describe_case
 from elasticbench.harness.selftest.mutants import Mutant
-from elasticbench.harness.verify.attention_job import given, prepare, verify_attention_one
-from elasticbench.harness.verify.attention_matrix import AttentionMatrix, expand_attention
 from elasticbench.harness.verify.matrix import VerifyMatrix, expand
 from elasticbench.harness.verify.runner import run_verification
 
@@ -92,35 +88,3 @@ def caught_by_text(o: SelftestOutcome) -> str:
     r = o.caught_by
     case = describe_case(r).replace(f" seed={r.seed}", "")
     return f"{case}: {r.reason.split(':')[0]}"
-
-
-def run_attention_selftest(
-    mutants: tuple[Mutant, ...],
-    correct: list[KernelSpec],
-    matrix: AttentionMatrix,
-    cache_dir: Path | None,
-    on_outcome: Callable[[SelftestOutcome], None] = lambda o: None,
-) -> list[SelftestOutcome]:
-    """run_selftest for attention kernels, on an attention matrix (each case's truth once)."""
-    plan = [(m.spec, m.bug, True) for m in mutants] + [(k, "", False) for k in correct]
-    records: dict[int, list[VerifyRecord]] = {i: [] for i in range(len(plan))}
-    for mode in ("fwd", "bwd"):
-        mine = [i for i, (spec, _, _) in enumerate(plan) if spec.mode == mode]
-        functions = sorted({plan[i][0].function for i in mine})
-        for case in expand_attention(matrix, functions):
-            prep = None
-            for i in mine:
-                spec = plan[i][0]
-                if not given(spec, case):
-                    continue
-                prep = prep or prepare(case, mode, cache_dir, DEFAULT_PRECISION)
-                records[i].append(verify_attention_one(spec, prep))
-    outcomes = []
-    for i, (spec, bug, expect_fail) in enumerate(plan):
-        failed = [r for r in records[i] if r.failed]
-        o = SelftestOutcome(spec.name if spec.mode == "fwd" else f"{spec.name} (bwd)", bug,
-                            expect_fail, len(failed), len(records[i]),
-                            failed[0] if failed else None)
-        on_outcome(o)
-        outcomes.append(o)
-    return outcomes

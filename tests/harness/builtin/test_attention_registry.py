@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from elasticbench.harness.attention_contract import (
+from elasticbench.harness.functions import ATTENTION, ROW, function_kind, get_attention_function
+from elasticbench.harness.kinds.attention.kernel_contract import (
     backward_step,
     forward_output,
     head_arrays,
     kernel_arguments,
 )
-from elasticbench.harness.functions import ATTENTION, ROW, function_kind, get_attention_function
 from elasticbench.harness.registry import (
     get_kernel,
     list_kernels,

@@ -195,8 +195,8 @@ def test_the_gpu_attention_cases_load_and_plan():
     script = (
         "import json\n"
         "from pathlib import Path\n"
-        "from elasticbench.harness.bench.attention import AttentionRunJob\n"
-        "from elasticbench.harness.bench.attention_case import load_attention_run\n"
+        "from elasticbench.harness.kinds.attention.run_job import AttentionRunJob\n"
+        "from elasticbench.harness.kinds.attention.run_case import load_attention_run\n"
         "out = {}\n"
         "for name in ('attention-gpu', 'attention-gpu-d64', 'attention-gpu-headline'):\n"
         "    job = AttentionRunJob(load_attention_run(Path('cases') / f'{name}.toml'), 'cuda')\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from elasticbench.harness.functions import ATTENTION_FUNCTIONS, FUNCTIONS
 from elasticbench.harness.inputs import GENERATORS
-from elasticbench.harness.inputs.attention import ATTENTION_GENERATORS
+from elasticbench.harness.kinds.attention.qkv_inputs import ATTENTION_GENERATORS
 
 
 def _entries(out: str) -> list[tuple[str, bool]]:

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elasticbench.harness.functions import ATTENTION_FUNCTIONS, get_attention_function
-from elasticbench.harness.inputs.attention import ATTENTION_GENERATORS, generate_qkv
+from elasticbench.harness.kinds.attention.qkv_inputs import ATTENTION_GENERATORS, generate_qkv
 from elasticbench.harness.numerics.budgets import attention as attention_budget
 from elasticbench.harness.numerics.certified import attention as certified_attention
 from elasticbench.harness.numerics.certified.bounds import CERTIFY_ULP

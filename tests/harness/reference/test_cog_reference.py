@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from elasticbench.harness.functions import cog, get_attention_function
 from elasticbench.harness.functions.base import ROW_FINITE, ROW_INF, ROW_MASKED, ROW_NAN
-from elasticbench.harness.inputs.attention import generate_qkv
+from elasticbench.harness.kinds.attention.qkv_inputs import generate_qkv
 from elasticbench.harness.numerics.truth import attention as at
 
 PROPERTY = settings(deadline=None, derandomize=True, database=None, max_examples=40,

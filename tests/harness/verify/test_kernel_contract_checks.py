@@ -89,7 +89,7 @@ def _softmax_attention(q, k, v, attn_mask, scale):
 ])
 def test_a_write_to_any_attention_argument_is_caught_and_named(writes, named):
     from elasticbench.harness.execute import modified_reason
-    from elasticbench.harness.verify.attention_job import call_attention
+    from elasticbench.harness.kinds.attention.verify_job import call_attention
 
     namespace: dict = {"np": np, "softmax": _softmax_attention}
     exec(f"def writer(q, k, v, *, scale, causal, attn_mask=None):\n"
@@ -109,8 +109,8 @@ def test_a_write_to_any_attention_argument_is_caught_and_named(writes, named):
 
 
 def test_a_backward_kernel_that_writes_its_row_parameter_or_dout_is_named():
+    from elasticbench.harness.kinds.attention.verify_job import call_attention
     from elasticbench.harness.registry import get_kernel
-    from elasticbench.harness.verify.attention_job import call_attention
 
     def bwd(q, k, v, *, scale, causal, tau, beta):
         tau[...] = 0.0

@@ -48,7 +48,7 @@ def oracle_evaluate(fn: AttentionFunction, params: dict[str, float], q: np.ndarr
                     k: np.ndarray, v: np.ndarray, scale: float, dout: np.ndarray | None = None,
                     precision: int = 128, bias: np.ndarray | None = None) -> AttentionTruth:
     """The truth of fn on float64 copies of q, k, v (and dO) from mpmath alone; bias, a
-    mask as inputs.attention.mask_bias lays it out, or None."""
+    mask as kinds.attention.qkv_inputs.mask_bias lays it out, or None."""
     truth = empty_truth(q, k, v, len(fn.row_params), dout is not None)
     b_, h_, lq = q.shape[:3]
     if dout is None:

@@ -9,17 +9,17 @@ import numpy as np
 import torch
 
 from elasticbench.harness.builtin import torch_attention
-from elasticbench.harness.inputs.attention import generate_gate
-from elasticbench.harness.numerics.dtypes import get_format
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
-from elasticbench.harness.registry import KernelSpec
-from elasticbench.harness.verify.attention_gate import is_gated, takes_gate
-from elasticbench.harness.verify.attention_job import (
+from elasticbench.harness.kinds.attention.gating import is_gated, takes_gate
+from elasticbench.harness.kinds.attention.qkv_inputs import generate_gate
+from elasticbench.harness.kinds.attention.verify_job import (
     AttentionVerifyJob,
     prepare,
     verify_attention_one,
 )
-from elasticbench.harness.verify.attention_matrix import AttentionCase
+from elasticbench.harness.kinds.attention.verify_matrix import AttentionCase
+from elasticbench.harness.numerics.dtypes import get_format
+from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
+from elasticbench.harness.registry import KernelSpec
 
 SHAPE = (1, 2, 5, 6, 4)
 

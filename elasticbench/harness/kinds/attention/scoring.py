@@ -188,7 +188,7 @@ def check_backward(grads: list[np.ndarray], truth: AttentionTruth, cond: Conditi
     """dq, dk, dv in ulps of the format; each row parameter's gradient relatively (every
     allowance times the run's budget scale). A gated case's: dout the reference's dY * g,
     rounded_dout (the kernel rounds it to its format), and d gate's score in extra
-    (verify/attention_gate.py)."""
+    (kinds/attention/gating.py)."""
     names = ("dq", "dk", "dv")
     want = [truth.dq_hi, truth.dk_hi, truth.dv_hi]
     for n, g, w in zip(names, grads[:3], want, strict=True):

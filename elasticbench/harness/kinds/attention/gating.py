@@ -4,7 +4,7 @@ and the gate's gradient are judged (docs/attention.md section 5, docs/numerics.m
 
 A case is gated when its attention parameter `gate` is 1. A kernel that declares a `gate`
 parameter is then given g, (batch, heads, length_q, value_dim) in the case's dtype with
-values in (0, 1) (inputs.attention.generate_gate), and must return Y = out * g; its
+values in (0, 1) (kinds.attention.qkv_inputs.generate_gate), and must return Y = out * g; its
 backward's step(dY) returns (dq, dk, dv, *dparams, d gate). The reference is the exact
 ungated truth: Y = out * g exactly (g as given), the gradients of q, k, v and the row
 parameters those of the ungated attention for dO = dY * g (exact in float64 for the 16- and
@@ -18,15 +18,15 @@ import inspect
 
 import numpy as np
 
-from elasticbench.harness.inputs.attention import generate_gate
+from elasticbench.harness.kinds.attention.qkv_inputs import generate_gate
+from elasticbench.harness.kinds.attention.scoring import TensorScore, score, verdict
+from elasticbench.harness.kinds.attention.verify_matrix import AttentionCase
 from elasticbench.harness.numerics.budgets.attention import Conditioning, gated_allowance
 from elasticbench.harness.numerics.certified import dd
 from elasticbench.harness.numerics.dtypes import FloatFormat
 from elasticbench.harness.numerics.truth.attention_values import AttentionTruth
 from elasticbench.harness.numerics.ulp import ulp_of
 from elasticbench.harness.registry import KernelSpec
-from elasticbench.harness.verify.attention_check import TensorScore, score, verdict
-from elasticbench.harness.verify.attention_matrix import AttentionCase
 from elasticbench.harness.verify.check import CheckResult
 
 

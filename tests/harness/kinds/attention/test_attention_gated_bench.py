@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elasticbench.harness.bench import attention as bench_attention
-from elasticbench.harness.bench.attention import AttentionRunJob, attention_bytes
-from elasticbench.harness.bench.attention_case import load_attention_run
-from elasticbench.harness.inputs.attention import generate_gate
+from elasticbench.harness.kinds.attention import run_job
+from elasticbench.harness.kinds.attention.qkv_inputs import generate_gate
+from elasticbench.harness.kinds.attention.run_case import load_attention_run
+from elasticbench.harness.kinds.attention.run_job import AttentionRunJob, attention_bytes
 
 GATED = """
 [attention_run]
@@ -41,13 +41,13 @@ SHAPE = (1, 2, 16, 16, 8)
 def given_gates(monkeypatch):
     """Every (kernel, mode, gate or None) the run hands its kernels, in order."""
     seen: list[tuple[str, str, np.ndarray | None]] = []
-    real = bench_attention.kernel_arguments
+    real = run_job.kernel_arguments
 
     def spy(spec, q, k, v, params, dtype, scale, mask=None, gate=None):
         seen.append((spec.name, spec.mode, None if gate is None else np.asarray(gate)))
         return real(spec, q, k, v, params, dtype, scale, mask, gate)
 
-    monkeypatch.setattr(bench_attention, "kernel_arguments", spy)
+    monkeypatch.setattr(run_job, "kernel_arguments", spy)
     return seen
 
 
@@ -132,7 +132,7 @@ def test_a_bad_gate_list_is_one_line(cli, tmp_path, value):
 
 
 def test_the_cpu_cases_plan_cog_beside_the_family_and_the_gated_case():
-    root = Path(__file__).resolve().parents[3] / "cases"
+    root = Path(__file__).resolve().parents[4] / "cases"
     gated = AttentionRunJob(load_attention_run(root / "attention-gated.toml"), "cpu").plan()
     # 2 modes x 2 lengths x 2 causal x 2 gate cells, SDPA and the two kernels in each
     assert len(gated) == 48 and sum(u.gate for u in gated) == 24

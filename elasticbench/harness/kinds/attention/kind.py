@@ -9,24 +9,28 @@ from pathlib import Path
 from typing import Any
 
 from elasticbench.harness.backends import device_of
-from elasticbench.harness.bench.attention import AttentionRunJob
-from elasticbench.harness.bench.attention_case import TABLE as RUN_TABLE
-from elasticbench.harness.bench.attention_case import load_attention_run
 from elasticbench.harness.bench.runner import set_threads
 from elasticbench.harness.environment import describe
 from elasticbench.harness.functions import ATTENTION, AttentionFunction, get_attention_function
-from elasticbench.harness.inputs.attention import get_attention_generator
-from elasticbench.harness.kinds.base import Kind, RunOptions, VerifyOptions, no_cases
-from elasticbench.harness.numerics.truth.cache import default_cache_dir
-from elasticbench.harness.registry import KernelSpec, get_kernel
-from elasticbench.harness.selftest.attention_mutants import ATTENTION_CONTROL, ATTENTION_MUTANTS
-from elasticbench.harness.selftest.runner import SelftestOutcome, run_attention_selftest
-from elasticbench.harness.verify.attention_job import AttentionVerifyJob
-from elasticbench.harness.verify.attention_matrix import (
+from elasticbench.harness.kinds.attention.mutant_kernels import (
+    ATTENTION_CONTROL,
+    ATTENTION_MUTANTS,
+    run_attention_selftest,
+)
+from elasticbench.harness.kinds.attention.qkv_inputs import get_attention_generator
+from elasticbench.harness.kinds.attention.run_case import TABLE as RUN_TABLE
+from elasticbench.harness.kinds.attention.run_case import load_attention_run
+from elasticbench.harness.kinds.attention.run_job import AttentionRunJob
+from elasticbench.harness.kinds.attention.verify_job import AttentionVerifyJob
+from elasticbench.harness.kinds.attention.verify_matrix import (
     expand_attention,
     load_attention_matrix,
     parse_attention_size,
 )
+from elasticbench.harness.kinds.base import Kind, RunOptions, VerifyOptions, no_cases
+from elasticbench.harness.numerics.truth.cache import default_cache_dir
+from elasticbench.harness.registry import KernelSpec, get_kernel
+from elasticbench.harness.selftest.runner import SelftestOutcome
 from elasticbench.harness.verify.matrix import builtin_case
 
 

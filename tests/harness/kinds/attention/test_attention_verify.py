@@ -13,19 +13,22 @@ import torch
 
 from elasticbench.attention import flash
 from elasticbench.harness.functions import get_attention_function
-from elasticbench.harness.inputs.attention import ATTENTION_GENERATORS, generate_qkv
-from elasticbench.harness.numerics.budgets.attention import ATTENTION_BUDGETS, Conditioning
-from elasticbench.harness.numerics.dtypes import get_format
-from elasticbench.harness.numerics.truth.attention import evaluate
-from elasticbench.harness.records import RecordError, VerifyRecord
-from elasticbench.harness.selftest.attention_mutants import ATTENTION_CONTROL, ATTENTION_MUTANTS
-from elasticbench.harness.selftest.runner import run_attention_selftest
-from elasticbench.harness.verify.attention_check import check_backward, check_forward
-from elasticbench.harness.verify.attention_matrix import (
+from elasticbench.harness.kinds.attention.mutant_kernels import (
+    ATTENTION_CONTROL,
+    ATTENTION_MUTANTS,
+    run_attention_selftest,
+)
+from elasticbench.harness.kinds.attention.qkv_inputs import ATTENTION_GENERATORS, generate_qkv
+from elasticbench.harness.kinds.attention.scoring import check_backward, check_forward
+from elasticbench.harness.kinds.attention.verify_matrix import (
     AttentionInputs,
     AttentionMatrix,
     parse_attention_size,
 )
+from elasticbench.harness.numerics.budgets.attention import ATTENTION_BUDGETS, Conditioning
+from elasticbench.harness.numerics.dtypes import get_format
+from elasticbench.harness.numerics.truth.attention import evaluate
+from elasticbench.harness.records import RecordError, VerifyRecord
 
 EA = get_attention_function("elastic_attention")
 SCALE = 0.5

@@ -14,7 +14,9 @@ import torch
 from elasticbench.attention import flash
 from elasticbench.attention.weights import Weight
 from elasticbench.harness.functions import get_attention_function
-from elasticbench.harness.inputs.attention import generate_qkv
+from elasticbench.harness.kinds.attention.mutant_kernels import ATTENTION_MUTANTS
+from elasticbench.harness.kinds.attention.qkv_inputs import generate_qkv
+from elasticbench.harness.kinds.attention.scoring import check_backward, check_forward
 from elasticbench.harness.numerics.budgets.attention import (
     ATTENTION_BUDGETS,
     SIGNED,
@@ -22,8 +24,6 @@ from elasticbench.harness.numerics.budgets.attention import (
 )
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.numerics.truth.attention import evaluate
-from elasticbench.harness.selftest.attention_mutants import ATTENTION_MUTANTS
-from elasticbench.harness.verify.attention_check import check_backward, check_forward
 
 COG = get_attention_function("cog_attention")
 SHAPE = (1, 2, 6, 7, 4)

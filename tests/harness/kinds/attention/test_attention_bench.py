@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from elasticbench.harness.bench.attention import attention_bytes, attention_flops
-from elasticbench.harness.bench.attention_case import load_attention_run
+from elasticbench.harness.kinds.attention.run_case import load_attention_run
+from elasticbench.harness.kinds.attention.run_job import attention_bytes, attention_flops
 from elasticbench.harness.verify.tables import CaseFileError
 
 TINY = """

@@ -12,17 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elasticbench.harness.attention_contract import causal_offset, causal_reference
+from elasticbench.harness.kinds.attention.kernel_contract import causal_offset, causal_reference
+from elasticbench.harness.kinds.attention.verify_job import prepare, verify_attention_one
+from elasticbench.harness.kinds.attention.verify_matrix import AttentionCase, load_attention_matrix
 from elasticbench.harness.registry import (
     get_kernel,
     load_kernel_file,
     register_kernel,
     scoped_kernels,
 )
-from elasticbench.harness.verify.attention_job import prepare, verify_attention_one
-from elasticbench.harness.verify.attention_matrix import AttentionCase, load_attention_matrix
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 FIXTURE = ROOT / "tests" / "fixtures" / "bottom_right_attention.py"
 SHAPES = [(1, 2, 3, 7, 4), (1, 1, 6, 3, 4), (2, 1, 1, 9, 4)]  # lq < lk, lq > lk, decoding
 

@@ -1,5 +1,5 @@
 """Verifying attention kernels: the call, the truth, the record, the job (the matrix and its
-cases are verify/attention_matrix.py).
+cases are kinds/attention/verify_matrix.py).
 
 Each case's exact truth is computed once for all its kernels (certified in double-double,
 mpmath where that cannot decide, the mpmath part cached on disk by content:
@@ -25,7 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from elasticbench.harness.attention_contract import (
+from elasticbench.harness.backends import get_backend
+from elasticbench.harness.execute import IN_PROCESS, Isolation, guarded_call, modified_reason
+from elasticbench.harness.functions import get_attention_function
+from elasticbench.harness.inputs.generators import stream_seed
+from elasticbench.harness.kinds.attention.gating import (
+    case_gate,
+    check_gated_forward,
+    dgate_score,
+    is_gated,
+    takes_gate,
+    truth_params,
+)
+from elasticbench.harness.kinds.attention.kernel_contract import (
     TOP_LEFT,
     backward_step,
     causal_reference,
@@ -36,11 +48,9 @@ from elasticbench.harness.attention_contract import (
     other_convention,
     own_params,
 )
-from elasticbench.harness.backends import get_backend
-from elasticbench.harness.execute import IN_PROCESS, Isolation, guarded_call, modified_reason
-from elasticbench.harness.functions import get_attention_function
-from elasticbench.harness.inputs.attention import generate_mask, generate_qkv, mask_bias
-from elasticbench.harness.inputs.generators import stream_seed
+from elasticbench.harness.kinds.attention.qkv_inputs import generate_mask, generate_qkv, mask_bias
+from elasticbench.harness.kinds.attention.scoring import check_backward, check_forward
+from elasticbench.harness.kinds.attention.verify_matrix import AttentionCase
 from elasticbench.harness.numerics.budgets.attention import ATTENTION_BUDGETS, Conditioning
 from elasticbench.harness.numerics.budgets.attention_own import (
     attention_budget,
@@ -55,16 +65,6 @@ from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.session import Job, Session
-from elasticbench.harness.verify.attention_check import check_backward, check_forward
-from elasticbench.harness.verify.attention_gate import (
-    case_gate,
-    check_gated_forward,
-    dgate_score,
-    is_gated,
-    takes_gate,
-    truth_params,
-)
-from elasticbench.harness.verify.attention_matrix import AttentionCase
 from elasticbench.harness.verify.case import case_key, shard_key
 from elasticbench.harness.verify.check import CheckResult
 from elasticbench.harness.verify.record import verify_record
@@ -108,7 +108,7 @@ def call_attention(spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray
                    params: dict[str, float], dtype: str, scale: float,
                    dout: np.ndarray | None, mask: np.ndarray | None = None,
                    gate: np.ndarray | None = None) -> AttentionOutcome:
-    """Run spec on fresh native copies by the contract (attention_contract.py): the forward's
+    """Run spec on fresh native copies by the contract (kernel_contract.py): the forward's
     out, or step(dO)'s gradients (d gate last in a gated case), brought back as NumPy
     arrays."""
     backend = get_backend(spec.backend)
@@ -158,12 +158,12 @@ class PreparedCase:
     dout: np.ndarray | None
     truth: AttentionTruth
     cond: Conditioning  # the wide contract's
-    mask: np.ndarray | None = None  # the input's attn_mask (inputs.attention.generate_mask)
+    mask: np.ndarray | None = None  # the input's attn_mask (qkv_inputs.generate_mask)
     causal: str = TOP_LEFT  # the convention the truth follows (top-left where they agree)
     ref_params: dict[str, float] | None = None  # what the truth took (None: the case's)
     ref_bias: np.ndarray | None = None  # and its mask as a bias (-inf: hidden)
     _conds: dict[str, Conditioning] = field(default_factory=dict, repr=False)
-    gate: np.ndarray | None = None  # a gated case's gate (verify/attention_gate.py)
+    gate: np.ndarray | None = None  # a gated case's gate (kinds/attention/gating.py)
     upstream: np.ndarray | None = None  # the truth's dO: dout, times the gate where gated
 
     def conditioning(self, accuracy: str) -> Conditioning:
@@ -191,7 +191,7 @@ def prepare(case: AttentionCase, mode: str, cache_dir: Path | None,
             causal: str = TOP_LEFT) -> PreparedCase:
     """Inputs, upstream gradient, exact truth and conditioning of one case (stats counts
     the truth's values and those mpmath computed), the truth under the causal convention
-    `causal` (attention_contract.causal_reference)."""
+    `causal` (kinds.attention.kernel_contract.causal_reference)."""
     fn = get_attention_function(case.function)
     fmt = get_format(case.dtype)
     q, k, v = generate_qkv(case.generator, case.dtype, case.shape, case.seed)
@@ -234,7 +234,7 @@ def _judge(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat, scal
 
 def _judge_gated(outcome: AttentionOutcome, prep: PreparedCase, fmt: FloatFormat,
                  scale: float, cond: Conditioning) -> tuple[CheckResult, dict[str, Any]]:
-    """A gated case's verdict (verify/attention_gate.py): Y against out * g; the gradients
+    """A gated case's verdict (kinds/attention/gating.py): Y against out * g; the gradients
     against the ungated ones for dO = dY * g, and d gate against dY * out."""
     assert outcome.outputs is not None and prep.gate is not None
     if prep.dout is None:

@@ -9,7 +9,7 @@
     beta = [0, 1]
     causal = [0, 1]
     [[attention_verify.inputs]]
-    generator = "normal"                            # elasticbench.harness.inputs.attention
+    generator = "normal"                            # kinds/attention/qkv_inputs.py
     shapes = [[1, 2, 16, 16, 8]]                    # batch, heads, length_q, length_k, dim
     params.elastic_attention = { causal = [1] }     # optional, per input
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticbench.harness.functions import ATTENTION_FUNCTIONS, get_attention_function
-from elasticbench.harness.inputs.attention import Shape, get_attention_generator
+from elasticbench.harness.kinds.attention.qkv_inputs import Shape, get_attention_generator
 from elasticbench.harness.numerics.dtypes import DTYPE_NAMES, check_dtypes
 from elasticbench.harness.records.fields import RecordError, entry, positive
 from elasticbench.harness.verify.case import Case

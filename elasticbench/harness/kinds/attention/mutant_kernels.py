@@ -19,17 +19,26 @@ plain form of its weight with one change (the registered composites are their co
   with the gate applied before normalization (the gate enters numerator and denominator
   alike and cancels: the output comes out ungated). The cog mutants declare `gate`, so
   verify gives them gated cases too.
+
+`run_attention_selftest` runs them, and the correct kernels, on an attention matrix.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from elasticbench.attention.layout import visible
+from elasticbench.harness.kinds.attention.verify_job import given, prepare, verify_attention_one
+from elasticbench.harness.kinds.attention.verify_matrix import AttentionMatrix, expand_attention
+from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
+from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.selftest.mutants import Mutant
+from elasticbench.harness.selftest.runner import SelftestOutcome
 
 
 def _attention(q, k, v, *, tau, beta, scale, causal, rescale: bool = True,
@@ -187,3 +196,35 @@ ATTENTION_MUTANTS += (
                       _cog_gate_before_normalization, source="selftest"),
            "cog attention: the gate applied before normalization (it cancels: out ungated)"),
 )
+
+
+def run_attention_selftest(
+    mutants: tuple[Mutant, ...],
+    correct: list[KernelSpec],
+    matrix: AttentionMatrix,
+    cache_dir: Path | None,
+    on_outcome: Callable[[SelftestOutcome], None] = lambda o: None,
+) -> list[SelftestOutcome]:
+    """run_selftest for attention kernels, on an attention matrix (each case's truth once)."""
+    plan = [(m.spec, m.bug, True) for m in mutants] + [(k, "", False) for k in correct]
+    records: dict[int, list[VerifyRecord]] = {i: [] for i in range(len(plan))}
+    for mode in ("fwd", "bwd"):
+        mine = [i for i, (spec, _, _) in enumerate(plan) if spec.mode == mode]
+        functions = sorted({plan[i][0].function for i in mine})
+        for case in expand_attention(matrix, functions):
+            prep = None
+            for i in mine:
+                spec = plan[i][0]
+                if not given(spec, case):
+                    continue
+                prep = prep or prepare(case, mode, cache_dir, DEFAULT_PRECISION)
+                records[i].append(verify_attention_one(spec, prep))
+    outcomes = []
+    for i, (spec, bug, expect_fail) in enumerate(plan):
+        failed = [r for r in records[i] if r.failed]
+        o = SelftestOutcome(spec.name if spec.mode == "fwd" else f"{spec.name} (bwd)", bug,
+                            expect_fail, len(failed), len(records[i]),
+                            failed[0] if failed else None)
+        on_outcome(o)
+        outcomes.append(o)
+    return outcomes

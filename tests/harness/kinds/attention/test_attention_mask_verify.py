@@ -10,17 +10,21 @@ import pytest
 import torch
 
 from elasticbench.attention.composite import elastic_attention_composite
-from elasticbench.harness.attention_contract import mask_argument
 from elasticbench.harness.functions import get_attention_function
-from elasticbench.harness.inputs.attention import (
+from elasticbench.harness.kinds.attention.kernel_contract import mask_argument
+from elasticbench.harness.kinds.attention.qkv_inputs import (
     ATTENTION_MASKS,
     generate_mask,
     generate_qkv,
     mask_bias,
 )
+from elasticbench.harness.kinds.attention.verify_job import (
+    AttentionCase,
+    prepare,
+    verify_attention_one,
+)
 from elasticbench.harness.numerics.truth import attention as at
 from elasticbench.harness.registry import KernelSpec, get_kernel
-from elasticbench.harness.verify.attention_job import AttentionCase, prepare, verify_attention_one
 
 EA = get_attention_function("elastic_attention")
 SHAPE = (2, 2, 6, 7, 4)

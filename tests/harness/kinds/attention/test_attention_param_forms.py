@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from elasticbench.harness.kinds.attention.verify_job import prepare, verify_attention_one
+from elasticbench.harness.kinds.attention.verify_matrix import AttentionCase
 from elasticbench.harness.registry import get_kernel, register_kernel, scoped_kernels
-from elasticbench.harness.verify.attention_job import prepare, verify_attention_one
-from elasticbench.harness.verify.attention_matrix import AttentionCase
 
 BF16_TENTH = 0.10009765625  # 0.1 rounded to bf16
 

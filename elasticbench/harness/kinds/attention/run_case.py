@@ -1,5 +1,5 @@
 """The [attention_run] table of a case file (docs/attention.md section 6): what `run` times
-for attention kernels, validated into an AttentionRunCase (bench/attention.py times it).
+for attention kernels, validated into an AttentionRunCase (kinds/attention/run_job.py times it).
 """
 
 from __future__ import annotations

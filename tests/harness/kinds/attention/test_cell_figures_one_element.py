@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from elasticbench.harness.kinds.attention.scoring import score, verdict
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.report.verify_table import _cell_entry, summarize
-from elasticbench.harness.verify.attention_check import score, verdict
 
 
 def _fp64_output_with_an_exact_zero():

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
+from elasticbench.harness.kinds.attention.verify_job import prepare, verify_attention_one
+from elasticbench.harness.kinds.attention.verify_matrix import AttentionCase
 from elasticbench.harness.numerics.budgets.attention import ATTENTION_BUDGETS
 from elasticbench.harness.numerics.budgets.attention_own import attention_budget, work_format
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.registry import get_kernel, load_kernel_file, scoped_kernels
-from elasticbench.harness.verify.attention_job import prepare, verify_attention_one
-from elasticbench.harness.verify.attention_matrix import AttentionCase
 
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "eager16_attention.py"
+FIXTURE = Path(__file__).resolve().parents[3] / "fixtures" / "eager16_attention.py"
 
 LN64 = -4.1588830833596715  # the matrix's sigmoid bias, -ln 64
 DECODE, SMALL, SQUARE = (2, 2, 1, 24, 8), (1, 1, 12, 5, 8), (1, 2, 16, 16, 8)

@@ -33,8 +33,8 @@ A case file's [attention_run] table says what to time (docs/attention.md section
 
 `padded` > 0 gives the baseline and the kernels the same (batch, 1, 1, length) bool
 key-padding mask (the last keys of each batch hidden) as attn_mask or key_mask, whichever a
-kernel declares (attention_contract.py); a kernel that takes neither is not timed there.
-`gate` = 1 adds gated cells: a kernel that declares `gate` is given g (inputs.attention.
+kernel declares (kernel_contract.py); a kernel that takes neither is not timed there.
+`gate` = 1 adds gated cells: a kernel that declares `gate` is given g (qkv_inputs.
 generate_gate, made outside the timed call as q, k, v are) and timed as out * g, its
 backward's step(dO) returning d gate too; the baseline runs its ungated call there, so `x
 base` is what a gated call costs against the plain baseline; other kernels that declare no
@@ -64,31 +64,39 @@ from typing import Any
 import numpy as np
 
 from elasticbench import devices, launches
-from elasticbench.harness.attention_contract import backward_step, kernel_arguments, mask_argument
 from elasticbench.harness.backends import get_backend
-from elasticbench.harness.bench.attention_case import GIB, AttentionRunCase
 from elasticbench.harness.bench.memory import peak_growth
 from elasticbench.harness.bench.models import wrapped_kernel
 from elasticbench.harness.bench.roofline import measure_copy
 from elasticbench.harness.bench.timing import Policy, Timing, time_calls
 from elasticbench.harness.execute import Call, guarded_call
-from elasticbench.harness.inputs.attention import generate_gate, generate_qkv, padding_mask
-from elasticbench.harness.numerics.dtypes import get_format
-from elasticbench.harness.records import QuickVerdict, RunRecord
-from elasticbench.harness.registry import KernelSpec, get_kernel
-from elasticbench.harness.session import Job, Session
-from elasticbench.harness.verify.attention_gate import takes_gate
-from elasticbench.harness.verify.attention_job import (
+from elasticbench.harness.kinds.attention.gating import takes_gate
+from elasticbench.harness.kinds.attention.kernel_contract import (
+    backward_step,
+    kernel_arguments,
+    mask_argument,
+)
+from elasticbench.harness.kinds.attention.qkv_inputs import (
+    generate_gate,
+    generate_qkv,
+    padding_mask,
+)
+from elasticbench.harness.kinds.attention.run_case import GIB, AttentionRunCase
+from elasticbench.harness.kinds.attention.verify_job import (
     given,
     prepare,
     upstream_gradient,
     verify_attention_one,
 )
-from elasticbench.harness.verify.attention_matrix import (
+from elasticbench.harness.kinds.attention.verify_matrix import (
     AttentionCase,
     expand_attention,
     load_attention_matrix,
 )
+from elasticbench.harness.numerics.dtypes import get_format
+from elasticbench.harness.records import QuickVerdict, RunRecord
+from elasticbench.harness.registry import KernelSpec, get_kernel
+from elasticbench.harness.session import Job, Session
 from elasticbench.harness.verify.matrix import builtin_case
 
 
@@ -372,7 +380,7 @@ class AttentionRunJob(Job[AttentionUnit]):
 
 
 def _gated_case(case: AttentionCase) -> AttentionCase:
-    """The case with its parameter gate set to 1 (verify/attention_gate.py)."""
+    """The case with its parameter gate set to 1 (kinds/attention/gating.py)."""
     params = dict(case.params)
     params["gate"] = 1.0  # in its place where the case names it, else last
     return replace(case, params=tuple(params.items()))
