@@ -195,7 +195,7 @@ def test_the_certified_phase_takes_symax_and_stablemax_and_declines_the_rest(nam
     truth = oracle_evaluate(fn, params, q, k, v, 0.5, dout, precision=256)
     if name in ("softmax1_attention", "sigmoid_attention"):  # mpmath answers
         assert not cert.ok_rows.any() and not cert.ok_heads.any()
-    else:  # numerics/certified_normalize.py: within its bounds of the oracle
+    else:  # numerics/certified/normalize.py: within its bounds of the oracle
         assert cert.ok_rows.all() and cert.ok_heads.all()
         for part in ("out", "dq", "dk", "dv", "dp"):
             err = ((getattr(cert.truth, f"{part}_hi") - getattr(truth, f"{part}_hi"))

@@ -212,7 +212,7 @@ def _gradients_hold(fn, fmt, x, params, seed) -> None:
 
 @st.composite
 def repeating_input(draw, functions: list[str]):
-    """Rows long enough to be evaluated per distinct value (numerics/row_blocks.py): a few
+    """Rows long enough to be evaluated per distinct value (numerics/certified/row_blocks.py): a few
     values of a generator, with threshold values among them (+-0, inf, NaN, huge...), each
     repeated at random places; a value may be the row's maximum many times over."""
     fn, fmt, palette, params = draw(drawn_input(functions))

@@ -1,5 +1,5 @@
 """The fast reference's gradient sweeps in native code (kernels/cpp/reference_grad.cpp)
-against their NumPy form (numerics/certified_grad.py): the same double-double operations in
+against their NumPy form (numerics/certified/rows_grad.py): the same double-double operations in
 the same order, so dx and the parameter gradients must agree bit for bit, and the same rows
 must be certified, on the property tests' inputs (every generator, values at the
 thresholds, ties, repeated values, rows of several column blocks). The mpmath oracle checks

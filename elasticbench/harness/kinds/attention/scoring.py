@@ -1,7 +1,7 @@
 """Scoring an attention kernel's output (or gradients) against the exact truth.
 
 Each tensor is judged element by element in ulps of its format against the allowance of
-numerics/attention_budget.py, and separately against the special-value policy of
+numerics/budgets/attention.py, and separately against the special-value policy of
 docs/attention.md section 3: NaN where NaN is due, exactly 0 where nothing reaches an
 element, and no NaN where a finite value is due (except where the policy accepts one:
 a non-finite v_j at weight 0, or gradients in a head with a non-finite input).
@@ -150,7 +150,7 @@ def check_forward(out: np.ndarray, truth: AttentionTruth, cond: Conditioning,
     return verdict([s])
 
 
-# which allowance of numerics/attention_budget.py gradient_allowance judges a parameter
+# which allowance of numerics/budgets/attention.py gradient_allowance judges a parameter
 _ROLE_KEY = {TEMPERATURE: "tau", OFFSET: "beta", DENOMINATOR: "eta", SHIFT: "bias"}
 
 

@@ -3,7 +3,7 @@ cases are kinds/attention/verify_matrix.py).
 
 Each case's exact truth is computed once for all its kernels (certified in double-double,
 mpmath where that cannot decide, the mpmath part cached on disk by content:
-numerics/attention_truth.py); every kernel call gets fresh copies of q, k, v (and dO), so
+numerics/truth/attention.py); every kernel call gets fresh copies of q, k, v (and dO), so
 a kernel that writes its inputs is caught, and the record is a VerifyRecord whose shape is
 the five sizes.
 

@@ -3,12 +3,12 @@
 For each query row the scores s_ij = scale * q_i . k_j are double-double dot products
 (error-free products, a pairwise sum, one product by the scale) with a proven absolute bound
 E_ij. The row function's weights are evaluated on those scores in the shifted form of
-numerics/certified.py, with the score bounds carried through the exponential; then
+numerics/certified/rows.py, with the score bounds carried through the exponential; then
 out_i = sum_j w_ij v_j is a double-double dot product with its bound (docs/numerics.md
 section 6.5 derives every term). A query row is taken when every output of it is certified
 by the rows' rule (bounds.certify: within 2^-12 ulp of the format and inside one binade);
-the others go to the mpmath oracle (numerics/attention_oracle.py), whole. The gradients
-are numerics/certified_attention_grad.py.
+the others go to the mpmath oracle (numerics/truth/attention_oracle.py), whole. The gradients
+are numerics/certified/attention_grad.py.
 """
 
 from __future__ import annotations
@@ -223,8 +223,8 @@ def _exp_weights(fn: AttentionFunction, params: dict[str, float], sc: Scores, k:
 
 def row_function_fits(fn: AttentionFunction, params: dict[str, float]) -> bool:
     """Whether the row function is an exp-normalize member this phase evaluates (shift by
-    the largest kept score) at parameters inside the safe range of numerics/certified.py.
-    The weight-normalize members are numerics/certified_normalize.py's; softmax1 (its
+    the largest kept score) at parameters inside the safe range of numerics/certified/rows.py.
+    The weight-normalize members are numerics/certified/normalize.py's; softmax1 (its
     floored shift) and sigmoid are declined: mpmath answers for them. Cog (signed) is
     taken forward only (signed_weights); its gradients are mpmath's."""
     if certified_normalize.fits(fn, params):

@@ -1,7 +1,7 @@
 """The certified phase of the attention gradients: dq, dk, dv, dtau, dbeta with bounds.
 
 For an upstream dO, per query row i of a head (docs/attention.md section 2), on the
-certified forward of numerics/certified_attention.py (weights y, z = (s - m)/tau, the
+certified forward of numerics/certified/attention.py (weights y, z = (s - m)/tau, the
 offset's share w and q0 = exp(-m/tau)/S, each with an absolute bound):
 
     g_j = dO_i . v_j   (kept keys)        c = sum_j g_j y_j
@@ -12,7 +12,7 @@ offset's share w and q0 = exp(-m/tau)/S, each with an absolute bound):
 every product and sum in double-double with its bound carried (bounded_dd.Bdd;
 docs/numerics.md section 6.5). For the row's top key k, g_k - c cancels as y_k nears 1, so
 it is also formed as sum_{j != k} (g_k - g_j) y_j + g_k w (the same number: 1 - y_k =
-sum_{j != k} y_j + w), and the smaller bound kept, as numerics/certified_grad.py does for
+sum_{j != k} y_j + w), and the smaller bound kept, as numerics/certified/rows_grad.py does for
 rows. A NaN in q, k or v is carried as mpmath carries it (NaN queries make their dq, the dk
 and dv of the keys they see and the head's parameters NaN; a NaN value v_j makes g_j NaN).
 A head is certified when every dq, dk, dv is (bounds.certify) and each row parameter's
@@ -124,7 +124,7 @@ def row_gradients(fn: AttentionFunction, params: dict[str, float], w: Weights, g
 def _normalize_gradients(fn: AttentionFunction, w: Weights, g: Bdd, shape: tuple[int, ...]
                          ) -> RowGradients:
     """A weight-normalize member's: ds = a'(s) (g - c) / D, d eta = -c / D
-    (numerics/certified_normalize.py)."""
+    (numerics/certified/normalize.py)."""
     assert w.slope is not None and w.inv is not None
     kept, top = w.kept.reshape(shape), w.top.reshape(shape[:-1])
     y, slope = (Bdd(a.h.reshape(shape), a.l.reshape(shape), a.b.reshape(shape))

@@ -1,7 +1,7 @@
 """Double-doubles with an absolute error bound on every value, and the blocks of the
 certified attention phase built from them (scores, weights): shared by the exp family's
-phase (numerics/certified_attention.py), the weight-normalize members'
-(certified_normalize.py) and the gradients (certified_attention_grad.py); docs/numerics.md
+phase (numerics/certified/attention.py), the weight-normalize members'
+(normalize.py) and the gradients (attention_grad.py); docs/numerics.md
 sections 6.5 and 7.5 derive the bounds.
 """
 
@@ -110,6 +110,6 @@ class Weights:
     zbar: np.ndarray  # (r,) the output-weighted mean of |z|, offset included
     zbar_bound: np.ndarray  # (r,) against the oracle's (which sums its own rounded |z|)
     trusted: np.ndarray  # (r,) bool
-    # a weight-normalize member's (numerics/certified_normalize.py; None for the exp family)
+    # a weight-normalize member's (numerics/certified/normalize.py; None for the exp family)
     slope: Bdd | None = None  # (r, n) a'(s) on kept keys
     inv: Bdd | None = None  # (r,) 1/D

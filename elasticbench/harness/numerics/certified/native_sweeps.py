@@ -1,5 +1,5 @@
 """The backward's certified sweeps in native code (kernels/cpp/reference_grad.cpp): which
-library runs them, and the call. certified_grad.py holds their NumPy form, which the
+library runs them, and the call. rows_grad.py holds their NumPy form, which the
 native one follows operation for operation, so dx and the parameter gradients are the same
 bits (docs/numerics.md section 6.12)."""
 

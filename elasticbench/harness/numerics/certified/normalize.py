@@ -3,11 +3,11 @@
     w_j = a(s_j) / D,   D = eta + sum_visible a(s)      (symax: a = |s|; stablemax: a = st(s),
                                                         st = s + 1 for s >= 0, 1/(1 - s) below)
 
-on the scores of numerics/certified_attention.py (double-doubles with absolute bounds).
+on the scores of numerics/certified/attention.py (double-doubles with absolute bounds).
 Both `a` are 1-Lipschitz on the whole line, so a score's bound passes to `a(s)` whichever
 branch its computed value takes; `a'` is symax's sign(s) (0 at an exact 0; a row with a
 score within its bound of 0 but not exactly 0 goes to mpmath) and stablemax's 1 or
-1/(1 - s)^2, 2-Lipschitz. Gradients (numerics/certified_attention_grad.py):
+1/(1 - s)^2, 2-Lipschitz. Gradients (numerics/certified/attention_grad.py):
 ds_j = a'(s_j) (g_j - c) / D, d eta = -c / D (docs/numerics.md section 7.5).
 """
 

@@ -1,11 +1,11 @@
 """The fast reference: a function's exact outputs over whole arrays, each with a proven bound.
 
-Every member of the family is evaluated in double-double (numerics/dd.py) over blocks of
+Every member of the family is evaluated in double-double (numerics/certified/dd.py) over blocks of
 the input, carrying a bound on the absolute error of every output. An output is
 *certified* when its bound is at most CERTIFY_ULP ulps of the output format and no binade
 boundary of that format lies within it, so that its error in ulps, measured against this
 value, is exact to CERTIFY_ULP. A row with any output that is not certified goes to the
-mpmath oracle (numerics/truth.py), whole, as Ziv's strategy prescribes: a fast phase with
+mpmath oracle (numerics/truth/rows.py), whole, as Ziv's strategy prescribes: a fast phase with
 a proof, an accurate phase only where the proof cannot decide (docs/numerics.md section 6).
 """
 

@@ -7,7 +7,7 @@ shifted form z_i = (x_i - m)/tau, S = sum_kept exp(z_j) + offset exp(-m/tau):
     dtau = sum_i g_i y_i (mean - z_i) / tau,   mean = sum_k y_k z_k - w m/tau,  w = offset exp(-m/tau)/S
     doffset = -c exp(-m/tau) / S
 
-each evaluated in double-double (numerics/dd.py) with an absolute error bound carried
+each evaluated in double-double (numerics/certified/dd.py) with an absolute error bound carried
 beside every quantity (docs/numerics.md section 6.3). dx is certified per element as the
 forward outputs are; a parameter's gradient, summed over rows, when its bound is at most
 CERTIFY_ULP units of the working precision relative to its value. Cancellation (g_k close

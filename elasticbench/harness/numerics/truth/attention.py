@@ -1,19 +1,19 @@
 """Ground truth for attention: exact outputs and gradients, certified or from mpmath.
 
-The exact values are those of numerics/attention_oracle.py: scores s_ij = scale * q_i . k_j
+The exact values are those of numerics/truth/attention_oracle.py: scores s_ij = scale * q_i . k_j
 formed exactly, each query's weights its row function's exact reference over the keys it
 sees, out_i = sum_j w_ij v_j, and for an upstream dO the row function's exact gradients
 with g_j = dO_i . v_j carried to q, k and v and summed over the queries for the row
 parameters (docs/attention.md section 2). They are obtained as the row truths are (Ziv's
 strategy, docs/numerics.md section 6): the certified double-double phase first
-(numerics/certified_attention.py, certified_attention_grad.py), then mpmath, the oracle,
+(numerics/certified/attention.py, certified/attention_grad.py), then mpmath, the oracle,
 for the query rows (forward) or heads (gradients) whose bound does not certify in the
-output format. Only truths that needed mpmath are kept on disk (numerics/truth_cache.py
+output format. Only truths that needed mpmath are kept on disk (numerics/truth/cache.py
 TruthStore), and TruthStats counts the values and the share mpmath computed.
-Values are stored as double-doubles (hi + lo) like the row truths (numerics/truth.py).
+Values are stored as double-doubles (hi + lo) like the row truths (numerics/truth/rows.py).
 
 Beside the values, the truth keeps what the error budget is built from (numerics/
-attention_budget.py): the weights in float64, |z_ij|, each query's zbar, its kind.
+budgets/attention.py): the weights in float64, |z_ij|, each query's zbar, its kind.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class Certified:
 def certified_phase(fn: AttentionFunction, params: dict[str, float], q: np.ndarray,
                     k: np.ndarray, v: np.ndarray, scale: float, dout: np.ndarray | None,
                     fmt: FloatFormat, bias: np.ndarray | None = None) -> Certified:
-    """The certified truth, a block of heads at a time (numerics/certified_attention.py)."""
+    """The certified truth, a block of heads at a time (numerics/certified/attention.py)."""
     b_, h_, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[3]
     truth = empty_truth(q, k, v, len(fn.row_params), dout is not None)

@@ -10,11 +10,12 @@ reaches NaN; sigmoid's weights are each alone, so a NaN score there makes NaN on
 that weight reaches (dq_i, dk_j, dv_j and the bias). Cog's weights are signed: a zero score
 weighs 0 in out and dv but its ds = p g is not 0 (functions/cog.py).
 
-This is the accurate phase of the attention reference (numerics/attention_truth.py): it
+This is the accurate phase of the attention reference (numerics/truth/attention.py): it
 answers the query rows (forward) and the heads (gradients) that the certified phase
-(numerics/certified_attention.py) leaves, and it is the oracle the certified phase is tested
-against (tests/harness/reference/test_certified_attention.py). Its results are written into an AttentionTruth
-in place, as double-doubles (numerics/truth.py split_double).
+(numerics/certified/attention.py) leaves, and it is the oracle the certified phase is
+tested against (tests/harness/reference/test_certified_attention.py). Its results are
+written into an AttentionTruth in place, as double-doubles (truth/rows.py
+split_double).
 """
 
 from __future__ import annotations
