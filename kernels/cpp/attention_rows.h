@@ -35,7 +35,7 @@ template <typename C> struct AttnRowKernels {
       nan |= v != v;
       inf |= v == C(__builtin_inf());
     }
-    C m = hmax<C>(mx);
+    C m = hmax_nonan<C>(mx);
     m = m > *m_io ? m : *m_io;
     *m_io = m;
     vec<C> acc0{}, acc1{};
@@ -120,7 +120,7 @@ template <typename C> struct FamilyRowKernels {
       nan |= v != v;
       inf |= v == C(__builtin_inf());
     }
-    C m = hmax<C>(mx);
+    C m = hmax_nonan<C>(mx);
     m = m > *m_io ? m : *m_io;
     *m_io = m;
     vec<C> acc0{}, acc1{};
@@ -272,7 +272,7 @@ template <typename C> struct CogRowKernels {
       inf |= v == C(__builtin_inf());
       neg |= (v == -C(__builtin_inf())) & lanes_below<C>(n - i);
     }
-    C m = hmax<C>(mx);
+    C m = hmax_nonan<C>(mx);
     m = m > *m_io ? m : *m_io;
     *m_io = m;
     vec<C> acc0{}, acc1{};

@@ -60,7 +60,8 @@ template <typename T, typename C> struct BwdRows {
       yd += hsum<C>(a);
       gyd += hsum<C>(q);
     }
-    eb::BwdPartial out{inf ? __builtin_inf() : double(r), c.total(), double(hmax<C>(vy)), 0, 0};
+    eb::BwdPartial out{inf ? __builtin_inf() : double(r), c.total(), double(hmax_nonan<C>(vy)),
+                       0, 0};
     out.ysum = ysum, out.yd = yd, out.gyd = gyd;
     if (inf || out.c != out.c) {
       C cm = -__builtin_inf();
@@ -95,8 +96,8 @@ template <typename T, typename C> struct BwdRows {
       }
       c.add(s0 + s1);
     }
-    eb::BwdPartial r{__builtin_nan(""), c.total(), double(hmax<C>(vy)), 0, 0};
-    r.ymin = -double(hmax<C>(-vlo));
+    eb::BwdPartial r{__builtin_nan(""), c.total(), double(hmax_nonan<C>(vy)), 0, 0};
+    r.ymin = -double(hmax_nonan<C>(-vlo));
     return r;
   }
 

@@ -22,7 +22,7 @@ template <typename T, typename C> struct ExpRows {
       vnan |= v != v;
       vinf -= v == __builtin_inf();
     }
-    C bm = hmax<C>(vm);
+    C bm = hmax_nonan<C>(vm);
     m = bm > m ? bm : m;
     nan |= any<C>(vnan);
     for (int k = 0; k < W; ++k) ninf += vinf[k];
@@ -49,7 +49,7 @@ template <typename T, typename C> struct ExpRows {
       b = vmax<C>(Io<T, C>::load(x + i + W), b);
     }
     for (; i < i1; i += W) a = vmax<C>(ld<T, C>(x, i, i1, neg_inf<T>()), a);
-    C bm = hmax<C>(vmax<C>(a, b));
+    C bm = hmax_nonan<C>(vmax<C>(a, b));
     if (mask_negative && bm < C(0)) bm = -__builtin_inf();
     m = bm > m ? bm : m;
   }

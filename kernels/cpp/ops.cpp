@@ -45,11 +45,19 @@ Rows rows_of(const at::Tensor& x) {
   return r;
 }
 
-const char* ptr(const at::Tensor& t, int64_t row, int64_t n, int64_t i0) {
-  return static_cast<const char*>(t.data_ptr()) + (row * n + i0) * t.element_size();
+// A contiguous tensor's data and element size, read once per call rather than per row (a
+// short row's kernels cost about as much as reading a tensor's data pointer twice).
+struct RowBase {
+  char* p;
+  int64_t size;
+  explicit RowBase(const at::Tensor& t)
+      : p(static_cast<char*>(const_cast<void*>(t.data_ptr()))), size(t.element_size()) {}
+};
+const char* ptr(const RowBase& t, int64_t row, int64_t n, int64_t i0) {
+  return t.p + (row * n + i0) * t.size;
 }
-char* mptr(at::Tensor& t, int64_t row, int64_t n, int64_t i0) {
-  return static_cast<char*>(t.data_ptr()) + (row * n + i0) * t.element_size();
+char* mptr(const RowBase& t, int64_t row, int64_t n, int64_t i0) {
+  return t.p + (row * n + i0) * t.size;
 }
 
 // Rows of x along its last dimension (without making x contiguous, as rows_of does).
@@ -105,17 +113,18 @@ at::Tensor exp_forward_impl(const at::Tensor& x_in, eb::Structure structure, boo
   const eb::Plan how = eb::plan(in.rows, n, 2 * in.x.element_size());  // x, and y (the fused exps)
   const int64_t per = eb::fused_scratch(eb::segment_length(n, how.s), in.dt, structure);
   std::vector<eb::ExpRow> verdict(in.rows);
+  const RowBase xb(in.x), yb(y);
   eb::drive<eb::ExpPartial>(
       in.rows, n, how, per,
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double* scratch) {
-        return partial_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, rp.spec(mneg, floor, r),
+        return partial_fn(ptr(xb, r, n, i0), mptr(yb, r, n, i0), i1 - i0, rp.spec(mneg, floor, r),
                           scratch);
       },
       [&](int64_t r, const eb::ExpPartial* p, int64_t count) {
         verdict[r] = eb::finish_exp(p, count, rp.spec(mneg, floor, r));
       },
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double* scratch) {
-        write_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, rp.spec(mneg, floor, r), verdict[r],
+        write_fn(ptr(xb, r, n, i0), mptr(yb, r, n, i0), i1 - i0, rp.spec(mneg, floor, r), verdict[r],
                  scratch);
       });
   return y;
@@ -144,17 +153,18 @@ at::Tensor weight_forward(const at::Tensor& x_in, bool symax, double constant) {
   if (in.x.numel() == 0) return y;
   std::vector<eb::WeightRow> verdict(in.rows);
   const int64_t n = in.n;
+  const RowBase xb(in.x), yb(y);
   eb::drive<eb::WeightPartial>(
       in.rows, n, eb::plan(in.rows, n, in.x.element_size()), 0,
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
-        return partial_fn(ptr(in.x, r, n, i0), i1 - i0, symax ? 1 : 0);
+        return partial_fn(ptr(xb, r, n, i0), i1 - i0, symax ? 1 : 0);
       },
       [&](int64_t r, const eb::WeightPartial* p, int64_t count) {
         verdict[r] = eb::finish_weight(p, count, constant);
       },
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
         const eb::WeightRow& v = verdict[r];
-        write_fn(ptr(in.x, r, n, i0), mptr(y, r, n, i0), i1 - i0, symax ? 1 : 0, v.top, v.den, v.cls,
+        write_fn(ptr(xb, r, n, i0), mptr(yb, r, n, i0), i1 - i0, symax ? 1 : 0, v.top, v.den, v.cls,
                  v.ninf);
       });
   return y;
@@ -187,20 +197,21 @@ std::vector<at::Tensor> exp_backward_impl(const at::Tensor& x_in, const at::Tens
   const eb::Plan how = eb::plan(in.rows, n, 2 * in.x.element_size());  // pass 2 rereads y and g
   std::vector<eb::BwdRow> verdict(in.rows);
   const int mneg = mask_negative ? 1 : 0;
+  const RowBase xb(in.x), yb(y), gb(g), dxb(dx);
   eb::drive<eb::BwdPartial>(
       in.rows, n, how, 0,
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
-        return partial_fn(y_only ? nullptr : ptr(in.x, r, n, i0), ptr(y, r, n, i0),
-                          ptr(g, r, n, i0), i1 - i0, mneg);
+        return partial_fn(y_only ? nullptr : ptr(xb, r, n, i0), ptr(yb, r, n, i0),
+                          ptr(gb, r, n, i0), i1 - i0, mneg);
       },
       [&](int64_t r, const eb::BwdPartial* p, int64_t count) {
         eb::BwdPartial row = eb::merge_bwd(p, count);
         if (y_only && eb::needs_census(row))
-          row = partial_fn(ptr(in.x, r, n, 0), ptr(y, r, n, 0), ptr(g, r, n, 0), n, mneg);
+          row = partial_fn(ptr(xb, r, n, 0), ptr(yb, r, n, 0), ptr(gb, r, n, 0), n, mneg);
         verdict[r] = eb::finish_bwd(row, p, count, !y_only, rp.tau_of(r));
       },
       [&](int64_t r, int64_t i0, int64_t i1, int64_t, double*) {
-        write_fn(ptr(y, r, n, i0), ptr(g, r, n, i0), mptr(dx, r, n, i0), i1 - i0, verdict[r].cls,
+        write_fn(ptr(yb, r, n, i0), ptr(gb, r, n, i0), mptr(dxb, r, n, i0), i1 - i0, verdict[r].cls,
                  verdict[r].c, rp.tau_of(r));
       });
   if (params) {
@@ -358,6 +369,41 @@ at::Tensor exp_rows(const at::Tensor& x, const c10::optional<at::Tensor>& tau,
                         offset.has_value(), tau_value, offset_value, mask_negative, floor);
 }
 
+// where(-limit <= s <= limit, a b [c], 0) as the torch ops give it (exact products in their
+// order, then the clamp's mask: NaN s gives 0), in one loop where every operand is a CPU
+// float or double tensor of s's shape and dtype; through those ops otherwise. Five or six
+// small ops a parameter in each backward are a visible share of a small model's step.
+at::Tensor masked_product(const at::Tensor& s, double limit, const at::Tensor& a,
+                          const at::Tensor& b, const at::Tensor& c = at::Tensor()) {
+  const auto fits = [&](const at::Tensor& t) {
+    return !t.defined() || (t.device().is_cpu() && t.scalar_type() == s.scalar_type() &&
+                            t.sizes() == s.sizes());
+  };
+  const bool fast = s.device().is_cpu() && (s.scalar_type() == at::kFloat ||
+                                            s.scalar_type() == at::kDouble) &&
+                    fits(a) && fits(b) && fits(c);
+  if (!fast) {
+    const at::Tensor g = c.defined() ? (a * b) * c : a * b;
+    return at::where((s >= -limit).logical_and_(s <= limit), g, at::zeros({}, g.options()));
+  }
+  at::Tensor out = at::empty(s.sizes(), a.options());
+  AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "masked_product", [&] {
+    const at::Tensor sc = s.contiguous(), ac = a.contiguous(), bc = b.contiguous();
+    const at::Tensor cc = c.defined() ? c.contiguous() : at::Tensor();
+    const scalar_t *sp = sc.data_ptr<scalar_t>(), *ap = ac.data_ptr<scalar_t>(),
+                   *bp = bc.data_ptr<scalar_t>();
+    const scalar_t* cp = cc.defined() ? cc.data_ptr<scalar_t>() : nullptr;
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const scalar_t lo = scalar_t(-limit), hi = scalar_t(limit);
+    for (int64_t i = 0, n = out.numel(); i < n; ++i) {
+      scalar_t g = ap[i] * bp[i];
+      if (cp) g = g * cp[i];
+      op[i] = sp[i] >= lo && sp[i] <= hi ? g : scalar_t(0);
+    }
+  });
+  return out;
+}
+
 at::Tensor log_scaled(const at::Tensor& base, const at::Tensor& log_scale, double limit) {
   at::Tensor scale = log_scale.clamp(-limit, limit).exp();
   return (log_scale.scalar_type() == at::kDouble ? base : base.to(log_scale.scalar_type())) * scale;
@@ -380,7 +426,7 @@ struct ScaledParams : public torch::autograd::Function<ScaledParams> {
     const double limit = ctx->saved_data["limit"].toDouble();
     auto grad = [&](const at::Tensor& g, const at::Tensor& value, const at::Tensor& s) {
       if (!g.defined()) return at::zeros_like(s);
-      return at::where((s >= -limit) & (s <= limit), g * value, at::zeros({}, g.options()));
+      return masked_product(s, limit, g, value);
     };
     at::Tensor d_tau = ctx->needs_input_grad(1) ? grad(grads[0], saved[0], saved[1]) : at::Tensor();
     at::Tensor d_beta = ctx->needs_input_grad(3) ? grad(grads[1], saved[2], saved[3]) : at::Tensor();
@@ -412,10 +458,7 @@ struct ScaledParam : public torch::autograd::Function<ScaledParam> {
     const double limit = ctx->saved_data["limit"].toDouble();
     const at::Tensor &b = saved[0], &e = saved[1], &s = saved[2];
     at::Tensor d;
-    if (ctx->needs_input_grad(1)) {
-      const at::Tensor g = (grads[0] * b) * e;
-      d = at::where((s >= -limit).logical_and_(s <= limit), g, at::zeros({}, g.options()));
-    }
+    if (ctx->needs_input_grad(1)) d = masked_product(s, limit, grads[0], b, e);
     return {at::Tensor(), d, at::Tensor()};
   }
 };

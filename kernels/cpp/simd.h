@@ -53,6 +53,18 @@ template <typename C> EB_INLINE C hmax(vec<C> v) {
   for (int i = 1; i < width<C>(); ++i) r = v[i] > r ? v[i] : r;
   return r;
 }
+// hmax's lane for a vector that holds no NaN, in a tree of adjacent pairs (log2(width) steps
+// instead of a chain of width - 1, a short row's fixed cost): each pair keeps its lower lane
+// unless the higher is strictly greater, so the first lane of the largest value wins, as in
+// hmax's scan, and a zero keeps the sign hmax gives it. (With a NaN the two differ: hmax
+// skips one past lane 0.)
+template <typename C> EB_INLINE C hmax_nonan(vec<C> v) {
+  C a[width<C>()];
+  for (int i = 0; i < width<C>(); ++i) a[i] = v[i];
+  for (int w = width<C>() / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) a[i] = a[2 * i + 1] > a[2 * i] ? a[2 * i + 1] : a[2 * i];
+  return a[0];
+}
 template <typename C> EB_INLINE double hsum(vec<C> v) {  // the lanes' sum, in fp64
   double r = 0;
   for (int i = 0; i < width<C>(); ++i) r += double(v[i]);
