@@ -49,6 +49,9 @@ from .rows import (
     ordinary,
     partial_sum,
     publish,
+    resident_item,
+    row_block,
+    row_start,
     split_item,
     split_lanes,
 )
@@ -81,11 +84,12 @@ def _regular(top):
 
 
 @triton.jit
-def _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN: tl.constexpr):
-    """x, y, g of row r at idx; lanes past the row read x = -inf (masked), y = g = 0."""
-    x = ld(x_ptr + r * sx + idx, inside, float("-inf"), EVEN)
-    y = ld(y_ptr + r * sy + idx, inside, 0.0, EVEN)
-    g = ld(g_ptr + r * sg + idx, inside, 0.0, EVEN)
+def _ld_xyg(x_ptr, y_ptr, g_ptr, row, sx, sy, sg, idx, inside, EVEN: tl.constexpr):
+    """x, y, g of row `row` at idx (or of rows `row`, an int64 column, at columns idx); lanes
+    outside `inside` read x = -inf (masked), y = g = 0."""
+    x = ld(row_start(x_ptr, row, sx) + idx, inside, float("-inf"), EVEN)
+    y = ld(row_start(y_ptr, row, sy) + idx, inside, 0.0, EVEN)
+    g = ld(row_start(g_ptr, row, sg) + idx, inside, 0.0, EVEN)
     return x, y, g
 
 
@@ -119,9 +123,9 @@ def _store_row_grads(part_ptr, row, rows, c, a2, b2, den, top, shift, k, pre, ta
 
 
 @triton.jit
-def _bwd_scan(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, start, end, n, offs, k, pre,
+def _bwd_scan(x_ptr, y_ptr, g_ptr, row, sx, sy, sg, start, end, n, offs, k, pre,
               EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
-    """Pass 1 over columns [start, end) of row r: (NaN-propagating kept max, D' = sum
+    """Pass 1 over columns [start, end) of row `row`: (NaN-propagating kept max, D' = sum
     exp((s - max)/tau) online as the forward's, c = sum g y)."""
     top = float("-inf")
     den = 0.0
@@ -129,25 +133,26 @@ def _bwd_scan(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, start, end, n, offs, k, pre,
     c_lanes = tl.zeros([BLOCK], dtype=tl.float32)
     for c0 in tl.range(start, end, BLOCK):
         idx = c0 + offs
-        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, idx < n, EVEN)
+        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, row, sx, sy, sg, idx, idx < n, EVEN)
         top, den, comp = online_step(top, den, comp, keep(x, True), k, pre, EXP2_ULPS)
         c_lanes += tl.where(x < 0.0, 0.0, g * y)
     return top, den, tl.sum(c_lanes, axis=0)
 
 
 @triton.jit
-def _bwd_write(x_ptr, y_ptr, g_ptr, dx_ptr, r, sx, sy, sg, sdx, start, end, n, offs, c, m, top,
-               k, pre, tau, inv_tau, EXACT: tl.constexpr, BLOCK: tl.constexpr,
+def _bwd_write(x_ptr, y_ptr, g_ptr, dx_ptr, row, sx, sy, sg, sdx, start, end, n, offs, c, m,
+               top, k, pre, tau, inv_tau, EXACT: tl.constexpr, BLOCK: tl.constexpr,
                EVEN: tl.constexpr):
-    """Pass 2 over columns [start, end) of row r: write dx, and return (A/ln2, B/ln2) taken
+    """Pass 2 over columns [start, end) of row `row`: write dx, and return (A/ln2, B/ln2) taken
     at the row's shift m (c, top: the row's, from pass 1)."""
     a_lanes = tl.zeros([BLOCK], dtype=tl.float32)
     b_lanes = tl.zeros([BLOCK], dtype=tl.float32)
     for c0 in tl.range(start, end, BLOCK):
         idx = c0 + offs
         inside = idx < n
-        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
-        st(dx_ptr + r * sdx + idx, _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT), inside, EVEN)
+        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, row, sx, sy, sg, idx, inside, EVEN)
+        st(row_start(dx_ptr, row, sdx) + idx, _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT),
+           inside, EVEN)
         t = _bwd_t(keep(x, True), m, y, k, pre)
         a_lanes += y * t
         b_lanes += tl.where(x < 0.0, 0.0, g * y) * t
@@ -156,19 +161,15 @@ def _bwd_write(x_ptr, y_ptr, g_ptr, dx_ptr, r, sx, sy, sg, sdx, start, end, n, o
 
 @triton.jit(do_not_specialize=["PROGRAMS"])
 def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
-                             k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2,
-                             bs0, bs1, bs2,
-                             EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
-                             EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr, PROGRAMS):
+                             tau_beta, EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
+                             BLOCK: tl.constexpr, EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr,
+                             PROGRAMS):
     """x, y, g read once into registers; dx written once."""
     offs = tl.arange(0, BLOCK)
     inside = offs < n
     for row in tl.range(tl.program_id(0), rows, PROGRAMS):
-        r = tl.cast(row, tl.int64)
-        k, pre, tau, inv_tau, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
-                                                beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
-                                                bs2, FROM_MEMORY)
-        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, offs, inside, EVEN)
+        k, pre, tau, inv_tau, beta = row_params(row, tau_beta, FROM_MEMORY)
+        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, row, sx, sy, sg, offs, inside, EVEN)
         s = keep(x, True)
         top = max_nan(s)
         m = tl.where(_regular(top), top, 0.0)
@@ -177,7 +178,7 @@ def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx,
         gy = tl.where(x < 0.0, 0.0, g * y)
         c = tl.sum(gy, axis=0)
         dx = _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT)
-        st(dx_ptr + r * sdx + offs, dx, inside, EVEN)
+        st(row_start(dx_ptr, row, sdx) + offs, dx, inside, EVEN)
         t = _bwd_t(s, m, y, k, pre)
         _store_row_grads(part_ptr, row, rows, c, tl.sum(y * t, axis=0), tl.sum(gy * t, axis=0),
                          den, top, m, k, pre, tau, beta, EXP2_ULPS)
@@ -185,54 +186,43 @@ def elastic_bwd_fused_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx,
 
 @triton.jit(do_not_specialize=["PROGRAMS"])
 def elastic_bwd_online_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
-                              k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2,
-                              bs0, bs1, bs2,
-                              EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
-                              EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr, PROGRAMS):
+                              tau_beta, EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
+                              BLOCK: tl.constexpr, EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr,
+                              PROGRAMS):
     """Rows streamed in BLOCK-wide chunks: x, y, g read twice, dx written once."""
     offs = tl.arange(0, BLOCK)
     for row in tl.range(tl.program_id(0), rows, PROGRAMS):
-        r = tl.cast(row, tl.int64)
-        k, pre, tau, inv_tau, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
-                                                beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
-                                                bs2, FROM_MEMORY)
-        top, den, c = _bwd_scan(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, 0, n, n, offs, k, pre,
+        k, pre, tau, inv_tau, beta = row_params(row, tau_beta, FROM_MEMORY)
+        top, den, c = _bwd_scan(x_ptr, y_ptr, g_ptr, row, sx, sy, sg, 0, n, n, offs, k, pre,
                                 EXP2_ULPS, BLOCK, EVEN)
         m = tl.where(_regular(top), top, 0.0)
         # pass 2: dx, and A, B with the final shift
-        a2, b2 = _bwd_write(x_ptr, y_ptr, g_ptr, dx_ptr, r, sx, sy, sg, sdx, 0, n, n, offs, c, m,
-                            top, k, pre, tau, inv_tau, EXACT, BLOCK, EVEN)
+        a2, b2 = _bwd_write(x_ptr, y_ptr, g_ptr, dx_ptr, row, sx, sy, sg, sdx, 0, n, n, offs, c,
+                            m, top, k, pre, tau, inv_tau, EXACT, BLOCK, EVEN)
         _store_row_grads(part_ptr, row, rows, c, a2, b2, den, top, m, k, pre, tau, beta,
                          EXP2_ULPS)
 
 
 @triton.jit(do_not_specialize=["PROGRAMS"])
 def elastic_bwd_rows_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, sy, sg, sdx,
-                            k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0,
-                            ts1, ts2, bs0, bs1, bs2,
-                            EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
-                            EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr,
+                            tau_beta, EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
+                            BLOCK: tl.constexpr, EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr,
                             ROWS: tl.constexpr, PROGRAMS):
     """Short rows, ROWS at a time: x, y, g read once into registers; dx written once."""
     cols = tl.arange(0, BLOCK)
     for blk in tl.range(tl.program_id(0), tl.cdiv(rows, ROWS), PROGRAMS):
-        row = blk * ROWS + tl.arange(0, ROWS)
-        k, pre, tau, inv_tau, beta = rows_params(row, rows, k0, pre0, tau0, inv_tau0, beta0,
-                                                 tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2,
-                                                 bs0, bs1, bs2, FROM_MEMORY)
+        row, at = row_block(blk, ROWS)
+        k, pre, tau, inv_tau, beta = rows_params(row, rows, tau_beta, FROM_MEMORY)
         mask = tile_mask(row, rows, cols, n, ROWS, BLOCK, EVEN)
-        at = row.to(tl.int64)[:, None]
-        x = ld(x_ptr + at * sx + cols[None, :], mask, float("-inf"), False)
-        y = ld(y_ptr + at * sy + cols[None, :], mask, 0.0, False)
-        g = ld(g_ptr + at * sg + cols[None, :], mask, 0.0, False)
+        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, at, sx, sy, sg, cols[None, :], mask, False)
         s = keep(x, True)
         top = max_nan(s, 1)[:, None]
         m = tl.where(_regular(top), top, 0.0)
         den = tl.sum(exp2_scaled(s - m, k, pre, False, EXP2_ULPS), axis=1)[:, None]
         gy = tl.where(x < 0.0, 0.0, g * y)
         c = tl.sum(gy, axis=1)[:, None]
-        st(dx_ptr + at * sdx + cols[None, :], _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT),
-           mask, False)
+        st(row_start(dx_ptr, at, sdx) + cols[None, :],
+           _bwd_dx(x, y, g, c, tau, inv_tau, top, EXACT), mask, False)
         t = _bwd_t(s, m, y, k, pre)
         dtau, dbeta = _bwd_row_partials(c, tl.sum(y * t, axis=1)[:, None],
                                         tl.sum(gy * t, axis=1)[:, None], den, top, m, k, pre,
@@ -252,20 +242,17 @@ def elastic_bwd_rows_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, rows, n, sx, 
 
 @triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def elastic_bwd_split_partials_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr, rows, n,
-                                      sx, sy, sg, sdx, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
-                                      beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
-                                      EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
-                                      BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                                      FROM_MEMORY: tl.constexpr, SPAN,
+                                      sx, sy, sg, sdx, tau_beta, EXACT: tl.constexpr,
+                                      EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
+                                      EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr, SPAN,
                                       SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 1: max, D' and c of each (row, split)."""
     offs = tl.arange(0, BLOCK)
     for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         row, start, end = split_item(item, SPLITS, SPAN, n)
-        k, pre, _, _, _ = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr,
-                                     d1, d2, ts0, ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
-        top, den, c = _bwd_scan(x_ptr, y_ptr, g_ptr, tl.cast(row, tl.int64), sx, sy, sg, start,
-                                end, n, offs, k, pre, EXP2_ULPS, BLOCK, EVEN)
+        k, pre, _, _, _ = row_params(row, tau_beta, FROM_MEMORY)
+        top, den, c = _bwd_scan(x_ptr, y_ptr, g_ptr, row, sx, sy, sg, start, end, n, offs, k,
+                                pre, EXP2_ULPS, BLOCK, EVEN)
         at = tl.cast(item, tl.int64) * 5
         tl.store(split_ptr + at, top)
         tl.store(split_ptr + at + 1, den)
@@ -285,41 +272,33 @@ def _split_row(split_ptr, row, parts, live, SPLITS,
 
 @triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def elastic_bwd_split_finish_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr, rows, n,
-                                    sx, sy, sg, sdx, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
-                                    beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
-                                    EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
-                                    BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                                    FROM_MEMORY: tl.constexpr, SPAN,
+                                    sx, sy, sg, sdx, tau_beta, EXACT: tl.constexpr,
+                                    EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
+                                    EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr, SPAN,
                                     SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 2: dx over the span, and its A/ln2, B/ln2 at the row's shift."""
     offs, parts, live = split_lanes(BLOCK, SPLITS, SPLITS_P2)
     for turn in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         item, row, start, end = finish_item(turn, rows, SPLITS, SPAN, n)
-        k, pre, tau, inv_tau, _ = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
-                                             beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
-                                             FROM_MEMORY)
+        k, pre, tau, inv_tau, _ = row_params(row, tau_beta, FROM_MEMORY)
         top, c, _, _ = _split_row(split_ptr, row, parts, live, SPLITS)
         m = tl.where(_regular(top), top, 0.0)
-        a2, b2 = _bwd_write(x_ptr, y_ptr, g_ptr, dx_ptr, tl.cast(row, tl.int64), sx, sy, sg, sdx,
-                            start, end, n, offs, c, m, top, k, pre, tau, inv_tau, EXACT, BLOCK,
-                            EVEN)
+        a2, b2 = _bwd_write(x_ptr, y_ptr, g_ptr, dx_ptr, row, sx, sy, sg, sdx, start, end, n,
+                            offs, c, m, top, k, pre, tau, inv_tau, EXACT, BLOCK, EVEN)
         at = tl.cast(item, tl.int64) * 5
         tl.store(split_ptr + at + 3, a2)
         tl.store(split_ptr + at + 4, b2)
 
 
 @triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
-def elastic_bwd_split_rows_kernel(part_ptr, split_ptr, rows, k0, pre0, tau0, inv_tau0, beta0,
-                                  tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
+def elastic_bwd_split_rows_kernel(part_ptr, split_ptr, rows, tau_beta,
                                   EXP2_ULPS: tl.constexpr, FROM_MEMORY: tl.constexpr,
                                   SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 3: each row's dtau and dbeta from its splits' sums."""
     parts = tl.arange(0, SPLITS_P2)
     live = parts < SPLITS
     for row in tl.range(tl.program_id(0), rows, PROGRAMS):
-        k, pre, tau, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
-                                          beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
-                                          FROM_MEMORY)
+        k, pre, tau, _, beta = row_params(row, tau_beta, FROM_MEMORY)
         _split_row_grads(part_ptr, split_ptr, row, rows, parts, live, k, pre, tau, beta,
                          SPLITS, EXP2_ULPS, False)
 
@@ -349,24 +328,17 @@ def _split_row_grads(part_ptr, split_ptr, row, rows, parts, live, k, pre, tau, b
 
 @triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def elastic_bwd_resident_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr, cnt_ptr,
-                                rows, n, sx, sy, sg, sdx, k0, pre0, tau0, inv_tau0, beta0,
-                                tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
-                                EXACT: tl.constexpr, EXP2_ULPS: tl.constexpr,
-                                BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                                FROM_MEMORY: tl.constexpr, SPLITS,
-                                SPLITS_P2: tl.constexpr, PROGRAMS):
+                                rows, n, sx, sy, sg, sdx, tau_beta, EXACT: tl.constexpr,
+                                EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                                FROM_MEMORY: tl.constexpr, SPLITS, SPLITS_P2: tl.constexpr,
+                                PROGRAMS):
     """Resident rows: block (item % SPLITS) of row (item // SPLITS) per work item. Needs all
     the grid's programs resident at once and a grid that is a multiple of SPLITS."""
     offs, parts, live = split_lanes(BLOCK, SPLITS, SPLITS_P2)
     for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
-        row = item // SPLITS
-        idx = (item % SPLITS) * BLOCK + offs
-        inside = idx < n
-        k, pre, tau, inv_tau, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
-                                                beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
-                                                bs2, FROM_MEMORY)
-        r = tl.cast(row, tl.int64)
-        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, r, sx, sy, sg, idx, inside, EVEN)
+        row, idx, inside = resident_item(item, offs, n, SPLITS, BLOCK)
+        k, pre, tau, inv_tau, beta = row_params(row, tau_beta, FROM_MEMORY)
+        x, y, g = _ld_xyg(x_ptr, y_ptr, g_ptr, row, sx, sy, sg, idx, inside, EVEN)
         s = keep(x, True)
         top = max_nan(s)
         own = tl.where(top > float("-inf"), top, 0.0)
@@ -379,8 +351,8 @@ def elastic_bwd_resident_kernel(x_ptr, y_ptr, g_ptr, dx_ptr, part_ptr, split_ptr
         arrive_and_wait(cnt_ptr + row, SPLITS)
         row_top, c, _, _ = _split_row(split_ptr, row, parts, live, SPLITS, True)
         m = tl.where(_regular(row_top), row_top, 0.0)
-        st(dx_ptr + r * sdx + idx, _bwd_dx(x, y, g, c, tau, inv_tau, row_top, EXACT), inside,
-           EVEN)
+        st(row_start(dx_ptr, row, sdx) + idx,
+           _bwd_dx(x, y, g, c, tau, inv_tau, row_top, EXACT), inside, EVEN)
         t = _bwd_t(s, m, y, k, pre)
         publish(mine + 3, tl.sum(y * t + 0.0, axis=0))
         publish(mine + 4, tl.sum(gy * t + 0.0, axis=0))
@@ -482,7 +454,7 @@ def _backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, params: RowPa
 
     if chosen.path == "resident":
         split, counters, extra = resident_args(chosen, rows, x2d, 5)
-        args = (x2d, y, g, dx, part, split, counters, rows, n, *strides, *params.args)
+        args = (x2d, y, g, dx, part, split, counters, rows, n, *strides, params.args)
         if launch_resident(elastic_bwd_resident_kernel, rows, chosen.splits, args,
                            chosen.warps, {**constexprs(chosen), **extra}, counters):
             note_plan(elastic_bwd_fused_kernel, x2d, chosen)
@@ -492,13 +464,13 @@ def _backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, params: RowPa
     consts = constexprs(chosen)
     if chosen.path == "split":
         split, extra = split_args(chosen, rows, n, x2d, 5)
-        args = (x2d, y, g, dx, part, split, rows, n, *strides, *params.args)
+        args = (x2d, y, g, dx, part, split, rows, n, *strides, params.args)
         items = rows * chosen.splits
         launch_items(elastic_bwd_split_partials_kernel, items, args, chosen.warps,
                      {**consts, **extra, **register_cap()})
         launch_items(elastic_bwd_split_finish_kernel, items, args, chosen.warps,
                      {**consts, **extra})
-        launch_items(elastic_bwd_split_rows_kernel, rows, (part, split, rows, *params.args), 4,
+        launch_items(elastic_bwd_split_rows_kernel, rows, (part, split, rows, params.args), 4,
                      {"EXP2_ULPS": consts["EXP2_ULPS"], "FROM_MEMORY": params.from_memory,
                       "SPLITS": extra["SPLITS"], "SPLITS_P2": extra["SPLITS_P2"]})
     else:
@@ -506,7 +478,7 @@ def _backward(y: torch.Tensor, g: torch.Tensor, x2d: torch.Tensor, params: RowPa
                   "online": elastic_bwd_online_kernel}[chosen.path]
         if chosen.path == "rows":
             consts.update(ROWS=chosen.row_block, **register_cap())
-        args = (x2d, y, g, dx, part, rows, n, *strides, *params.args)
+        args = (x2d, y, g, dx, part, rows, n, *strides, params.args)
         launch_items(kernel, -(-rows // chosen.row_block), args, chosen.warps, consts)
     note_plan(elastic_bwd_fused_kernel, x2d, chosen)
     return dx, part

@@ -70,6 +70,12 @@ def exp2(v, SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr):
     return e
 
 
+# Below exp2 rather than with the imports above, so that exp2 keeps its first line: the
+# attention kernels call it, and Triton keys their compiled code on each function's source
+# and first line.
+from .rows import gathered_special_y, resident_item, row_block, row_start  # noqa: E402
+
+
 @triton.jit
 def exp2_scaled(d, k, pre, SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr):
     """exp(d / tau)."""
@@ -167,20 +173,16 @@ def _exp_write_special(xrow, yrow, start, end, n, offs, n_inf, top, BLOCK: tl.co
 
 
 @triton.jit(do_not_specialize=["PROGRAMS"])
-def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, beta0,
-                     tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
-                     NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
-                     EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
-                     EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                     FROM_MEMORY: tl.constexpr, PROGRAMS):
+def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, tau_beta, NONNEG: tl.constexpr,
+                     FLOOR0: tl.constexpr, OFFSET: tl.constexpr, EXACT: tl.constexpr,
+                     SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
+                     EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr, PROGRAMS):
     """The whole row in registers: one read and one write per element."""
     offs = tl.arange(0, BLOCK)
     inside = offs < n
     for row in tl.range(tl.program_id(0), rows, PROGRAMS):
-        r = tl.cast(row, tl.int64)
-        k, pre, _, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr,
-                                        d1, d2, ts0, ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
-        x = ld(x_ptr + r * sx + offs, inside, float("-inf"), EVEN)
+        k, pre, _, _, beta = row_params(row, tau_beta, FROM_MEMORY)
+        x = ld(row_start(x_ptr, row, sx) + offs, inside, float("-inf"), EVEN)
         s = keep(x, NONNEG)
         top = max_nan(s)
         if ordinary(top):
@@ -190,24 +192,20 @@ def exp_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, be
             y = quotient(e, reciprocal(den, EXACT), EXACT)
         else:
             y = special_row(x, top)
-        st(y_ptr + r * sy + offs, y, inside, EVEN)
+        st(row_start(y_ptr, row, sy) + offs, y, inside, EVEN)
 
 
 @triton.jit(do_not_specialize=["PROGRAMS"])
-def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, beta0,
-                      tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
-                      NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
-                      EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
-                      EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                      FROM_MEMORY: tl.constexpr, PROGRAMS):
+def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, tau_beta, NONNEG: tl.constexpr,
+                      FLOOR0: tl.constexpr, OFFSET: tl.constexpr, EXACT: tl.constexpr,
+                      SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
+                      EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr, PROGRAMS):
     """Rows streamed in BLOCK-wide chunks: two reads and one write per element."""
     offs = tl.arange(0, BLOCK)
     for row in tl.range(tl.program_id(0), rows, PROGRAMS):
-        r = tl.cast(row, tl.int64)
-        k, pre, _, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr,
-                                        d1, d2, ts0, ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
-        xrow = x_ptr + r * sx
-        yrow = y_ptr + r * sy
+        k, pre, _, _, beta = row_params(row, tau_beta, FROM_MEMORY)
+        xrow = row_start(x_ptr, row, sx)
+        yrow = row_start(y_ptr, row, sy)
         # pass 1: running NaN-propagating max and den = sum exp((s - max)/tau), rescaled by
         # exp((old - new)/tau) whenever the max grows
         top, den, _ = _exp_scan(xrow, 0, n, n, offs, k, pre, NONNEG, EXP2_ULPS, BLOCK, EVEN)
@@ -225,24 +223,20 @@ def exp_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, b
 
 
 @triton.jit(do_not_specialize=["PROGRAMS"])
-def exp_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, beta0,
-                    tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
-                    NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
-                    EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
-                    EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                    FROM_MEMORY: tl.constexpr, ROWS: tl.constexpr, PROGRAMS):
+def exp_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, tau_beta, NONNEG: tl.constexpr,
+                    FLOOR0: tl.constexpr, OFFSET: tl.constexpr, EXACT: tl.constexpr,
+                    SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr,
+                    EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr, ROWS: tl.constexpr,
+                    PROGRAMS):
     """Short rows, ROWS at a time in registers: one read and one write per element. A block
     whose rows are all ordinary takes no special-value select; one with a special row selects
     per row."""
     cols = tl.arange(0, BLOCK)
     for blk in tl.range(tl.program_id(0), tl.cdiv(rows, ROWS), PROGRAMS):
-        row = blk * ROWS + tl.arange(0, ROWS)
-        k, pre, _, _, beta = rows_params(row, rows, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
-                                         beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
-                                         FROM_MEMORY)
+        row, at = row_block(blk, ROWS)
         mask = tile_mask(row, rows, cols, n, ROWS, BLOCK, EVEN)
-        at = row.to(tl.int64)[:, None]
-        x = ld(x_ptr + at * sx + cols[None, :], mask, float("-inf"), False)
+        k, pre, _, _, beta = rows_params(row, rows, tau_beta, FROM_MEMORY)
+        x = ld(row_start(x_ptr, at, sx) + cols[None, :], mask, float("-inf"), False)
         s = keep(x, NONNEG)
         top = max_nan(s, 1)[:, None]
         ok = ordinary(top)
@@ -250,7 +244,7 @@ def exp_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, bet
         e = exp2_scaled(s - shift, k, pre, SUBNORMAL, EXP2_ULPS)
         den = _exp_den(tl.sum(e, axis=1)[:, None], shift, k, beta, OFFSET, pre, EXP2_ULPS)
         y = special_rows(quotient(e, reciprocal(den, EXACT), EXACT), ok, x, top)
-        st(y_ptr + at * sy + cols[None, :], y, mask, False)
+        st(row_start(y_ptr, at, sy) + cols[None, :], y, mask, False)
 
 
 # Split rows (launch.plan_rows: too few rows to fill the GPU): each row is covered by SPLITS
@@ -261,21 +255,18 @@ def exp_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, k0, pre0, tau0, inv_tau0, bet
 
 
 @triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
-def exp_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, tau0,
-                              inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0,
-                              bs1, bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
-                              OFFSET: tl.constexpr, EXACT: tl.constexpr,
-                              SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr,
-                              BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                              FROM_MEMORY: tl.constexpr, SPAN,
-                              SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
+def exp_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, tau_beta,
+                              NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
+                              EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
+                              EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                              FROM_MEMORY: tl.constexpr, SPAN, SPLITS,
+                              SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 1: the partials of each (row, split)."""
     offs = tl.arange(0, BLOCK)
     for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         row, start, end = split_item(item, SPLITS, SPAN, n)
-        k, pre, _, _, _ = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr,
-                                     d1, d2, ts0, ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
-        xrow = x_ptr + tl.cast(row, tl.int64) * sx
+        k, pre, _, _, _ = row_params(row, tau_beta, FROM_MEMORY)
+        xrow = row_start(x_ptr, row, sx)
         top, den, _ = _exp_scan(xrow, start, end, n, offs, k, pre, NONNEG, EXP2_ULPS, BLOCK,
                                 EVEN)
         n_inf = tl.full([], 0.0, tl.float32)
@@ -299,24 +290,19 @@ def _exp_combine(top, tops, dens, k, pre, beta, FLOOR0: tl.constexpr, OFFSET: tl
 
 
 @triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
-def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, tau0,
-                            inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0,
-                            bs1, bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
-                            OFFSET: tl.constexpr, EXACT: tl.constexpr,
-                            SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr,
-                            BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                            FROM_MEMORY: tl.constexpr, SPAN,
-                            SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
+def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, tau_beta,
+                            NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
+                            EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
+                            EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                            FROM_MEMORY: tl.constexpr, SPAN, SPLITS,
+                            SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 2: combine the row's partials, write the span."""
     offs, parts, live = split_lanes(BLOCK, SPLITS, SPLITS_P2)
     for turn in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         _, row, start, end = finish_item(turn, rows, SPLITS, SPAN, n)
-        k, pre, _, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
-                                        beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
-                                        FROM_MEMORY)
-        at = tl.cast(row, tl.int64)
-        xrow = x_ptr + at * sx
-        yrow = y_ptr + at * sy
+        k, pre, _, _, beta = row_params(row, tau_beta, FROM_MEMORY)
+        xrow = row_start(x_ptr, row, sx)
+        yrow = row_start(y_ptr, row, sy)
         base, tops, top = row_partials(part_ptr, row, parts, live, SPLITS, 3, float("-inf"),
                                        False)
         if ordinary(top):
@@ -337,26 +323,19 @@ def exp_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, k0, pre0, t
 
 
 @triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
-def exp_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, k0, pre0, tau0,
-                        inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1,
-                        bs2, NONNEG: tl.constexpr, FLOOR0: tl.constexpr,
-                        OFFSET: tl.constexpr, EXACT: tl.constexpr, SUBNORMAL: tl.constexpr,
-                        EXP2_ULPS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                        FROM_MEMORY: tl.constexpr, SPLITS,
-                        SPLITS_P2: tl.constexpr, PROGRAMS):
+def exp_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, tau_beta,
+                        NONNEG: tl.constexpr, FLOOR0: tl.constexpr, OFFSET: tl.constexpr,
+                        EXACT: tl.constexpr, SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr,
+                        BLOCK: tl.constexpr, EVEN: tl.constexpr, FROM_MEMORY: tl.constexpr,
+                        SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
     """Resident rows: block (item % SPLITS) of row (item // SPLITS) per work item. Needs all
     the grid's programs resident at once and a grid that is a multiple of SPLITS (a row's
     programs then share a wave)."""
     offs, parts, live = split_lanes(BLOCK, SPLITS, SPLITS_P2)
     for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
-        row = item // SPLITS
-        idx = (item % SPLITS) * BLOCK + offs
-        inside = idx < n
-        k, pre, _, _, beta = row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr,
-                                        beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2,
-                                        FROM_MEMORY)
-        at = tl.cast(row, tl.int64)
-        x = ld(x_ptr + at * sx + idx, inside, float("-inf"), EVEN)
+        row, idx, inside = resident_item(item, offs, n, SPLITS, BLOCK)
+        k, pre, _, _, beta = row_params(row, tau_beta, FROM_MEMORY)
+        x = ld(row_start(x_ptr, row, sx) + idx, inside, float("-inf"), EVEN)
         s = keep(x, NONNEG)
         top = max_nan(s)
         own = tl.where(top > float("-inf"), top, 0.0)
@@ -369,9 +348,9 @@ def exp_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, k0, pr
                                        EXP2_ULPS)
             y = quotient(exp2_scaled(s - shift, k, pre, SUBNORMAL, EXP2_ULPS), rden, EXACT)
         else:
-            y = special_y(x == float("inf"), partial_sum(base, 2, live, True), row_top)
+            y = gathered_special_y(x, base, live, row_top)
         leave(cnt_ptr + row, SPLITS)
-        st(y_ptr + at * sy + idx, y, inside, EVEN)
+        st(row_start(y_ptr, row, sy) + idx, y, inside, EVEN)
 
 
 EXP_KERNELS = RowKernels(exp_fused_kernel, exp_rows_kernel, exp_online_kernel,
@@ -391,7 +370,7 @@ def exp_normalize(x: torch.Tensor, *, tau: float, beta: float, nonneg: bool, flo
     H100.)"""
     options = options or current_options()
     params = params or scalar_params(x, tau, beta)
-    return normalize_rows(x, EXP_KERNELS, params.args, options,
+    return normalize_rows(x, EXP_KERNELS, (params.args,), options,
                           NONNEG=nonneg, FLOOR0=floor0, OFFSET=offset,
                           SUBNORMAL=x.dtype != torch.float16 if subnormal is None else subnormal,
                           EXP2_ULPS=exp2_model_ulps(options), FROM_MEMORY=params.from_memory)

@@ -556,11 +556,11 @@ def resident_args(plan_: RowPlan, rows: int, x: torch.Tensor, fields: int
                                          "SPLITS_P2": pow2_at_least(plan_.splits)}
 
 
-def normalize_rows(x: torch.Tensor, kernels: RowKernels, scalars: tuple[float, ...],
+def normalize_rows(x: torch.Tensor, kernels: RowKernels, scalars: tuple,
                    options: LaunchOptions | None, **constexprs: Any) -> torch.Tensor:
-    """A new y = f(x) row by row on the path `plan_rows` chooses; scalars follow (x, y,
-    rows, n, strides) in the kernels' arguments (the split kernels': (x, y, part, rows, n,
-    strides))."""
+    """A new y = f(x) row by row on the path `plan_rows` chooses; scalars (floats, or a
+    family's one tuple of row parameters, params.RowParams.args) follow (x, y, rows, n,
+    strides) in the kernels' arguments (the split kernels': (x, y, part, rows, n, strides))."""
     options = options or current_options()
     rows, n = check_rows(x)
     x = x.contiguous()

@@ -62,11 +62,13 @@ def _exp2_scale(tau):
 
 
 @triton.jit
-def row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1,
-               ts2, bs0, bs1, bs2, FROM_MEMORY: tl.constexpr):
-    """(k, pre, tau, 1/tau, beta) of row `row`: the launch's scalars, or its values in
-    memory at (i0, i1, i2) = row's index in (rows / (d1 d2), d1, d2) times the strides."""
-    k, pre, tau, inv_tau, beta = k0, pre0, tau0, inv_tau0, beta0
+def row_params(row, tau_beta, FROM_MEMORY: tl.constexpr):
+    """(k, pre, tau, 1/tau, beta) of row `row`. tau_beta: RowParams.args, which every kernel
+    that reads tau and beta takes as one tuple argument (k0, pre0, tau0, inv_tau0, beta0,
+    tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2): the launch's scalars, or the
+    row's values in memory at (i0, i1, i2) = row's index in (rows / (d1 d2), d1, d2) times
+    the strides."""
+    k, pre, tau, inv_tau, beta, tau_ptr, beta_ptr, d1, d2, ts0, ts1, ts2, bs0, bs1, bs2 = tau_beta
     if FROM_MEMORY:
         i2 = row % d2
         i1 = (row // d2) % d1
@@ -77,20 +79,18 @@ def row_params(row, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, 
 
 
 @triton.jit
-def rows_params(row, rows, k0, pre0, tau0, inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0, ts1,
-                ts2, bs0, bs1, bs2, FROM_MEMORY: tl.constexpr):
+def rows_params(row, rows, tau_beta, FROM_MEMORY: tl.constexpr):
     """row_params of a block of rows (a vector `row`; indices past `rows` read the last
     row's pair), each as a (ROWS, 1) column that broadcasts against the rows' elements."""
-    k, pre, tau, inv_tau, beta = row_params(tl.minimum(row, rows - 1), k0, pre0, tau0,
-                                            inv_tau0, beta0, tau_ptr, beta_ptr, d1, d2, ts0,
-                                            ts1, ts2, bs0, bs1, bs2, FROM_MEMORY)
+    k, pre, tau, inv_tau, beta = row_params(tl.minimum(row, rows - 1), tau_beta, FROM_MEMORY)
     z = tl.full(row.shape, 0.0, tl.float32)
     return ((k + z)[:, None], (pre + z)[:, None], (tau + z)[:, None], (inv_tau + z)[:, None],
             (beta + z)[:, None])
 
 
 class RowParams(NamedTuple):
-    """row_params's arguments (after `row`) and its FROM_MEMORY."""
+    """row_params's `tau_beta` (a kernel's one tuple argument for them; not named `params`,
+    a name Triton's argument binder uses itself) and its FROM_MEMORY."""
 
     args: tuple
     from_memory: bool

@@ -1,4 +1,5 @@
-"""Pieces every row kernel shares: special rows and the rounding of the quotient.
+"""Pieces every row kernel shares: a row's address, each path's work items, special rows and
+the rounding of the quotient.
 
 A streamed row's sum is carried across its chunks with a compensation term (`add_compensated`):
 each chunk's tree sum has log2(BLOCK) roundings, but adding n/BLOCK chunk sums one after the
@@ -75,6 +76,21 @@ def add_compensated(total, comp, part):
     y = part - comp
     t = total + y
     return t, (t - total) - y
+
+
+@triton.jit
+def row_start(ptr, row, stride):
+    """The pointer to the first element of row `row` (rows `stride` elements apart), with the
+    offset in int64: row * stride passes 2^31 on large tensors."""
+    return ptr + tl.cast(row, tl.int64) * stride
+
+
+@triton.jit
+def row_block(blk, ROWS: tl.constexpr):
+    """Short rows, ROWS a program: (the row indices of block blk, the same as an int64
+    (ROWS, 1) column, which addresses the block's rows of a 2-D tensor)."""
+    row = blk * ROWS + tl.arange(0, ROWS)
+    return row, row.to(tl.int64)[:, None]
 
 
 # The resident path's barrier (launch.plan_rows): a row's SPLITS programs, all resident at
@@ -196,6 +212,15 @@ def partial_sum(base, FIELD: tl.constexpr, live, VOLATILE: tl.constexpr):
 
 
 @triton.jit
+def resident_item(item, offs, n, SPLITS, BLOCK: tl.constexpr):
+    """(row, column indices, which of them are inside the row) of a resident work item:
+    block item % SPLITS of row item // SPLITS; offs: tl.arange(0, BLOCK)."""
+    row = item // SPLITS
+    idx = (item % SPLITS) * BLOCK + offs
+    return row, idx, idx < n
+
+
+@triton.jit
 def publish_and_gather(part_ptr, cnt_ptr, item, row, top, den, v, parts, live, SPLITS,
                        LOW: tl.constexpr):
     """Resident rows: publish this program's three partials (its block's maximum top, its
@@ -210,3 +235,10 @@ def publish_and_gather(part_ptr, cnt_ptr, item, row, top, den, v, parts, live, S
     publish(mine + 2, n_inf)
     arrive_and_wait(cnt_ptr + row, SPLITS)
     return row_partials(part_ptr, row, parts, live, SPLITS, 3, LOW, True)
+
+
+@triton.jit
+def gathered_special_y(v, base, live, top):
+    """y of a special row on the resident path: special_y of this program's values v (x, or
+    the weights) with the row's +inf count from the partials publish_and_gather read."""
+    return special_y(v == float("inf"), partial_sum(base, 2, live, True), top)

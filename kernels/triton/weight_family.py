@@ -18,13 +18,17 @@ from .memory import ld, max_nan, st, tile_mask
 from .rows import (
     add_compensated,
     finish_item,
+    gathered_special_y,
     leave,
     ordinary,
     partial_sum,
     publish_and_gather,
     quotient,
     reciprocal,
+    resident_item,
+    row_block,
     row_partials,
+    row_start,
     special_row,
     special_rows,
     special_y,
@@ -121,8 +125,7 @@ def weight_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexp
     offs = tl.arange(0, BLOCK)
     inside = offs < n
     for row in tl.range(tl.program_id(0), rows, PROGRAMS):
-        r = tl.cast(row, tl.int64)
-        w = _weight(ld(x_ptr + r * sx + offs, inside, OTHER, EVEN), SYMAX, EXACT)
+        w = _weight(ld(row_start(x_ptr, row, sx) + offs, inside, OTHER, EVEN), SYMAX, EXACT)
         top = max_nan(w)
         if ordinary(top):
             inv = _inv_pow2_scale(top)
@@ -131,7 +134,7 @@ def weight_fused_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexp
             y = quotient(ws, reciprocal(tl.where(den > 0.0, den, 1.0), EXACT), EXACT)
         else:
             y = special_row(w, top)
-        st(y_ptr + r * sy + offs, y, inside, EVEN)
+        st(row_start(y_ptr, row, sy) + offs, y, inside, EVEN)
 
 
 @triton.jit(do_not_specialize=["PROGRAMS"])
@@ -141,9 +144,8 @@ def weight_online_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constex
     """Rows streamed in BLOCK-wide chunks: two reads and one write per element."""
     offs = tl.arange(0, BLOCK)
     for row in tl.range(tl.program_id(0), rows, PROGRAMS):
-        r = tl.cast(row, tl.int64)
-        xrow = x_ptr + r * sx
-        yrow = y_ptr + r * sy
+        xrow = row_start(x_ptr, row, sx)
+        yrow = row_start(y_ptr, row, sy)
         # pass 1: running max and power-of-two scale
         top, inv, den, _ = _weight_scan(xrow, 0, n, n, offs, OTHER, SYMAX, EXACT, BLOCK, EVEN)
         if ordinary(top):
@@ -165,10 +167,10 @@ def weight_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr
     """Short rows, ROWS at a time in registers: one read and one write per element."""
     cols = tl.arange(0, BLOCK)
     for blk in tl.range(tl.program_id(0), tl.cdiv(rows, ROWS), PROGRAMS):
-        row = blk * ROWS + tl.arange(0, ROWS)
+        row, at = row_block(blk, ROWS)
         mask = tile_mask(row, rows, cols, n, ROWS, BLOCK, EVEN)
-        at = row.to(tl.int64)[:, None]
-        w = _weight(ld(x_ptr + at * sx + cols[None, :], mask, OTHER, False), SYMAX, EXACT)
+        w = _weight(ld(row_start(x_ptr, at, sx) + cols[None, :], mask, OTHER, False), SYMAX,
+                    EXACT)
         top = max_nan(w, 1)[:, None]
         ok = ordinary(top)
         inv = _inv_pow2_scale(tl.where(ok, top, 1.0))
@@ -176,7 +178,7 @@ def weight_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr
         den = tl.sum(ws, axis=1)[:, None] + const * inv
         y = special_rows(quotient(ws, reciprocal(tl.where(den > 0.0, den, 1.0), EXACT), EXACT),
                          ok, w, top)
-        st(y_ptr + at * sy + cols[None, :], y, mask, False)
+        st(row_start(y_ptr, at, sy) + cols[None, :], y, mask, False)
 
 
 # Split rows, as exp_family's: phase 1 stores each (row, split)'s NaN-propagating max weight,
@@ -186,15 +188,14 @@ def weight_rows_kernel(x_ptr, y_ptr, rows, n, sx, sy, const, OTHER: tl.constexpr
 
 @triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def weight_split_partials_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
-                                 OTHER: tl.constexpr, SYMAX: tl.constexpr,
-                                 EXACT: tl.constexpr, BLOCK: tl.constexpr,
-                                 EVEN: tl.constexpr, SPAN,
-                                 SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
+                                 OTHER: tl.constexpr, SYMAX: tl.constexpr, EXACT: tl.constexpr,
+                                 BLOCK: tl.constexpr, EVEN: tl.constexpr, SPAN, SPLITS,
+                                 SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 1: the partials of each (row, split)."""
     offs = tl.arange(0, BLOCK)
     for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         row, start, end = split_item(item, SPLITS, SPAN, n)
-        xrow = x_ptr + tl.cast(row, tl.int64) * sx
+        xrow = row_start(x_ptr, row, sx)
         top, _, den, _ = _weight_scan(xrow, start, end, n, offs, OTHER, SYMAX, EXACT, BLOCK,
                                       EVEN)
         n_inf = tl.full([], 0.0, tl.float32)
@@ -216,17 +217,15 @@ def _weight_combine(top, tops, dens, const, EXACT: tl.constexpr):
 
 @triton.jit(do_not_specialize=["SPLITS", "PROGRAMS"])
 def weight_split_finish_kernel(x_ptr, y_ptr, part_ptr, rows, n, sx, sy, const,
-                               OTHER: tl.constexpr, SYMAX: tl.constexpr,
-                               EXACT: tl.constexpr, BLOCK: tl.constexpr,
-                               EVEN: tl.constexpr, SPAN,
-                               SPLITS, SPLITS_P2: tl.constexpr, PROGRAMS):
+                               OTHER: tl.constexpr, SYMAX: tl.constexpr, EXACT: tl.constexpr,
+                               BLOCK: tl.constexpr, EVEN: tl.constexpr, SPAN, SPLITS,
+                               SPLITS_P2: tl.constexpr, PROGRAMS):
     """Split rows, phase 2: combine the row's partials, write the span."""
     offs, parts, live = split_lanes(BLOCK, SPLITS, SPLITS_P2)
     for turn in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
         _, row, start, end = finish_item(turn, rows, SPLITS, SPAN, n)
-        at = tl.cast(row, tl.int64)
-        xrow = x_ptr + at * sx
-        yrow = y_ptr + at * sy
+        xrow = row_start(x_ptr, row, sx)
+        yrow = row_start(y_ptr, row, sy)
         base, tops, top = row_partials(part_ptr, row, parts, live, SPLITS, 3, 0.0, False)
         if ordinary(top):
             inv, rden = _weight_combine(top, tops, tl.load(base + 1, mask=live, other=0.0),
@@ -249,11 +248,8 @@ def weight_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, con
     grid's programs resident at once and a grid that is a multiple of SPLITS."""
     offs, parts, live = split_lanes(BLOCK, SPLITS, SPLITS_P2)
     for item in tl.range(tl.program_id(0), rows * SPLITS, PROGRAMS):
-        row = item // SPLITS
-        idx = (item % SPLITS) * BLOCK + offs
-        inside = idx < n
-        at = tl.cast(row, tl.int64)
-        w = _weight(ld(x_ptr + at * sx + idx, inside, OTHER, EVEN), SYMAX, EXACT)
+        row, idx, inside = resident_item(item, offs, n, SPLITS, BLOCK)
+        w = _weight(ld(row_start(x_ptr, row, sx) + idx, inside, OTHER, EVEN), SYMAX, EXACT)
         top = tl.maximum(0.0, max_nan(w), propagate_nan=tl.PropagateNan.ALL)
         base, tops, row_top = publish_and_gather(part_ptr, cnt_ptr, item, row, top,
                                                  tl.sum(w * _inv_pow2_scale(top), axis=0), w,
@@ -264,9 +260,9 @@ def weight_resident_kernel(x_ptr, y_ptr, part_ptr, cnt_ptr, rows, n, sx, sy, con
                                         const, EXACT)
             y = quotient(w * inv, rden, EXACT)
         else:
-            y = special_y(w == float("inf"), partial_sum(base, 2, live, True), row_top)
+            y = gathered_special_y(w, base, live, row_top)
         leave(cnt_ptr + row, SPLITS)
-        st(y_ptr + at * sy + idx, y, inside, EVEN)
+        st(row_start(y_ptr, row, sy) + idx, y, inside, EVEN)
 
 
 WEIGHT_KERNELS = RowKernels(weight_fused_kernel, weight_rows_kernel, weight_online_kernel,
