@@ -373,7 +373,7 @@ def test_the_family_weights_offer_the_rules_and_the_smallest_configuration_alone
     for cls in (64, 128):
         for w in family:
             want = (32, 16, 4, 3) if cls == 64 else (
-                (32, 16, 8, 2) if w == Weight.SIGMOID else (32, 16, 8, 3))
+                (32, 16, 8, 2) if w in (Weight.SIGMOID, Weight.STABLEMAX) else (32, 16, 8, 3))
             assert ac.configs("fwd", cls, torch.float32, True, w) == (ac.Tiles(*want),)
             for kernel in ("dkdv", "dq"):  # Elastic's, or one of its own where that spills
                 assert ac.configs(kernel, cls, torch.float32, True, w) == ac._FP32_FOR.get(
