@@ -180,7 +180,7 @@ def _load(ext: Extension) -> ModuleType:
 def built() -> ModuleType | None:
     """The harness's extension (REFERENCE) where it is built already for these sources
     (imported, never compiled: the fast reference uses it where it is there,
-    numerics/certified_grad.py), else None. `make native` builds it."""
+    numerics/certified/native_sweeps.py), else None. `make native` builds it."""
     try:
         directory, name = _library(REFERENCE)
     except (ImportError, OSError):  # no torch, or no sources to key a build on
