@@ -34,6 +34,7 @@ of elasticbench.kernels.triton when they import; everything else the torch code.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -90,21 +91,17 @@ def _gate(gate: torch.Tensor | None, q: torch.Tensor, v: torch.Tensor) -> torch.
     return gate if gate.shape == shape else gate.expand(shape)
 
 
-_ATTENTION: tuple = ()
-
-
+@functools.cache
 def _attention_parts() -> tuple:
     """What _attention calls, imported at the first attention call (they register the custom
     ops, which `import elasticbench.functional` alone does not need) and then kept: an import
     statement per call is a fixed cost of every call."""
-    global _ATTENTION
     from .attention import composite
     from .attention.autograd import attention_op
     from .attention.layout import causal_offset, check_operands, default_scale, key_padding
 
-    _ATTENTION = (composite, attention_op, causal_offset, check_operands, default_scale,
-                  key_padding)
-    return _ATTENTION
+    return (composite, attention_op, causal_offset, check_operands, default_scale,
+            key_padding)
 
 
 def _attention(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Scalar,
@@ -115,8 +112,8 @@ def _attention(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     the fused implementations (no mask, or a bool key-padding mask; the gate in their
     epilogue) or the composite (any other; its output times the gate), the causal alignment
     as one integer offset (layout.causal_offset)."""
-    composite, attention_op, causal_offset, check_operands, default_scale, key_padding = (
-        _ATTENTION or _attention_parts())
+    composite, attention_op, causal_offset, check_operands, default_scale, key_padding = \
+        _attention_parts()
     check_operands(q, k, v)
     gate = _gate(gate, q, v)
     if scale is None:

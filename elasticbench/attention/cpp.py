@@ -20,11 +20,10 @@ output written beside it with keep_ungated (`weights`' contract). docs/native.md
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from .. import devices, native
+from .. import native
+from ..rows.cpp import extension
 from . import special
 from .weights import Weight
 
@@ -39,14 +38,7 @@ WEIGHTS = frozenset(Weight)
 
 def accepts(q: torch.Tensor, weight: Weight | int = Weight.ELASTIC) -> bool:
     """CPU tensors and a weight the kernel has, when the native tier is built here."""
-    return q.device.type == "cpu" and weight in WEIGHTS and _built()
-
-
-@functools.cache
-def _built() -> bool:
-    """Whether the native tier is built here (asked once: the build's verdict is kept by
-    elasticbench.native too)."""
-    return devices.native_unavailable() is None
+    return q.device.type == "cpu" and weight in WEIGHTS and extension() is not None
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
