@@ -222,38 +222,38 @@ def _ds_unit(tau, SUBNORMAL: tl.constexpr, WEIGHT: tl.constexpr):
 
 
 @triton.jit
-def _bh_params(p0_ptr, p0_sb, p0_sh, p1_ptr, p1_sb, p1_sh, batch, head,
+def _head_ptr(ptr, sb, sh, batch, head):
+    """ptr moved to one (batch, head): batch sb + head sh elements, in 64 bits."""
+    return ptr + batch.to(tl.int64) * sb + head.to(tl.int64) * sh
+
+
+@triton.jit
+def _bh_params(pscore_ptr, pscore_sb, pscore_sh, pden_ptr, pden_sb, pden_sh, batch, head,
                WEIGHT: tl.constexpr):
-    """The kernels' (tau, beta) slots of one (batch, head), in fp32, read from the caller's
-    parameters in their own float type at batch p_sb + head p_sh (a stride of 0 broadcasts
-    a scalar or a per-head tensor): Elastic's (tau, beta); softmax1 (1, 1), Elastic at tau =
-    beta = 1; symax (1, eta); stablemax (1, 0); sigmoid (bias, 0). A slot the weight does
-    not use is never read (an unused one is never a divisor of 0)."""
-    return (_bh_tau(p0_ptr, p0_sb, p0_sh, batch, head, WEIGHT),
-            _bh_beta(p1_ptr, p1_sb, p1_sh, batch, head, WEIGHT))
+    """The kernels' (tau, beta) of one (batch, head), in fp32, from the caller's p_score and
+    p_den (their own float type, at batch sb + head sh: a stride of 0 broadcasts a scalar or
+    a per-head tensor): Elastic's (tau, beta); softmax1 (1, 1), Elastic at tau = beta = 1;
+    symax (1, eta); stablemax (1, 0); sigmoid (bias, 0). A slot the weight does not use is
+    never read (an unused one is never a divisor of 0)."""
+    return (_bh_tau(pscore_ptr, pscore_sb, pscore_sh, batch, head, WEIGHT),
+            _bh_beta(pden_ptr, pden_sb, pden_sh, batch, head, WEIGHT))
 
 
 @triton.jit
-def _bh_load(ptr, sb, sh, batch, head):
-    """One (batch, head)'s parameter, at batch sb + head sh, as fp32."""
-    return tl.load(ptr + batch.to(tl.int64) * sb + head.to(tl.int64) * sh).to(tl.float32)
-
-
-@triton.jit
-def _bh_tau(p0_ptr, p0_sb, p0_sh, batch, head, WEIGHT: tl.constexpr):
-    """The tau slot of _bh_params (all the backward's dk/dv and dq programs need)."""
+def _bh_tau(pscore_ptr, pscore_sb, pscore_sh, batch, head, WEIGHT: tl.constexpr):
+    """The tau of _bh_params, from p_score (all the backward's dk/dv and dq programs need)."""
     tau = tl.full([], 1.0, tl.float32)
     if WEIGHT == ELASTIC or WEIGHT == SIGMOID:  # noqa: SIM109
-        tau = _bh_load(p0_ptr, p0_sb, p0_sh, batch, head)
+        tau = tl.load(_head_ptr(pscore_ptr, pscore_sb, pscore_sh, batch, head)).to(tl.float32)
     return tau
 
 
 @triton.jit
-def _bh_beta(p1_ptr, p1_sb, p1_sh, batch, head, WEIGHT: tl.constexpr):
-    """The beta slot of _bh_params."""
+def _bh_beta(pden_ptr, pden_sb, pden_sh, batch, head, WEIGHT: tl.constexpr):
+    """The beta of _bh_params, from p_den."""
     beta = tl.full([], 0.0, tl.float32)
     if WEIGHT == ELASTIC or WEIGHT == SYMAX:  # noqa: SIM109
-        beta = _bh_load(p1_ptr, p1_sb, p1_sh, batch, head)
+        beta = tl.load(_head_ptr(pden_ptr, pden_sb, pden_sh, batch, head)).to(tl.float32)
     elif WEIGHT == SOFTMAX1:
         beta = tl.full([], 1.0, tl.float32)
     return beta
@@ -278,6 +278,20 @@ def _grid_place(REVERSED: tl.constexpr, BH_X: tl.constexpr):
             block = tl.num_programs(0) - 1 - block
         bh = tl.program_id(1)
     return block, bh
+
+
+@triton.jit
+def _program_rows(REVERSED: tl.constexpr, BH_X: tl.constexpr, heads, length,
+                  BLOCK: tl.constexpr):
+    """This program's place (_grid_place) as the kernels use it: (block, bh, batch, head,
+    first, rows, rows_ok), its BLOCK rows first + [0, BLOCK) of a (batch, head) whose
+    length is `length`, rows_ok where a row lies inside it."""
+    block, bh = _grid_place(REVERSED, BH_X)
+    batch = bh // heads
+    head = bh - batch * heads
+    first = block * BLOCK
+    rows = first + tl.arange(0, BLOCK)
+    return block, bh, batch, head, first, rows, rows < length
 
 
 @triton.jit
@@ -502,9 +516,9 @@ def _fwd_tile(q, k_src, v_src, sk, sv, keep_ptr, batch, start, offs_m, m, mk, l,
 # offset unspecialized: a decode step's lk - lq varies per call, one compile serves all
 @triton.jit(do_not_specialize=["offset"])
 def attention_forward_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, keep_ptr, kend_ptr, sq_b,
+    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, den_ptr, pscore_ptr, pden_ptr, keep_ptr, kend_ptr, sq_b,
     sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr, sv_b, sv_h,
-    sv_l: tl.constexpr, p0_b, p0_h, p1_b, p1_h, gate_ptr, ungated_ptr, sg_b, sg_h,
+    sv_l: tl.constexpr, pscore_b, pscore_h, pden_b, pden_h, gate_ptr, ungated_ptr, sg_b, sg_h,
     sg_l: tl.constexpr, lq, lk, offset, scale, scale_log2e, heads, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
@@ -524,23 +538,18 @@ def attention_forward_kernel(
     sk_r = _row_stride(sk_l, WIDE)
     sv_r = _row_stride(sv_l, WIDE)
     # the longest causal blocks first (they are the last query blocks)
-    pid_m, bh = _grid_place(True, BH_X)
-    batch = bh // heads
-    head = bh - batch * heads
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    row_ok = offs_m < lq
+    _, bh, batch, head, m0, offs_m, row_ok = _program_rows(True, BH_X, heads, lq, BLOCK_M)
     bh64 = bh.to(tl.int64)
-    b64 = batch.to(tl.int64)
-    h64 = head.to(tl.int64)
-    q_src = _rows_source(q_ptr + b64 * sq_b + h64 * sq_h, lq, sq_r, D, BLOCK_M, BLOCK_D, TMA)
+    q_src = _rows_source(_head_ptr(q_ptr, sq_b, sq_h, batch, head), lq, sq_r, D, BLOCK_M,
+                         BLOCK_D, TMA)
     q = _read(q_src, m0, offs_m, row_ok, sq_r, D, BLOCK_D, True, False, TMA)
-    k_base = k_ptr + b64 * sk_b + h64 * sk_h
-    v_base = v_ptr + b64 * sv_b + h64 * sv_h
+    k_base = _head_ptr(k_ptr, sk_b, sk_h, batch, head)
+    v_base = _head_ptr(v_ptr, sv_b, sv_h, batch, head)
     k_src = _rows_source(k_base, lk, sk_r, D, BLOCK_N, BLOCK_D, TMA)
     v_src = _rows_source(v_base, lk, sv_r, DV, BLOCK_N, BLOCK_DV, TMA)
     # tau holds sigmoid's bias, beta symax's eta
-    tau, beta = _bh_params(p0_ptr, p0_b, p0_h, p1_ptr, p1_b, p1_h, batch, head, WEIGHT)
+    tau, beta = _bh_params(pscore_ptr, pscore_b, pscore_h, pden_ptr, pden_b, pden_h, batch, head,
+                           WEIGHT)
     k2 = tl.math.div_rn(scale_log2e, tau)
     m = tl.zeros([BLOCK_M], dtype=tl.float32)
     mk = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -836,8 +845,8 @@ def _timer(launch):
     return time_one
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Param,
-                      p1: Param, scale: float, causal: bool,
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      p_score: Param, p_den: Param, scale: float, causal: bool,
                       key_mask: torch.Tensor | None = None, weight: Weight = Weight.ELASTIC,
                       tile: Tiles | None = None, offset: int = 0,
                       gate: torch.Tensor | None = None, keep_ungated: bool = False
@@ -845,8 +854,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Par
     """(out in q's dtype, m, den) with out (batch, heads, length_q, dim_v) contiguous, m and
     den (batch, heads, length_q) in fp32; q, k, v (batch, heads, length, dim) in fp32, fp16
     or bf16, in any layout whose last dimension is contiguous (a transposed (batch, length,
-    heads, dim) view is read in place; others are copied); p0, p1: tau and beta for
-    Weight.ELASTIC (the weight's parameters, weights.py), each a float or a tensor that
+    heads, dim) view is read in place; others are copied); p_score, p_den: the weight's parameters
+    (weights.py; Weight.ELASTIC's tau and beta), each a float or a tensor that
     broadcasts to (batch, heads) (also (batch, heads, 1, 1)), read by the kernel in its own
     float type; key_mask (batch, length_k) bool, True where a key takes part, or None; tile:
     a configuration of attention_configs (else the tuned or interpreter one); offset: the
@@ -865,7 +874,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Par
     lk, dv = k.shape[2], v.shape[3]
     dev = q.device
     (qc, *sq), (kc, *sk), (vc, *sv) = _rows(q), _rows(k), _rows(v)
-    (p0v, *s0), (p1v, *s1) = _param(p0, b, h, dev, "p0"), _param(p1, b, h, dev, "p1")
+    (ps, *s_ps), (pd, *s_pd) = _param(p_score, b, h, dev, "p_score"), _param(p_den, b, h, dev,
+                                                                          "p_den")
     out = torch.empty(b, h, lq, dv, dtype=q.dtype, device=dev)
     m = torch.empty(b, h, lq, dtype=torch.float32, device=dev)
     den = torch.empty_like(m)
@@ -888,7 +898,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Par
         blocks = triton.cdiv(lq, t.block_m)
         with _on_device(q):
             run(attention_forward_kernel, grid(blocks, b * h),
-                (qc, kc, vc, out, m, den, p0v, p1v, keep, kend, *sq, *sk, *sv, *s0, *s1, gc,
+                (qc, kc, vc, out, m, den, ps, pd, keep, kend, *sq, *sk, *sv, *s_ps, *s_pd, gc,
                  ungated, *sg, lq, lk, offset, float(scale), sl2e, h, blocks),
                 t.warps, {**_consts(q, d, dv, t, causal, has_mask, weight, wide), **gated},
                 t.stages)
@@ -925,8 +935,8 @@ def _gate(gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def attention_prepare_kernel(
-    out_ptr, do_ptr, m_ptr, den_ptr, p0_ptr, p1_ptr, stats_ptr, sink_ptr, flag_ptr, so_b,
-    so_h, so_l: tl.constexpr, sd_b, sd_h, sd_l: tl.constexpr, p0_b, p0_h, p1_b, p1_h, lq,
+    out_ptr, do_ptr, m_ptr, den_ptr, pscore_ptr, pden_ptr, stats_ptr, sink_ptr, flag_ptr, so_b,
+    so_h, so_l: tl.constexpr, sd_b, sd_h, sd_l: tl.constexpr, pscore_b, pscore_h, pden_b, pden_h, lq,
     heads, n_bh, n_blocks,
     DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, WEIGHT: tl.constexpr,
     EXP2_ULPS: tl.constexpr, WIDE: tl.constexpr, BH_X: tl.constexpr,
@@ -937,22 +947,18 @@ def attention_prepare_kernel(
     per (batch, head) the number of saturated queries into flag."""
     so_r = _row_stride(so_l, WIDE)
     sd_r = _row_stride(sd_l, WIDE)
-    pid, bh = _grid_place(False, BH_X)
-    batch = bh // heads
-    head = bh - batch * heads
-    m0 = pid * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    row_ok = offs_m < lq
+    pid, bh, batch, head, _, offs_m, row_ok = _program_rows(False, BH_X, heads, lq, BLOCK_M)
     bh64 = bh.to(tl.int64)
-    b64 = batch.to(tl.int64)
-    h64 = head.to(tl.int64)
-    o = _load_rows(out_ptr + b64 * so_b + h64 * so_h, offs_m, row_ok, so_r, DV, BLOCK_DV, True)
-    do = _load_rows(do_ptr + b64 * sd_b + h64 * sd_h, offs_m, row_ok, sd_r, DV, BLOCK_DV, True)
+    o = _load_rows(_head_ptr(out_ptr, so_b, so_h, batch, head), offs_m, row_ok, so_r, DV,
+                   BLOCK_DV, True)
+    do = _load_rows(_head_ptr(do_ptr, sd_b, sd_h, batch, head), offs_m, row_ok, sd_r, DV,
+                    BLOCK_DV, True)
     c = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     at = bh64 * lq + offs_m
     m = tl.load(m_ptr + at, mask=row_ok, other=0.0)
     den = tl.load(den_ptr + at, mask=row_ok, other=0.0)
-    tau, beta = _bh_params(p0_ptr, p0_b, p0_h, p1_ptr, p1_b, p1_h, batch, head, WEIGHT)
+    tau, beta = _bh_params(pscore_ptr, pscore_b, pscore_h, pden_ptr, pden_b, pden_h, batch, head,
+                           WEIGHT)
     kk = tl.math.div_rn(LOG2E, tau)
     if WEIGHT <= SOFTMAX1 or WEIGHT == COG:
         mk = m * kk
@@ -1039,9 +1045,9 @@ def _dkdv_tile(k, v, dk, dv, q_src, do_src, sq, sd, stats_ptr, n, at0, start, of
 # offset unspecialized: a decode step's lk - lq varies per call, one compile serves all
 @triton.jit(do_not_specialize=["offset"])
 def attention_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, flag_ptr, p0_ptr, dk_ptr, dv_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, flag_ptr, pscore_ptr, dk_ptr, dv_ptr,
     keep_ptr, kend_ptr, sq_b, sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr,
-    sv_b, sv_h, sv_l: tl.constexpr, sd_b, sd_h, sd_l: tl.constexpr, p0_b, p0_h, lq,
+    sv_b, sv_h, sv_l: tl.constexpr, sd_b, sd_h, sd_l: tl.constexpr, pscore_b, pscore_h, lq,
     lk, offset, scale, scale_log2e, heads, n_bh, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
@@ -1056,26 +1062,21 @@ def attention_dkdv_kernel(
     sk_r = _row_stride(sk_l, WIDE)
     sv_r = _row_stride(sv_l, WIDE)
     sd_r = _row_stride(sd_l, WIDE)
-    pid_n, bh = _grid_place(False, BH_X)
-    batch = bh // heads
-    head = bh - batch * heads
-    b64 = batch.to(tl.int64)
-    h64 = head.to(tl.int64)
-    n0 = pid_n * BLOCK_M
-    offs_n = n0 + tl.arange(0, BLOCK_M)
+    _, bh, batch, head, n0, offs_n, _ = _program_rows(False, BH_X, heads, lk, BLOCK_M)
     key_ok = _key_ok(keep_ptr, batch, lk, offs_n, HAS_MASK)
-    k_src = _rows_source(k_ptr + b64 * sk_b + h64 * sk_h, lk, sk_r, D, BLOCK_M, BLOCK_D, TMA)
-    v_src = _rows_source(v_ptr + b64 * sv_b + h64 * sv_h, lk, sv_r, DV, BLOCK_M, BLOCK_DV,
-                         TMA)
+    k_src = _rows_source(_head_ptr(k_ptr, sk_b, sk_h, batch, head), lk, sk_r, D, BLOCK_M,
+                         BLOCK_D, TMA)
+    v_src = _rows_source(_head_ptr(v_ptr, sv_b, sv_h, batch, head), lk, sv_r, DV, BLOCK_M,
+                         BLOCK_DV, TMA)
     # a padded key's row reaches only its own dk, dv rows, zeroed at the end: no HOLES (a
     # where would hold k and v in registers: 144-160 B of spills per thread at head dim 128)
     k = _read(k_src, n0, offs_n, key_ok, sk_r, D, BLOCK_D, True, False, TMA)
     v = _read(v_src, n0, offs_n, key_ok, sv_r, DV, BLOCK_DV, True, False, TMA)
-    tau = _bh_tau(p0_ptr, p0_b, p0_h, batch, head, WEIGHT)
+    tau = _bh_tau(pscore_ptr, pscore_b, pscore_h, batch, head, WEIGHT)
     k2 = tl.math.div_rn(scale_log2e, tau)  # the stats hold m log2(e)/tau
     inv_tau = tl.math.div_rn(1.0, tau)
-    q_base = q_ptr + b64 * sq_b + h64 * sq_h
-    do_base = do_ptr + b64 * sd_b + h64 * sd_h
+    q_base = _head_ptr(q_ptr, sq_b, sq_h, batch, head)
+    do_base = _head_ptr(do_ptr, sd_b, sd_h, batch, head)
     q_src = _rows_source(q_base, lq, sq_r, D, BLOCK_N, BLOCK_D, TMA)
     do_src = _rows_source(do_base, lq, sd_r, DV, BLOCK_N, BLOCK_DV, TMA)
     bh64 = bh.to(tl.int64)
@@ -1181,10 +1182,10 @@ def _dq_tile(q, do, dq, dsz, c, mk, r, lo, ms, k_src, v_src, sk, sv, keep_ptr, b
 # offset unspecialized: a decode step's lk - lq varies per call, one compile serves all
 @triton.jit(do_not_specialize=["offset"])
 def attention_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, p0_ptr, dq_ptr, dsz_ptr, keep_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, m_ptr, stats_ptr, pscore_ptr, dq_ptr, dsz_ptr, keep_ptr,
     kend_ptr, sq_b, sq_h, sq_l: tl.constexpr, sk_b, sk_h, sk_l: tl.constexpr, sv_b, sv_h,
     sv_l: tl.constexpr, sd_b, sd_h, sd_l: tl.constexpr,
-    p0_b, p0_h, lq, lk, offset, scale, scale_log2e, heads, n_bh, n_blocks,
+    pscore_b, pscore_h, lq, lk, offset, scale, scale_log2e, heads, n_bh, n_blocks,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr, IEEE: tl.constexpr, SUBNORMAL: tl.constexpr,
@@ -1199,29 +1200,24 @@ def attention_dq_kernel(
     sk_r = _row_stride(sk_l, WIDE)
     sv_r = _row_stride(sv_l, WIDE)
     sd_r = _row_stride(sd_l, WIDE)
-    pid_m, bh = _grid_place(True, BH_X)
-    batch = bh // heads
-    head = bh - batch * heads
+    pid_m, bh, batch, head, m0, offs_m, row_ok = _program_rows(True, BH_X, heads, lq, BLOCK_M)
     bh64 = bh.to(tl.int64)
-    b64 = batch.to(tl.int64)
-    h64 = head.to(tl.int64)
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    row_ok = offs_m < lq
-    q_src = _rows_source(q_ptr + b64 * sq_b + h64 * sq_h, lq, sq_r, D, BLOCK_M, BLOCK_D, TMA)
-    do_src = _rows_source(do_ptr + b64 * sd_b + h64 * sd_h, lq, sd_r, DV, BLOCK_M, BLOCK_DV,
-                          TMA)
+    q_src = _rows_source(_head_ptr(q_ptr, sq_b, sq_h, batch, head), lq, sq_r, D, BLOCK_M,
+                         BLOCK_D, TMA)
+    do_src = _rows_source(_head_ptr(do_ptr, sd_b, sd_h, batch, head), lq, sd_r, DV, BLOCK_M,
+                          BLOCK_DV, TMA)
     q = _read(q_src, m0, offs_m, row_ok, sq_r, D, BLOCK_D, True, False, TMA)
     do = _read(do_src, m0, offs_m, row_ok, sd_r, DV, BLOCK_DV, True, False, TMA)
     n = n_bh.to(tl.int64) * lq
     c, mk, r, lo = _query_stats(stats_ptr, n, bh64 * lq + offs_m, row_ok, True)
     ms = tl.load(m_ptr + bh64 * lq + offs_m, mask=row_ok, other=0.0)
-    tau = _bh_tau(p0_ptr, p0_b, p0_h, batch, head, WEIGHT)
+    tau = _bh_tau(pscore_ptr, pscore_b, pscore_h, batch, head, WEIGHT)
     k2 = tl.math.div_rn(scale_log2e, tau)
     inv_tau = tl.math.div_rn(1.0, tau)
-    k_src = _rows_source(k_ptr + b64 * sk_b + h64 * sk_h, lk, sk_r, D, BLOCK_N, BLOCK_D, TMA)
-    v_src = _rows_source(v_ptr + b64 * sv_b + h64 * sv_h, lk, sv_r, DV, BLOCK_N, BLOCK_DV,
-                         TMA)
+    k_src = _rows_source(_head_ptr(k_ptr, sk_b, sk_h, batch, head), lk, sk_r, D, BLOCK_N,
+                         BLOCK_D, TMA)
+    v_src = _rows_source(_head_ptr(v_ptr, sv_b, sv_h, batch, head), lk, sv_r, DV, BLOCK_N,
+                         BLOCK_DV, TMA)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dsz = tl.zeros([BLOCK_M], dtype=tl.float32)
     full, end = _query_ranges(m0, lk, offset, kend_ptr, batch, BLOCK_M, BLOCK_N, CAUSAL,
@@ -1249,15 +1245,15 @@ def attention_dq_kernel(
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        dout: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
-                       p0: Param, p1: Param, scale: float, causal: bool,
+                       p_score: Param, p_den: Param, scale: float, causal: bool,
                        key_mask: torch.Tensor | None = None, weight: Weight = Weight.ELASTIC,
                        tiles: tuple[Tiles, Tiles] | None = None, offset: int = 0
                        ) -> tuple[torch.Tensor, ...]:
-    """(dq, dk, dv) in q's dtype, contiguous, and (dp0, dp1) = (dtau, dbeta) per (batch,
+    """(dq, dk, dv) in q's dtype, contiguous, and (dp_score, dp_den) = (dtau, dbeta) per (batch,
     head) in fp32, from the forward's (out, m, den): docs/attention.md section 2, as the
     tiled torch code computes them; q, k, v, out and dout in any layout attention_forward
-    takes (read in place where their last dimension is contiguous), p0 and p1 as it takes
-    them; tiles: (dk/dv, dq) configurations of attention_configs, else the tuned or
+    takes (read in place where their last dimension is contiguous), p_score and p_den as it
+    takes them; tiles: (dk/dv, dq) configurations of attention_configs, else the tuned or
     interpreter ones; offset: the causal diagonal, as attention_forward takes it. The kernels
     run on q's device and its current stream."""
     _check(q, scale, weight, k, v, out, dout)
@@ -1267,7 +1263,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     dev = q.device
     (qc, *sq), (kc, *sk), (vc, *sv) = _rows(q), _rows(k), _rows(v)
     (oc, *so), (doc, *sd) = _rows(out), _rows(dout)
-    (p0v, *s0), (p1v, *s1) = _param(p0, b, h, dev, "p0"), _param(p1, b, h, dev, "p1")
+    (ps, *s_ps), (pd, *s_pd) = _param(p_score, b, h, dev, "p_score"), _param(p_den, b, h, dev,
+                                                                          "p_den")
     m32, den32 = m.to(torch.float32).contiguous(), den.to(torch.float32).contiguous()
     dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
     dk = torch.empty(k.shape, dtype=q.dtype, device=dev)
@@ -1284,7 +1281,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     wide = _wide(qc, kc, vc, oc, doc, dq, dk, dv)
     with _on_device(q):
         run(attention_prepare_kernel, grid(n_prep, b * h),
-            (oc, doc, m32, den32, p0v, p1v, stats, sink, flag, *so, *sd, *s0, *s1, lq, h,
+            (oc, doc, m32, den32, ps, pd, stats, sink, flag, *so, *sd, *s_ps, *s_pd, lq, h,
              b * h, n_prep),
             4, {"DV": dv_, "BLOCK_M": PREP_M, "BLOCK_DV": _pow2(dv_), "WEIGHT": int(weight),
                 "EXP2_ULPS": _exp2_ulps(), "WIDE": wide, "BH_X": bh_on_x(b * h)})
@@ -1299,8 +1296,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         blocks = triton.cdiv(lk, t.block_m)
         with _on_device(q):
             run(attention_dkdv_kernel, grid(blocks, b * h),
-                (qc, kc, vc, doc, m32, stats, flag, p0v, dk, dv, keep, kend, *sq, *sk, *sv,
-                 *sd, *s0, lq, lk, offset, float(scale), sl2e, h, b * h, blocks),
+                (qc, kc, vc, doc, m32, stats, flag, ps, dk, dv, keep, kend, *sq, *sk, *sv,
+                 *sd, *s_ps, lq, lk, offset, float(scale), sl2e, h, b * h, blocks),
                 t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
 
     dsz: list[torch.Tensor] = []
@@ -1311,8 +1308,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         parts = torch.empty(b * h, nb, dtype=torch.float32, device=dev)
         with _on_device(q):
             run(attention_dq_kernel, grid(nb, b * h),
-                (qc, kc, vc, doc, m32, stats, p0v, dq, parts, keep, kend, *sq, *sk, *sv, *sd,
-                 *s0, lq, lk, offset, float(scale), sl2e, h, b * h, nb),
+                (qc, kc, vc, doc, m32, stats, ps, dq, parts, keep, kend, *sq, *sk, *sv, *sd,
+                 *s_ps, lq, lk, offset, float(scale), sl2e, h, b * h, nb),
                 t.warps, _consts(q, d, dv_, t, *common[1:]), t.stages)
         dsz[:] = [parts]
 
