@@ -7,29 +7,13 @@ sigmoid weight and functions/cog.py the signed cog weight, which only attention 
 from __future__ import annotations
 
 from elasticbench.harness.functions import elastic, softmax, softmax1, stablemax, symax
-from elasticbench.harness.functions.attention import (
-    COG_ATTENTION,
-    ELASTIC_ATTENTION,
-    SIGMOID_ATTENTION,
-    SOFTMAX1_ATTENTION,
-    SOFTMAX_ATTENTION,
-    STABLEMAX_ATTENTION,
-    SYMAX_ATTENTION,
-    AttentionFunction,
-)
+from elasticbench.harness.functions.attention import ATTENTION_FUNCTIONS, AttentionFunction
 from elasticbench.harness.functions.base import Function, Param, RowTruth
 
 FUNCTIONS: dict[str, Function] = {
     m.FUNCTION.name: m.FUNCTION for m in (elastic, softmax, softmax1, stablemax, symax)
 }
 FUNCTION_NAMES: tuple[str, ...] = tuple(FUNCTIONS)
-
-# Kernels of these take (q, k, v), not rows: `verify` and `run` give them their own jobs.
-ATTENTION_FUNCTIONS: dict[str, AttentionFunction] = {
-    f.name: f for f in (ELASTIC_ATTENTION, SOFTMAX_ATTENTION, SOFTMAX1_ATTENTION,
-                        SYMAX_ATTENTION, STABLEMAX_ATTENTION, SIGMOID_ATTENTION,
-                        COG_ATTENTION)
-}
 
 ROW, ATTENTION = "row", "attention"  # the kinds of kernel function
 

@@ -112,60 +112,32 @@ class AttentionFunction:
         return [self.validate_params(c) for c in combos]
 
 
-ELASTIC_ATTENTION = AttentionFunction(
-    name="elastic_attention",
-    summary="Elastic-Softmax attention: elastic(scale * q @ k^T) @ v, per head",
-    row=elastic.FUNCTION,
-    params=(*elastic.FUNCTION.params, CAUSAL, GATE),
-    weight="ELASTIC",
-)
+def _over(row: Function, summary: str, **declared: object) -> AttentionFunction:
+    """The attention function of a family member: named `<row>_attention`, its parameters
+    the row function's, then causal and gate; `declared` the rest (weight, row_gradient,
+    signed)."""
+    return AttentionFunction(name=f"{row.name}_attention", summary=summary, row=row,
+                             params=(*row.params, CAUSAL, GATE), **declared)
 
-SOFTMAX_ATTENTION = AttentionFunction(
-    name="softmax_attention",
-    summary="softmax attention (what SDPA computes): softmax(scale * q @ k^T) @ v",
-    row=softmax.FUNCTION,
-    params=(CAUSAL, GATE),
-)
 
-SOFTMAX1_ATTENTION = AttentionFunction(
-    name="softmax1_attention",
-    summary="softmax1 attention: exp(s) / (1 + sum exp(s)) @ v, a head may attend to nothing",
-    row=softmax1.FUNCTION,
-    params=(CAUSAL, GATE),
-    weight="SOFTMAX1",
-)
-
-SYMAX_ATTENTION = AttentionFunction(
-    name="symax_attention",
-    summary="symax attention: |s| / (eta + sum |s|) @ v, per head",
-    row=symax.FUNCTION,
-    params=(*symax.FUNCTION.params, CAUSAL, GATE),
-    weight="SYMAX",
-    row_gradient=symax.gradient,
-)
-
-STABLEMAX_ATTENTION = AttentionFunction(
-    name="stablemax_attention",
-    summary="stablemax attention: st(s) / sum st(s) @ v, st = s + 1 (s >= 0), 1/(1 - s) below",
-    row=stablemax.FUNCTION,
-    params=(CAUSAL, GATE),
-    weight="STABLEMAX",
-    row_gradient=stablemax.gradient,
-)
-
-SIGMOID_ATTENTION = AttentionFunction(
-    name="sigmoid_attention",
-    summary="sigmoid attention: sigmoid(s + bias) @ v, no normalizer (FlashSigmoid)",
-    row=sigmoid.FUNCTION,
-    params=(*sigmoid.FUNCTION.params, CAUSAL, GATE),
-    weight="SIGMOID",
-)
-
-COG_ATTENTION = AttentionFunction(
-    name="cog_attention",
-    summary="cog attention: sign(s) exp(|s|) / sum exp(|s|) @ v, signed weights (Lv et al.)",
-    row=cog.FUNCTION,
-    params=(CAUSAL, GATE),
-    weight="COG",
-    signed=True,
-)
+# Kernels of these take (q, k, v), not rows: `verify` and `run` give them their own jobs.
+ATTENTION_FUNCTIONS: dict[str, AttentionFunction] = {f.name: f for f in (
+    _over(elastic.FUNCTION, "Elastic-Softmax attention: elastic(scale * q @ k^T) @ v, per head",
+          weight="ELASTIC"),
+    _over(softmax.FUNCTION,
+          "softmax attention (what SDPA computes): softmax(scale * q @ k^T) @ v"),
+    _over(softmax1.FUNCTION,
+          "softmax1 attention: exp(s) / (1 + sum exp(s)) @ v, a head may attend to nothing",
+          weight="SOFTMAX1"),
+    _over(symax.FUNCTION, "symax attention: |s| / (eta + sum |s|) @ v, per head",
+          weight="SYMAX", row_gradient=symax.gradient),
+    _over(stablemax.FUNCTION,
+          "stablemax attention: st(s) / sum st(s) @ v, st = s + 1 (s >= 0), 1/(1 - s) below",
+          weight="STABLEMAX", row_gradient=stablemax.gradient),
+    _over(sigmoid.FUNCTION,
+          "sigmoid attention: sigmoid(s + bias) @ v, no normalizer (FlashSigmoid)",
+          weight="SIGMOID"),
+    _over(cog.FUNCTION,
+          "cog attention: sign(s) exp(|s|) / sum exp(|s|) @ v, signed weights (Lv et al.)",
+          weight="COG", signed=True),
+)}
