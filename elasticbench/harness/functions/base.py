@@ -168,6 +168,17 @@ def exp_normalize_grad(
     return c, dx, [not k for k in keep]
 
 
+def untempered_exp_grad(truth: RowTruth, row: Sequence[float], g: Sequence[float]) -> RowGrad:
+    """The exact gradient of an exp-normalize member with no parameters that keeps every
+    logit above -inf (softmax, softmax1: the constant term enters only through y):
+    dx_k = y_k (g_k - sum_i g_i y_i); -inf positions get exactly 0, rows that are not
+    finite as RowGrad.constant says. truth is the row's forward truth."""
+    if truth.kind != ROW_FINITE:
+        return RowGrad.constant(truth, ())
+    _, dx, zero = exp_normalize_grad(truth, g, [above_minus_inf(v) for v in row])
+    return RowGrad(truth, dx, zero, {})
+
+
 def weight_normalize_grad(
     truth: RowTruth, row: Sequence[Any], g: Sequence[float],
     weight: Callable[[Any], mpmath.mpf], slope: Callable[[Any], mpmath.mpf],

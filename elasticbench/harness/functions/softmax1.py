@@ -8,14 +8,13 @@ from __future__ import annotations
 import mpmath
 
 from elasticbench.harness.functions.base import (
-    ROW_FINITE,
     Function,
     RowGrad,
     RowTruth,
     above_minus_inf,
     exp_normalize,
-    exp_normalize_grad,
     has_nan,
+    untempered_exp_grad,
 )
 
 SHIFT_FLOOR = 0.0  # m = max(max x, 0): the 1 becomes exp(-m) and never overflows
@@ -31,11 +30,7 @@ def reference(row: list[float]) -> RowTruth:
 
 def gradient(row: list[float], g: list[float]) -> RowGrad:
     """dx_k = y_k (g_k - sum_i g_i y_i), exactly; -inf positions get exactly 0."""
-    truth = reference(row)
-    if truth.kind != ROW_FINITE:
-        return RowGrad.constant(truth, ())
-    _, dx, zero = exp_normalize_grad(truth, g, [above_minus_inf(v) for v in row])
-    return RowGrad(truth, dx, zero, {})
+    return untempered_exp_grad(reference(row), row, g)
 
 
 FUNCTION = Function(
