@@ -114,6 +114,16 @@ def _packed(kernel: Callable) -> Callable:
     return call
 
 
+def _elastic(model: PassModel) -> Callable[[Callable], Callable]:
+    """Register an Elastic-Softmax kernel of the torch backend under its own name, with its
+    pass model, run on a contiguous copy of its input (_packed)."""
+
+    def wrap(kernel: Callable) -> Callable:
+        return register_kernel(function="elastic", backend="torch", model=model)(_packed(kernel))
+
+    return wrap
+
+
 def _work_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -297,9 +307,7 @@ def _cody_waite(tau: float, dtype: torch.dtype) -> tuple[float, float, int]:
     return hi, c - hi, 1 << (52 - bits if dtype == torch.float64 else 23 - bits)
 
 
-@register_kernel(function="elastic", backend="torch", name="elastic_three_pass",
-                 model=PassModel("three-pass", reads=3, writes=1, exps=2))
-@_packed
+@_elastic(PassModel("three-pass", reads=3, writes=1, exps=2))
 def elastic_three_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Three passes: kept max; sum of exponentials; exponentials divided by the sum."""
     wd = _work_dtype(x)
@@ -311,9 +319,7 @@ def elastic_three_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Ten
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
 
 
-@register_kernel(function="elastic", backend="torch", name="elastic_online",
-                 model=PassModel("online two-pass", reads=2, writes=1, exps=2))
-@_packed
+@_elastic(PassModel("online two-pass", reads=2, writes=1, exps=2))
 def elastic_online(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Online two-pass (Milakov & Gimelshein): max and rescaled sum in one sweep, then output."""
     wd = _work_dtype(x)
@@ -324,9 +330,7 @@ def elastic_online(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
 
 
-@register_kernel(function="elastic", backend="torch", name="elastic_two_pass",
-                 model=PassModel("two-pass (Dukhan-Ablavatski)", reads=2, writes=1, exps=2))
-@_packed
+@_elastic(PassModel("two-pass (Dukhan-Ablavatski)", reads=2, writes=1, exps=2))
 def elastic_two_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Two-Pass (Dukhan & Ablavatski): (mantissa, 2^k) sums with no max pass, then output."""
     wd = _work_dtype(x)
@@ -342,9 +346,7 @@ def elastic_two_pass(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
     return _redo_rows(x, y, ~m.isfinite() | ~(big_k.abs() < limit), tau, beta)
 
 
-@register_kernel(function="elastic", backend="torch", name="elastic_exp_once",
-                 model=PassModel("exp-once (stores exponentials)", reads=2, writes=2, exps=1))
-@_packed
+@_elastic(PassModel("exp-once (stores exponentials)", reads=2, writes=2, exps=1))
 def elastic_exp_once(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Exp-once: block-shifted exponentials stored with their sums; then one scaling sweep."""
     wd = _work_dtype(x)
@@ -360,19 +362,14 @@ def elastic_exp_once(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tenso
     return _redo_rows(x, y, ~m.isfinite(), tau, beta)
 
 
-@register_kernel(function="elastic", backend="torch", name="compiled_elastic",
-                 model=PassModel("inductor fused", reads=3, writes=2, exps=1))
-@_packed
+@_elastic(PassModel("inductor fused", reads=3, writes=2, exps=1))
 def compiled_elastic(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """The Elastic-Softmax composite fused by torch.compile (inductor C++), special values kept."""
     wd = _work_dtype(x)
     return _fused(x, _scalar(tau, wd), _scalar(beta, wd))
 
 
-@register_kernel(function="elastic", backend="torch", name="elastic_accurate",
-                 model=PassModel("inductor fused, fp64 argument", reads=3, writes=2, exps=1,
-                                 compute="fp64"))
-@_packed
+@_elastic(PassModel("inductor fused, fp64 argument", reads=3, writes=2, exps=1, compute="fp64"))
 def elastic_accurate(x: torch.Tensor, *, tau: float, beta: float) -> torch.Tensor:
     """Fused Elastic-Softmax computed in fp64: the exponent argument is exact for fp32 inputs."""
     d = torch.float64
