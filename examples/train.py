@@ -286,13 +286,37 @@ CALLS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-class Attention(nn.Module):
+class MultiHead(nn.Module):
+    """The projections of multi-head attention around an attention of (q, k, v): x (B, L, d)
+    to q, k and v of `heads` heads, each (B, heads, L, d / heads), and the attention's
+    output merged and projected back to (B, L, d). A subclass gives `attention`."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def split(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, L, d) to (B, heads, L, d / heads)."""
+        b, length, _ = t.shape
+        return t.view(b, length, self.heads, -1).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, d = x.shape
+        q, k, v = (self.split(t) for t in self.qkv(x).chunk(3, -1))
+        return self.out(self.attention(q, k, v, x).transpose(1, 2).reshape(b, length, d))
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  x: torch.Tensor) -> torch.Tensor:
+        """The attention of (q, k, v), each (B, heads, L, D), of the layer's input x."""
+        raise NotImplementedError
+
+
+class Attention(MultiHead):
     """Multi-head attention of one kind; with `gate`, its output times g = sigmoid(x W_g +
     b_g) (W_g (d, d) from 0, b_g from GATE_BIAS; both constants at construction)."""
 
     def __init__(self, d: int, heads: int, kind: str, causal: bool, gate: bool = False):
-        super().__init__()
-        self.heads, self.qkv, self.out = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+        super().__init__(d, heads)
         self.kind, self.causal = kind, causal
         self.fn = make_attention(kind, heads, causal)
         self.probe = PROBES[kind]
@@ -302,19 +326,17 @@ class Attention(nn.Module):
         self.seen: tuple[torch.Tensor, torch.Tensor] | None = None
         self.seen_gate: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, length, d = x.shape
-        q, k, v = (t.view(b, length, self.heads, -1).transpose(1, 2)
-                   for t in self.qkv(x).chunk(3, -1))
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  x: torch.Tensor) -> torch.Tensor:
+        """`attend`, gated by x's gate where there is one; q, k and the gate kept for the
+        probes while `keep` is set."""
         gate = None
         if self.gate_weight is not None:
-            gate = torch.sigmoid(x @ self.gate_weight + self.gate_bias)
-            gate = gate.view(b, length, self.heads, -1).transpose(1, 2)
+            gate = self.split(torch.sigmoid(x @ self.gate_weight + self.gate_bias))
         if self.keep:
             self.seen = (q.detach(), k.detach())
             self.seen_gate = None if gate is None else gate.detach()
-        o = self.attend(q, k, v, gate)
-        return self.out(o.transpose(1, 2).reshape(b, length, d))
+        return self.attend(q, k, v, gate)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                gate: torch.Tensor | None) -> torch.Tensor:
@@ -352,10 +374,13 @@ def _detached(value: torch.Tensor | float) -> torch.Tensor | float:
 
 
 class Layer(nn.Module):
-    def __init__(self, d: int, heads: int, kind: str, causal: bool, gate: bool = False):
+    """A pre-norm layer: x + attn(LayerNorm(x)), then x + MLP(LayerNorm(x)), the MLP 4d wide
+    with a GELU; attn maps (B, L, d) to (B, L, d)."""
+
+    def __init__(self, d: int, attn: nn.Module):
         super().__init__()
         self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = Attention(d, heads, kind, causal, gate)
+        self.attn = attn
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -364,30 +389,38 @@ class Layer(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, vocab: int, length: int, d: int, heads: int, layers: int, kind: str,
-                 causal: bool = False, gate: bool = False):
+    """Token embeddings plus learned position embeddings (drawn with std pos_std), `layers`
+    Layers each with an attention from `attention()`, a final LayerNorm where final_norm, and
+    a linear head to the vocabulary's logits. Each weight is drawn from torch's generator in
+    that order (an attention's projections before its layer's MLP)."""
+
+    def __init__(self, vocab: int, length: int, d: int, layers: int,
+                 attention: Callable[[], nn.Module], *, pos_std: float = 0.1,
+                 final_norm: bool = False):
         super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Parameter(torch.randn(length, d) * 0.1)
-        self.layers = nn.ModuleList(Layer(d, heads, kind, causal, gate)
-                                    for _ in range(layers))
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(length, d) * pos_std)
+        self.layers = nn.ModuleList(Layer(d, attention()) for _ in range(layers))
+        self.norm = nn.LayerNorm(d) if final_norm else nn.Identity()
         self.head = nn.Linear(d, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens) + self.pos[: tokens.shape[1]]
         for layer in self.layers:
             x = layer(x)
-        return self.head(x)
+        return self.head(self.norm(x))
 
-    def attentions(self) -> list[Attention]:
+    def attentions(self) -> list[nn.Module]:
         return [layer.attn for layer in self.layers]
 
-    def params(self) -> dict[str, torch.Tensor]:
-        """Each learned attention parameter over every layer and head."""
-        out: dict[str, list[torch.Tensor]] = {}
-        for a in self.attentions():
-            for name, value in a.params(self.pos.shape[0]).items():
-                out.setdefault(name, []).append(value)
-        return {name: torch.cat(values) for name, values in out.items()}
+
+def attention_params(model: Model) -> dict[str, torch.Tensor]:
+    """Each learned attention parameter of a model of Attentions over every layer and head."""
+    out: dict[str, list[torch.Tensor]] = {}
+    for a in model.attentions():
+        for name, value in a.params(model.pos.shape[0]).items():
+            out.setdefault(name, []).append(value)
+    return {name: torch.cat(values) for name, values in out.items()}
 
 
 # ---------------------------------------------------------------------------------- probes
@@ -515,8 +548,9 @@ def build_model(kind: str, task: Task, args: argparse.Namespace, heads: int | No
                 gate: bool = False) -> Model:
     torch.manual_seed(args.seed)
     heads = heads or heads_of(task.name, args)[0]
-    return Model(task.vocab, task.length, args.d_model, heads, args.layers, kind,
-                 task.causal, gate).to(args.device)
+    return Model(task.vocab, task.length, args.d_model, args.layers,
+                 lambda: Attention(args.d_model, heads, kind, task.causal, gate)
+                 ).to(args.device)
 
 
 def _param_text(params: dict[str, torch.Tensor]) -> str:
@@ -554,7 +588,7 @@ def train(config: Config, task: Task, steps: int, args: argparse.Namespace) -> d
     ex, ey = ex.to(args.device), ey.to(args.device)
     name = label(config, args)
     evals = [{"step": 0, **evaluate(model, ex, ey, task.vocab, autocast, roles),
-              "params": {n: v.tolist() for n, v in model.params().items()}}]
+              "params": {n: v.tolist() for n, v in attention_params(model).items()}}]
     losses, times, cpu_times = [], [], []
     for step in range(1, steps + 1):
         x, y = (t.to(args.device) for t in task.batch(args.batch, data, "train"))
@@ -576,7 +610,7 @@ def train(config: Config, task: Task, steps: int, args: argparse.Namespace) -> d
             cpu_times.append(time.process_time() - cpu_start)
         losses.append(loss.item())
         if step % args.every == 0 or step == steps:
-            params = model.params()
+            params = attention_params(model)
             ev = evaluate(model, ex, ey, task.vocab, autocast, roles)
             evals.append({"step": step, **ev, "params": {n: v.tolist() for n, v in params.items()}})
             ms = f"{1e3 * statistics.median(times):.1f} ms/step" if times else "warming up"

@@ -55,85 +55,60 @@ from elasticbench.nn import ElasticAttention
 
 KINDS = ("sdpa", "elastic", "flex")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_FLEX_PATH = Path(__file__).resolve().parent.parent / "examples" / "flex_elastic.py"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def flex_elastic():
-    """examples/flex_elastic.py, loaded by path (examples/ is not a package)."""
-    if "flex_elastic" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("flex_elastic", _FLEX_PATH)
+def example(name: str):
+    """examples/<name>.py as the module `name`, loaded by path once (examples/ is not a
+    package): flex_elastic, and train, whose model this script times."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
-        sys.modules["flex_elastic"] = module
+        sys.modules[name] = module  # dataclasses and NamedTuples look their module up
         spec.loader.exec_module(module)
-    return sys.modules["flex_elastic"]
+    return sys.modules[name]
 
 
 def flex_kernel(device: str, compiled_model: bool):
     """The flex_attention the flex variant calls: compiled on CUDA in an eager model (the
     fused kernel), torch's own inside a compiled model (traced with it) or off CUDA."""
-    fe = flex_elastic()
+    fe = example("flex_elastic")
     if device == "cuda" and not compiled_model:
         return fe.compiled_flex_attention()
     return fe.flex_module().flex_attention
 
 
-class Attention(nn.Module):
+class Attention(example("train").MultiHead):
+    """Causal multi-head attention of a variant: SDPA, or the attention module of elastic
+    and flex called as users call it."""
+
     def __init__(self, d: int, heads: int, kind: str, kernel=None):
-        super().__init__()
-        self.heads, self.qkv, self.out = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+        super().__init__(d, heads)
         if kind == "elastic":
             self.inner = ElasticAttention(param_shape=(heads,), causal=True)
         elif kind == "flex":
-            self.inner = flex_elastic().FlexElasticAttention(param_shape=(heads,), causal=True,
-                                                             kernel=kernel)
+            self.inner = example("flex_elastic").FlexElasticAttention(
+                param_shape=(heads,), causal=True, kernel=kernel)
         else:
             self.inner = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, length, d = x.shape
-        q, k, v = (t.view(b, length, self.heads, -1).transpose(1, 2)
-                   for t in self.qkv(x).chunk(3, -1))
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  x: torch.Tensor) -> torch.Tensor:
         if self.inner is None:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            o = self.inner(q, k, v)
-        return self.out(o.transpose(1, 2).reshape(b, length, d))
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.inner(q, k, v)
 
 
-class Layer(nn.Module):
-    def __init__(self, d: int, heads: int, kind: str, kernel=None):
-        super().__init__()
-        self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = Attention(d, heads, kind, kernel)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.n1(x))
-        return x + self.mlp(self.n2(x))
-
-
-class Model(nn.Module):
-    def __init__(self, vocab: int, length: int, d: int, heads: int, layers: int, kind: str,
-                 kernel=None):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Parameter(torch.randn(length, d) * 0.02)
-        self.layers = nn.ModuleList(Layer(d, heads, kind, kernel) for _ in range(layers))
-        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.tok(tokens) + self.pos[: tokens.shape[1]]
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(self.norm(x))
-
-
-def build_model(args: argparse.Namespace, kind: str, compiled: bool = False) -> Model:
-    """The model of `kind` on args.device, its weights drawn from args.seed (the same for
-    every kind: the attentions draw no random numbers)."""
+def build_model(args: argparse.Namespace, kind: str, compiled: bool = False) -> nn.Module:
+    """The model of `kind` on args.device, examples/train.py's with a final LayerNorm and
+    position embeddings of std 0.02, its weights drawn from args.seed (the same for every
+    kind: the attentions draw no random numbers)."""
     kernel = flex_kernel(args.device, compiled) if kind == "flex" else None
     torch.manual_seed(args.seed)
-    model = Model(args.vocab, args.length, args.d_model, args.heads, args.layers, kind,
-                  kernel).to(args.device)
+    model = example("train").Model(
+        args.vocab, args.length, args.d_model, args.layers,
+        lambda: Attention(args.d_model, args.heads, kind, kernel), pos_std=0.02,
+        final_norm=True).to(args.device)
     for m in model.modules():
         if hasattr(m, "prepare"):  # FlexElasticAttention: its BlockMask, before any trace
             m.prepare(args.length, args.length, args.device)
@@ -272,7 +247,7 @@ def flex_check(args: argparse.Namespace) -> dict:
     kernel the eager flex variant uses): max normwise relative errors, or the reason it could
     not run. Skipped unless the flex variant is asked for."""
     try:
-        fe = flex_elastic()
+        fe = example("flex_elastic")
         kernel = flex_kernel(args.device, compiled_model=False)
         return {"status": "ok", "max_rel_error": fe.max_rel_errors(args.device, kernel=kernel)}
     except Exception as e:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("train_step", ROOT / "scripts" / "train_step.py")
 train_step = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(train_step)
-flex_elastic = train_step.flex_elastic()  # examples/flex_elastic.py
+flex_elastic = train_step.example("flex_elastic")
 
 TINY = ["--layers", "1", "--d-model", "64", "--heads", "4", "--batch", "2", "--length", "128",
         "--vocab", "256", "--device", "cpu", "--dtype", "fp32", "--threads", "1",
