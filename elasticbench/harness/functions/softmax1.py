@@ -29,7 +29,8 @@ def reference(row: list[float]) -> RowTruth:
 
 
 def gradient(row: list[float], g: list[float]) -> RowGrad:
-    """dx_k = y_k (g_k - sum_i g_i y_i), exactly; -inf positions get exactly 0."""
+    """dx_k = y_k (g_k - sum_i g_i y_i), exactly, softmax's form: the constant 1 enters only
+    through y. -inf positions get exactly 0."""
     return untempered_exp_grad(reference(row), row, g)
 
 
