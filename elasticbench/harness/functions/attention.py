@@ -81,10 +81,6 @@ class AttentionFunction:
         """The parameters that belong to the row function (tau, beta), not to attention."""
         return self.row.param_names
 
-    def row_values(self, params: dict[str, float]) -> dict[str, float]:
-        """params less the switches that are no row function's (causal, gate)."""
-        return {n: params[n] for n in self.row_params}
-
     def defaults(self) -> dict[str, float]:
         return {p.name: p.default for p in self.params}
 
