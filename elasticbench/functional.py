@@ -104,8 +104,8 @@ def _attention_parts() -> tuple:
             key_padding)
 
 
-def _attention(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: Scalar,
-               p1: Scalar, scale: float | None, causal: Causal,
+def _attention(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               p_score: Scalar, p_den: Scalar, scale: float | None, causal: Causal,
                attn_mask: torch.Tensor | None, is_causal: Causal,
                gate: torch.Tensor | None = None) -> torch.Tensor:
     """Every attention function's path: operands, scale, causal and the gate checked, then
@@ -133,14 +133,15 @@ def _attention(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if attn_mask is not None and key_mask is None:
         if weight is Weight.ELASTIC:
             out = composite.elastic_attention_composite(
-                q, k, v, tau=p0, beta=p1, scale=float(scale), causal=on, attn_mask=attn_mask,
-                offset=offset)
+                q, k, v, tau=p_score, beta=p_den, scale=float(scale), causal=on,
+                attn_mask=attn_mask, offset=offset)
         else:
-            out = composite.attention_composite(weight, q, k, v, p0=p0, p1=p1,
+            out = composite.attention_composite(weight, q, k, v, p_score=p_score, p_den=p_den,
                                                 scale=float(scale), causal=on,
                                                 attn_mask=attn_mask, offset=offset)
         return out if gate is None else out * gate
-    return attention_op(weight, q, k, v, p0, p1, float(scale), on, key_mask, offset, gate)
+    return attention_op(weight, q, k, v, p_score, p_den, float(scale), on, key_mask, offset,
+                        gate)
 
 
 _SHARED_DOC = """

@@ -1,12 +1,14 @@
 """The family's attention as torch custom ops, and the choice of implementation.
 
-    elasticbench::attention(q, k, v, p0, p1, scale, causal, key_mask, weight, offset, gate)
-        -> (out, m, den, ungated)
-    elasticbench::attention_backward(q, k, v, out, dout, m, den, p0, p1, scale, causal,
-                                     key_mask, weight, offset) -> (dq, dk, dv, dp0, dp1)
+    elasticbench::attention(q, k, v, p_score, p_den, scale, causal, key_mask, weight, offset,
+                            gate) -> (out, m, den, ungated)
+    elasticbench::attention_backward(q, k, v, out, dout, m, den, p_score, p_den, scale,
+                                     causal, key_mask, weight, offset)
+        -> (dq, dk, dv, dp_score, dp_den)
 
-weight is a `weights.Weight` as an int (Elastic, 0, by default), p0 and p1 its parameters
-as weights.py names them (tau and beta for Elastic). key_mask is None or a (batch,
+weight is a `weights.Weight` as an int (Elastic, 0, by default), p_score and p_den its
+parameters as weights.py names them (the one each score meets, the one the denominator adds:
+tau and beta for Elastic). key_mask is None or a (batch,
 length_k) bool key-padding mask (True: the key takes part), which every implementation
 applies inside its tiled loop. causal hides key j from query i unless j <= i + offset (0:
 top-left, SDPA's is_causal; length_k - length_q: bottom-right, a decode cache's;
@@ -16,8 +18,8 @@ epilogue (`weights`' contract); ungated is then the output without it, which the
 needs, and an empty tensor without a gate. The backward is the ungated one, called with
 out = ungated and dout = dY * gate; d gate = dY * ungated.
 
-p0 and p1 are (batch, heads) tensors in the working precision: bh_params lays a float, a
-per-head or a per-(batch, head) parameter out so as a view of the caller's tensor (stride 0
+p_score and p_den are (batch, heads) tensors in the working precision: bh_params lays a
+float, a per-head or a per-(batch, head) parameter out so as a view of the caller's tensor (stride 0
 where broadcast), keeping its graph and launching no kernel; every implementation reads it
 through its strides (docs/attention.md section 7). The incoming gradient dO reaches the
 backward in the layout autograd gives it, strided or not. Every implementation
@@ -134,22 +136,22 @@ def _constant(value: float, dtype: torch.dtype, device: torch.device, stream: in
 
 
 @torch.library.custom_op("elasticbench::attention", mutates_args=())
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
-              p1: torch.Tensor, scale: float, causal: bool,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_score: torch.Tensor,
+              p_den: torch.Tensor, scale: float, causal: bool,
               key_mask: torch.Tensor | None = None, weight: int = 0, offset: int = 0,
               gate: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, m, den, ungated): the output in q's dtype (times gate where one is given), each
     query's two statistics (work dtype) and the output without the gate (empty, (0,), when
-    there is none), by the implementation `choose` picks; p0 and p1 are (batch, heads);
-    causal: query i sees key j iff j <= i + offset."""
+    there is none), by the implementation `choose` picks; p_score and p_den are (batch,
+    heads); causal: query i sees key j iff j <= i + offset."""
     impl = choose(q, weight)
     if gate is None:
-        out, m, den = impl.forward(q, k, v, p0, p1, scale, causal, key_mask, weight=weight,
-                                   offset=offset)
+        out, m, den = impl.forward(q, k, v, p_score, p_den, scale, causal, key_mask,
+                                   weight=weight, offset=offset)
         ungated = out.new_empty(0)
     else:
-        out, m, den, ungated = impl.forward(q, k, v, p0, p1, scale, causal, key_mask,
+        out, m, den, ungated = impl.forward(q, k, v, p_score, p_den, scale, causal, key_mask,
                                             weight=weight, offset=offset, gate=gate,
                                             keep_ungated=True)
         ungated = ungated.contiguous()
@@ -159,8 +161,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tenso
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, p0, p1, scale, causal, key_mask=None, weight=0, offset=0,
-                    gate=None):
+def _attention_fake(q, k, v, p_score, p_den, scale, causal, key_mask=None, weight=0,
+                    offset=0, gate=None):
     stats = q.new_empty(q.shape[:3], dtype=work_dtype(q.dtype))
     shape = (*q.shape[:3], v.shape[3])
     return (q.new_empty(shape), stats, stats.new_empty(stats.shape),
@@ -170,31 +172,31 @@ def _attention_fake(q, k, v, p0, p1, scale, causal, key_mask=None, weight=0, off
 @torch.library.custom_op("elasticbench::attention_backward", mutates_args=())
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        grad: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
-                       p0: torch.Tensor, p1: torch.Tensor, scale: float, causal: bool,
+                       p_score: torch.Tensor, p_den: torch.Tensor, scale: float, causal: bool,
                        key_mask: torch.Tensor | None = None, weight: int = 0,
                        offset: int = 0
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                   torch.Tensor]:
-    """(dq, dk, dv, dp0, dp1) from the forward's two statistics; dp0, dp1 per
-    (batch, head)."""
-    parts = choose(q, weight).backward(q, k, v, out, grad, m, den, p0, p1, scale, causal,
-                                       key_mask, weight=weight, offset=offset)
+    """(dq, dk, dv, dp_score, dp_den) from the forward's two statistics; dp_score, dp_den
+    per (batch, head)."""
+    parts = choose(q, weight).backward(q, k, v, out, grad, m, den, p_score, p_den, scale,
+                                       causal, key_mask, weight=weight, offset=offset)
     return tuple(p.contiguous() for p in parts)  # type: ignore[return-value]
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(q, k, v, out, grad, m, den, p0, p1, scale, causal,
+def _attention_backward_fake(q, k, v, out, grad, m, den, p_score, p_den, scale, causal,
                              key_mask=None, weight=0, offset=0):
     # contiguous, as the real op returns them (empty_like would copy a view's strides)
-    return tuple(t.new_empty(t.shape) for t in (q, k, v, p0, p1))
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, p_score, p_den))
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, p0, p1, scale, causal, key_mask, weight, offset, *rest = inputs
+    q, k, v, p_score, p_den, scale, causal, key_mask, weight, offset, *rest = inputs
     gate = rest[0] if rest else None
     out, m, den, *kept = output
     ungated = out if gate is None else kept[0]  # the backward is the ungated one's
-    ctx.save_for_backward(q, k, v, ungated, m, den, p0, p1, gate)
+    ctx.save_for_backward(q, k, v, ungated, m, den, p_score, p_den, gate)
     ctx.scale, ctx.causal, ctx.key_mask, ctx.weight = scale, causal, key_mask, weight
     ctx.offset = offset
 
@@ -205,7 +207,7 @@ def _gradients(ctx, grad: torch.Tensor, backward) -> tuple:
     gate, the ungated backward takes dY * gate, and d gate = dY * ungated."""
     if torch.is_grad_enabled():
         return _differentiable_backward(ctx, grad)
-    q, k, v, out, m, den, p0, p1, gate = ctx.saved_tensors
+    q, k, v, out, m, den, p_score, p_den, gate = ctx.saved_tensors
     need = ctx.needs_input_grad
     dgate = None
     if gate is not None:
@@ -215,11 +217,11 @@ def _gradients(ctx, grad: torch.Tensor, backward) -> tuple:
     grads: tuple = (None,) * 5
     if any(need[:5]):
         # grad as autograd gives it: every implementation reads dO through its strides
-        grads = backward(q, k, v, out, grad, m, den, p0, p1, ctx.scale, ctx.causal,
+        grads = backward(q, k, v, out, grad, m, den, p_score, p_den, ctx.scale, ctx.causal,
                          ctx.key_mask, weight=ctx.weight, offset=ctx.offset)
-    dq, dk, dv, dp0, dp1 = grads
-    return (dq, dk, dv, dp0 if need[3] else None, dp1 if need[4] else None, None, None,
-            None, None, None, dgate)
+    dq, dk, dv, dp_score, dp_den = grads
+    return (dq, dk, dv, dp_score if need[3] else None, dp_den if need[4] else None, None,
+            None, None, None, None, dgate)
 
 
 def _backward(ctx, grad, _grad_m, _grad_den, _grad_ungated):
@@ -232,30 +234,31 @@ def _differentiable_backward(ctx, grad: torch.Tensor) -> tuple:
     @ v), whose own backward is differentiable, so that the second order is exact, at the
     composite's O(length^2) memory. A fused kernel's gradient is a constant to autograd:
     its second order would silently be 0."""
-    q, k, v, _, _, _, p0, p1, gate = ctx.saved_tensors
-    return _differentiable(q, k, v, p0, p1, gate, ctx.scale, ctx.causal, ctx.key_mask,
-                           ctx.weight, ctx.offset, grad, tuple(ctx.needs_input_grad[:5]),
+    q, k, v, _, _, _, p_score, p_den, gate = ctx.saved_tensors
+    return _differentiable(q, k, v, p_score, p_den, gate, ctx.scale, ctx.causal,
+                           ctx.key_mask, ctx.weight, ctx.offset, grad,
+                           tuple(ctx.needs_input_grad[:5]),
                            gate is not None and ctx.needs_input_grad[10])
 
 
-def _differentiable(q, k, v, p0, p1, gate, scale, causal, key_mask, weight, offset, grad,
-                    needs, need_gate) -> tuple:
-    """_differentiable_backward's gradients from its operands: (dq, dk, dv, dp0, dp1, None
-    x 5, d gate), each None where `needs` (five flags) or need_gate does not ask for it."""
+def _differentiable(q, k, v, p_score, p_den, gate, scale, causal, key_mask, weight, offset,
+                    grad, needs, need_gate) -> tuple:
+    """_differentiable_backward's gradients from its operands: (dq, dk, dv, dp_score, dp_den,
+    None x 5, d gate), each None where `needs` (five flags) or need_gate does not ask for it."""
     from . import composite
 
-    inputs = (q, k, v, p0, p1)
+    inputs = (q, k, v, p_score, p_den)
     wanted = [i for i, need in enumerate(needs) if need]
     mask = None if key_mask is None else key_mask[:, None, None]
     with torch.enable_grad():
-        p0_4, p1_4 = p0[:, :, None, None], p1[:, :, None, None]
+        p_score4, p_den4 = p_score[:, :, None, None], p_den[:, :, None, None]
         if Weight(weight) is Weight.ELASTIC:  # Elastic's own, as before the family
             out = composite.elastic_attention_composite(
-                q, k, v, tau=p0_4, beta=p1_4, scale=scale, causal=causal,
+                q, k, v, tau=p_score4, beta=p_den4, scale=scale, causal=causal,
                 attn_mask=mask, offset=offset)
         else:
             out = composite.attention_composite(
-                Weight(weight), q, k, v, p0=p0_4, p1=p1_4, scale=scale,
+                Weight(weight), q, k, v, p_score=p_score4, p_den=p_den4, scale=scale,
                 causal=causal, attn_mask=mask, offset=offset)
         if gate is not None:
             out = out * gate
@@ -268,12 +271,12 @@ def _differentiable(q, k, v, p0, p1, gate, scale, causal, key_mask, weight, offs
     return tuple(grads)
 
 
-def _node_differentiable(q, k, v, p0, p1, scale, causal, key_mask, weight, offset, grad,
-                         needs) -> tuple:
+def _node_differentiable(q, k, v, p_score, p_den, scale, causal, key_mask, weight, offset,
+                         grad, needs) -> tuple:
     """The native node's backward where autograd builds the gradient's graph: as the
     autograd function's (no gate)."""
-    return _differentiable(q, k, v, p0, p1, None, scale, causal, key_mask, weight, offset,
-                           grad, needs, False)[:5]
+    return _differentiable(q, k, v, p_score, p_den, None, scale, causal, key_mask, weight,
+                           offset, grad, needs, False)[:5]
 
 
 @functools.cache
@@ -296,19 +299,19 @@ class _Attention(torch.autograd.Function):
     implementation is chosen once, in the forward, and kept for the backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, p0, p1, scale, causal, key_mask, weight, offset, gate):
+    def forward(ctx, q, k, v, p_score, p_den, scale, causal, key_mask, weight, offset, gate):
         impl = choose(q, weight)
         if gate is None:
-            out, m, den = impl.forward(q, k, v, p0, p1, scale, causal, key_mask,
+            out, m, den = impl.forward(q, k, v, p_score, p_den, scale, causal, key_mask,
                                        weight=weight, offset=offset)
             ungated = out
         else:  # the backward needs the ungated output: kept by the epilogue
-            out, m, den, ungated = impl.forward(q, k, v, p0, p1, scale, causal, key_mask,
-                                                weight=weight, offset=offset, gate=gate,
-                                                keep_ungated=True)
+            out, m, den, ungated = impl.forward(q, k, v, p_score, p_den, scale, causal,
+                                                key_mask, weight=weight, offset=offset,
+                                                gate=gate, keep_ungated=True)
         ctx.impl = impl
-        _setup_context(ctx, (q, k, v, p0, p1, scale, causal, key_mask, weight, offset, gate),
-                       (out, m, den, ungated))
+        _setup_context(ctx, (q, k, v, p_score, p_den, scale, causal, key_mask, weight, offset,
+                             gate), (out, m, den, ungated))
         ctx.mark_non_differentiable(m, den)
         # m and den take no gradient: left None, not filled with zeros on every backward
         ctx.set_materialize_grads(False)
@@ -322,27 +325,28 @@ class _Attention(torch.autograd.Function):
 
 
 def attention_op(weight: Weight | int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 p0: Scalar, p1: Scalar, scale: float, causal: bool,
+                 p_score: Scalar, p_den: Scalar, scale: float, causal: bool,
                  key_mask: torch.Tensor | None = None, offset: int = 0,
                  gate: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of `weight`, differentiable in q, k, v, p0, p1 and gate, through the custom
-    op where the call is traced (elasticbench.dispatch.traced), else the autograd function,
-    or straight to the implementation where autograd has nothing to record; key_mask (batch,
-    length_k) bool hides padded keys inside the fused loop; causal: query i sees key j iff
-    j <= i + offset (an int; layout.causal_offset); gate None or (batch, heads, length_q,
-    value_dim) in q's dtype, multiplied into the output by the implementation's epilogue."""
+    """Attention of `weight`, differentiable in q, k, v, p_score, p_den and gate, through the
+    custom op where the call is traced (elasticbench.dispatch.traced), else the autograd
+    function, or straight to the implementation where autograd has nothing to record;
+    key_mask (batch, length_k) bool hides padded keys inside the fused loop; causal: query i
+    sees key j iff j <= i + offset (an int; layout.causal_offset); gate None or (batch,
+    heads, length_q, value_dim) in q's dtype, multiplied into the output by the
+    implementation's epilogue."""
     w = int(weight)
     offset = int(offset) if causal else 0
-    t, b = bh_params(p0, q), bh_params(p1, q)
-    args = (q, k, v, t, b, scale, causal, key_mask, w, offset)
+    p_score, p_den = bh_params(p_score, q), bh_params(p_den, q)
+    args = (q, k, v, p_score, p_den, scale, causal, key_mask, w, offset)
     if dispatch.traced(q):
         return attention(*args, gate)[0]
     if torch.is_grad_enabled() and (
-            q.requires_grad or k.requires_grad or v.requires_grad or t.requires_grad
-            or b.requires_grad or (gate is not None and gate.requires_grad)):
+            q.requires_grad or k.requires_grad or v.requires_grad or p_score.requires_grad
+            or p_den.requires_grad or (gate is not None and gate.requires_grad)):
         if gate is None and choose(q, w) is CPP:  # the same kernels as one C++ node
-            return _native_node()(q, k, v, t, b, scale, causal, key_mask, w, offset,
-                                  cpp.BLOCK_Q, cpp.BLOCK_K)
+            return _native_node()(q, k, v, p_score, p_den, scale, causal, key_mask, w,
+                                  offset, cpp.BLOCK_Q, cpp.BLOCK_K)
         return _Attention.apply(*args, gate)[0]
     impl = choose(q, w)
     if gate is None:

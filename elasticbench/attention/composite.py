@@ -7,10 +7,10 @@
 
 `elastic_attention_composite` is Elastic attention; `attention_weights` and
 `attention_composite` are the same for any weight of attention/weights.py (Weight; Cog's
-weights are `cog_weights`), with the parameters p0 and p1 as weights.py names them, in plain
-differentiable torch (second orders exact through autograd; docs/attention.md section 9). They materialize the (length_q,
-length_k) score matrix of every head, so they need O(length^2) memory; the tiled
-implementations compute the same functions in O(length).
+weights are `cog_weights`), with the parameters p_score and p_den as weights.py names them,
+in plain differentiable torch (second orders exact through autograd; docs/attention.md
+section 9). They materialize the (length_q, length_k) score matrix of every head, so they
+need O(length^2) memory; the tiled implementations compute the same functions in O(length).
 """
 
 from __future__ import annotations
@@ -145,14 +145,14 @@ def cog_weights(s: torch.Tensor, hidden: torch.Tensor | None) -> torch.Tensor:
     return torch.where(inf_row, shares.to(w.dtype), w)
 
 
-def attention_weights(weight: Weight, q: torch.Tensor, k: torch.Tensor, *, p0: Scalar,
-                      p1: Scalar, scale: float, causal: bool,
+def attention_weights(weight: Weight, q: torch.Tensor, k: torch.Tensor, *, p_score: Scalar,
+                      p_den: Scalar, scale: float, causal: bool,
                       attn_mask: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
     """The weights w (B, H, Lq, Lk), in q's working precision, of `weight` over the scores
     scale * q @ k^T: the keys a query does not see (causal with the diagonal j <= i +
-    offset, attn_mask) do not exist for it
-    (weight 0, outside every sum); a float mask is added to the scores. p0 and p1 as
-    attention/weights.py names them: floats or tensors broadcasting against (B, H, 1, 1)."""
+    offset, attn_mask) do not exist for it (weight 0, outside every sum); a float mask is
+    added to the scores. p_score and p_den as attention/weights.py names them: floats or
+    tensors broadcasting against (B, H, 1, 1)."""
     weight = Weight(weight)
     wd = work_dtype(q.dtype)
     s = (q.to(wd) @ k.to(wd).transpose(-1, -2)) * scale
@@ -160,22 +160,22 @@ def attention_weights(weight: Weight, q: torch.Tensor, k: torch.Tensor, *, p0: S
         s = s + attn_mask.to(device=s.device, dtype=wd)
     hidden = hidden_keys(q, k, causal, attn_mask, offset)
     b, h = q.shape[:2]
-    t0, t1 = (head_params(p, b, h, wd, s.device) for p in (p0, p1))
+    p_score, p_den = (head_params(p, b, h, wd, s.device) for p in (p_score, p_den))
     if weight is Weight.COG:
         return cog_weights(s, hidden)
     if weight.exponential:
         if hidden is not None:
             s = s.masked_fill(hidden, -math.inf)
         if weight is Weight.ELASTIC:
-            return along(s, t0, t1, -1, ELASTIC)
+            return along(s, p_score, p_den, -1, ELASTIC)
         return along(s, SOFTMAX1.tau, SOFTMAX1.offset, -1, SOFTMAX1)
     if hidden is not None:  # 0 before any op: a hidden NaN or inf never reaches a gradient
         s = s.masked_fill(hidden, 0)
     if weight is Weight.SIGMOID:
-        w = torch.sigmoid(s + t0)
+        w = torch.sigmoid(s + p_score)
     elif weight is Weight.SYMAX:
         a = s.abs() if hidden is None else s.abs().masked_fill(hidden, 0)
-        return _normalize(a, t1)
+        return _normalize(a, p_den)
     elif weight is Weight.STABLEMAX:
         a = stablemax_weight(s)
         return _normalize(a if hidden is None else a.masked_fill(hidden, 0), None)
@@ -185,14 +185,14 @@ def attention_weights(weight: Weight, q: torch.Tensor, k: torch.Tensor, *, p0: S
 
 
 def attention_composite(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        *, p0: Scalar, p1: Scalar, scale: float, causal: bool,
+                        *, p_score: Scalar, p_den: Scalar, scale: float, causal: bool,
                         attn_mask: torch.Tensor | None = None, offset: int = 0
                         ) -> torch.Tensor:
     """out = attention_weights(...) @ v in q's dtype, differentiable in q, k, v and tensor
-    p0, p1; a query whose weights are all 0 (no visible key, or none kept) gives exactly 0
-    and zero gradients even where v holds NaN or inf."""
-    w = attention_weights(weight, q, k, p0=p0, p1=p1, scale=scale, causal=causal,
-                          attn_mask=attn_mask, offset=offset)
+    p_score, p_den; a query whose weights are all 0 (no visible key, or none kept) gives
+    exactly 0 and zero gradients even where v holds NaN or inf."""
+    w = attention_weights(weight, q, k, p_score=p_score, p_den=p_den, scale=scale,
+                          causal=causal, attn_mask=attn_mask, offset=offset)
     out = w @ v.to(w.dtype)
     live = (w != 0).any(-1, keepdim=True) | w.isnan().any(-1, keepdim=True)
     if weight is Weight.COG:  # a zero score has weight 0 but a gradient: every visible key

@@ -1,17 +1,17 @@
 """The fused CPU kernel of the native tier (kernels/cpp/attention.cpp) behind the contract of
 `weights`, for every weight of `weights.Weight`:
 
-    forward(q, k, v, p0, p1, scale, causal, key_mask=None, weight=Weight.ELASTIC, offset=0,
-            gate=None, keep_ungated=False) -> (out in q's dtype, m, den[, ungated])
-    backward(q, k, v, out, dout, m, den, p0, p1, scale, causal, key_mask=None,
-             weight=Weight.ELASTIC, offset=0) -> (dq, dk, dv, dp0, dp1)
+    forward(q, k, v, p_score, p_den, scale, causal, key_mask=None, weight=Weight.ELASTIC,
+            offset=0, gate=None, keep_ungated=False) -> (out in q's dtype, m, den[, ungated])
+    backward(q, k, v, out, dout, m, den, p_score, p_den, scale, causal, key_mask=None,
+             weight=Weight.ELASTIC, offset=0) -> (dq, dk, dv, dp_score, dp_den)
 
-p0, p1 are Elastic's tau and beta, so Elastic's positional calls read as before; each a
-(batch, heads) tensor in any strides (a broadcast one, stride 0, is read in place). causal:
-query i sees key j iff j <= i + offset. q, k, v, out and dout are read where they lie (any
-(batch, head, row) strides with contiguous rows: a transposed (batch, length, heads, dim)
-view costs no copy). key_mask is
-an optional (batch, length_k) bool. The C++ kernel flags queries with an infinite weight by
+p_score and p_den are the weight's two parameter slots as weights.py names them (Elastic's
+tau and beta, in that order), each a (batch, heads) tensor in any strides (a broadcast one,
+stride 0, is read in place). causal: query i sees key j iff j <= i + offset. q, k, v, out
+and dout are read where they lie (any (batch, head, row) strides with contiguous rows: a
+transposed (batch, length, heads, dim) view costs no copy). key_mask is an optional (batch,
+length_k) bool. The C++ kernel flags queries with an infinite weight by
 m = +inf and NaN ones by m = NaN, and `special` finishes the infinite ones here, as it does
 for every kernel. fp16 and bf16 are converted to fp32 once, computed in fp32 and rounded
 once. A gate multiplies the output in the kernel's epilogue, in the work dtype, the ungated
@@ -41,10 +41,10 @@ def accepts(q: torch.Tensor, weight: Weight | int = Weight.ELASTIC) -> bool:
     return q.device.type == "cpu" and weight in WEIGHTS and extension() is not None
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
-            p1: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
-            weight: Weight | int = Weight.ELASTIC, offset: int = 0,
-            gate: torch.Tensor | None = None, keep_ungated: bool = False
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_score: torch.Tensor,
+            p_den: torch.Tensor, scale: float, causal: bool,
+            key_mask: torch.Tensor | None = None, weight: Weight | int = Weight.ELASTIC,
+            offset: int = 0, gate: torch.Tensor | None = None, keep_ungated: bool = False
             ) -> tuple[torch.Tensor, ...]:
     """(out in q's dtype, m, den) with m and den (batch, heads, length_q) in the work dtype;
     key_mask (batch, length_k) bool hides the keys where it is False inside the fused loop;
@@ -52,12 +52,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
     weight = int(weight)  # the extension refuses a weight it does not have
     offset = offset if causal else 0
     if gate is None and not keep_ungated:  # the common call, as before the gate
-        out, m, den = native.load().attention_forward(q, k, v, p0, p1, scale, causal, BLOCK_Q,
-                                                      BLOCK_K, key_mask, weight, offset)
+        out, m, den = native.load().attention_forward(q, k, v, p_score, p_den, scale, causal,
+                                                      BLOCK_Q, BLOCK_K, key_mask, weight,
+                                                      offset)
         special.fix_forward(q, k, v, out, m, den, scale, causal, key_mask, weight, offset)
         return _as(out, q.dtype), m, den
-    parts = native.load().attention_forward(q, k, v, p0, p1, scale, causal, BLOCK_Q, BLOCK_K,
-                                            key_mask, weight, offset, gate, keep_ungated)
+    parts = native.load().attention_forward(q, k, v, p_score, p_den, scale, causal, BLOCK_Q,
+                                            BLOCK_K, key_mask, weight, offset, gate,
+                                            keep_ungated)
     out, m, den = parts[:3]
     ungated = parts[3] if keep_ungated and gate is not None else None
     special.fix_forward(q, k, v, out, m, den, scale, causal, key_mask, weight, offset,
@@ -69,18 +71,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-             do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
-             p1: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
-             weight: Weight | int = Weight.ELASTIC, offset: int = 0
+             do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p_score: torch.Tensor,
+             p_den: torch.Tensor, scale: float, causal: bool,
+             key_mask: torch.Tensor | None = None, weight: Weight | int = Weight.ELASTIC,
+             offset: int = 0
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in q's dtype and (dp0, dp1) per (batch, head) in the work dtype."""
+    """(dq, dk, dv) in q's dtype and (dp_score, dp_den) per (batch, head) in the work dtype."""
     weight = int(weight)
     offset = offset if causal else 0
-    dq, dk, dv, dp0, dp1 = native.load().attention_backward(
-        q, k, v, out, do, m, den, p0, p1, scale, causal, BLOCK_Q, BLOCK_K, key_mask,
+    dq, dk, dv, dp_score, dp_den = native.load().attention_backward(
+        q, k, v, out, do, m, den, p_score, p_den, scale, causal, BLOCK_Q, BLOCK_K, key_mask,
         weight, offset)
     special.fix_backward(q, k, do, dv, m, scale, causal, key_mask, weight, offset)
-    return _as(dq, q.dtype), _as(dk, q.dtype), _as(dv, q.dtype), dp0, dp1
+    return _as(dq, q.dtype), _as(dk, q.dtype), _as(dv, q.dtype), dp_score, dp_den
 
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -31,7 +31,7 @@ and the parameters' gradients per (batch, head): Elastic's
     dbeta = sum_i -c_i e^{-m_i/tau} / den_i
 
 symax's d eta = sum_i -c_i / den_i, sigmoid's d bias = sum_ij ds_ij; the rest have none
-(their zero). p0 and p1 arrive as (batch, heads) tensors in the working precision, each
+(their zero). p_score and p_den arrive as (batch, heads) tensors in the working precision, each
 kernel takes an optional (batch, length_k) bool key_mask (True: the key takes part) applied
 tile by tile, and queries with an infinite weight are finished by `special`. A gate
 ((batch, heads, length_q, value_dim), `weights`' contract) multiplies each query block's
@@ -156,8 +156,8 @@ class _Outputs:
         return out, m, den, (out if self.ungated is None else self.ungated.to(q.dtype))
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
-            p1: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_score: torch.Tensor,
+            p_den: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
             weight: Weight | int = Weight.ELASTIC, offset: int = 0,
             gate: torch.Tensor | None = None, keep_ungated: bool = False
             ) -> tuple[torch.Tensor, ...]:
@@ -171,11 +171,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
     if weight in (Weight.SOFTMAX1, Weight.COG):
         return _forward_exp(q, k, v, scale, diag, key_mask, weight, outs)
     if not weight.exponential:
-        return _forward_sums(q, k, v, p0, p1, scale, diag, key_mask, weight, outs)
+        return _forward_sums(q, k, v, p_score, p_den, scale, diag, key_mask, weight, outs)
     wd = work_dtype(q.dtype)
     bsz, heads, lq, _ = q.shape
     lk = k.shape[2]
-    t3, b3 = p0[..., None], p1[..., None]
+    t3, b3 = p_score[..., None], p_den[..., None]
     t4 = t3[..., None]
     m_all = torch.empty(bsz, heads, lq, dtype=wd, device=q.device)
     den_all = torch.empty_like(m_all)
@@ -269,8 +269,8 @@ def _forward_exp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     return outs.finish(q, k, v, m_all, den_all, scale, diag, key_mask, weight)
 
 
-def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor,
-                  p1: torch.Tensor, scale: float, diag: int | None,
+def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_score: torch.Tensor,
+                  p_den: torch.Tensor, scale: float, diag: int | None,
                   key_mask: torch.Tensor | None, weight: Weight, outs: _Outputs
                   ) -> tuple[torch.Tensor, ...]:
     """symax, stablemax (plain running sums, no max) and sigmoid (no normalizer). The
@@ -280,8 +280,8 @@ def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.T
     bsz, heads, lq, _ = q.shape
     lk, dv = k.shape[2], v.shape[3]
     sigmoid = weight is Weight.SIGMOID
-    ip = _in_place(q, k, v, p0, p1)
-    bias = p0[..., None, None] if sigmoid else None
+    ip = _in_place(q, k, v, p_score, p_den)
+    bias = p_score[..., None, None] if sigmoid else None
     m_all = torch.zeros(bsz, heads, lq, dtype=wd, device=q.device)
     den_all = torch.ones_like(m_all)
     for q0 in range(0, lq, FAMILY_BLOCK_Q):
@@ -303,7 +303,7 @@ def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.T
             continue
         l = acc[..., dv]  # noqa: E741
         nan_row, inf_row = l.isnan(), l == math.inf
-        den = p1[..., None] + l if weight is Weight.SYMAX else l
+        den = p_den[..., None] + l if weight is Weight.SYMAX else l
         o = torch.where(den[..., None] == 0, 0, acc[..., :dv] / den[..., None])  # 0/0 is 0
         outs.put(q0, q1, o.masked_fill(nan_row[..., None], math.nan))
         m_all[:, :, q0:q1] = torch.zeros_like(l).masked_fill(inf_row, math.inf).masked_fill(
@@ -314,22 +314,23 @@ def _forward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.T
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-             do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
-             p1: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
+             do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p_score: torch.Tensor,
+             p_den: torch.Tensor, scale: float, causal: bool, key_mask: torch.Tensor | None = None,
              weight: Weight | int = Weight.ELASTIC, offset: int = 0
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in q's dtype and (dp0, dp1) per (batch, head) in the work dtype; causal
+    """(dq, dk, dv) in q's dtype and (dp_score, dp_den) per (batch, head) in the work dtype; causal
     with the diagonal of forward's offset."""
     weight = Weight(weight)
     diag = offset if causal else None
     if weight in (Weight.SOFTMAX1, Weight.COG):
-        return _backward_exp(q, k, v, out, do, m, den, p0, p1, scale, diag, key_mask, weight)
+        return _backward_exp(q, k, v, out, do, m, den, p_score, p_den, scale, diag, key_mask,
+                             weight)
     if not weight.exponential:
-        return _backward_sums(q, k, v, out, do, m, den, p0, p1, scale, diag, key_mask,
+        return _backward_sums(q, k, v, out, do, m, den, p_score, p_den, scale, diag, key_mask,
                               weight)
     wd = work_dtype(q.dtype)
     lq, lk = q.shape[2], k.shape[2]
-    t4 = p0[..., None, None]
+    t4 = p_score[..., None, None]
     m, den = m.to(wd), den.to(wd)
     inf_row = m == math.inf
     nan_row = m.isnan()
@@ -361,15 +362,15 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
             dv[:, :, k0:k1] += p.transpose(-1, -2) @ dob
             dk[:, :, k0:k1] += (ds.transpose(-1, -2) @ qb) * scale
             dq[:, :, q0:q1] += (ds @ kb) * scale
-    dp0, dp1 = param_grads(dsz, c, m, den, p0, p1)
+    dp_score, dp_den = param_grads(dsz, c, m, den, p_score, p_den)
     special.fix_backward(q, k, do, dv, m, scale, diag is not None, key_mask,
                          offset=diag or 0)
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp0, dp1
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp_score, dp_den
 
 
 def _backward_exp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                  do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
-                  p1: torch.Tensor, scale: float, diag: int | None,
+                  do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p_score: torch.Tensor,
+                  p_den: torch.Tensor, scale: float, diag: int | None,
                   key_mask: torch.Tensor | None, weight: Weight
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                              torch.Tensor]:
@@ -379,7 +380,7 @@ def _backward_exp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
     gradients). The visible-key masks are applied only in the query blocks that hold a NaN
     or +inf query."""
     wd = work_dtype(q.dtype)
-    ip = _in_place(q, k, v, out, do, m, den, p0, p1)
+    ip = _in_place(q, k, v, out, do, m, den, p_score, p_den)
     lq, lk = q.shape[2], k.shape[2]
     m, den = m.to(wd), den.to(wd)
     inf_row = m == math.inf
@@ -415,13 +416,13 @@ def _backward_exp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
             dq[:, :, q0:q1] += (ds @ kb) * scale
     special.fix_backward(q, k, do, dv, m, scale, diag is not None, key_mask, weight,
                          offset=diag or 0)
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), torch.zeros_like(p0), \
-        torch.zeros_like(p1)
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), torch.zeros_like(p_score), \
+        torch.zeros_like(p_den)
 
 
 def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                   do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p0: torch.Tensor,
-                   p1: torch.Tensor, scale: float, diag: int | None,
+                   do: torch.Tensor, m: torch.Tensor, den: torch.Tensor, p_score: torch.Tensor,
+                   p_den: torch.Tensor, scale: float, diag: int | None,
                    key_mask: torch.Tensor | None, weight: Weight
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                               torch.Tensor]:
@@ -429,8 +430,8 @@ def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     wd = work_dtype(q.dtype)
     lq, lk = q.shape[2], k.shape[2]
     sigmoid = weight is Weight.SIGMOID
-    ip = _in_place(q, k, v, out, do, m, den, p0, p1)
-    bias = p0[..., None, None] if sigmoid else None
+    ip = _in_place(q, k, v, out, do, m, den, p_score, p_den)
+    bias = p_score[..., None, None] if sigmoid else None
     m, den = m.to(wd), den.to(wd)
     inf_row = m == math.inf
     r = torch.where(den == 0, 0, 1 / den).masked_fill(inf_row, 0)  # NaN rows stay NaN
@@ -474,15 +475,15 @@ def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
             dq[:, :, q0:q1] += (ds @ kb) * scale
             if sigmoid:
                 dbias += ds.sum((-1, -2))
-    dp0, dp1 = torch.zeros_like(p0), torch.zeros_like(p1)
+    dp_score, dp_den = torch.zeros_like(p_score), torch.zeros_like(p_den)
     if sigmoid:
-        dp0 = dbias
+        dp_score = dbias
     elif weight is Weight.SYMAX:
-        dp1 = -torch.where(inf_row, 0, c * r).sum(-1)
+        dp_den = -torch.where(inf_row, 0, c * r).sum(-1)
     if not sigmoid:
         special.fix_backward(q, k, do, dv, m, scale, diag is not None, key_mask, weight,
                              offset=diag or 0)
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp0, dp1
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp_score, dp_den
 
 
 def param_grads(dsz: torch.Tensor, c: torch.Tensor, m: torch.Tensor, den: torch.Tensor,

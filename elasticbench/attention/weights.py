@@ -1,16 +1,18 @@
 """Which row function a fused attention kernel applies to a query's scores: the weight.
 
 Every fused implementation (the tiled torch code, the native kernel, the Triton kernel)
-takes the weight as a compile-time choice and two per-(batch, head) parameters p0 and p1,
-(batch, heads) tensors in the work dtype, always given (an unused one is ignored and its
-gradient is zero):
+takes the weight as a compile-time choice and two per-(batch, head) parameters p_score and
+p_den, (batch, heads) tensors in the work dtype, always given (an unused one is ignored and
+its gradient is zero). p_score is the parameter each score meets (Elastic's tau in
+exp(s/tau), sigmoid's bias in sigmoid(s + bias)); p_den is the one the denominator adds
+(Elastic's beta in beta + sum, symax's eta in eta + sum |s|):
 
-    forward(q, k, v, p0, p1, scale, causal, key_mask=None, weight=Weight.ELASTIC,
+    forward(q, k, v, p_score, p_den, scale, causal, key_mask=None, weight=Weight.ELASTIC,
             gate=None, keep_ungated=False)
         -> (out in q's dtype, m, den), m and den (batch, heads, length_q) in the work dtype;
            with keep_ungated (and a gate), (out, m, den, ungated)
-    backward(q, k, v, out, dout, m, den, p0, p1, scale, causal, key_mask=None,
-             weight=Weight.ELASTIC) -> (dq, dk, dv, dp0, dp1)
+    backward(q, k, v, out, dout, m, den, p_score, p_den, scale, causal, key_mask=None,
+             weight=Weight.ELASTIC) -> (dq, dk, dv, dp_score, dp_den)
 
 gate is None or a (batch, heads, length_q, value_dim) tensor in q's dtype (any strides): the
 epilogue writes out = round(O * gate), O the ungated output in the work dtype, and, with
@@ -33,8 +35,8 @@ m and den are the query statistics the backward recomputes the weights from
 (sums over the visible keys). For the normalized weights, m = +inf marks a query with an
 infinite weight (docs/attention.md section 3: `special` finishes it; for COG an infinite
 |s|, +inf or -inf) and m = NaN one with a NaN score (NaN wins); sigmoid's weights are
-bounded and need neither. dp0 and dp1 are per (batch, head), summed over the queries; a
-parameter the weight does not use gets a zero gradient.
+bounded and need neither. dp_score and dp_den are per (batch, head), summed over the
+queries; a parameter the weight does not use gets a zero gradient.
 """
 
 from __future__ import annotations
@@ -43,13 +45,15 @@ import enum
 
 
 class Weight(enum.IntEnum):
-    """w_ij from the scores s_ij of query i over the keys it sees; p0, p1 as named."""
+    """w_ij from the scores s_ij of query i over the keys it sees, with p_score the
+    parameter each score meets and p_den the one the denominator adds, as each member names
+    them."""
 
-    ELASTIC = 0  # exp(s/p0) over kept s >= 0, / (p1 + sum): tau = p0, beta = p1
+    ELASTIC = 0  # exp(s/tau) over kept s >= 0, / (beta + sum): tau = p_score, beta = p_den
     SOFTMAX1 = 1  # exp(s) / (1 + sum exp(s)): no parameter
-    SYMAX = 2  # |s| / (p1 + sum |s|): eta = p1
+    SYMAX = 2  # |s| / (eta + sum |s|): eta = p_den
     STABLEMAX = 3  # st(s) / sum st(s), st(s) = s + 1 (s >= 0), 1/(1 - s) (s < 0)
-    SIGMOID = 4  # sigmoid(s + p0) each, no normalizer: bias = p0
+    SIGMOID = 4  # sigmoid(s + bias) each, no normalizer: bias = p_score
     COG = 5  # sign(s) exp(|s|) / sum exp(|s|): signed weights, no parameter
 
     @property

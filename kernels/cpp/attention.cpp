@@ -135,10 +135,10 @@ struct KeyMask {
   }
 };
 
-// A (batch, head)'s weight parameters (p0, p1 of elasticbench/attention/weights.py) as the
-// loops use them: the denominator is l + sink exp(-m/t) for the exp family (Elastic: t = tau,
-// sink = beta; softmax1: 1 and 1), l + sink for the others (symax: eta; stablemax: 0), 1 for
-// sigmoid; `a` is the row kernels' parameter (attention.h).
+// A (batch, head)'s weight parameters (p_score, p_den of elasticbench/attention/weights.py)
+// as the loops use them: the denominator is l + sink exp(-m/t) for the exp family (Elastic:
+// t = tau, sink = beta; softmax1: 1 and 1), l + sink for the others (symax: eta; stablemax:
+// 0), 1 for sigmoid; `a` is the row kernels' parameter (attention.h).
 template <typename C> struct WeightParams {
   double t, sink;
   C a;
@@ -170,18 +170,19 @@ template <typename C> struct Gate {
 };
 constexpr bool exponential(int w) { return w == kElastic || w == kSoftmax1 || w == kCog; }
 template <int W, typename C>
-WeightParams<C> weight_params(const HeadParam<C>& p0, const HeadParam<C>& p1, int64_t bh) {
+WeightParams<C> weight_params(const HeadParam<C>& p_score, const HeadParam<C>& p_den,
+                              int64_t bh) {
   if constexpr (W == kElastic) {
-    const double t = double(p0[bh]);
-    return {t, double(p1[bh]), C(1.0 / t)};
+    const double t = double(p_score[bh]);
+    return {t, double(p_den[bh]), C(1.0 / t)};
   } else if constexpr (W == kSoftmax1) {
     return {1.0, 1.0, C(1)};
   } else if constexpr (W == kSymax) {
-    return {1.0, double(p1[bh]), C(0)};
+    return {1.0, double(p_den[bh]), C(0)};
   } else if constexpr (W == kStablemax || W == kCog) {
     return {1.0, 0.0, C(0)};
   } else {
-    return {1.0, 0.0, p0[bh]};
+    return {1.0, 0.0, p_score[bh]};
   }
 }
 // The score a key hidden by the padding mask gets, so that its weight is 0: -inf, but 0 for
@@ -251,7 +252,7 @@ template <typename C> struct Scratch {
 
 template <typename C, int W>
 void forward_impl(const Rows<C>& q, const Rows<C>& k, const Rows<C>& v,
-                  const HeadParam<C>& p0, const HeadParam<C>& p1, C* out,
+                  const HeadParam<C>& p_score, const HeadParam<C>& p_den, C* out,
                   C* m_out, C* den_out, const Shape& sh, const AttnRows<C>& rows,
                   const Gate<C>& gate, C* ungated) {
   const int64_t nqb = (sh.lq + sh.bq - 1) / sh.bq;
@@ -266,7 +267,7 @@ void forward_impl(const Rows<C>& q, const Rows<C>& k, const Rows<C>& v,
     for (int64_t item = begin; item < end; ++item) {
       const int64_t bh = item / nqb, q0 = (item % nqb) * sh.bq, nr = std::min(sh.bq, sh.lq - q0);
       const C* qb = q.at(bh, q0);
-      const WeightParams<C> wp = weight_params<W>(p0, p1, bh);
+      const WeightParams<C> wp = weight_params<W>(p_score, p_den, bh);
       const double t = wp.t;
       std::fill(m.begin(), m.end(), C(0));
       std::fill(l.begin(), l.end(), 0.0);
@@ -348,7 +349,7 @@ void forward_impl(const Rows<C>& q, const Rows<C>& k, const Rows<C>& v,
 template <typename C, int W> struct Backward {
   Rows<C> q, k, v, out, dout;  // where the caller laid them (dq, dk, dv are contiguous)
   const C *m, *den;
-  HeadParam<C> tau, beta;  // p0, p1
+  HeadParam<C> p_score, p_den;
   C *dq, *dk, *dv;
   const Shape& sh;
   const AttnRows<C>& rows;
@@ -377,7 +378,7 @@ template <typename C, int W> struct Backward {
   // p and ds of the tile (block b, keys [k0, k0 + nc)) into s and dp; returns sum ds z.
   double tile(const Block& b, int64_t k0, int64_t nc, C* s, C* dp) const {
     const int64_t nr = b.nr;
-    const C a = weight_params<W>(tau, beta, b.bh).a;
+    const C a = weight_params<W>(p_score, p_den, b.bh).a;
     gemm<C>(false, true, nr, nc, sh.d, C(sh.scale), q.at(b.bh, b.q0), q.ld, k.at(b.bh, k0), k.ld,
             C(0), s, sh.bk);
     gemm<C>(false, true, nr, nc, sh.dv, C(1), dout.at(b.bh, b.q0), dout.ld, v.at(b.bh, k0), v.ld,
@@ -414,21 +415,22 @@ template <typename C, int W> struct Backward {
     gemm<C>(false, false, b.nr, sh.d, nc, C(sh.scale), ds, sh.bk,
             k.at(b.bh, k0), k.ld, C(1), dq + b.row0 * sh.d, sh.d);
   }
-  // The block's share of dp0 and dp1 from the row kernels' tile sums (tile_sum) and the
-  // per-query terms: Elastic's dtau (-sum ds z and the sink's) and dbeta; symax's
+  // The block's share of dp_score and dp_den from the row kernels' tile sums (tile_sum) and
+  // the per-query terms: Elastic's dtau (-sum ds z and the sink's) and dbeta; symax's
   // d eta = -sum delta/den; sigmoid's dbias = sum ds; 0 for the weights with no parameter.
-  void params(const Block& b, double tile_sum, double* dtau_part, double* dbeta_part) const {
+  void params(const Block& b, double tile_sum, double* dp_score_part,
+              double* dp_den_part) const {
     if constexpr (W != kElastic) {
-      double d0 = 0, d1 = 0;
-      if constexpr (W == kSigmoid) d0 = tile_sum;
+      double d_score = 0, d_den = 0;
+      if constexpr (W == kSigmoid) d_score = tile_sum;
       if constexpr (W == kSymax)
         for (int64_t i = 0; i < b.nr; ++i)
-          if (b.cls[i] != 2) d1 -= double(b.c[i]) * double(b.r[i]);
-      *dtau_part = d0;
-      *dbeta_part = d1;
+          if (b.cls[i] != 2) d_den -= double(b.c[i]) * double(b.r[i]);
+      *dp_score_part = d_score;
+      *dp_den_part = d_den;
       return;
     }
-    const double t = double(tau[b.bh]), bt = double(beta[b.bh]);
+    const double t = double(p_score[b.bh]), bt = double(p_den[b.bh]);
     double dt = -tile_sum, db = 0;
     for (int64_t i = 0; i < b.nr; ++i) {
       if (b.cls[i] == 2) continue;
@@ -437,8 +439,8 @@ template <typename C, int W> struct Backward {
       dt -= double(b.c[i]) * wm / t;
       db -= double(b.c[i]) * e * double(b.r[i]);
     }
-    *dtau_part = dt;
-    *dbeta_part = db;
+    *dp_score_part = dt;
+    *dp_den_part = db;
   }
 };
 
@@ -446,12 +448,12 @@ template <typename C, int W> struct Backward {
 // many (batch, head) pairs as threads, a thread owns a head and walks its query blocks and,
 // inside, its key blocks (five GEMMs a tile). With fewer, the key blocks are spread over the
 // threads for dk and dv, then the query blocks for dq (seven GEMMs a tile, no thread idle).
-// dtau and dbeta are summed per query block, then over the blocks in order, either way.
+// dp_score and dp_den are summed per query block, then over the blocks in order, either way.
 template <typename C, int W>
-void backward_impl(const Backward<C, W>& bw, C* dtau, C* dbeta) {
+void backward_impl(const Backward<C, W>& bw, C* dp_score, C* dp_den) {
   const Shape& sh = bw.sh;
   const int64_t nqb = (sh.lq + sh.bq - 1) / sh.bq, nkb = (sh.lk + sh.bk - 1) / sh.bk;
-  std::vector<double> dtau_part(sh.bh * nqb), dbeta_part(sh.bh * nqb);
+  std::vector<double> dp_score_part(sh.bh * nqb), dp_den_part(sh.bh * nqb);
   using Block = typename Backward<C, W>::Block;
   if (sh.bh >= at::get_num_threads()) {
     at::parallel_for(0, sh.bh, 1, [&](int64_t begin, int64_t end) {
@@ -469,7 +471,7 @@ void backward_impl(const Backward<C, W>& bw, C* dtau, C* dbeta) {
             bw.key_grads(b, k0, nc, s.p, dp.p);
             bw.query_grads(b, k0, nc, dp.p);
           }
-          bw.params(b, sum, &dtau_part[bh * nqb + qb], &dbeta_part[bh * nqb + qb]);
+          bw.params(b, sum, &dp_score_part[bh * nqb + qb], &dp_den_part[bh * nqb + qb]);
         }
       }
     });
@@ -503,18 +505,18 @@ void backward_impl(const Backward<C, W>& bw, C* dtau, C* dbeta) {
           sum += bw.tile(b, k0, nc, s.p, dp.p);
           bw.query_grads(b, k0, nc, dp.p);
         }
-        bw.params(b, sum, &dtau_part[item], &dbeta_part[item]);
+        bw.params(b, sum, &dp_score_part[item], &dp_den_part[item]);
       }
     });
   }
   for (int64_t bh = 0; bh < sh.bh; ++bh) {
-    double dt = 0, db = 0;
+    double d_score = 0, d_den = 0;
     for (int64_t qb = 0; qb < nqb; ++qb) {
-      dt += dtau_part[bh * nqb + qb];
-      db += dbeta_part[bh * nqb + qb];
+      d_score += dp_score_part[bh * nqb + qb];
+      d_den += dp_den_part[bh * nqb + qb];
     }
-    dtau[bh] = C(dt);
-    dbeta[bh] = C(db);
+    dp_score[bh] = C(d_score);
+    dp_den[bh] = C(d_den);
   }
 }
 
@@ -522,7 +524,7 @@ struct Operands {
   at::ScalarType wd;
   Shape sh;
   at::Tensor keep;  // the key-padding mask sh.mask reads (undefined: none)
-  at::Tensor p0, p1;  // the parameters in the work dtype, (batch, heads) in any strides
+  at::Tensor p_score, p_den;  // the parameters in the work dtype, (batch, heads) in any strides
   template <typename C> HeadParam<C> param(const at::Tensor& p) const {
     return {p.data_ptr<C>(), p.stride(0), p.stride(1), sh.heads};
   }
@@ -531,7 +533,7 @@ struct Operands {
 using OptTensor = c10::optional<at::Tensor>;
 
 Operands check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-               const at::Tensor& tau, const at::Tensor& beta, double scale, bool causal,
+               const at::Tensor& p_score, const at::Tensor& p_den, double scale, bool causal,
                int64_t block_q, int64_t block_k, const OptTensor& key_mask, int64_t offset) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
               "the native attention kernels take CPU tensors");
@@ -542,7 +544,8 @@ Operands check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   k.size(1) == v.size(1) && q.size(3) == k.size(3) && k.size(2) == v.size(2),
               "q, k, v shapes do not fit together");
   const int64_t bh = q.size(0) * q.size(1);
-  TORCH_CHECK(tau.numel() == bh && beta.numel() == bh, "tau and beta must be (batch, heads)");
+  TORCH_CHECK(p_score.numel() == bh && p_den.numel() == bh,
+              "p_score and p_den must be (batch, heads)");
   TORCH_CHECK(std::abs(offset) < (int64_t(1) << 62), "causal offset out of range");
   TORCH_CHECK(block_q > 0 && block_k > 0, "block sizes must be positive");
   TORCH_CHECK(q.size(3) < (1 << 30) && v.size(3) < (1 << 30) && block_k < (1 << 30),
@@ -562,8 +565,8 @@ Operands check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              ? p : p.reshape({q.size(0), q.size(1)});
     return x.scalar_type() == wd ? x : x.to(wd);
   };
-  o.p0 = as_bh(tau);
-  o.p1 = as_bh(beta);
+  o.p_score = as_bh(p_score);
+  o.p_den = as_bh(p_den);
   if (key_mask.has_value() && key_mask->defined()) {
     TORCH_CHECK(key_mask->dim() == 2 && key_mask->size(0) == q.size(0) &&
                     key_mask->size(1) == k.size(2),
@@ -606,13 +609,13 @@ template <typename F> void with_weight(int64_t w, F&& f) {
 }
 
 std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                          const at::Tensor& v, const at::Tensor& tau,
-                                          const at::Tensor& beta, double scale, bool causal,
+                                          const at::Tensor& v, const at::Tensor& p_score,
+                                          const at::Tensor& p_den, double scale, bool causal,
                                           int64_t block_q, int64_t block_k,
                                           const OptTensor& key_mask, int64_t weight,
                                           int64_t offset, const OptTensor& gate,
                                           bool keep_ungated) {
-  const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k, key_mask,
+  const Operands o = check(q, k, v, p_score, p_den, scale, causal, block_q, block_k, key_mask,
                            offset);
   const at::Tensor qc = rows_operand(q, o.wd), kc = rows_operand(k, o.wd);
   const at::Tensor vc = rows_operand(v, o.wd);
@@ -639,7 +642,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
     with_weight(weight, [&](auto w) {
       forward_impl<scalar_t, decltype(w)::value>(
           operand_rows<scalar_t>(qc), operand_rows<scalar_t>(kc), operand_rows<scalar_t>(vc),
-          o.param<scalar_t>(o.p0), o.param<scalar_t>(o.p1), out.data_ptr<scalar_t>(),
+          o.param<scalar_t>(o.p_score), o.param<scalar_t>(o.p_den), out.data_ptr<scalar_t>(),
           m.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), o.sh, rows_of<scalar_t>(table),
           gv, ungated.defined() ? ungated.data_ptr<scalar_t>() : nullptr);
     });
@@ -651,12 +654,12 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
 std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& out,
                                            const at::Tensor& dout, const at::Tensor& m,
-                                           const at::Tensor& den, const at::Tensor& tau,
-                                           const at::Tensor& beta, double scale, bool causal,
+                                           const at::Tensor& den, const at::Tensor& p_score,
+                                           const at::Tensor& p_den, double scale, bool causal,
                                            int64_t block_q, int64_t block_k,
                                            const OptTensor& key_mask, int64_t weight,
                                            int64_t offset) {
-  const Operands o = check(q, k, v, tau, beta, scale, causal, block_q, block_k, key_mask,
+  const Operands o = check(q, k, v, p_score, p_den, scale, causal, block_q, block_k, key_mask,
                            offset);
   TORCH_CHECK(out.sizes() == dout.sizes() && out.size(2) == q.size(2) && out.size(3) == v.size(3),
               "out and dout must be (batch, heads, length_q, value_dim)");
@@ -669,20 +672,21 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
   const auto opts = q.options().dtype(o.wd);
   at::Tensor dq = at::zeros(q.sizes(), opts), dk = at::zeros(k.sizes(), opts);
   at::Tensor dv = at::zeros(v.sizes(), opts);
-  at::Tensor dtau = at::empty({q.size(0), q.size(1)}, opts), dbeta = at::empty_like(dtau);
+  at::Tensor dp_score = at::empty({q.size(0), q.size(1)}, opts);
+  at::Tensor dp_den = at::empty_like(dp_score);
   const AttnTable* table = attn_table();
   AT_DISPATCH_FLOATING_TYPES(o.wd, "attention_backward", [&] {
     with_weight(weight, [&](auto w) {
       const Backward<scalar_t, decltype(w)::value> bw{
           operand_rows<scalar_t>(qc), operand_rows<scalar_t>(kc), operand_rows<scalar_t>(vc),
           operand_rows<scalar_t>(oc), operand_rows<scalar_t>(dc), mc.data_ptr<scalar_t>(),
-          nc.data_ptr<scalar_t>(), o.param<scalar_t>(o.p0), o.param<scalar_t>(o.p1),
+          nc.data_ptr<scalar_t>(), o.param<scalar_t>(o.p_score), o.param<scalar_t>(o.p_den),
           dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(),
           o.sh, rows_of<scalar_t>(table)};
-      backward_impl(bw, dtau.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>());
+      backward_impl(bw, dp_score.data_ptr<scalar_t>(), dp_den.data_ptr<scalar_t>());
     });
   });
-  return {dq, dk, dv, dtau, dbeta};
+  return {dq, dk, dv, dp_score, dp_den};
 }
 
 // ---------------------------------------------------------------------------------------
@@ -725,13 +729,14 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   // mask_in is the key-padding mask where has_mask, else a stand-in (autograd takes no
   // undefined input); offset as cpp.forward takes it (0 unless causal).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const at::Tensor& p0, const at::Tensor& p1,
-                            double scale, bool causal, const at::Tensor& mask_in, bool has_mask,
-                            int64_t weight, int64_t offset, int64_t block_q, int64_t block_k) {
+                            const at::Tensor& v, const at::Tensor& p_score,
+                            const at::Tensor& p_den, double scale, bool causal,
+                            const at::Tensor& mask_in, bool has_mask, int64_t weight,
+                            int64_t offset, int64_t block_q, int64_t block_k) {
     const at::Tensor key_mask = has_mask ? mask_in : at::Tensor();
     offset = causal ? offset : 0;
     const std::vector<at::Tensor> r =
-        attention_forward(q, k, v, p0, p1, scale, causal, block_q, block_k,
+        attention_forward(q, k, v, p_score, p_den, scale, causal, block_q, block_k,
                           has_mask ? OptTensor(key_mask) : OptTensor(), weight, offset,
                           OptTensor(), false);
     const at::Tensor &m = r[1], &den = r[2];
@@ -740,7 +745,7 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
       hook(0)(q, k, v, r[0], m, den, scale, causal, mask_or_none(key_mask), weight, offset);
     }
     const at::Tensor out = as_dtype(r[0], q.scalar_type());
-    ctx->save_for_backward({q, k, v, out, m, den, p0, p1});
+    ctx->save_for_backward({q, k, v, out, m, den, p_score, p_den});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["weight"] = weight;
@@ -754,7 +759,7 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3];
-    const at::Tensor &m = saved[4], &den = saved[5], &p0 = saved[6], &p1 = saved[7];
+    const at::Tensor &m = saved[4], &den = saved[5], &p_score = saved[6], &p_den = saved[7];
     const double scale = ctx->saved_data["scale"].toDouble();
     const bool causal = ctx->saved_data["causal"].toBool();
     const int64_t weight = ctx->saved_data["weight"].toInt();
@@ -769,7 +774,7 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     if (at::GradMode::is_enabled()) {  // create_graph: autograd through the composite
       pybind11::gil_scoped_acquire gil;
       pybind11::tuple r = hook(2)(
-          q, k, v, p0, p1, scale, causal, mask_or_none(key_mask), weight, offset, grad,
+          q, k, v, p_score, p_den, scale, causal, mask_or_none(key_mask), weight, offset, grad,
           pybind11::make_tuple(need[0], need[1], need[2], need[3], need[4]));
       for (int i = 0; i < 5; ++i)
         if (!r[i].is_none()) result[i] = r[i].cast<at::Tensor>();
@@ -777,7 +782,7 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     }
     if (!(need[0] || need[1] || need[2] || need[3] || need[4])) return result;
     std::vector<at::Tensor> d = attention_backward(
-        q, k, v, out, grad, m, den, p0, p1, scale, causal,
+        q, k, v, out, grad, m, den, p_score, p_den, scale, causal,
         ctx->saved_data["block_q"].toInt(), ctx->saved_data["block_k"].toInt(),
         key_mask.defined() ? OptTensor(key_mask) : OptTensor(), weight, offset);
     if (any_marked(m)) {
@@ -792,12 +797,12 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
 };
 
 at::Tensor attention_node(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& p0, const at::Tensor& p1, double scale, bool causal,
-                          const OptTensor& key_mask, int64_t weight, int64_t offset,
-                          int64_t block_q, int64_t block_k) {
+                          const at::Tensor& p_score, const at::Tensor& p_den, double scale,
+                          bool causal, const OptTensor& key_mask, int64_t weight,
+                          int64_t offset, int64_t block_q, int64_t block_k) {
   TORCH_CHECK(attention_hooks != nullptr, "set_attention_hooks first");
   const bool has_mask = key_mask.has_value() && key_mask->defined();
-  return FusedAttention::apply(q, k, v, p0, p1, scale, causal, has_mask ? *key_mask : q,
+  return FusedAttention::apply(q, k, v, p_score, p_den, scale, causal, has_mask ? *key_mask : q,
                                has_mask, weight, offset, block_q, block_k);
 }
 
@@ -806,24 +811,26 @@ at::Tensor attention_node(const at::Tensor& q, const at::Tensor& k, const at::Te
 void bind_attention(pybind11::module_& m, const char* (*isa)()) {
   using namespace pybind11::literals;
   current_isa = isa;
-  // p0 and p1 keep Elastic's names (tau, beta), (batch, heads) in any strides; weight is
-  // weights.py's Weight as an int; offset the causal diagonal (query i sees key j <= i + offset)
+  // p_score and p_den are weights.py's two parameter slots (Elastic's tau and beta), (batch,
+  // heads) in any strides; weight is weights.py's Weight as an int; offset the causal
+  // diagonal (query i sees key j <= i + offset)
   // gate: None or (batch, heads, length_q, value_dim) in any strides; keep_ungated adds the
   // ungated output (the output itself without a gate) as a fourth tensor
   m.def("attention_forward", &attention_forward,
         "fused attention forward for `weight`: (out, m, den[, ungated]) in the working dtype",
-        "q"_a, "k"_a, "v"_a, "tau"_a, "beta"_a, "scale"_a, "causal"_a, "block_q"_a = 256,
+        "q"_a, "k"_a, "v"_a, "p_score"_a, "p_den"_a, "scale"_a, "causal"_a, "block_q"_a = 256,
         "block_k"_a = 512, "key_mask"_a = pybind11::none(), "weight"_a = int64_t(kElastic),
         "offset"_a = int64_t(0), "gate"_a = pybind11::none(), "keep_ungated"_a = false);
   m.def("attention_backward", &attention_backward,
-        "fused attention backward for `weight`: (dq, dk, dv, dp0, dp1) in the working dtype",
-        "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "m"_a, "den"_a, "tau"_a, "beta"_a, "scale"_a,
-        "causal"_a, "block_q"_a = 256, "block_k"_a = 512, "key_mask"_a = pybind11::none(),
-        "weight"_a = int64_t(kElastic), "offset"_a = int64_t(0));
+        "fused attention backward for `weight`: (dq, dk, dv, dp_score, dp_den) in the "
+        "working dtype",
+        "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "m"_a, "den"_a, "p_score"_a, "p_den"_a,
+        "scale"_a, "causal"_a, "block_q"_a = 256, "block_k"_a = 512,
+        "key_mask"_a = pybind11::none(), "weight"_a = int64_t(kElastic), "offset"_a = int64_t(0));
   m.def("attention_node", &attention_node,
         "the eager fused attention as one autograd node (no gate): its output, differentiable "
-        "in q, k, v, tau and beta",
-        "q"_a, "k"_a, "v"_a, "tau"_a, "beta"_a, "scale"_a, "causal"_a, "key_mask"_a,
+        "in q, k, v, p_score and p_den",
+        "q"_a, "k"_a, "v"_a, "p_score"_a, "p_den"_a, "scale"_a, "causal"_a, "key_mask"_a,
         "weight"_a, "offset"_a, "block_q"_a, "block_k"_a);
   m.def("set_attention_hooks", [](pybind11::object fix_forward, pybind11::object fix_backward,
                                   pybind11::object differentiable) {

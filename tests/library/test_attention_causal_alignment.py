@@ -45,8 +45,8 @@ def _call(weight: Weight, q, k, v, params, **kw) -> torch.Tensor:
 
 
 def _params(weight: Weight) -> list[torch.Tensor]:
-    """The tensors the weight takes, (p0, p1) slots: tau/bias in the first, beta/eta in the
-    second; empty slots hold a tensor nobody reads."""
+    """The tensors the weight takes, (p_score, p_den) slots: tau/bias in the first, beta/eta in
+    the second; empty slots hold a tensor nobody reads."""
     return [TAU.clone() if weight in (Weight.ELASTIC, Weight.SIGMOID) else TAU[:0],
             BETA.clone() if weight in (Weight.ELASTIC, Weight.SYMAX) else BETA[:0]]
 
@@ -55,10 +55,10 @@ def _reference(weight: Weight, q, k, v, params, offset: int) -> torch.Tensor:
     """The fp64 composite with the causal mask written out as a bool attn_mask."""
     lq, lk = q.shape[2], k.shape[2]
     mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + offset
-    p0 = params[0][:, None, None] if params[0].numel() else 1.0
-    p1 = params[1][:, None, None] if params[1].numel() else (1.0 if weight is Weight.SOFTMAX1
-                                                            else 0.0)
-    return composite.attention_composite(weight, q, k, v, p0=p0, p1=p1, scale=0.5,
+    p_score = params[0][:, None, None] if params[0].numel() else 1.0
+    p_den = params[1][:, None, None] if params[1].numel() else (1.0 if weight is Weight.SOFTMAX1
+                                                                else 0.0)
+    return composite.attention_composite(weight, q, k, v, p_score=p_score, p_den=p_den, scale=0.5,
                                          causal=False, attn_mask=mask)
 
 
@@ -125,9 +125,9 @@ def test_a_general_mask_takes_the_alignment_to_the_composite(weight: Weight) -> 
     params = _params(weight)
     got = _call(weight, q, k, v, params, scale=0.5, causal="bottom_right", attn_mask=extra)
     both = extra & (torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + lk - lq)
-    p0 = params[0][:, None, None] if params[0].numel() else 0.0
-    p1 = params[1][:, None, None] if params[1].numel() else 0.0
-    want = composite.attention_composite(weight, q, k, v, p0=p0, p1=p1, scale=0.5,
+    p_score = params[0][:, None, None] if params[0].numel() else 0.0
+    p_den = params[1][:, None, None] if params[1].numel() else 0.0
+    want = composite.attention_composite(weight, q, k, v, p_score=p_score, p_den=p_den, scale=0.5,
                                          causal=False, attn_mask=both)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
 

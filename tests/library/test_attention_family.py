@@ -32,7 +32,8 @@ def _qkv(seed: int = 0, b: int = 2, h: int = 3, lq: int = 5, lk: int = 5, d: int
 
 def test_elastic_weight_is_the_elastic_composite() -> None:
     q, k, v = _qkv()
-    got = attention_composite(Weight.ELASTIC, q, k, v, p0=0.7, p1=0.3, scale=0.5, causal=True)
+    got = attention_composite(Weight.ELASTIC, q, k, v, p_score=0.7, p_den=0.3, scale=0.5,
+                              causal=True)
     want = elastic_attention_composite(q, k, v, tau=0.7, beta=0.3, scale=0.5, causal=True)
     assert torch.equal(got, want)
 
@@ -40,7 +41,7 @@ def test_elastic_weight_is_the_elastic_composite() -> None:
 @pytest.mark.parametrize("weight", list(ROWS))
 def test_weights_are_the_row_reference_over_visible_keys(weight: Weight) -> None:
     q, k, _ = _qkv(1)
-    w = attention_weights(weight, q, k, p0=0.0, p1=0.4, scale=0.5, causal=True)
+    w = attention_weights(weight, q, k, p_score=0.0, p_den=0.4, scale=0.5, causal=True)
     s = (q @ k.transpose(-1, -2) * 0.5).numpy()
     name, params = ROWS[weight]
     for b, h, i in np.ndindex(*s.shape[:3]):
@@ -52,7 +53,7 @@ def test_weights_are_the_row_reference_over_visible_keys(weight: Weight) -> None
 
 def test_sigmoid_is_elementwise_with_its_bias() -> None:
     q, k, _ = _qkv(2)
-    w = attention_weights(Weight.SIGMOID, q, k, p0=-math.log(5), p1=0.0, scale=0.5,
+    w = attention_weights(Weight.SIGMOID, q, k, p_score=-math.log(5), p_den=0.0, scale=0.5,
                           causal=False)
     assert torch.allclose(w, torch.sigmoid(q @ k.transpose(-1, -2) * 0.5 - math.log(5)),
                           rtol=1e-15, atol=0)
@@ -68,7 +69,7 @@ def test_sigmoid_is_elementwise_with_its_bias() -> None:
 def test_infinite_scores_take_the_limit(weight: Weight, want: list[float]) -> None:
     s = torch.tensor([1.0, math.inf, -math.inf, 2.0, 5.0], dtype=F64).reshape(1, 1, 5, 1)
     mask = torch.tensor([True, True, True, True, False])  # the last key is hidden
-    w = attention_weights(weight, torch.ones(1, 1, 1, 1, dtype=F64), s, p0=1.0, p1=1.0,
+    w = attention_weights(weight, torch.ones(1, 1, 1, 1, dtype=F64), s, p_score=1.0, p_den=1.0,
                           scale=1.0, causal=False, attn_mask=mask)
     assert w.flatten().tolist() == pytest.approx(want, rel=1e-15)
 
@@ -77,7 +78,7 @@ def test_infinite_scores_take_the_limit(weight: Weight, want: list[float]) -> No
 def test_nan_score_makes_the_query_nan(weight: Weight) -> None:
     q, k, v = _qkv(3, b=1, h=1)
     k[0, 0, 2, 0] = math.nan
-    out = attention_composite(weight, q, k, v, p0=0.5, p1=1.0, scale=0.5, causal=True)
+    out = attention_composite(weight, q, k, v, p_score=0.5, p_den=1.0, scale=0.5, causal=True)
     assert out[0, 0, 2:].isnan().all() and out[0, 0, :2].isfinite().all()
 
 
@@ -88,7 +89,7 @@ def test_query_without_keys_gives_zeros_and_zero_gradients(weight: Weight) -> No
     mask[:, :, 0] = False  # query 0 sees nothing
     fmask = torch.zeros(2, 1, 5, 5, dtype=F64).masked_fill(~mask, -math.inf)
     for m in (mask, fmask):
-        out = attention_composite(weight, q, k, v, p0=0.5, p1=1.0, scale=0.5, causal=False,
+        out = attention_composite(weight, q, k, v, p_score=0.5, p_den=1.0, scale=0.5, causal=False,
                                   attn_mask=m)
         assert torch.equal(out[:, :, 0], torch.zeros_like(out[:, :, 0]))
         (dq,) = torch.autograd.grad(out.sum(), q)
@@ -99,17 +100,17 @@ def test_query_without_keys_gives_zeros_and_zero_gradients(weight: Weight) -> No
 @pytest.mark.parametrize("weight", list(Weight))
 def test_gradients_first_and_second_order(weight: Weight) -> None:
     q, k, v = (t.requires_grad_() for t in _qkv(5, b=1, h=2, lq=3, lk=3, d=2))
-    p0 = torch.tensor([0.8, -0.5], dtype=F64, requires_grad=True)
-    p1 = torch.tensor([0.3, 1.0], dtype=F64, requires_grad=True)
+    p_score = torch.tensor([0.8, -0.5], dtype=F64, requires_grad=True)
+    p_den = torch.tensor([0.3, 1.0], dtype=F64, requires_grad=True)
     if weight is Weight.ELASTIC:
-        p0 = p0.detach().abs().requires_grad_()  # tau > 0
+        p_score = p_score.detach().abs().requires_grad_()  # tau > 0
 
     def f(*args):
-        return attention_composite(weight, *args[:3], p0=args[3], p1=args[4], scale=0.5,
+        return attention_composite(weight, *args[:3], p_score=args[3], p_den=args[4], scale=0.5,
                                    causal=True)
 
-    assert torch.autograd.gradcheck(f, (q, k, v, p0, p1), fast_mode=True)
-    assert torch.autograd.gradgradcheck(f, (q, k, v, p0, p1), fast_mode=True)
+    assert torch.autograd.gradcheck(f, (q, k, v, p_score, p_den), fast_mode=True)
+    assert torch.autograd.gradgradcheck(f, (q, k, v, p_score, p_den), fast_mode=True)
 
 
 # --- the exact references of the family's attention (functions/, numerics/) ---------------
@@ -202,7 +203,7 @@ def test_the_certified_phase_takes_symax_and_stablemax_and_declines_the_rest(nam
                    + (getattr(cert.truth, f"{part}_lo") - getattr(truth, f"{part}_lo")))
             assert (np.abs(err) <= cert.bounds[part] + 1e-300).all(), part
     w = attention_weights(getattr(Weight, fn.weight), *(torch.from_numpy(a) for a in (q, k)),
-                          p0=params.get("bias", 0.0), p1=params.get("eta", 0.0), scale=0.5,
+                          p_score=params.get("bias", 0.0), p_den=params.get("eta", 0.0), scale=0.5,
                           causal=False)
     np.testing.assert_allclose(truth.w, w.numpy(), rtol=1e-14, atol=0)
 

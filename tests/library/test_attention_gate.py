@@ -67,9 +67,8 @@ def _reference(name, q, k, v, params, gate, **kw):
         out = composite.elastic_attention_composite(q, k, v, tau=p["tau"], beta=p["beta"],
                                                     scale=scale, **kw)
     else:
-        p0 = p.get("bias", 0.0)
-        p1 = p.get("eta", 0.0)
-        out = composite.attention_composite(weight, q, k, v, p0=p0, p1=p1, scale=scale, **kw)
+        out = composite.attention_composite(weight, q, k, v, p_score=p.get("bias", 0.0),
+                                            p_den=p.get("eta", 0.0), scale=scale, **kw)
     return out * gate
 
 

@@ -71,9 +71,10 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple]]:
 
 
 def test_the_implementation_gets_the_callers_parameters_and_a_strided_grad(recorded) -> None:
-    """Through the autograd function: p0 and p1 are the caller's per-head tensors (their
-    storage), and dO arrives as autograd made it, here the transposed view of the gradient
-    of a (batch, length, heads, dim) output, not a contiguous copy; the gradients are right."""
+    """Through the autograd function: p_score and p_den are the caller's per-head tensors
+    (their storage), and dO arrives as autograd made it, here the transposed view of the
+    gradient of a (batch, length, heads, dim) output, not a contiguous copy; the gradients are
+    right."""
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(B, H, 6, 8, generator=g, requires_grad=True) for _ in "qkv")
     tau = torch.tensor([0.6, 0.9, 1.4], requires_grad=True)
@@ -106,10 +107,10 @@ def test_the_native_kernel_reads_broadcast_parameters_in_place(weight_fn: str) -
     per_head = torch.tensor([0.6, 0.9, 1.4])
     per_batch = torch.tensor([0.7, 1.3]).reshape(B, 1, 1, 1)
     per_bh = torch.rand(B, H, 1, 1, generator=g) + 0.5
-    for p0, p1 in ((per_head, per_batch), (per_batch, per_bh), (per_bh, per_head)):
+    for p_score, p_den in ((per_head, per_batch), (per_batch, per_bh), (per_bh, per_head)):
         results = []
         for impl in ("cpp", "torch"):
-            leaves = [t.clone().requires_grad_() for t in (q, k, v, p0, p1)]
+            leaves = [t.clone().requires_grad_() for t in (q, k, v, p_score, p_den)]
             with dispatch.forcing(impl):
                 if weight_fn == "elastic":
                     out = elastic_attention(*leaves[:3], tau=leaves[3], beta=leaves[4],

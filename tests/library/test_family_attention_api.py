@@ -351,10 +351,10 @@ def test_opcheck_of_the_custom_op_with_each_weight(name):
     """torch.library.opcheck (schema, autograd registration, fake tensor, AOT dispatch) on
     the op that torch.compile and torch.export see, with each weight."""
     q, k, v = _qkv(3, 5, d=4, b=1, h=2)
-    p0 = torch.full((1, 2), -0.5, dtype=F64, requires_grad=True)
-    p1 = torch.full((1, 2), 0.7, dtype=F64, requires_grad=True)
+    p_score = torch.full((1, 2), -0.5, dtype=F64, requires_grad=True)
+    p_den = torch.full((1, 2), 0.7, dtype=F64, requires_grad=True)
     torch.library.opcheck(torch.ops.elasticbench.attention.default,
-                          (q, k, v, p0, p1, 0.5, True, None, int(WEIGHT[name])))
+                          (q, k, v, p_score, p_den, 0.5, True, None, int(WEIGHT[name])))
 
 
 @pytest.mark.needs("gpu")

@@ -26,12 +26,12 @@ def _operands(dtype: torch.dtype, b: int = 2, h: int = 3, lq: int = 6, lk: int =
     return [(torch.randn(b, h, n, d, generator=gen) * 2).to(dtype) for n in (lq, lk, lk)]
 
 
-def _both(weight: Weight, q, k, v, p0, p1, causal, key_mask, offset, g) -> list[list]:
+def _both(weight: Weight, q, k, v, p_score, p_den, causal, key_mask, offset, g) -> list[list]:
     """[outputs and gradients] of the node and of the Python autograd function, each from
     fresh leaves."""
     results = []
     for path in ("node", "function"):
-        leaves = [t.clone().requires_grad_() for t in (q, k, v, p0, p1)]
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, p_score, p_den)]
         t, b = bh_params(leaves[3], leaves[0]), bh_params(leaves[4], leaves[0])
         args = (*leaves[:3], t, b, 0.4, causal, key_mask, int(weight), offset if causal else 0)
         if path == "node":
@@ -51,11 +51,11 @@ def test_the_node_equals_the_autograd_function_bit_for_bit(weight, dtype, causal
     q, k, v = _operands(dtype)
     gen = torch.Generator().manual_seed(1)
     wd = torch.float64 if dtype == torch.float64 else torch.float32
-    p0 = (torch.rand(3, generator=gen) + 0.5).to(wd)
-    p1 = (torch.rand(3, generator=gen) + 0.2).to(wd)
+    p_score = (torch.rand(3, generator=gen) + 0.5).to(wd)
+    p_den = (torch.rand(3, generator=gen) + 0.2).to(wd)
     key_mask = (torch.rand(2, 9, generator=gen) > 0.3) if masked else None
     g = torch.randn(2, 3, 6, 5, generator=gen).to(dtype)
-    node, function = _both(weight, q, k, v, p0, p1, causal, key_mask, 3, g)
+    node, function = _both(weight, q, k, v, p_score, p_den, causal, key_mask, 3, g)
     for a, b in zip(node, function, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
 
@@ -88,11 +88,11 @@ def test_create_graph_gives_the_functions_second_order(weight) -> None:
     """With create_graph the node's backward is autograd through the composite, as the
     autograd function's: the gradient of a gradient penalty is the same."""
     q, k, v = _operands(torch.float64, 1, 2, 4, 5, 3)
-    p0, p1 = torch.tensor([0.7, 1.2], dtype=torch.float64), torch.tensor(
+    p_score, p_den = torch.tensor([0.7, 1.2], dtype=torch.float64), torch.tensor(
         [0.4, 0.9], dtype=torch.float64)
     results = []
     for path in ("node", "function"):
-        leaves = [t.clone().requires_grad_() for t in (q, k, v, p0, p1)]
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, p_score, p_den)]
         t, b = bh_params(leaves[3], leaves[0]), bh_params(leaves[4], leaves[0])
         args = (*leaves[:3], t, b, 0.5, True, None, int(weight), 0)
         out = (autograd._native_node()(*args, cpp.BLOCK_Q, cpp.BLOCK_K) if path == "node"
@@ -102,7 +102,7 @@ def test_create_graph_gives_the_functions_second_order(weight) -> None:
         results.append(torch.autograd.grad(penalty, leaves))
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
-    assert all(a.abs().sum() > 0 for a in results[0][:3])  # symax has no use for p0
+    assert all(a.abs().sum() > 0 for a in results[0][:3])  # symax has no use for p_score
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

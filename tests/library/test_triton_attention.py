@@ -281,7 +281,7 @@ else:
                 grads = attention_backward(q, k, v, out[0], do, out[1], out[2], tau, beta, 0.3,
                                            causal, keep, weight, (kv, dq))
                 results.append([*out, *grads])
-            names = ("out", "m", "den", "dq", "dk", "dv", "dp0", "dp1")
+            names = ("out", "m", "den", "dq", "dk", "dv", "dp_score", "dp_den")
             for name, a, b in zip(names, *results, strict=True):
                 assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (
                     weight.name, causal, name)
@@ -376,7 +376,7 @@ else:
     @pytest.mark.parametrize(("causal", "masked"), [(False, False), (True, True)])
     def test_softmax1_matches_a_torch_composite_in_fp32(causal, masked):
         """Weight.SOFTMAX1: exp(s) / (1 + sum exp(s)) over every visible score (negative ones
-        too), forward and dq, dk, dv against autograd of the plain composite; its p0 and p1
+        too), forward and dq, dk, dv against autograd of the plain composite; its p_score and p_den
         are ignored and their gradients are 0."""
         import math
 
@@ -429,20 +429,20 @@ else:
         g = torch.Generator().manual_seed(6)
         q, do = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(2))
         k, v = (torch.randn(2, 2, 50, 16, generator=g) for _ in range(2))
-        p0, p1 = torch.randn(2, 2, generator=g), torch.rand(2, 2, generator=g) + 0.5
+        p_score, p_den = torch.randn(2, 2, generator=g), torch.rand(2, 2, generator=g) + 0.5
         mask = None
         if masked:
             mask = torch.arange(50)[None, :] < torch.tensor([[50], [35]])
             mask[1, 3] = False
-        out, m, den = attention_forward(q, k, v, p0, p1, 0.3, causal, mask, w)
-        grads = attention_backward(q, k, v, out, do, m, den, p0, p1, 0.3, causal, mask, w)
-        qq, kk, vv, a, b = (t.double().requires_grad_() for t in (q, k, v, p0, p1))
-        want = attention_composite(w, qq, kk, vv, p0=a[..., None, None], p1=b[..., None, None],
-                                   scale=0.3, causal=causal,
+        out, m, den = attention_forward(q, k, v, p_score, p_den, 0.3, causal, mask, w)
+        grads = attention_backward(q, k, v, out, do, m, den, p_score, p_den, 0.3, causal, mask, w)
+        qq, kk, vv, a, b = (t.double().requires_grad_() for t in (q, k, v, p_score, p_den))
+        want = attention_composite(w, qq, kk, vv, p_score=a[..., None, None],
+                                   p_den=b[..., None, None], scale=0.3, causal=causal,
                                    attn_mask=None if mask is None else mask[:, None, None, :])
         wants = torch.autograd.grad(want, (qq, kk, vv, a, b), do.double(), allow_unused=True)
         torch.testing.assert_close(out.double(), want.detach(), rtol=1e-5, atol=1e-5)
-        for name, x, y in zip(("dq", "dk", "dv", "dp0", "dp1"), grads, wants, strict=True):
+        for name, x, y in zip(("dq", "dk", "dv", "dp_score", "dp_den"), grads, wants, strict=True):
             y = torch.zeros_like(x.double()) if y is None else y
             torch.testing.assert_close(x.double(), y, rtol=1e-4, atol=1e-5, msg=name)
         used = {Weight.SYMAX: 4, Weight.SIGMOID: 3}.get(w)
@@ -473,13 +473,13 @@ else:
         k[:, 1, 45] = float("nan")
         mask = torch.ones(2, 50, dtype=torch.bool)
         mask[1, :2] = False  # batch 1, causally: queries 0 and 1 see no key
-        p0, p1 = torch.full((2, 2), 0.3), torch.full((2, 2), 0.6)
-        got = attention_forward(q, k, v, p0, p1, 0.35, False, mask, w)
-        want = flash.forward(q, k, v, p0, p1, 0.35, False, mask, w)
+        p_score, p_den = torch.full((2, 2), 0.3), torch.full((2, 2), 0.6)
+        got = attention_forward(q, k, v, p_score, p_den, 0.35, False, mask, w)
+        want = flash.forward(q, k, v, p_score, p_den, 0.35, False, mask, w)
         for name, x, y in zip(("out", "m", "den"), got, want, strict=True):
             torch.testing.assert_close(x, y.float(), rtol=1e-5, atol=1e-5, equal_nan=True,
                                        msg=name)
-        got_c = attention_forward(q, k, v, p0, p1, 0.35, True, mask, w)
+        got_c = attention_forward(q, k, v, p_score, p_den, 0.35, True, mask, w)
         assert not got_c[0][1, :, :2].any()
         if w.normalized:
             hits = 50 if w is Weight.SYMAX else 20
@@ -490,12 +490,12 @@ else:
             v2 = v.clone()
             k2 = k.clone()
             k2[:, 1, 45] = 0.0
-            ok = attention_forward(q, k2, v2, p0, p1, 0.35, False, mask, w)[0]
+            ok = attention_forward(q, k2, v2, p_score, p_den, 0.35, False, mask, w)[0]
             assert ok[:, 1].isfinite().all()
-        dv = attention_backward(q, k, v, got[0], do, got[1], got[2], p0, p1, 0.35, False, mask,
-                                w)[2]
-        wdv = flash.backward(q, k, v, want[0], do, want[1], want[2], p0, p1, 0.35, False, mask,
-                             w)[2]
+        dv = attention_backward(q, k, v, got[0], do, got[1], got[2], p_score, p_den, 0.35, False,
+                                mask, w)[2]
+        wdv = flash.backward(q, k, v, want[0], do, want[1], want[2], p_score, p_den, 0.35, False,
+                             mask, w)[2]
         torch.testing.assert_close(dv[:, 0], wdv[:, 0].float(), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(dv, wdv.float(), rtol=1e-4, atol=1e-5, equal_nan=True)
 

@@ -107,7 +107,7 @@ if not devices.triton_interpreted():
         from elasticbench.kernels.triton.attention import _param
 
         p = torch.arange(float(torch.Size(shape).numel())).reshape(shape).half()
-        view, sb, sh = _param(p, 2, 3, torch.device("cpu"), "p0")
+        view, sb, sh = _param(p, 2, 3, torch.device("cpu"), "p_score")
         assert (sb, sh) == strides and view.data_ptr() == p.data_ptr()
         assert view.dtype == torch.float16 and view.shape == (2, 3)
 
@@ -115,7 +115,7 @@ if not devices.triton_interpreted():
         from elasticbench.kernels.triton.attention import attention_forward
 
         q = torch.randn(2, 3, 8, 16)
-        with pytest.raises(ValueError, match=r"p1 must broadcast to \(batch, heads\) = "
+        with pytest.raises(ValueError, match=r"p_den must broadcast to \(batch, heads\) = "
                                              r"\(2, 3\), got shape \(2,\)$"):
             attention_forward(q, q, q, 0.5, torch.ones(2), 0.25, False)
 
@@ -190,13 +190,13 @@ else:
     from elasticbench.attention.weights import Weight
     from elasticbench.kernels.triton.attention import attention_backward, attention_forward
 
-    def _both(q, k, v, do, p0, p1, causal, mask=None, weight=Weight.ELASTIC):
-        out = attention_forward(q, k, v, p0, p1, 0.3, causal, mask, weight)
-        return (*out, *attention_backward(q, k, v, out[0], do, out[1], out[2], p0, p1, 0.3,
+    def _both(q, k, v, do, p_score, p_den, causal, mask=None, weight=Weight.ELASTIC):
+        out = attention_forward(q, k, v, p_score, p_den, 0.3, causal, mask, weight)
+        return (*out, *attention_backward(q, k, v, out[0], do, out[1], out[2], p_score, p_den, 0.3,
                                           causal, mask, weight))
 
     def _same_bits(got, want) -> None:
-        names = ("out", "m", "den", "dq", "dk", "dv", "dp0", "dp1")
+        names = ("out", "m", "den", "dq", "dk", "dv", "dp_score", "dp_den")
         for name, a, b in zip(names, got, want, strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape, name
             assert torch.equal(a.contiguous().view(torch.uint8), b.view(torch.uint8)), name
@@ -215,10 +215,10 @@ else:
         v = _heads_last(b, lk, h, d, dtype, g, parts=3, part=2)
         do = _heads_last(b, lq, h, d, dtype, g)
         mask = torch.arange(lk)[None, :] < torch.tensor([[lk], [20], [30]])
-        p0 = torch.rand(b, h, generator=g) + 0.2
-        p1 = torch.rand(b, h, generator=g)
-        got = _both(q, k, v, do, p0, p1, True, mask, weight)
-        want = _both(*(t.contiguous() for t in (q, k, v, do)), p0, p1, True, mask, weight)
+        p_score = torch.rand(b, h, generator=g) + 0.2
+        p_den = torch.rand(b, h, generator=g)
+        got = _both(q, k, v, do, p_score, p_den, True, mask, weight)
+        want = _both(*(t.contiguous() for t in (q, k, v, do)), p_score, p_den, True, mask, weight)
         _same_bits(got, want)
         assert got[0].isfinite().all() and got[3].isfinite().all()
 
@@ -285,10 +285,10 @@ else:
         tau_h, beta_h = torch.tensor([0.25, 0.5, 1.5]), torch.tensor([0.0, 1.0, 2.0])
         want = _both(q, k, v, do, tau_h.expand(b, h).contiguous(),
                      beta_h.expand(b, h).contiguous(), True)
-        for p0, p1 in ((tau_h.half(), beta_h[None, :, None, None].expand(b, h, 1, 1)),
-                       (tau_h[None, :, None, None].half().expand(b, h, 1, 1),
-                        beta_h.expand(b, h))):
-            _same_bits(_both(q, k, v, do, p0, p1, True), want)
+        for p_score, p_den in ((tau_h.half(), beta_h[None, :, None, None].expand(b, h, 1, 1)),
+                               (tau_h[None, :, None, None].half().expand(b, h, 1, 1),
+                                beta_h.expand(b, h))):
+            _same_bits(_both(q, k, v, do, p_score, p_den, True), want)
         want = _both(q, k, v, do, torch.full((b, h), 0.75), torch.full((b, h), 1.25), True)
         _same_bits(_both(q, k, v, do, 0.75, torch.tensor(1.25, dtype=torch.float16), True),
                    want)

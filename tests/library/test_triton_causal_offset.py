@@ -22,14 +22,14 @@ SHAPES = [(3, 70, (32, 16)), (70, 3, (16, 32)), (24, 40, (16, 16)), (45, 20, (32
 
 
 def _params(weight: Weight) -> tuple[torch.Tensor, torch.Tensor]:
-    """(p0, p1) in fp64: per head where the weight reads them."""
-    p0 = torch.tensor([0.7, 1.3], dtype=torch.float64)
-    p1 = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    """(p_score, p_den) in fp64: per head where the weight reads them."""
+    p_score = torch.tensor([0.7, 1.3], dtype=torch.float64)
+    p_den = torch.tensor([0.5, 2.0], dtype=torch.float64)
     if weight not in (Weight.ELASTIC, Weight.SIGMOID):
-        p0 = torch.tensor(1.0, dtype=torch.float64)
+        p_score = torch.tensor(1.0, dtype=torch.float64)
     if weight not in (Weight.ELASTIC, Weight.SYMAX):
-        p1 = torch.tensor(1.0 if weight is Weight.SOFTMAX1 else 0.0, dtype=torch.float64)
-    return p0, p1
+        p_den = torch.tensor(1.0 if weight is Weight.SOFTMAX1 else 0.0, dtype=torch.float64)
+    return p_score, p_den
 
 
 if not devices.triton_interpreted():
@@ -51,18 +51,18 @@ else:
         from elasticbench.kernels.triton.attention_configs import Tiles
 
         g = torch.Generator().manual_seed(5)
-        p0, p1 = _params(weight)
+        p_score, p_den = _params(weight)
         for lq, lk, blocks in SHAPES:
             offset = 0 if align == "top_left" else lk - lq
             q, k, v, do = (torch.randn(1, 2, n, 16, generator=g, dtype=torch.float64)
                            for n in (lq, lk, lk, lq))
             mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + offset
-            leaves = [t.clone().requires_grad_() for t in (q, k, v, p0, p1)]
-            want = attention_composite(weight, *leaves[:3], p0=leaves[3], p1=leaves[4],
+            leaves = [t.clone().requires_grad_() for t in (q, k, v, p_score, p_den)]
+            want = attention_composite(weight, *leaves[:3], p_score=leaves[3], p_den=leaves[4],
                                        scale=0.4, causal=False, attn_mask=mask)
             grads = torch.autograd.grad(want, leaves, do, allow_unused=True)
             t = Tiles(*blocks, 4, 1)
-            f32 = [x.float() for x in (q, k, v, p0, p1, do)]
+            f32 = [x.float() for x in (q, k, v, p_score, p_den, do)]
             out, m, den = attention_forward(*f32[:5], 0.4, True, weight=weight, tile=t,
                                             offset=offset)
             got = attention_backward(*f32[:3], out, f32[5], m, den, *f32[3:5], 0.4, True,
@@ -70,7 +70,7 @@ else:
             torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
             for mine, ref in zip(got[:3], grads[:3], strict=True):
                 torch.testing.assert_close(mine.double(), ref, atol=5e-5, rtol=1e-4)
-            for mine, ref, p in zip(got[3:], grads[3:], (p0, p1), strict=True):
+            for mine, ref, p in zip(got[3:], grads[3:], (p_score, p_den), strict=True):
                 if ref is not None and p.ndim == 1:  # per head: summed over the batch
                     torch.testing.assert_close(mine.double().sum(0), ref, atol=5e-5,
                                                rtol=1e-4)
@@ -92,14 +92,14 @@ else:
 
         def run(q, k, v, do, key_mask, offset):
             t = Tiles(16, 32, 4, 1)
-            out, m, den = attention_forward(q, k, v, p0, p1, 0.4, True, key_mask,
+            out, m, den = attention_forward(q, k, v, p_score, p_den, 0.4, True, key_mask,
                                             weight=weight, tile=t, offset=offset)
-            return (out, *attention_backward(q, k, v, out, do, m, den, p0, p1, 0.4, True,
+            return (out, *attention_backward(q, k, v, out, do, m, den, p_score, p_den, 0.4, True,
                                              key_mask, weight=weight, tiles=(t, t),
                                              offset=offset))
 
         g = torch.Generator().manual_seed(6)
-        p0, p1 = (p.float() for p in _params(weight))
+        p_score, p_den = (p.float() for p in _params(weight))
         for lq, lk in ((20, 45), (45, 20)):
             q, k, v, do = (torch.randn(1, 2, n, 16, generator=g) for n in (lq, lk, lk, lq))
             k[0, 1, lk // 2] = float("inf")

@@ -88,14 +88,14 @@ else:
 
     def _run(q, k, v, do, causal, offset=0, key_mask=None, tile=SMALL, scale=SCALE):
         """out, m, den, dq, dk, dv and the two parameters' gradients of the Triton kernels;
-        p0 and p1 are ignored by Cog (7.0 here)."""
+        p_score and p_den are ignored by Cog (7.0 here)."""
         ignored = torch.full(q.shape[:2], 7.0)
         out, m, den = attention_forward(q, k, v, ignored, ignored, scale, causal, key_mask,
                                         Weight.COG, tile, offset)
         grads = attention_backward(q, k, v, out, do, m, den, ignored, ignored, scale, causal,
                                    key_mask, Weight.COG, None if tile is None else (tile, tile),
                                    offset)
-        return dict(zip(("out", "m", "den", "dq", "dk", "dv", "dp0", "dp1"),
+        return dict(zip(("out", "m", "den", "dq", "dk", "dv", "dp_score", "dp_den"),
                         (out, m, den, *grads), strict=True))
 
     def _visible(lq, lk, causal, offset, key_mask):
@@ -124,7 +124,7 @@ else:
         (torch.bfloat16, 17, 64, "bottom_right", True, SMALL),
     ], ids=lambda x: str(x).removeprefix("torch.") if not isinstance(x, Tiles) else "small")
     def test_cog_forward_and_backward_match_the_formula(dtype, lq, lk, align, padded, tile):
-        """out, m, den, dq, dk, dv against the fp64 formula of the rounded inputs; p0 and p1
+        """out, m, den, dq, dk, dv against the fp64 formula of the rounded inputs; p_score and p_den
         ignored with zero gradients; a query that sees no key gives exactly 0."""
         g = torch.Generator().manual_seed(lq * 100 + lk)
         q, do = (torch.randn(1, 2, lq, 16, generator=g).to(dtype) for _ in range(2))
@@ -142,7 +142,7 @@ else:
         vis = _visible(lq, lk, causal, offset, key_mask)
         want = cog_reference(q, k.masked_fill(k.isnan(), 0.0), v, do, SCALE, vis)
         _close(got, want, REL[dtype])
-        assert not got["dp0"].any() and not got["dp1"].any()
+        assert not got["dp_score"].any() and not got["dp_den"].any()
         blind = ~vis.any(-1)[0, 0]
         if blind.any():
             assert not got["out"][:, :, blind].any() and not got["dq"][:, :, blind].any()

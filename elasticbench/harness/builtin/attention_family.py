@@ -5,7 +5,7 @@ The family (elastic, softmax1, symax, stablemax, sigmoid and cog attention;
 docs/attention.md section 9) is computed by four implementations: the eager composite and the tiled torch
 code (elasticbench/harness/builtin/torch_attention.py), the native fused kernel (elasticbench/harness/builtin/cpp_attention.py) and
 the Triton kernel (elasticbench/harness/builtin/triton_attention.py). `FAMILY` has one row per attention
-function: which of the fused kernels' two parameter slots (p0, p1 of
+function: which of the fused kernels' two parameter slots (p_score, p_den of
 elasticbench/attention/weights.py) each of its row parameters fills, and, per
 implementation, the descriptions of its forward and backward kernel. Each registering
 module describes its implementation (`Implementation`) and calls `register_family`, which
@@ -64,11 +64,11 @@ def autograd_step(forward: Callable[..., Tensor], tensors: Iterable[Tensor],
 class Implementation:
     """One implementation of the whole family, as a registering module hands it over.
 
-    forward(q, k, v, p0, p1, scale, causal, mask, weight) computes the attention of
+    forward(q, k, v, p_score, p_den, scale, causal, mask, weight) computes the attention of
     `weight` (its output, or a tuple whose first element is). A fused implementation also
-    has backward(q, k, v, out, dout, m, den, p0, p1, scale, causal, mask, weight) ->
-    (dq, dk, dv, dp0, dp1), from the (out, m, den) its forward returns, and is given both
-    slots as (batch, heads) tensors, zeros in a slot its weight does not use
+    has backward(q, k, v, out, dout, m, den, p_score, p_den, scale, causal, mask, weight)
+    -> (dq, dk, dv, dp_score, dp_den), from the (out, m, den) its forward returns, and is
+    given both slots as (batch, heads) tensors, zeros in a slot its weight does not use
     (attention/weights.py). Without a backward, the gradients are autograd's through the
     forward, which is then given None in a slot the function does not use."""
 
@@ -100,8 +100,8 @@ class Member:
     kernel each implementation (by key) registers for it."""
 
     function: str
-    p0: str | None = None
-    p1: str | None = None
+    p_score: str | None = None
+    p_den: str | None = None
     kernels: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
@@ -111,8 +111,8 @@ class Member:
 
     @property
     def params(self) -> tuple[str, ...]:
-        """Its row parameters, in the kernels' signature order (p0's, then p1's)."""
-        return tuple(p for p in (self.p0, self.p1) if p is not None)
+        """Its row parameters, in the kernels' signature order (p_score's, then p_den's)."""
+        return tuple(p for p in (self.p_score, self.p_den) if p is not None)
 
     def name(self, impl: Implementation) -> str:
         """The kernel name impl registers for this function."""
@@ -120,7 +120,7 @@ class Member:
 
 
 FAMILY: tuple[Member, ...] = (
-    Member("elastic_attention", p0="tau", p1="beta", kernels={
+    Member("elastic_attention", p_score="tau", p_den="beta", kernels={
         "composite": (
             "The eager composite: the whole score matrix, elastic_softmax, weights @ v.",
             "The composite's gradients through autograd (Elastic-Softmax's own backward)."),
@@ -149,7 +149,7 @@ FAMILY: tuple[Member, ...] = (
             "softmax1 in Triton: Elastic's tiles at tau = 1, beta = 1, keeping every score.",
             "Forward (untimed), then step(dout) -> (dq, dk, dv)."),
     }),
-    Member("symax_attention", p1="eta", kernels={
+    Member("symax_attention", p_den="eta", kernels={
         "composite": (
             "The eager composite: the whole score matrix, |s| / (eta + sum |s|), weights @ v.",
             "The composite's gradients through autograd (deta included)."),
@@ -191,7 +191,7 @@ FAMILY: tuple[Member, ...] = (
             "cog attention in Triton: online max of |s| and sum, weights signed.",
             "Forward (untimed), then step(dout) -> (dq, dk, dv)."),
     }),
-    Member("sigmoid_attention", p0="bias", kernels={
+    Member("sigmoid_attention", p_score="bias", kernels={
         "composite": (
             "The eager composite: the whole score matrix, sigmoid(s + bias), weights @ v.",
             "The composite's gradients through autograd (dbias included)."),
@@ -251,11 +251,11 @@ def _signature(member: Member, mask: str, gated: bool) -> inspect.Signature:
 
 def _keywords(member: Member, mask: str, gated: bool
               ) -> Callable[[dict[str, Any], str], tuple[Any, Any, Any, Any]]:
-    """take(kw, fname) -> (p0, p1, mask, gate) from a kernel call's keywords (None for a
-    slot the function does not use, no mask, no gate); TypeError, as Python words it, for a
-    row parameter missing or a keyword the kernel does not take. What can be is worked out
-    here, once."""
-    p0, p1, params = member.p0, member.p1, member.params
+    """take(kw, fname) -> (p_score, p_den, mask, gate) from a kernel call's keywords (None
+    for a slot the function does not use, no mask, no gate); TypeError, as Python words it,
+    for a row parameter missing or a keyword the kernel does not take. What can be is worked
+    out here, once."""
+    p_score, p_den, params = member.p_score, member.p_den, member.params
     allowed = frozenset((*params, mask, *(("gate",) if gated else ())))
 
     def take(kw: dict[str, Any], fname: str) -> tuple[Any, Any, Any, Any]:
@@ -263,26 +263,27 @@ def _keywords(member: Member, mask: str, gated: bool
             unknown = sorted(set(kw) - allowed)[0]
             raise TypeError(f"{fname}() got an unexpected keyword argument {unknown!r}")
         try:
-            return (None if p0 is None else kw[p0], None if p1 is None else kw[p1],
-                    kw.get(mask), kw.get("gate"))
+            return (None if p_score is None else kw[p_score],
+                    None if p_den is None else kw[p_den], kw.get(mask), kw.get("gate"))
         except KeyError as e:
             raise TypeError(f"{fname}() missing 1 required keyword-only argument: "
                             f"{e.args[0]!r}") from None
     return take
 
 
-def _zeros_for(q: Tensor, p0: Tensor | None, p1: Tensor | None) -> tuple[Tensor, Tensor]:
-    """(p0, p1) for a fused kernel: an absent one as zeros of the given one's shape, or
-    (batch, heads) zeros in the working precision on q's device when neither is given."""
-    if p0 is not None and p1 is not None:
-        return p0, p1
-    given = p0 if p0 is not None else p1
+def _zeros_for(q: Tensor, p_score: Tensor | None, p_den: Tensor | None
+               ) -> tuple[Tensor, Tensor]:
+    """(p_score, p_den) for a fused kernel: an absent one as zeros of the given one's shape,
+    or (batch, heads) zeros in the working precision on q's device when neither is given."""
+    if p_score is not None and p_den is not None:
+        return p_score, p_den
+    given = p_score if p_score is not None else p_den
     if given is None:
         zero = torch.zeros(q.shape[:2], device=q.device,
                            dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
     else:
         zero = torch.zeros_like(given)
-    return (zero if p0 is None else p0), (zero if p1 is None else p1)
+    return (zero if p_score is None else p_score), (zero if p_den is None else p_den)
 
 
 def _kernel(member: Member, impl: Implementation, mode: str) -> Callable[..., Any]:
@@ -294,43 +295,45 @@ def _kernel(member: Member, impl: Implementation, mode: str) -> Callable[..., An
 
     def forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool,
                 **kw: Any) -> Any:
-        p0, p1, mask, gate = take(kw, forward.__name__)
+        p_score, p_den, mask, gate = take(kw, forward.__name__)
         if backward is None:  # a composite: the gate applied to its output
-            out = impl.forward(q, k, v, p0, p1, scale, causal, mask, weight)
+            out = impl.forward(q, k, v, p_score, p_den, scale, causal, mask, weight)
             return out if gate is None else out * gate
-        p0, p1 = _zeros_for(q, p0, p1)
+        p_score, p_den = _zeros_for(q, p_score, p_den)
         gated = {} if gate is None else {"gate": gate}
-        return impl.forward(q, k, v, p0, p1, scale, causal, mask, weight, **gated)
+        return impl.forward(q, k, v, p_score, p_den, scale, causal, mask, weight, **gated)
 
     def autograd_backward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool,
                           **kw: Any) -> Step:
-        p0, p1, mask, gate = take(kw, autograd_backward.__name__)
+        p_score, p_den, mask, gate = take(kw, autograd_backward.__name__)
 
         def differentiable(q: Tensor, k: Tensor, v: Tensor, *params: Tensor) -> Any:
             leaf = iter(params)  # the leaves of the used slots, in order (the gate last)
-            out = impl.forward(q, k, v, None if p0 is None else next(leaf),
-                               None if p1 is None else next(leaf), scale, causal, mask,
+            out = impl.forward(q, k, v, None if p_score is None else next(leaf),
+                               None if p_den is None else next(leaf), scale, causal, mask,
                                weight)
             return out if gate is None else out * next(leaf)
-        return autograd_step(differentiable, (q, k, v, *_used(p0, p1),
+        return autograd_step(differentiable, (q, k, v, *_used(p_score, p_den),
                                               *(() if gate is None else (gate,))))
 
     def fused_backward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool,
                        **kw: Any) -> Step:
-        p0, p1, mask, gate = take(kw, fused_backward.__name__)
-        a, b = _zeros_for(q, p0, p1)
+        p_score, p_den, mask, gate = take(kw, fused_backward.__name__)
+        score_slot, den_slot = _zeros_for(q, p_score, p_den)
         if gate is None:
-            out, m, den = impl.forward(q, k, v, a, b, scale, causal, mask, weight)[:3]
+            out, m, den = impl.forward(q, k, v, score_slot, den_slot, scale, causal, mask,
+                                       weight)[:3]
             ungated = out
         else:  # the weights' contract: the ungated output kept for the backward
-            _, m, den, ungated = impl.forward(q, k, v, a, b, scale, causal, mask, weight,
-                                              gate=gate, keep_ungated=True)
+            _, m, den, ungated = impl.forward(q, k, v, score_slot, den_slot, scale, causal,
+                                              mask, weight, gate=gate, keep_ungated=True)
 
         def step(dout: Tensor) -> tuple[Tensor, ...]:
             do = dout if gate is None else dout * gate
-            dq, dk, dv, da, db = backward(q, k, v, ungated, do, m, den, a, b, scale, causal,
-                                          mask, weight)
-            grads = (dq, dk, dv, *_used(None if p0 is None else da, None if p1 is None else db))
+            dq, dk, dv, dp_score, dp_den = backward(q, k, v, ungated, do, m, den, score_slot,
+                                                    den_slot, scale, causal, mask, weight)
+            grads = (dq, dk, dv, *_used(None if p_score is None else dp_score,
+                                        None if p_den is None else dp_den))
             return grads if gate is None else (*grads, dout * ungated)
         return step
 
@@ -339,9 +342,9 @@ def _kernel(member: Member, impl: Implementation, mode: str) -> Callable[..., An
     return autograd_backward if backward is None else fused_backward
 
 
-def _used(p0: Any, p1: Any) -> tuple[Any, ...]:
-    """What stands in the used slots (not None), p0's first."""
-    return tuple(p for p in (p0, p1) if p is not None)
+def _used(p_score: Any, p_den: Any) -> tuple[Any, ...]:
+    """What stands in the used slots (not None), p_score's first."""
+    return tuple(p for p in (p_score, p_den) if p is not None)
 
 
 __all__ = ["FAMILY", "FUNCTIONS", "Implementation", "Member", "autograd_step",

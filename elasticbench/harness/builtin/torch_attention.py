@@ -33,16 +33,19 @@ def _per_head(p: torch.Tensor) -> torch.Tensor:
     return p[:, :, None, None]
 
 
-def _composite(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p0: torch.Tensor | None,
-               p1: torch.Tensor | None, scale: float, causal: bool,
-               attn_mask: torch.Tensor | None, weight: Weight) -> torch.Tensor:
+def _composite(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               p_score: torch.Tensor | None, p_den: torch.Tensor | None, scale: float,
+               causal: bool, attn_mask: torch.Tensor | None, weight: Weight) -> torch.Tensor:
     """The eager composite of `weight` (attention/composite.py): the whole score matrix, the
-    weights, weights @ v; p0, p1 (batch, heads) tensors, None where the weight has none."""
+    weights, weights @ v; p_score, p_den (batch, heads) tensors, None where the weight has
+    none."""
     if weight is Weight.ELASTIC:
-        return elastic_attention_composite(q, k, v, tau=_per_head(p0), beta=_per_head(p1),
-                                           scale=scale, causal=causal, attn_mask=attn_mask)
-    return attention_composite(weight, q, k, v, p0=0.0 if p0 is None else _per_head(p0),
-                               p1=0.0 if p1 is None else _per_head(p1), scale=scale,
+        return elastic_attention_composite(q, k, v, tau=_per_head(p_score),
+                                           beta=_per_head(p_den), scale=scale, causal=causal,
+                                           attn_mask=attn_mask)
+    return attention_composite(weight, q, k, v,
+                               p_score=0.0 if p_score is None else _per_head(p_score),
+                               p_den=0.0 if p_den is None else _per_head(p_den), scale=scale,
                                causal=causal, attn_mask=attn_mask)
 
 

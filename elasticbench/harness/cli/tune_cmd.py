@@ -93,19 +93,19 @@ def _operands(job: Job, device: str, interpreted: bool) -> dict[str, Any]:
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v, do = (torch.randn(b, h, job.length, job.head_dim, generator=g, device=device)
                    .to(dtype) for _ in range(4))
-    p0 = torch.full((b, h), 0.7, device=device)
-    p1 = torch.full((b, h), 0.5, device=device)
+    p_score = torch.full((b, h), 0.7, device=device)
+    p_den = torch.full((b, h), 0.5, device=device)
     keep = None
     if job.padded:  # the last quarter of each row's keys padded
         keep = (torch.arange(job.length, device=device) < (3 * job.length) // 4)[None]
         keep = keep.expand(b, job.length).contiguous()
     weight = Weight[job.weight.upper()]
     scale = job.head_dim ** -0.5
-    out, m, den = attention_forward(q, k, v, p0, p1, scale, job.causal, keep, weight,
+    out, m, den = attention_forward(q, k, v, p_score, p_den, scale, job.causal, keep, weight,
                                     tile=ac.smallest(ac.configs("fwd", job.head_dim, dtype,
                                                                 job.causal, weight,
                                                                 padded=job.padded)))
-    return {"q": q, "k": k, "v": v, "do": do, "p0": p0, "p1": p1, "keep": keep,
+    return {"q": q, "k": k, "v": v, "do": do, "p_score": p_score, "p_den": p_den, "keep": keep,
             "weight": weight, "scale": scale, "out": out, "m": m, "den": den}
 
 
@@ -119,7 +119,7 @@ def _time_job(job: Job, ops: dict[str, Any], options: tuple, bench: Callable,
     o = ops
     if job.kernel == "fwd":
         def call(t):
-            return lambda: attention_forward(o["q"], o["k"], o["v"], o["p0"], o["p1"],
+            return lambda: attention_forward(o["q"], o["k"], o["v"], o["p_score"], o["p_den"],
                                              o["scale"], job.causal, o["keep"], o["weight"],
                                              tile=t)
     else:
@@ -131,8 +131,8 @@ def _time_job(job: Job, ops: dict[str, Any], options: tuple, bench: Callable,
         def call(t):
             pair = (t, fixed) if job.kernel == "dkdv" else (fixed, t)
             return lambda: attention_backward(o["q"], o["k"], o["v"], o["out"], o["do"],
-                                              o["m"], o["den"], o["p0"], o["p1"], o["scale"],
-                                              job.causal, o["keep"], w, tiles=pair)
+                                              o["m"], o["den"], o["p_score"], o["p_den"],
+                                              o["scale"], job.causal, o["keep"], w, tiles=pair)
 
     def time_one(t) -> float:
         if time.monotonic() > deadline:

@@ -134,11 +134,11 @@ def _fake_fused(calls: list) -> object:
     """A fused implementation that records its calls and returns marked gradients."""
     from elasticbench.harness.builtin.attention_family import Implementation
 
-    def forward(q, k, v, p0, p1, scale, causal, mask, weight):
-        calls.append((p0, p1, mask, weight))
+    def forward(q, k, v, p_score, p_den, scale, causal, mask, weight):
+        calls.append((p_score, p_den, mask, weight))
         return q * 2, torch.zeros(q.shape[:3]), torch.ones(q.shape[:3])
 
-    def backward(q, k, v, out, dout, m, den, p0, p1, scale, causal, mask, weight):
+    def backward(q, k, v, out, dout, m, den, p_score, p_den, scale, causal, mask, weight):
         heads = torch.ones(q.shape[:2])
         return dout, dout + 1, dout + 2, heads * 10, heads * 11
 
@@ -166,17 +166,18 @@ def test_a_fused_kernel_fills_the_unused_slot_and_returns_the_used_gradients():
                                     key_mask=keep)(q)
         assert torch.equal(dq, q) and torch.equal(dk, q + 1) and torch.equal(dv, q + 2)
         assert torch.equal(deta, torch.full((2, 3), 11.0))
-        p0, p1, mask, weight = calls[-1]
-        assert weight is Weight.SYMAX and p1 is eta and mask is keep
-        assert torch.equal(p0, torch.zeros(2, 3)) and p0.dtype == eta.dtype
+        p_score, p_den, mask, weight = calls[-1]
+        assert weight is Weight.SYMAX and p_den is eta and mask is keep
+        assert torch.equal(p_score, torch.zeros(2, 3)) and p_score.dtype == eta.dtype
         grads = get_kernel("fake_sigmoid_attention", "bwd").fn(q, q, q, bias=bias, scale=0.5,
                                                                causal=True)(q)
         assert len(grads) == 4 and torch.equal(grads[3], torch.full((2, 3), 10.0))
         assert calls[-1][0] is bias and calls[-1][2] is None
         out, _, _ = get_kernel("fake_softmax1_attention").fn(q, q, q, scale=0.5, causal=False)
         assert torch.equal(out, q * 2)
-        p0, p1, _, weight = calls[-1]  # neither slot given: (batch, heads) zeros in fp64
-        assert weight is Weight.SOFTMAX1 and p0.shape == (2, 3) and p0.dtype == torch.float64
+        p_score, p_den, _, weight = calls[-1]  # neither slot given: (batch, heads) zeros in fp64
+        assert weight is Weight.SOFTMAX1 and p_score.shape == (2, 3)
+        assert p_score.dtype == torch.float64
         assert len(get_kernel("fake_attention", "bwd").fn(
             q, q, q, tau=eta, beta=bias, scale=0.5, causal=False)(q)) == 5
         with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'eta'"):
@@ -193,9 +194,9 @@ def test_a_differentiable_kernel_gets_autograds_gradients_of_the_used_slots():
 
     seen: list = []
 
-    def forward(q, k, v, p0, p1, scale, causal, mask, weight):
-        seen.append((p0, p1))
-        return q * p0[:, :, None, None] * scale + k * v
+    def forward(q, k, v, p_score, p_den, scale, causal, mask, weight):
+        seen.append((p_score, p_den))
+        return q * p_score[:, :, None, None] * scale + k * v
 
     impl = Implementation("composite", "torch", "fake", forward, suffix="_eager",
                           mask="attn_mask")
@@ -223,7 +224,8 @@ def test_a_gated_call_gates_the_output_and_returns_d_gate_after_the_gradients():
 
     calls: list = []
 
-    def forward(q, k, v, p0, p1, scale, causal, mask, weight, gate=None, keep_ungated=False):
+    def forward(q, k, v, p_score, p_den, scale, causal, mask, weight, gate=None,
+                keep_ungated=False):
         out = q * 2
         calls.append(("fwd", gate, keep_ungated))
         if gate is None:
@@ -231,15 +233,16 @@ def test_a_gated_call_gates_the_output_and_returns_d_gate_after_the_gradients():
         return (out * gate, torch.zeros(q.shape[:3]), torch.ones(q.shape[:3]),
                 *((out,) if keep_ungated else ()))
 
-    def backward(q, k, v, out, dout, m, den, p0, p1, scale, causal, mask, weight):
+    def backward(q, k, v, out, dout, m, den, p_score, p_den, scale, causal, mask, weight):
         calls.append(("bwd", out, dout, weight))
         heads = torch.zeros(q.shape[:2])
         return dout * 3, dout * 4, dout * 5, heads, heads
 
     fused = Implementation("cpp", "torch", "gfake", forward, backward)
-    composite = Implementation("composite", "torch", "gfake",
-                               lambda q, k, v, p0, p1, scale, causal, mask, weight: q * k + v,
-                               suffix="_eager", mask="attn_mask")
+    composite = Implementation(
+        "composite", "torch", "gfake",
+        lambda q, k, v, p_score, p_den, scale, causal, mask, weight: q * k + v,
+        suffix="_eager", mask="attn_mask")
     assert fused.gated and composite.gated
     assert not Implementation("cpp", "torch", "x", lambda *a: a, backward).gated
     g = torch.Generator().manual_seed(2)
