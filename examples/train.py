@@ -223,14 +223,14 @@ def make_task(name: str, args: argparse.Namespace) -> Task:
 
 class Probe(NamedTuple):
     """How a function's attention weights are recomputed from q and k: the Weight and its two
-    parameters (p0, p1) as elasticbench.attention.weights documents them, or None for
+    parameters (p_score, p_den) as elasticbench.attention.weights names them, or None for
     softmax (torch.softmax of the scores)."""
 
     weight: Weight | None
-    # p0, p1 and the learned parameters to report (name -> one value per head), each from
+    # p_score, p_den and the learned parameters to report (name -> one value per head), each from
     # the attention module and the number of keys
-    p0: Callable[[nn.Module, int], torch.Tensor | float]
-    p1: Callable[[nn.Module, int], torch.Tensor | float]
+    p_score: Callable[[nn.Module, int], torch.Tensor | float]
+    p_den: Callable[[nn.Module, int], torch.Tensor | float]
     params: Callable[[nn.Module, int], dict[str, torch.Tensor]] = lambda m, n: {}
 
 
@@ -354,9 +354,10 @@ class Attention(MultiHead):
         scale = 1.0 / math.sqrt(q.shape[-1])
         if self.probe.weight is None:
             return torch.softmax(scores(q, k, scale, self.causal), dim=-1)
-        p0, p1 = (_detached(f(self.fn, k.shape[2])) for f in (self.probe.p0, self.probe.p1))
-        return attention_weights(self.probe.weight, q, k, p0=p0, p1=p1, scale=scale,
-                                 causal=self.causal)
+        p_score, p_den = (_detached(f(self.fn, k.shape[2]))
+                          for f in (self.probe.p_score, self.probe.p_den))
+        return attention_weights(self.probe.weight, q, k, p_score=p_score, p_den=p_den,
+                                 scale=scale, causal=self.causal)
 
     def params(self, length_k: int) -> dict[str, torch.Tensor]:
         """The learned parameters, each one value per head, for length_k keys; the gate's

@@ -437,12 +437,12 @@ def _attention_params(name: str, h: int, dev: str) -> dict[str, Any]:
 
 def _reference_attention(name: str, q: Any, k: Any, v: Any, params: dict[str, Any],
                          causal: bool, mask: Any | None) -> Any:
-    """The composite in fp64 (docs/attention.md section 9: p0, p1 as functional passes them)."""
+    """The composite in fp64 (docs/attention.md section 9: p_score, p_den as functional passes them)."""
     from elasticbench.attention import composite
     from elasticbench.attention.weights import Weight
 
     hp = {k_: p.double()[None, :, None, None] for k_, p in params.items()}
-    weight, p0, p1 = {
+    weight, p_score, p_den = {
         "elastic_attention": (Weight.ELASTIC, hp.get("tau"), hp.get("beta")),
         "softmax1_attention": (Weight.SOFTMAX1, 1.0, 1.0),
         "symax_attention": (Weight.SYMAX, 0.0, hp.get("eta")),
@@ -450,8 +450,8 @@ def _reference_attention(name: str, q: Any, k: Any, v: Any, params: dict[str, An
         "sigmoid_attention": (Weight.SIGMOID, hp.get("bias"), 0.0),
     }[name]
     scale = q.shape[-1] ** -0.5
-    return composite.attention_composite(weight, q, k, v, p0=p0, p1=p1, scale=scale,
-                                         causal=causal, attn_mask=mask)
+    return composite.attention_composite(weight, q, k, v, p_score=p_score, p_den=p_den,
+                                         scale=scale, causal=causal, attn_mask=mask)
 
 
 def _cases() -> Iterator[tuple[str, str, bool, bool, tuple[int, int] | None]]:
