@@ -20,16 +20,16 @@ results, the Triton kernels and the tests' `needs` marker (tests/conftest.py) as
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from .settings import settings
+
 HOST = "cpu"
 DEFAULT_LLC_BYTES = 32 << 20  # when the host's cache sizes cannot be read
 LLC_ENV = "ELASTICBENCH_LLC_BYTES"  # the host's last-level cache, instead of the detected one
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?)?\s*$", re.IGNORECASE)
 INTERPRET_ENV = "TRITON_INTERPRET"  # "1": Triton runs kernels in its CPU interpreter
 
 
@@ -162,25 +162,16 @@ def cache_sizes() -> dict[str, int]:
 
 
 def llc_bytes(device: str) -> int:
-    """Size of the device's last-level cache: the GPU's L2, the host's largest cache."""
+    """Size of the device's last-level cache: the GPU's L2, the host's largest cache (or
+    $ELASTICBENCH_LLC_BYTES, as the process's settings read it)."""
     if is_cuda(device):
         import torch
 
         return int(torch.cuda.get_device_properties(device).L2_cache_size)
-    override = os.environ.get(LLC_ENV)
-    if override:
-        return parse_bytes(override, LLC_ENV)
+    if (override := settings().llc_bytes) is not None:
+        return override
     caches = cache_sizes()
     return max(caches.values()) if caches else DEFAULT_LLC_BYTES
-
-
-def parse_bytes(text: str, what: str) -> int:
-    """A size in bytes, with an optional binary suffix: 33554432, 32M, 32MiB, 1G."""
-    m = _SIZE.match(text)
-    if not m or int(m.group(1)) == 0:
-        raise ValueError(f"{what}={text!r}: give a size in bytes, e.g. 33554432 or 32M")
-    suffix = (m.group(2) or "")[:1].upper()
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[suffix]
 
 
 def caches(device: str) -> dict[str, int]:

@@ -16,15 +16,14 @@ CUDA path is tested on a machine without a GPU. A forced implementation that dec
 call (a dtype its kernels do not take) leaves it to the torch code. The forward and the
 backward of one call run the same implementation (docs/dispatch.md).
 
-The variable is read once, at the first call that asks, and kept: a call reads no
-environment. Code that changes it in the process afterwards calls `refresh()` after each
-change, or sets it for a block with `forcing(name)`, which does both (docs/dispatch.md
-section 2, "Reading the environment").
+The variable is read with the others, once (elasticbench.settings), and kept: a call reads
+no environment. Code that changes it in the process afterwards calls
+`elasticbench.settings.refresh()` after each change, or forces an implementation for a block
+with `forcing(name)` (docs/dispatch.md section 2, "Reading the environment").
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,8 +32,9 @@ from typing import Any
 import torch
 from torch.utils import _python_dispatch
 
+from elasticbench.settings import overriding, parse, settings
+
 IMPLEMENTATION_ENV = "ELASTICBENCH_IMPLEMENTATION"
-NAMES = ("cpp", "triton", "torch")
 PREFERENCE = {"cpu": ("cpp", "torch"), "cuda": ("triton", "torch")}
 
 
@@ -49,56 +49,19 @@ class Implementation:
     backward: Callable[..., Any]
 
 
-# What $ELASTICBENCH_IMPLEMENTATION said, as a 1-tuple once read (a read that failed keeps
-# nothing, so a bad value is reported on every call until it is fixed); refresh() forgets it.
-_read: tuple[str | None] | None = None
-
-
-def _parse(raw: str) -> str | None:
-    """The implementation a value of the variable names, None for the preference; ValueError
-    in one line for any other value."""
-    value = raw.strip().lower()
-    if value in ("", "auto"):
-        return None
-    if value not in NAMES:
-        raise ValueError(f"${IMPLEMENTATION_ENV} must be one of auto, {', '.join(NAMES)}; "
-                         f"got {value!r}")
-    return value
-
-
 def forced() -> str | None:
-    """The implementation $ELASTICBENCH_IMPLEMENTATION forces, None for the preference (read
-    at the first call, then kept: see refresh); ValueError in one line for any other value."""
-    global _read
-    if _read is None:
-        _read = (_parse(os.environ.get(IMPLEMENTATION_ENV, "")),)
-    return _read[0]
-
-
-def refresh() -> None:
-    """Forget the variable's value: the next call reads it again. For code that changes
-    $ELASTICBENCH_IMPLEMENTATION in its own process after a call was made (a test, a script
-    comparing implementations); a command reads it once, at its first call."""
-    global _read
-    _read = None
+    """The implementation $ELASTICBENCH_IMPLEMENTATION forces, None for the preference (as
+    the process's settings read it); ValueError in one line for any other value."""
+    return settings().implementation
 
 
 @contextmanager
 def forcing(name: str | None) -> Iterator[None]:
     """Calls within the block run `name` (cpp, triton or torch; None or "auto": the
-    preference), the variable set to it and read again; both restored on leaving."""
-    _parse(name or "")  # a bad name fails here, before anything changes
-    old = os.environ.get(IMPLEMENTATION_ENV)
-    os.environ[IMPLEMENTATION_ENV] = name or "auto"
-    refresh()
-    try:
+    preference), whatever the variable says; what it says is back on leaving. A bad name
+    raises ValueError before anything changes."""
+    with overriding(implementation=parse(IMPLEMENTATION_ENV, name or "")):
         yield
-    finally:
-        if old is None:
-            os.environ.pop(IMPLEMENTATION_ENV, None)
-        else:
-            os.environ[IMPLEMENTATION_ENV] = old
-        refresh()
 
 
 def preference(device: torch.device) -> tuple[str, ...]:

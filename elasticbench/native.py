@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from .settings import settings
+
 # -fopenmp: at::parallel_for is a header template whose OpenMP pragma is compiled into the
 # extension; without the flag it runs every range on the calling thread. -fvisibility=hidden:
 # only the module's init is exported, so no call between the kernels goes through the PLT.
@@ -92,9 +94,10 @@ def compiler() -> str | None:
 
 
 def build_root() -> Path:
-    """$ELASTICBENCH_BUILD_DIR, else $XDG_CACHE_HOME/elasticbench/cpp, else ~/.cache/..."""
-    if env := os.environ.get("ELASTICBENCH_BUILD_DIR"):
-        return Path(env)
+    """$ELASTICBENCH_BUILD_DIR (elasticbench.settings), else $XDG_CACHE_HOME/elasticbench/cpp,
+    else ~/.cache/..."""
+    if (chosen := settings().build_dir) is not None:
+        return chosen
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "elasticbench" / "cpp"
 

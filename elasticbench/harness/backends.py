@@ -18,6 +18,7 @@ import numpy as np
 
 from elasticbench import devices
 from elasticbench.harness.inputs.layouts import LAYOUTS, Placement, view_of
+from elasticbench.settings import settings
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,9 @@ def _numpy_same_memory(a: Any, b: Any) -> bool:
 
 
 def _torch_device() -> str:
-    """Where torch kernels run: $ELASTICBENCH_TORCH_DEVICE, default cpu."""
-    return os.environ.get("ELASTICBENCH_TORCH_DEVICE", devices.HOST)
+    """Where torch kernels run: $ELASTICBENCH_TORCH_DEVICE (elasticbench.settings), default
+    cpu."""
+    return settings().torch_device
 
 
 def _cpu_tensor(a: np.ndarray) -> Any:

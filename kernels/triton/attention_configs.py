@@ -59,6 +59,7 @@ import torch
 from elasticbench import launches
 from elasticbench.attention.weights import Weight
 from elasticbench.devices import triton_interpreted
+from elasticbench.settings import settings
 
 
 @dataclass(frozen=True)
@@ -194,12 +195,9 @@ def tma_available() -> bool:
 
 
 def tma_mode() -> str | None:
-    """$ELASTICBENCH_TRITON_ATTENTION_TMA: "1" TMA only, where the call allows it, "0"
-    none; unset or empty, both kinds listed (the tuner picks)."""
-    value = os.environ.get(TMA_ENV, "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{TMA_ENV} must be 0, 1 or unset, got {value!r}")
-    return value or None
+    """$ELASTICBENCH_TRITON_ATTENTION_TMA (read once, elasticbench.settings): "1" TMA only,
+    where the call allows it, "0" none; unset or empty, both kinds listed (the tuner picks)."""
+    return settings().triton_attention_tma
 
 
 def head_dim_class(head_dim: int) -> int:
@@ -455,20 +453,19 @@ def _packaged() -> list[Table]:
 
 
 _TABLES: tuple[Table, ...] | None = None
-_TUNE: bool | None = None
 _LOCK = threading.RLock()
 
 
 def tables() -> tuple[Table, ...]:
     """The tables a choice consults, first match wins: the file named by
-    $ELASTICBENCH_ATTENTION_TABLE (read once, at first use) and then the package's, by name.
+    $ELASTICBENCH_ATTENTION_TABLE (read once, elasticbench.settings) and then the package's, by name.
     Raises TableError (naming the file) on a bad one."""
     global _TABLES
     if _TABLES is None:
         with _LOCK:
             if _TABLES is None:
-                user = os.environ.get(TABLE_ENV, "").strip()
-                if user:
+                user = settings().attention_table
+                if user is not None:
                     try:
                         first = [load_table(user)]
                     except TableError as e:
@@ -482,21 +479,16 @@ def tables() -> tuple[Table, ...]:
 def tuning_enabled() -> bool:
     """$ELASTICBENCH_ATTENTION_TUNE=1: time the offered configurations on the first call of
     a key no table names (read once); unset, empty or 0: never."""
-    global _TUNE
-    if _TUNE is None:
-        value = os.environ.get(TUNE_ENV, "").strip()
-        if value not in ("", "0", "1"):
-            raise ValueError(f"{TUNE_ENV} must be 0, 1 or unset, got {value!r}")
-        _TUNE = value == "1"
-    return _TUNE
+    return settings().attention_tune
 
 
 def reset() -> None:
-    """Forget the tables, the tuning switch and every choice made (tests; `elasticbench
-    tune` between its keys): the next call reads the environment again."""
-    global _TABLES, _TUNE
+    """Forget the tables and every choice made (tests; `elasticbench tune` between its
+    keys): the next call loads the tables again, the file the process's settings name
+    (`elasticbench.settings.refresh()` reads the environment again)."""
+    global _TABLES
     with _LOCK:
-        _TABLES, _TUNE = None, None
+        _TABLES = None
         _CHOSEN.clear()
         _GPUS.clear()
 

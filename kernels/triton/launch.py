@@ -2,8 +2,8 @@
 
 Everything here runs on the host. `LaunchOptions` are the launcher's arguments: every wrapper
 takes `options=`; without it the options of the innermost `launch_options(...)` block apply,
-else the defaults, which `$ELASTICBENCH_TRITON_*` can move: read once, at the first call that
-needs them (`environment_options`; `refresh_options` reads them again), so a call reads no
+else the defaults, which `$ELASTICBENCH_TRITON_*` can move: read with the process's settings,
+once (elasticbench.settings; `settings.refresh()` reads them again), so a call reads no
 environment variable. TRITON_INTERPRET is read when this module is imported, as Triton reads
 it when `triton.jit` decorates the kernels; the interpreter's patch
 (elasticbench.triton_interpreter) is imported only when it is on.
@@ -16,17 +16,17 @@ counters under CUDA-graph capture (`row_counters`) and the bounded wait (rows.ar
 from __future__ import annotations
 
 import functools
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from elasticbench import launches
 from elasticbench.devices import triton_interpreted
+from elasticbench.settings import LaunchOptions, settings
 
 # Read once, as Triton reads it once (when `triton.jit` decorates a kernel): the kernels of
 # this process are interpreted or compiled for their whole life.
@@ -36,104 +36,14 @@ DTYPES = ("fp32", "fp16", "bf16")  # fp64 is not a GPU softmax format; the suite
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _pow2(value: int) -> bool:
-    return value >= 1 and not value & (value - 1)
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    """The launcher's arguments.
-
-    max_fused: the longest block (a power of two) held in registers; longer rows stream in
-    chunks of `chunk` (a power of two) on the online path. exp2_ulps >= 0: under the
-    interpreter, model the GPU's approximate ex2 (flush below 2^-126, every other normal result
-    moved that many ulps; docs/triton.md); -1: no model. Ignored on a GPU. splits: programs
-    per streamed row (0: the table's choice, `plan_rows`; 1: never split; else that many, at
-    most one per chunk). row_block: rows one program holds at once on short rows (0: the
-    table's choice; else a power of two). resident: the single-read split path for streamed
-    rows (`plan_rows`): 0 where the table takes it (splits 0, and the launch can be
-    cooperative), 1 wherever it can run (splits > 1 then sets its programs per row), -1 never.
-    """
-
-    max_fused: int = 16384
-    chunk: int = 4096
-    exp2_ulps: int = -1
-    splits: int = 0
-    row_block: int = 0
-    resident: int = 0
-
-    def __post_init__(self) -> None:
-        for field in fields(self):
-            _check(field.name, getattr(self, field.name))
-
-
-def _check(name: str, value: object) -> None:
-    """ValueError unless value is allowed for the LaunchOptions field `name`."""
-    if name == "exp2_ulps":
-        if not isinstance(value, int) or value < -1:
-            raise ValueError(f"exp2_ulps must be an integer >= -1, got {value!r}")
-    elif name == "splits":
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"splits must be an integer >= 0 (0: automatic), got {value!r}")
-    elif name == "resident":
-        if value not in (-1, 0, 1) or isinstance(value, bool):
-            raise ValueError(f"resident must be -1 (never), 0 (the table's choice) or 1 "
-                             f"(wherever it runs), got {value!r}")
-    elif name == "row_block":
-        if not isinstance(value, int) or not (value == 0 or _pow2(value)):
-            raise ValueError(f"row_block must be 0 (automatic) or a power of two, got {value!r}")
-    elif not isinstance(value, int) or not _pow2(value):
-        raise ValueError(f"{name} must be a power of two, got {value!r}")
-
-
-ENV_VARS = {"max_fused": "ELASTICBENCH_TRITON_MAX_FUSED", "chunk": "ELASTICBENCH_TRITON_CHUNK",
-            "exp2_ulps": "ELASTICBENCH_TRITON_EXP2_ULPS", "splits": "ELASTICBENCH_TRITON_SPLITS",
-            "row_block": "ELASTICBENCH_TRITON_ROW_BLOCK",
-            "resident": "ELASTICBENCH_TRITON_RESIDENT"}
-
-
-def options_from_env(environ: Mapping[str, str] = os.environ) -> LaunchOptions:
-    """The defaults moved by $ELASTICBENCH_TRITON_MAX_FUSED, _CHUNK, _EXP2_ULPS, _SPLITS,
-    _ROW_BLOCK and _RESIDENT (so a CLI run can verify the online, split or resident path on
-    short rows, or against the ex2 model)."""
-    changes: dict[str, int] = {}
-    for name, var in ENV_VARS.items():
-        raw = environ.get(var, "").strip()
-        if not raw:
-            continue
-        try:
-            changes[name] = int(raw)
-            _check(name, changes[name])
-        except ValueError as e:
-            why = e if name in changes else f"must be an integer, got {raw!r}"
-            raise ValueError(f"${var}: {why}") from None
-    return LaunchOptions(**changes)
-
-
 _OPTIONS: ContextVar[LaunchOptions | None] = ContextVar("triton_launch_options", default=None)
-_FROM_ENV: list[LaunchOptions] = []  # the environment's options, once read
-
-
-def environment_options() -> LaunchOptions:
-    """The defaults as $ELASTICBENCH_TRITON_* move them, read from the environment at the
-    first call only (a bad value raises ValueError at each call until it is fixed and
-    `refresh_options` is called, or the process restarts)."""
-    if not _FROM_ENV:
-        _FROM_ENV.append(options_from_env())
-    return _FROM_ENV[0]
-
-
-def refresh_options() -> LaunchOptions:
-    """Read $ELASTICBENCH_TRITON_* again (a test or tool that changed them in this process);
-    later calls without `options=` use what it returns."""
-    _FROM_ENV.clear()
-    return environment_options()
 
 
 def current_options() -> LaunchOptions:
-    """The options of the innermost `launch_options` block, else those of the environment as
-    first read (`environment_options`): no environment variable is read here."""
-    return _OPTIONS.get() or environment_options()
+    """The options of the innermost `launch_options` block, else those the process's
+    settings give ($ELASTICBENCH_TRITON_*, elasticbench.settings): no environment variable
+    is read here."""
+    return _OPTIONS.get() or settings().launch
 
 
 @contextmanager

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from elasticbench import settings
+
 pytestmark = pytest.mark.needs("triton")
 
 H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
@@ -21,16 +23,26 @@ H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
 
 @pytest.fixture
 def ac(monkeypatch):
-    """attention_configs with its tables, switches and choices forgotten before and after,
-    and no table or tuning variable from the environment."""
+    """attention_configs with its tables and choices forgotten before and after, and no
+    table, tuning or TMA variable in the settings (the environment restored and read again
+    after)."""
     from elasticbench.kernels.triton import attention_configs as module
 
     monkeypatch.delenv(module.TABLE_ENV, raising=False)
     monkeypatch.delenv(module.TUNE_ENV, raising=False)
     monkeypatch.delenv(module.TMA_ENV, raising=False)
+    settings.refresh()
     module.reset()
     yield module
+    monkeypatch.undo()
+    settings.refresh()
     module.reset()
+
+
+def _setenv(monkeypatch, name: str, value: str) -> None:
+    """Set the variable and read the settings again, as a process started with it would."""
+    monkeypatch.setenv(name, value)
+    settings.refresh()
 
 
 def _gpu(ac, name: str = H100[0], cap: tuple[int, int] = H100[1]):
@@ -88,7 +100,7 @@ def test_a_user_table_overrides_per_key_and_length_class(ac, tmp_path, monkeypat
         _entry(ac, fwd[2], length=1024), _entry(ac, fwd[1], length=16384),
         _entry(ac, fwd[1], length=4096, name="*", dtype="fp16"),
         _entry(ac, tma[-1], kernel="dq", head_dim=64, causal=True)])
-    monkeypatch.setenv(ac.TABLE_ENV, str(path))
+    _setenv(monkeypatch, ac.TABLE_ENV, str(path))
     gpu = _gpu(ac)
     q = _q()
 
@@ -114,8 +126,7 @@ def test_a_user_table_overrides_per_key_and_length_class(ac, tmp_path, monkeypat
 
 def test_the_table_variable_is_read_once(ac, tmp_path, monkeypatch):
     fwd = ac.configs("fwd", 128, torch.bfloat16, False)
-    monkeypatch.setenv(ac.TABLE_ENV, str(_table(tmp_path / "t.json",
-                                                  [_entry(ac, fwd[1])])))
+    _setenv(monkeypatch, ac.TABLE_ENV, str(_table(tmp_path / "t.json", [_entry(ac, fwd[1])])))
     gpu = _gpu(ac)
     assert ac.choose("fwd", 128, _q(), False, False, None, length=4096, gpu=gpu) == fwd[1]
     monkeypatch.setenv(ac.TABLE_ENV, str(tmp_path / "missing.json"))
@@ -155,10 +166,10 @@ def test_a_bad_table_fails_with_one_line_naming_the_file(ac, tmp_path, monkeypat
         ac.load_table(path)
     message = str(caught.value)
     assert str(path) in message and why in message and "\n" not in message, message
-    monkeypatch.setenv(ac.TABLE_ENV, str(path))
+    _setenv(monkeypatch, ac.TABLE_ENV, str(path))
     with pytest.raises(ac.TableError, match=ac.TABLE_ENV):
         ac.choose("fwd", 128, _q(), False, False, None, length=64, gpu=_gpu(ac))
-    monkeypatch.setenv(ac.TABLE_ENV, str(tmp_path / "none.json"))
+    _setenv(monkeypatch, ac.TABLE_ENV, str(tmp_path / "none.json"))
     ac.reset()
     with pytest.raises(ac.TableError, match="cannot be read"):
         ac.tables()
@@ -173,7 +184,7 @@ def test_the_table_path_does_no_timing_no_synchronization(ac, tmp_path, monkeypa
     from elasticbench.kernels.triton.attention import attention_backward, attention_forward
 
     kv = ac.configs("dkdv", 64, torch.bfloat16, True)
-    monkeypatch.setenv(ac.TABLE_ENV, str(_table(tmp_path / "t.json", [
+    _setenv(monkeypatch, ac.TABLE_ENV, str(_table(tmp_path / "t.json", [
         _entry(ac, kv[-1], kernel="dkdv", head_dim=64, causal=True, length=256)])))
     monkeypatch.setattr(ac, "_gpu_for", lambda q: _gpu(ac))
     for target, name in ((triton.testing, "do_bench"), (torch.cuda, "synchronize"),
@@ -208,7 +219,7 @@ def test_tuning_is_opt_in_and_refused_while_capturing(ac, monkeypatch):
     assert ac.choose("dq", 128, _q(), False, False, time_one, length=64, gpu=gpu) == options[0]
     assert calls == []  # not asked for: the rule
     ac.reset()
-    monkeypatch.setenv(ac.TUNE_ENV, "1")
+    _setenv(monkeypatch, ac.TUNE_ENV, "1")
     monkeypatch.setattr(ac, "_capturing", lambda: True)
     assert ac.choose("dq", 128, _q(), False, False, time_one, length=64, gpu=gpu) == options[0]
     assert calls == [] and ac.chosen() == {}  # capturing: the rule, not kept
@@ -219,10 +230,9 @@ def test_tuning_is_opt_in_and_refused_while_capturing(ac, monkeypatch):
     assert ac.choose("dq", 128, _q(), False, False, time_one, length=64, gpu=gpu) == \
         options[-1]
     assert calls == list(options)  # timed once per key
-    ac.reset()
     monkeypatch.setenv(ac.TUNE_ENV, "yes")
     with pytest.raises(ValueError, match=ac.TUNE_ENV):
-        ac.choose("dq", 128, _q(), False, False, time_one, length=64, gpu=gpu)
+        settings.refresh()
 
 
 def test_only_does_not_fit_errors_are_swallowed(ac):

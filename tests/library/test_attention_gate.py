@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from elasticbench import dispatch
+from elasticbench import dispatch, settings
 from elasticbench import functional as F
 from elasticbench import nn as enn
 from elasticbench.attention import autograd, composite, cpp, flash
@@ -36,7 +36,7 @@ MODULES = [enn.ElasticAttention, enn.Softmax1Attention, enn.SymaxAttention,
 @pytest.fixture(autouse=True)
 def _forget_the_implementation_read() -> Iterator[None]:
     yield
-    dispatch.refresh()
+    settings.refresh()
 
 
 def _fn(name: str):
@@ -81,7 +81,7 @@ def path(request, monkeypatch):
     if not autograd.implementation(fused).accepts(torch.zeros(1), Weight.COG):
         pytest.skip(f"{fused} does not run here")
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, fused)
-    dispatch.refresh()
+    settings.refresh()
     monkeypatch.setattr(cpp, "BLOCK_Q", 3)
     monkeypatch.setattr(cpp, "BLOCK_K", 2)
     for attr, value in (("BLOCK_Q", 3), ("BLOCK_K", 2), ("FAMILY_BLOCK_Q", 3),
@@ -131,7 +131,7 @@ def test_fp32_and_16_bit_gates_round_once(monkeypatch, fused):
     if not autograd.implementation(fused).accepts(torch.zeros(1), Weight.COG):
         pytest.skip(f"{fused} does not run here")
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, fused)
-    dispatch.refresh()
+    settings.refresh()
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         q, k, v = (t.detach().to(dtype) for t in _qkv(6, 7))
         gate = _gate(q).detach()

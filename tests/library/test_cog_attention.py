@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from elasticbench import dispatch
+from elasticbench import dispatch, settings
 from elasticbench import functional as F
 from elasticbench import nn as enn
 from elasticbench.attention import autograd, cpp, flash
@@ -23,8 +23,8 @@ F64 = torch.float64
 
 @pytest.fixture(autouse=True)
 def _forget_the_implementation_read() -> Iterator[None]:
-    yield  # dispatch keeps $ELASTICBENCH_IMPLEMENTATION once read, and tests here change it
-    dispatch.refresh()
+    yield  # the settings keep $ELASTICBENCH_IMPLEMENTATION once read; tests here change it
+    settings.refresh()
 
 
 def _hidden(lq: int, lk: int, causal, mask) -> torch.Tensor:
@@ -85,7 +85,7 @@ def impl(request, monkeypatch):
     if not chosen.accepts(torch.zeros(1), Weight.COG):
         pytest.skip(f"{chosen.name} does not run here")
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, chosen.name)
-    dispatch.refresh()  # the variable is read once: read it again
+    settings.refresh()  # the variable is read once: read it again
     monkeypatch.setattr(cpp, "BLOCK_Q", 3)
     monkeypatch.setattr(cpp, "BLOCK_K", 2)
     monkeypatch.setattr(flash, "FAMILY_BLOCK_Q", 3)
@@ -157,7 +157,7 @@ def test_gradcheck_of_the_fused_implementations(monkeypatch, name):
     if not autograd.implementation(name).accepts(torch.zeros(1), Weight.COG):
         pytest.skip(f"{name} does not run here")
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, name)
-    dispatch.refresh()
+    settings.refresh()
     monkeypatch.setattr(flash, "FAMILY_BLOCK_Q", 2)
     monkeypatch.setattr(flash, "FAMILY_BLOCK_K", 3)
     monkeypatch.setattr(cpp, "BLOCK_Q", 2)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from elasticbench import dispatch
+from elasticbench import dispatch, settings
 from elasticbench import functional as F
 from elasticbench import nn as enn
 from elasticbench.attention import autograd, cpp, flash
@@ -26,8 +26,8 @@ PARAM = {"symax": "eta", "sigmoid": "bias"}  # the learnable parameter of each, 
 
 @pytest.fixture(autouse=True)
 def _forget_the_implementation_read() -> Iterator[None]:
-    yield  # dispatch keeps $ELASTICBENCH_IMPLEMENTATION once read, and tests here change it
-    dispatch.refresh()
+    yield  # the settings keep $ELASTICBENCH_IMPLEMENTATION once read; tests here change it
+    settings.refresh()
 
 
 def _fn(name: str):
@@ -93,7 +93,7 @@ def impl(request, monkeypatch):
     on the native kernel; the test names the weight it needs (`need`)."""
     chosen = request.param
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, chosen.name)
-    dispatch.refresh()  # the variable is read once: read it again
+    settings.refresh()  # the variable is read once: read it again
     for module in (flash, cpp):
         monkeypatch.setattr(module, "BLOCK_Q", 3)
         monkeypatch.setattr(module, "BLOCK_K", 2)
@@ -150,7 +150,7 @@ def test_gradcheck_of_the_tiled_torch_code(monkeypatch, name):
     """On the torch code only: the native kernel's gradients are checked against the
     definition above, and gradcheck's hundred tiny calls cost seconds there."""
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "torch")
-    dispatch.refresh()  # the variable is read once: read it again
+    settings.refresh()  # the variable is read once: read it again
     monkeypatch.setattr(flash, "FAMILY_BLOCK_Q", 2)
     monkeypatch.setattr(flash, "FAMILY_BLOCK_K", 3)
     q, k, v = _qkv(3, 4, d=3, b=1, h=2)
@@ -257,7 +257,7 @@ def test_symax_with_eta_zero_and_zero_scores_gives_zeros():
 def test_a_sum_that_overflows_gives_nan_not_a_made_up_value(monkeypatch, name):
     """fp32 scores of 3e38 at three keys: each weight is finite, their sum is not."""
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "torch")
-    dispatch.refresh()  # the variable is read once: read it again
+    settings.refresh()  # the variable is read once: read it again
     q, k = torch.ones(1, 1, 2, 1), torch.full((1, 1, 3, 1), 3e38)
     v = torch.randn(1, 1, 3, 2, generator=torch.Generator().manual_seed(0))
     assert _fn(name)(q, k, v, scale=1.0).isnan().all()
@@ -364,7 +364,7 @@ def test_cuda_tensors_give_the_cpu_values_and_gradients(monkeypatch, name, impl_
     """The same code on CUDA tensors (the tiled torch code, and whatever the dispatch picks
     there: the Triton kernel where it takes the weight), fp32 against the CPU's fp64."""
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, impl_name)
-    dispatch.refresh()  # the variable is read once: read it again
+    settings.refresh()  # the variable is read once: read it again
     q, k, v = _qkv(70, 90, d=16, dtype=torch.float32)
     p = {n: t.float() for n, t in _params(name, 3, grad=False).items()}
     dev = [t.detach().cuda().requires_grad_() for t in (q, k, v)]

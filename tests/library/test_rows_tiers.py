@@ -6,12 +6,13 @@ decline what they cannot take."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 
 import pytest
 import torch
 
-from elasticbench import dispatch, native
+from elasticbench import dispatch, native, settings
 from elasticbench import functional as F
 from elasticbench.rows import exp_normalize, tiers
 from elasticbench.rows.spec import SOFTMAX, SOFTMAX1, ExpSpec
@@ -19,8 +20,8 @@ from elasticbench.rows.spec import SOFTMAX, SOFTMAX1, ExpSpec
 
 @pytest.fixture(autouse=True)
 def _forget_the_implementation_read() -> Iterator[None]:
-    yield  # dispatch keeps $ELASTICBENCH_IMPLEMENTATION once read, and tests here change it
-    dispatch.refresh()
+    yield  # the settings keep $ELASTICBENCH_IMPLEMENTATION once read; tests here change it
+    settings.refresh()
 
 
 def _x(*shape: int) -> torch.Tensor:
@@ -44,7 +45,7 @@ def counting(monkeypatch):
     monkeypatch.setattr(tiers, "exp_normalize_forward", forward)
     monkeypatch.setattr(tiers, "exp_normalize_backward", backward)
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "torch")
-    dispatch.refresh()  # the variable is read once: read it again
+    settings.refresh()  # the variable is read once: read it again
     return calls
 
 
@@ -96,42 +97,43 @@ def test_per_row_and_scalar_parameters_take_the_native_implementation():
 
 def test_the_preference_by_device_and_the_switch(monkeypatch):
     monkeypatch.delenv(dispatch.IMPLEMENTATION_ENV, raising=False)
-    dispatch.refresh()  # the variable is read once: read it again
+    settings.refresh()  # the variable is read once: read it again
     assert dispatch.preference(torch.device("cpu")) == ("cpp", "torch")
     assert dispatch.preference(torch.device("cuda")) == ("triton", "torch")
     assert dispatch.preference(torch.device("meta")) == ("torch",)
     for name in ("cpp", "triton"):
         monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, name)
-        dispatch.refresh()  # the variable is read once: read it again
+        settings.refresh()  # the variable is read once: read it again
         assert dispatch.preference(torch.device("cpu")) == (name, "torch")
         assert dispatch.preference(torch.device("cuda")) == (name, "torch")
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "torch")
-    dispatch.refresh()  # the variable is read once: read it again
+    settings.refresh()  # the variable is read once: read it again
     assert dispatch.preference(torch.device("cuda")) == ("torch",)
     assert tiers.choose(_x(2, 3), ExpSpec(True, tau=0.5, offset=0.5)) is tiers.TORCH
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "auto")
-    dispatch.refresh()  # the variable is read once: read it again
+    settings.refresh()  # the variable is read once: read it again
     assert dispatch.preference(torch.device("cpu")) == ("cpp", "torch")
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "fast")
-    dispatch.refresh()  # the variable is read once: read it again
     with pytest.raises(ValueError, match="ELASTICBENCH_IMPLEMENTATION must be one of"):
-        F.elastic_softmax(_x(2, 3), 0.5, 0.5)
+        settings.refresh()
+    with pytest.raises(ValueError, match="ELASTICBENCH_IMPLEMENTATION must be one of"):
+        F.elastic_softmax(_x(2, 3), 0.5, 0.5)  # a failed read keeps nothing: each call says so
 
 
 def test_the_variable_is_read_once_until_refreshed(monkeypatch):
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "torch")
-    dispatch.refresh()
+    settings.refresh()
     assert dispatch.preference(torch.device("cpu")) == ("torch",)
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "cpp")  # not read: a call reads nothing
     assert dispatch.preference(torch.device("cpu")) == ("torch",)
-    dispatch.refresh()
+    settings.refresh()
     assert dispatch.preference(torch.device("cpu")) == ("cpp", "torch")
     with dispatch.forcing("triton"):
         assert dispatch.preference(torch.device("cpu")) == ("triton", "torch")
         with dispatch.forcing(None):
             assert dispatch.preference(torch.device("cpu")) == ("cpp", "torch")
     assert dispatch.preference(torch.device("cpu")) == ("cpp", "torch")
-    assert dispatch.os.environ[dispatch.IMPLEMENTATION_ENV] == "cpp"  # restored
+    assert os.environ[dispatch.IMPLEMENTATION_ENV] == "cpp"  # a block sets no variable
     with pytest.raises(ValueError, match="must be one of"), dispatch.forcing("fast"):
         pass
     assert dispatch.forced() == "cpp"
@@ -151,7 +153,7 @@ def test_the_triton_implementation_declines_what_its_kernels_do_not_take(monkeyp
     assert not tier.accepts(x, SOFTMAX) and not tier.accepts(x, SOFTMAX1)
     assert not tier.accepts(x.double(), ExpSpec(True, tau=1.0, offset=1.0))  # fp64: torch
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, "triton")
-    dispatch.refresh()  # the variable is read once: read it again
+    settings.refresh()  # the variable is read once: read it again
     assert tiers.choose(x.double(), ExpSpec(True, tau=1.0, offset=1.0)) is tiers.TORCH
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elasticbench import devices
+from elasticbench import devices, settings
 
 pytestmark = pytest.mark.needs("triton")
 
@@ -115,15 +115,15 @@ if not devices.triton_interpreted():
             assert ac.offered("dq", 64, torch.bfloat16, True, tma=True) == ac.configs(
                 "dq", 64, torch.bfloat16, True)
         plain = ac.configs("dkdv", 64, torch.bfloat16, True)
-        with mock.patch.dict("os.environ", {ac.TMA_ENV: ""}):
+        with settings.overriding(triton_attention_tma=None):
             both = ac.offered("dkdv", 64, torch.bfloat16, True, tma=True)
         assert both == plain + ac.configs("dkdv", 64, torch.bfloat16, True, tma=True)
         assert ac.smallest(both) == ac.smallest(plain)  # the interpreter: pointer loads
         for mode, want in (("1", both[len(plain):]), ("0", plain), ("", both)):
-            with mock.patch.dict("os.environ", {ac.TMA_ENV: mode}):
+            with settings.overriding(triton_attention_tma=settings.parse(ac.TMA_ENV, mode)):
                 assert ac.offered("dkdv", 64, torch.bfloat16, True, tma=True) == want
                 assert ac.offered("dkdv", 64, torch.bfloat16, True) == plain  # not offered
-        with mock.patch.dict("os.environ", {ac.TMA_ENV: "1"}):  # fp32: for verification
+        with settings.overriding(triton_attention_tma="1"):  # fp32: for verification
             fp32 = ac.offered("fwd", 64, torch.float32, False, tma=True)
             assert [replace(t, tma=False) for t in fp32] == list(ac.configs(
                 "fwd", 64, torch.float32, False)) and all(t.tma for t in fp32)

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from elasticbench import devices
+from elasticbench import devices, settings
 from elasticbench.kernels.triton.launch import (
     H100_SMS,
     LaunchOptions,
@@ -21,21 +21,19 @@ from elasticbench.kernels.triton.launch import (
     SMLimits,
     current_options,
     launch_options,
-    options_from_env,
     plan,
     plan_rows,
-    refresh_options,
     resident_programs,
 )
 
 
 def test_options_default_and_from_the_environment() -> None:
-    assert options_from_env({}) == LaunchOptions(max_fused=16384, chunk=4096, exp2_ulps=-1)
+    assert settings.read({}).launch == LaunchOptions(max_fused=16384, chunk=4096, exp2_ulps=-1)
     env = {"ELASTICBENCH_TRITON_MAX_FUSED": "32", "ELASTICBENCH_TRITON_CHUNK": " 16 ",
            "ELASTICBENCH_TRITON_EXP2_ULPS": "2", "ELASTICBENCH_TRITON_SPLITS": "3",
            "ELASTICBENCH_TRITON_ROW_BLOCK": "8"}
-    assert options_from_env(env) == LaunchOptions(max_fused=32, chunk=16, exp2_ulps=2,
-                                                  splits=3, row_block=8)
+    assert settings.read(env).launch == LaunchOptions(max_fused=32, chunk=16, exp2_ulps=2,
+                                                      splits=3, row_block=8)
 
 
 @pytest.mark.parametrize(("var", "value", "message"), [
@@ -49,14 +47,14 @@ def test_options_default_and_from_the_environment() -> None:
 ])
 def test_bad_environment_values_name_the_variable(var, value, message) -> None:
     with pytest.raises(ValueError, match=message):
-        options_from_env({var: value})
+        settings.read({var: value})
 
 
 def test_per_call_options_override_the_environment(monkeypatch) -> None:
     monkeypatch.setenv("ELASTICBENCH_TRITON_CHUNK", "64")
     try:
         # read at the first call that needs them (or when refreshed), not at import
-        assert refresh_options().chunk == 64
+        assert settings.refresh().launch.chunk == 64
         assert current_options().chunk == 64
         with launch_options(max_fused=32) as outer:
             assert outer == LaunchOptions(max_fused=32, chunk=64)
@@ -68,7 +66,7 @@ def test_per_call_options_override_the_environment(monkeypatch) -> None:
             pass
     finally:
         monkeypatch.undo()
-        refresh_options()
+        settings.refresh()
 
 
 def test_row_paths() -> None:
@@ -121,7 +119,7 @@ def test_launch_table_follows_the_options() -> None:
 
 def test_resident_path_in_the_launch_table() -> None:
     auto = LaunchOptions()
-    assert options_from_env({"ELASTICBENCH_TRITON_RESIDENT": "-1"}).resident == -1
+    assert settings.read({"ELASTICBENCH_TRITON_RESIDENT": "-1"}).launch.resident == -1
     # where a cooperative launch exists, streamed rows are read once: 4096-wide blocks (the
     # chunk), as many programs a row as that takes while one per SM can hold a row
     assert plan_rows(256, 262144, 4, auto, H100_SMS, resident=True) == RowPlan(

@@ -10,15 +10,17 @@ tests/library/test_triton_resident.py.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Mapping
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from elasticbench import devices
+from elasticbench import devices, settings
 from elasticbench.kernels.triton import launch
 
 pytestmark = pytest.mark.skipif(devices.triton_interpreted(),
@@ -106,25 +108,25 @@ def test_a_launch_goes_to_its_tensors_device(monkeypatch) -> None:
 
 def test_launch_options_are_read_from_the_environment_once(monkeypatch) -> None:
     reads: list[int] = []
-    real = launch.options_from_env
+    real = settings.read
 
-    def counted(*args: object) -> launch.LaunchOptions:
+    def counted(environ: Mapping[str, str]) -> settings.Settings:
         reads.append(1)
-        return real(*args)
+        return real(environ)
 
-    monkeypatch.setattr(launch, "options_from_env", counted)
+    monkeypatch.setattr(settings, "read", counted)
     monkeypatch.setenv("ELASTICBENCH_TRITON_CHUNK", "64")
     try:
-        assert launch.refresh_options().chunk == 64
+        assert settings.refresh().launch.chunk == 64
         monkeypatch.setenv("ELASTICBENCH_TRITON_CHUNK", "32")
         for _ in range(100):
             assert launch.current_options().chunk == 64  # a call reads no variable
         assert len(reads) == 1
-        assert launch.refresh_options().chunk == 32 and len(reads) == 2
+        assert settings.refresh().launch.chunk == 32 and len(reads) == 2
     finally:
         monkeypatch.undo()
-        launch.refresh_options()
-    assert launch.current_options() == launch.options_from_env()
+        settings.refresh()
+    assert launch.current_options() == settings.read(os.environ).launch
 
 
 def test_the_library_imports_no_interpreter_patch() -> None:

@@ -86,6 +86,7 @@ def test_ab_names_the_gpu_when_its_kernels_run_on_one(monkeypatch):
     from elasticbench.harness.bench.cases import load_run_case
     from elasticbench.harness.gate.ab import ABPolicy, Pair, run_ab
     from elasticbench.harness.registry import get_kernel
+    from elasticbench.settings import overriding
 
     asked: list[bool] = []
     real = environment.describe
@@ -98,11 +99,11 @@ def test_ab_names_the_gpu_when_its_kernels_run_on_one(monkeypatch):
     spec = get_kernel("torch_elastic")
     case = load_run_case(ROOT / "cases" / "quick.toml")
     for device, want in (("cpu", False), ("cuda", True)):
-        monkeypatch.setenv("ELASTICBENCH_TORCH_DEVICE", device)
-        run_ab([Pair("torch_elastic", spec, spec)], case, ["fp32"], [], ABPolicy(),
-               verify=False)
+        with overriding(torch_device=device):  # as ELASTICBENCH_TORCH_DEVICE says
+            run_ab([Pair("torch_elastic", spec, spec)], case, ["fp32"], [], ABPolicy(),
+                   verify=False)
         assert asked[-1] is want
-    with pytest.raises(ValueError, match="--clock cpu"):
+    with overriding(torch_device="cuda"), pytest.raises(ValueError, match="--clock cpu"):
         run_ab([Pair("torch_elastic", spec, spec)], case, ["fp32"], [],
                ABPolicy(clock="cpu", threads=1), verify=False)
 

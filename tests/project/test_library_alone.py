@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The library: the public API, its ops, what they dispatch with, and the kernels each device
 # runs (kernels/triton, kernels/cpp). Every other module of elasticbench is the harness's.
 LIBRARY = ("functional", "nn", "domains", "dispatch", "devices", "launches", "native", "rows",
-           "attention", "integrations", "kernels.triton", "kernels.cpp")
+           "attention", "integrations", "settings", "kernels.triton", "kernels.cpp")
 
 # The harness: everything under elasticbench/harness (the commands, verifying, running,
 # searching, gating, reporting, its records and sessions, the exact reference with its

@@ -40,6 +40,7 @@ from elasticbench.harness.records import QuickVerdict, RunRecord, VerifyRecord
 from elasticbench.harness.registry import MODES, KernelSpec, get_kernel, list_kernels
 from elasticbench.harness.verify.matrix import expand, load_matrix
 from elasticbench.harness.verify.runner import run_verification
+from elasticbench.settings import settings
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -82,7 +83,7 @@ def measure_ceilings(device: str, dtypes: list[str], policy: Policy) -> Ceilings
     copy_bps, copy_t, size = measure_copy(device, llc, policy)
     detail: dict[str, Any] = {"caches": devices.caches(device), "copy_buffer_bytes": size,
                               "copy_timing": copy_t.to_dict(), "exp_timing": {}}
-    if not devices.is_cuda(device) and os.environ.get(devices.LLC_ENV):
+    if not devices.is_cuda(device) and settings().llc_bytes is not None:
         detail["llc_from"] = devices.LLC_ENV  # not the detected cache sizes above
     rates: dict[str, float] = {}
     offered = {f"{b.name} exp+sum": probe for b in BACKENDS.values()

@@ -45,7 +45,6 @@ built once per (lengths, causal, mask tensor) and reused, as a user builds it on
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -58,6 +57,7 @@ from elasticbench.attention.composite import elastic_attention_composite
 from elasticbench.harness.backends import FLEX_CPU_BACKWARD_ENV
 from elasticbench.harness.builtin.attention_family import autograd_step
 from elasticbench.harness.kernel_spec import register_kernel
+from elasticbench.settings import settings
 
 RECOMPILE_LIMIT = 1024  # compiled shapes per process before recompiling becomes an error
 _MASKS: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()  # key -> (key_mask, BlockMask)
@@ -136,7 +136,7 @@ def _cpu_backward_allowed(module: Any) -> Iterator[None]:
 def cpu_backward_refusal() -> str | None:
     """Why the backward cannot run on CPU tensors here, in one line; None where it can
     ($ELASTICBENCH_FLEX_CPU_BACKWARD=1 and a torch whose guard can be lifted)."""
-    if os.environ.get(FLEX_CPU_BACKWARD_ENV) != "1":
+    if not settings().flex_cpu_backward:
         return (f"torch {torch.__version__}'s FlexAttention has no backward on the CPU (eager "
                 f"or compiled); run it on CUDA (ELASTICBENCH_TORCH_DEVICE=cuda), or set "
                 f"{FLEX_CPU_BACKWARD_ENV}=1 to check its eager dense backward here")

@@ -15,8 +15,8 @@ import click
 
 from elasticbench.harness.allocator import keep_freed_memory
 from elasticbench.harness.cli.common import fail
-from elasticbench.harness.numerics.truth.cache import default_cache_mb
 from elasticbench.harness.threads import passive_openmp
+from elasticbench.settings import refresh
 
 # before the commands' modules load torch (and with it OpenMP, which reads this once)
 passive_openmp(sys.argv)
@@ -79,7 +79,7 @@ _register_commands()
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the group, turning usage errors into one line and exit code 2."""
     try:
-        default_cache_mb()  # a bad ELASTICBENCH_CACHE_MB is one line, before any work
+        refresh()  # the command's settings, read here; a bad value is one line, before any work
     except ValueError as e:
         fail(str(e))
     keep_freed_memory()  # the reference's temporaries reuse memory instead of faulting it in

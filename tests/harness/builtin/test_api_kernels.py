@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from elasticbench import devices, dispatch
+from elasticbench import devices, settings
 from elasticbench.harness.bench.models import wrapped_kernel
 from elasticbench.harness.kernel_spec import KernelSpec
 from elasticbench.harness.records import QuickVerdict, RunRecord, TimingRecord
@@ -29,9 +29,9 @@ API = {"elastic": "api_elastic", "elastic_attention": "api_attention"}
 def _on_the_cpu(monkeypatch):
     monkeypatch.delenv("ELASTICBENCH_TORCH_DEVICE", raising=False)
     monkeypatch.delenv("ELASTICBENCH_IMPLEMENTATION", raising=False)
-    dispatch.refresh()  # the variable is read once: read it again
+    settings.refresh()  # the variable is read once: read it again
     yield
-    dispatch.refresh()  # and forget it: monkeypatch restores the variable after this test
+    settings.refresh()  # and forget it: monkeypatch restores the variable after this test
 
 
 @pytest.mark.parametrize("function,mode", sorted(RAW))
@@ -46,7 +46,7 @@ def test_registered_for_both_modes_under_torch_and_naming_the_raw_kernel(functio
 
 def test_the_raw_kernel_follows_a_forced_implementation(monkeypatch):
     monkeypatch.setenv("ELASTICBENCH_IMPLEMENTATION", "torch")
-    dispatch.refresh()  # the variable is read once: read it again
+    settings.refresh()  # the variable is read once: read it again
     assert wrapped_kernel(get_kernel("api_elastic", "fwd")) == "torch_elastic"
     assert wrapped_kernel(get_kernel("api_elastic", "bwd")) == "torch_elastic_bwd"
     assert wrapped_kernel(get_kernel("api_attention", "bwd")) == "torch_attention_flash"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from elasticbench import settings
 from elasticbench.attention.composite import elastic_attention_composite
 from elasticbench.harness.backends import FLEX_CPU_BACKWARD_ENV, get_backend
 from elasticbench.harness.registry import get_kernel
@@ -85,8 +86,23 @@ def test_special_values_follow_the_policy():
     assert torch.equal(got, torch.zeros_like(got))
 
 
+@pytest.fixture(autouse=True)
+def _settings_read_again(monkeypatch):
+    """The settings read again after a test that changed the environment, once restored."""
+    yield
+    monkeypatch.undo()
+    settings.refresh()
+
+
+def _setenv(monkeypatch, name: str, value: str) -> None:
+    """Set the variable and read the settings again, as a process started with it would."""
+    monkeypatch.setenv(name, value)
+    settings.refresh()
+
+
 def test_the_backward_declines_cpu_tensors_in_one_line(monkeypatch):
     monkeypatch.delenv(FLEX_CPU_BACKWARD_ENV, raising=False)
+    settings.refresh()
     q, k, v, tau, beta, _ = _inputs()
     with pytest.raises(NotImplementedError, match=r"no backward on the CPU.*CUDA") as e:
         get_kernel("flex_attention", "bwd").fn(q, k, v, tau=tau, beta=beta, scale=0.5,
@@ -103,7 +119,7 @@ def _grads(fn, q, k, v, tau, beta, dout, **kw):
 @pytest.mark.ci
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_through_the_dense_backward(monkeypatch, causal):
-    monkeypatch.setenv(FLEX_CPU_BACKWARD_ENV, "1")
+    _setenv(monkeypatch, FLEX_CPU_BACKWARD_ENV, "1")
     q, k, v, tau, beta, key_mask = _inputs()
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=q.dtype)
     step = get_kernel("flex_attention", "bwd").fn(q, k, v, tau=tau, beta=beta, scale=0.5,
@@ -123,7 +139,7 @@ def test_gradients_through_the_dense_backward(monkeypatch, causal):
 
 @pytest.mark.ci
 def test_a_nan_query_poisons_only_what_it_sees(monkeypatch):
-    monkeypatch.setenv(FLEX_CPU_BACKWARD_ENV, "1")
+    _setenv(monkeypatch, FLEX_CPU_BACKWARD_ENV, "1")
     q, k, v, tau, beta, _ = _inputs(batch=1)
     q[0, 1, 2, 1] = math.nan
     dout = torch.ones(q.shape, dtype=q.dtype)
@@ -156,9 +172,9 @@ def test_block_masks_are_reused_until_the_mask_changes():
 def test_the_backend_follows_the_torch_device(monkeypatch):
     backend = get_backend("flex_attention")
     assert backend.unavailable() is None and backend.compiles and backend.autograd
-    monkeypatch.setenv("ELASTICBENCH_TORCH_DEVICE", "cuda")
+    _setenv(monkeypatch, "ELASTICBENCH_TORCH_DEVICE", "cuda")
     assert backend.device() == "cuda"
-    monkeypatch.setenv(FLEX_CPU_BACKWARD_ENV, "1")
+    _setenv(monkeypatch, FLEX_CPU_BACKWARD_ENV, "1")
     assert backend.environment()[FLEX_CPU_BACKWARD_ENV] == "1"
     spec = get_kernel("flex_attention")
     assert spec.baseline and spec.function == "elastic_attention"

@@ -89,11 +89,14 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(cli, workdir: Path, ar
 
 
 def test_a_bad_cache_size_override_is_one_line(cli, workdir: Path, monkeypatch):
-    from elasticbench.devices import llc_bytes, parse_bytes
+    from elasticbench import settings
+    from elasticbench.devices import llc_bytes
+    from elasticbench.settings import parse_bytes
 
     assert parse_bytes("32M", "x") == 32 << 20 and parse_bytes("1GiB", "x") == 1 << 30
     assert parse_bytes("4096", "x") == 4096
     monkeypatch.setenv("ELASTICBENCH_LLC_BYTES", "64K")
+    settings.refresh()  # read once: read it again
     assert llc_bytes("cpu") == 64 << 10
     monkeypatch.setenv("ELASTICBENCH_LLC_BYTES", "lots")
     r = cli("run", "--quick", "--json", str(workdir / "new.json"))

@@ -33,6 +33,7 @@ from elasticbench.harness.numerics.certified import (
     rows_grad as certified_grad,
 )
 from elasticbench.harness.numerics.dtypes import get_format
+from elasticbench.settings import overriding
 
 pytestmark = pytest.mark.needs("native")
 
@@ -46,15 +47,14 @@ def _native_sweeps():
     native_sweeps.use_native(None)
 
 
-def _both(fn, params, x, g, fmt, monkeypatch) -> tuple[tuple, tuple]:
+def _both(fn, params, x, g, fmt) -> tuple[tuple, tuple]:
     """gradient_truth's answer from the native sweeps and from the NumPy ones."""
     assert native_sweeps.native_sweeps(fn) is not None
     rows = np.arange(x.shape[0])
     with np.errstate(all="ignore"):
         fast = certified_grad.gradient_truth(fn, params, x, g, rows, fmt)
-        monkeypatch.setenv("ELASTICBENCH_REFERENCE", "numpy")
-        slow = certified_grad.gradient_truth(fn, params, x, g, rows, fmt)
-        monkeypatch.delenv("ELASTICBENCH_REFERENCE")
+        with overriding(reference="numpy"):  # as ELASTICBENCH_REFERENCE=numpy says
+            slow = certified_grad.gradient_truth(fn, params, x, g, rows, fmt)
     return fast, slow
 
 
@@ -80,8 +80,7 @@ def test_the_native_sweeps_use_the_numpy_forms_constants():
 
 def _drawn_case_matches(case, seed: int) -> None:
     fn, fmt, x, params = case
-    with pytest.MonkeyPatch.context() as mp:
-        _same(*_both(fn, params, x, _upstream(x, fmt, seed), fmt, mp), (fn.name, params))
+    _same(*_both(fn, params, x, _upstream(x, fmt, seed), fmt), (fn.name, params))
 
 
 @settings(PROPERTY, max_examples=300)
@@ -106,9 +105,9 @@ def test_native_sweeps_match_numpy_over_column_blocks(dtype, monkeypatch):
     for name in GRADIENT_FUNCTIONS:
         fn = get_function(name)
         for params in (fn.param_grid()[0], fn.param_grid()[-1]):
-            _same(*_both(fn, params, x, g, fmt, monkeypatch), (name, params))
+            _same(*_both(fn, params, x, g, fmt), (name, params))
             monkeypatch.setattr(certified_grad, "BLOCK", 1 << 40)
-            _same(*_both(fn, params, x, g, fmt, monkeypatch), (name, params, "one block"))
+            _same(*_both(fn, params, x, g, fmt), (name, params, "one block"))
             monkeypatch.setattr(certified_grad, "BLOCK", row_blocks.BLOCK)
 
 

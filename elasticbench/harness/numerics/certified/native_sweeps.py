@@ -5,13 +5,13 @@ bits (docs/numerics.md section 6.12)."""
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 
 import numpy as np
 
 from elasticbench.harness.functions.base import OFFSET, ROW_FINITE, TEMPERATURE, Function
 from elasticbench.harness.numerics.certified.bounds import SLACK, Bounded, Shift
+from elasticbench.settings import settings
 
 ROLES = {OFFSET: 0, TEMPERATURE: 1}  # reference_grad.cpp's codes for the parameters' roles
 Out = tuple[np.ndarray, np.ndarray, np.ndarray]  # hi, lo and bound, written in place
@@ -31,7 +31,7 @@ def native_sweeps(fn: Function) -> ModuleType | None:
     """The library given to use_native, for fn, unless turned off
     (ELASTICBENCH_REFERENCE=numpy); a parameter of a role it does not know takes the NumPy
     form, which says it has no gradient rule."""
-    if (os.environ.get("ELASTICBENCH_REFERENCE", "") == "numpy"
+    if (settings().reference == "numpy"
             or any(p.role not in ROLES for p in fn.params)):
         return None
     return _library

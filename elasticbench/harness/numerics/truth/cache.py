@@ -30,6 +30,7 @@ from elasticbench.harness.numerics.certified import rows as certified
 from elasticbench.harness.numerics.certified import rows_grad as certified_grad
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.numerics.truth.rows import TRUTH_VERSION, GradTruth, Truth, evaluate_rows
+from elasticbench.settings import settings
 
 # Below this many elements of mpmath work, worker processes cost more than they save.
 PARALLEL_MIN_ELEMENTS = 40_000
@@ -37,7 +38,6 @@ CHUNK_ELEMENTS = 16_384
 _START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 # Bump when the meaning of a cached gradient truth changes.
 GRAD_VERSION = 2
-DEFAULT_CACHE_MB = 200.0
 
 
 class TruthError(RuntimeError):
@@ -119,25 +119,12 @@ class TruthStats:
 
 
 def default_cache_dir() -> Path:
-    """$ELASTICBENCH_CACHE, else $XDG_CACHE_HOME/elasticbench, else ~/.cache/elasticbench."""
-    if env := os.environ.get("ELASTICBENCH_CACHE"):
-        return Path(env)
+    """$ELASTICBENCH_CACHE (elasticbench.settings), else $XDG_CACHE_HOME/elasticbench, else
+    ~/.cache/elasticbench."""
+    if (chosen := settings().cache) is not None:
+        return chosen
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "elasticbench"
-
-
-def default_cache_mb() -> float:
-    """$ELASTICBENCH_CACHE_MB, else DEFAULT_CACHE_MB; ValueError for a bad value."""
-    text = os.environ.get("ELASTICBENCH_CACHE_MB")
-    if text is None:
-        return DEFAULT_CACHE_MB
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ValueError(f"ELASTICBENCH_CACHE_MB must be a number of megabytes >= 0, got {text!r}")
-    return value
 
 
 class TruthStore:
@@ -146,7 +133,7 @@ class TruthStore:
 
     def __init__(self, directory: Path | None, max_mb: float | None = None):
         self.dir = None if directory is None else Path(directory) / "truth"
-        self.max_bytes = int((default_cache_mb() if max_mb is None else max_mb) * 1e6)
+        self.max_bytes = int((settings().cache_mb if max_mb is None else max_mb) * 1e6)
         self._bytes: int | None = None  # what the cache holds, counted once, then kept up
 
     def _path(self, key: str) -> Path:
