@@ -51,6 +51,11 @@ def test_readme_lists_every_doc() -> None:
 
 # The user's guide (docs/guide/): the environment table, the generated CLI page, links.
 
+# The variables the package reads are elasticbench.settings' table; besides them the table
+# lists the one the native kernels read themselves and those only the tests read.
+NATIVE_ONLY = {"ELASTICBENCH_CPP_ISA": ROOT / "kernels" / "cpp" / "cpu.cpp"}
+TESTS_ONLY = {"ELASTICBENCH_PROPERTY_ELEMENTS", "ELASTICBENCH_ATTENTION_PROPERTY_ELEMENTS",
+              "ELASTICBENCH_OTHER_TRITON", "ELASTICBENCH_TEST_TRITON_PATHS"}
 CODE = ("elasticbench", "kernels", "scripts", "tests")
 CODE_TEXT = (".py", ".sh", ".cpp", ".h")
 # a name a test makes up to show that an unknown variable is ignored (tests/library/test_launches.py)
@@ -58,11 +63,11 @@ NOT_READ = {"ELASTICBENCH_TRITONX"}
 VARIABLE = re.compile(r"ELASTICBENCH_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_])")
 
 
-def _variables_read() -> set[str]:
+def _variables_named(folders: tuple[str, ...] = CODE) -> set[str]:
     """Every ELASTICBENCH_* name written in the code, its tests and CI (a prefix such as
     `ELASTICBENCH_TRITON_*` is not a name)."""
     paths = [ROOT / ".ci" / "run", ROOT / "Makefile"]
-    for folder in CODE:
+    for folder in folders:
         paths += [p for p in (ROOT / folder).rglob("*") if p.suffix in CODE_TEXT and p.is_file()
                   and p != Path(__file__).resolve()]  # this file's examples are no reads
     names = {m[0] for p in paths if p.is_file() for m in VARIABLE.finditer(p.read_text())}
@@ -75,14 +80,27 @@ def _variables_listed() -> set[str]:
     return set(re.findall(r"^\| `(ELASTICBENCH_[A-Z0-9_]+)` \|", text, re.MULTILINE))
 
 
-def test_the_environment_table_lists_every_variable_read() -> None:
-    read, listed = _variables_read(), _variables_listed()
-    assert not read - listed, f"add rows to docs/guide/environment.md for: {sorted(read - listed)}"
-    assert not listed - read, f"nothing reads these any more: {sorted(listed - read)}"
+def test_the_environment_table_is_the_settings_table() -> None:
+    from elasticbench.settings import VARIABLES
+
+    listed, known = _variables_listed(), set(VARIABLES) | set(NATIVE_ONLY) | TESTS_ONLY
+    assert not known - listed, f"docs/guide/environment.md lacks rows for: {sorted(known - listed)}"
+    assert not listed - known, f"no setting reads these: {sorted(listed - known)}"
+    for name, source in NATIVE_ONLY.items():
+        assert name in source.read_text(), f"{source} no longer reads {name}"
+    assert _variables_named(("tests",)) >= TESTS_ONLY, "a tests-only variable no test reads"
+
+
+def test_every_variable_named_in_the_code_is_listed() -> None:
+    """A script or test that names a variable no row lists (a new one, or a typo)."""
+    missing = _variables_named() - _variables_listed()
+    assert not missing, f"add rows to docs/guide/environment.md for: {sorted(missing)}"
 
 
 def test_the_environment_check_sees_a_missing_row() -> None:
-    assert "ELASTICBENCH_CACHE_MB" in _variables_read() & _variables_listed()
+    from elasticbench.settings import VARIABLES
+
+    assert "ELASTICBENCH_CACHE_MB" in set(VARIABLES) & _variables_named() & _variables_listed()
     assert "ELASTICBENCH_NOWHERE" not in _variables_listed()
 
 
