@@ -20,11 +20,8 @@ import torch
 
 from ..rows.layout import Scalar, work_dtype
 
-__all__ = ["ALIGNMENTS", "Scalar", "causal_offset", "check_operands", "default_scale",
-           "head_params", "key_padding", "visible", "work_dtype"]
-
-# causal's spellings: False (no mask), True (= "top_left", SDPA's is_causal), or an alignment
-ALIGNMENTS = ("top_left", "bottom_right")
+__all__ = ["Scalar", "causal_offset", "check_operands", "default_scale", "head_params",
+           "key_padding", "visible", "work_dtype"]
 
 
 def causal_offset(causal: bool | str, length_q: int, length_k: int) -> int | None:

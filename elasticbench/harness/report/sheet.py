@@ -12,8 +12,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-TAGS = ("pass", "ok", "fail", "bad", "warn", "dim", "code")
-
 
 @dataclass(frozen=True)
 class Span:
