@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticbench import devices
+from elasticbench import devices, settings
 from elasticbench.harness.cli import main
 from elasticbench.harness.registry import scoped_kernels
 
@@ -79,32 +79,26 @@ def under_interpreter() -> Callable[..., None]:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Keep the truth cache of the tests out of the user's ~/.cache. Under pytest-xdist the
-    workers share one (writes are atomic), so a truth is computed once per suite."""
-    old = os.environ.get("ELASTICBENCH_CACHE")
+def _test_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite's environment, read into elasticbench.settings before any test and restored
+    after: the truth cache out of the user's ~/.cache (under pytest-xdist the workers share
+    one, writes being atomic, so a truth is computed once per suite), and a 32 MiB
+    last-level cache, which the built-in cases were sized for (on a machine that reports a
+    huge L3, 480 MiB on the project's VM, every run would otherwise copy two 1.9 GB buffers
+    to measure its roofline). Collection may have read the settings already: refreshed."""
     root = tmp_path_factory.getbasetemp()
     shared = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
-    os.environ["ELASTICBENCH_CACHE"] = str(shared / "truth-cache")
+    ours = {"ELASTICBENCH_CACHE": str(shared / "truth-cache"), "ELASTICBENCH_LLC_BYTES": "32M"}
+    old = {name: os.environ.get(name) for name in ours}
+    os.environ.update(ours)
+    settings.refresh()
     yield
-    if old is None:
-        os.environ.pop("ELASTICBENCH_CACHE", None)
-    else:
-        os.environ["ELASTICBENCH_CACHE"] = old
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _small_last_level_cache() -> Iterator[None]:
-    """Runs in the tests assume a 32 MiB last-level cache, which the built-in cases were
-    sized for: on a machine that reports a huge L3 (480 MiB on the project's VM) every run
-    would otherwise copy two 1.9 GB buffers to measure its roofline."""
-    old = os.environ.get("ELASTICBENCH_LLC_BYTES")
-    os.environ["ELASTICBENCH_LLC_BYTES"] = "32M"
-    yield
-    if old is None:
-        os.environ.pop("ELASTICBENCH_LLC_BYTES", None)
-    else:
-        os.environ["ELASTICBENCH_LLC_BYTES"] = old
+    for name, value in old.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    settings.refresh()
 
 
 @pytest.fixture(autouse=True)
