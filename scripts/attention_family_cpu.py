@@ -55,37 +55,38 @@ def median_times(fns: list[Callable[[], object]], repeat: int) -> list[float]:
 
 
 def inputs(a: argparse.Namespace) -> tuple[torch.Tensor, ...]:
-    """q, k, v, dO and the per-(batch, head) parameters p0, p1 (fp32)."""
+    """q, k, v, dO and the per-(batch, head) parameters p_score, p_den (fp32, weights.py)."""
     g = torch.Generator().manual_seed(0)
     shape = (a.batch, a.heads, a.length, a.dim)
     q, k, v, do = (torch.randn(shape, generator=g) for _ in range(4))
-    p0 = torch.full((a.batch, a.heads), 1.0)
-    p1 = torch.full((a.batch, a.heads), 1.0)
-    return q, k, v, do, p0, p1
+    p_score = torch.full((a.batch, a.heads), 1.0)
+    p_den = torch.full((a.batch, a.heads), 1.0)
+    return q, k, v, do, p_score, p_den
 
 
 def fused(weight: Weight, a: argparse.Namespace, backward: bool,
           gated: bool = False) -> Callable[[], object]:
     """One call of the native kernel for `weight`: the forward, or forward then backward;
     gated: with a (batch, heads, length, dim) gate, as the autograd layer calls it."""
-    q, k, v, do, p0, p1 = inputs(a)
+    q, k, v, do, p_score, p_den = inputs(a)
     if weight is Weight.SIGMOID:
-        p0 = torch.full_like(p0, -float(torch.log(torch.tensor(float(a.length)))))
+        p_score = torch.full_like(p_score, -float(torch.log(torch.tensor(float(a.length)))))
     scale = a.dim ** -0.5
     gate = torch.rand(q.shape, generator=torch.Generator().manual_seed(1)) if gated else None
 
     def step() -> object:
         if gate is None:
-            out, m, den = cpp.forward(q, k, v, p0, p1, scale, a.causal, None, weight)
+            out, m, den = cpp.forward(q, k, v, p_score, p_den, scale, a.causal, None, weight)
         else:
-            out, m, den, *kept = cpp.forward(q, k, v, p0, p1, scale, a.causal, None, weight,
+            out, m, den, *kept = cpp.forward(q, k, v, p_score, p_den, scale, a.causal, None, weight,
                                              gate=gate, keep_ungated=backward)
         if not backward:
             return out
         if gate is None:
-            return cpp.backward(q, k, v, out, do, m, den, p0, p1, scale, a.causal, None, weight)
+            return cpp.backward(q, k, v, out, do, m, den, p_score, p_den, scale, a.causal, None,
+                                weight)
         dgate = do * kept[0]
-        return dgate, cpp.backward(q, k, v, kept[0], do * gate, m, den, p0, p1, scale,
+        return dgate, cpp.backward(q, k, v, kept[0], do * gate, m, den, p_score, p_den, scale,
                                    a.causal, None, weight)
     return step
 
