@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
 from elasticbench.devices import HostClock
+from elasticbench.harness.bench import timing
 from elasticbench.harness.bench.cases import RunCase, parse_run_table, parse_size
 from elasticbench.harness.bench.models import minimum_bytes, minimum_model, model_of
 from elasticbench.harness.bench.roofline import roof_for
@@ -132,7 +131,7 @@ def test_policy_validation():
         Policy(processes=0)
 
 
-def test_the_warm_up_waits_for_calls_that_no_longer_fault_in_fresh_pages():
+def test_the_warm_up_waits_for_calls_that_no_longer_fault_in_fresh_pages(monkeypatch) -> None:
     """A process's first calls that page in a fresh output are warm-up, not samples: the
     warm-up runs on until SETTLED_CALLS calls in a row fault no more than the interpreter's
     own few pages (one clean call between faulting ones does not end it), and gives up
@@ -155,11 +154,14 @@ def test_the_warm_up_waits_for_calls_that_no_longer_fault_in_fresh_pages():
     def faulting(k: int) -> float:
         calls.append(k)
         always[0] += 16384
-        time.sleep(0.001)
+        now[0] += 0.001
         return 1e6
 
+    # 1 ms calls on a clock of the test's own (a loaded machine's sleep overshoots)
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
     warm_up(faulting, Policy(warmup_s=0.0, settle_s=0.02), faults=lambda: always[0])
-    assert 5 <= len(calls) <= 20  # 1 ms calls, stopped by settle_s (20 ms), never settled
+    assert len(calls) == 20  # stopped by settle_s (20 ms), never settled
     calls.clear()
     warm_up(faulting, Policy(warmup_s=0.0, settle_s=0.0), faults=lambda: always[0])
     assert len(calls) == 1
