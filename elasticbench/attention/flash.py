@@ -331,15 +331,8 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     wd = work_dtype(q.dtype)
     lq, lk = q.shape[2], k.shape[2]
     t4 = p_score[..., None, None]
-    m, den = m.to(wd), den.to(wd)
-    inf_row = m == math.inf
-    nan_row = m.isnan()
+    m, den, inf_row, nan_row, r, c, dq, dk, dv = _backward_start(q, k, v, out, do, m, den)
     m0 = torch.where(inf_row, 0, m)  # +inf queries are left to special.fix_backward
-    r = torch.where(den == 0, 0, 1 / den)
-    c = (do.to(wd) * out.to(wd)).sum(-1)
-    dq = torch.zeros(q.shape, dtype=wd, device=q.device)
-    dk = torch.zeros(k.shape, dtype=wd, device=q.device)
-    dv = torch.zeros(v.shape, dtype=wd, device=q.device)
     dsz = torch.zeros(q.shape[:2], dtype=wd, device=q.device)  # sum ds z
     for q0 in range(0, lq, BLOCK_Q):
         q1 = min(lq, q0 + BLOCK_Q)
@@ -382,15 +375,8 @@ def _backward_exp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
     wd = work_dtype(q.dtype)
     ip = _in_place(q, k, v, out, do, m, den, p_score, p_den)
     lq, lk = q.shape[2], k.shape[2]
-    m, den = m.to(wd), den.to(wd)
-    inf_row = m == math.inf
-    nan_row = m.isnan()
+    m, den, inf_row, nan_row, r, c, dq, dk, dv = _backward_start(q, k, v, out, do, m, den)
     m0 = torch.where(inf_row, 0, m)  # +inf queries are left to special.fix_backward
-    r = torch.where(den == 0, 0, 1 / den)
-    c = (do.to(wd) * out.to(wd)).sum(-1)
-    dq = torch.zeros(q.shape, dtype=wd, device=q.device)
-    dk = torch.zeros(k.shape, dtype=wd, device=q.device)
-    dv = torch.zeros(v.shape, dtype=wd, device=q.device)
     for q0 in range(0, lq, FAMILY_BLOCK_Q):
         q1 = min(lq, q0 + FAMILY_BLOCK_Q)
         qb, dob = q[:, :, q0:q1].to(wd), do[:, :, q0:q1].to(wd)
@@ -432,13 +418,8 @@ def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     sigmoid = weight is Weight.SIGMOID
     ip = _in_place(q, k, v, out, do, m, den, p_score, p_den)
     bias = p_score[..., None, None] if sigmoid else None
-    m, den = m.to(wd), den.to(wd)
-    inf_row = m == math.inf
-    r = torch.where(den == 0, 0, 1 / den).masked_fill(inf_row, 0)  # NaN rows stay NaN
-    c = (do.to(wd) * out.to(wd)).sum(-1)
-    dq = torch.zeros(q.shape, dtype=wd, device=q.device)
-    dk = torch.zeros(k.shape, dtype=wd, device=q.device)
-    dv = torch.zeros(v.shape, dtype=wd, device=q.device)
+    m, den, inf_row, _, r, c, dq, dk, dv = _backward_start(q, k, v, out, do, m, den)
+    r = r.masked_fill(inf_row, 0)  # NaN rows stay NaN
     dbias = torch.zeros(q.shape[:2], dtype=wd, device=q.device)
     for q0 in range(0, lq, FAMILY_BLOCK_Q):
         q1 = min(lq, q0 + FAMILY_BLOCK_Q)
@@ -484,6 +465,20 @@ def _backward_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
         special.fix_backward(q, k, do, dv, m, scale, diag is not None, key_mask, weight,
                              offset=diag or 0)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dp_score, dp_den
+
+
+def _backward_start(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                    do: torch.Tensor, m: torch.Tensor, den: torch.Tensor
+                    ) -> tuple[torch.Tensor, ...]:
+    """What every tiled backward starts from, in q's work dtype: (m, den, the queries whose
+    m is +inf (special's), those whose m is NaN, r = 1/den (0 where den is 0), c = rowsum(dO
+    out), and dq, dk, dv zeroed)."""
+    wd = work_dtype(q.dtype)
+    m, den = m.to(wd), den.to(wd)
+    r = torch.where(den == 0, 0, 1 / den)
+    c = (do.to(wd) * out.to(wd)).sum(-1)
+    dq, dk, dv = (torch.zeros(t.shape, dtype=wd, device=q.device) for t in (q, k, v))
+    return m, den, m == math.inf, m.isnan(), r, c, dq, dk, dv
 
 
 def param_grads(dsz: torch.Tensor, c: torch.Tensor, m: torch.Tensor, den: torch.Tensor,
