@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from elasticbench import devices
 from elasticbench.harness.allocator import pin_heap
 from elasticbench.harness.backends import device_of
 from elasticbench.harness.bench.cases import RunCase, load_run_case, parse_size
@@ -76,7 +75,6 @@ class Rows(Kind):
         threads = set_threads(case.threads)
         allocator = pin_heap()
         device = device_of([k.backend for k in kernels + ([baseline] if baseline else [])])
-        devices.llc_bytes(device)  # a bad ELASTICBENCH_LLC_BYTES: one line, before any work
         meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "case": str(path),
                 "case_name": case.name, "mode": mode, "seed": case.seed, "threads": threads,
                 "allocator": allocator, "dtypes": dtypes, "sizes": [list(s) for s in shapes],
