@@ -41,8 +41,8 @@ import torch
 
 from .attention.weights import Weight
 from .domains import BETA, BIAS, ETA, TAU, Domain
-from .rows.layout import Scalar
 from .rows.ops import along
+from .rows.param_layout import Scalar
 from .rows.spec import ELASTIC, SOFTMAX, SOFTMAX1
 
 
@@ -98,7 +98,7 @@ def _attention_parts() -> tuple:
     statement per call is a fixed cost of every call."""
     from .attention import composite
     from .attention.autograd import attention_op
-    from .attention.layout import causal_offset, check_operands, default_scale, key_padding
+    from .attention.operands import causal_offset, check_operands, default_scale, key_padding
 
     return (composite, attention_op, causal_offset, check_operands, default_scale,
             key_padding)

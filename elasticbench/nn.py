@@ -66,8 +66,8 @@ from .functional import (
     stablemax_attention,
     symax_attention,
 )
-from .rows.cpp import CPP, extension
-from .rows.layout import as_rows, work_dtype
+from .rows.native_rows import CPP, extension
+from .rows.param_layout import as_rows, work_dtype
 from .rows.spec import ELASTIC, ExpSpec
 from .rows.tiers import TORCH, choose
 

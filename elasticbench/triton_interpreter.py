@@ -44,7 +44,7 @@ at once, one Python thread each with its own program id, so the kernel's own bar
 what runs; a launch in which no program changes memory for `timeout_s` (every program waiting:
 a GPU would hang) stops every program and fails with `CooperativeDeadlock`. A program that
 executes the resident barrier's `trap` (inline assembly the interpreter cannot run;
-kernels/triton/rows.py, arrive_and_wait, after its bounded wait) fails the launch with
+kernels/triton/row_parts.py, arrive_and_wait, after its bounded wait) fails the launch with
 `BarrierTrap`, as the trap fails it on a GPU.
 
 Nothing in the library imports this module unless TRITON_INTERPRET=1 (kernels/triton/launch.py
@@ -407,7 +407,7 @@ class CooperativeDeadlock(RuntimeError):
 
 class BarrierTrap(RuntimeError):
     """A program of a cooperative launch under the interpreter executed the resident
-    barrier's trap (kernels/triton/rows.py, `trap`): on a GPU the launch fails."""
+    barrier's trap (kernels/triton/row_parts.py, `trap`): on a GPU the launch fails."""
 
 
 class _Abort(BaseException):

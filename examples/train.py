@@ -87,7 +87,7 @@ from torch import nn
 
 from elasticbench.attention.autograd import choose
 from elasticbench.attention.composite import attention_weights, scores
-from elasticbench.attention.layout import visible
+from elasticbench.attention.operands import visible
 from elasticbench.attention.weights import Weight
 from elasticbench.functional import (
     cog_attention,

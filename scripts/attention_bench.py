@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from elasticbench.attention import cpp
+from elasticbench.attention import native_attention
 from elasticbench.attention.composite import elastic_attention_composite
 
 
@@ -66,7 +66,7 @@ def time_one(length: int, heads: int, dim: int, causal: bool, repeat: int,
     scale = 1 / math.sqrt(dim)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     fwd_sdpa = Timing(lambda: sdpa(q, k, v, is_causal=causal), repeat)
-    fwd_ours = Timing(lambda: cpp.forward(q, k, v, tau, beta, scale, causal), repeat)
+    fwd_ours = Timing(lambda: native_attention.forward(q, k, v, tau, beta, scale, causal), repeat)
     line = (f"L={length} causal={int(causal)} forward: sdpa {fwd_sdpa.wall * 1e3:.1f} ms, "
             f"fused {fwd_ours.against(fwd_sdpa)}")
     if composite:
@@ -80,8 +80,8 @@ def time_one(length: int, heads: int, dim: int, causal: bool, repeat: int,
     dout = torch.randn(out_sdpa.shape, generator=torch.Generator().manual_seed(1))
     bwd_sdpa = Timing(lambda: torch.autograd.grad(out_sdpa, leaves, dout, retain_graph=True),
                       repeat)
-    out, m, den = cpp.forward(q, k, v, tau, beta, scale, causal)
-    bwd_ours = Timing(lambda: cpp.backward(q, k, v, out, dout, m, den, tau, beta, scale,
+    out, m, den = native_attention.forward(q, k, v, tau, beta, scale, causal)
+    bwd_ours = Timing(lambda: native_attention.backward(q, k, v, out, dout, m, den, tau, beta, scale,
                                            causal), repeat)
     print(f"L={length} causal={int(causal)} backward: sdpa {bwd_sdpa.wall * 1e3:.1f} ms, "
           f"fused {bwd_ours.against(bwd_sdpa)}  [{load()}]", flush=True)
@@ -104,11 +104,11 @@ def rss_mib(field: str) -> float:
 
 def memory_child(length: int, heads: int, dim: int, causal: bool) -> None:
     q, k, v, tau, beta = inputs(length, heads, dim)
-    cpp.forward(*inputs(8, heads, dim), 0.125, causal)  # build/load, allocator warm-up
+    native_attention.forward(*inputs(8, heads, dim), 0.125, causal)  # build/load, allocator warm-up
     reset_peak_rss()
     before = rss_mib("VmRSS")
     t = time.perf_counter()
-    out = cpp.forward(q, k, v, tau, beta, 1 / math.sqrt(dim), causal)[0]
+    out = native_attention.forward(q, k, v, tau, beta, 1 / math.sqrt(dim), causal)[0]
     t = time.perf_counter() - t
     growth = rss_mib("VmHWM") - before
     out_mib = out.numel() * out.element_size() / 2**20
@@ -125,13 +125,13 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--composite", action="store_true")
     p.add_argument("--memory", type=int, default=0, help="also the peak memory at this length")
-    p.add_argument("--block-q", type=int, default=cpp.BLOCK_Q)
-    p.add_argument("--block-k", type=int, default=cpp.BLOCK_K)
+    p.add_argument("--block-q", type=int, default=native_attention.BLOCK_Q)
+    p.add_argument("--block-k", type=int, default=native_attention.BLOCK_K)
     p.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--causal", type=int, choices=(0, 1), default=None,
                    help="only this mask (default: both)")
     a = p.parse_args()
-    cpp.BLOCK_Q, cpp.BLOCK_K = a.block_q, a.block_k
+    native_attention.BLOCK_Q, native_attention.BLOCK_K = a.block_q, a.block_k
     masks = (False, True) if a.causal is None else (bool(a.causal),)
     if a.memory_child:
         memory_child(a.memory_child, a.heads, a.dim, masks[0])

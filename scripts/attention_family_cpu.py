@@ -10,7 +10,7 @@ Issue 50's target: fp32, B=2, H=4, L=4096, D=64, one thread, every fused forward
 of SDPA and forward+backward within 1.5x. Each figure is the median of --repeat calls after a
 warm-up, SDPA's and the kernel's calls interleaved (one of each in turn) so both see the same
 load on a shared machine (the load average is printed). The kernels are called through
-elasticbench.attention.cpp (the weights.py contract), SDPA through torch's autograd, so the
+elasticbench.attention.native_attention (the weights.py contract), SDPA through torch's autograd, so the
 forward+backward figure of each is what a training step pays. --memory adds, per weight,
 the peak resident memory a forward+backward adds over its inputs, outputs and gradients,
 measured in a fresh child process, and SDPA's beside it (docs/native.md section 5).
@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 
-from elasticbench.attention import cpp
+from elasticbench.attention import native_attention
 from elasticbench.attention.weights import Weight
 
 CLOCK = time.perf_counter  # --cpu-time: time.thread_time
@@ -76,17 +76,17 @@ def fused(weight: Weight, a: argparse.Namespace, backward: bool,
 
     def step() -> object:
         if gate is None:
-            out, m, den = cpp.forward(q, k, v, p_score, p_den, scale, a.causal, None, weight)
+            out, m, den = native_attention.forward(q, k, v, p_score, p_den, scale, a.causal, None, weight)
         else:
-            out, m, den, *kept = cpp.forward(q, k, v, p_score, p_den, scale, a.causal, None, weight,
+            out, m, den, *kept = native_attention.forward(q, k, v, p_score, p_den, scale, a.causal, None, weight,
                                              gate=gate, keep_ungated=backward)
         if not backward:
             return out
         if gate is None:
-            return cpp.backward(q, k, v, out, do, m, den, p_score, p_den, scale, a.causal, None,
+            return native_attention.backward(q, k, v, out, do, m, den, p_score, p_den, scale, a.causal, None,
                                 weight)
         dgate = do * kept[0]
-        return dgate, cpp.backward(q, k, v, kept[0], do * gate, m, den, p_score, p_den, scale,
+        return dgate, native_attention.backward(q, k, v, kept[0], do * gate, m, den, p_score, p_den, scale,
                                    a.causal, None, weight)
     return step
 

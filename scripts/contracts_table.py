@@ -19,7 +19,7 @@ from elasticbench.harness.numerics.truth.cache import TruthStore, default_cache_
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import load_kernel_file
 from elasticbench.harness.verify.matrix import builtin_case, expand, load_matrix
-from elasticbench.harness.verify.runner import run_verification
+from elasticbench.harness.verify.verifier import run_verification
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "own_format16.py"
 KERNELS = ("own16_elastic", "own16_softmax1")

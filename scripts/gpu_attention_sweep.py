@@ -84,8 +84,8 @@ def _sweep_shape(dt: str, d: int, length: int, causal: bool, args: argparse.Name
     """The rows of one (dtype, head dim, length, causal): SDPA, then every configuration."""
     import torch
 
-    from elasticbench.kernels.triton import attention as kernel
     from elasticbench.kernels.triton import attention_configs as ac
+    from elasticbench.kernels.triton import flash_attention as kernel
 
     dev = torch.device(device)
     dtype = getattr(torch, DTYPES[dt])

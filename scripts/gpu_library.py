@@ -170,7 +170,7 @@ def part_env(args: argparse.Namespace) -> int:
 # install
 
 LIBRARY = ("elasticbench", "elasticbench.functional", "elasticbench.nn", "elasticbench.harness.cli",
-           "elasticbench.kernels.triton.attention", "elasticbench.harness.verify")
+           "elasticbench.kernels.triton.flash_attention", "elasticbench.harness.verify")
 _IMPORTS = """
 import importlib, json, sys
 out = {}

@@ -576,7 +576,7 @@ def section_attention(run: Run, out: dict) -> None:
     kernel = None
     if no_direct is None:
         try:
-            from elasticbench.kernels.triton import attention as kernel
+            from elasticbench.kernels.triton import flash_attention as kernel
         except Exception as e:
             no_direct = f"the Triton kernels do not import: {one_line(e)}"
     g0 = torch.Generator().manual_seed(0)

@@ -26,7 +26,7 @@ backward in the layout autograd gives it, strided or not. Every implementation
 has the contract of `weights` (forward -> (out, m, den), backward from those row
 statistics); elasticbench.dispatch picks one per call among those that accept (q, weight):
 the fused native kernel on CPU tensors when it is built, the Triton kernel
-(kernels/triton/attention.py) on CUDA tensors, else the tiled torch code, which takes every
+(kernels/triton/flash_attention.py) on CUDA tensors, else the tiled torch code, which takes every
 weight. Eager calls skip the custom ops' dispatch through an autograd function with the
 same forward and backward (`attention_op`); where the native kernel runs the call and there
 is no gate, that function is one C++ autograd node of the extension (attention_node: the
@@ -44,20 +44,20 @@ import torch
 
 from .. import devices, dispatch
 from ..dispatch import Implementation
-from . import cpp, flash, special
-from .layout import Scalar, head_params, work_dtype
+from . import flash, native_attention, special
+from .operands import Scalar, head_params, work_dtype
 from .weights import Weight
 
 TORCH = Implementation("torch", lambda q, weight=Weight.ELASTIC: True, flash.forward,
                        flash.backward)
-CPP = Implementation("cpp", cpp.accepts, cpp.forward, cpp.backward)
+CPP = Implementation("cpp", native_attention.accepts, native_attention.forward, native_attention.backward)
 
 
 @functools.lru_cache(maxsize=1)
 def _triton() -> Implementation | None:
     """The Triton kernel, or None where Triton does not import here."""
     try:
-        from ..kernels.triton import attention as kernel
+        from ..kernels.triton import flash_attention as kernel
     except ImportError:
         return None
 
@@ -346,7 +346,7 @@ def attention_op(weight: Weight | int, q: torch.Tensor, k: torch.Tensor, v: torc
             or p_den.requires_grad or (gate is not None and gate.requires_grad)):
         if gate is None and choose(q, w) is CPP:  # the same kernels as one C++ node
             return _native_node()(q, k, v, p_score, p_den, scale, causal, key_mask, w,
-                                  offset, cpp.BLOCK_Q, cpp.BLOCK_K)
+                                  offset, native_attention.BLOCK_Q, native_attention.BLOCK_K)
         return _Attention.apply(*args, gate)[0]
     impl = choose(q, w)
     if gate is None:

@@ -21,7 +21,7 @@ import torch
 
 from ..rows.ops import along
 from ..rows.spec import ELASTIC, SOFTMAX1
-from .layout import Scalar, default_scale, head_params, visible, work_dtype
+from .operands import Scalar, default_scale, head_params, visible, work_dtype
 from .weights import Weight
 
 

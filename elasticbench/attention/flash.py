@@ -45,7 +45,7 @@ import math
 import torch
 
 from . import special
-from .layout import visible, work_dtype
+from .operands import visible, work_dtype
 from .weights import Weight
 
 BLOCK_Q = 1024

@@ -32,7 +32,7 @@ key, value, attention_mask, dropout=, scaling=, is_causal=, sliding_window=, sof
   are, nothing copied. Otherwise, where the fused kernels run (below), the query heads of a key
   head are folded into the batch, (B Hkv, H // Hkv, ...), with the key head broadcast
   across them (a stride-0 view: the Triton kernel reads operands through their (batch,
-  head) strides, kernels/triton/attention.py, so it is not copied; the native CPU kernel
+  head) strides, kernels/triton/flash_attention.py, so it is not copied; the native CPU kernel
   makes its operands contiguous, so there the copy is made inside the call); per-head
   parameters fold the same way. Where a mask takes the materialized path (scores of
   H Lq Lk anyway), keys and values are repeated per query head, as transformers'
@@ -74,7 +74,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..attention.layout import head_params, visible
+from ..attention.operands import head_params, visible
 from ..nn import (
     ElasticAttention,
     SigmoidAttention,
@@ -282,7 +282,7 @@ def _per_query_head(value: object, kv_heads: int, groups: int) -> object:
 
 def _fused(mask: torch.Tensor | None, length_k: int) -> bool:
     """Whether the functional call with this mask takes the fused kernels: no mask, or a
-    bool key-padding mask (elasticbench.attention.layout.key_padding)."""
+    bool key-padding mask (elasticbench.attention.operands.key_padding)."""
     return mask is None or (mask.dtype == torch.bool and mask.ndim == 4
                             and mask.shape[1:] == (1, 1, length_k))
 

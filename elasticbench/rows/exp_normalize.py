@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from .layout import Scalar, work_dtype
+from .param_layout import Scalar, work_dtype
 
 
 def _keep_and_shift(xw: torch.Tensor, keep: torch.Tensor, floor: float):

@@ -8,7 +8,7 @@ autograd function with the same forward and backward for eager calls (`along` pi
 
 x, y, g are rows last. tau (and offset, when the function has one) is a tensor in x's
 working precision: 0-d for one value for every row, or per-row, broadcasting against x with
-size 1 in the last dimension (rows.layout.as_rows); dtau and doffset come back in that
+size 1 in the last dimension (rows.param_layout.as_rows); dtau and doffset come back in that
 shape (doffset is empty when there is no offset; both are 0 unless `params`). Each call
 runs the implementation `rows.tiers.choose` picks (native C++ on CPU, Triton on CUDA, else
 torch).
@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 
 from ..dispatch import Implementation, traced
-from . import cpp
-from .layout import Scalar, as_rows, work_dtype
+from . import native_rows
+from .param_layout import Scalar, as_rows, work_dtype
 from .spec import ExpSpec
 from .tiers import TORCH, choose
 
@@ -179,7 +179,7 @@ def along(x: Tensor, tau: float | Tensor, offset: float | Tensor | None, dim: in
     if not (torch.is_grad_enabled() and any(isinstance(v, Tensor) and v.requires_grad
                                             for v in (x, t, o))):
         y = impl.forward(rows, call)
-    elif impl is cpp.CPP and rows.ndim:
+    elif impl is native_rows.CPP and rows.ndim:
         (tt, tv), (ot, ov) = _tensor_or_value(t), _tensor_or_value(o)
         y = _native_rows().exp_rows(rows, tt, ot, tv, ov, spec.mask_negative, spec.floor)
     else:
@@ -195,7 +195,7 @@ def _tensor_or_value(v: Scalar | None) -> tuple[Tensor | None, float]:
 def _native_rows():
     """The native tier with its autograd function's create_graph path set (exp_rows: one C++
     autograd node per call, forward and backward the native kernels)."""
-    ext = cpp.extension()
+    ext = native_rows.extension()
     ext.set_differentiable_rows_backward(_differentiable_rows_backward)
     return ext
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .layout import Scalar
+from .param_layout import Scalar
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,7 +27,7 @@ class ExpSpec:
     """What a row computes (kernels/cpp/table.h's eb::ExpSpec): exp((s - m)/tau) over kept s,
     m = max(max kept, floor), over their sum plus offset exp(-m/tau) (None: no offset).
     Kept: x >= 0 with mask_negative (elastic), else x > -inf. tau and offset as laid out by
-    rows.layout.as_rows: floats, 0-d tensors or per-row (..., 1) tensors."""
+    rows.param_layout.as_rows: floats, 0-d tensors or per-row (..., 1) tensors."""
 
     mask_negative: bool
     floor: float = -math.inf

@@ -1,7 +1,7 @@
 """The implementations of the exp family's rows and the choice of one per call.
 
 `choose(x, spec)` runs elasticbench.dispatch's preference for x's device over three
-implementations of rows.spec's contract: the native C++ kernels (`rows.cpp`, CPU), the
+implementations of rows.spec's contract: the native C++ kernels (`rows.native_rows`, CPU), the
 Triton kernels (kernels/triton/tier.py, CUDA, or CPU tensors under Triton's interpreter when
 forced) and the torch code (`TORCH`, which takes everything). The autograd function keeps the
 chosen implementation for its backward (rows.ops).
@@ -15,7 +15,7 @@ import torch
 
 from ..dispatch import Implementation
 from ..dispatch import choose as dispatch_choose
-from . import cpp
+from . import native_rows
 from .exp_normalize import exp_normalize_backward, exp_normalize_forward
 from .spec import Backward, ExpSpec
 
@@ -46,7 +46,7 @@ def _triton() -> Implementation | None:
 def implementation(name: str) -> Implementation | None:
     """The rows' implementation called `name`, None where it is not available here."""
     if name == "cpp":
-        return cpp.CPP if cpp.extension() is not None else None
+        return native_rows.CPP if native_rows.extension() is not None else None
     if name == "triton":
         return _triton()
     return TORCH if name == "torch" else None

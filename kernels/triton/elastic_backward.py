@@ -42,7 +42,7 @@ from .launch import (
 )
 from .memory import ld, max_nan, st, tile_mask
 from .params import RowParams, memory_params, row_params, rows_params, scalar_params
-from .rows import (
+from .row_parts import (
     arrive_and_wait,
     finish_item,
     leave,

@@ -18,7 +18,7 @@ import triton.language as tl
 from .launch import LaunchOptions, RowKernels, current_options, exp2_model_ulps, normalize_rows
 from .memory import ld, max_nan, st, tile_mask
 from .params import RowParams, memory_params, row_params, rows_params, scalar_params
-from .rows import (
+from .row_parts import (
     add_compensated,
     finish_item,
     leave,
@@ -73,7 +73,7 @@ def exp2(v, SUBNORMAL: tl.constexpr, EXP2_ULPS: tl.constexpr):
 # Below exp2 rather than with the imports above, so that exp2 keeps its first line: the
 # attention kernels call it, and Triton keys their compiled code on each function's source
 # and first line.
-from .rows import gathered_special_y, resident_item, row_block, row_start  # noqa: E402
+from .row_parts import gathered_special_y, resident_item, row_block, row_start  # noqa: E402
 
 
 @triton.jit

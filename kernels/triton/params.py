@@ -119,7 +119,7 @@ def _dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> list[tuple[
 
 def memory_params(x: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor) -> RowParams:
     """tau and beta tensors on x's device: 0-d, or (..., 1) broadcasting against x (..., n)
-    as rows.layout.as_rows lays them out."""
+    as rows.param_layout.as_rows lays them out."""
     lead = tuple(x.shape[:-1])
     views = [v.expand(*lead, 1)[..., 0] if v.ndim else v.expand(lead) for v in (tau, beta)]
     dims = _dims(lead, [v.stride() for v in views])

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .launch import LaunchOptions, RowKernels, normalize_rows
 from .memory import ld, max_nan, st, tile_mask
-from .rows import (
+from .row_parts import (
     add_compensated,
     finish_item,
     gathered_special_y,

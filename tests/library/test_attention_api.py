@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from elasticbench import dispatch
-from elasticbench.attention import autograd, cpp, flash
+from elasticbench.attention import autograd, flash, native_attention
 from elasticbench.attention.composite import elastic_attention_composite
 from elasticbench.functional import elastic_attention
 from elasticbench.nn import ElasticAttention
@@ -24,7 +24,7 @@ def small_tiles(request, monkeypatch):
     impl = request.param
     if not impl.accepts(torch.zeros(1)):
         pytest.skip(f"{impl.name} does not run here")
-    for module in (flash, cpp):
+    for module in (flash, native_attention):
         monkeypatch.setattr(module, "BLOCK_Q", 3)
         monkeypatch.setattr(module, "BLOCK_K", 2)
     with dispatch.forcing(impl.name):

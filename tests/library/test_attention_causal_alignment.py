@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from elasticbench import dispatch
-from elasticbench.attention import composite, cpp, flash
-from elasticbench.attention.layout import causal_offset
+from elasticbench.attention import composite, flash, native_attention
+from elasticbench.attention.operands import causal_offset
 from elasticbench.attention.weights import Weight
 from elasticbench.functional import (
     cog_attention,
@@ -66,8 +66,8 @@ def _reference(weight: Weight, q, k, v, params, offset: int) -> torch.Tensor:
 def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiles of a few queries and keys in both fused paths: the diagonal crosses several,
     and with Lq != Lk whole blocks lie above it or see no key."""
-    monkeypatch.setattr(cpp, "BLOCK_Q", 4)
-    monkeypatch.setattr(cpp, "BLOCK_K", 8)
+    monkeypatch.setattr(native_attention, "BLOCK_Q", 4)
+    monkeypatch.setattr(native_attention, "BLOCK_K", 8)
     for name in ("BLOCK_Q", "FAMILY_BLOCK_Q"):
         monkeypatch.setattr(flash, name, 4)
     for name in ("BLOCK_K", "FAMILY_BLOCK_K"):

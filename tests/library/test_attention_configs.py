@@ -181,7 +181,7 @@ def test_the_table_path_does_no_timing_no_synchronization(ac, tmp_path, monkeypa
     import triton.testing
 
     from elasticbench.harness.audit.capture import capture_launches
-    from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+    from elasticbench.kernels.triton.flash_attention import attention_backward, attention_forward
 
     kv = ac.configs("dkdv", 64, torch.bfloat16, True)
     _setenv(monkeypatch, ac.TABLE_ENV, str(_table(tmp_path / "t.json", [

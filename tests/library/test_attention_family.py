@@ -119,7 +119,7 @@ import mpmath  # noqa: E402
 
 from elasticbench.harness.functions import get_attention_function  # noqa: E402
 from elasticbench.harness.numerics.dtypes import get_format  # noqa: E402
-from elasticbench.harness.numerics.truth.attention import certified_phase, oracle_evaluate  # noqa: E402
+from elasticbench.harness.numerics.truth.attention_truth import certified_phase, oracle_evaluate  # noqa: E402
 
 FAMILY = {"softmax1_attention": {}, "symax_attention": {"eta": 0.7},
           "stablemax_attention": {}, "sigmoid_attention": {"bias": -1.3}}

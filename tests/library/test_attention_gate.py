@@ -15,7 +15,7 @@ import torch
 from elasticbench import dispatch, settings
 from elasticbench import functional as F
 from elasticbench import nn as enn
-from elasticbench.attention import autograd, composite, cpp, flash
+from elasticbench.attention import autograd, composite, flash, native_attention
 from elasticbench.attention.weights import Weight
 
 F64 = torch.float64
@@ -82,8 +82,8 @@ def path(request, monkeypatch):
         pytest.skip(f"{fused} does not run here")
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, fused)
     settings.refresh()
-    monkeypatch.setattr(cpp, "BLOCK_Q", 3)
-    monkeypatch.setattr(cpp, "BLOCK_K", 2)
+    monkeypatch.setattr(native_attention, "BLOCK_Q", 3)
+    monkeypatch.setattr(native_attention, "BLOCK_K", 2)
     for attr, value in (("BLOCK_Q", 3), ("BLOCK_K", 2), ("FAMILY_BLOCK_Q", 3),
                         ("FAMILY_BLOCK_K", 2)):
         monkeypatch.setattr(flash, attr, value)

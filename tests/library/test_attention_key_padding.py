@@ -11,19 +11,19 @@ import pytest
 import torch
 
 from elasticbench import devices
-from elasticbench.attention import composite, cpp, flash
+from elasticbench.attention import composite, flash, native_attention
 from elasticbench.attention.composite import elastic_attention_composite
 from elasticbench.functional import elastic_attention
 
 F64 = torch.float64
-IMPLS = [flash, pytest.param(cpp, marks=pytest.mark.needs("native"))]
+IMPLS = [flash, pytest.param(native_attention, marks=pytest.mark.needs("native"))]
 
 
 @pytest.fixture
 def small_tiles(monkeypatch):
     """Tiles of 3 queries x 2 keys in both implementations: the mask hides whole key
     blocks, parts of blocks, and blocks past the last kept key."""
-    for mod in (cpp, flash):
+    for mod in (native_attention, flash):
         monkeypatch.setattr(mod, "BLOCK_Q", 3)
         monkeypatch.setattr(mod, "BLOCK_K", 2)
 
@@ -134,8 +134,8 @@ def test_both_native_backward_schedules_give_the_same_bits_under_key_padding(sma
     try:
         for n in (1, 8):  # 6 pairs: one head per thread, then key blocks spread over 8
             torch.set_num_threads(n)
-            out, m, den = cpp.forward(q, k, v, tau, beta, 0.5, True, KEEP)
-            runs.append((out, *cpp.backward(q, k, v, out, do, m, den, tau, beta, 0.5, True,
+            out, m, den = native_attention.forward(q, k, v, tau, beta, 0.5, True, KEEP)
+            runs.append((out, *native_attention.backward(q, k, v, out, do, m, den, tau, beta, 0.5, True,
                                             KEEP)))
     finally:
         torch.set_num_threads(threads)

@@ -147,7 +147,7 @@ def test_the_native_kernel_reads_transposed_views_in_place(dtype) -> None:
     autograd's transposed gradient reach the native kernel without a copy (no aten copy in
     its forward or backward call) and give the contiguous inputs' values."""
     from elasticbench import native
-    from elasticbench.attention import cpp
+    from elasticbench.attention import native_attention
 
     g = torch.Generator().manual_seed(5)
     lq, lk, d = 7, 11, 8
@@ -158,15 +158,15 @@ def test_the_native_kernel_reads_transposed_views_in_place(dtype) -> None:
     p = torch.tensor([0.6, 0.9, 1.4], dtype=dtype).reshape(1, H).expand(B, H)
     assert not any(t.is_contiguous() for t in (q, k, v, do))
     args = (p, p, 0.3, True)
-    out, m, den = cpp.forward(q, k, v, *args, None, 0, 4)
-    ext, blocks = native.load(), (cpp.BLOCK_Q, cpp.BLOCK_K)
+    out, m, den = native_attention.forward(q, k, v, *args, None, 0, 4)
+    ext, blocks = native.load(), (native_attention.BLOCK_Q, native_attention.BLOCK_K)
     ops = _ops_run(lambda: ext.attention_forward(q, k, v, *args, *blocks, None, 0, 4))
     ops += _ops_run(lambda: ext.attention_backward(q, k, v, out, do, m, den, *args, *blocks,
                                                    None, 0, 4))
     assert not [o for o in ops if o in ("aten::copy_", "aten::contiguous", "aten::clone")]
-    want = cpp.forward(q.contiguous(), k.contiguous(), v.contiguous(), *args, None, 0, 4)
-    got_b = cpp.backward(q, k, v, out, do, m, den, *args, None, 0, 4)
-    want_b = cpp.backward(q.contiguous(), k.contiguous(), v.contiguous(), out, do.contiguous(),
+    want = native_attention.forward(q.contiguous(), k.contiguous(), v.contiguous(), *args, None, 0, 4)
+    got_b = native_attention.backward(q, k, v, out, do, m, den, *args, None, 0, 4)
+    want_b = native_attention.backward(q.contiguous(), k.contiguous(), v.contiguous(), out, do.contiguous(),
                           m, den, *args, None, 0, 4)
     for a, b in zip((out, m, den, *got_b), (*want, *want_b), strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

@@ -15,7 +15,7 @@ import torch
 from elasticbench import dispatch, settings
 from elasticbench import functional as F
 from elasticbench import nn as enn
-from elasticbench.attention import autograd, cpp, flash
+from elasticbench.attention import autograd, flash, native_attention
 from elasticbench.attention.weights import Weight
 
 F64 = torch.float64
@@ -86,8 +86,8 @@ def impl(request, monkeypatch):
         pytest.skip(f"{chosen.name} does not run here")
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, chosen.name)
     settings.refresh()  # the variable is read once: read it again
-    monkeypatch.setattr(cpp, "BLOCK_Q", 3)
-    monkeypatch.setattr(cpp, "BLOCK_K", 2)
+    monkeypatch.setattr(native_attention, "BLOCK_Q", 3)
+    monkeypatch.setattr(native_attention, "BLOCK_K", 2)
     monkeypatch.setattr(flash, "FAMILY_BLOCK_Q", 3)
     monkeypatch.setattr(flash, "FAMILY_BLOCK_K", 2)
     return chosen
@@ -160,8 +160,8 @@ def test_gradcheck_of_the_fused_implementations(monkeypatch, name):
     settings.refresh()
     monkeypatch.setattr(flash, "FAMILY_BLOCK_Q", 2)
     monkeypatch.setattr(flash, "FAMILY_BLOCK_K", 3)
-    monkeypatch.setattr(cpp, "BLOCK_Q", 2)
-    monkeypatch.setattr(cpp, "BLOCK_K", 3)
+    monkeypatch.setattr(native_attention, "BLOCK_Q", 2)
+    monkeypatch.setattr(native_attention, "BLOCK_K", 3)
     q, k, v = _qkv(3, 4, d=3, b=1, h=2)
     pad = torch.tensor([True, False, True, True])
 

@@ -14,7 +14,7 @@ import torch
 from elasticbench import dispatch, settings
 from elasticbench import functional as F
 from elasticbench import nn as enn
-from elasticbench.attention import autograd, cpp, flash
+from elasticbench.attention import autograd, flash, native_attention
 from elasticbench.attention.weights import Weight
 
 F64 = torch.float64
@@ -94,7 +94,7 @@ def impl(request, monkeypatch):
     chosen = request.param
     monkeypatch.setenv(dispatch.IMPLEMENTATION_ENV, chosen.name)
     settings.refresh()  # the variable is read once: read it again
-    for module in (flash, cpp):
+    for module in (flash, native_attention):
         monkeypatch.setattr(module, "BLOCK_Q", 3)
         monkeypatch.setattr(module, "BLOCK_K", 2)
     monkeypatch.setattr(flash, "FAMILY_BLOCK_Q", 3)

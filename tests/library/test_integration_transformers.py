@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 from elasticbench import devices, dispatch  # noqa: E402
 from elasticbench import functional as F  # noqa: E402
-from elasticbench.attention.layout import visible  # noqa: E402
+from elasticbench.attention.operands import visible  # noqa: E402
 from elasticbench.integrations import transformers as eb_hf  # noqa: E402
 from elasticbench.nn import ElasticAttention, SigmoidAttention, SymaxAttention  # noqa: E402
 

@@ -325,7 +325,7 @@ def test_the_native_autograd_function_is_the_python_one_bit_for_bit(params, dtyp
     """Eager calls on CPU tensors run the native tier's C++ autograd function (exp_rows): the
     same output and gradients, bit for bit, as the Python autograd function running the same
     kernels (docs/dispatch.md section 3), and exact second orders through the torch code."""
-    from elasticbench.rows import cpp, ops
+    from elasticbench.rows import native_rows, ops
     from elasticbench.rows.spec import ELASTIC
 
     wd = torch.float64 if dtype == torch.float64 else torch.float32
@@ -349,7 +349,7 @@ def test_the_native_autograd_function_is_the_python_one_bit_for_bit(params, dtyp
         else:
             t, b = (p if not isinstance(p, torch.Tensor) else p.reshape(p.shape)
                     for p in ps)
-            y = ops._ExpFamily.apply(xs, t, b, True, -math.inf, cpp.CPP)
+            y = ops._ExpFamily.apply(xs, t, b, True, -math.inf, native_rows.CPP)
         leaves = [xs, *(p for p in ps if isinstance(p, torch.Tensor))]
         return y, torch.autograd.grad(y, leaves, g)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from elasticbench import native
-from elasticbench.attention import autograd, cpp
+from elasticbench.attention import autograd, native_attention
 from elasticbench.attention.composite import elastic_attention_composite
 from elasticbench.functional import elastic_attention
 from elasticbench.harness.kinds.attention.kernel_contract import (
@@ -35,8 +35,8 @@ def ext():
 @pytest.fixture
 def small_tiles(monkeypatch):
     """Tiles of 3 queries x 2 keys: the online max and sum cross several blocks."""
-    monkeypatch.setattr(cpp, "BLOCK_Q", 3)
-    monkeypatch.setattr(cpp, "BLOCK_K", 2)
+    monkeypatch.setattr(native_attention, "BLOCK_Q", 3)
+    monkeypatch.setattr(native_attention, "BLOCK_K", 2)
 
 
 def _qkv(lq, lk, d=8, b=2, h=3, dtype=F64, seed=0, grad=True, dv=None):
@@ -81,7 +81,7 @@ def test_gradcheck_across_tiles(small_tiles):
 def test_fp32_matches_the_fp64_composite_with_large_tiles():
     """The default tiles and the BLAS GEMMs: 300 queries and 600 keys cross two blocks each.
     Scores up to about 20/tau carry fp32 rounding of order 20 eps / tau into every weight."""
-    assert cpp.BLOCK_Q < 300 < 2 * cpp.BLOCK_Q and cpp.BLOCK_K < 600 < 2 * cpp.BLOCK_K
+    assert native_attention.BLOCK_Q < 300 < 2 * native_attention.BLOCK_Q and native_attention.BLOCK_K < 600 < 2 * native_attention.BLOCK_K
     q, k, v = _qkv(300, 600, d=16, b=1, h=2, dtype=torch.float32)
     kw = {"tau": 0.5, "beta": 1.0, "causal": True}
     out = elastic_attention(q, k, v, **kw)

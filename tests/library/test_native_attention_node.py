@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from elasticbench import functional as F
-from elasticbench.attention import autograd, cpp
+from elasticbench.attention import autograd, native_attention
 from elasticbench.attention.autograd import _Attention, bh_params
 from elasticbench.attention.weights import Weight
 from elasticbench.nn import LOG_SCALE_LIMIT, SymaxAttention, _scale
@@ -35,7 +35,7 @@ def _both(weight: Weight, q, k, v, p_score, p_den, causal, key_mask, offset, g) 
         t, b = bh_params(leaves[3], leaves[0]), bh_params(leaves[4], leaves[0])
         args = (*leaves[:3], t, b, 0.4, causal, key_mask, int(weight), offset if causal else 0)
         if path == "node":
-            out = autograd._native_node()(*args, cpp.BLOCK_Q, cpp.BLOCK_K)
+            out = autograd._native_node()(*args, native_attention.BLOCK_Q, native_attention.BLOCK_K)
         else:
             out = _Attention.apply(*args, None)[0]
         results.append([out, *torch.autograd.grad(out, leaves, g)])
@@ -95,7 +95,7 @@ def test_create_graph_gives_the_functions_second_order(weight) -> None:
         leaves = [t.clone().requires_grad_() for t in (q, k, v, p_score, p_den)]
         t, b = bh_params(leaves[3], leaves[0]), bh_params(leaves[4], leaves[0])
         args = (*leaves[:3], t, b, 0.5, True, None, int(weight), 0)
-        out = (autograd._native_node()(*args, cpp.BLOCK_Q, cpp.BLOCK_K) if path == "node"
+        out = (autograd._native_node()(*args, native_attention.BLOCK_Q, native_attention.BLOCK_K) if path == "node"
                else _Attention.apply(*args, None)[0])
         grads = torch.autograd.grad(out.square().sum(), leaves, create_graph=True)
         penalty = sum(g.square().sum() for g in grads)

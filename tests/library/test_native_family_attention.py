@@ -1,5 +1,5 @@
 """The native fused attention for the family's weights (softmax1, symax, stablemax, sigmoid;
-kernels/cpp/attention.cpp through elasticbench.attention.cpp): forward and every gradient
+kernels/cpp/attention.cpp through elasticbench.attention.native_attention): forward and every gradient
 against a plain torch definition in fp64, tiles crossing several blocks, key padding and
 causal masks, fp32 and 16-bit inputs, the special values, every instruction set, and the
 registered kernels. Elastic's own tests are tests/library/test_native_attention.py."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from elasticbench import native
-from elasticbench.attention import cpp
+from elasticbench.attention import native_attention
 from elasticbench.attention.weights import Weight
 from elasticbench.harness.kinds.attention.kernel_contract import (
     backward_step,
@@ -30,8 +30,8 @@ FAMILY = (Weight.SOFTMAX1, Weight.SYMAX, Weight.STABLEMAX, Weight.SIGMOID)
 @pytest.fixture
 def small_tiles(monkeypatch):
     """Tiles of 3 queries x 2 keys: the running sums cross several blocks."""
-    monkeypatch.setattr(cpp, "BLOCK_Q", 3)
-    monkeypatch.setattr(cpp, "BLOCK_K", 2)
+    monkeypatch.setattr(native_attention, "BLOCK_Q", 3)
+    monkeypatch.setattr(native_attention, "BLOCK_K", 2)
 
 
 def reference(q, k, v, p_score, p_den, scale, causal, key_mask, weight):
@@ -72,8 +72,8 @@ def _inputs(lq, lk, d=5, b=2, h=3, dv=4, dtype=F64, seed=0, spread=1.5):
 
 
 def _fused(q, k, v, p_score, p_den, do, scale, causal, key_mask, weight):
-    out, m, den = cpp.forward(q, k, v, p_score, p_den, scale, causal, key_mask, weight)
-    return (out, *cpp.backward(q, k, v, out, do, m, den, p_score, p_den, scale, causal, key_mask,
+    out, m, den = native_attention.forward(q, k, v, p_score, p_den, scale, causal, key_mask, weight)
+    return (out, *native_attention.backward(q, k, v, out, do, m, den, p_score, p_den, scale, causal, key_mask,
                                weight))
 
 
@@ -111,7 +111,7 @@ def test_forward_and_five_gradients_match_the_definition(small_tiles, weight, ca
 @pytest.mark.parametrize("weight", FAMILY, ids=lambda w: w.name.lower())
 def test_fp32_with_the_default_tiles_matches_the_fp64_definition(weight):
     """300 queries and 600 keys cross two blocks each way, through the BLAS GEMMs."""
-    assert cpp.BLOCK_Q < 300 < 2 * cpp.BLOCK_Q and cpp.BLOCK_K < 600 < 2 * cpp.BLOCK_K
+    assert native_attention.BLOCK_Q < 300 < 2 * native_attention.BLOCK_Q and native_attention.BLOCK_K < 600 < 2 * native_attention.BLOCK_K
     q, k, v, p_score, p_den = _inputs(300, 600, d=16, b=1, h=2, dv=8, dtype=torch.float32,
                                       spread=1.0)
     do = torch.randn(1, 2, 300, 8, generator=torch.Generator().manual_seed(2))
@@ -127,8 +127,8 @@ def test_fp32_with_the_default_tiles_matches_the_fp64_definition(weight):
 @pytest.mark.parametrize("weight", FAMILY, ids=lambda w: w.name.lower())
 def test_16_bit_inputs_compute_in_fp32_and_round_once(dtype, weight):
     q, k, v, p_score, p_den = _inputs(9, 12, dtype=dtype)
-    out = cpp.forward(q, k, v, p_score.float(), p_den.float(), 0.5, True, None, weight)[0]
-    want = cpp.forward(q.float(), k.float(), v.float(), p_score.float(), p_den.float(), 0.5, True,
+    out = native_attention.forward(q, k, v, p_score.float(), p_den.float(), 0.5, True, None, weight)[0]
+    want = native_attention.forward(q.float(), k.float(), v.float(), p_score.float(), p_den.float(), 0.5, True,
                        None, weight)[0]
     assert out.dtype == dtype
     assert torch.equal(out, want.to(dtype))
@@ -256,13 +256,13 @@ def test_an_unknown_weight_is_refused():
     with pytest.raises(RuntimeError, match="unknown attention weight"):
         native.load().attention_forward(q, k, v, p_score, p_den, 0.5, False, 4, 4, None, 7)
     with pytest.raises(RuntimeError, match="unknown attention weight"):  # the extension's
-        cpp.forward(q, k, v, p_score, p_den, 0.5, False, None, 7)
+        native_attention.forward(q, k, v, p_score, p_den, 0.5, False, None, 7)
 
 
 def test_accepts_every_weight_on_cpu_tensors():
     q = torch.zeros(1, 1, 1, 1)
-    assert all(cpp.accepts(q, w) for w in Weight)
-    assert cpp.accepts(q)  # Elastic by default
+    assert all(native_attention.accepts(q, w) for w in Weight)
+    assert native_attention.accepts(q)  # Elastic by default
 
 
 @pytest.mark.parametrize(("function", "params"), [("softmax1", {}), ("symax", {"eta": 0.7}),

@@ -12,7 +12,7 @@ import pytest
 
 from elasticbench.harness.execute import call_kernel
 from elasticbench.harness.functions import FUNCTIONS, get_function
-from elasticbench.harness.numerics.budgets.rows import budget_for
+from elasticbench.harness.numerics.budgets.row_budgets import budget_for
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.numerics.truth.cache import TruthJob, TruthStore, solve
 from elasticbench.harness.registry import list_kernels

@@ -169,7 +169,7 @@ def test_native_per_row_parameters_are_the_scalar_kernel_row_by_row(dtype):
     """Per-head tau and per-batch beta reach the native kernels: each row's output is
     bitwise the scalar kernel's with that row's pair, and the gradients match the torch
     code's (docs/native.md)."""
-    from elasticbench.rows import cpp
+    from elasticbench.rows import native_rows
 
     wd = torch.float64 if dtype == torch.float64 else torch.float32
     g = torch.Generator().manual_seed(3)
@@ -177,13 +177,13 @@ def test_native_per_row_parameters_are_the_scalar_kernel_row_by_row(dtype):
     tau = (torch.rand(1, 3, 1, 1, generator=g) + 0.3).to(wd)
     beta = torch.rand(2, 1, 1, 1, generator=g).to(wd)
     spec = ExpSpec(True, tau=tau, offset=beta)
-    y = cpp.forward(x, spec)
+    y = native_rows.forward(x, spec)
     for b in range(2):
         for h in range(3):
             one = ExpSpec(True, tau=float(tau[0, h, 0, 0]), offset=float(beta[b, 0, 0, 0]))
-            assert torch.equal(cpp.forward(x[b, h], one), y[b, h])
+            assert torch.equal(native_rows.forward(x[b, h], one), y[b, h])
     up = torch.randn(x.shape, generator=g).to(dtype)
-    got = cpp.backward(x, y, up, spec, True)
+    got = native_rows.backward(x, y, up, spec, True)
     want = tiers.TORCH.backward(x, y, up, spec, True)
     tol = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 1e-2)
     for a, b_ in zip(got, want, strict=True):

@@ -40,7 +40,7 @@ else:
     from elasticbench.harness.numerics.truth.cache import TruthStore
     from elasticbench.harness.registry import list_kernels
     from elasticbench.harness.verify.matrix import builtin_case, expand, load_matrix
-    from elasticbench.harness.verify.runner import run_verification
+    from elasticbench.harness.verify.verifier import run_verification
     from elasticbench.kernels.triton.elastic_backward import elastic_backward
     from elasticbench.kernels.triton.exp_family import elastic_forward, exp_normalize
     from elasticbench.kernels.triton.launch import PLANS, LaunchOptions, launch_options
@@ -178,7 +178,7 @@ else:
         # value, so adding them one after another rounds alike each time (stablemax drifted
         # to 72 ulp, against 18 allowed; on an H100 a 2^22 'coarse' row reached 26.3 > 26);
         # the running sum carries a compensation and stays within the log2(n) budget
-        from elasticbench.harness.numerics.budgets.rows import BUDGETS
+        from elasticbench.harness.numerics.budgets.row_budgets import BUDGETS
         from elasticbench.harness.numerics.dtypes import get_format
 
         # one kernel of each family's online kernel: softmax, which sums every element, and
@@ -476,7 +476,7 @@ else:
         # 2^22 + 3 elements (a ragged last chunk) on the online path, or split (the table's
         # choice: 13 programs of 5 chunks); 64-Ki chunks keep the interpreter to seconds, the
         # chunk loop and running rescale are those of any chunk size
-        from elasticbench.harness.numerics.budgets.rows import BUDGETS
+        from elasticbench.harness.numerics.budgets.row_budgets import BUDGETS
 
         n = (1 << 22) + 3
         x = torch.randn(1, n, generator=torch.Generator().manual_seed(5)) * 3

@@ -27,7 +27,10 @@ if not devices.triton_interpreted():
                                                                        padded):
         from elasticbench.harness.audit.capture import capture_launches
         from elasticbench.harness.audit.kernel_files import CompileCache, compile_one
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+        from elasticbench.kernels.triton.flash_attention import (
+            attention_backward,
+            attention_forward,
+        )
 
         q = torch.zeros(1, 8, 1024, 64, dtype=dtype)
         heads = torch.ones(1, 8)
@@ -105,7 +108,7 @@ if not devices.triton_interpreted():
 
         from elasticbench.harness.audit.capture import capture_launches
         from elasticbench.kernels.triton import attention_configs as ac
-        from elasticbench.kernels.triton.attention import attention_forward
+        from elasticbench.kernels.triton.flash_attention import attention_forward
 
         tma = ac.configs("fwd", 128, torch.bfloat16, False, tma=True)
         assert tma and all(t.tma for t in tma) and str(tma[0]).endswith(" tma")
@@ -197,7 +200,10 @@ else:
     @pytest.mark.parametrize("causal", [False, True])
     def test_key_padding_matches_the_tiled_torch_code(causal):
         from elasticbench.attention import flash
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+        from elasticbench.kernels.triton.flash_attention import (
+            attention_backward,
+            attention_forward,
+        )
 
         g = torch.Generator().manual_seed(3)
         q, k, v, do = (torch.randn(2, 2, n, 8, generator=g) for n in (40, 70, 70, 40))
@@ -221,7 +227,10 @@ else:
         loop's running sums move to them (the +inf keys' mean; NaN over everything), with
         the backward's dv for the +inf keys, in both tile shapes."""
         from elasticbench.attention import flash
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+        from elasticbench.kernels.triton.flash_attention import (
+            attention_backward,
+            attention_forward,
+        )
 
         g = torch.Generator().manual_seed(5)
         for dtype in (torch.float32, torch.bfloat16):
@@ -254,7 +263,10 @@ else:
 
         from elasticbench.attention.weights import Weight
         from elasticbench.kernels.triton import attention_configs as ac
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+        from elasticbench.kernels.triton.flash_attention import (
+            attention_backward,
+            attention_forward,
+        )
 
         if not ac.tma_available():
             pytest.skip("this Triton has no tensor descriptors")
@@ -289,7 +301,7 @@ else:
             assert keep is None or results[0][0].isfinite().all(), "padded keys seen"
 
     def test_an_infinite_score_gives_the_mean_of_its_values():
-        from elasticbench.kernels.triton.attention import attention_forward
+        from elasticbench.kernels.triton.flash_attention import attention_forward
 
         q = torch.zeros(1, 1, 2, 2)
         q[0, 0, 1] = torch.tensor([float("inf"), 0.0])
@@ -308,7 +320,10 @@ else:
         ragged ends of both lengths and key padding, forward and the five gradients (bf16
         against fp32 torch: within a few of its roundings of the largest element)."""
         from elasticbench.attention import flash
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+        from elasticbench.kernels.triton.flash_attention import (
+            attention_backward,
+            attention_forward,
+        )
 
         g = torch.Generator().manual_seed(11)
         q, do = (torch.randn(2, 2, lq, 16, generator=g).to(dtype) for _ in range(2))
@@ -336,7 +351,10 @@ else:
         the weights are 1/count on the maximum and 0 elsewhere (the fix-up pass of saturated
         queries), den the count, dv dO/count at the maximum."""
         from elasticbench.attention import flash
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+        from elasticbench.kernels.triton.flash_attention import (
+            attention_backward,
+            attention_forward,
+        )
 
         g = torch.Generator().manual_seed(2)
         q, k = (torch.randn(1, 1, 20, 8, generator=g).abs() + 1 for _ in range(2))
@@ -352,7 +370,7 @@ else:
 
     def test_the_weight_and_the_scale_it_cannot_compute_are_refused():
         from elasticbench.attention.weights import Weight
-        from elasticbench.kernels.triton.attention import WEIGHTS, attention_forward
+        from elasticbench.kernels.triton.flash_attention import WEIGHTS, attention_forward
 
         q = torch.zeros(1, 1, 4, 4)
         p = torch.ones(1, 1)
@@ -381,7 +399,10 @@ else:
         import math
 
         from elasticbench.attention.weights import Weight
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+        from elasticbench.kernels.triton.flash_attention import (
+            attention_backward,
+            attention_forward,
+        )
 
         g = torch.Generator().manual_seed(4)
         q, do = (torch.randn(2, 2, 70, 16, generator=g) for _ in range(2))
@@ -423,7 +444,10 @@ else:
         with causal and key padding, across masked and unmasked key blocks."""
         from elasticbench.attention.composite import attention_composite
         from elasticbench.attention.weights import Weight
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+        from elasticbench.kernels.triton.flash_attention import (
+            attention_backward,
+            attention_forward,
+        )
 
         w = Weight[weight]
         g = torch.Generator().manual_seed(6)
@@ -461,7 +485,10 @@ else:
         scores weigh 1, -inf 0)."""
         from elasticbench.attention import flash
         from elasticbench.attention.weights import Weight
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+        from elasticbench.kernels.triton.flash_attention import (
+            attention_backward,
+            attention_forward,
+        )
 
         w = Weight[weight]
         g = torch.Generator().manual_seed(7)
@@ -502,7 +529,7 @@ else:
     def test_a_stablemax_or_symax_sum_that_overflows_is_refused_as_nan():
         """Finite scores whose st(s) or |s| sum past fp32's largest: NaN, not a mean."""
         from elasticbench.attention.weights import Weight
-        from elasticbench.kernels.triton.attention import attention_forward
+        from elasticbench.kernels.triton.flash_attention import attention_forward
 
         q = torch.full((1, 1, 1, 1), 3.0e38)
         k = torch.full((1, 1, 4, 1), 1.0)
@@ -518,7 +545,7 @@ else:
         running power of two of the largest before p v (out as the tiled torch code's)."""
         from elasticbench.attention import flash
         from elasticbench.attention.weights import Weight
-        from elasticbench.kernels.triton.attention import attention_forward
+        from elasticbench.kernels.triton.flash_attention import attention_forward
 
         g = torch.Generator().manual_seed(3)
         q = (torch.randn(1, 2, 40, 16, generator=g) * 150).half()

@@ -1,4 +1,4 @@
-"""How the Triton attention kernels are launched (kernels/triton/attention.py): strided
+"""How the Triton attention kernels are launched (kernels/triton/flash_attention.py): strided
 q, k, v, dO and outputs with no copy, parameters read in place, one no-mask placeholder per
 device, the device guard, the capability cache, TMA's 16-byte rules on the actual strides,
 the one-dimensional grid, and fp16 gradients at a small tau (docs/attention.md section 7).
@@ -37,10 +37,10 @@ if not devices.triton_interpreted():
     def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
         """The launches the wrappers make, recorded instead of run: (kernel name, grid,
         args)."""
-        from elasticbench.kernels.triton import attention
+        from elasticbench.kernels.triton import flash_attention
 
         calls: list[tuple] = []
-        monkeypatch.setattr(attention, "run", lambda kernel, grid, args, *rest, **kw:
+        monkeypatch.setattr(flash_attention, "run", lambda kernel, grid, args, *rest, **kw:
                             calls.append((kernel.fn.__name__, grid, args)))
         return calls
 
@@ -49,7 +49,10 @@ if not devices.triton_interpreted():
         the forward and the three backward launches as the caller's memory, with their
         strides; the parameters as the caller's tensors (a per-head fp16 tensor broadcast by
         a batch stride of 0, a 0-d one by two)."""
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+        from elasticbench.kernels.triton.flash_attention import (
+            attention_backward,
+            attention_forward,
+        )
 
         g = torch.Generator().manual_seed(1)
         b, h, lq, lk, d = 2, 3, 20, 12, 16
@@ -83,7 +86,7 @@ if not devices.triton_interpreted():
             assert args[at:at + 12] == tuple(s for t in (q, k, v, do) for s in t.stride()[:3])
 
     def test_a_last_dimension_that_is_not_contiguous_is_copied(recorded) -> None:
-        from elasticbench.kernels.triton.attention import attention_forward
+        from elasticbench.kernels.triton.flash_attention import attention_forward
 
         q = torch.randn(1, 2, 8, 16).transpose(2, 3)  # (1, 2, 16, 8): columns 8 apart
         attention_forward(q, q, q, torch.ones(1, 2), torch.ones(1, 2), 0.25, False)
@@ -92,7 +95,7 @@ if not devices.triton_interpreted():
         assert args[0].data_ptr() != q.data_ptr()
 
     def test_the_no_mask_placeholder_is_made_once_per_device(recorded) -> None:
-        from elasticbench.kernels.triton.attention import attention_forward
+        from elasticbench.kernels.triton.flash_attention import attention_forward
 
         q = torch.randn(1, 1, 8, 16)
         for _ in range(2):
@@ -104,7 +107,7 @@ if not devices.triton_interpreted():
         ((), (0, 0)), ((3,), (0, 1)), ((2, 3), (3, 1)), ((2, 3, 1, 1), (3, 1)),
         ((2, 1), (1, 0))])
     def test_parameters_are_read_through_batch_and_head_strides(shape, strides) -> None:
-        from elasticbench.kernels.triton.attention import _param
+        from elasticbench.kernels.triton.flash_attention import _param
 
         p = torch.arange(float(torch.Size(shape).numel())).reshape(shape).half()
         view, sb, sh = _param(p, 2, 3, torch.device("cpu"), "p_score")
@@ -112,7 +115,7 @@ if not devices.triton_interpreted():
         assert view.dtype == torch.float16 and view.shape == (2, 3)
 
     def test_a_parameter_that_does_not_broadcast_is_refused_in_one_line() -> None:
-        from elasticbench.kernels.triton.attention import attention_forward
+        from elasticbench.kernels.triton.flash_attention import attention_forward
 
         q = torch.randn(2, 3, 8, 16)
         with pytest.raises(ValueError, match=r"p_den must broadcast to \(batch, heads\) = "
@@ -123,7 +126,7 @@ if not devices.triton_interpreted():
         """Up to 65535 (batch, head) pairs the grid is (blocks, b h): one head's blocks run
         side by side and share its keys and values in L2; past that b h moves to the x axis
         (up to 2^31 - 1), the kernels told so by BH_X; more is refused in one line."""
-        from elasticbench.kernels.triton.attention import GRID_X, GRID_Y, bh_on_x, grid
+        from elasticbench.kernels.triton.flash_attention import GRID_X, GRID_Y, bh_on_x, grid
 
         assert grid(128, 64) == (128, 64) and not bh_on_x(64)
         assert grid(3, GRID_Y) == (3, GRID_Y) and not bh_on_x(GRID_Y)
@@ -139,22 +142,22 @@ if not devices.triton_interpreted():
         """TMA's 16-byte rules on each (batch, head)'s base and on the row stride: a
         transposed view whose rows are 16-byte multiples takes it; a head slice at an odd
         element offset, or rows 2 bytes past a multiple of 16, fall back to pointer loads."""
-        from elasticbench.kernels.triton import attention
+        from elasticbench.kernels.triton import flash_attention
 
-        monkeypatch.setattr(attention, "tma_available", lambda: True)
+        monkeypatch.setattr(flash_attention, "tma_available", lambda: True)
         g = torch.Generator().manual_seed(2)
         fused = torch.randn(2, 8, 4 * 16, dtype=torch.bfloat16)
         heads = fused.view(2, 8, 4, 16).transpose(1, 2)
-        assert attention._tma_ok(heads, heads.contiguous())
+        assert flash_attention._tma_ok(heads, heads.contiguous())
         odd = torch.randn(2, 8, 4 * 16 + 1, generator=g).to(torch.bfloat16)[:, :, 1:]
-        assert not attention._tma_ok(odd.reshape(2, 8, 4, 16).transpose(1, 2))
+        assert not flash_attention._tma_ok(odd.reshape(2, 8, 4, 16).transpose(1, 2))
         ragged = torch.randn(2, 8, 4, 17, generator=g).to(torch.bfloat16)[..., :16]
-        assert not attention._tma_ok(ragged.transpose(1, 2))  # heads 34 bytes apart
+        assert not flash_attention._tma_ok(ragged.transpose(1, 2))  # heads 34 bytes apart
         wide = torch.randn(2, 3, 8, 24, generator=g).to(torch.bfloat16)[..., :16]
-        assert attention._tma_ok(wide)  # rows 48 bytes apart
+        assert flash_attention._tma_ok(wide)  # rows 48 bytes apart
 
     def test_the_capability_is_looked_up_once_per_device(monkeypatch) -> None:
-        from elasticbench.kernels.triton import attention
+        from elasticbench.kernels.triton import flash_attention
 
         asked: list[torch.device] = []
 
@@ -163,16 +166,16 @@ if not devices.triton_interpreted():
             return (9, 0)
 
         monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
-        attention._capability.cache_clear()
+        flash_attention._capability.cache_clear()
         try:
             for _ in range(3):
-                assert attention._capability(torch.device("cuda", 3)) == (9, 0)
+                assert flash_attention._capability(torch.device("cuda", 3)) == (9, 0)
             assert asked == [torch.device("cuda", 3)]
         finally:
-            attention._capability.cache_clear()
+            flash_attention._capability.cache_clear()
 
     def test_the_device_guard_switches_only_off_the_current_device(monkeypatch) -> None:
-        from elasticbench.kernels.triton import attention
+        from elasticbench.kernels.triton import flash_attention
 
         class OnCuda:
             is_cuda = True
@@ -181,14 +184,14 @@ if not devices.triton_interpreted():
                 self.device = torch.device("cuda", index)
 
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-        assert isinstance(attention._on_device(OnCuda(0)), contextlib.nullcontext)
-        guard = attention._on_device(OnCuda(1))
+        assert isinstance(flash_attention._on_device(OnCuda(0)), contextlib.nullcontext)
+        guard = flash_attention._on_device(OnCuda(1))
         assert isinstance(guard, torch.cuda.device) and guard.idx == 1
-        assert isinstance(attention._on_device(torch.zeros(1)), contextlib.nullcontext)
+        assert isinstance(flash_attention._on_device(torch.zeros(1)), contextlib.nullcontext)
 
 else:
     from elasticbench.attention.weights import Weight
-    from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+    from elasticbench.kernels.triton.flash_attention import attention_backward, attention_forward
 
     def _both(q, k, v, do, p_score, p_den, causal, mask=None, weight=Weight.ELASTIC):
         out = attention_forward(q, k, v, p_score, p_den, 0.3, causal, mask, weight)
@@ -225,28 +228,28 @@ else:
     def test_64_bit_row_offsets_give_the_same_bits(monkeypatch) -> None:
         """WIDE (a row offset that may pass 2^31, _row_stride) forced on a small transposed
         call: out, m, den and the five gradients bit-identical to the 32-bit offsets."""
-        from elasticbench.kernels.triton import attention
+        from elasticbench.kernels.triton import flash_attention
 
         g = torch.Generator().manual_seed(6)
         q, k, v, do = (_heads_last(1, 24, 2, 16, torch.bfloat16, g) for _ in range(4))
         tau, beta = torch.tensor([0.4, 0.8]), torch.tensor(1.0)
         want = _both(q, k, v, do, tau, beta, True)
-        monkeypatch.setattr(attention, "_wide", lambda *tensors: True)
+        monkeypatch.setattr(flash_attention, "_wide", lambda *tensors: True)
         _same_bits(_both(q, k, v, do, tau, beta, True), want)
 
     def test_batch_heads_on_the_x_axis_give_the_same_bits(monkeypatch) -> None:
         """The grid past 65535 (batch, head) pairs, (b h, blocks) with BH_X, forced on 3 x 2
         pairs by lowering the y axis's limit: out, m, den and the five gradients bit-identical
         to the (blocks, b h) grid, causal with key padding."""
-        from elasticbench.kernels.triton import attention
+        from elasticbench.kernels.triton import flash_attention
 
         g = torch.Generator().manual_seed(8)
         q, k, v, do = (_heads_last(3, 40, 2, 16, torch.bfloat16, g) for _ in range(4))
         mask = torch.arange(40)[None, :] < torch.tensor([[40], [21], [33]])
         tau, beta = torch.rand(3, 2, generator=g) + 0.2, torch.tensor(0.5)
         want = _both(q, k, v, do, tau, beta, True, mask)
-        monkeypatch.setattr(attention, "GRID_Y", 5)
-        assert attention.bh_on_x(6) and attention.grid(3, 6) == (6, 3)
+        monkeypatch.setattr(flash_attention, "GRID_Y", 5)
+        assert flash_attention.bh_on_x(6) and flash_attention.grid(3, 6) == (6, 3)
         _same_bits(_both(q, k, v, do, tau, beta, True, mask), want)
 
     def test_tensor_descriptors_take_the_strides_of_a_transposed_view() -> None:

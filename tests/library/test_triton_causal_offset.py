@@ -47,8 +47,11 @@ else:
         composite under the mask j <= i + offset; a query that sees no key (bottom-right,
         length_q > length_k) gives 0 and zero gradients."""
         from elasticbench.attention.composite import attention_composite
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
         from elasticbench.kernels.triton.attention_configs import Tiles
+        from elasticbench.kernels.triton.flash_attention import (
+            attention_backward,
+            attention_forward,
+        )
 
         g = torch.Generator().manual_seed(5)
         p_score, p_den = _params(weight)
@@ -87,8 +90,11 @@ else:
         extra queries with dO = 0, and at length_q > length_k top-left over extra leading
         keys hidden by a key-padding mask: the same outputs (bit for bit in the first), the same NaN
         places, gradients equal where finite (the tiles group the keys differently)."""
-        from elasticbench.kernels.triton.attention import attention_backward, attention_forward
         from elasticbench.kernels.triton.attention_configs import Tiles
+        from elasticbench.kernels.triton.flash_attention import (
+            attention_backward,
+            attention_forward,
+        )
 
         def run(q, k, v, do, key_mask, offset):
             t = Tiles(16, 32, 4, 1)

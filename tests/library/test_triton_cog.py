@@ -78,8 +78,8 @@ if not devices.triton_interpreted():
 
 else:
     from elasticbench.attention.weights import Weight
-    from elasticbench.kernels.triton.attention import attention_backward, attention_forward
     from elasticbench.kernels.triton.attention_configs import Tiles
+    from elasticbench.kernels.triton.flash_attention import attention_backward, attention_forward
 
     SMALL = Tiles(16, 16, 4, 1)  # several key and query blocks at these lengths
     # the largest error allowed, relative to the largest reference element: fp32, and the

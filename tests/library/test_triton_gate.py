@@ -25,7 +25,7 @@ if not devices.triton_interpreted():
 else:
     from elasticbench.attention.weights import Weight
     from elasticbench.kernels.triton import attention_configs as ac
-    from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+    from elasticbench.kernels.triton.flash_attention import attention_backward, attention_forward
 
     SMALL = ac.Tiles(16, 16, 4, 1)
 

@@ -33,7 +33,7 @@ else:
     from elasticbench.kernels.triton.elastic_backward import elastic_backward_params
     from elasticbench.kernels.triton.exp_family import elastic_forward, exp_normalize
     from elasticbench.kernels.triton.launch import PLANS, launch_options
-    from elasticbench.kernels.triton.rows import arrive_and_wait
+    from elasticbench.kernels.triton.row_parts import arrive_and_wait
     from elasticbench.kernels.triton.weight_family import stablemax_forward, symax_forward
 
     pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -95,11 +95,11 @@ def test_the_library_and_a_forward_and_backward_on_the_cpu_load_nothing_of_the_h
 def test_the_triton_kernels_import_nothing_of_the_harness() -> None:
     pytest.importorskip("triton")
     [modules] = loaded("import elasticbench.kernels.triton.tier, "
-                     "elasticbench.kernels.triton.attention, "
+                     "elasticbench.kernels.triton.flash_attention, "
                      "elasticbench.kernels.triton.exp_family, "
                      "elasticbench.kernels.triton.weight_family, "
                      "elasticbench.kernels.triton.elastic_backward")
-    assert "elasticbench.kernels.triton.attention" in modules
+    assert "elasticbench.kernels.triton.flash_attention" in modules
     assert harness_in(modules) == []
 
 

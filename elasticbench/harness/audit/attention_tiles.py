@@ -16,8 +16,8 @@ from elasticbench.attention.weights import Weight
 from elasticbench.harness.audit.capture import capture_launches
 from elasticbench.harness.audit.compile import compile_launch, resource_usage
 from elasticbench.kernels.triton import attention_configs as ac
-from elasticbench.kernels.triton.attention import attention_backward, attention_forward
 from elasticbench.kernels.triton.attention_configs import Tiles
+from elasticbench.kernels.triton.flash_attention import attention_backward, attention_forward
 
 SHARED_PER_BLOCK = 227 * 1024  # sm_90: 228 KiB per SM, 227 KiB usable by one block
 

@@ -1,4 +1,5 @@
-"""Running a [run] case: rooflines, quick verification, then every kernel on every shape.
+"""Running a [run] case: rooflines, quick verification, then every kernel on every shape;
+the run command's job (RunJob) drives it.
 
 Each timed (kernel, dtype, size) becomes one finished RunRecord (verdict and speedup over its
 cell's baseline included) handed to on_record as soon as it is measured; the ceilings go
@@ -35,11 +36,12 @@ from elasticbench.harness.execute import IN_PROCESS, Isolation, Worker
 from elasticbench.harness.functions import get_function
 from elasticbench.harness.inputs import generate
 from elasticbench.harness.numerics.dtypes import get_format
-from elasticbench.harness.numerics.truth.cache import TruthStore
+from elasticbench.harness.numerics.truth.cache import TruthStore, default_cache_dir
 from elasticbench.harness.records import QuickVerdict, RunRecord, VerifyRecord
 from elasticbench.harness.registry import MODES, KernelSpec, get_kernel, list_kernels
+from elasticbench.harness.session import Job, Session
 from elasticbench.harness.verify.matrix import expand, load_matrix
-from elasticbench.harness.verify.runner import run_verification
+from elasticbench.harness.verify.verifier import run_verification
 from elasticbench.settings import settings
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -383,3 +385,41 @@ def _measure_or_error(unit: Unit, case: RunCase, policy: Policy, params: dict[st
         return measure_unit(unit, case, policy, params)
     except Exception as e:  # a kernel that cannot run is a result, not a crash
         return f"raised {type(e).__name__}: {e}".splitlines()[0]
+
+
+class RunJob(Job[Unit]):
+    """Time planned units (see plan_units) on a device against its measured ceilings."""
+
+    kind = "run"
+
+    def __init__(self, case: RunCase, units: list[Unit], dtypes: list[str], device: str,
+                 isolation: Isolation):
+        self.case, self.units, self.dtypes = case, units, dtypes
+        self.device, self.isolation = device, isolation
+
+    def plan(self) -> list[Unit]:
+        return self.units
+
+    def shard_key(self, unit: Unit) -> Any:
+        return unit.cell  # a shard holds whole cells: each record's baseline is timed with it
+
+    def work(self, units: list[Unit], session: Session) -> None:
+        done = {r.unit for r in session.records}
+        units = [u for u in units if u.key not in done]
+        case = self.case
+        timed = list({id(u.spec): u.spec for u in units}.values())
+        task = session.task(f"{case.name} · ceilings", len(units) * case.timing.processes + 2)
+        ceilings = measure_ceilings(self.device, self.dtypes, case.timing)
+        session.header["ceilings"] = ceilings.to_dict()
+        task.advance()
+        task.describe(f"{case.name} · quick verification")
+        verdicts = verify_quickly(timed, case, self.dtypes, TruthStore(default_cache_dir()),
+                                  isolation=self.isolation)
+        session.header["verification"] = {f"{k}/{d}": v.to_dict()
+                                           for (k, d), v in verdicts.items()}
+        task.advance()
+        run_units(case, units, ceilings, verdicts, earlier=list(session.records),
+                  isolation=self.isolation,
+                  on_start=lambda u: task.describe(
+                      f"{case.name} · {u.spec.name} · {u.shape[0]}x{u.shape[1]} {u.dtype}"),
+                  on_measured=task.advance, on_record=session.add)

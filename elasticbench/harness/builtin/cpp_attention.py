@@ -13,9 +13,9 @@ dk, dv) and then each row parameter's gradient. docs/native.md section 5.
 
 from __future__ import annotations
 
-from elasticbench.attention import cpp
+from elasticbench.attention import native_attention
 from elasticbench.harness.builtin.attention_family import Implementation, register_family
 
-CPP = Implementation("cpp", "cpp", "cpp", cpp.forward, cpp.backward)
+CPP = Implementation("cpp", "cpp", "cpp", native_attention.forward, native_attention.backward)
 
 register_family(CPP, globals())

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -73,16 +72,15 @@ def audit(attention: bool, arch: int, dtypes: tuple[str, ...], weights: tuple[st
     from elasticbench.harness.audit.attention_tiles import audit as run_audit
     from elasticbench.harness.audit.attention_tiles import launchable, report_record
 
-    ac_module = "elasticbench.kernels.triton.attention_configs"
-
     items = list(launchable(names, wnames, dims))
     out = console()
     err = console(stderr=True)
     start = time.monotonic()
     reports: list = []
-    source = Path(sys.modules[ac_module].__file__).parent / "attention.py"
     from elasticbench.harness.environment import git_commit
-    from elasticbench.kernels.triton import attention as kernels
+    from elasticbench.kernels.triton import flash_attention as kernels
+
+    source = Path(kernels.__file__)
 
     head = {"triton": triton.__version__, "arch": arch, "commit": git_commit(),
             # the kernel file when the audit began, and the kernels as imported (Triton's

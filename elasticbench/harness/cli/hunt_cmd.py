@@ -27,7 +27,7 @@ from elasticbench.harness.execute import Isolation
 from elasticbench.harness.hunt.job import HuntJob
 from elasticbench.harness.hunt.space import MAX_ELEMENTS
 from elasticbench.harness.numerics.dtypes import DTYPE_NAMES, check_dtypes
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION, MIN_PRECISION
+from elasticbench.harness.numerics.truth.row_truth import DEFAULT_PRECISION, MIN_PRECISION
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.session import Session, SessionError
 

@@ -14,7 +14,7 @@ from elasticbench.harness.kinds import KINDS
 from elasticbench.harness.numerics.truth.cache import default_cache_dir
 from elasticbench.harness.registry import list_kernels
 from elasticbench.harness.selftest.mutants import MUTANTS
-from elasticbench.harness.selftest.runner import LOOSEST, caught_by_text
+from elasticbench.harness.selftest.outcomes import LOOSEST, caught_by_text
 
 
 @click.command()

@@ -86,7 +86,7 @@ def _operands(job: Job, device: str, interpreted: bool) -> dict[str, Any]:
 
     from elasticbench.attention.weights import Weight
     from elasticbench.kernels.triton import attention_configs as ac
-    from elasticbench.kernels.triton.attention import attention_forward
+    from elasticbench.kernels.triton.flash_attention import attention_forward
 
     b, h = _shape(job.length, interpreted)
     dtype = ac.DTYPES[job.dtype]
@@ -114,7 +114,7 @@ def _time_job(job: Job, ops: dict[str, Any], options: tuple, bench: Callable,
     """(fastest, timings) of the job's options, or None when the budget ran out first. The
     backward kernels are timed as a whole backward with the other kernel's rule choice."""
     from elasticbench.kernels.triton import attention_configs as ac
-    from elasticbench.kernels.triton.attention import attention_backward, attention_forward
+    from elasticbench.kernels.triton.flash_attention import attention_backward, attention_forward
 
     o = ops
     if job.kernel == "fwd":

@@ -26,7 +26,7 @@ from elasticbench.harness.functions import function_kind
 from elasticbench.harness.kinds import Kind, VerifyOptions, kind_of
 from elasticbench.harness.numerics.contract import parse_scale
 from elasticbench.harness.numerics.dtypes import check_dtypes
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION, MIN_PRECISION
+from elasticbench.harness.numerics.truth.row_truth import DEFAULT_PRECISION, MIN_PRECISION
 from elasticbench.harness.records import ResultsFileError, VerifyRecord, load_results
 from elasticbench.harness.registry import KernelSpec
 

@@ -7,8 +7,11 @@ sigmoid weight and functions/cog.py the signed cog weight, which only attention 
 from __future__ import annotations
 
 from elasticbench.harness.functions import elastic, softmax, softmax1, stablemax, symax
-from elasticbench.harness.functions.attention import ATTENTION_FUNCTIONS, AttentionFunction
-from elasticbench.harness.functions.base import Function, Param, RowTruth
+from elasticbench.harness.functions.attention_functions import (
+    ATTENTION_FUNCTIONS,
+    AttentionFunction,
+)
+from elasticbench.harness.functions.definition import Function, Param, RowTruth
 
 FUNCTIONS: dict[str, Function] = {
     m.FUNCTION.name: m.FUNCTION for m in (elastic, softmax, softmax1, stablemax, symax)

@@ -5,7 +5,7 @@ so the weights lie in (-1, 1) and sum_j |y_j| = 1 off exact zeros. A zero score 
 exactly 0 (sign(0) = 0) but its exp(0 - m) stays in the denominator. An infinite |x|
 (x = +inf or -inf) gives the limit: sign(x)/n over the n infinite elements, 0 elsewhere.
 A NaN makes the row NaN. An empty row is exactly 0. Attention only
-(functions/attention.py `cog_attention`; docs/attention.md section 9): the rows kind
+(functions/attention_functions.py `cog_attention`; docs/attention.md section 9): the rows kind
 verifies nonnegative normalizations, and these weights are signed.
 
 Gradient for an upstream g (docs/attention.md section 9), with c = sum_j y_j g_j:
@@ -23,7 +23,7 @@ from typing import Any
 
 import mpmath
 
-from elasticbench.harness.functions.base import (
+from elasticbench.harness.functions.definition import (
     ROW_FINITE,
     ROW_INF,
     Function,

@@ -13,7 +13,7 @@ from typing import Any
 import mpmath
 
 from elasticbench.domains import BETA, TAU
-from elasticbench.harness.functions.base import (
+from elasticbench.harness.functions.definition import (
     OFFSET,
     ROW_FINITE,
     TEMPERATURE,

@@ -3,7 +3,7 @@
 No denominator: the weights of a row need not sum to 1 (FlashSigmoid's attention takes
 bias = -ln(n) so that n keys sum to about 1). A NaN makes its own weight NaN (and, inside
 attention, the query's outputs, since every weight enters the sum); sigmoid(+inf) = 1,
-sigmoid(-inf) = 0. Attention only (functions/attention.py `sigmoid_attention`): the rows
+sigmoid(-inf) = 0. Attention only (functions/attention_functions.py `sigmoid_attention`): the rows
 kind verifies normalizations over a row, and an elementwise sigmoid is not one
 (docs/attention.md section 9).
 """
@@ -15,7 +15,7 @@ import math
 import mpmath
 
 from elasticbench.domains import BIAS
-from elasticbench.harness.functions.base import (
+from elasticbench.harness.functions.definition import (
     ROW_FINITE,
     ROW_NAN,
     SHIFT,

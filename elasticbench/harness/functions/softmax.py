@@ -6,7 +6,7 @@ kernels), not the NaN that 0/0 would give.
 
 from __future__ import annotations
 
-from elasticbench.harness.functions.base import (
+from elasticbench.harness.functions.definition import (
     Function,
     RowGrad,
     RowTruth,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import mpmath
 
-from elasticbench.harness.functions.base import (
+from elasticbench.harness.functions.definition import (
     Function,
     RowGrad,
     RowTruth,

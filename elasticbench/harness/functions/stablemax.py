@@ -8,7 +8,7 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from elasticbench.harness.functions.base import (
+from elasticbench.harness.functions.definition import (
     Function,
     RowGrad,
     RowTruth,
@@ -53,7 +53,7 @@ def reference(row: list[float]) -> RowTruth:
 
 def gradient(row: list, g: list) -> RowGrad:
     """dx_k = s'(x_k) (g_k - c) / sum s(x), exactly; rows that are not finite as
-    RowGrad.constant says. Attention's gradient reference (functions/attention.py); the rows
+    RowGrad.constant says. Attention's gradient reference (functions/attention_functions.py); the rows
     kind verifies stablemax's forward only."""
     return weight_normalize_grad(reference(row), row, g, s, slope)
 

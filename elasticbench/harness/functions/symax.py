@@ -6,7 +6,7 @@ import mpmath
 import numpy as np
 
 from elasticbench.domains import ETA
-from elasticbench.harness.functions.base import (
+from elasticbench.harness.functions.definition import (
     DENOMINATOR,
     Function,
     Param,
@@ -34,7 +34,7 @@ def gradient(row: list, g: list, *, eta: float) -> RowGrad:
     """dx_k = sign(x_k) (g_k - c) / D and deta = -c / D, D = eta + sum |x|, exactly: the
     derivative of |x| at 0 is taken as 0 (torch's); rows that are not finite (NaN, an
     infinite |x|, or D = 0) as RowGrad.constant says. Attention's gradient reference
-    (functions/attention.py); the rows kind verifies symax's forward only."""
+    (functions/attention_functions.py); the rows kind verifies symax's forward only."""
     return weight_normalize_grad(reference(row, eta=eta), row, g,
                                  lambda v: abs(mpmath.mpf(v)), lambda v: mpmath.sign(v),
                                  eta, "eta")

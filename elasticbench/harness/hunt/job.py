@@ -19,7 +19,7 @@ from elasticbench.harness.hunt.shrink import Shrinker, Shrunk
 from elasticbench.harness.hunt.space import MAX_ELEMENTS, Space
 from elasticbench.harness.hunt.trial import Judge, Trial
 from elasticbench.harness.numerics.truth.cache import TruthStats
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
+from elasticbench.harness.numerics.truth.row_truth import DEFAULT_PRECISION
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.session import Job, Session
 

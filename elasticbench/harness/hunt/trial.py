@@ -16,11 +16,11 @@ import numpy as np
 
 from elasticbench.harness.execute import IN_PROCESS, Isolation
 from elasticbench.harness.numerics.truth.cache import TruthStats, TruthStore, solve
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
+from elasticbench.harness.numerics.truth.row_truth import DEFAULT_PRECISION
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.verify.matrix import VerifyCase
-from elasticbench.harness.verify.runner import (
+from elasticbench.harness.verify.verifier import (
     Prepared,
     prepare_input,
     verify_backward_one,

@@ -1,4 +1,4 @@
-"""The kinds of kernel, each one entry (kinds/base.py says what a kind owns): the commands
+"""The kinds of kernel, each one entry (kinds/kind.py says what a kind owns): the commands
 ask here which kind a set of kernels or a case file is, then ask that kind."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from elasticbench.harness.kinds.attention.kind import ATTENTION_KIND
-from elasticbench.harness.kinds.base import Kind, RunOptions, VerifyOptions
-from elasticbench.harness.kinds.rows import ROWS
+from elasticbench.harness.kinds.attention.attention_kind import ATTENTION_KIND
+from elasticbench.harness.kinds.kind import Kind, RunOptions, VerifyOptions
+from elasticbench.harness.kinds.row_kind import ROWS
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.verify.tables import read_toml
 

@@ -25,12 +25,12 @@ import numpy as np
 from elasticbench.harness.backends import get_backend
 from elasticbench.harness.execute import NativeInput, guarded_call
 from elasticbench.harness.functions import Function, get_function
-from elasticbench.harness.functions.base import OFFSET, ROW_FINITE, TEMPERATURE
+from elasticbench.harness.functions.definition import OFFSET, ROW_FINITE, TEMPERATURE
 from elasticbench.harness.inputs.generators import stream_seed
 from elasticbench.harness.inputs.layouts import PACKED
 from elasticbench.harness.numerics.contract import OWN, Judging
 from elasticbench.harness.numerics.dtypes import FloatFormat, work_format
-from elasticbench.harness.numerics.truth.rows import GradTruth
+from elasticbench.harness.numerics.truth.row_truth import GradTruth
 from elasticbench.harness.numerics.ulp import ulp_of
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.verify.check import (

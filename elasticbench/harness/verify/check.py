@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from elasticbench.harness.functions.base import ROW_FINITE, ROW_INF, ROW_MASKED
-from elasticbench.harness.numerics.budgets.rows import Budget
+from elasticbench.harness.functions.definition import ROW_FINITE, ROW_INF, ROW_MASKED
+from elasticbench.harness.numerics.budgets.row_budgets import Budget
 from elasticbench.harness.numerics.dtypes import FloatFormat
-from elasticbench.harness.numerics.truth.rows import Truth
+from elasticbench.harness.numerics.truth.row_truth import Truth
 from elasticbench.harness.numerics.ulp import ulp_error, ulp_of
 
 

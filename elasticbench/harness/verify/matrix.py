@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from elasticbench.harness.functions import get_function
-from elasticbench.harness.functions.base import Function
+from elasticbench.harness.functions.definition import Function
 from elasticbench.harness.inputs import get_generator
 from elasticbench.harness.inputs.explicit import Explicit, parse
 from elasticbench.harness.inputs.layouts import LAYOUTS, PACKED, check_layout

@@ -120,7 +120,7 @@ def test_16_bit_outputs_divide_per_row_not_per_element(audits) -> None:
 # configuration the lists offer now (a list grew without an audit). What only warns: the
 # kernel source changed since the audit (audits lag kernel edits; the next audit says).
 AUDITS = Path(__file__).resolve().parents[3] / "results" / "triton-audit"
-KERNEL_SOURCE = Path(__file__).resolve().parents[3] / "kernels" / "triton" / "attention.py"
+KERNEL_SOURCE = Path(__file__).resolve().parents[3] / "kernels" / "triton" / "flash_attention.py"
 _DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -191,6 +191,6 @@ def test_the_committed_attention_audits_are_consistent_and_cover_what_they_claim
                           f"{record['of']}); {len(missing)} offered configurations unaudited",
                           stacklevel=1)
         if record["kernel_sha256"] != source:
-            warnings.warn(f"{path.name} audited kernels/triton/attention.py at commit "
+            warnings.warn(f"{path.name} audited kernels/triton/flash_attention.py at commit "
                           f"{record['commit'][:7]}; the file has changed since: audit again "
                           "before trusting it for the current kernel", stacklevel=1)

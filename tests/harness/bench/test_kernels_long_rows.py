@@ -13,7 +13,7 @@ import pytest
 
 from elasticbench.harness.execute import call_kernel
 from elasticbench.harness.inputs import generate
-from elasticbench.harness.numerics.budgets.rows import budget_for
+from elasticbench.harness.numerics.budgets.row_budgets import budget_for
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.numerics.truth.cache import TruthJob, TruthStore, solve
 from elasticbench.harness.registry import get_kernel

@@ -105,8 +105,7 @@ min_sample_s = 0.0001
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_a_run_shard_holds_whole_cells_with_their_baseline(tmp_path, n):
     from elasticbench.harness.bench.cases import load_run_case
-    from elasticbench.harness.bench.job import RunJob
-    from elasticbench.harness.bench.runner import plan_units
+    from elasticbench.harness.bench.runner import RunJob, plan_units
     from elasticbench.harness.execute import IN_PROCESS
     from elasticbench.harness.registry import get_kernel
 

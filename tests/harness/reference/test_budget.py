@@ -14,7 +14,7 @@ import torch
 from elasticbench.harness.numerics.truth.cache import TruthStore, solve
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.verify.matrix import VerifyCase
-from elasticbench.harness.verify.runner import prepare, verify_one
+from elasticbench.harness.verify.verifier import prepare, verify_one
 
 
 def check(fn, function, backend, generator, dtype, shape, max_elements=1 << 17, **params):

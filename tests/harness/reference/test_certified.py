@@ -28,13 +28,13 @@ from elasticbench.harness.numerics.certified import (
     row_blocks,
 )
 from elasticbench.harness.numerics.certified import (
-    rows as certified,
+    rows_forward as certified,
 )
 from elasticbench.harness.numerics.certified import (
     rows_grad as certified_grad,
 )
 from elasticbench.harness.numerics.dtypes import DTYPE_NAMES, get_format, work_format
-from elasticbench.harness.numerics.truth.rows import evaluate_rows
+from elasticbench.harness.numerics.truth.row_truth import evaluate_rows
 from elasticbench.harness.numerics.ulp import ulp_of
 
 ELEMENTS = int(float(os.environ.get("ELASTICBENCH_PROPERTY_ELEMENTS", "3000")))

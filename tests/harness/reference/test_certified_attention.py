@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 
 from elasticbench.harness.functions import ATTENTION_FUNCTIONS, get_attention_function
 from elasticbench.harness.kinds.attention.qkv_inputs import ATTENTION_GENERATORS, generate_qkv
-from elasticbench.harness.numerics.budgets import attention as attention_budget
-from elasticbench.harness.numerics.certified import attention as certified_attention
+from elasticbench.harness.numerics.budgets import attention_budgets as attention_budget
+from elasticbench.harness.numerics.certified import attention_forward as certified_attention
 from elasticbench.harness.numerics.certified.bounds import CERTIFY_ULP
 from elasticbench.harness.numerics.dtypes import DTYPE_NAMES, get_format, work_format
-from elasticbench.harness.numerics.truth import attention as at
+from elasticbench.harness.numerics.truth import attention_truth as at
 from elasticbench.harness.numerics.truth.cache import TruthStats
 from elasticbench.harness.numerics.ulp import ulp_of
 

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elasticbench.harness.functions import cog, get_attention_function
-from elasticbench.harness.functions.base import ROW_FINITE, ROW_INF, ROW_MASKED, ROW_NAN
+from elasticbench.harness.functions.definition import ROW_FINITE, ROW_INF, ROW_MASKED, ROW_NAN
 from elasticbench.harness.kinds.attention.qkv_inputs import generate_qkv
-from elasticbench.harness.numerics.truth import attention as at
+from elasticbench.harness.numerics.truth import attention_truth as at
 
 PROPERTY = settings(deadline=None, derandomize=True, database=None, max_examples=40,
                     suppress_health_check=list(HealthCheck))

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from elasticbench import register_kernel
-from elasticbench.harness.numerics.budgets.rows import BUDGETS, budget_for
+from elasticbench.harness.numerics.budgets.row_budgets import BUDGETS, budget_for
 from elasticbench.harness.numerics.contract import OWN, WIDE, parse_scale
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.numerics.truth.cache import TruthStore, default_cache_dir
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import load_kernel_file
 from elasticbench.harness.verify.matrix import builtin_case, expand, load_matrix
-from elasticbench.harness.verify.runner import run_verification
+from elasticbench.harness.verify.verifier import run_verification
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "own_format16.py"
 HONEST = ("own16_elastic", "own16_softmax1")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from elasticbench.harness.functions import FUNCTIONS, get_function
-from elasticbench.harness.numerics.truth.rows import evaluate_rows
+from elasticbench.harness.numerics.truth.row_truth import evaluate_rows
 
 
 def exact(function, row, precision=128, **params):

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from elasticbench.harness.numerics.truth.cache import TruthJob, TruthStats, TruthStore, solve
-from elasticbench.harness.numerics.truth.rows import evaluate_rows
+from elasticbench.harness.numerics.truth.row_truth import evaluate_rows
 
 
 def _truth(seed: int, n: int = 2000):

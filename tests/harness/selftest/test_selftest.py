@@ -6,7 +6,7 @@ from elasticbench.harness.kinds.attention.mutant_kernels import ATTENTION_MUTANT
 from elasticbench.harness.numerics.truth.cache import TruthStore, default_cache_dir
 from elasticbench.harness.registry import get_kernel
 from elasticbench.harness.selftest.mutants import MUTANTS, Mutant
-from elasticbench.harness.selftest.runner import run_selftest
+from elasticbench.harness.selftest.outcomes import run_selftest
 from elasticbench.harness.verify.matrix import builtin_case, load_matrix
 
 

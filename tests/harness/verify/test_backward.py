@@ -93,7 +93,7 @@ def test_gradient_truth_is_cached_apart_from_the_forward(tmp_path):
     import numpy as np
 
     from elasticbench.harness.numerics.truth.cache import TruthJob, TruthStore, solve
-    from elasticbench.harness.numerics.truth.rows import GradTruth
+    from elasticbench.harness.numerics.truth.row_truth import GradTruth
 
     x = np.array([[0.5, -1.0, 2.0], [1.0, 0.0, -3.0]])
     g = np.array([[1.0, 2.0, -1.0], [0.5, 0.5, 0.5]])

@@ -15,11 +15,11 @@ from elasticbench.harness.execute import call_kernel
 from elasticbench.harness.inputs import generate
 from elasticbench.harness.inputs.explicit import Explicit
 from elasticbench.harness.inputs.layouts import LAYOUTS, place
-from elasticbench.harness.numerics.truth.rows import evaluate_rows
+from elasticbench.harness.numerics.truth.row_truth import evaluate_rows
 from elasticbench.harness.registry import KernelSpec, get_kernel
 from elasticbench.harness.verify.matrix import builtin_case, expand, load_matrix
-from elasticbench.harness.verify.runner import rows_to_check
 from elasticbench.harness.verify.tables import CaseFileError
+from elasticbench.harness.verify.verifier import rows_to_check
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -259,7 +259,7 @@ def test_telling_rows_are_the_first_and_last_holding_each_special_and_extreme():
     value), the first and the last row holding it, on rows mixing all of them."""
     import numpy as np
 
-    from elasticbench.harness.verify.runner import telling_rows
+    from elasticbench.harness.verify.verifier import telling_rows
 
     x = np.zeros((10, 4))
     x[2, 1] = x[5, 0] = np.nan

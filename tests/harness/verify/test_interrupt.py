@@ -180,12 +180,12 @@ def test_a_reference_process_that_dies_is_one_clear_error(cli, tmp_path, monkeyp
     import json
     import os
 
-    from elasticbench.harness.verify import runner
+    from elasticbench.harness.verify import verifier
 
     def killed(*_args, **_kw):
         os.kill(os.getpid(), signal.SIGKILL)
 
-    monkeypatch.setattr(runner, "prepare", killed)  # runs in the (forked) reference process
+    monkeypatch.setattr(verifier, "prepare", killed)  # runs in the (forked) reference process
     out = tmp_path / "v.json"
     r = cli("verify", "--quick", "-f", "softmax", "-d", "fp32", "--only", "numpy_softmax",
             "--json", str(out))

@@ -17,7 +17,7 @@ from elasticbench.harness.registry import (
 )
 from elasticbench.harness.verify import lanes
 from elasticbench.harness.verify.matrix import builtin_case, expand, load_matrix
-from elasticbench.harness.verify.runner import run_verification
+from elasticbench.harness.verify.verifier import run_verification
 
 NUMPY = ("numpy_elastic", "numpy_softmax", "numpy_softmax1", "numpy_stablemax")
 

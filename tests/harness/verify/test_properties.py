@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from elasticbench.harness.execute import call_kernel
 from elasticbench.harness.functions import FUNCTIONS, get_function
-from elasticbench.harness.numerics.budgets.rows import budget_for
+from elasticbench.harness.numerics.budgets.row_budgets import budget_for
 from elasticbench.harness.numerics.dtypes import DTYPE_NAMES, get_format
-from elasticbench.harness.numerics.truth.rows import evaluate_rows
+from elasticbench.harness.numerics.truth.row_truth import evaluate_rows
 from elasticbench.harness.registry import list_kernels
 from elasticbench.harness.verify.check import check_output
 

@@ -21,7 +21,7 @@ import numpy as np
 from elasticbench.harness.kinds.attention.qkv_inputs import generate_gate
 from elasticbench.harness.kinds.attention.scoring import TensorScore, score, verdict
 from elasticbench.harness.kinds.attention.verify_matrix import AttentionCase
-from elasticbench.harness.numerics.budgets.attention import Conditioning, gated_allowance
+from elasticbench.harness.numerics.budgets.attention_budgets import Conditioning, gated_allowance
 from elasticbench.harness.numerics.certified import dd
 from elasticbench.harness.numerics.dtypes import FloatFormat
 from elasticbench.harness.numerics.truth.attention_values import AttentionTruth
@@ -71,7 +71,7 @@ def gated_score(name: str, got: np.ndarray, truth: AttentionTruth, cond: Conditi
                 fmt: FloatFormat, factor: np.ndarray, nan_ok: np.ndarray,
                 scale: float) -> TensorScore:
     """The score of a product out * factor (the gated output, factor = g; d gate, factor
-    = dY) against its exact value, within numerics/budgets/attention.py gated_allowance."""
+    = dY) against its exact value, within numerics/budgets/attention_budgets.py gated_allowance."""
     hi, lo = product(truth.out_hi, truth.out_lo, factor)
     out_ulp = ulp_of(np.nan_to_num(truth.out_hi), np.nan_to_num(truth.out_lo), fmt)
     ulp = ulp_of(np.nan_to_num(hi), np.nan_to_num(lo), fmt)

@@ -31,14 +31,14 @@ from pathlib import Path
 
 import torch
 
-from elasticbench.attention.layout import visible
+from elasticbench.attention.operands import visible
 from elasticbench.harness.kinds.attention.verify_job import given, prepare, verify_attention_one
 from elasticbench.harness.kinds.attention.verify_matrix import AttentionMatrix, expand_attention
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
+from elasticbench.harness.numerics.truth.row_truth import DEFAULT_PRECISION
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.selftest.mutants import Mutant
-from elasticbench.harness.selftest.runner import SelftestOutcome
+from elasticbench.harness.selftest.outcomes import SelftestOutcome
 
 
 def _attention(q, k, v, *, tau, beta, scale, causal, rescale: bool = True,

@@ -65,8 +65,8 @@ import numpy as np
 
 from elasticbench import devices, launches
 from elasticbench.harness.backends import get_backend
-from elasticbench.harness.bench.memory import peak_growth
 from elasticbench.harness.bench.models import wrapped_kernel
+from elasticbench.harness.bench.peak_memory import peak_growth
 from elasticbench.harness.bench.roofline import measure_copy
 from elasticbench.harness.bench.timing import Policy, Timing, time_calls
 from elasticbench.harness.execute import Call, guarded_call

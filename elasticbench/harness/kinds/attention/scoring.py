@@ -1,7 +1,7 @@
 """Scoring an attention kernel's output (or gradients) against the exact truth.
 
 Each tensor is judged element by element in ulps of its format against the allowance of
-numerics/budgets/attention.py, and separately against the special-value policy of
+numerics/budgets/attention_budgets.py, and separately against the special-value policy of
 docs/attention.md section 3: NaN where NaN is due, exactly 0 where nothing reaches an
 element, and no NaN where a finite value is due (except where the policy accepts one:
 a non-finite v_j at weight 0, or gradients in a head with a non-finite input).
@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from elasticbench.harness.functions import AttentionFunction
-from elasticbench.harness.functions.base import DENOMINATOR, OFFSET, SHIFT, TEMPERATURE
-from elasticbench.harness.numerics.budgets.attention import Conditioning, gradient_allowance
+from elasticbench.harness.functions.definition import DENOMINATOR, OFFSET, SHIFT, TEMPERATURE
+from elasticbench.harness.numerics.budgets.attention_budgets import Conditioning, gradient_allowance
 from elasticbench.harness.numerics.dtypes import FloatFormat
-from elasticbench.harness.numerics.truth.attention import AttentionTruth
+from elasticbench.harness.numerics.truth.attention_truth import AttentionTruth
 from elasticbench.harness.numerics.ulp import ulp_error, ulp_of
 from elasticbench.harness.verify.backward import ParamCheck
 from elasticbench.harness.verify.check import (
@@ -150,7 +150,7 @@ def check_forward(out: np.ndarray, truth: AttentionTruth, cond: Conditioning,
     return verdict([s])
 
 
-# which allowance of numerics/budgets/attention.py gradient_allowance judges a parameter
+# which allowance of numerics/budgets/attention_budgets.py gradient_allowance judges a parameter
 _ROLE_KEY = {TEMPERATURE: "tau", OFFSET: "beta", DENOMINATOR: "eta", SHIFT: "bias"}
 
 

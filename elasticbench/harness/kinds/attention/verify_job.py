@@ -3,7 +3,7 @@ cases are kinds/attention/verify_matrix.py).
 
 Each case's exact truth is computed once for all its kernels (certified in double-double,
 mpmath where that cannot decide, the mpmath part cached on disk by content:
-numerics/truth/attention.py); every kernel call gets fresh copies of q, k, v (and dO), so
+numerics/truth/attention_truth.py); every kernel call gets fresh copies of q, k, v (and dO), so
 a kernel that writes its inputs is caught, and the record is a VerifyRecord whose shape is
 the five sizes.
 
@@ -51,7 +51,7 @@ from elasticbench.harness.kinds.attention.kernel_contract import (
 from elasticbench.harness.kinds.attention.qkv_inputs import generate_mask, generate_qkv, mask_bias
 from elasticbench.harness.kinds.attention.scoring import check_backward, check_forward
 from elasticbench.harness.kinds.attention.verify_matrix import AttentionCase
-from elasticbench.harness.numerics.budgets.attention import ATTENTION_BUDGETS, Conditioning
+from elasticbench.harness.numerics.budgets.attention_budgets import ATTENTION_BUDGETS, Conditioning
 from elasticbench.harness.numerics.budgets.attention_own import (
     attention_budget,
     conditioning,
@@ -59,9 +59,9 @@ from elasticbench.harness.numerics.budgets.attention_own import (
 )
 from elasticbench.harness.numerics.contract import Judging
 from elasticbench.harness.numerics.dtypes import FloatFormat, get_format
-from elasticbench.harness.numerics.truth.attention import AttentionTruth, cached_evaluate
+from elasticbench.harness.numerics.truth.attention_truth import AttentionTruth, cached_evaluate
 from elasticbench.harness.numerics.truth.cache import TruthStats
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
+from elasticbench.harness.numerics.truth.row_truth import DEFAULT_PRECISION
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.session import Job, Session

@@ -1,6 +1,6 @@
 """The own-format contract for attention: budgets of a 16-bit kernel that computes in its format.
 
-Under the wide contract (numerics/budgets/attention.py) a 16-bit attention kernel computes
+Under the wide contract (numerics/budgets/attention_budgets.py) a 16-bit attention kernel computes
 its scores, weights and weighted sum in fp32 (u_w = 2^-24) and rounds them to its format
 where a flash kernel does: the weights before p @ v, the output, and in the backward ds and
 the saved output. A kernel declared `accuracy="own"` rounds every step to its format
@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from elasticbench.harness.functions import AttentionFunction
-from elasticbench.harness.numerics.budgets.attention import (
+from elasticbench.harness.numerics.budgets.attention_budgets import (
     ATTENTION_BUDGETS,
     EXP,
     SIGMOID,

@@ -1,7 +1,7 @@
 """The certified phase of the attention gradients: dq, dk, dv, dtau, dbeta with bounds.
 
 For an upstream dO, per query row i of a head (docs/attention.md section 2), on the
-certified forward of numerics/certified/attention.py (weights y, z = (s - m)/tau, the
+certified forward of numerics/certified/attention_forward.py (weights y, z = (s - m)/tau, the
 offset's share w and q0 = exp(-m/tau)/S, each with an absolute bound):
 
     g_j = dO_i . v_j   (kept keys)        c = sum_j g_j y_j
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from elasticbench.harness.functions import AttentionFunction
-from elasticbench.harness.functions.base import (
+from elasticbench.harness.functions.definition import (
     DENOMINATOR,
     OFFSET,
     ROW_FINITE,
@@ -36,7 +36,11 @@ from elasticbench.harness.functions.base import (
     TEMPERATURE,
 )
 from elasticbench.harness.numerics.certified import dd
-from elasticbench.harness.numerics.certified.attention import INPUT_MAX, Forward, row_function_fits
+from elasticbench.harness.numerics.certified.attention_forward import (
+    INPUT_MAX,
+    Forward,
+    row_function_fits,
+)
 from elasticbench.harness.numerics.certified.bounded_dd import (
     Bdd,
     Weights,

@@ -1,6 +1,6 @@
 """Double-doubles with an absolute error bound on every value, and the blocks of the
 certified attention phase built from them (scores, weights): shared by the exp family's
-phase (numerics/certified/attention.py), the weight-normalize members'
+phase (numerics/certified/attention_forward.py), the weight-normalize members'
 (normalize.py) and the gradients (attention_grad.py); docs/numerics.md
 sections 6.5 and 7.5 derive the bounds.
 """

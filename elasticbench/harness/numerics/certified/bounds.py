@@ -9,7 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elasticbench.harness.functions.base import ROW_FINITE, ROW_INF, ROW_MASKED, ROW_NAN, Function
+from elasticbench.harness.functions.definition import (
+    ROW_FINITE,
+    ROW_INF,
+    ROW_MASKED,
+    ROW_NAN,
+    Function,
+)
 from elasticbench.harness.numerics.certified import dd
 from elasticbench.harness.numerics.dtypes import FloatFormat
 
@@ -117,7 +123,7 @@ class Shift:
 
 def exp_shift(fn: Function, params: Mapping[str, float], x: np.ndarray) -> Shift:
     """Which rows are NaN, infinite, masked or finite, and the shift m of each, as the
-    definition (functions/base.py exp_normalize) decides them."""
+    definition (functions/definition.py exp_normalize) decides them."""
     with np.errstate(invalid="ignore"):
         kept = np.asarray(fn.kept(x), dtype=bool)
     nan_row = np.isnan(x).any(axis=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elasticbench.harness.functions.base import ROW_FINITE, ROW_INF, ROW_MASKED, ROW_NAN
+from elasticbench.harness.functions.definition import ROW_FINITE, ROW_INF, ROW_MASKED, ROW_NAN
 from elasticbench.harness.numerics.certified import dd
 from elasticbench.harness.numerics.certified.bounds import (
     ABS_FLOOR,

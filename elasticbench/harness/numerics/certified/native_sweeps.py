@@ -9,7 +9,7 @@ from types import ModuleType
 
 import numpy as np
 
-from elasticbench.harness.functions.base import OFFSET, ROW_FINITE, TEMPERATURE, Function
+from elasticbench.harness.functions.definition import OFFSET, ROW_FINITE, TEMPERATURE, Function
 from elasticbench.harness.numerics.certified.bounds import SLACK, Bounded, Shift
 from elasticbench.settings import settings
 

@@ -3,7 +3,7 @@
     w_j = a(s_j) / D,   D = eta + sum_visible a(s)      (symax: a = |s|; stablemax: a = st(s),
                                                         st = s + 1 for s >= 0, 1/(1 - s) below)
 
-on the scores of numerics/certified/attention.py (double-doubles with absolute bounds).
+on the scores of numerics/certified/attention_forward.py (double-doubles with absolute bounds).
 Both `a` are 1-Lipschitz on the whole line, so a score's bound passes to `a(s)` whichever
 branch its computed value takes; `a'` is symax's sign(s) (0 at an exact 0; a row with a
 score within its bound of 0 but not exactly 0 goes to mpmath) and stablemax's 1 or
@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from elasticbench.harness.functions import AttentionFunction
-from elasticbench.harness.functions.base import ROW_FINITE, ROW_MASKED, ROW_NAN
+from elasticbench.harness.functions.definition import ROW_FINITE, ROW_MASKED, ROW_NAN
 from elasticbench.harness.numerics.certified import dd
 from elasticbench.harness.numerics.certified.bounded_dd import (
     Bdd,

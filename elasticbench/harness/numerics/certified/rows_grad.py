@@ -23,7 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elasticbench.harness.functions.base import OFFSET, ROW_FINITE, ROW_NAN, TEMPERATURE, Function
+from elasticbench.harness.functions.definition import (
+    OFFSET,
+    ROW_FINITE,
+    ROW_NAN,
+    TEMPERATURE,
+    Function,
+)
 from elasticbench.harness.numerics.certified import dd, native_sweeps
 from elasticbench.harness.numerics.certified.bounds import (
     ABS_FLOOR,
@@ -37,9 +43,9 @@ from elasticbench.harness.numerics.certified.bounds import (
     subnormal_floor,
 )
 from elasticbench.harness.numerics.certified.row_blocks import BLOCK, rows_of
-from elasticbench.harness.numerics.certified.rows import certified_rows, exp_forward
+from elasticbench.harness.numerics.certified.rows_forward import certified_rows, exp_forward
 from elasticbench.harness.numerics.dtypes import FloatFormat, work_format
-from elasticbench.harness.numerics.truth.rows import GradTruth
+from elasticbench.harness.numerics.truth.row_truth import GradTruth
 
 CHUNK = 1 << 13  # elements of whole rows handled at once (a longer row is one chunk)
 TINY = 2.0**-960  # below this a dd's lo part is subnormal

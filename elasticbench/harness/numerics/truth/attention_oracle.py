@@ -10,11 +10,11 @@ reaches NaN; sigmoid's weights are each alone, so a NaN score there makes NaN on
 that weight reaches (dq_i, dk_j, dv_j and the bias). Cog's weights are signed: a zero score
 weighs 0 in out and dv but its ds = p g is not 0 (functions/cog.py).
 
-This is the accurate phase of the attention reference (numerics/truth/attention.py): it
+This is the accurate phase of the attention reference (numerics/truth/attention_truth.py): it
 answers the query rows (forward) and the heads (gradients) that the certified phase
-(numerics/certified/attention.py) leaves, and it is the oracle the certified phase is
+(numerics/certified/attention_forward.py) leaves, and it is the oracle the certified phase is
 tested against (tests/harness/reference/test_certified_attention.py). Its results are
-written into an AttentionTruth in place, as double-doubles (truth/rows.py
+written into an AttentionTruth in place, as double-doubles (truth/row_truth.py
 split_double).
 """
 
@@ -29,8 +29,8 @@ import mpmath
 import numpy as np
 
 from elasticbench.harness.functions import AttentionFunction
-from elasticbench.harness.functions.base import ROW_MASKED, ROW_NAN, RowTruth
-from elasticbench.harness.numerics.truth.rows import split_double
+from elasticbench.harness.functions.definition import ROW_MASKED, ROW_NAN, RowTruth
+from elasticbench.harness.numerics.truth.row_truth import split_double
 
 if TYPE_CHECKING:
     from elasticbench.harness.numerics.truth.attention_values import AttentionTruth

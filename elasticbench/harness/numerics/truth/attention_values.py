@@ -1,6 +1,6 @@
 """What the attention reference holds for one input: exact outputs (and gradients) as
 double-doubles with their structural zeros, in one record that the certified phase, the
-mpmath oracle and the cache all fill or read (numerics/truth/attention.py evaluates it).
+mpmath oracle and the cache all fill or read (numerics/truth/attention_truth.py evaluates it).
 """
 
 from __future__ import annotations

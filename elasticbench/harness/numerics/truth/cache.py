@@ -1,7 +1,7 @@
 """Solving many truths at once: the certified fast phase, mpmath for what it leaves, a cache.
 
 Each question (TruthJob) is answered by the vectorized double-double reference first
-(numerics/certified/rows.py); the rows it cannot certify are evaluated in mpmath, split into row
+(numerics/certified/rows_forward.py); the rows it cannot certify are evaluated in mpmath, split into row
 chunks over worker processes when there is enough of that work, and only those rows are
 kept on disk: a small cache, keyed by content (function, params, dtype, shape, input bytes,
 rows, precision, version) and trimmed least-recently-used to a size limit.
@@ -26,10 +26,15 @@ from pathlib import Path
 import numpy as np
 
 from elasticbench.harness.functions import get_function
-from elasticbench.harness.numerics.certified import rows as certified
+from elasticbench.harness.numerics.certified import rows_forward as certified
 from elasticbench.harness.numerics.certified import rows_grad as certified_grad
 from elasticbench.harness.numerics.dtypes import get_format
-from elasticbench.harness.numerics.truth.rows import TRUTH_VERSION, GradTruth, Truth, evaluate_rows
+from elasticbench.harness.numerics.truth.row_truth import (
+    TRUTH_VERSION,
+    GradTruth,
+    Truth,
+    evaluate_rows,
+)
 from elasticbench.settings import settings
 
 # Below this many elements of mpmath work, worker processes cost more than they save.

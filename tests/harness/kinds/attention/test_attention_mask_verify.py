@@ -23,7 +23,7 @@ from elasticbench.harness.kinds.attention.verify_job import (
     prepare,
     verify_attention_one,
 )
-from elasticbench.harness.numerics.truth import attention as at
+from elasticbench.harness.numerics.truth import attention_truth as at
 from elasticbench.harness.registry import KernelSpec, get_kernel
 
 EA = get_attention_function("elastic_attention")

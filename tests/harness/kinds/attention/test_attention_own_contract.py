@@ -16,7 +16,7 @@ import torch
 
 from elasticbench.harness.kinds.attention.verify_job import prepare, verify_attention_one
 from elasticbench.harness.kinds.attention.verify_matrix import AttentionCase
-from elasticbench.harness.numerics.budgets.attention import ATTENTION_BUDGETS
+from elasticbench.harness.numerics.budgets.attention_budgets import ATTENTION_BUDGETS
 from elasticbench.harness.numerics.budgets.attention_own import attention_budget, work_format
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.registry import get_kernel, load_kernel_file, scoped_kernels

@@ -25,9 +25,9 @@ from elasticbench.harness.kinds.attention.verify_matrix import (
     AttentionMatrix,
     parse_attention_size,
 )
-from elasticbench.harness.numerics.budgets.attention import ATTENTION_BUDGETS, Conditioning
+from elasticbench.harness.numerics.budgets.attention_budgets import ATTENTION_BUDGETS, Conditioning
 from elasticbench.harness.numerics.dtypes import get_format
-from elasticbench.harness.numerics.truth.attention import evaluate
+from elasticbench.harness.numerics.truth.attention_truth import evaluate
 from elasticbench.harness.records import RecordError, VerifyRecord
 
 EA = get_attention_function("elastic_attention")

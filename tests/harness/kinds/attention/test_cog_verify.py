@@ -17,13 +17,13 @@ from elasticbench.harness.functions import get_attention_function
 from elasticbench.harness.kinds.attention.mutant_kernels import ATTENTION_MUTANTS
 from elasticbench.harness.kinds.attention.qkv_inputs import generate_qkv
 from elasticbench.harness.kinds.attention.scoring import check_backward, check_forward
-from elasticbench.harness.numerics.budgets.attention import (
+from elasticbench.harness.numerics.budgets.attention_budgets import (
     ATTENTION_BUDGETS,
     SIGNED,
     Conditioning,
 )
 from elasticbench.harness.numerics.dtypes import get_format
-from elasticbench.harness.numerics.truth.attention import evaluate
+from elasticbench.harness.numerics.truth.attention_truth import evaluate
 
 COG = get_attention_function("cog_attention")
 SHAPE = (1, 2, 6, 7, 4)

@@ -18,7 +18,7 @@ from elasticbench.harness.kinds.attention.verify_job import (
 )
 from elasticbench.harness.kinds.attention.verify_matrix import AttentionCase
 from elasticbench.harness.numerics.dtypes import get_format
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION
+from elasticbench.harness.numerics.truth.row_truth import DEFAULT_PRECISION
 from elasticbench.harness.registry import KernelSpec
 
 SHAPE = (1, 2, 5, 6, 4)

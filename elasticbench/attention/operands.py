@@ -18,7 +18,7 @@ import math
 import numpy as np
 import torch
 
-from ..rows.layout import Scalar, work_dtype
+from ..rows.param_layout import Scalar, work_dtype
 
 __all__ = ["Scalar", "causal_offset", "check_operands", "default_scale", "head_params",
            "key_padding", "visible", "work_dtype"]

@@ -27,10 +27,10 @@ from elasticbench.harness.kinds.attention.verify_matrix import (
     load_attention_matrix,
     parse_attention_size,
 )
-from elasticbench.harness.kinds.base import Kind, RunOptions, VerifyOptions, no_cases
+from elasticbench.harness.kinds.kind import Kind, RunOptions, VerifyOptions, no_cases
 from elasticbench.harness.numerics.truth.cache import default_cache_dir
 from elasticbench.harness.registry import KernelSpec, get_kernel
-from elasticbench.harness.selftest.runner import SelftestOutcome
+from elasticbench.harness.selftest.outcomes import SelftestOutcome
 from elasticbench.harness.verify.matrix import builtin_case
 
 

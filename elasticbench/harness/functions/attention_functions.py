@@ -28,7 +28,7 @@ from elasticbench.harness.functions import (
     stablemax,
     symax,
 )
-from elasticbench.harness.functions.base import Function, Param, RowGrad
+from elasticbench.harness.functions.definition import Function, Param, RowGrad
 
 CAUSAL = Param("causal", 0.0, 0.0, False, (0.0, 1.0),
                "1: query i sees keys j <= i (top-left, as SDPA's is_causal); 0: every key")

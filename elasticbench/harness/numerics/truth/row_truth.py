@@ -16,7 +16,7 @@ import mpmath
 import numpy as np
 
 from elasticbench.harness.functions import get_function
-from elasticbench.harness.functions.base import ROW_FINITE
+from elasticbench.harness.functions.definition import ROW_FINITE
 
 DEFAULT_PRECISION = 128
 MIN_PRECISION = 128

@@ -3,7 +3,7 @@
 For each query row the scores s_ij = scale * q_i . k_j are double-double dot products
 (error-free products, a pairwise sum, one product by the scale) with a proven absolute bound
 E_ij. The row function's weights are evaluated on those scores in the shifted form of
-numerics/certified/rows.py, with the score bounds carried through the exponential; then
+numerics/certified/rows_forward.py, with the score bounds carried through the exponential; then
 out_i = sum_j w_ij v_j is a double-double dot product with its bound (docs/numerics.md
 section 6.5 derives every term). A query row is taken when every output of it is certified
 by the rows' rule (bounds.certify: within 2^-12 ulp of the format and inside one binade);
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from elasticbench.harness.functions import AttentionFunction
-from elasticbench.harness.functions.base import ROW_FINITE, ROW_MASKED, ROW_NAN
+from elasticbench.harness.functions.definition import ROW_FINITE, ROW_MASKED, ROW_NAN
 from elasticbench.harness.numerics.certified import dd
 from elasticbench.harness.numerics.certified import normalize as certified_normalize
 from elasticbench.harness.numerics.certified.bounded_dd import (
@@ -223,7 +223,7 @@ def _exp_weights(fn: AttentionFunction, params: dict[str, float], sc: Scores, k:
 
 def row_function_fits(fn: AttentionFunction, params: dict[str, float]) -> bool:
     """Whether the row function is an exp-normalize member this phase evaluates (shift by
-    the largest kept score) at parameters inside the safe range of numerics/certified/rows.py.
+    the largest kept score) at parameters inside the safe range of numerics/certified/rows_forward.py.
     The weight-normalize members are numerics/certified/normalize.py's; softmax1 (its
     floored shift) and sigmoid are declined: mpmath answers for them. Cog (signed) is
     taken forward only (signed_weights); its gradients are mpmath's."""

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from elasticbench.harness.execute import Isolation
 from elasticbench.harness.registry import KernelSpec
-from elasticbench.harness.selftest.runner import SelftestOutcome
+from elasticbench.harness.selftest.outcomes import SelftestOutcome
 from elasticbench.harness.session import Job
 
 Chooser = Callable[[list[str], list[str], list[str], list[str], str], list[KernelSpec]]

@@ -13,7 +13,7 @@ import torch
 
 from .. import devices, native
 from ..dispatch import Implementation
-from .layout import Scalar
+from .param_layout import Scalar
 from .spec import Backward, ExpSpec
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)

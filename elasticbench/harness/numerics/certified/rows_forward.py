@@ -5,7 +5,7 @@ the input, carrying a bound on the absolute error of every output. An output is
 *certified* when its bound is at most CERTIFY_ULP ulps of the output format and no binade
 boundary of that format lies within it, so that its error in ulps, measured against this
 value, is exact to CERTIFY_ULP. A row with any output that is not certified goes to the
-mpmath oracle (numerics/truth/rows.py), whole, as Ziv's strategy prescribes: a fast phase with
+mpmath oracle (numerics/truth/row_truth.py), whole, as Ziv's strategy prescribes: a fast phase with
 a proof, an accurate phase only where the proof cannot decide (docs/numerics.md section 6).
 """
 
@@ -14,7 +14,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from elasticbench.harness.functions.base import ROW_FINITE, ROW_INF, ROW_MASKED, ROW_NAN, Function
+from elasticbench.harness.functions.definition import (
+    ROW_FINITE,
+    ROW_INF,
+    ROW_MASKED,
+    ROW_NAN,
+    Function,
+)
 from elasticbench.harness.numerics.certified import dd, row_blocks
 from elasticbench.harness.numerics.certified.bounds import (
     ABS_FLOOR,
@@ -38,7 +44,7 @@ from elasticbench.harness.numerics.certified.edges import (
 )
 from elasticbench.harness.numerics.certified.row_blocks import blocks, blocks_per_row, sum_depth
 from elasticbench.harness.numerics.dtypes import FloatFormat
-from elasticbench.harness.numerics.truth.rows import Truth
+from elasticbench.harness.numerics.truth.row_truth import Truth
 
 
 def exp_forward(fn: Function, params: Mapping[str, float], x: np.ndarray,

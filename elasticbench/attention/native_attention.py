@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .. import native
-from ..rows.cpp import extension
+from ..rows.native_rows import extension
 from . import special
 from .weights import Weight
 

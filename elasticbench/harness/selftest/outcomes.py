@@ -13,7 +13,7 @@ from elasticbench.harness.registry import KernelSpec
 from elasticbench.harness.report.verify_table import describe_case
 from elasticbench.harness.selftest.mutants import Mutant
 from elasticbench.harness.verify.matrix import VerifyMatrix, expand
-from elasticbench.harness.verify.runner import run_verification
+from elasticbench.harness.verify.verifier import run_verification
 
 
 @dataclass

@@ -7,7 +7,7 @@ units of the working precision's unit roundoff u_w,
     |d out_ie| <= 2 u_w sum_j w_ij |v_je| eps_ij  +  r ulp(out_ie)  +  l 2 u_out sum_j w_ij |v_je|
     eps_ij = a + b |z_ij| + c zbar_i + g (sigma_ij + sigmabar_i) / tau + d log2(Lk)
 
-- a + b|z_ij| + c zbar_i are the row budget's terms (numerics/budgets/rows.py): the exponent
+- a + b|z_ij| + c zbar_i are the row budget's terms (numerics/budgets/row_budgets.py): the exponent
   argument z_ij = (s_ij - m_i)/tau rounded, and the denominator's weighted mean of |z|;
 - sigma_ij = scale sum_d |q_id k_jd| bounds the rounding of the score s_ij (a dot product of
   length D costs about g = log2(D) + 2 roundings, blocked summation), and it enters z

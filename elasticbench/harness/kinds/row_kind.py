@@ -11,19 +11,18 @@ from typing import Any
 from elasticbench.harness.allocator import pin_heap
 from elasticbench.harness.backends import device_of
 from elasticbench.harness.bench.cases import RunCase, load_run_case, parse_size
-from elasticbench.harness.bench.job import RunJob
-from elasticbench.harness.bench.runner import plan_units, resolve_baseline, set_threads
+from elasticbench.harness.bench.runner import RunJob, plan_units, resolve_baseline, set_threads
 from elasticbench.harness.environment import describe
 from elasticbench.harness.functions import ROW, Function, get_function
 from elasticbench.harness.inputs import get_generator
 from elasticbench.harness.inputs.layouts import check_layout
-from elasticbench.harness.kinds.base import Kind, RunOptions, VerifyOptions, no_cases
+from elasticbench.harness.kinds.kind import Kind, RunOptions, VerifyOptions, no_cases
 from elasticbench.harness.numerics.truth.cache import TruthStore, default_cache_dir
 from elasticbench.harness.registry import KernelSpec, list_kernels
 from elasticbench.harness.selftest.mutants import MUTANTS
-from elasticbench.harness.selftest.runner import SelftestOutcome, run_selftest
-from elasticbench.harness.verify.job import VerifyJob
+from elasticbench.harness.selftest.outcomes import SelftestOutcome, run_selftest
 from elasticbench.harness.verify.matrix import builtin_case, expand, load_matrix
+from elasticbench.harness.verify.verifier import VerifyJob
 
 
 class Rows(Kind):

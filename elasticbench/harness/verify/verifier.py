@@ -1,4 +1,5 @@
-"""Running a verification: inputs for every case, truths for them, every kernel checked."""
+"""Running a verification: inputs for every case, truths for them, every kernel checked;
+the verify command's job (VerifyJob) drives it, per mode."""
 
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ from elasticbench.harness.execute import (
     failed_outcome,
     modified_reason,
 )
-from elasticbench.harness.numerics.budgets.rows import budget_for
+from elasticbench.harness.numerics.budgets.row_budgets import budget_for
 from elasticbench.harness.numerics.contract import Judging
 from elasticbench.harness.numerics.dtypes import get_format
 from elasticbench.harness.numerics.truth.cache import TruthJob, TruthStats, TruthStore, solve
-from elasticbench.harness.numerics.truth.rows import DEFAULT_PRECISION, GradTruth
+from elasticbench.harness.numerics.truth.row_truth import DEFAULT_PRECISION, GradTruth
 from elasticbench.harness.records import VerifyRecord
 from elasticbench.harness.registry import KernelSpec
+from elasticbench.harness.session import Job, Session
 from elasticbench.harness.verify.ahead import SolvedAhead, batches, interleaved
 from elasticbench.harness.verify.backward import (
     BackwardOutcome,
@@ -35,7 +37,7 @@ from elasticbench.harness.verify.backward import (
     saved_output,
     upstream,
 )
-from elasticbench.harness.verify.case import case_key
+from elasticbench.harness.verify.case import case_key, shard_key
 from elasticbench.harness.verify.check import CheckResult, check_output
 from elasticbench.harness.verify.compile_check import call_key, compile_checks, with_compile_check
 from elasticbench.harness.verify.lanes import lane, lane_share
@@ -269,3 +271,40 @@ def solved(mode: str, batch: list[VerifyCase], *, max_elements: int, precision: 
     return [replace(p, job=None) for p in prepared], truths, stats
 
 
+class VerifyJob(Job[tuple[str, VerifyCase]]):
+    """Items are (mode, case): each case's reference is computed once for all its kernels."""
+
+    kind = "verify"
+
+    def __init__(self, kernels: dict[str, list[KernelSpec]],
+                 cases: dict[str, list[VerifyCase]], *, max_elements: int, store: TruthStore,
+                 precision: int, workers: int | None, isolation: Isolation,
+                 max_rows: int = MAX_ROWS, scale: float = 1.0, lanes: bool = True):
+        self.kernels, self.cases = kernels, cases
+        self.max_elements, self.store, self.precision = max_elements, store, precision
+        self.workers, self.isolation, self.max_rows = workers, isolation, max_rows
+        self.scale = scale  # every budget of the run times this (--budget-scale)
+        self.lanes = lanes  # a second kernel lane where it pays (verify/lanes.py)
+
+    def plan(self) -> list[tuple[str, VerifyCase]]:
+        return [(m, c) for m, cases in self.cases.items() for c in cases]
+
+    def shard_key(self, item: tuple[str, VerifyCase]) -> Any:
+        return shard_key(*item)
+
+    def work(self, items: list[tuple[str, VerifyCase]], session: Session) -> None:
+        done = {r.key for r in session.records}
+        references = session.task("reference", len(items))
+        stats = TruthStats()
+        checks = session.task("kernels", sum(
+            1 for m, c in items for k in self.kernels[m] if k.function == c.function))
+        # every mode in one pass, their batches interleaved (verify/ahead.py)
+        verify_modes(
+            [k for ks in self.kernels.values() for k in ks],
+            {m: [c for mode, c in items if mode == m] for m in self.kernels},
+            max_elements=self.max_elements, store=self.store, precision=self.precision,
+            workers=self.workers, isolation=self.isolation, done=done,
+            on_truth=references.advance, max_rows=self.max_rows, stats=stats,
+            scale=self.scale, lanes=self.lanes,
+            on_record=lambda r: (session.add(r), checks.advance()))
+        session.header["reference"] = stats.to_dict()

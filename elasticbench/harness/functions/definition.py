@@ -3,7 +3,7 @@
 A reference is evaluated one row at a time in mpmath at the working precision set by the
 caller. It returns a RowTruth: the exact outputs, which of them are zero by structure
 (masked), and the exponent arguments |z_i| and their output-weighted mean that the error
-budget is built from (numerics/budgets/rows.py).
+budget is built from (numerics/budgets/row_budgets.py).
 
 Every member of the family gives equal inputs of a row equal outputs (y_i is a weight of
 x_i over a row-wide denominator), so a row is evaluated once per distinct value, each
@@ -249,7 +249,7 @@ class Function:
     constant_offset: float = 0.0  # the offset when no parameter plays it
     # A weight-normalize member (no exponential) gives its weights over an array as a
     # double-double with a relative error bound per weight (the fast reference,
-    # numerics/certified/rows.py), and the constant term of its denominator.
+    # numerics/certified/rows_forward.py), and the constant term of its denominator.
     weights: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
     weight_offset: Callable[[Mapping[str, float]], float] = lambda params: 0.0
     # False: each output a weight of its own input alone, no row-wide denominator (sigmoid,

@@ -6,14 +6,14 @@ sees, out_i = sum_j w_ij v_j, and for an upstream dO the row function's exact gr
 with g_j = dO_i . v_j carried to q, k and v and summed over the queries for the row
 parameters (docs/attention.md section 2). They are obtained as the row truths are (Ziv's
 strategy, docs/numerics.md section 6): the certified double-double phase first
-(numerics/certified/attention.py, certified/attention_grad.py), then mpmath, the oracle,
+(numerics/certified/attention_forward.py, certified/attention_grad.py), then mpmath, the oracle,
 for the query rows (forward) or heads (gradients) whose bound does not certify in the
 output format. Only truths that needed mpmath are kept on disk (numerics/truth/cache.py
 TruthStore), and TruthStats counts the values and the share mpmath computed.
-Values are stored as double-doubles (hi + lo) like the row truths (numerics/truth/rows.py).
+Values are stored as double-doubles (hi + lo) like the row truths (numerics/truth/row_truth.py).
 
 Beside the values, the truth keeps what the error budget is built from (numerics/
-budgets/attention.py): the weights in float64, |z_ij|, each query's zbar, its kind.
+budgets/attention_budgets.py): the weights in float64, |z_ij|, each query's zbar, its kind.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 
 from elasticbench.harness.functions import AttentionFunction
 from elasticbench.harness.numerics.certified import (
-    attention as certified_attention,
+    attention_forward as certified_attention,
 )
 from elasticbench.harness.numerics.certified import (
     attention_grad as certified_attention_grad,
@@ -143,7 +143,7 @@ class Certified:
 def certified_phase(fn: AttentionFunction, params: dict[str, float], q: np.ndarray,
                     k: np.ndarray, v: np.ndarray, scale: float, dout: np.ndarray | None,
                     fmt: FloatFormat, bias: np.ndarray | None = None) -> Certified:
-    """The certified truth, a block of heads at a time (numerics/certified/attention.py)."""
+    """The certified truth, a block of heads at a time (numerics/certified/attention_forward.py)."""
     b_, h_, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[3]
     truth = empty_truth(q, k, v, len(fn.row_params), dout is not None)
