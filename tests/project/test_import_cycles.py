@@ -4,7 +4,10 @@ not remove a cycle, it only postpones it to the call that needs it. So does a mo
 written as a string: a string constant anywhere in a module's source that is exactly the
 dotted name of one of the project's modules (importlib.import_module("elasticbench.x"), a
 tuple of modules to import) counts as an import of that module. The bare "elasticbench" is
-the command's, the distribution's and a directory's name too, so it alone does not count."""
+the command's, the distribution's and a directory's name too, so it alone does not count.
+
+Also here: no module imports a layer above its own (docs/architecture.md), and no two
+modules share a file name."""
 
 from __future__ import annotations
 
@@ -162,3 +165,31 @@ def test_the_check_finds_an_upward_import() -> None:
     graph = import_graph()
     graph["elasticbench.harness.records"] = graph["elasticbench.harness.records"] | {"elasticbench.harness.kinds"}
     assert upward(graph, readme_layers()) == ["elasticbench.harness.records -> elasticbench.harness.kinds"]
+
+
+# Python's own file names (a package's __init__, a package's __main__) are the only names
+# two modules may share: a name says what its module holds, so a reader, a traceback or a
+# search that shows only the file's name points at one module.
+SHARED_BY_PROTOCOL = {"__init__", "__main__"}
+
+
+def same_names(known: dict[str, Path]) -> dict[str, list[str]]:
+    """Module file names (without .py) held by more than one module, with those modules."""
+    by_name: dict[str, list[str]] = {}
+    for module, path in known.items():
+        if path.stem not in SHARED_BY_PROTOCOL:
+            by_name.setdefault(path.stem, []).append(module)
+    return {name: sorted(ms) for name, ms in by_name.items() if len(ms) > 1}
+
+
+def test_no_two_modules_have_one_name() -> None:
+    clashes = same_names(modules())
+    assert not clashes, "rename so that each says what it holds: " + "; ".join(
+        f"{name}: {', '.join(ms)}" for name, ms in sorted(clashes.items()))
+
+
+def test_the_name_check_finds_a_clash() -> None:
+    known = modules()
+    known["elasticbench.harness.bench.flash"] = ROOT / "elasticbench/harness/bench/flash.py"
+    assert same_names(known) == {"flash": ["elasticbench.attention.flash",
+                                           "elasticbench.harness.bench.flash"]}
