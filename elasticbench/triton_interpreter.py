@@ -26,7 +26,9 @@ every bf16 result once to nearest-even, as the GPU does:
 
 One fix is not about bf16: `tl.maximum` / `tl.minimum` (maxnum and minnum, which drop a NaN on
 a GPU) propagate NaN in the interpreters of Triton 3.4 to 3.6; within the block they drop it,
-in every dtype, as later interpreters do.
+in every dtype, as later interpreters do. Nor is one change about results: within a launch,
+a call of a jit helper no longer patches triton.language again (the launch did), which
+takes about half of an interpreted kernel's time.
 
 The patch finds what it replaces by feature, not by version, and works on every Triton from
 3.4 on: load and store hints are passed on in whatever number they come, and where
@@ -140,6 +142,7 @@ class ExactBf16:
     def __init__(self) -> None:
         self.original: dict[str, Any] = {}  # the replaced functions by name
         self._saved: list[tuple[Any, str, Any]] = []
+        self._launch_langs: frozenset[int] | None = None  # what the running launch patched
 
     def install(self) -> None:
         _import_triton()
@@ -151,6 +154,8 @@ class ExactBf16:
         for name in self.BUILDER:
             self._set(it.InterpreterBuilder, name, _method(getattr(self, name)))
         self._set(it, "_patch_lang_tensor", self._patch_lang_tensor)
+        if "_patch_lang" in it.__dict__:
+            self._set(it, "_patch_lang", self._patch_lang)
         for name, op in self.NAN_DROPPING:
             if name in it.InterpreterBuilder.__dict__:
                 self._set(it.InterpreterBuilder, name, _nan_dropping(op))
@@ -163,6 +168,7 @@ class ExactBf16:
             setattr(owner, name, value)
         self._saved.clear()
         self.original.clear()
+        self._launch_langs = None
 
     def _set(self, owner: Any, name: str, value: Any) -> None:
         self.original[name] = owner.__dict__[name]
@@ -189,6 +195,21 @@ class ExactBf16:
         self.original["__init__"](handle, *args, **kwargs)
         if handle.dtype == tl.bfloat16:
             _as_bf16_values(handle)
+
+    def _patch_lang(self, fn: Any) -> Any:
+        # The interpreter patches triton.language at a launch (restored when the grid is
+        # done) and again at every call of a jit helper in every program (never restored):
+        # each time it walks tl's modules with inspect.getmembers, about half of an
+        # interpreted kernel's time, to patch what the launch already patched. A helper whose
+        # language modules the running launch patched is left as it is.
+        langs = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+        if self._launch_langs is not None and langs <= self._launch_langs:
+            return _Unpatched()
+        scope = self.original["_patch_lang"](fn)
+        if self._launch_langs is None and callable(getattr(scope, "restore", None)):
+            self._launch_langs = langs  # a launch: until its grid restores the scope
+            return _LaunchScope(scope, self)
+        return scope
 
     def _patch_lang_tensor(self, tensor: Any, *scope: Any) -> None:
         # The interpreter makes a tensor an index (tl.range's bounds) with int(data), which
@@ -343,6 +364,24 @@ def _as_bf16_values(handle: Any) -> None:
         handle.data = round_bf16(data)
     elif data.dtype.kind in "iu" and data.dtype.itemsize == 2:
         handle.data = bf16_values(data)
+
+
+class _Unpatched:
+    """The scope of a helper call that patched nothing: nothing to restore."""
+
+    def restore(self) -> None:
+        pass
+
+
+class _LaunchScope:
+    """A launch's patch scope: restoring it ends the launch for ExactBf16._patch_lang."""
+
+    def __init__(self, scope: Any, patch: ExactBf16) -> None:
+        self.scope, self.patch = scope, patch
+
+    def restore(self) -> None:
+        self.patch._launch_langs = None
+        self.scope.restore()
 
 
 def _is_bf16(t: Any) -> bool:
