@@ -1,6 +1,6 @@
 """The attention kind's harness parts (kernels that take q, k, v; docs/attention.md), together:
 
-- `kind.py`: the attention Kind the commands ask for a job (kinds/__init__.py lists it);
+- `attention_kind.py`: the attention Kind the commands ask for a job (kinds/__init__.py lists it);
 - `kernel_contract.py`: how `verify` and `run` call a registered attention kernel;
 - `qkv_inputs.py`: the adversarial inputs, q, k and v drawn together (masks and gates too);
 - `verify_matrix.py`: the [attention_verify] table of a case file and the cases it expands to;

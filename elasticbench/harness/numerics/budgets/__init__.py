@@ -1,1 +1,1 @@
-"""Error budgets in ulps: for rows (`rows`) and attention (`attention`)."""
+"""Error budgets in ulps: for rows (`row_budgets`) and attention (`attention_budgets`, `attention_own`)."""

@@ -1,2 +1,2 @@
 """The certified fast reference: double-double arithmetic with proven bounds, for rows
-(`rows`, `rows_grad`) and attention (`attention`, `attention_grad`, `normalize`)."""
+(`rows_forward`, `rows_grad`) and attention (`attention_forward`, `attention_grad`, `normalize`)."""
