@@ -169,27 +169,29 @@ def test_the_check_finds_an_upward_import() -> None:
 
 # Python's own file names (a package's __init__, a package's __main__) are the only names
 # two modules may share: a name says what its module holds, so a reader, a traceback or a
-# search that shows only the file's name points at one module.
+# search that shows only the file's name points at one module. The scripts and examples
+# count too (the tests have pytest's own rule).
 SHARED_BY_PROTOCOL = {"__init__", "__main__"}
+NAMED = (ROOT / "elasticbench", ROOT / "kernels", ROOT / "scripts", ROOT / "examples")
 
 
-def same_names(known: dict[str, Path]) -> dict[str, list[str]]:
-    """Module file names (without .py) held by more than one module, with those modules."""
+def same_names(paths: list[Path]) -> dict[str, list[str]]:
+    """File names (without .py) that more than one of paths has, with those paths."""
     by_name: dict[str, list[str]] = {}
-    for module, path in known.items():
+    for path in paths:
         if path.stem not in SHARED_BY_PROTOCOL:
-            by_name.setdefault(path.stem, []).append(module)
-    return {name: sorted(ms) for name, ms in by_name.items() if len(ms) > 1}
+            by_name.setdefault(path.stem, []).append(path.relative_to(ROOT).as_posix())
+    return {name: sorted(ps) for name, ps in by_name.items() if len(ps) > 1}
 
 
 def test_no_two_modules_have_one_name() -> None:
-    clashes = same_names(modules())
+    clashes = same_names([p for d in NAMED for p in d.rglob("*.py")])
     assert not clashes, "rename so that each says what it holds: " + "; ".join(
-        f"{name}: {', '.join(ms)}" for name, ms in sorted(clashes.items()))
+        f"{name}: {', '.join(ps)}" for name, ps in sorted(clashes.items()))
 
 
 def test_the_name_check_finds_a_clash() -> None:
-    known = modules()
-    known["elasticbench.harness.bench.flash"] = ROOT / "elasticbench/harness/bench/flash.py"
-    assert same_names(known) == {"flash": ["elasticbench.attention.flash",
-                                           "elasticbench.harness.bench.flash"]}
+    paths = [p for d in NAMED for p in d.rglob("*.py")]
+    planted = ROOT / "elasticbench" / "harness" / "bench" / "flash.py"
+    assert same_names([*paths, planted]) == {
+        "flash": ["elasticbench/attention/flash.py", "elasticbench/harness/bench/flash.py"]}
