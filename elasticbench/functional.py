@@ -111,7 +111,7 @@ def _attention(weight: Weight, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """Every attention function's path: operands, scale, causal and the gate checked, then
     the fused implementations (no mask, or a bool key-padding mask; the gate in their
     epilogue) or the composite (any other; its output times the gate), the causal alignment
-    as one integer offset (layout.causal_offset)."""
+    as one integer offset (operands.causal_offset)."""
     composite, attention_op, causal_offset, check_operands, default_scale, key_padding = \
         _attention_parts()
     check_operands(q, k, v)

@@ -81,8 +81,8 @@ def time_one(length: int, heads: int, dim: int, causal: bool, repeat: int,
     bwd_sdpa = Timing(lambda: torch.autograd.grad(out_sdpa, leaves, dout, retain_graph=True),
                       repeat)
     out, m, den = native_attention.forward(q, k, v, tau, beta, scale, causal)
-    bwd_ours = Timing(lambda: native_attention.backward(q, k, v, out, dout, m, den, tau, beta, scale,
-                                           causal), repeat)
+    bwd_ours = Timing(lambda: native_attention.backward(q, k, v, out, dout, m, den, tau, beta,
+                                                        scale, causal), repeat)
     print(f"L={length} causal={int(causal)} backward: sdpa {bwd_sdpa.wall * 1e3:.1f} ms, "
           f"fused {bwd_ours.against(bwd_sdpa)}  [{load()}]", flush=True)
 

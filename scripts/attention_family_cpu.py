@@ -10,10 +10,11 @@ Issue 50's target: fp32, B=2, H=4, L=4096, D=64, one thread, every fused forward
 of SDPA and forward+backward within 1.5x. Each figure is the median of --repeat calls after a
 warm-up, SDPA's and the kernel's calls interleaved (one of each in turn) so both see the same
 load on a shared machine (the load average is printed). The kernels are called through
-elasticbench.attention.native_attention (the weights.py contract), SDPA through torch's autograd, so the
-forward+backward figure of each is what a training step pays. --memory adds, per weight,
-the peak resident memory a forward+backward adds over its inputs, outputs and gradients,
-measured in a fresh child process, and SDPA's beside it (docs/native.md section 5).
+elasticbench.attention.native_attention (the weights.py contract), SDPA through torch's
+autograd, so the forward+backward figure of each is what a training step pays. --memory
+adds, per weight, the peak resident memory a forward+backward adds over its inputs, outputs
+and gradients, measured in a fresh child process, and SDPA's beside it (docs/native.md
+section 5).
 --gate adds a second table: each weight's call with an output gate (issue 58: within 1.05x
 of the ungated call) as the autograd layer makes it, the forward keeping the ungated output
 beside the gated one and the backward the ungated one on dO * gate with d gate = dO *
@@ -76,18 +77,20 @@ def fused(weight: Weight, a: argparse.Namespace, backward: bool,
 
     def step() -> object:
         if gate is None:
-            out, m, den = native_attention.forward(q, k, v, p_score, p_den, scale, a.causal, None, weight)
+            out, m, den = native_attention.forward(q, k, v, p_score, p_den, scale, a.causal,
+                                                   None, weight)
         else:
-            out, m, den, *kept = native_attention.forward(q, k, v, p_score, p_den, scale, a.causal, None, weight,
-                                             gate=gate, keep_ungated=backward)
+            out, m, den, *kept = native_attention.forward(q, k, v, p_score, p_den, scale,
+                                                          a.causal, None, weight, gate=gate,
+                                                          keep_ungated=backward)
         if not backward:
             return out
         if gate is None:
-            return native_attention.backward(q, k, v, out, do, m, den, p_score, p_den, scale, a.causal, None,
-                                weight)
+            return native_attention.backward(q, k, v, out, do, m, den, p_score, p_den, scale,
+                                             a.causal, None, weight)
         dgate = do * kept[0]
-        return dgate, native_attention.backward(q, k, v, kept[0], do * gate, m, den, p_score, p_den, scale,
-                                   a.causal, None, weight)
+        return dgate, native_attention.backward(q, k, v, kept[0], do * gate, m, den, p_score,
+                                                p_den, scale, a.causal, None, weight)
     return step
 
 

@@ -437,7 +437,8 @@ def _attention_params(name: str, h: int, dev: str) -> dict[str, Any]:
 
 def _reference_attention(name: str, q: Any, k: Any, v: Any, params: dict[str, Any],
                          causal: bool, mask: Any | None) -> Any:
-    """The composite in fp64 (docs/attention.md section 9: p_score, p_den as functional passes them)."""
+    """The composite in fp64 (docs/attention.md section 9: p_score, p_den as functional passes
+    them)."""
     from elasticbench.attention import composite
     from elasticbench.attention.weights import Weight
 

@@ -19,15 +19,15 @@ needs, and an empty tensor without a gate. The backward is the ungated one, call
 out = ungated and dout = dY * gate; d gate = dY * ungated.
 
 p_score and p_den are (batch, heads) tensors in the working precision: bh_params lays a
-float, a per-head or a per-(batch, head) parameter out so as a view of the caller's tensor (stride 0
-where broadcast), keeping its graph and launching no kernel; every implementation reads it
+float, a per-head or a per-(batch, head) parameter out so as a view of the caller's tensor
+(stride 0 where broadcast), keeping its graph and launching no kernel; every implementation reads it
 through its strides (docs/attention.md section 7). The incoming gradient dO reaches the
 backward in the layout autograd gives it, strided or not. Every implementation
 has the contract of `weights` (forward -> (out, m, den), backward from those row
 statistics); elasticbench.dispatch picks one per call among those that accept (q, weight):
 the fused native kernel on CPU tensors when it is built, the Triton kernel
-(kernels/triton/flash_attention.py) on CUDA tensors, else the tiled torch code, which takes every
-weight. Eager calls skip the custom ops' dispatch through an autograd function with the
+(kernels/triton/flash_attention.py) on CUDA tensors, else the tiled torch code, which takes
+every weight. Eager calls skip the custom ops' dispatch through an autograd function with the
 same forward and backward (`attention_op`); where the native kernel runs the call and there
 is no gate, that function is one C++ autograd node of the extension (attention_node: the
 same kernels, conversions and special-value finish, bit for bit, without a Python forward,
@@ -50,7 +50,8 @@ from .weights import Weight
 
 TORCH = Implementation("torch", lambda q, weight=Weight.ELASTIC: True, flash.forward,
                        flash.backward)
-CPP = Implementation("cpp", native_attention.accepts, native_attention.forward, native_attention.backward)
+CPP = Implementation("cpp", native_attention.accepts, native_attention.forward,
+                     native_attention.backward)
 
 
 @functools.lru_cache(maxsize=1)
@@ -332,7 +333,7 @@ def attention_op(weight: Weight | int, q: torch.Tensor, k: torch.Tensor, v: torc
     custom op where the call is traced (elasticbench.dispatch.traced), else the autograd
     function, or straight to the implementation where autograd has nothing to record;
     key_mask (batch, length_k) bool hides padded keys inside the fused loop; causal: query i
-    sees key j iff j <= i + offset (an int; layout.causal_offset); gate None or (batch,
+    sees key j iff j <= i + offset (an int; operands.causal_offset); gate None or (batch,
     heads, length_q, value_dim) in q's dtype, multiplied into the output by the
     implementation's epilogue."""
     w = int(weight)

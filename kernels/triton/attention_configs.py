@@ -458,7 +458,8 @@ _LOCK = threading.RLock()
 
 def tables() -> tuple[Table, ...]:
     """The tables a choice consults, first match wins: the file named by
-    $ELASTICBENCH_ATTENTION_TABLE (read once, elasticbench.settings) and then the package's, by name.
+    $ELASTICBENCH_ATTENTION_TABLE (read once, elasticbench.settings) and then the package's, by
+    name.
     Raises TableError (naming the file) on a bad one."""
     global _TABLES
     if _TABLES is None:

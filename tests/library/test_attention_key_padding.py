@@ -135,8 +135,8 @@ def test_both_native_backward_schedules_give_the_same_bits_under_key_padding(sma
         for n in (1, 8):  # 6 pairs: one head per thread, then key blocks spread over 8
             torch.set_num_threads(n)
             out, m, den = native_attention.forward(q, k, v, tau, beta, 0.5, True, KEEP)
-            runs.append((out, *native_attention.backward(q, k, v, out, do, m, den, tau, beta, 0.5, True,
-                                            KEEP)))
+            runs.append((out, *native_attention.backward(q, k, v, out, do, m, den, tau, beta,
+                                                         0.5, True, KEEP)))
     finally:
         torch.set_num_threads(threads)
     for a, b in zip(*runs, strict=True):

@@ -164,9 +164,10 @@ def test_the_native_kernel_reads_transposed_views_in_place(dtype) -> None:
     ops += _ops_run(lambda: ext.attention_backward(q, k, v, out, do, m, den, *args, *blocks,
                                                    None, 0, 4))
     assert not [o for o in ops if o in ("aten::copy_", "aten::contiguous", "aten::clone")]
-    want = native_attention.forward(q.contiguous(), k.contiguous(), v.contiguous(), *args, None, 0, 4)
+    want = native_attention.forward(q.contiguous(), k.contiguous(), v.contiguous(), *args,
+                                    None, 0, 4)
     got_b = native_attention.backward(q, k, v, out, do, m, den, *args, None, 0, 4)
-    want_b = native_attention.backward(q.contiguous(), k.contiguous(), v.contiguous(), out, do.contiguous(),
-                          m, den, *args, None, 0, 4)
+    want_b = native_attention.backward(q.contiguous(), k.contiguous(), v.contiguous(), out,
+                                       do.contiguous(), m, den, *args, None, 0, 4)
     for a, b in zip((out, m, den, *got_b), (*want, *want_b), strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

@@ -81,7 +81,8 @@ def test_gradcheck_across_tiles(small_tiles):
 def test_fp32_matches_the_fp64_composite_with_large_tiles():
     """The default tiles and the BLAS GEMMs: 300 queries and 600 keys cross two blocks each.
     Scores up to about 20/tau carry fp32 rounding of order 20 eps / tau into every weight."""
-    assert native_attention.BLOCK_Q < 300 < 2 * native_attention.BLOCK_Q and native_attention.BLOCK_K < 600 < 2 * native_attention.BLOCK_K
+    assert native_attention.BLOCK_Q < 300 < 2 * native_attention.BLOCK_Q
+    assert native_attention.BLOCK_K < 600 < 2 * native_attention.BLOCK_K
     q, k, v = _qkv(300, 600, d=16, b=1, h=2, dtype=torch.float32)
     kw = {"tau": 0.5, "beta": 1.0, "causal": True}
     out = elastic_attention(q, k, v, **kw)

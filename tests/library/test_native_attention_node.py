@@ -95,7 +95,8 @@ def test_create_graph_gives_the_functions_second_order(weight) -> None:
         leaves = [t.clone().requires_grad_() for t in (q, k, v, p_score, p_den)]
         t, b = bh_params(leaves[3], leaves[0]), bh_params(leaves[4], leaves[0])
         args = (*leaves[:3], t, b, 0.5, True, None, int(weight), 0)
-        out = (autograd._native_node()(*args, native_attention.BLOCK_Q, native_attention.BLOCK_K) if path == "node"
+        blocks = (native_attention.BLOCK_Q, native_attention.BLOCK_K)
+        out = (autograd._native_node()(*args, *blocks) if path == "node"
                else _Attention.apply(*args, None)[0])
         grads = torch.autograd.grad(out.square().sum(), leaves, create_graph=True)
         penalty = sum(g.square().sum() for g in grads)

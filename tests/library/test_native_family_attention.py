@@ -1,6 +1,6 @@
 """The native fused attention for the family's weights (softmax1, symax, stablemax, sigmoid;
-kernels/cpp/attention.cpp through elasticbench.attention.native_attention): forward and every gradient
-against a plain torch definition in fp64, tiles crossing several blocks, key padding and
+kernels/cpp/attention.cpp through elasticbench.attention.native_attention): forward and every
+gradient against a plain torch definition in fp64, tiles crossing several blocks, key padding and
 causal masks, fp32 and 16-bit inputs, the special values, every instruction set, and the
 registered kernels. Elastic's own tests are tests/library/test_native_attention.py."""
 
@@ -73,8 +73,8 @@ def _inputs(lq, lk, d=5, b=2, h=3, dv=4, dtype=F64, seed=0, spread=1.5):
 
 def _fused(q, k, v, p_score, p_den, do, scale, causal, key_mask, weight):
     out, m, den = native_attention.forward(q, k, v, p_score, p_den, scale, causal, key_mask, weight)
-    return (out, *native_attention.backward(q, k, v, out, do, m, den, p_score, p_den, scale, causal, key_mask,
-                               weight))
+    return (out, *native_attention.backward(q, k, v, out, do, m, den, p_score, p_den, scale,
+                                            causal, key_mask, weight))
 
 
 def _reference_grads(q, k, v, p_score, p_den, do, scale, causal, key_mask, weight):
@@ -111,7 +111,8 @@ def test_forward_and_five_gradients_match_the_definition(small_tiles, weight, ca
 @pytest.mark.parametrize("weight", FAMILY, ids=lambda w: w.name.lower())
 def test_fp32_with_the_default_tiles_matches_the_fp64_definition(weight):
     """300 queries and 600 keys cross two blocks each way, through the BLAS GEMMs."""
-    assert native_attention.BLOCK_Q < 300 < 2 * native_attention.BLOCK_Q and native_attention.BLOCK_K < 600 < 2 * native_attention.BLOCK_K
+    assert native_attention.BLOCK_Q < 300 < 2 * native_attention.BLOCK_Q
+    assert native_attention.BLOCK_K < 600 < 2 * native_attention.BLOCK_K
     q, k, v, p_score, p_den = _inputs(300, 600, d=16, b=1, h=2, dv=8, dtype=torch.float32,
                                       spread=1.0)
     do = torch.randn(1, 2, 300, 8, generator=torch.Generator().manual_seed(2))
@@ -127,9 +128,10 @@ def test_fp32_with_the_default_tiles_matches_the_fp64_definition(weight):
 @pytest.mark.parametrize("weight", FAMILY, ids=lambda w: w.name.lower())
 def test_16_bit_inputs_compute_in_fp32_and_round_once(dtype, weight):
     q, k, v, p_score, p_den = _inputs(9, 12, dtype=dtype)
-    out = native_attention.forward(q, k, v, p_score.float(), p_den.float(), 0.5, True, None, weight)[0]
-    want = native_attention.forward(q.float(), k.float(), v.float(), p_score.float(), p_den.float(), 0.5, True,
-                       None, weight)[0]
+    out = native_attention.forward(q, k, v, p_score.float(), p_den.float(), 0.5, True, None,
+                                   weight)[0]
+    want = native_attention.forward(q.float(), k.float(), v.float(), p_score.float(),
+                                    p_den.float(), 0.5, True, None, weight)[0]
     assert out.dtype == dtype
     assert torch.equal(out, want.to(dtype))
 

@@ -106,7 +106,8 @@ class Member:
 
     @property
     def weight(self) -> Weight:
-        """The fused weight, as the function's definition names it (functions/attention_functions.py)."""
+        """The fused weight, as the function's definition names it
+        (functions/attention_functions.py)."""
         return Weight[get_attention_function(self.function).weight]
 
     @property

@@ -53,8 +53,8 @@ def reference(row: list[float]) -> RowTruth:
 
 def gradient(row: list, g: list) -> RowGrad:
     """dx_k = s'(x_k) (g_k - c) / sum s(x), exactly; rows that are not finite as
-    RowGrad.constant says. Attention's gradient reference (functions/attention_functions.py); the rows
-    kind verifies stablemax's forward only."""
+    RowGrad.constant says. Attention's gradient reference (functions/attention_functions.py);
+    the rows kind verifies stablemax's forward only."""
     return weight_normalize_grad(reference(row), row, g, s, slope)
 
 

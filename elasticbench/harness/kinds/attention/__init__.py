@@ -13,9 +13,10 @@
 - `mutant_kernels.py`: deliberately wrong attention kernels the self-test must catch, and
   its run.
 
-Elsewhere, each beside its own kind of thing: the definitions (functions/attention_functions.py), the
-exact reference (numerics/truth/, numerics/budgets/, numerics/certified/), the built-in
-registrations (builtin/*_attention.py) and the compile audit (audit/attention_*.py).
+Elsewhere, each beside its own kind of thing: the definitions
+(functions/attention_functions.py), the exact reference (numerics/truth/, numerics/budgets/,
+numerics/certified/), the built-in registrations (builtin/*_attention.py) and the compile
+audit (audit/attention_*.py).
 
 This module imports nothing, so that importing one part loads only what that part needs.
 """

@@ -1,1 +1,2 @@
-"""Error budgets in ulps: for rows (`row_budgets`) and attention (`attention_budgets`, `attention_own`)."""
+"""Error budgets in ulps: for rows (`row_budgets`) and attention (`attention_budgets`,
+`attention_own`)."""

@@ -223,7 +223,8 @@ def _exp_weights(fn: AttentionFunction, params: dict[str, float], sc: Scores, k:
 
 def row_function_fits(fn: AttentionFunction, params: dict[str, float]) -> bool:
     """Whether the row function is an exp-normalize member this phase evaluates (shift by
-    the largest kept score) at parameters inside the safe range of numerics/certified/rows_forward.py.
+    the largest kept score) at parameters inside the safe range of
+    numerics/certified/rows_forward.py.
     The weight-normalize members are numerics/certified/normalize.py's; softmax1 (its
     floored shift) and sigmoid are declined: mpmath answers for them. Cog (signed) is
     taken forward only (signed_weights); its gradients are mpmath's."""

@@ -1,10 +1,11 @@
 """Solving many truths at once: the certified fast phase, mpmath for what it leaves, a cache.
 
 Each question (TruthJob) is answered by the vectorized double-double reference first
-(numerics/certified/rows_forward.py); the rows it cannot certify are evaluated in mpmath, split into row
-chunks over worker processes when there is enough of that work, and only those rows are
-kept on disk: a small cache, keyed by content (function, params, dtype, shape, input bytes,
-rows, precision, version) and trimmed least-recently-used to a size limit.
+(numerics/certified/rows_forward.py); the rows it cannot certify are evaluated in mpmath,
+split into row chunks over worker processes when there is enough of that work, and only
+those rows are kept on disk: a small cache, keyed by content (function, params, dtype,
+shape, input bytes, rows, precision, version) and trimmed least-recently-used to a size
+limit.
 """
 
 from __future__ import annotations
